@@ -1,0 +1,1 @@
+//! Fake Kubernetes API server (HTTPS, client certificates and bearer tokens).

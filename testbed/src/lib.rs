@@ -1,0 +1,9 @@
+//! The streamd testbed: a private real `dbus-daemon`, a fake `rpm-ostreed` and a
+//! fake Kubernetes API server, started together so that the real `streamd`,
+//! `streamctl` and `kubectl` binaries can run against them.
+//!
+//! The contract every component follows is written down in `docs/testbed.md`.
+
+pub mod apiserver;
+pub mod images;
+pub mod rpmostreed;

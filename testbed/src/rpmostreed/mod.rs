@@ -1,0 +1,1 @@
+//! Fake `rpm-ostreed`: `org.projectatomic.rpmostree1` on a private bus.
