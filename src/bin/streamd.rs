@@ -1,1 +1,127 @@
-fn main() {}
+//! `streamd`: the node agent daemon.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Parser;
+use tracing::{error, info};
+
+use streamd::agent::Agent;
+use streamd::config::{self, Config};
+use streamd::hostfacts::HostRoot;
+use streamd::kubeclient::NodeClient;
+use streamd::rpmostree;
+
+/// Moves this node between OS image streams as its Node annotations request.
+///
+/// Watches its own Node object, stages the requested OS image through rpm-ostreed's D-Bus API
+/// and reports on the node and on the system bus (`io.openshift.OSStream1`). Exit codes: 0 clean
+/// stop, 1 runtime failure, 2 invalid configuration.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Config drop-in directory; repeat (or separate with ':') to give several, lowest priority
+    /// first. Default: /usr/lib/streamd/config.d, /run/streamd/config.d, /etc/streamd/config.d.
+    #[arg(long = "config-dir", env = "STREAMD_CONFIG_DIR", value_delimiter = ':')]
+    config_dirs: Vec<PathBuf>,
+    /// Node name (overrides the config; default: the host name).
+    #[arg(long, env = "STREAMD_NODE_NAME")]
+    node_name: Option<String>,
+    /// Kubeconfig path (overrides the config).
+    #[arg(long, env = "STREAMD_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Root directory host facts are read below (overrides the config).
+    #[arg(long, env = "STREAMD_HOST_ROOT")]
+    host_root: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("STREAMD_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let cfg = match load_config(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            error!("invalid configuration: {e}");
+            eprintln!("streamd: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("streamd: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cfg)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!(error = format!("{e:#}"), "exiting");
+            eprintln!("streamd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_config(args: &Args) -> Result<Config, config::ConfigError> {
+    let dirs: Vec<PathBuf> = if args.config_dirs.is_empty() {
+        config::DEFAULT_DIRS.iter().map(PathBuf::from).collect()
+    } else {
+        args.config_dirs.clone()
+    };
+    let mut cfg = config::load(&dirs)?;
+    if let Some(n) = &args.node_name {
+        cfg.node_name = Some(n.clone());
+    }
+    if let Some(k) = &args.kubeconfig {
+        cfg.kubeconfig = k.clone();
+    }
+    if let Some(h) = &args.host_root {
+        cfg.host_root = h.clone();
+    }
+    Ok(cfg)
+}
+
+async fn run(cfg: Config) -> anyhow::Result<()> {
+    let host = HostRoot::new(&cfg.host_root);
+    let node_name = match &cfg.node_name {
+        Some(n) => n.clone(),
+        None => host
+            .hostname()
+            .context("no node-name configured and the host name is unreadable")?,
+    };
+    info!(node = %node_name, sources = ?cfg.sources, "starting");
+    let node = NodeClient::new(&cfg.kubeconfig, &node_name).await?;
+    let rpm = rpmostree::Client::connect()
+        .await
+        .context("connecting to rpm-ostreed")?;
+    let agent = Agent::new(node, rpm, host).await?;
+    agent.run(shutdown_signal()).await
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        // Without signal handlers the default action (exit) still stops the daemon.
+        _ => std::future::pending().await,
+    }
+}

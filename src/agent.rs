@@ -1,0 +1,421 @@
+//! The agent loop: node watch in, decisions out, one staging transaction at a time.
+//!
+//! All policy lives in the planner; this loop only gathers observations, runs the decision, and
+//! reports. It reacts to changes of the input annotations (its own writes do not wake it), to the
+//! running transaction, to retry timers and to `streamctl reconcile`.
+
+use std::pin::pin;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::sleep_until;
+use tracing::{debug, info, warn};
+
+use crate::dbus_api::{self, Request};
+use crate::hostfacts::{self, Backend, HostRoot};
+use crate::kubeclient::{EventType, NodeClient, NodeUpdate};
+use crate::planner::{self, Decision, Observation};
+use crate::protocol::{Inputs, State};
+use crate::report::Reporter;
+use crate::rpmostree::{self, Deployment, RpmOstreeError, TxnEvent, UpdateDeploymentCall};
+use crate::status::Status;
+
+/// First delay after a transient failure; doubles up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_secs(1);
+/// Longest delay between retries.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// Longest wait for a foreign rpm-ostree transaction before asking again.
+const BUSY_MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Everything the agent needs from outside.
+pub struct Agent {
+    node: NodeClient,
+    rpm: rpmostree::Client,
+    host: HostRoot,
+    api: dbus_api::Api,
+    requests: mpsc::Receiver<Request>,
+    events: mpsc::Sender<(EventType, &'static str, String)>,
+    status: Status,
+    reporter: Reporter,
+    inputs: Option<Inputs>,
+    staging: Option<Staging>,
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    patch_retry_at: Option<Instant>,
+    patch_backoff: Duration,
+    ready: bool,
+}
+
+/// The running staging transaction.
+struct Staging {
+    /// The request it stages (observed-desired hash).
+    hash: String,
+    task: JoinHandle<Result<(), RpmOstreeError>>,
+    progress: mpsc::Receiver<TxnEvent>,
+}
+
+impl Agent {
+    /// Builds the agent and exports the D-Bus API.
+    pub async fn new(
+        node: NodeClient,
+        rpm: rpmostree::Client,
+        host: HostRoot,
+    ) -> anyhow::Result<Self> {
+        let (req_tx, requests) = mpsc::channel(1);
+        let status = Status {
+            node: node.name().to_string(),
+            host: Some(hostfacts::gather(&host, Backend::RpmOstree)),
+            last_change: unix_now(),
+            ..Status::default()
+        };
+        let api = dbus_api::Api::export(rpm.connection(), status.clone(), req_tx).await?;
+        let events = spawn_event_sender(node.clone());
+        Ok(Agent {
+            node,
+            rpm,
+            host,
+            api,
+            requests,
+            events,
+            status,
+            reporter: Reporter::default(),
+            inputs: None,
+            staging: None,
+            retry_at: None,
+            backoff: MIN_BACKOFF,
+            patch_retry_at: None,
+            patch_backoff: MIN_BACKOFF,
+            ready: false,
+        })
+    }
+
+    /// Runs until `shutdown` resolves.
+    pub async fn run(
+        mut self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> anyhow::Result<()> {
+        let mut watch = pin!(self.node.watch());
+        let mut shutdown = pin!(shutdown);
+        loop {
+            let flush_at = self.flush_at();
+            tokio::select! {
+                upd = watch.next() => match upd {
+                    Some(NodeUpdate::Annotations(a)) => self.on_node(&a).await,
+                    Some(NodeUpdate::Deleted) => warn!(node = self.node.name(), "node object deleted"),
+                    Some(NodeUpdate::Error(e)) => warn!(error = %e, "node watch failed; retrying"),
+                    None => anyhow::bail!("the node watch ended"),
+                },
+                ev = staging_event(&mut self.staging) => match ev {
+                    StagingEvent::Progress(ev) => self.on_progress(ev).await,
+                    StagingEvent::Finished(res) => self.on_staged(res).await,
+                },
+                _ = sleep_opt(self.retry_at) => {
+                    self.retry_at = None;
+                    self.reconcile().await;
+                }
+                _ = sleep_opt(flush_at) => self.flush().await,
+                Some(req) = self.requests.recv() => {
+                    info!(request = ?req, "request over d-bus");
+                    self.reconcile().await;
+                }
+                () = &mut shutdown => break,
+            }
+        }
+        info!("stopping");
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+        // A running transaction keeps running in rpm-ostreed; the next start reads its result.
+        self.flush().await;
+        Ok(())
+    }
+
+    async fn on_node(&mut self, annotations: &std::collections::BTreeMap<String, String>) {
+        self.reporter.observe_node(annotations);
+        let inputs = Inputs::from_annotations(annotations);
+        if !self.ready {
+            self.ready = true;
+            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+            info!(node = self.node.name(), "watching node");
+        }
+        if self.inputs.as_ref() == Some(&inputs) {
+            // Our own write, or a change of keys streamd does not read. If someone edited our
+            // output keys, the reporter now sees the difference and the next flush restores them.
+            return;
+        }
+        debug!(?inputs, "input annotations changed");
+        self.inputs = Some(inputs);
+        self.backoff = MIN_BACKOFF;
+        self.reconcile().await;
+    }
+
+    async fn reconcile(&mut self) {
+        let inputs = self.inputs.clone().unwrap_or_default();
+        let desired = inputs.desired();
+        self.status.desired_stream = inputs.stream.clone();
+        self.status.desired_os_image = inputs.os_image.clone();
+        self.status.desired_extensions_image = inputs.extensions_image.clone();
+        self.status.observed_desired = desired
+            .as_ref()
+            .ok()
+            .and_then(|d| d.as_ref().map(|d| d.observed_hash()));
+        if let Some(st) = &self.staging {
+            if self.status.observed_desired.as_deref() == Some(st.hash.as_str()) {
+                return;
+            }
+            // A different request arrives mid-transaction: the running one finishes first and the
+            // next reconcile (after it) acts on the new request.
+            info!("request changed while staging; acting on it once the transaction ends");
+            self.publish().await;
+            return;
+        }
+        let deployments = match self.rpm.deployments().await {
+            Ok(d) => d,
+            Err(e) => {
+                self.transient_failure(format!("reading deployments: {e}"))
+                    .await;
+                return;
+            }
+        };
+        self.observe_deployments(&deployments);
+        let obs = Observation {
+            desired: &desired,
+            deployments: &deployments,
+        };
+        let decision = planner::decide(&obs);
+        debug!(?decision, "decided");
+        match decision {
+            Decision::Stage(plan) => {
+                let call = UpdateDeploymentCall::for_plan(&plan);
+                let hash = self.status.observed_desired.clone().unwrap_or_default();
+                self.start_staging(call, hash, plan.os_image.to_string())
+                    .await;
+            }
+            other => {
+                let reason = match &other {
+                    Decision::Refuse(r) => r.clone(),
+                    Decision::AlreadyStaged => {
+                        "the desired image is staged and finalization-locked; waiting for reboot approval"
+                            .into()
+                    }
+                    _ => String::new(),
+                };
+                if let Some(state) = other.settled_state() {
+                    self.set_state(state, reason).await;
+                }
+            }
+        }
+    }
+
+    fn observe_deployments(&mut self, deployments: &[Deployment]) {
+        let booted = deployments.iter().find(|d| d.booted);
+        self.status.current_os_image = booted
+            .and_then(Deployment::pullspec)
+            .unwrap_or_default()
+            .to_string();
+        let label = booted.and_then(|d| d.image_labels.get("io.openshift.os.streamclass").cloned());
+        self.status.current_stream = label
+            .or_else(|| self.host.os_release().ok().and_then(|r| r.stream()))
+            .unwrap_or_default();
+        self.status.staged_os_image = deployments
+            .iter()
+            .find(|d| d.staged)
+            .and_then(|d| d.pullspec().map(String::from));
+    }
+
+    async fn start_staging(&mut self, call: UpdateDeploymentCall, hash: String, image: String) {
+        let (tx, rx) = mpsc::channel(64);
+        let rpm = self.rpm.clone();
+        let task = tokio::spawn(async move { stage_with_busy_retry(rpm, call, tx).await });
+        self.staging = Some(Staging {
+            hash,
+            task,
+            progress: rx,
+        });
+        self.status.progress = Some(0);
+        self.set_state(State::Staging, format!("staging {image}"))
+            .await;
+    }
+
+    async fn on_progress(&mut self, ev: TxnEvent) {
+        match ev {
+            TxnEvent::Percent(text, pct) => {
+                self.status.progress = Some(pct);
+                self.status.reason = text;
+            }
+            TxnEvent::Message(text) => self.status.reason = text,
+        }
+        self.publish().await;
+    }
+
+    async fn on_staged(&mut self, res: Result<(), RpmOstreeError>) {
+        self.staging = None;
+        match res {
+            Ok(()) => {
+                info!("transaction finished");
+                self.backoff = MIN_BACKOFF;
+                self.reconcile().await;
+            }
+            Err(e) if e.is_transient() => self.transient_failure(e.to_string()).await,
+            Err(e) => {
+                // A failed transaction is not retried for the same request: retrying a broken
+                // image would flap the node between Staging and Degraded. A new request, or
+                // `streamctl reconcile`, tries again.
+                self.set_state(State::Degraded, format!("staging failed: {e}"))
+                    .await;
+            }
+        }
+    }
+
+    async fn transient_failure(&mut self, reason: String) {
+        let delay = self.backoff;
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        self.retry_at = Some(Instant::now() + delay);
+        warn!(%reason, retry_in = ?delay, "transient failure");
+        self.set_state(
+            State::Degraded,
+            format!("{reason}; retrying in {}s", delay.as_secs()),
+        )
+        .await;
+    }
+
+    async fn set_state(&mut self, state: State, reason: String) {
+        if self.status.state != state {
+            self.status.last_change = unix_now();
+            info!(state = %state, %reason, "state changed");
+            let _ = sd_notify::notify(
+                false,
+                &[sd_notify::NotifyState::Status(&format!(
+                    "{state}: {reason}"
+                ))],
+            );
+            if let Some((kind, name)) = event_for(state) {
+                let _ = self.events.try_send((kind, name, reason.clone()));
+            }
+        }
+        if state != State::Staging {
+            self.status.progress = None;
+        }
+        self.status.state = state;
+        self.status.reason = reason;
+        self.publish().await;
+    }
+
+    async fn publish(&mut self) {
+        self.reporter.set(&self.status);
+        if let Err(e) = self.api.publish(&self.status).await {
+            warn!(error = %e, "publishing status on d-bus failed");
+        }
+    }
+
+    fn flush_at(&self) -> Option<Instant> {
+        let due = self.reporter.due_at(Instant::now())?;
+        Some(match self.patch_retry_at {
+            Some(r) if r > due => r,
+            _ => due,
+        })
+    }
+
+    async fn flush(&mut self) {
+        let Some(patch) = self.reporter.pending_patch() else {
+            return;
+        };
+        match self.node.patch(&patch).await {
+            Ok(annotations) => {
+                self.reporter.patched(Instant::now(), &annotations);
+                self.patch_retry_at = None;
+                self.patch_backoff = MIN_BACKOFF;
+            }
+            Err(e) => {
+                warn!(
+                    error = format!("{e:#}"),
+                    "patching node annotations failed; will retry"
+                );
+                self.patch_retry_at = Some(Instant::now() + self.patch_backoff);
+                self.patch_backoff = (self.patch_backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+/// The Event posted when entering `state`, if any.
+fn event_for(state: State) -> Option<(EventType, &'static str)> {
+    match state {
+        State::Staging => Some((EventType::Normal, "StagingStarted")),
+        State::Staged => Some((EventType::Normal, "Staged")),
+        State::Refused => Some((EventType::Warning, "PreflightFailed")),
+        State::Degraded => Some((EventType::Warning, "Failed")),
+        State::Idle | State::Preflight | State::Rebooting | State::Done => None,
+    }
+}
+
+async fn stage_with_busy_retry(
+    rpm: rpmostree::Client,
+    call: UpdateDeploymentCall,
+    progress: mpsc::Sender<TxnEvent>,
+) -> Result<(), RpmOstreeError> {
+    let mut delay = MIN_BACKOFF;
+    loop {
+        match rpm.update_deployment(&call, &progress).await {
+            Err(RpmOstreeError::Busy(msg)) => {
+                info!(%msg, retry_in = ?delay, "rpm-ostreed busy; waiting");
+                let _ = progress.try_send(TxnEvent::Message(format!(
+                    "waiting for another rpm-ostree transaction ({msg}); retrying in {}s",
+                    delay.as_secs()
+                )));
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(BUSY_MAX_BACKOFF);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Events go through a small queue to their own task: posting them never blocks the state
+/// machine, and when the queue is full they are dropped (the annotations carry the truth).
+fn spawn_event_sender(node: NodeClient) -> mpsc::Sender<(EventType, &'static str, String)> {
+    let (tx, mut rx) = mpsc::channel::<(EventType, &'static str, String)>(16);
+    tokio::spawn(async move {
+        while let Some((kind, reason, message)) = rx.recv().await {
+            if let Err(e) = node.event(kind, reason, &message).await {
+                warn!(error = format!("{e:#}"), reason, "posting event failed");
+            }
+        }
+    });
+    tx
+}
+
+/// Something the staging transaction did.
+enum StagingEvent {
+    Progress(TxnEvent),
+    Finished(Result<(), RpmOstreeError>),
+}
+
+/// Waits for the running transaction's next progress event or its end; progress queued before
+/// the end is delivered first.
+async fn staging_event(staging: &mut Option<Staging>) -> StagingEvent {
+    let Some(s) = staging else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        biased;
+        Some(ev) = s.progress.recv() => StagingEvent::Progress(ev),
+        res = &mut s.task => StagingEvent::Finished(match res {
+            Ok(r) => r,
+            Err(e) => Err(RpmOstreeError::Protocol(format!("staging task failed: {e}"))),
+        }),
+    }
+}
+
+async fn sleep_opt(at: Option<Instant>) {
+    match at {
+        Some(t) => sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,234 @@
+//! Configuration: TOML drop-ins, later directories win per key.
+//!
+//! Directories are read in order (`/usr/lib/streamd/config.d`, `/run/streamd/config.d`,
+//! `/etc/streamd/config.d` by default); a file in a later directory masks a file of the same name
+//! in an earlier one, and a symlink to `/dev/null` masks without adding anything. Unknown keys,
+//! wrong types and files that are not `*.toml` are errors naming `file:line:column`: a key that is
+//! silently ignored is a setting the admin believes in and does not have.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The default drop-in directories, lowest priority first.
+pub const DEFAULT_DIRS: [&str; 3] = [
+    "/usr/lib/streamd/config.d",
+    "/run/streamd/config.d",
+    "/etc/streamd/config.d",
+];
+
+/// Default kubeconfig: the kubelet's own.
+pub const DEFAULT_KUBECONFIG: &str = "/var/lib/kubelet/kubeconfig";
+
+/// An invalid configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A file in a config directory that is not `*.toml`.
+    #[error("{0}: not a .toml file; config directories may hold only *.toml drop-ins")]
+    NotToml(PathBuf),
+    /// Parse error, unknown key or wrong type.
+    #[error("{path}:{line}:{column}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// One drop-in as written: every key optional, nothing unknown.
+#[derive(Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Fragment {
+    /// Name of this node's Node object.
+    pub node_name: Option<String>,
+    /// Path of the kubeconfig.
+    pub kubeconfig: Option<PathBuf>,
+    /// Root under which host facts are read.
+    pub host_root: Option<PathBuf>,
+}
+
+/// The effective configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Node name; `None` means the host name.
+    pub node_name: Option<String>,
+    /// Kubeconfig path (client certificates and bearer tokens both work).
+    pub kubeconfig: PathBuf,
+    /// Host root for `/proc`, `/etc/os-release`, the sysroot.
+    pub host_root: PathBuf,
+    /// The files that were read, in order (for `streamctl config check` and logs).
+    pub sources: Vec<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            node_name: None,
+            kubeconfig: PathBuf::from(DEFAULT_KUBECONFIG),
+            host_root: PathBuf::from("/"),
+            sources: Vec::new(),
+        }
+    }
+}
+
+impl Config {
+    /// Applies one fragment on top: keys it sets win.
+    fn apply(&mut self, f: Fragment) {
+        if let Some(v) = f.node_name {
+            self.node_name = Some(v);
+        }
+        if let Some(v) = f.kubeconfig {
+            self.kubeconfig = v;
+        }
+        if let Some(v) = f.host_root {
+            self.host_root = v;
+        }
+    }
+}
+
+/// Parses one fragment; errors carry `path:line:column`.
+pub fn parse_fragment(path: &Path, text: &str) -> Result<Fragment, ConfigError> {
+    toml::from_str::<Fragment>(text).map_err(|e| {
+        let (line, column) = e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
+        ConfigError::Invalid {
+            path: path.to_path_buf(),
+            line,
+            column,
+            message: e.message().trim().to_string(),
+        }
+    })
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+/// The drop-ins to read from `dirs`, after masking, in application order.
+pub fn effective_files(dirs: &[PathBuf]) -> Result<Vec<PathBuf>, ConfigError> {
+    // Name → winning path; a later directory replaces an earlier entry of the same name.
+    let mut by_name: BTreeMap<String, PathBuf> = BTreeMap::new();
+    for dir in dirs {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => {
+                return Err(ConfigError::Io {
+                    path: dir.clone(),
+                    source,
+                });
+            }
+        };
+        for entry in entries {
+            let entry = entry.map_err(|source| ConfigError::Io {
+                path: dir.clone(),
+                source,
+            })?;
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            if !name.ends_with(".toml") {
+                return Err(ConfigError::NotToml(path));
+            }
+            by_name.insert(name, path);
+        }
+    }
+    // Names sort the application order, as systemd does for drop-ins.
+    Ok(by_name.into_values().filter(|p| !is_masked(p)).collect())
+}
+
+fn is_masked(path: &Path) -> bool {
+    std::fs::read_link(path).is_ok_and(|t| t == Path::new("/dev/null"))
+}
+
+/// Loads the configuration from `dirs`.
+pub fn load(dirs: &[PathBuf]) -> Result<Config, ConfigError> {
+    let mut cfg = Config::default();
+    for path in effective_files(dirs)? {
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        cfg.apply(parse_fragment(&path, &text)?);
+        cfg.sources.push(path);
+    }
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("streamd-config-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("tmpdir");
+        d
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_column() {
+        let err = parse_fragment(Path::new("/x/10-a.toml"), "node-name = \"a\"\nfoo = 1\n")
+            .expect_err("unknown key");
+        let msg = err.to_string();
+        assert!(msg.starts_with("/x/10-a.toml:2:1: "), "{msg}");
+        assert!(msg.contains("foo"), "{msg}");
+    }
+
+    #[test]
+    fn wrong_type_is_an_error() {
+        let err = parse_fragment(Path::new("a.toml"), "kubeconfig = 3").expect_err("type");
+        assert!(err.to_string().starts_with("a.toml:1:14"), "{err}");
+    }
+
+    #[test]
+    fn later_dirs_win_and_mask() {
+        let base = tmpdir("mask");
+        let (usr, etc) = (base.join("usr"), base.join("etc"));
+        std::fs::create_dir_all(&usr).expect("mkdir");
+        std::fs::create_dir_all(&etc).expect("mkdir");
+        std::fs::write(usr.join("10-a.toml"), "node-name = \"usr\"\n").expect("write");
+        std::fs::write(usr.join("20-b.toml"), "kubeconfig = \"/usr/kc\"\n").expect("write");
+        std::fs::write(etc.join("10-a.toml"), "host-root = \"/h\"\n").expect("write");
+        std::os::unix::fs::symlink("/dev/null", etc.join("20-b.toml")).expect("symlink");
+        let cfg = load(&[usr, etc.clone()]).expect("load");
+        assert_eq!(
+            cfg.node_name, None,
+            "usr/10-a.toml is masked by etc/10-a.toml"
+        );
+        assert_eq!(cfg.host_root, PathBuf::from("/h"));
+        assert_eq!(cfg.kubeconfig, PathBuf::from(DEFAULT_KUBECONFIG));
+        assert_eq!(cfg.sources, vec![etc.join("10-a.toml")]);
+    }
+
+    #[test]
+    fn non_toml_file_is_an_error() {
+        let d = tmpdir("nontoml");
+        std::fs::write(d.join("a.conf"), "").expect("write");
+        assert!(matches!(load(&[d]), Err(ConfigError::NotToml(_))));
+    }
+
+    #[test]
+    fn missing_dirs_give_defaults() {
+        let cfg = load(&[PathBuf::from("/nonexistent/streamd")]).expect("load");
+        assert_eq!(cfg, Config::default());
+    }
+}

@@ -1,0 +1,220 @@
+//! streamd's own D-Bus API: `io.openshift.OSStream1` at `/io/openshift/OSStream1`.
+//!
+//! Read-only properties mirror [`Status`]; `PropertiesChanged` is emitted for what changed.
+//! `streamctl` reads the `Status` property (the JSON document of `streamctl status --json`).
+
+use std::collections::HashMap;
+
+use tokio::sync::mpsc;
+use zbus::object_server::SignalEmitter;
+use zbus::zvariant::Value;
+
+use crate::status::{SCHEMA_VERSION, Status, StatusDocument};
+
+/// Well-known bus name.
+pub const BUS_NAME: &str = "io.openshift.OSStream1";
+/// Object path.
+pub const OBJECT_PATH: &str = "/io/openshift/OSStream1";
+/// Interface name.
+pub const INTERFACE: &str = "io.openshift.OSStream1";
+
+/// Requests the daemon receives over D-Bus.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// Re-evaluate now.
+    Reconcile,
+}
+
+/// The exported object.
+pub struct OSStream1 {
+    status: Status,
+    requests: mpsc::Sender<Request>,
+}
+
+/// Property name → value, for diffing and `PropertiesChanged`.
+fn properties(s: &Status) -> Vec<(&'static str, Value<'static>)> {
+    let opt = |v: &Option<String>| Value::from(v.clone().unwrap_or_default());
+    vec![
+        ("Node", Value::from(s.node.clone())),
+        ("State", Value::from(s.state.to_string())),
+        ("Reason", Value::from(s.reason.clone())),
+        ("Progress", Value::U32(s.progress.map_or(0, u32::from))),
+        ("CurrentStream", Value::from(s.current_stream.clone())),
+        ("CurrentOsImage", Value::from(s.current_os_image.clone())),
+        ("StagedOsImage", opt(&s.staged_os_image)),
+        ("DesiredStream", opt(&s.desired_stream)),
+        ("DesiredOsImage", opt(&s.desired_os_image)),
+        ("DesiredExtensionsImage", opt(&s.desired_extensions_image)),
+        ("ObservedDesired", opt(&s.observed_desired)),
+        (
+            "Host",
+            Value::from(s.host.as_ref().map(|h| h.to_json()).unwrap_or_default()),
+        ),
+        (
+            "Backend",
+            Value::from(
+                s.host
+                    .as_ref()
+                    .map(|h| h.backend.as_str().to_string())
+                    .unwrap_or_default(),
+            ),
+        ),
+        ("LastChange", Value::U64(s.last_change)),
+        ("Status", Value::from(status_json(s))),
+    ]
+}
+
+/// The `streamctl status --json` document for `s`.
+pub fn status_json(s: &Status) -> String {
+    serde_json::to_string(&StatusDocument {
+        schema_version: SCHEMA_VERSION,
+        status: s.clone(),
+    })
+    .unwrap_or_default()
+}
+
+#[zbus::interface(name = "io.openshift.OSStream1")]
+impl OSStream1 {
+    /// Asks the daemon to re-read the node, rpm-ostree and the host and act on them now.
+    async fn reconcile(&self) -> zbus::fdo::Result<()> {
+        self.requests
+            .try_send(Request::Reconcile)
+            .map_err(|_| zbus::fdo::Error::LimitsExceeded("a reconcile is already queued".into()))
+    }
+
+    /// Node name.
+    #[zbus(property)]
+    fn node(&self) -> String {
+        self.status.node.clone()
+    }
+    /// Agent state (`Idle`, `Staging`, …).
+    #[zbus(property)]
+    fn state(&self) -> String {
+        self.status.state.to_string()
+    }
+    /// One-line reason.
+    #[zbus(property)]
+    fn reason(&self) -> String {
+        self.status.reason.clone()
+    }
+    /// Staging progress, 0 unless `Staging`.
+    #[zbus(property)]
+    fn progress(&self) -> u32 {
+        self.status.progress.map_or(0, u32::from)
+    }
+    /// Booted stream.
+    #[zbus(property)]
+    fn current_stream(&self) -> String {
+        self.status.current_stream.clone()
+    }
+    /// Booted image.
+    #[zbus(property)]
+    fn current_os_image(&self) -> String {
+        self.status.current_os_image.clone()
+    }
+    /// Staged image, empty if none.
+    #[zbus(property)]
+    fn staged_os_image(&self) -> String {
+        self.status.staged_os_image.clone().unwrap_or_default()
+    }
+    /// Requested stream.
+    #[zbus(property)]
+    fn desired_stream(&self) -> String {
+        self.status.desired_stream.clone().unwrap_or_default()
+    }
+    /// Requested OS image.
+    #[zbus(property)]
+    fn desired_os_image(&self) -> String {
+        self.status.desired_os_image.clone().unwrap_or_default()
+    }
+    /// Requested extensions image.
+    #[zbus(property)]
+    fn desired_extensions_image(&self) -> String {
+        self.status
+            .desired_extensions_image
+            .clone()
+            .unwrap_or_default()
+    }
+    /// Hash of the request the state refers to.
+    #[zbus(property)]
+    fn observed_desired(&self) -> String {
+        self.status.observed_desired.clone().unwrap_or_default()
+    }
+    /// Host facts as compact JSON.
+    #[zbus(property)]
+    fn host(&self) -> String {
+        self.status
+            .host
+            .as_ref()
+            .map(|h| h.to_json())
+            .unwrap_or_default()
+    }
+    /// Staging backend.
+    #[zbus(property)]
+    fn backend(&self) -> String {
+        self.status
+            .host
+            .as_ref()
+            .map(|h| h.backend.as_str().to_string())
+            .unwrap_or_default()
+    }
+    /// Unix time of the last state change.
+    #[zbus(property)]
+    fn last_change(&self) -> u64 {
+        self.status.last_change
+    }
+    /// The whole status as the JSON document `streamctl status --json` prints.
+    #[zbus(property)]
+    fn status(&self) -> String {
+        status_json(&self.status)
+    }
+}
+
+/// Handle the agent uses to publish status.
+pub struct Api {
+    iface: zbus::object_server::InterfaceRef<OSStream1>,
+}
+
+impl Api {
+    /// Exports the object on `conn` and takes the well-known name.
+    pub async fn export(
+        conn: &zbus::Connection,
+        initial: Status,
+        requests: mpsc::Sender<Request>,
+    ) -> zbus::Result<Self> {
+        let obj = OSStream1 {
+            status: initial,
+            requests,
+        };
+        conn.object_server().at(OBJECT_PATH, obj).await?;
+        conn.request_name(BUS_NAME).await?;
+        let iface = conn
+            .object_server()
+            .interface::<_, OSStream1>(OBJECT_PATH)
+            .await?;
+        Ok(Api { iface })
+    }
+
+    /// Publishes a new status, emitting `PropertiesChanged` for the properties that changed.
+    pub async fn publish(&self, status: &Status) -> zbus::Result<()> {
+        let mut obj = self.iface.get_mut().await;
+        let before: HashMap<_, _> = properties(&obj.status).into_iter().collect();
+        obj.status = status.clone();
+        drop(obj);
+        let changed: HashMap<&str, Value<'_>> = properties(status)
+            .into_iter()
+            .filter(|(k, v)| before.get(k) != Some(v))
+            .collect();
+        if changed.is_empty() {
+            return Ok(());
+        }
+        let emitter: &SignalEmitter<'_> = self.iface.signal_emitter();
+        zbus::fdo::Properties::properties_changed(
+            emitter,
+            INTERFACE.try_into()?,
+            changed,
+            Default::default(),
+        )
+        .await
+    }
+}

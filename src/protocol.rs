@@ -1,0 +1,449 @@
+//! The node annotation protocol (`docs/protocol.md`).
+//!
+//! The cluster writes the input keys; streamd writes only the output keys. This
+//! module parses and validates the inputs and renders the outputs; it does no
+//! I/O, so every rule here is covered by table tests.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::imageref::{ImageRef, ImageRefError};
+
+/// Prefix of every annotation streamd reads or writes.
+pub const PREFIX: &str = "osstream.openshift.io/";
+
+/// Input: the stream the node should run.
+pub const DESIRED_STREAM: &str = "osstream.openshift.io/desired-stream";
+/// Input: the digest-pinned OS image of that stream.
+pub const DESIRED_OS_IMAGE: &str = "osstream.openshift.io/desired-os-image";
+/// Input: the digest-pinned extensions image of that stream (optional).
+pub const DESIRED_EXTENSIONS_IMAGE: &str = "osstream.openshift.io/desired-extensions-image";
+/// Input: the reboot approval token.
+pub const REBOOT_APPROVED: &str = "osstream.openshift.io/reboot-approved";
+
+/// Output: the agent's [`State`].
+pub const STATE: &str = "osstream.openshift.io/state";
+/// Output: one line for a human.
+pub const REASON: &str = "osstream.openshift.io/reason";
+/// Output: `0`..`100` while staging.
+pub const PROGRESS: &str = "osstream.openshift.io/progress";
+/// Output: the stream the node booted.
+pub const CURRENT_STREAM: &str = "osstream.openshift.io/current-stream";
+/// Output: the image the node booted.
+pub const CURRENT_OS_IMAGE: &str = "osstream.openshift.io/current-os-image";
+/// Output: the image staged for the next boot.
+pub const STAGED_OS_IMAGE: &str = "osstream.openshift.io/staged-os-image";
+/// Output: short hash of the desired triple the state refers to.
+pub const OBSERVED_DESIRED: &str = "osstream.openshift.io/observed-desired";
+/// Output: compact JSON of host facts.
+pub const HOST: &str = "osstream.openshift.io/host";
+
+/// The input keys, which streamd never writes.
+pub const INPUT_KEYS: [&str; 4] = [
+    DESIRED_STREAM,
+    DESIRED_OS_IMAGE,
+    DESIRED_EXTENSIONS_IMAGE,
+    REBOOT_APPROVED,
+];
+
+/// The output keys, which only streamd writes.
+pub const OUTPUT_KEYS: [&str; 8] = [
+    STATE,
+    REASON,
+    PROGRESS,
+    CURRENT_STREAM,
+    CURRENT_OS_IMAGE,
+    STAGED_OS_IMAGE,
+    OBSERVED_DESIRED,
+    HOST,
+];
+
+/// Longest `reason` value streamd writes, in characters.
+pub const MAX_REASON_CHARS: usize = 1024;
+/// Longest stream name (RFC 1123 subdomain).
+pub const MAX_STREAM_LEN: usize = 253;
+/// Longest reboot token accepted.
+pub const MAX_TOKEN_LEN: usize = 253;
+
+/// What the agent is doing, as written to the `state` annotation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum State {
+    /// Nothing is requested, or the node has been told to stop.
+    #[default]
+    Idle,
+    /// Checks are running before anything is changed.
+    Preflight,
+    /// rpm-ostree is building the new deployment.
+    Staging,
+    /// The new deployment is staged and finalization-locked.
+    Staged,
+    /// The staged deployment is being applied by a reboot.
+    Rebooting,
+    /// The node booted the desired image.
+    Done,
+    /// Something failed; the node is unchanged or safe, `reason` says what.
+    Degraded,
+    /// The request is invalid or would break the node; nothing was changed.
+    Refused,
+}
+
+impl State {
+    /// Every state, in protocol order.
+    pub const ALL: [State; 8] = [
+        State::Idle,
+        State::Preflight,
+        State::Staging,
+        State::Staged,
+        State::Rebooting,
+        State::Done,
+        State::Degraded,
+        State::Refused,
+    ];
+
+    /// The annotation value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Idle => "Idle",
+            State::Preflight => "Preflight",
+            State::Staging => "Staging",
+            State::Staged => "Staged",
+            State::Rebooting => "Rebooting",
+            State::Done => "Done",
+            State::Degraded => "Degraded",
+            State::Refused => "Refused",
+        }
+    }
+
+    /// States in which `reason` is always empty.
+    pub fn clears_reason(self) -> bool {
+        matches!(self, State::Idle | State::Done)
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for State {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        State::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| format!("unknown state {s:?}"))
+    }
+}
+
+/// Why an input annotation was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("annotation {key}: {problem}")]
+pub struct ProtocolError {
+    /// The full annotation key.
+    pub key: &'static str,
+    /// What is wrong with its value.
+    pub problem: String,
+}
+
+impl ProtocolError {
+    fn new(key: &'static str, problem: impl Into<String>) -> Self {
+        ProtocolError {
+            key,
+            problem: problem.into(),
+        }
+    }
+}
+
+/// The validated (stream, OS image, extensions image) request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Desired {
+    /// Stream name, e.g. `rhel-10`.
+    pub stream: String,
+    /// Digest-pinned OS image.
+    pub os_image: ImageRef,
+    /// Digest-pinned extensions image, when given.
+    pub extensions_image: Option<ImageRef>,
+}
+
+impl Desired {
+    /// Short, stable hash of the triple: lets a controller tell which request a state refers to.
+    pub fn observed_hash(&self) -> String {
+        let mut h = Sha256::new();
+        h.update(self.stream.as_bytes());
+        h.update([0]);
+        h.update(self.os_image.to_string().as_bytes());
+        h.update([0]);
+        if let Some(ext) = &self.extensions_image {
+            h.update(ext.to_string().as_bytes());
+        }
+        let digest = h.finalize();
+        digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// The raw values of the input keys; equality of two `Inputs` decides whether a node update
+/// is a new request (streamd's own writes never change them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Inputs {
+    /// `desired-stream`, verbatim.
+    pub stream: Option<String>,
+    /// `desired-os-image`, verbatim.
+    pub os_image: Option<String>,
+    /// `desired-extensions-image`, verbatim.
+    pub extensions_image: Option<String>,
+    /// `reboot-approved`, verbatim.
+    pub reboot_approved: Option<String>,
+}
+
+impl Inputs {
+    /// Picks the input keys out of a node's annotations.
+    pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Self {
+        let get = |k: &str| annotations.get(k).cloned();
+        Inputs {
+            stream: get(DESIRED_STREAM),
+            os_image: get(DESIRED_OS_IMAGE),
+            extensions_image: get(DESIRED_EXTENSIONS_IMAGE),
+            reboot_approved: get(REBOOT_APPROVED),
+        }
+    }
+
+    /// Validates the request. `Ok(None)`: no request (both desired keys absent).
+    pub fn desired(&self) -> Result<Option<Desired>, ProtocolError> {
+        if let Some(token) = &self.reboot_approved {
+            validate_token(token).map_err(|p| ProtocolError::new(REBOOT_APPROVED, p))?;
+        }
+        let (stream, os_image) = match (&self.stream, &self.os_image) {
+            (None, None) => {
+                return match &self.extensions_image {
+                    Some(_) => Err(ProtocolError::new(
+                        DESIRED_EXTENSIONS_IMAGE,
+                        "set without desired-stream and desired-os-image",
+                    )),
+                    None => Ok(None),
+                };
+            }
+            (Some(_), None) => {
+                return Err(ProtocolError::new(
+                    DESIRED_OS_IMAGE,
+                    "missing (desired-stream is set)",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(ProtocolError::new(
+                    DESIRED_STREAM,
+                    "missing (desired-os-image is set)",
+                ));
+            }
+            (Some(s), Some(i)) => (s, i),
+        };
+        validate_stream(stream).map_err(|p| ProtocolError::new(DESIRED_STREAM, p))?;
+        let os_image = parse_image(DESIRED_OS_IMAGE, os_image)?;
+        let extensions_image = self
+            .extensions_image
+            .as_deref()
+            .map(|v| parse_image(DESIRED_EXTENSIONS_IMAGE, v))
+            .transpose()?;
+        Ok(Some(Desired {
+            stream: stream.clone(),
+            os_image,
+            extensions_image,
+        }))
+    }
+}
+
+fn parse_image(key: &'static str, value: &str) -> Result<ImageRef, ProtocolError> {
+    value
+        .parse::<ImageRef>()
+        .map_err(|e: ImageRefError| ProtocolError::new(key, e.to_string()))
+}
+
+/// Checks an RFC 1123 subdomain, the format of stream names.
+pub fn validate_stream(value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err("empty stream name".into());
+    }
+    if value.len() > MAX_STREAM_LEN {
+        return Err(format!(
+            "stream name is {} characters, the limit is {MAX_STREAM_LEN}",
+            value.len()
+        ));
+    }
+    for label in value.split('.') {
+        let bytes = label.as_bytes();
+        let valid_chars = bytes
+            .iter()
+            .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-');
+        let alnum =
+            |c: Option<&u8>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+        if !valid_chars || !alnum(bytes.first()) || !alnum(bytes.last()) {
+            return Err(format!(
+                "{} is not an RFC 1123 subdomain (lower-case letters, digits, '-' and '.', \
+                 starting and ending with a letter or digit)",
+                quote(value)
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn validate_token(value: &str) -> Result<(), String> {
+    if value.is_empty() || value.len() > MAX_TOKEN_LEN {
+        return Err(format!("token must be 1..{MAX_TOKEN_LEN} characters"));
+    }
+    if !value
+        .bytes()
+        .all(|c| c.is_ascii_alphanumeric() || b"-_.:".contains(&c))
+    {
+        return Err("token may hold only letters, digits and '-', '_', '.', ':'".into());
+    }
+    Ok(())
+}
+
+/// Quotes a value for a reason message, shortened so a huge value cannot flood the annotation.
+pub fn quote(value: &str) -> String {
+    const MAX: usize = 80;
+    if value.chars().count() > MAX {
+        let head: String = value.chars().take(MAX).collect();
+        format!("{head:?}…")
+    } else {
+        format!("{value:?}")
+    }
+}
+
+/// Trims a reason to one line of at most [`MAX_REASON_CHARS`] characters.
+pub fn one_line_reason(reason: &str) -> String {
+    let line: String = reason
+        .split(['\n', '\r'])
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
+    if line.chars().count() > MAX_REASON_CHARS {
+        let mut cut: String = line.chars().take(MAX_REASON_CHARS - 1).collect();
+        cut.push('…');
+        cut
+    } else {
+        line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const D: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    fn inputs(stream: Option<&str>, os: Option<&str>, ext: Option<&str>) -> Inputs {
+        Inputs {
+            stream: stream.map(String::from),
+            os_image: os.map(String::from),
+            extensions_image: ext.map(String::from),
+            reboot_approved: None,
+        }
+    }
+
+    #[test]
+    fn state_round_trips() {
+        for st in State::ALL {
+            assert_eq!(st.as_str().parse::<State>(), Ok(st));
+        }
+        assert!("idle".parse::<State>().is_err());
+    }
+
+    #[test]
+    fn valid_request_parses() {
+        let img = format!("quay.io/openshift/rhcos@{D}");
+        let d = inputs(Some("rhel-10"), Some(&img), None)
+            .desired()
+            .expect("valid")
+            .expect("present");
+        assert_eq!(d.stream, "rhel-10");
+        assert_eq!(d.os_image.to_string(), img);
+        assert_eq!(d.observed_hash().len(), 16);
+    }
+
+    #[test]
+    fn no_request_is_none() {
+        assert_eq!(inputs(None, None, None).desired(), Ok(None));
+    }
+
+    #[test]
+    fn hash_changes_with_every_field() {
+        let a = format!("quay.io/a/b@{D}");
+        let b = format!("quay.io/a/c@{D}");
+        let h = |s, o: &str, e: Option<&str>| {
+            inputs(Some(s), Some(o), e)
+                .desired()
+                .expect("valid")
+                .expect("present")
+                .observed_hash()
+        };
+        let base = h("rhel-10", &a, None);
+        assert_ne!(base, h("rhel-9", &a, None));
+        assert_ne!(base, h("rhel-10", &b, None));
+        assert_ne!(base, h("rhel-10", &a, Some(&b)));
+        assert_eq!(base, h("rhel-10", &a, None));
+    }
+
+    #[test]
+    fn invalid_requests_name_the_key() {
+        let ok = format!("quay.io/openshift/rhcos@{D}");
+        let long_stream = "a".repeat(254);
+        let cases: Vec<(Inputs, &str)> = vec![
+            (inputs(Some(""), Some(&ok), None), DESIRED_STREAM),
+            (inputs(Some("RHEL-10"), Some(&ok), None), DESIRED_STREAM),
+            (inputs(Some("-rhel"), Some(&ok), None), DESIRED_STREAM),
+            (inputs(Some("rhel-"), Some(&ok), None), DESIRED_STREAM),
+            (inputs(Some("rhel 10"), Some(&ok), None), DESIRED_STREAM),
+            (inputs(Some("rhel..10"), Some(&ok), None), DESIRED_STREAM),
+            (inputs(Some(&long_stream), Some(&ok), None), DESIRED_STREAM),
+            (inputs(Some("rhel-10"), None, None), DESIRED_OS_IMAGE),
+            (inputs(None, Some(&ok), None), DESIRED_STREAM),
+            (inputs(None, None, Some(&ok)), DESIRED_EXTENSIONS_IMAGE),
+            (
+                inputs(Some("rhel-10"), Some("quay.io/openshift/rhcos:4.20"), None),
+                DESIRED_OS_IMAGE,
+            ),
+            (
+                inputs(Some("rhel-10"), Some(&ok), Some("quay.io/x/y:latest")),
+                DESIRED_EXTENSIONS_IMAGE,
+            ),
+        ];
+        for (input, key) in cases {
+            let err = input.desired().expect_err("must be refused");
+            assert_eq!(err.key, key, "{input:?}");
+            assert!(
+                err.to_string()
+                    .starts_with("annotation osstream.openshift.io/")
+            );
+        }
+    }
+
+    #[test]
+    fn bad_token_is_refused() {
+        let mut i = inputs(None, None, None);
+        i.reboot_approved = Some("a b".into());
+        assert_eq!(i.desired().expect_err("bad").key, REBOOT_APPROVED);
+    }
+
+    #[test]
+    fn reason_is_one_bounded_line() {
+        assert_eq!(one_line_reason("a\n b \n\nc"), "a; b; c");
+        let long = "x".repeat(5000);
+        let r = one_line_reason(&long);
+        assert_eq!(r.chars().count(), MAX_REASON_CHARS);
+        assert!(r.ends_with('…'));
+    }
+
+    #[test]
+    fn quote_shortens() {
+        assert_eq!(quote("ab"), "\"ab\"");
+        assert!(quote(&"z".repeat(300)).ends_with('…'));
+    }
+}

@@ -1,0 +1,341 @@
+//! Typed view of rpm-ostree deployment dictionaries (`a{sv}`).
+//!
+//! Replies from the daemon are input like any other: a missing key or a wrong type is a typed
+//! error naming the key, never a panic.
+
+use std::collections::{BTreeMap, HashMap};
+
+use zbus::zvariant::{OwnedValue, Value};
+
+/// A deployment reply that does not have the documented shape.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("rpm-ostree deployment {key}: {problem}")]
+pub struct DeploymentError {
+    /// The dictionary key.
+    pub key: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+/// One entry of `Sysroot.Deployments`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Deployment {
+    /// `<osname>-<checksum>.<serial>`.
+    pub id: String,
+    /// Stateroot.
+    pub osname: String,
+    /// Deploy serial.
+    pub serial: i32,
+    /// Deployment commit.
+    pub checksum: String,
+    /// Currently booted.
+    pub booted: bool,
+    /// Staged for the next boot.
+    pub staged: bool,
+    /// Pinned.
+    pub pinned: bool,
+    /// Staged and waiting for `FinalizeDeployment`.
+    pub finalization_locked: bool,
+    /// Version label or commit version.
+    pub version: Option<String>,
+    /// Container origin refspec, verbatim (`ostree-unverified-registry:…`).
+    pub container_image_reference: Option<String>,
+    /// Manifest digest of the container image (best effort in rpm-ostree).
+    pub container_image_reference_digest: Option<String>,
+    /// Layered packages requested in the origin.
+    pub requested_packages: Vec<String>,
+    /// Base packages removed by override.
+    pub requested_base_removals: Vec<String>,
+    /// Local RPMs layered from files.
+    pub requested_local_packages: Vec<String>,
+    /// Labels of the image config, when the commit metadata carries it.
+    pub image_labels: BTreeMap<String, String>,
+}
+
+/// Container refspec prefixes followed directly by a registry pullspec.
+const REGISTRY_PREFIXES: [&str; 6] = [
+    "ostree-unverified-registry:",
+    "ostree-unverified-image:registry:",
+    "ostree-unverified-image:docker://",
+    "ostree-image-signed:registry:",
+    "ostree-image-signed:docker://",
+    "docker://",
+];
+
+/// The registry pullspec inside a container refspec, if it names a registry image.
+pub fn pullspec_of_refspec(refspec: &str) -> Option<&str> {
+    if let Some(p) = REGISTRY_PREFIXES
+        .iter()
+        .find_map(|p| refspec.strip_prefix(p))
+    {
+        return Some(p);
+    }
+    // ostree-remote-registry:<remote>:<pullspec> / ostree-remote-image:<remote>:docker://<pullspec>
+    if let Some(rest) = refspec.strip_prefix("ostree-remote-registry:") {
+        return rest.split_once(':').map(|(_, p)| p);
+    }
+    if let Some(rest) = refspec.strip_prefix("ostree-remote-image:") {
+        let (_, t) = rest.split_once(':')?;
+        return t
+            .strip_prefix("docker://")
+            .or_else(|| t.strip_prefix("registry:"));
+    }
+    None
+}
+
+impl Deployment {
+    /// Parses one dictionary.
+    pub fn from_dict(d: &HashMap<String, OwnedValue>) -> Result<Self, DeploymentError> {
+        let base_meta = opt(d, "base-commit-meta", dict_of)?.unwrap_or_default();
+        let image_labels = match base_meta.get("ostree.container.image-config") {
+            Some(cfg) => labels_of(cfg).map_err(|p| err("base-commit-meta", p))?,
+            None => BTreeMap::new(),
+        };
+        Ok(Deployment {
+            id: req(d, "id", string)?,
+            osname: req(d, "osname", string)?,
+            serial: req(d, "serial", |v| match v {
+                Value::I32(i) => Ok(*i),
+                other => Err(type_problem("i", other)),
+            })?,
+            checksum: req(d, "checksum", string)?,
+            booted: opt(d, "booted", boolean)?.unwrap_or(false),
+            staged: opt(d, "staged", boolean)?.unwrap_or(false),
+            pinned: opt(d, "pinned", boolean)?.unwrap_or(false),
+            finalization_locked: opt(d, "finalization-locked", boolean)?.unwrap_or(false),
+            version: opt(d, "version", string)?,
+            container_image_reference: opt(d, "container-image-reference", string)?,
+            container_image_reference_digest: opt(d, "container-image-reference-digest", string)?,
+            requested_packages: opt(d, "requested-packages", strings)?.unwrap_or_default(),
+            requested_base_removals: opt(d, "requested-base-removals", strings)?
+                .unwrap_or_default(),
+            requested_local_packages: opt(d, "requested-local-packages", strings)?
+                .unwrap_or_default(),
+            image_labels,
+        })
+    }
+
+    /// Parses the `Deployments` property.
+    pub fn parse_all(list: &[HashMap<String, OwnedValue>]) -> Result<Vec<Self>, DeploymentError> {
+        list.iter().map(Deployment::from_dict).collect()
+    }
+
+    /// The registry pullspec this deployment was made from, if it is a container deployment.
+    pub fn pullspec(&self) -> Option<&str> {
+        pullspec_of_refspec(self.container_image_reference.as_deref()?)
+    }
+
+    /// The manifest digest: the reported one, else the one pinned in the reference.
+    pub fn image_digest(&self) -> Option<&str> {
+        self.container_image_reference_digest
+            .as_deref()
+            .or_else(|| self.pullspec()?.split_once('@').map(|(_, d)| d))
+    }
+
+    /// Whether this deployment was made from the image with `digest`.
+    pub fn carries_digest(&self, digest: &str) -> bool {
+        self.image_digest() == Some(digest)
+    }
+}
+
+fn err(key: &str, problem: impl Into<String>) -> DeploymentError {
+    DeploymentError {
+        key: key.to_string(),
+        problem: problem.into(),
+    }
+}
+
+fn type_problem(want: &str, got: &Value<'_>) -> String {
+    format!("expected type {want}, got {}", got.value_signature())
+}
+
+fn req<T>(
+    d: &HashMap<String, OwnedValue>,
+    key: &str,
+    f: impl Fn(&Value<'_>) -> Result<T, String>,
+) -> Result<T, DeploymentError> {
+    opt(d, key, f)?.ok_or_else(|| err(key, "missing"))
+}
+
+fn opt<T>(
+    d: &HashMap<String, OwnedValue>,
+    key: &str,
+    f: impl Fn(&Value<'_>) -> Result<T, String>,
+) -> Result<Option<T>, DeploymentError> {
+    d.get(key)
+        .map(|v| f(unwrap_variant(v)).map_err(|p| err(key, p)))
+        .transpose()
+}
+
+fn unwrap_variant<'a>(v: &'a Value<'a>) -> &'a Value<'a> {
+    match v {
+        Value::Value(inner) => unwrap_variant(inner),
+        other => other,
+    }
+}
+
+fn string(v: &Value<'_>) -> Result<String, String> {
+    match v {
+        Value::Str(s) => Ok(s.to_string()),
+        other => Err(type_problem("s", other)),
+    }
+}
+
+fn boolean(v: &Value<'_>) -> Result<bool, String> {
+    match v {
+        Value::Bool(b) => Ok(*b),
+        other => Err(type_problem("b", other)),
+    }
+}
+
+fn strings(v: &Value<'_>) -> Result<Vec<String>, String> {
+    match v {
+        Value::Array(a) => a.iter().map(|e| string(unwrap_variant(e))).collect(),
+        other => Err(type_problem("as", other)),
+    }
+}
+
+fn dict_of(v: &Value<'_>) -> Result<HashMap<String, String>, String> {
+    // Only string values are of interest; other metadata types are skipped, not rejected.
+    match v {
+        Value::Dict(d) => Ok(d
+            .iter()
+            .filter_map(|(k, v)| match (k, unwrap_variant(v)) {
+                (Value::Str(k), Value::Str(s)) => Some((k.to_string(), s.to_string())),
+                _ => None,
+            })
+            .collect()),
+        other => Err(type_problem("a{sv}", other)),
+    }
+}
+
+fn labels_of(config_json: &str) -> Result<BTreeMap<String, String>, String> {
+    let v: serde_json::Value = serde_json::from_str(config_json)
+        .map_err(|e| format!("ostree.container.image-config is not JSON: {e}"))?;
+    Ok(v.pointer("/config/Labels")
+        .and_then(|l| l.as_object())
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zbus::zvariant::{Array, Dict, Signature};
+
+    const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    fn ov(v: Value<'_>) -> OwnedValue {
+        v.try_to_owned().expect("owned")
+    }
+
+    fn base() -> HashMap<String, OwnedValue> {
+        let mut d = HashMap::new();
+        d.insert("id".into(), ov(Value::from("rhcos-abc.0")));
+        d.insert("osname".into(), ov(Value::from("rhcos")));
+        d.insert("serial".into(), ov(Value::I32(0)));
+        d.insert("checksum".into(), ov(Value::from("abc")));
+        d.insert("booted".into(), ov(Value::Bool(true)));
+        d
+    }
+
+    #[test]
+    fn parses_container_deployment() {
+        let mut d = base();
+        let r = format!("ostree-unverified-registry:quay.io/openshift/rhcos@{DIGEST}");
+        d.insert(
+            "container-image-reference".into(),
+            ov(Value::from(r.as_str())),
+        );
+        d.insert(
+            "requested-packages".into(),
+            ov(Value::Array(Array::from(vec!["usbguard"]))),
+        );
+        let mut meta = Dict::new(&Signature::Str, &Signature::Variant);
+        meta.append(
+            Value::from("ostree.container.image-config"),
+            Value::Value(Box::new(Value::from(
+                r#"{"config":{"Labels":{"io.openshift.os.streamclass":"rhel-9","n":1}}}"#,
+            ))),
+        )
+        .expect("append");
+        d.insert("base-commit-meta".into(), ov(Value::Dict(meta)));
+        let dep = Deployment::from_dict(&d).expect("parse");
+        assert!(dep.booted && !dep.staged);
+        assert_eq!(
+            dep.pullspec(),
+            Some(&r["ostree-unverified-registry:".len()..])
+        );
+        assert!(dep.carries_digest(DIGEST));
+        assert_eq!(dep.requested_packages, vec!["usbguard".to_string()]);
+        assert_eq!(
+            dep.image_labels
+                .get("io.openshift.os.streamclass")
+                .map(String::as_str),
+            Some("rhel-9")
+        );
+        assert_eq!(dep.image_labels.len(), 1, "non-string labels are skipped");
+    }
+
+    #[test]
+    fn reported_digest_wins() {
+        let mut d = base();
+        d.insert(
+            "container-image-reference".into(),
+            ov(Value::from("ostree-unverified-registry:quay.io/x/y:latest")),
+        );
+        d.insert(
+            "container-image-reference-digest".into(),
+            ov(Value::from(DIGEST)),
+        );
+        let dep = Deployment::from_dict(&d).expect("parse");
+        assert_eq!(dep.image_digest(), Some(DIGEST));
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        let mut missing = base();
+        missing.remove("id");
+        assert_eq!(
+            Deployment::from_dict(&missing).expect_err("missing").key,
+            "id"
+        );
+        let mut wrong = base();
+        wrong.insert("serial".into(), ov(Value::from("0")));
+        let e = Deployment::from_dict(&wrong).expect_err("type");
+        assert_eq!(e.key, "serial");
+        assert!(e.problem.contains("expected type i"), "{e}");
+        let mut bad_meta = base();
+        let mut meta = Dict::new(&Signature::Str, &Signature::Variant);
+        meta.append(
+            Value::from("ostree.container.image-config"),
+            Value::Value(Box::new(Value::from("{not json"))),
+        )
+        .expect("append");
+        bad_meta.insert("base-commit-meta".into(), ov(Value::Dict(meta)));
+        assert_eq!(
+            Deployment::from_dict(&bad_meta).expect_err("json").key,
+            "base-commit-meta"
+        );
+    }
+
+    #[test]
+    fn refspec_prefixes() {
+        let cases = [
+            ("ostree-unverified-registry:q.io/a@x", Some("q.io/a@x")),
+            ("ostree-unverified-image:docker://q.io/a", Some("q.io/a")),
+            ("ostree-image-signed:registry:q.io/a", Some("q.io/a")),
+            ("ostree-remote-registry:fedora:q.io/a", Some("q.io/a")),
+            ("ostree-remote-image:fedora:docker://q.io/a", Some("q.io/a")),
+            ("ostree-unverified-image:oci:/dir", None),
+            ("fedora:fedora/x86_64/coreos/stable", None),
+        ];
+        for (r, want) in cases {
+            assert_eq!(pullspec_of_refspec(r), want, "{r}");
+        }
+    }
+}

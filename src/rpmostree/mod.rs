@@ -1,0 +1,271 @@
+//! The rpm-ostree client: `rpm-ostreed` on the system bus, transactions over its peer-to-peer socket.
+//!
+//! This is an edge: it turns D-Bus replies into typed values ([`deployment`]) and typed errors
+//! ([`RpmOstreeError`]) and holds no policy. What to stage is decided by the planner.
+
+pub mod deployment;
+mod transaction;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use serde::Serialize;
+use zbus::zvariant::{OwnedObjectPath, OwnedValue, Value};
+
+pub use deployment::{Deployment, DeploymentError};
+pub use transaction::TxnEvent;
+
+use crate::planner::StagePlan;
+
+/// Well-known bus name of rpm-ostreed.
+pub const BUS_NAME: &str = "org.projectatomic.rpmostree1";
+/// The client id streamd registers with (shown in rpm-ostree's journal and `InitiatingClientDescription`).
+pub const CLIENT_ID: &str = "streamd";
+/// The D-Bus error name of `G_IO_ERROR_BUSY`, which rpm-ostreed uses for "Transaction in progress"
+/// and "System transaction in progress" (GIO errors are not a registered D-Bus error domain).
+pub const BUSY_ERROR: &str = "org.gtk.GDBus.UnmappedGError.Quark._g_2dio_2derror_2dquark.Code26";
+/// Raised when the daemon caught a call while exiting for idleness.
+const NO_REPLY_ERROR: &str = "org.freedesktop.DBus.Error.NoReply";
+
+/// How long a method call may take; rpm-ostree's own client uses 5 minutes because the daemon
+/// can be slow to load a large sysroot.
+const CALL_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Errors the agent branches on.
+#[derive(Debug, thiserror::Error)]
+pub enum RpmOstreeError {
+    /// Another transaction holds the daemon or the sysroot lock; retry later.
+    #[error("rpm-ostreed is busy: {0}")]
+    Busy(String),
+    /// The transaction ran and failed; the message is rpm-ostree's.
+    #[error("{0}")]
+    Failed(String),
+    /// The transaction connection closed without a result (the daemon exited or was restarted).
+    #[error("rpm-ostreed closed the transaction without a result; the deployments will be re-read")]
+    Interrupted,
+    /// A reply did not have the documented shape.
+    #[error("unexpected reply from rpm-ostreed: {0}")]
+    Protocol(String),
+    /// The daemon could not be reached or refused the call.
+    #[error("rpm-ostreed call {call} failed: {message}")]
+    Call {
+        /// The method.
+        call: &'static str,
+        /// What D-Bus said, explained.
+        message: String,
+    },
+}
+
+impl RpmOstreeError {
+    /// Transient errors are retried with backoff instead of ending in `Degraded`.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            RpmOstreeError::Busy(_) | RpmOstreeError::Interrupted | RpmOstreeError::Call { .. }
+        )
+    }
+
+    fn from_call(call: &'static str, e: zbus::Error) -> Self {
+        if let zbus::Error::MethodError(name, msg, _) = &e {
+            let msg = msg.clone().unwrap_or_default();
+            if name.as_str() == BUSY_ERROR {
+                return RpmOstreeError::Busy(crate::protocol::one_line_reason(&msg));
+            }
+            return RpmOstreeError::Call {
+                call,
+                message: format!(
+                    "{} ({})",
+                    crate::protocol::one_line_reason(&msg),
+                    name.as_str()
+                ),
+            };
+        }
+        RpmOstreeError::Call {
+            call,
+            message: e.to_string(),
+        }
+    }
+}
+
+#[zbus::proxy(
+    interface = "org.projectatomic.rpmostree1.Sysroot",
+    default_service = "org.projectatomic.rpmostree1",
+    default_path = "/org/projectatomic/rpmostree1/Sysroot"
+)]
+trait Sysroot {
+    fn register_client(&self, options: HashMap<&str, Value<'_>>) -> zbus::Result<()>;
+    fn reload(&self) -> zbus::Result<()>;
+    #[zbus(name = "GetOS")]
+    fn get_os(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+    #[zbus(property)]
+    fn deployments(&self) -> zbus::Result<Vec<HashMap<String, OwnedValue>>>;
+}
+
+#[zbus::proxy(
+    interface = "org.projectatomic.rpmostree1.OS",
+    default_service = "org.projectatomic.rpmostree1"
+)]
+trait OS {
+    fn update_deployment(
+        &self,
+        modifiers: HashMap<&str, Value<'_>>,
+        options: HashMap<&str, Value<'_>>,
+    ) -> zbus::Result<String>;
+}
+
+/// A value in an `UpdateDeployment` dictionary, kept serialisable so `streamctl plan` can show the
+/// exact call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum CallValue {
+    /// `s`
+    Str(String),
+    /// `b`
+    Bool(bool),
+    /// `as`
+    Strs(Vec<String>),
+}
+
+impl CallValue {
+    fn to_value(&self) -> Value<'_> {
+        match self {
+            CallValue::Str(s) => Value::from(s.as_str()),
+            CallValue::Bool(b) => Value::Bool(*b),
+            CallValue::Strs(v) => Value::from(v.iter().map(String::as_str).collect::<Vec<_>>()),
+        }
+    }
+}
+
+/// One `UpdateDeployment(a{sv} modifiers, a{sv} options)` call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UpdateDeploymentCall {
+    /// Modifiers (what the new deployment is).
+    pub modifiers: BTreeMap<&'static str, CallValue>,
+    /// Options (how the transaction runs).
+    pub options: BTreeMap<&'static str, CallValue>,
+}
+
+impl UpdateDeploymentCall {
+    /// The call that stages `plan`: one transaction producing the complete target.
+    pub fn for_plan(plan: &StagePlan) -> Self {
+        let mut modifiers = BTreeMap::new();
+        modifiers.insert(
+            "set-refspec",
+            CallValue::Str(plan.os_image.ostree_refspec()),
+        );
+        let mut options = BTreeMap::new();
+        // Locked: an unplanned reboot must not apply a major change nobody approved.
+        options.insert("lock-finalization", CallValue::Bool(true));
+        options.insert("reboot", CallValue::Bool(false));
+        options.insert("allow-downgrade", CallValue::Bool(plan.allow_downgrade));
+        options.insert(
+            "initiating-command-line",
+            CallValue::Str(format!("streamd rebase to stream {}", plan.stream)),
+        );
+        UpdateDeploymentCall { modifiers, options }
+    }
+
+    fn dicts(&self) -> (HashMap<&str, Value<'_>>, HashMap<&str, Value<'_>>) {
+        (to_dict(&self.modifiers), to_dict(&self.options))
+    }
+}
+
+fn to_dict<'a>(m: &'a BTreeMap<&'static str, CallValue>) -> HashMap<&'static str, Value<'a>> {
+    m.iter().map(|(k, v)| (*k, v.to_value())).collect()
+}
+
+/// A connection to rpm-ostreed.
+#[derive(Debug, Clone)]
+pub struct Client {
+    conn: zbus::Connection,
+}
+
+impl Client {
+    /// Connects to the system bus (`DBUS_SYSTEM_BUS_ADDRESS` is honoured) and registers as a
+    /// client, so the daemon does not idle-exit while streamd cares about it.
+    pub async fn connect() -> Result<Self, RpmOstreeError> {
+        let conn = zbus::connection::Builder::system()
+            .map(|b| b.method_timeout(CALL_TIMEOUT))
+            .map_err(|e| RpmOstreeError::from_call("connect", e))?
+            .build()
+            .await
+            .map_err(|e| RpmOstreeError::from_call("connect", e))?;
+        let client = Client { conn };
+        client.register().await?;
+        Ok(client)
+    }
+
+    /// The underlying bus connection (shared with streamd's own D-Bus API).
+    pub fn connection(&self) -> &zbus::Connection {
+        &self.conn
+    }
+
+    async fn sysroot(&self) -> Result<SysrootProxy<'_>, RpmOstreeError> {
+        SysrootProxy::builder(&self.conn)
+            // Always read fresh values: the cache can lag behind a just-finished transaction.
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| RpmOstreeError::from_call("proxy", e))
+    }
+
+    async fn register(&self) -> Result<(), RpmOstreeError> {
+        let sysroot = self.sysroot().await?;
+        let mut attempt = 0;
+        loop {
+            let opts = HashMap::from([("id", Value::from(CLIENT_ID))]);
+            match sysroot.register_client(opts).await {
+                Ok(()) => return Ok(()),
+                // The daemon was exiting for idleness when the call arrived; activation restarts it.
+                Err(zbus::Error::MethodError(name, _, _))
+                    if name.as_str() == NO_REPLY_ERROR && attempt < 3 =>
+                {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(RpmOstreeError::from_call("RegisterClient", e)),
+            }
+        }
+    }
+
+    /// Reloads the sysroot and reads every deployment (boot order: staged first).
+    pub async fn deployments(&self) -> Result<Vec<Deployment>, RpmOstreeError> {
+        let sysroot = self.sysroot().await?;
+        sysroot
+            .reload()
+            .await
+            .map_err(|e| RpmOstreeError::from_call("Reload", e))?;
+        let raw = sysroot
+            .deployments()
+            .await
+            .map_err(|e| RpmOstreeError::from_call("Deployments", e))?;
+        Deployment::parse_all(&raw).map_err(|e| RpmOstreeError::Protocol(e.to_string()))
+    }
+
+    /// Runs one `UpdateDeployment` transaction to its end, sending progress to `events`.
+    pub async fn update_deployment(
+        &self,
+        call: &UpdateDeploymentCall,
+        events: &tokio::sync::mpsc::Sender<TxnEvent>,
+    ) -> Result<(), RpmOstreeError> {
+        let os_path = self
+            .sysroot()
+            .await?
+            .get_os("")
+            .await
+            .map_err(|e| RpmOstreeError::from_call("GetOS", e))?;
+        let os = OSProxy::builder(&self.conn)
+            .path(os_path)
+            .map_err(|e| RpmOstreeError::from_call("proxy", e))?
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| RpmOstreeError::from_call("proxy", e))?;
+        let (modifiers, options) = call.dicts();
+        let address = os
+            .update_deployment(modifiers, options)
+            .await
+            .map_err(|e| RpmOstreeError::from_call("UpdateDeployment", e))?;
+        transaction::run(&address, events).await
+    }
+}

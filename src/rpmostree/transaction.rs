@@ -1,0 +1,90 @@
+//! One rpm-ostree transaction, driven over the daemon's peer-to-peer socket.
+
+use futures::StreamExt;
+use zbus::message::Type as MessageType;
+
+use super::RpmOstreeError;
+
+const TXN_INTERFACE: &str = "org.projectatomic.rpmostree1.Transaction";
+
+/// Progress of a running transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxnEvent {
+    /// `PercentProgress(text, percentage)`.
+    Percent(String, u8),
+    /// `Message(text)`.
+    Message(String),
+}
+
+/// Connects to `address`, subscribes, calls `Start()` and waits for `Finished`.
+///
+/// The peer connection is closed as soon as the result is known: the daemon keeps the transaction
+/// (and answers everyone else "Transaction in progress") while a peer stays connected.
+pub async fn run(
+    address: &str,
+    events: &tokio::sync::mpsc::Sender<TxnEvent>,
+) -> Result<(), RpmOstreeError> {
+    let conn = zbus::connection::Builder::address(address)
+        .map_err(|e| RpmOstreeError::Protocol(format!("transaction address {address:?}: {e}")))?
+        .p2p()
+        .build()
+        .await
+        .map_err(|e| RpmOstreeError::from_call("transaction connect", e))?;
+    // Subscribe before Start(), so no signal can be missed.
+    let mut stream = zbus::MessageStream::from(&conn);
+    let start = conn
+        .call_method(None::<&str>, "/", Some(TXN_INTERFACE), "Start", &())
+        .await;
+    let result = match start {
+        Ok(_) => wait_finished(&mut stream, events).await,
+        Err(e) => Err(RpmOstreeError::from_call("Start", e)),
+    };
+    drop(stream);
+    // Closing can only fail if the daemon already hung up, which changes nothing here.
+    let _ = conn.close().await;
+    result
+}
+
+async fn wait_finished(
+    stream: &mut zbus::MessageStream,
+    events: &tokio::sync::mpsc::Sender<TxnEvent>,
+) -> Result<(), RpmOstreeError> {
+    while let Some(msg) = stream.next().await {
+        let Ok(msg) = msg else { continue };
+        let header = msg.header();
+        if header.message_type() != MessageType::Signal
+            || header.interface().map(|i| i.as_str()) != Some(TXN_INTERFACE)
+        {
+            continue;
+        }
+        let member = header.member().map(|m| m.to_string()).unwrap_or_default();
+        let body = msg.body();
+        match member.as_str() {
+            "Finished" => {
+                let (ok, text): (bool, String) = body
+                    .deserialize()
+                    .map_err(|e| RpmOstreeError::Protocol(format!("Finished signal body: {e}")))?;
+                return if ok {
+                    Ok(())
+                } else {
+                    Err(RpmOstreeError::Failed(crate::protocol::one_line_reason(
+                        &text,
+                    )))
+                };
+            }
+            "PercentProgress" => {
+                if let Ok((text, pct)) = body.deserialize::<(String, u32)>() {
+                    // A slow consumer must not stall the transaction: drop progress, keep the result.
+                    let _ = events.try_send(TxnEvent::Percent(text, pct.min(100) as u8));
+                }
+            }
+            "Message" => {
+                if let Ok((text,)) = body.deserialize::<(String,)>() {
+                    let _ = events.try_send(TxnEvent::Message(text));
+                }
+            }
+            _ => {}
+        }
+    }
+    Err(RpmOstreeError::Interrupted)
+}
