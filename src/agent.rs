@@ -66,7 +66,7 @@ impl Agent {
         let (req_tx, requests) = mpsc::channel(1);
         let status = Status {
             node: node.name().to_string(),
-            host: Some(hostfacts::gather(&host, Backend::RpmOstree)),
+            host: Some(hostfacts::gather(&host, Backend::RpmOstree, None)),
             last_change: unix_now(),
             ..Status::default()
         };
@@ -217,6 +217,7 @@ impl Agent {
         self.status.current_stream = label
             .or_else(|| self.host.os_release().ok().and_then(|r| r.stream()))
             .unwrap_or_default();
+        self.status.host = Some(hostfacts::gather(&self.host, Backend::RpmOstree, booted));
         self.status.staged_os_image = deployments
             .iter()
             .find(|d| d.staged)

@@ -1,12 +1,20 @@
 //! Host facts, read relative to the configured host root.
 
+pub mod cpu;
+pub mod crio;
+pub mod fips;
+pub mod kernel;
 pub mod osrelease;
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use fips::Fips;
+pub use kernel::KernelVariant;
 pub use osrelease::OsRelease;
+
+use crate::rpmostree::Deployment;
 
 /// Which service stages deployments on this host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,6 +40,18 @@ pub struct HostFacts {
     pub arch: String,
     /// Staging backend.
     pub backend: Backend,
+    /// FIPS mode.
+    pub fips: Fips,
+    /// Kernel variant of the booted deployment; `None` when it could not be determined
+    /// (no booted deployment yet, or overrides and running kernel disagree).
+    pub kernel: Option<KernelVariant>,
+    /// x86-64 micro-architecture level (x86_64 only).
+    #[serde(
+        rename = "x86_64Level",
+        skip_serializing_if = "Option::is_none",
+        default
+    )]
+    pub x86_64_level: Option<u8>,
 }
 
 impl HostFacts {
@@ -87,12 +107,62 @@ impl HostRoot {
     }
 }
 
-/// Gathers the facts streamd publishes.
-pub fn gather(root: &HostRoot, backend: Backend) -> HostFacts {
+/// Gathers the facts streamd publishes; `booted` is the booted deployment, if known.
+pub fn gather(root: &HostRoot, backend: Backend, booted: Option<&Deployment>) -> HostFacts {
+    let arch = root.arch();
+    let fips = fips::fips(
+        root.read("/proc/sys/crypto/fips_enabled").ok().as_deref(),
+        &root.read("/proc/cmdline").unwrap_or_default(),
+    );
+    let kernel = booted.and_then(|d| kernel_variant(root, d).ok());
+    let x86_64_level = (arch == "x86_64")
+        .then(|| root.read("/proc/cpuinfo").ok())
+        .flatten()
+        .and_then(|c| cpu::x86_64_level(&c));
     HostFacts {
-        arch: root.arch(),
+        arch,
         backend,
+        fips,
+        kernel,
+        x86_64_level,
     }
+}
+
+/// The booted deployment's kernel variant, cross-checked with the running kernel.
+pub fn kernel_variant(root: &HostRoot, booted: &Deployment) -> Result<KernelVariant, String> {
+    let release = root
+        .read("/proc/sys/kernel/osrelease")
+        .map_err(|e| format!("cannot read the running kernel release: {e}"))?;
+    let rt = root.read("/sys/kernel/realtime").ok();
+    kernel::checked_variant(booted, &release, rt.as_deref())
+}
+
+/// CRI-O's effective default runtime: `/etc/crio/crio.conf`, then `/etc/crio/crio.conf.d/*.conf`
+/// in name order, the last setting winning.
+pub fn crio_default_runtime(root: &HostRoot) -> Result<String, crio::CrioConfigError> {
+    let mut files = Vec::new();
+    if let Ok(t) = root.read("/etc/crio/crio.conf") {
+        files.push(("/etc/crio/crio.conf".to_string(), t));
+    }
+    let dir = root.path("/etc/crio/crio.conf.d");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".conf"))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    for n in names {
+        let host_path = format!("/etc/crio/crio.conf.d/{n}");
+        let text = root.read(&host_path).map_err(|e| crio::CrioConfigError {
+            file: host_path.clone(),
+            message: e.to_string(),
+        })?;
+        files.push((host_path, text));
+    }
+    crio::default_runtime(&files)
 }
 
 #[cfg(test)]
@@ -113,11 +183,36 @@ mod tests {
             root.os_release().expect("os").stream().as_deref(),
             Some("rhel-9")
         );
-        let facts = gather(&root, Backend::RpmOstree);
+        std::fs::create_dir_all(d.join("proc/sys/crypto")).expect("mkdir");
+        std::fs::write(d.join("proc/sys/crypto/fips_enabled"), "1\n").expect("write");
+        std::fs::write(d.join("proc/cmdline"), "root=x fips=1\n").expect("write");
+        std::fs::write(
+            d.join("proc/sys/kernel/osrelease"),
+            "5.14.0-570.el9_6.aarch64+64k\n",
+        )
+        .expect("write");
+        let booted = Deployment {
+            requested_packages: vec!["kernel-64k-core".into()],
+            ..Deployment::default()
+        };
+        let facts = gather(&root, Backend::RpmOstree, Some(&booted));
         assert_eq!(facts.arch, "aarch64");
         assert_eq!(
             facts.to_json(),
-            r#"{"arch":"aarch64","backend":"rpm-ostree"}"#
+            r#"{"arch":"aarch64","backend":"rpm-ostree","fips":"enabled","kernel":"64k-pages"}"#
         );
+        std::fs::create_dir_all(d.join("etc/crio/crio.conf.d")).expect("mkdir");
+        std::fs::write(
+            d.join("etc/crio/crio.conf"),
+            "[crio.runtime]\ndefault_runtime = \"runc\"\n",
+        )
+        .expect("write");
+        assert_eq!(crio_default_runtime(&root).as_deref(), Ok("runc"));
+        std::fs::write(
+            d.join("etc/crio/crio.conf.d/99-crun.conf"),
+            "[crio.runtime]\ndefault_runtime = \"crun\"\n",
+        )
+        .expect("write");
+        assert_eq!(crio_default_runtime(&root).as_deref(), Ok("crun"));
     }
 }

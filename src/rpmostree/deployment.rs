@@ -46,8 +46,10 @@ pub struct Deployment {
     pub requested_packages: Vec<String>,
     /// Base packages removed by override.
     pub requested_base_removals: Vec<String>,
-    /// Local RPMs layered from files.
+    /// Local RPMs layered from files (NEVRAs).
     pub requested_local_packages: Vec<String>,
+    /// Base packages replaced by local RPMs (NEVRAs).
+    pub requested_base_local_replacements: Vec<String>,
     /// Labels of the image config, when the commit metadata carries it.
     pub image_labels: BTreeMap<String, String>,
 }
@@ -111,6 +113,12 @@ impl Deployment {
                 .unwrap_or_default(),
             requested_local_packages: opt(d, "requested-local-packages", strings)?
                 .unwrap_or_default(),
+            requested_base_local_replacements: opt(
+                d,
+                "requested-base-local-replacements",
+                strings,
+            )?
+            .unwrap_or_default(),
             image_labels,
         })
     }
@@ -130,6 +138,15 @@ impl Deployment {
         self.container_image_reference_digest
             .as_deref()
             .or_else(|| self.pullspec()?.split_once('@').map(|(_, d)| d))
+    }
+
+    /// Every package this deployment layers or swaps in, by name or NEVRA.
+    pub fn added_packages(&self) -> impl Iterator<Item = &str> {
+        self.requested_packages
+            .iter()
+            .chain(&self.requested_local_packages)
+            .chain(&self.requested_base_local_replacements)
+            .map(String::as_str)
     }
 
     /// Whether this deployment was made from the image with `digest`.

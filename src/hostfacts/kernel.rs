@@ -1,0 +1,197 @@
+//! The kernel variant of the booted deployment: default, real-time or 64k pages.
+//!
+//! The variant is read from the deployment's package overrides (what the next rebase must carry)
+//! and cross-checked with the running kernel, so a host whose overrides and running kernel
+//! disagree is refused instead of guessed about.
+
+use serde::{Deserialize, Serialize};
+
+use crate::rpmostree::Deployment;
+
+/// Kernel variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KernelVariant {
+    /// The image's own kernel.
+    Default,
+    /// kernel-rt.
+    Realtime,
+    /// kernel-64k (aarch64).
+    #[serde(rename = "64k-pages")]
+    SixtyFourK,
+}
+
+impl KernelVariant {
+    /// Name as published in the `host` annotation.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KernelVariant::Default => "default",
+            KernelVariant::Realtime => "realtime",
+            KernelVariant::SixtyFourK => "64k-pages",
+        }
+    }
+
+    /// The suffix of this variant's kernel release (`uname -r`).
+    pub fn release_suffix(self) -> &'static str {
+        match self {
+            KernelVariant::Default => "",
+            KernelVariant::Realtime => "+rt",
+            KernelVariant::SixtyFourK => "+64k",
+        }
+    }
+
+    /// The packages that make up the variant on the target (never the `kernel-rt` meta-package,
+    /// nor `kernel-rt-kvm`, which RHEL 9.7+ and 10 no longer ship).
+    pub fn packages(self) -> &'static [&'static str] {
+        match self {
+            KernelVariant::Default => &[],
+            KernelVariant::Realtime => &[
+                "kernel-rt-core",
+                "kernel-rt-modules",
+                "kernel-rt-modules-extra",
+            ],
+            KernelVariant::SixtyFourK => &[
+                "kernel-64k-core",
+                "kernel-64k-modules",
+                "kernel-64k-modules-core",
+                "kernel-64k-modules-extra",
+            ],
+        }
+    }
+}
+
+/// The default-kernel packages a variant removes from the base.
+pub const DEFAULT_KERNEL_PACKAGES: [&str; 5] = [
+    "kernel",
+    "kernel-core",
+    "kernel-modules",
+    "kernel-modules-core",
+    "kernel-modules-extra",
+];
+
+/// Whether `spec` (a name or a NEVRA) names package `name`.
+pub fn names_package(spec: &str, name: &str) -> bool {
+    match spec.strip_prefix(name) {
+        Some("") => true,
+        // NEVRA: name-version-release.arch, the version starts with a digit (or an epoch).
+        Some(rest) => rest
+            .strip_prefix('-')
+            .and_then(|r| r.chars().next())
+            .is_some_and(|c| c.is_ascii_digit()),
+        None => false,
+    }
+}
+
+/// The variant the deployment's overrides describe.
+pub fn variant_of(dep: &Deployment) -> KernelVariant {
+    let has = |name: &str| dep.added_packages().any(|p| names_package(p, name));
+    if has("kernel-rt-core") {
+        KernelVariant::Realtime
+    } else if has("kernel-64k-core") {
+        KernelVariant::SixtyFourK
+    } else {
+        KernelVariant::Default
+    }
+}
+
+/// The variant, cross-checked with the running kernel release and `/sys/kernel/realtime`.
+/// `Err` explains a disagreement.
+pub fn checked_variant(
+    dep: &Deployment,
+    running_release: &str,
+    sys_realtime: Option<&str>,
+) -> Result<KernelVariant, String> {
+    let from_overrides = variant_of(dep);
+    let release = running_release.trim();
+    let running = if release.ends_with("+rt") || sys_realtime.is_some_and(|v| v.trim() == "1") {
+        KernelVariant::Realtime
+    } else if release.ends_with("+64k") {
+        KernelVariant::SixtyFourK
+    } else {
+        KernelVariant::Default
+    };
+    if from_overrides == running {
+        Ok(running)
+    } else {
+        Err(format!(
+            "the booted deployment's overrides describe a {} kernel but the running kernel {release:?} is {}",
+            from_overrides.as_str(),
+            running.as_str()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dep(removals: &[&str], packages: &[&str], local: &[&str]) -> Deployment {
+        let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect();
+        Deployment {
+            requested_base_removals: v(removals),
+            requested_packages: v(packages),
+            requested_local_packages: v(local),
+            ..Deployment::default()
+        }
+    }
+
+    #[test]
+    fn package_names() {
+        assert!(names_package("kernel-rt-core", "kernel-rt-core"));
+        assert!(names_package(
+            "kernel-rt-core-5.14.0-570.el9.x86_64",
+            "kernel-rt-core"
+        ));
+        assert!(!names_package("kernel-rt-core-debuginfo", "kernel-rt-core"));
+        assert!(!names_package("kernel-rt-modules", "kernel-rt-core"));
+    }
+
+    #[test]
+    fn variants_by_table() {
+        let rt = dep(
+            &DEFAULT_KERNEL_PACKAGES,
+            &[],
+            &["kernel-rt-core-5.14.0-570.el9_6.x86_64"],
+        );
+        let k64 = dep(&DEFAULT_KERNEL_PACKAGES, &["kernel-64k-core"], &[]);
+        let plain = dep(&[], &["usbguard"], &[]);
+        let cases = [
+            (
+                &rt,
+                "5.14.0-570.el9_6.x86_64+rt",
+                None,
+                Ok(KernelVariant::Realtime),
+            ),
+            (
+                &rt,
+                "5.14.0-570.el9_6.x86_64",
+                Some("1"),
+                Ok(KernelVariant::Realtime),
+            ),
+            (
+                &k64,
+                "5.14.0-570.el9_6.aarch64+64k",
+                None,
+                Ok(KernelVariant::SixtyFourK),
+            ),
+            (
+                &plain,
+                "5.14.0-570.el9_6.x86_64",
+                Some("0"),
+                Ok(KernelVariant::Default),
+            ),
+            (&plain, "5.14.0-570.el9_6.x86_64+rt", None, Err(())),
+            (&rt, "5.14.0-570.el9_6.x86_64", None, Err(())),
+        ];
+        for (d, release, rtflag, want) in cases {
+            let got = checked_variant(d, release, rtflag).map_err(|_| ());
+            assert_eq!(got, want, "{release} {rtflag:?}");
+        }
+        assert_eq!(KernelVariant::Realtime.packages().len(), 3);
+        assert!(
+            !KernelVariant::Realtime
+                .packages()
+                .contains(&"kernel-rt-kvm")
+        );
+    }
+}
