@@ -19,8 +19,8 @@ pub fn fips(fips_enabled: Option<&str>, cmdline: &str) -> Fips {
     // The last fips= wins, as in the kernel's own parsing.
     let cmd = cmdline
         .split_whitespace()
-        .filter_map(|a| a.strip_prefix("fips="))
-        .last()
+        .rev()
+        .find_map(|a| a.strip_prefix("fips="))
         .is_some_and(|v| v == "1");
     match (kernel, cmd) {
         (true, true) => Fips::Enabled,
