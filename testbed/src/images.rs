@@ -109,7 +109,10 @@ mod tests {
         for img in &a {
             let hex = img.digest.strip_prefix("sha256:").unwrap_or_default();
             assert_eq!(hex.len(), 64);
-            assert!(hex.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
+            assert!(
+                hex.bytes()
+                    .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+            );
             assert!(img.pullspec.ends_with(&img.digest));
         }
         assert!(a[1].os_release().contains("RHEL_VERSION=10.1"));

@@ -5,5 +5,10 @@
 //! The contract every component follows is written down in `docs/testbed.md`.
 
 pub mod apiserver;
+pub mod bus;
+pub mod host;
 pub mod images;
 pub mod rpmostreed;
+pub mod testbed;
+
+pub use testbed::{NODE_NAME, Options, Testbed};

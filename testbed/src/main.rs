@@ -1,1 +1,167 @@
-fn main() {}
+//! `testbed`: runs the streamd testbed (see docs/testbed.md).
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use std::os::unix::process::CommandExt as _;
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+
+use testbed::{Options, Testbed};
+
+/// The streamd testbed: a private dbus-daemon, a fake rpm-ostreed and a fake Kubernetes API
+/// server, for the demo and the end-to-end tests.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start a testbed in the background and wait until it answers; prints the env file's path.
+    Up {
+        /// Directory for all state, sockets and the env file.
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Run a testbed in the foreground until SIGTERM (what `up` starts).
+    Serve {
+        /// Directory for all state, sockets and the env file.
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Stop the testbed started by `up`.
+    Down {
+        /// The testbed's directory.
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Send one control command (JSON) and print the reply.
+    Ctl {
+        /// The testbed's directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The command, e.g. '{"target":"rpmostreed","cmd":"transactions"}'.
+        json: String,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TESTBED_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("testbed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("testbed: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    match args.command {
+        Command::Up { dir } => up(&dir).await,
+        Command::Serve { dir } => serve(dir).await,
+        Command::Down { dir } => down(&dir).await,
+        Command::Ctl { dir, json } => {
+            let cmd: serde_json::Value =
+                serde_json::from_str(&json).context("the command is not JSON")?;
+            let reply = testbed::testbed::control_client(&dir, &cmd).await?;
+            println!("{}", serde_json::to_string_pretty(&reply)?);
+            Ok(())
+        }
+    }
+}
+
+async fn up(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let env = dir.join("env");
+    let _ = std::fs::remove_file(&env);
+    let log = std::fs::File::create(dir.join("serve.log")).context("creating serve.log")?;
+    let exe = std::env::current_exe().context("finding the testbed binary")?;
+    let mut child = std::process::Command::new(exe)
+        .args(["serve", "--dir"])
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        // Its own process group: the testbed outlives the shell that ran `up`.
+        .process_group(0)
+        .spawn()
+        .context("starting `testbed serve`")?;
+    std::fs::write(dir.join("serve.pid"), format!("{}\n", child.id()))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if env.exists() {
+            println!("{}", env.display());
+            return Ok(());
+        }
+        if let Some(status) = child.try_wait()? {
+            let log = std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
+            bail!("`testbed serve` exited ({status}) before it was up:\n{log}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("the testbed did not come up within 60 s; see {}", dir.join("serve.log").display())
+}
+
+async fn serve(dir: PathBuf) -> anyhow::Result<()> {
+    let tb = Testbed::start(Options { dir }).await?;
+    tracing::info!(dir = %tb.dir().display(), "testbed up");
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::info!("testbed stopping");
+    let _ = std::fs::remove_file(tb.dir().join("env"));
+    Ok(())
+}
+
+async fn down(dir: &Path) -> anyhow::Result<()> {
+    let pid_file = dir.join("serve.pid");
+    let text = std::fs::read_to_string(&pid_file)
+        .with_context(|| format!("reading {} (was the testbed started with `up`?)", pid_file.display()))?;
+    let raw: i32 = text.trim().parse().context("bad pid file")?;
+    let pid = rustix::process::Pid::from_raw(raw).context("bad pid")?;
+    // The whole process group: the bus daemon and anything else serve started.
+    let signal_group = |sig| rustix::process::kill_process_group(pid, sig);
+    if signal_group(rustix::process::Signal::TERM).is_err() {
+        let _ = std::fs::remove_file(&pid_file);
+        return Ok(());
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if rustix::process::test_kill_process(pid).is_err() {
+            let _ = std::fs::remove_file(&pid_file);
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = signal_group(rustix::process::Signal::KILL);
+    let _ = std::fs::remove_file(&pid_file);
+    Ok(())
+}

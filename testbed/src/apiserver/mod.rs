@@ -1,1 +1,225 @@
 //! Fake Kubernetes API server (HTTPS, client certificates and bearer tokens).
+//!
+//! Serves Nodes, core/v1 Events and Namespaces from an in-memory store with real
+//! resourceVersion, watch, patch and conflict semantics, plus the discovery documents
+//! the real `kubectl` needs. See `docs/testbed.md` for the contract.
+
+mod auth;
+mod clock;
+mod discovery;
+mod faults;
+mod patch;
+mod pki;
+mod routes;
+mod selector;
+mod stats;
+mod status;
+mod store;
+mod table;
+mod validate;
+mod watch;
+
+use std::convert::Infallible;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow, bail};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::{Value, json};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_rustls::TlsAcceptor;
+
+use discovery::NODES;
+use faults::Faults;
+use stats::Stats;
+use store::Store;
+
+/// How long a client may take to finish the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where and for which node an [`ApiServer`] runs.
+#[derive(Debug, Clone)]
+pub struct ApiServerConfig {
+    /// Directory that receives `pki/`, `kubeconfig` and `kubeconfig-admin`.
+    pub dir: PathBuf,
+    /// Name of the Node object the server starts with (the node identity's `system:node:<name>`).
+    pub node_name: String,
+}
+
+/// State shared by the accept loop, the connections and the control interface.
+pub(crate) struct Shared {
+    pub(crate) store: Store,
+    pub(crate) stats: Stats,
+    pub(crate) faults: Faults,
+    pub(crate) admin_token: String,
+    /// `127.0.0.1:<port>`, for `/api`'s `serverAddressByClientCIDRs`.
+    pub(crate) server_addr: String,
+}
+
+/// A running fake API server. Dropping it stops accepting and closes every connection.
+pub struct ApiServer {
+    url: String,
+    node_name: String,
+    shared: Arc<Shared>,
+    accept: JoinHandle<()>,
+}
+
+impl ApiServer {
+    /// Generates the PKI under `dir/pki` (CA, server certificate for `127.0.0.1` and
+    /// `localhost`, client certificate `CN=system:node:<node>, O=system:nodes`, admin
+    /// token in `dir/pki/admin-token`), binds `https://127.0.0.1:<random port>`, writes
+    /// `dir/kubeconfig` (node client certificate) and `dir/kubeconfig-admin` (bearer
+    /// token, user `admin`) and creates the initial Node and namespaces.
+    pub async fn start(cfg: ApiServerConfig) -> anyhow::Result<ApiServer> {
+        let pki = pki::generate(&cfg.dir.join("pki"), &cfg.node_name)?;
+        let tls = TlsAcceptor::from(Arc::new(pki::server_config(&pki)?));
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .context("binding the API server port")?;
+        let addr = listener.local_addr()?;
+        let url = format!("https://{addr}");
+        pki::write_kubeconfigs(&cfg.dir, &url, &pki, &cfg.node_name)?;
+
+        let mut uid_seed = [0u8; 16];
+        pki::random_bytes(&mut uid_seed)?;
+        let store = Store::new(uid_seed);
+        store
+            .seed(&cfg.node_name)
+            .map_err(|err| anyhow!("creating the initial objects: {}", err.message))?;
+        let shared = Arc::new(Shared {
+            store,
+            stats: Stats::default(),
+            faults: Faults::new(),
+            admin_token: pki.admin_token,
+            server_addr: addr.to_string(),
+        });
+        let accept = tokio::spawn(accept_loop(listener, tls, shared.clone()));
+        tracing::info!(url, node = cfg.node_name, "apiserver listening");
+        Ok(ApiServer {
+            url,
+            node_name: cfg.node_name,
+            shared,
+            accept,
+        })
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Runs one control command (the `cmd` field of a control-socket request):
+    ///
+    /// - `{"cmd":"stats"}` → `{"total":N,"by_user":{user:{verb:n}}}`; `{"cmd":"reset-stats"}` → `{}`
+    /// - `{"cmd":"fault","kind":K,…}` → the resulting fault state; `K` is `drop-watches`,
+    ///   `gone` (`count`), `throttle` (`count`, `retry_after`), `error` (`count`),
+    ///   `delay` (`ms`), `refuse` (`on`) or `clear`
+    /// - `{"cmd":"get-node"}` → the Node; `{"cmd":"node-annotations"}` → its annotations
+    pub async fn control(&self, cmd: &Value) -> anyhow::Result<Value> {
+        let name = cmd
+            .get("cmd")
+            .and_then(Value::as_str)
+            .ok_or_else(|| anyhow!("control command needs a \"cmd\" string"))?;
+        match name {
+            "stats" => Ok(self.shared.stats.snapshot()),
+            "reset-stats" => {
+                self.shared.stats.reset();
+                Ok(json!({}))
+            }
+            "fault" => {
+                let state = self.shared.faults.apply(cmd)?;
+                if cmd.get("kind").and_then(Value::as_str) == Some("gone") {
+                    // Resuming from any resourceVersion seen so far must now also get 410.
+                    self.shared.store.compact();
+                }
+                Ok(state)
+            }
+            "get-node" => Ok((*self.node()?).clone()),
+            "node-annotations" => Ok(self
+                .node()?
+                .pointer("/metadata/annotations")
+                .cloned()
+                .unwrap_or_else(|| json!({}))),
+            other => bail!("unknown apiserver command {other:?}"),
+        }
+    }
+
+    fn node(&self) -> anyhow::Result<Arc<Value>> {
+        self.shared
+            .store
+            .get(&NODES, None, &self.node_name)
+            .map_err(|err| anyhow!(err.message))
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        // The accept task owns the connection tasks; aborting it aborts them all.
+        self.accept.abort();
+    }
+}
+
+async fn accept_loop(listener: TcpListener, tls: TlsAcceptor, shared: Arc<Shared>) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, peer)) => {
+                    if shared.faults.refusing() {
+                        tracing::debug!(%peer, "apiserver dropping connection (refuse fault)");
+                        continue;
+                    }
+                    connections.spawn(serve_connection(tcp, tls.clone(), shared.clone()));
+                }
+                Err(err) => {
+                    // Typically EMFILE; back off instead of spinning.
+                    tracing::warn!(%err, "apiserver accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            Some(_) = connections.join_next() => {}
+        }
+    }
+}
+
+async fn serve_connection(tcp: TcpStream, tls: TlsAcceptor, shared: Arc<Shared>) {
+    let mut kills = shared.faults.connection_kills();
+    // Watch events are small writes that must not wait for Nagle.
+    if let Err(err) = tcp.set_nodelay(true) {
+        tracing::debug!(%err, "apiserver could not set TCP_NODELAY");
+    }
+    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(tcp)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(err)) => {
+            tracing::debug!(%err, "apiserver tls handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!("apiserver tls handshake timed out");
+            return;
+        }
+    };
+    let cert_user: Option<Arc<str>> =
+        auth::cert_user(stream.get_ref().1.peer_certificates()).map(Arc::from);
+    let service = service_fn(move |req| {
+        let shared = shared.clone();
+        let cert_user = cert_user.clone();
+        async move { Ok::<_, Infallible>(routes::handle(shared, req, cert_user).await) }
+    });
+    let connection = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::select! {
+        result = connection => {
+            if let Err(err) = result {
+                tracing::debug!(%err, "apiserver connection ended with an error");
+            }
+        }
+        _ = kills.changed() => tracing::debug!("apiserver connection aborted (refuse fault)"),
+    }
+}

@@ -1,0 +1,293 @@
+//! The resource table and the discovery documents built from it (legacy, non-aggregated
+//! discovery plus just enough OpenAPI v3 for kubectl's field-validation probe).
+
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+/// Version the fake claims to be (OpenShift 4.19 ships Kubernetes 1.32).
+pub(crate) const KUBE_VERSION: &str = "v1.32.4";
+
+/// One served resource type. Adding an API group is adding entries to [`RESOURCES`].
+#[derive(Debug)]
+pub(crate) struct ResourceDef {
+    pub(crate) group: &'static str,
+    pub(crate) version: &'static str,
+    pub(crate) plural: &'static str,
+    pub(crate) singular: &'static str,
+    pub(crate) kind: &'static str,
+    pub(crate) namespaced: bool,
+    pub(crate) verbs: &'static [&'static str],
+    pub(crate) short_names: &'static [&'static str],
+    /// Whether `<plural>/status` exists (and writes to the main resource keep the old status).
+    pub(crate) status_subresource: bool,
+}
+
+impl ResourceDef {
+    pub(crate) fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// `nodes` or `plural.group`, as used in error messages.
+    pub(crate) fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.to_string()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    pub(crate) fn allows(&self, verb: &str) -> bool {
+        self.verbs.contains(&verb)
+    }
+}
+
+pub(crate) static NODES: ResourceDef = ResourceDef {
+    group: "",
+    version: "v1",
+    plural: "nodes",
+    singular: "node",
+    kind: "Node",
+    namespaced: false,
+    verbs: &["get", "list", "watch", "patch", "update"],
+    short_names: &["no"],
+    status_subresource: true,
+};
+
+pub(crate) static EVENTS: ResourceDef = ResourceDef {
+    group: "",
+    version: "v1",
+    plural: "events",
+    singular: "event",
+    kind: "Event",
+    namespaced: true,
+    verbs: &[
+        "create", "get", "list", "watch", "patch", "update", "delete",
+    ],
+    short_names: &["ev"],
+    status_subresource: false,
+};
+
+pub(crate) static NAMESPACES: ResourceDef = ResourceDef {
+    group: "",
+    version: "v1",
+    plural: "namespaces",
+    singular: "namespace",
+    kind: "Namespace",
+    namespaced: false,
+    verbs: &["get", "list", "watch"],
+    short_names: &["ns"],
+    status_subresource: false,
+};
+
+/// Every served resource, core group first.
+pub(crate) static RESOURCES: &[&ResourceDef] = &[&NODES, &EVENTS, &NAMESPACES];
+
+/// The resource `plural` in `group/version`.
+pub(crate) fn find(group: &str, version: &str, plural: &str) -> Option<&'static ResourceDef> {
+    RESOURCES
+        .iter()
+        .copied()
+        .find(|d| d.group == group && d.version == version && d.plural == plural)
+}
+
+/// `GET /version`.
+pub(crate) fn version() -> Value {
+    json!({
+        "major": "1",
+        "minor": "32",
+        "gitVersion": KUBE_VERSION,
+        "gitCommit": "0000000000000000000000000000000000000000",
+        "gitTreeState": "clean",
+        "buildDate": "2025-05-01T00:00:00Z",
+        "goVersion": "go1.23.6",
+        "compiler": "gc",
+        "platform": "linux/amd64",
+    })
+}
+
+/// `GET /api`.
+pub(crate) fn api_versions(server_addr: &str) -> Value {
+    json!({
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{ "clientCIDR": "0.0.0.0/0", "serverAddress": server_addr }],
+    })
+}
+
+/// Distinct `(group, version)` pairs of the named API groups, in table order.
+fn group_versions() -> Vec<(&'static str, &'static str)> {
+    let mut out: Vec<(&'static str, &'static str)> = Vec::new();
+    for d in RESOURCES.iter().filter(|d| !d.group.is_empty()) {
+        if !out.contains(&(d.group, d.version)) {
+            out.push((d.group, d.version));
+        }
+    }
+    out
+}
+
+fn api_group(group: &str, versions: &[&str]) -> Value {
+    let versions: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({ "groupVersion": format!("{group}/{v}"), "version": v }))
+        .collect();
+    json!({
+        "kind": "APIGroup",
+        "apiVersion": "v1",
+        "name": group,
+        "versions": versions,
+        "preferredVersion": versions.first().cloned().unwrap_or(Value::Null),
+    })
+}
+
+fn versions_of(group: &str) -> Vec<&'static str> {
+    group_versions()
+        .into_iter()
+        .filter(|(g, _)| *g == group)
+        .map(|(_, v)| v)
+        .collect()
+}
+
+/// `GET /apis`.
+pub(crate) fn api_group_list() -> Value {
+    let mut groups: Vec<&str> = Vec::new();
+    for (g, _) in group_versions() {
+        if !groups.contains(&g) {
+            groups.push(g);
+        }
+    }
+    let groups: Vec<Value> = groups
+        .iter()
+        .map(|g| {
+            let mut doc = api_group(g, &versions_of(g));
+            if let Some(obj) = doc.as_object_mut() {
+                obj.remove("kind");
+                obj.remove("apiVersion");
+            }
+            doc
+        })
+        .collect();
+    json!({ "kind": "APIGroupList", "apiVersion": "v1", "groups": groups })
+}
+
+/// `GET /apis/<group>`, if the group is served.
+pub(crate) fn api_group_doc(group: &str) -> Option<Value> {
+    let versions = versions_of(group);
+    (!versions.is_empty()).then(|| api_group(group, &versions))
+}
+
+/// `GET /api/v1` or `GET /apis/<group>/<version>`, if served.
+pub(crate) fn api_resource_list(group: &str, version: &str) -> Option<Value> {
+    let defs: Vec<&ResourceDef> = RESOURCES
+        .iter()
+        .copied()
+        .filter(|d| d.group == group && d.version == version)
+        .collect();
+    if defs.is_empty() {
+        return None;
+    }
+    let mut resources = Vec::new();
+    for d in defs {
+        resources.push(json!({
+            "name": d.plural,
+            "singularName": d.singular,
+            "namespaced": d.namespaced,
+            "kind": d.kind,
+            "verbs": d.verbs,
+            "shortNames": d.short_names,
+        }));
+        if d.status_subresource {
+            resources.push(json!({
+                "name": format!("{}/status", d.plural),
+                "singularName": "",
+                "namespaced": d.namespaced,
+                "kind": d.kind,
+                "verbs": ["get", "patch", "update"],
+            }));
+        }
+    }
+    let group_version = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(json!({
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": group_version,
+        "resources": resources,
+    }))
+}
+
+/// OpenAPI v3 path key of a group-version: `api/v1` or `apis/<group>/<version>`.
+fn openapi_key(group: &str, version: &str) -> String {
+    if group.is_empty() {
+        format!("api/{version}")
+    } else {
+        format!("apis/{group}/{version}")
+    }
+}
+
+/// `GET /openapi/v3`: one entry per served group-version, addressed by content hash.
+pub(crate) fn openapi_root() -> Value {
+    let mut gvs = vec![("", "v1")];
+    gvs.extend(group_versions());
+    let mut paths = serde_json::Map::new();
+    for (g, v) in gvs {
+        if let Some(doc) = openapi_group_version(g, v) {
+            let hash = format!("{:X}", Sha256::digest(doc.to_string().as_bytes()));
+            let key = openapi_key(g, v);
+            paths.insert(
+                key.clone(),
+                json!({ "serverRelativeURL": format!("/openapi/v3/{key}?hash={hash}") }),
+            );
+        }
+    }
+    json!({ "paths": paths })
+}
+
+/// `GET /openapi/v3/<key>`. Only PATCH operations with their group-version-kind and the
+/// `fieldValidation` parameter are described: that is what kubectl probes before it
+/// sends a create with server-side field validation instead of downloading schemas.
+pub(crate) fn openapi_group_version(group: &str, version: &str) -> Option<Value> {
+    let prefix = if group.is_empty() {
+        format!("/api/{version}")
+    } else {
+        format!("/apis/{group}/{version}")
+    };
+    let defs: Vec<&ResourceDef> = RESOURCES
+        .iter()
+        .copied()
+        .filter(|d| d.group == group && d.version == version)
+        .collect();
+    if defs.is_empty() {
+        return None;
+    }
+    let mut paths = serde_json::Map::new();
+    for d in defs.into_iter().filter(|d| d.allows("patch")) {
+        let path = if d.namespaced {
+            format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", d.plural)
+        } else {
+            format!("{prefix}/{}/{{name}}", d.plural)
+        };
+        paths.insert(
+            path,
+            json!({ "patch": {
+                "operationId": format!("patch{}", d.kind),
+                "x-kubernetes-action": "patch",
+                "x-kubernetes-group-version-kind": { "group": d.group, "version": d.version, "kind": d.kind },
+                "parameters": [{ "name": "fieldValidation", "in": "query", "schema": { "type": "string", "uniqueItems": true } }],
+                "responses": { "200": { "description": "OK" } },
+            }}),
+        );
+    }
+    Some(json!({
+        "openapi": "3.0.0",
+        "info": { "title": "Kubernetes", "version": KUBE_VERSION },
+        "paths": paths,
+        "components": { "schemas": {} },
+    }))
+}

@@ -1,0 +1,171 @@
+//! API errors, rendered as `Status` objects the way kube-apiserver does.
+
+use serde_json::{Value, json};
+
+use super::discovery::ResourceDef;
+
+/// An error answered with a `Status` body.
+#[derive(Debug, Clone)]
+pub(crate) struct ApiError {
+    pub(crate) code: u16,
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
+    details: Option<Value>,
+}
+
+impl ApiError {
+    fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
+    }
+
+    fn with_object(mut self, def: &ResourceDef, name: &str) -> Self {
+        let mut details = json!({ "name": name, "kind": def.plural });
+        if !def.group.is_empty() {
+            details["group"] = json!(def.group);
+        }
+        self.details = Some(details);
+        self
+    }
+
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+
+    pub(crate) fn unauthorized() -> Self {
+        Self::new(401, "Unauthorized", "Unauthorized")
+    }
+
+    pub(crate) fn not_found(def: &ResourceDef, name: &str) -> Self {
+        Self::new(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", def.qualified()),
+        )
+        .with_object(def, name)
+    }
+
+    pub(crate) fn path_not_found() -> Self {
+        Self::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+    }
+
+    pub(crate) fn method_not_allowed() -> Self {
+        Self::new(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        )
+    }
+
+    pub(crate) fn conflict(def: &ResourceDef, name: &str) -> Self {
+        Self::new(
+            409,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; \
+                 please apply your changes to the latest version and try again",
+                def.qualified()
+            ),
+        )
+        .with_object(def, name)
+    }
+
+    pub(crate) fn already_exists(def: &ResourceDef, name: &str) -> Self {
+        Self::new(
+            409,
+            "AlreadyExists",
+            format!("{} \"{name}\" already exists", def.qualified()),
+        )
+        .with_object(def, name)
+    }
+
+    pub(crate) fn expired(message: impl Into<String>) -> Self {
+        Self::new(410, "Expired", message)
+    }
+
+    pub(crate) fn too_large() -> Self {
+        Self::new(413, "RequestEntityTooLarge", "request entity too large")
+    }
+
+    pub(crate) fn unsupported_media_type(got: &str, accepted: &str) -> Self {
+        Self::new(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format ({got:?}) - accepted media types include: {accepted}"
+            ),
+        )
+    }
+
+    /// 422 with one cause per field error, like a failed validation.
+    pub(crate) fn invalid(def: &ResourceDef, name: &str, causes: &[(String, String)]) -> Self {
+        let summary: Vec<String> = causes
+            .iter()
+            .map(|(field, msg)| format!("{field}: {msg}"))
+            .collect();
+        let mut err = Self::new(
+            422,
+            "Invalid",
+            format!("{} \"{name}\" is invalid: {}", def.kind, summary.join(", ")),
+        );
+        let causes: Vec<Value> = causes
+            .iter()
+            .map(|(field, msg)| json!({ "reason": "FieldValueInvalid", "message": msg, "field": field }))
+            .collect();
+        err.details = Some(json!({
+            "name": name,
+            "kind": def.kind,
+            "group": def.group,
+            "causes": causes,
+        }));
+        err
+    }
+
+    /// 422 for a patch that cannot be applied (failed `test`, missing path, …).
+    pub(crate) fn patch_failed(message: &str) -> Self {
+        let mut err = Self::new(
+            422,
+            "Invalid",
+            format!("the server rejected our request due to an error in our request: {message}"),
+        );
+        err.details = Some(json!({ "causes": [{ "message": message }] }));
+        err
+    }
+
+    pub(crate) fn too_many_requests() -> Self {
+        Self::new(
+            429,
+            "TooManyRequests",
+            "Too many requests, please try again later.",
+        )
+    }
+
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        Self::new(500, "InternalError", message)
+    }
+
+    /// The `Status` object.
+    pub(crate) fn status(&self) -> Value {
+        let mut status = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        });
+        if let Some(details) = &self.details {
+            status["details"] = details.clone();
+        }
+        status
+    }
+}

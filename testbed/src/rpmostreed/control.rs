@@ -1,0 +1,163 @@
+//! Test knobs and the transaction log, driven by control commands.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::Serialize;
+use serde_json::{Value, json};
+use tracing::info;
+
+use super::transaction::TxnRequest;
+use super::{Daemon, lock, os};
+
+/// Behaviour switches for the coming transactions.
+#[derive(Debug, Clone)]
+pub(crate) struct Knobs {
+    /// The next transaction ends with `Finished(false, message)`.
+    pub(crate) fail_next: Option<String>,
+    /// The next transaction "crashes" the daemon right after `Start()`.
+    pub(crate) exit_mid_transaction: bool,
+    /// `PercentProgress` signals per deploy transaction.
+    pub(crate) progress_signals: u32,
+    /// Rate of those signals.
+    pub(crate) progress_per_second: u32,
+    /// Extra time a deploy transaction takes before it stages and finishes.
+    pub(crate) slow: Duration,
+}
+
+impl Default for Knobs {
+    fn default() -> Self {
+        Knobs {
+            fail_next: None,
+            exit_mid_transaction: false,
+            progress_signals: 10,
+            progress_per_second: 500,
+            slow: Duration::ZERO,
+        }
+    }
+}
+
+/// How a transaction ended (the `Finished` parameters).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct TxnResult {
+    pub(crate) ok: bool,
+    pub(crate) message: String,
+}
+
+/// One transaction method call and what became of it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct TxnRecord {
+    /// Transaction id; 0 when the call was refused and no transaction was created.
+    pub(crate) id: u64,
+    pub(crate) method: String,
+    pub(crate) sender: String,
+    pub(crate) title: String,
+    pub(crate) modifiers: Value,
+    pub(crate) options: Value,
+    /// Other positional arguments (`Rebase`'s refspec and packages, `Cleanup`'s elements).
+    pub(crate) args: Value,
+    /// File descriptors attached to the method call.
+    pub(crate) fds: u32,
+    /// `Start()` was called.
+    pub(crate) started: bool,
+    /// Identical calls that joined this transaction.
+    pub(crate) joined: u32,
+    pub(crate) result: Option<TxnResult>,
+    pub(crate) cancelled: bool,
+    /// The caller left the bus before `Start()`, so the transaction was dropped.
+    pub(crate) dropped: bool,
+    /// The daemon "crashed" during it (`exit-mid-transaction`).
+    pub(crate) crashed: bool,
+    pub(crate) reboot_requested: bool,
+    /// The D-Bus error the method call got (`name: message`), if it was refused.
+    pub(crate) error: Option<String>,
+}
+
+impl TxnRecord {
+    pub(crate) fn new(id: u64, req: &TxnRequest) -> Self {
+        TxnRecord {
+            id,
+            method: req.method.to_string(),
+            sender: req.sender.clone(),
+            title: req.title.clone(),
+            modifiers: req.modifiers.clone(),
+            options: req.options.clone(),
+            args: req.args.clone(),
+            fds: req.fds,
+            started: false,
+            joined: 0,
+            result: None,
+            cancelled: false,
+            dropped: false,
+            crashed: false,
+            reboot_requested: false,
+            error: None,
+        }
+    }
+}
+
+fn u32_field(cmd: &Value, key: &str) -> anyhow::Result<u32> {
+    let n = cmd
+        .get(key)
+        .and_then(Value::as_u64)
+        .with_context(|| format!("\"{key}\" must be a non-negative integer"))?;
+    u32::try_from(n).with_context(|| format!("\"{key}\" is too large"))
+}
+
+impl Daemon {
+    /// Run one control command; see `docs/testbed.md`.
+    pub(crate) async fn control(self: &Arc<Self>, cmd: &Value) -> anyhow::Result<Value> {
+        let name = cmd
+            .get("cmd")
+            .and_then(Value::as_str)
+            .context("control command without \"cmd\"")?;
+        info!(cmd = name, "rpmostreed control command");
+        match name {
+            "fail-next" => {
+                let message = cmd
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .context("\"message\" must be a string")?;
+                lock(&self.knobs).fail_next = Some(message.to_string());
+                Ok(json!({}))
+            }
+            "hold-foreign" => {
+                let on = cmd
+                    .get("on")
+                    .and_then(Value::as_bool)
+                    .context("\"on\" must be a boolean")?;
+                self.hold_foreign(on).await?;
+                Ok(json!({}))
+            }
+            "progress" => {
+                let signals = u32_field(cmd, "signals")?;
+                let per_second = u32_field(cmd, "per-second")?;
+                anyhow::ensure!(per_second > 0, "\"per-second\" must be positive");
+                let mut knobs = lock(&self.knobs);
+                knobs.progress_signals = signals;
+                knobs.progress_per_second = per_second;
+                Ok(json!({}))
+            }
+            "slow" => {
+                let ms = cmd
+                    .get("ms")
+                    .and_then(Value::as_u64)
+                    .context("\"ms\" must be a non-negative integer")?;
+                lock(&self.knobs).slow = Duration::from_millis(ms);
+                Ok(json!({}))
+            }
+            "exit-mid-transaction" => {
+                lock(&self.knobs).exit_mid_transaction = true;
+                Ok(json!({}))
+            }
+            "transactions" => Ok(serde_json::to_value(&*lock(&self.records))?),
+            "deployments" => os::deployments_json(self),
+            "reset-transactions" => {
+                lock(&self.records).clear();
+                Ok(json!({}))
+            }
+            other => Err(anyhow::anyhow!("unknown rpmostreed command \"{other}\"")),
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! `org.projectatomic.rpmostree1.OS` at `/org/projectatomic/rpmostree1/<osname>`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use zbus::fdo;
+use zbus::interface;
+use zbus::message::Header;
+use zbus::zvariant::{self, OwnedValue, Str};
+
+use super::errors::DaemonError;
+use super::model::{Deployment, State};
+use super::transaction::{DeployPlan, FinalizePlan, TxnRequest, Work};
+use super::vardict::{VarDict, value_to_json};
+use super::{Daemon, lock};
+
+/// The OS object of the configured osname.
+pub(crate) struct OsIface {
+    daemon: Arc<Daemon>,
+}
+
+impl OsIface {
+    pub(crate) fn new(daemon: Arc<Daemon>) -> Self {
+        OsIface { daemon }
+    }
+
+    fn dict(
+        &self,
+        pick: impl FnOnce(&State) -> Option<Deployment>,
+    ) -> fdo::Result<HashMap<String, OwnedValue>> {
+        let deployment = pick(&lock(&self.daemon.state));
+        match deployment {
+            Some(d) => d.to_dict().map_err(|e| fdo::Error::Failed(e.to_string())),
+            None => Ok(HashMap::new()),
+        }
+    }
+}
+
+/// Serialize method parameters so a later call can be compared byte for byte.
+fn encode<T>(params: &T) -> Result<Vec<u8>, DaemonError>
+where
+    T: serde::Serialize + zvariant::DynamicType,
+{
+    let ctxt = zvariant::serialized::Context::new_dbus(zvariant::LE, 0);
+    zvariant::to_bytes(ctxt, params)
+        .map(|data| data.bytes().to_vec())
+        .map_err(|e| DaemonError::InvalidArgs(e.to_string()))
+}
+
+fn sender_of(hdr: &Header<'_>) -> String {
+    hdr.sender().map(|s| s.to_string()).unwrap_or_default()
+}
+
+/// Validate a deploy request the way `rpmostreed_transaction_new_deploy` does, in its order.
+fn deploy_work(modifiers: &VarDict, options: &VarDict, fds: u32) -> Result<Work, DaemonError> {
+    let refspec = modifiers.str("set-refspec")?;
+    let revision = modifiers.str("set-revision")?;
+    let expected_fds = modifiers
+        .handle_count("install-local-packages")?
+        .saturating_add(modifiers.handle_count("override-replace-local-packages")?)
+        .saturating_add(u32::from(modifiers.has_handle("ex-local-repo-remote")?));
+    if expected_fds != fds {
+        return Err(DaemonError::GioFailed(format!(
+            "Expected {expected_fds} fds but received {fds}"
+        )));
+    }
+    let failed = |m: &str| Err(DaemonError::GioFailed(m.to_string()));
+    if refspec.is_none() && options.bool_or("skip-purge", false)? {
+        return failed("Can't specify skip-purge if not setting a new refspec");
+    }
+    if (refspec.is_some() || revision.is_some()) && options.bool_or("no-pull-base", false)? {
+        return failed("Can't specify no-pull-base if setting a new refspec or revision");
+    }
+    let download_only = options.bool_or("download-only", false)?;
+    if options.bool_or("cache-only", false)? && download_only {
+        return failed("Can't specify cache-only and download-only");
+    }
+    if options.bool_or("dry-run", false)? && download_only {
+        return failed("Can't specify dry-run and download-only");
+    }
+    if modifiers.has_strv("override-replace-packages")? {
+        return failed("Non-local replacement overrides not implemented yet");
+    }
+    Ok(Work::Deploy(DeployPlan {
+        refspec,
+        revision,
+        lock_finalization: options.bool_or("lock-finalization", false)?,
+        reboot: options.bool_or("reboot", false)?,
+        command_line: options.str("initiating-command-line")?,
+    }))
+}
+
+#[interface(name = "org.projectatomic.rpmostree1.OS")]
+impl OsIface {
+    /// Stage a new deployment (rebase, deploy or upgrade); returns the transaction address.
+    /// FD indices in `ah` modifiers must match the number of attached descriptors.
+    #[zbus(out_args("transaction_address"))]
+    async fn update_deployment(
+        &self,
+        modifiers: VarDict,
+        options: VarDict,
+        #[zbus(header)] hdr: Header<'_>,
+    ) -> Result<String, DaemonError> {
+        let fds = hdr.unix_fds().unwrap_or(0);
+        let req = TxnRequest {
+            method: "UpdateDeployment",
+            sender: sender_of(&hdr),
+            params: encode(&(&modifiers, &options))?,
+            title: "new-deployment".into(),
+            modifiers: modifiers.to_json(),
+            options: options.to_json(),
+            args: serde_json::json!([]),
+            fds,
+        };
+        self.daemon
+            .begin_txn(req, |_| deploy_work(&modifiers, &options, fds))
+            .await
+    }
+
+    /// Legacy rebase: `set-refspec=refspec` (plus `set-revision` from option `revision`);
+    /// `packages` is ignored like the real daemon ignores it.
+    #[zbus(out_args("transaction_address"))]
+    async fn rebase(
+        &self,
+        options: VarDict,
+        refspec: String,
+        packages: Vec<String>,
+        #[zbus(header)] hdr: Header<'_>,
+    ) -> Result<String, DaemonError> {
+        let fds = hdr.unix_fds().unwrap_or(0);
+        let mut modifiers = VarDict::default();
+        modifiers.0.push((
+            "set-refspec".into(),
+            OwnedValue::from(Str::from(refspec.clone())),
+        ));
+        if let Some(revision) = options.str("revision")? {
+            modifiers
+                .0
+                .push(("set-revision".into(), OwnedValue::from(Str::from(revision))));
+        }
+        let req = TxnRequest {
+            method: "Rebase",
+            sender: sender_of(&hdr),
+            params: encode(&(&options, &refspec, &packages))?,
+            title: "new-deployment".into(),
+            modifiers: modifiers.to_json(),
+            options: options.to_json(),
+            args: serde_json::json!([refspec, packages]),
+            fds,
+        };
+        self.daemon
+            .begin_txn(req, |_| deploy_work(&modifiers, &options, fds))
+            .await
+    }
+
+    /// Remove deployments or caches: `base`, `pending-deploy`, `rollback-deploy`, `repomd`.
+    #[zbus(out_args("transaction_address"))]
+    async fn cleanup(
+        &self,
+        elements: Vec<String>,
+        #[zbus(header)] hdr: Header<'_>,
+    ) -> Result<String, DaemonError> {
+        let req = TxnRequest {
+            method: "Cleanup",
+            sender: sender_of(&hdr),
+            params: encode(&(&elements,))?,
+            title: "cleanup".into(),
+            modifiers: serde_json::json!({}),
+            options: serde_json::json!({}),
+            args: serde_json::json!([elements]),
+            fds: hdr.unix_fds().unwrap_or(0),
+        };
+        self.daemon
+            .begin_txn(req, |_| {
+                let (mut pending, mut rollback) = (false, false);
+                for element in &elements {
+                    match element.as_str() {
+                        "pending-deploy" => pending = true,
+                        "rollback-deploy" => rollback = true,
+                        // The fake has no repo to prune and no rpm-md cache.
+                        "base" | "repomd" => {}
+                        other => {
+                            return Err(DaemonError::GioFailed(format!(
+                                "Invalid cleanup type: {other}"
+                            )));
+                        }
+                    }
+                }
+                Ok(Work::Cleanup { pending, rollback })
+            })
+            .await
+    }
+
+    /// Unlock a finalization-locked staged deployment and reboot into it.
+    #[zbus(out_args("transaction_address"))]
+    async fn finalize_deployment(
+        &self,
+        options: VarDict,
+        #[zbus(header)] hdr: Header<'_>,
+    ) -> Result<String, DaemonError> {
+        let plan = FinalizePlan {
+            checksum: options.str("checksum")?,
+            allow_missing_checksum: options.bool_or("allow-missing-checksum", false)?,
+            allow_unlocked: options.bool_or("allow-unlocked", false)?,
+        };
+        let title = options
+            .str("initiating-command-line")?
+            .unwrap_or_else(|| "finalize-deployment".into());
+        let req = TxnRequest {
+            method: "FinalizeDeployment",
+            sender: sender_of(&hdr),
+            params: encode(&(&options,))?,
+            title,
+            modifiers: serde_json::json!({}),
+            options: options.to_json(),
+            args: serde_json::json!([]),
+            fds: hdr.unix_fds().unwrap_or(0),
+        };
+        self.daemon
+            .begin_txn(req, |_| Ok(Work::Finalize(plan)))
+            .await
+    }
+
+    /// Boot configuration of a deployment. `deployid` is a decimal index into the
+    /// deployment list; `""` is the merge deployment (pending if `is_pending`).
+    #[zbus(out_args("bootconfig"))]
+    async fn get_deployment_boot_config(
+        &self,
+        deployid: &str,
+        is_pending: bool,
+    ) -> Result<HashMap<String, OwnedValue>, DaemonError> {
+        let state = lock(&self.daemon.state);
+        let osname = &self.daemon.osname;
+        let (index, deployment) = if deployid.is_empty() {
+            let merge = if is_pending {
+                state.default_for(osname)
+            } else {
+                state.booted().filter(|d| &d.osname == osname)
+            };
+            let merge = merge.ok_or_else(|| {
+                DaemonError::GioFailed(format!("No deployments found for os {osname}"))
+            })?;
+            let index = state
+                .deployments
+                .iter()
+                .position(|d| d == merge)
+                .unwrap_or_default();
+            (index, merge)
+        } else {
+            let index = deployid
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| deployid.parse::<usize>().ok())
+                .flatten()
+                .ok_or_else(|| {
+                    DaemonError::Failed(format!(
+                        "Invalid deployment index {deployid}, must be a number and >= 0"
+                    ))
+                })?;
+            let deployment = state.deployments.get(index).ok_or_else(|| {
+                DaemonError::Failed(format!(
+                    "Out of range deployment index {index}, expected < {}",
+                    state.deployments.len()
+                ))
+            })?;
+            (index, deployment)
+        };
+        let s = |v: String| OwnedValue::from(Str::from(v));
+        let boot_csum = &deployment.checksum;
+        let bootversion = state.deployments.len() - index;
+        let options = format!(
+            "rw ostree=/ostree/boot.1/{}/{boot_csum}/{} ignition.platform.id=metal root=UUID=91b1b4fd-9a3d-4f7e-8f4e-0c8f0a3a5a62 rootflags=prjquota boot=UUID=8e2d5b3a-2f1c-4c5e-9b6a-3d2f1e0c9b8a",
+            deployment.osname, deployment.serial
+        );
+        let mut config = HashMap::new();
+        config.insert("staged".to_string(), OwnedValue::from(deployment.staged));
+        config.insert("options".to_string(), s(options));
+        // A staged deployment has no boot entry yet; only its kernel arguments are known.
+        if !deployment.staged {
+            config.insert(
+                "title".to_string(),
+                s(format!(
+                    "Red Hat Enterprise Linux CoreOS {} (ostree:{index})",
+                    deployment.version
+                )),
+            );
+            config.insert(
+                "linux".to_string(),
+                s(format!(
+                    "/ostree/{}-{boot_csum}/vmlinuz-{}",
+                    deployment.osname, deployment.kernel
+                )),
+            );
+            config.insert(
+                "initrd".to_string(),
+                s(format!(
+                    "/ostree/{}-{boot_csum}/initramfs-{}.img",
+                    deployment.osname, deployment.kernel
+                )),
+            );
+            config.insert("version".to_string(), s(bootversion.to_string()));
+        }
+        Ok(config)
+    }
+
+    /// The osname.
+    #[zbus(property)]
+    fn name(&self) -> String {
+        self.daemon.osname.clone()
+    }
+
+    /// The booted deployment if it belongs to this osname, else an empty dict.
+    #[zbus(property)]
+    fn booted_deployment(&self) -> fdo::Result<HashMap<String, OwnedValue>> {
+        let osname = self.daemon.osname.clone();
+        self.dict(|s| s.booted().filter(|d| d.osname == osname).cloned())
+    }
+
+    /// The pending deployment, else the booted one.
+    #[zbus(property)]
+    fn default_deployment(&self) -> fdo::Result<HashMap<String, OwnedValue>> {
+        let osname = self.daemon.osname.clone();
+        self.dict(|s| s.default_for(&osname).cloned())
+    }
+
+    /// The rollback deployment, or an empty dict.
+    #[zbus(property)]
+    fn rollback_deployment(&self) -> fdo::Result<HashMap<String, OwnedValue>> {
+        let osname = self.daemon.osname.clone();
+        self.dict(|s| s.rollback(&osname).cloned())
+    }
+
+    /// Automatic updates are off, so there is never a cached update.
+    #[zbus(property)]
+    fn cached_update(&self) -> HashMap<String, OwnedValue> {
+        HashMap::new()
+    }
+
+    /// See `CachedUpdate`.
+    #[zbus(property)]
+    fn has_cached_update_rpm_diff(&self) -> bool {
+        false
+    }
+}
+
+/// The JSON view of `Deployments`, for the `deployments` control command.
+pub(crate) fn deployments_json(daemon: &Daemon) -> anyhow::Result<serde_json::Value> {
+    let state = lock(&daemon.state);
+    let mut out = Vec::new();
+    for d in &state.deployments {
+        let dict = d.to_dict()?;
+        let mut obj = serde_json::Map::new();
+        for (k, v) in &dict {
+            obj.insert(k.clone(), value_to_json(v));
+        }
+        out.push(serde_json::Value::Object(obj));
+    }
+    Ok(serde_json::Value::Array(out))
+}

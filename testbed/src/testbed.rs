@@ -1,0 +1,213 @@
+//! Starting, describing and controlling a whole testbed.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tracing::warn;
+
+use crate::apiserver::{ApiServer, ApiServerConfig};
+use crate::bus::Bus;
+use crate::images::{self, TestImage};
+use crate::rpmostreed::{FakeRpmOstreed, RpmOstreedConfig};
+
+/// Node name of the testbed's node.
+pub const NODE_NAME: &str = "worker-0";
+
+/// How to start a testbed.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Directory holding everything (created if missing).
+    pub dir: PathBuf,
+}
+
+/// A running testbed. Dropping it stops the bus; the fakes live in this process's runtime.
+pub struct Testbed {
+    dir: PathBuf,
+    bus: Bus,
+    inner: Arc<Components>,
+    env: BTreeMap<String, String>,
+    images: Vec<TestImage>,
+}
+
+struct Components {
+    rpmostreed: FakeRpmOstreed,
+    apiserver: ApiServer,
+}
+
+impl Testbed {
+    /// Starts the bus, the fakes and the control socket, then writes `DIR/env` (last, so its
+    /// presence means the testbed is up).
+    pub async fn start(opts: Options) -> anyhow::Result<Testbed> {
+        let dir = std::path::absolute(&opts.dir)
+            .with_context(|| format!("resolving {}", opts.dir.display()))?;
+        for sub in ["bus", "host", "config.d", "state", "rpmostreed"] {
+            std::fs::create_dir_all(dir.join(sub))
+                .with_context(|| format!("creating {}", dir.join(sub).display()))?;
+        }
+        let _ = std::fs::remove_file(dir.join("env"));
+        let images = images::catalog(images::DEFAULT_REGISTRY);
+        let booted = images.first().context("empty image catalog")?.clone();
+        crate::host::write(&dir.join("host"), NODE_NAME, &booted)?;
+
+        let bus = Bus::start(&dir.join("bus")).await?;
+        let rpmostreed = FakeRpmOstreed::start(RpmOstreedConfig {
+            bus_address: bus.address().to_string(),
+            txn_socket: dir.join("rpm-ostree-transaction.sock"),
+            state_dir: dir.join("rpmostreed"),
+            osname: "rhcos".into(),
+            images: images.clone(),
+            booted: 0,
+        })
+        .await
+        .context("starting the fake rpm-ostreed")?;
+        let apiserver = ApiServer::start(ApiServerConfig {
+            dir: dir.clone(),
+            node_name: NODE_NAME.into(),
+        })
+        .await
+        .context("starting the fake API server")?;
+
+        let config_dir = dir.join("config.d");
+        std::fs::write(
+            config_dir.join("50-testbed.toml"),
+            format!(
+                "# written by the testbed\nnode-name = {node:?}\nkubeconfig = {kc:?}\nhost-root = {hr:?}\n",
+                node = NODE_NAME,
+                kc = dir.join("kubeconfig").display().to_string(),
+                hr = dir.join("host").display().to_string(),
+            ),
+        )
+        .context("writing the streamd config")?;
+
+        let env = BTreeMap::from([
+            ("KUBECONFIG".to_string(), dir.join("kubeconfig-admin").display().to_string()),
+            ("DBUS_SYSTEM_BUS_ADDRESS".into(), bus.address().to_string()),
+            ("STREAMD_NODE_NAME".into(), NODE_NAME.into()),
+            ("STREAMD_CONFIG_DIR".into(), config_dir.display().to_string()),
+            ("STREAMD_HOST_ROOT".into(), dir.join("host").display().to_string()),
+            ("STREAMD_STATE_DIR".into(), dir.join("state").display().to_string()),
+            ("STREAMD_KUBECONFIG".into(), dir.join("kubeconfig").display().to_string()),
+            ("TESTBED_DIR".into(), dir.display().to_string()),
+            ("TESTBED_API_URL".into(), apiserver.url().to_string()),
+            ("TESTBED_RHEL9_IMAGE".into(), images[0].pullspec.clone()),
+            ("TESTBED_RHEL10_IMAGE".into(), images.get(1).map(|i| i.pullspec.clone()).unwrap_or_default()),
+        ]);
+        let inner = Arc::new(Components {
+            rpmostreed,
+            apiserver,
+        });
+        serve_control(&dir.join("control.sock"), inner.clone())?;
+        write_env(&dir, &env)?;
+        Ok(Testbed {
+            dir,
+            bus,
+            inner,
+            env,
+            images,
+        })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The variables of `DIR/env`.
+    pub fn env(&self) -> &BTreeMap<String, String> {
+        &self.env
+    }
+
+    /// The images the testbed serves (`rhel-9` first).
+    pub fn images(&self) -> &[TestImage] {
+        &self.images
+    }
+
+    /// The private system bus.
+    pub fn bus(&self) -> &Bus {
+        &self.bus
+    }
+
+    /// Runs one control command (the same JSON as on `DIR/control.sock`).
+    pub async fn control(&self, cmd: &Value) -> anyhow::Result<Value> {
+        dispatch(&self.inner, cmd).await
+    }
+}
+
+async fn dispatch(c: &Components, cmd: &Value) -> anyhow::Result<Value> {
+    match cmd.get("target").and_then(Value::as_str) {
+        Some("rpmostreed") => c.rpmostreed.control(cmd).await,
+        Some("apiserver") => c.apiserver.control(cmd).await,
+        Some(other) => bail!("unknown control target {other:?} (rpmostreed, apiserver)"),
+        None => bail!("control command without \"target\""),
+    }
+}
+
+fn write_env(dir: &Path, env: &BTreeMap<String, String>) -> anyhow::Result<()> {
+    let mut text = String::from("# written by `testbed up`; source it: . DIR/env\n");
+    for (k, v) in env {
+        text.push_str(&format!("export {k}='{}'\n", v.replace('\'', r"'\''")));
+    }
+    let tmp = dir.join("env.tmp");
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, dir.join("env")).context("publishing DIR/env")?;
+    Ok(())
+}
+
+fn serve_control(path: &Path, c: Arc<Components>) -> anyhow::Result<()> {
+    let _ = std::fs::remove_file(path);
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let c = c.clone();
+            tokio::spawn(async move {
+                if let Err(e) = control_session(stream, &c).await {
+                    warn!(error = %e, "control session failed");
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+async fn control_session(stream: UnixStream, c: &Components) -> anyhow::Result<()> {
+    let (r, mut w) = stream.into_split();
+    let mut lines = BufReader::new(r).lines();
+    while let Some(line) = lines.next_line().await? {
+        let reply = match serde_json::from_str::<Value>(&line) {
+            Ok(cmd) => match dispatch(c, &cmd).await {
+                Ok(result) => json!({ "ok": true, "result": result }),
+                Err(e) => json!({ "ok": false, "error": format!("{e:#}") }),
+            },
+            Err(e) => json!({ "ok": false, "error": format!("not JSON: {e}") }),
+        };
+        w.write_all(format!("{reply}\n").as_bytes()).await?;
+    }
+    Ok(())
+}
+
+/// Sends one command to a testbed's control socket (what `testbed ctl` does).
+pub async fn control_client(dir: &Path, cmd: &Value) -> anyhow::Result<Value> {
+    let path = dir.join("control.sock");
+    let stream = UnixStream::connect(&path)
+        .await
+        .with_context(|| format!("connecting to {} (is the testbed up?)", path.display()))?;
+    let (r, mut w) = stream.into_split();
+    w.write_all(format!("{cmd}\n").as_bytes()).await?;
+    let mut lines = BufReader::new(r).lines();
+    let line = lines.next_line().await?.context("the testbed closed the control socket")?;
+    let reply: Value = serde_json::from_str(&line).context("bad reply from the testbed")?;
+    if reply["ok"] == Value::Bool(true) {
+        Ok(reply["result"].clone())
+    } else {
+        bail!("{}", reply["error"].as_str().unwrap_or("unknown error"))
+    }
+}

@@ -1,0 +1,1333 @@
+//! The fake rpm-ostreed against a real `dbus-daemon` and real zbus clients.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::json;
+use testbed::images::{DEFAULT_REGISTRY, TestImage, catalog};
+use testbed::rpmostreed::{FakeRpmOstreed, RpmOstreedConfig};
+use zbus::message::Message;
+use zbus::zvariant::{self, OwnedValue, Value};
+use zbus::{Connection, MessageStream};
+
+const BUS_NAME: &str = "org.projectatomic.rpmostree1";
+const SYSROOT_PATH: &str = "/org/projectatomic/rpmostree1/Sysroot";
+const OS_PATH: &str = "/org/projectatomic/rpmostree1/rhcos";
+const SYSROOT: &str = "org.projectatomic.rpmostree1.Sysroot";
+const OS: &str = "org.projectatomic.rpmostree1.OS";
+const TXN: &str = "org.projectatomic.rpmostree1.Transaction";
+const GIO_FAILED: &str = "org.gtk.GDBus.UnmappedGError.Quark._g_2dio_2derror_2dquark.Code0";
+const GIO_NOT_FOUND: &str = "org.gtk.GDBus.UnmappedGError.Quark._g_2dio_2derror_2dquark.Code1";
+const GIO_BUSY: &str = "org.gtk.GDBus.UnmappedGError.Quark._g_2dio_2derror_2dquark.Code26";
+const WAIT: Duration = Duration::from_secs(10);
+
+type Dict = HashMap<String, OwnedValue>;
+
+/// A scratch directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "rpmostreed-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&path).expect("create temp dir");
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A private system-bus-like `dbus-daemon`, killed on drop.
+struct BusDaemon {
+    child: Child,
+    address: String,
+}
+
+impl BusDaemon {
+    fn start(dir: &Path) -> BusDaemon {
+        let config = dir.join("system.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "<busconfig><type>system</type><listen>unix:path={}</listen><auth>EXTERNAL</auth>\
+                 <policy context=\"default\"><allow send_destination=\"*\" eavesdrop=\"true\"/>\
+                 <allow eavesdrop=\"true\"/><allow own=\"*\"/></policy></busconfig>",
+                dir.join("bus.sock").display()
+            ),
+        )
+        .expect("write bus config");
+        let mut child = Command::new("dbus-daemon")
+            .arg(format!("--config-file={}", config.display()))
+            .args(["--nofork", "--print-address"])
+            .stdout(Stdio::piped())
+            // It complains that it cannot raise its fd limit; that is harmless here.
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn dbus-daemon");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read bus address");
+        assert!(line.starts_with("unix:"), "bus address: {line:?}");
+        BusDaemon {
+            child,
+            address: line.trim().to_string(),
+        }
+    }
+}
+
+impl Drop for BusDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Bus, fake daemon and a client connection; dropped in this order.
+struct Env {
+    client: Connection,
+    fake: Option<FakeRpmOstreed>,
+    images: Vec<TestImage>,
+    bus: BusDaemon,
+    dir: TempDir,
+}
+
+impl Env {
+    async fn new() -> Env {
+        let dir = TempDir::new();
+        let bus = BusDaemon::start(&dir.0);
+        let images = catalog(DEFAULT_REGISTRY);
+        let mut env = Env {
+            client: connect(&bus.address).await,
+            fake: None,
+            images,
+            bus,
+            dir,
+        };
+        env.fake = Some(
+            FakeRpmOstreed::start(env.config())
+                .await
+                .expect("start fake"),
+        );
+        env
+    }
+
+    fn config(&self) -> RpmOstreedConfig {
+        RpmOstreedConfig {
+            bus_address: self.bus.address.clone(),
+            txn_socket: self.socket(),
+            state_dir: self.dir.0.join("state"),
+            osname: "rhcos".into(),
+            images: self.images.clone(),
+            booted: 0,
+        }
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.0.join("rpm-ostree-transaction.sock")
+    }
+
+    fn rhel9(&self) -> &TestImage {
+        &self.images[0]
+    }
+
+    fn rhel10(&self) -> &TestImage {
+        &self.images[1]
+    }
+
+    async fn control(&self, cmd: serde_json::Value) -> serde_json::Value {
+        self.fake
+            .as_ref()
+            .expect("fake running")
+            .control(&cmd)
+            .await
+            .expect("control command")
+    }
+
+    async fn deployments(&self) -> Vec<Dict> {
+        let v = prop(&self.client, SYSROOT_PATH, SYSROOT, "Deployments").await;
+        Vec::<Dict>::try_from(v).expect("aa{sv}")
+    }
+
+    async fn active_transaction(&self) -> (String, String, String) {
+        let v = prop(&self.client, SYSROOT_PATH, SYSROOT, "ActiveTransaction").await;
+        <(String, String, String)>::try_from(v).expect("(sss)")
+    }
+
+    async fn wait_idle(&self) {
+        let start = Instant::now();
+        while !self.active_transaction().await.0.is_empty() {
+            assert!(start.elapsed() < WAIT, "transaction never released");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Rebase to `refspec` and run the transaction to its end.
+    async fn rebase(&self, refspec: &str, options: &Dict) -> Signals {
+        let modifiers = dict(&[("set-refspec", Value::from(refspec))]);
+        let addr = update_deployment(&self.client, &modifiers, options)
+            .await
+            .expect("UpdateDeployment");
+        let mut peer = Peer::connect(&addr).await;
+        assert!(peer.start().await, "Start() starts the transaction");
+        let signals = peer.until_finished().await;
+        drop(peer);
+        self.wait_idle().await;
+        signals
+    }
+}
+
+async fn connect(address: &str) -> Connection {
+    zbus::connection::Builder::address(address)
+        .expect("bus address")
+        .build()
+        .await
+        .expect("connect to bus")
+}
+
+fn dict(entries: &[(&str, Value<'_>)]) -> Dict {
+    entries
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.try_to_owned().expect("owned value")))
+        .collect()
+}
+
+fn registry_ref(image: &TestImage) -> String {
+    format!("ostree-unverified-registry:{}", image.pullspec)
+}
+
+async fn prop(conn: &Connection, path: &str, iface: &str, name: &str) -> OwnedValue {
+    conn.call_method(
+        Some(BUS_NAME),
+        path,
+        Some("org.freedesktop.DBus.Properties"),
+        "Get",
+        &(iface, name),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("Get {iface}.{name}: {e}"))
+    .body()
+    .deserialize::<OwnedValue>()
+    .expect("variant")
+}
+
+async fn update_deployment(
+    conn: &Connection,
+    modifiers: &Dict,
+    options: &Dict,
+) -> zbus::Result<String> {
+    conn.call_method(
+        Some(BUS_NAME),
+        OS_PATH,
+        Some(OS),
+        "UpdateDeployment",
+        &(modifiers, options),
+    )
+    .await?
+    .body()
+    .deserialize::<String>()
+}
+
+async fn os_call<B>(conn: &Connection, method: &str, body: &B) -> zbus::Result<Message>
+where
+    B: serde::Serialize + zvariant::DynamicType,
+{
+    conn.call_method(Some(BUS_NAME), OS_PATH, Some(OS), method, body)
+        .await
+}
+
+/// (error name, message) of a D-Bus error reply.
+fn dbus_error(result: zbus::Result<impl std::fmt::Debug>) -> (String, String) {
+    match result {
+        Err(zbus::Error::MethodError(name, message, _)) => {
+            (name.to_string(), message.unwrap_or_default())
+        }
+        other => panic!("expected a D-Bus error, got {other:?}"),
+    }
+}
+
+/// A peer-to-peer client of a transaction.
+struct Peer {
+    conn: Connection,
+    stream: MessageStream,
+}
+
+/// The signals a peer saw, in order.
+struct Signals {
+    all: Vec<(String, Message)>,
+    finished: Option<(bool, String)>,
+}
+
+impl Signals {
+    fn strings(&self, member: &str) -> Vec<String> {
+        self.all
+            .iter()
+            .filter(|(m, _)| m == member)
+            .map(|(_, msg)| {
+                let (text,): (String,) = msg.body().deserialize().expect("(s)");
+                text
+            })
+            .collect()
+    }
+
+    fn percents(&self) -> Vec<u32> {
+        self.all
+            .iter()
+            .filter(|(m, _)| m == "PercentProgress")
+            .map(|(_, msg)| {
+                let (_, pct): (String, u32) = msg.body().deserialize().expect("(su)");
+                pct
+            })
+            .collect()
+    }
+
+    fn count(&self, member: &str) -> usize {
+        self.all.iter().filter(|(m, _)| m == member).count()
+    }
+}
+
+impl Peer {
+    async fn connect(address: &str) -> Peer {
+        let conn = zbus::connection::Builder::address(address)
+            .expect("transaction address")
+            .p2p()
+            .max_queued(100_000)
+            .build()
+            .await
+            .expect("connect to the transaction");
+        let stream = MessageStream::from(&conn);
+        Peer { conn, stream }
+    }
+
+    async fn call(&self, method: &str) -> zbus::Result<Message> {
+        self.conn
+            .call_method(None::<&str>, "/", Some(TXN), method, &())
+            .await
+    }
+
+    async fn start(&self) -> bool {
+        self.call("Start")
+            .await
+            .expect("Start")
+            .body()
+            .deserialize::<bool>()
+            .expect("b")
+    }
+
+    async fn prop(&self, name: &str) -> OwnedValue {
+        self.conn
+            .call_method(
+                None::<&str>,
+                "/",
+                Some("org.freedesktop.DBus.Properties"),
+                "Get",
+                &(TXN, name),
+            )
+            .await
+            .expect("Get")
+            .body()
+            .deserialize::<OwnedValue>()
+            .expect("variant")
+    }
+
+    /// Signals up to and including `Finished`, or until the connection ends.
+    async fn until_finished(&mut self) -> Signals {
+        let mut signals = Signals {
+            all: Vec::new(),
+            finished: None,
+        };
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let next = tokio::time::timeout_at(deadline.into(), self.stream.next())
+                .await
+                .expect("transaction signals timed out");
+            let Some(Ok(msg)) = next else { break };
+            let header = msg.header();
+            if header.message_type() != zbus::message::Type::Signal
+                || header.interface().map(|i| i.as_str()) != Some(TXN)
+            {
+                continue;
+            }
+            let member = header.member().map(|m| m.to_string()).unwrap_or_default();
+            if member == "Finished" {
+                let (ok, message): (bool, String) = msg.body().deserialize().expect("(bs)");
+                signals.finished = Some((ok, message));
+                signals.all.push((member, msg.clone()));
+                break;
+            }
+            signals.all.push((member, msg.clone()));
+        }
+        signals
+    }
+}
+
+fn sig_of(d: &Dict, key: &str) -> String {
+    d.get(key)
+        .unwrap_or_else(|| panic!("deployment has no {key}"))
+        .value_signature()
+        .to_string()
+}
+
+fn string_of(d: &Dict, key: &str) -> String {
+    match d.get(key).map(|v| &**v) {
+        Some(Value::Str(s)) => s.to_string(),
+        other => panic!("{key} is not a string: {other:?}"),
+    }
+}
+
+fn bool_of(d: &Dict, key: &str) -> bool {
+    match d.get(key).map(|v| &**v) {
+        Some(Value::Bool(b)) => *b,
+        other => panic!("{key} is not a boolean: {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Introspection against the reference XML
+// ---------------------------------------------------------------------------------------
+
+/// A member of an interface: kind, name, and its typed shape.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Member {
+    kind: String,
+    name: String,
+    /// (type, direction) of each argument; signal arguments are always "out".
+    args: Vec<(String, String)>,
+    /// (type, access) of a property.
+    property: Option<(String, String)>,
+}
+
+type Interfaces = BTreeMap<String, BTreeMap<(String, String), Member>>;
+
+/// The tags of an XML document: (name, attributes, self-closing, closing).
+fn xml_tags(xml: &str) -> Vec<(String, HashMap<String, String>, bool, bool)> {
+    let mut tags = Vec::new();
+    let mut rest = xml;
+    while let Some(start) = rest.find('<') {
+        rest = &rest[start..];
+        if let Some(body) = rest.strip_prefix("<!--") {
+            let end = body.find("-->").expect("unterminated comment");
+            rest = &body[end + 3..];
+            continue;
+        }
+        // Find the closing '>' outside quotes (attribute values may contain '>').
+        let mut quoted = false;
+        let mut end = None;
+        for (i, c) in rest.char_indices() {
+            match c {
+                '"' => quoted = !quoted,
+                '>' if !quoted => {
+                    end = Some(i);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let end = end.expect("unterminated tag");
+        let tag = &rest[1..end];
+        rest = &rest[end + 1..];
+        if tag.starts_with('!') || tag.starts_with('?') {
+            continue;
+        }
+        let closing = tag.starts_with('/');
+        let self_closing = tag.ends_with('/');
+        let tag = tag.trim_start_matches('/').trim_end_matches('/');
+        let name = tag
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let mut attrs = HashMap::new();
+        let mut a = &tag[name.len()..];
+        while let Some(eq) = a.find('=') {
+            let key = a[..eq].trim().to_string();
+            let after = &a[eq + 1..];
+            let open = after.find('"').expect("quoted attribute");
+            let close = after[open + 1..].find('"').expect("closing quote") + open + 1;
+            attrs.insert(key, after[open + 1..close].to_string());
+            a = &after[close + 1..];
+        }
+        tags.push((name, attrs, self_closing, closing));
+    }
+    tags
+}
+
+fn parse_interfaces(xml: &str) -> Interfaces {
+    let mut out = Interfaces::new();
+    let mut iface: Option<String> = None;
+    let mut member: Option<Member> = None;
+    for (name, attrs, self_closing, closing) in xml_tags(xml) {
+        let attr = |k: &str| attrs.get(k).cloned().unwrap_or_default();
+        match (name.as_str(), closing) {
+            ("interface", false) => iface = Some(attr("name")),
+            ("interface", true) => iface = None,
+            ("method" | "signal", false) => {
+                let m = Member {
+                    kind: name.clone(),
+                    name: attr("name"),
+                    args: Vec::new(),
+                    property: None,
+                };
+                if self_closing {
+                    let i = iface.clone().expect("member outside interface");
+                    out.entry(i)
+                        .or_default()
+                        .insert((m.kind.clone(), m.name.clone()), m);
+                } else {
+                    member = Some(m);
+                }
+            }
+            ("method" | "signal", true) => {
+                let m = member.take().expect("closing member");
+                let i = iface.clone().expect("member outside interface");
+                out.entry(i)
+                    .or_default()
+                    .insert((m.kind.clone(), m.name.clone()), m);
+            }
+            ("arg", false) => {
+                let m = member.as_mut().expect("arg outside member");
+                let direction = if m.kind == "signal" {
+                    "out".to_string()
+                } else {
+                    attrs
+                        .get("direction")
+                        .cloned()
+                        .unwrap_or_else(|| "in".into())
+                };
+                m.args.push((attr("type"), direction));
+            }
+            ("property", false) => {
+                let i = iface.clone().expect("property outside interface");
+                let m = Member {
+                    kind: "property".into(),
+                    name: attr("name"),
+                    args: Vec::new(),
+                    property: Some((attr("type"), attr("access"))),
+                };
+                out.entry(i)
+                    .or_default()
+                    .insert((m.kind.clone(), m.name.clone()), m);
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Every exported member that is missing from the reference or differs from it.
+fn mismatches(exported: &Interfaces, reference: &Interfaces) -> Vec<String> {
+    let mut out = Vec::new();
+    for (iface, members) in exported {
+        if iface.starts_with("org.freedesktop.DBus.") {
+            continue;
+        }
+        let Some(ref_members) = reference.get(iface) else {
+            out.push(format!("interface {iface} is not in the reference"));
+            continue;
+        };
+        for (key, m) in members {
+            match ref_members.get(key) {
+                None => out.push(format!(
+                    "{iface}: {} {} is not in the reference",
+                    m.kind, m.name
+                )),
+                Some(r) if r != m => out.push(format!("{iface}: {m:?} differs from {r:?}")),
+                Some(_) => {}
+            }
+        }
+    }
+    out
+}
+
+fn reference_xml() -> String {
+    let path = std::env::var("RPMOSTREE_REFERENCE_XML").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/reference/rpm-ostree/org.projectatomic.rpmostree1.xml"
+        )
+        .to_string()
+    });
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"))
+}
+
+async fn introspect(conn: &Connection, destination: Option<&str>, path: &str) -> String {
+    conn.call_method(
+        destination,
+        path,
+        Some("org.freedesktop.DBus.Introspectable"),
+        "Introspect",
+        &(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("Introspect {path}: {e}"))
+    .body()
+    .deserialize::<String>()
+    .expect("xml")
+}
+
+#[tokio::test]
+async fn introspection_matches_the_reference_interface() {
+    let env = Env::new().await;
+    let reference_text = reference_xml();
+    let reference = parse_interfaces(&reference_text);
+
+    let mut exported = Interfaces::new();
+    for path in [SYSROOT_PATH, OS_PATH] {
+        exported.extend(parse_interfaces(
+            &introspect(&env.client, Some(BUS_NAME), path).await,
+        ));
+    }
+    let addr = os_call(&env.client, "Cleanup", &(Vec::<String>::new(),))
+        .await
+        .expect("Cleanup")
+        .body()
+        .deserialize::<String>()
+        .expect("address");
+    let peer = Peer::connect(&addr).await;
+    exported.extend(parse_interfaces(&introspect(&peer.conn, None, "/").await));
+
+    // Not vacuous: the members the agent relies on are all exported.
+    for (iface, kind, name) in [
+        (SYSROOT, "property", "Deployments"),
+        (SYSROOT, "property", "ActiveTransaction"),
+        (SYSROOT, "method", "RegisterClient"),
+        (SYSROOT, "method", "GetOS"),
+        (OS, "method", "UpdateDeployment"),
+        (OS, "method", "Rebase"),
+        (OS, "method", "Cleanup"),
+        (OS, "method", "FinalizeDeployment"),
+        (OS, "method", "GetDeploymentBootConfig"),
+        (OS, "property", "DefaultDeployment"),
+        (TXN, "method", "Start"),
+        (TXN, "method", "Cancel"),
+        (TXN, "signal", "Finished"),
+        (TXN, "signal", "PercentProgress"),
+        (TXN, "property", "Title"),
+    ] {
+        assert!(
+            exported
+                .get(iface)
+                .is_some_and(|m| m.contains_key(&(kind.to_string(), name.to_string()))),
+            "{iface} {kind} {name} is not exported"
+        );
+    }
+    let problems = mismatches(&exported, &reference);
+    assert!(problems.is_empty(), "{problems:#?}");
+
+    // The comparison catches a changed signature.
+    let mutated = reference_text.replace(
+        r#"<arg type="a{sv}" name="modifiers" direction="in"/>"#,
+        r#"<arg type="a{ss}" name="modifiers" direction="in"/>"#,
+    );
+    assert_ne!(mutated, reference_text);
+    let problems = mismatches(&exported, &parse_interfaces(&mutated));
+    assert_eq!(problems.len(), 1, "{problems:#?}");
+    assert!(problems[0].contains("UpdateDeployment"), "{problems:#?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Transactions
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn rebase_transaction_stages_a_locked_deployment() {
+    let env = Env::new().await;
+    os_call(&env.client, "GetDeploymentBootConfig", &("", false))
+        .await
+        .expect("boot config");
+    env.client
+        .call_method(
+            Some(BUS_NAME),
+            SYSROOT_PATH,
+            Some(SYSROOT),
+            "RegisterClient",
+            &(dict(&[("id", Value::from("streamd-test"))]),),
+        )
+        .await
+        .expect("RegisterClient");
+
+    // The booted deployment has the real keys and types.
+    let deployments = env.deployments().await;
+    assert_eq!(deployments.len(), 1);
+    let booted = &deployments[0];
+    for (key, sig) in [
+        ("id", "s"),
+        ("osname", "s"),
+        ("serial", "i"),
+        ("checksum", "s"),
+        ("booted", "b"),
+        ("staged", "b"),
+        ("pinned", "b"),
+        ("unlocked", "s"),
+        ("base-commit-meta", "a{sv}"),
+        ("packages", "as"),
+        ("base-removals", "av"),
+        ("base-local-replacements", "a(vv)"),
+        ("base-remote-replacements", "a{sv}"),
+        ("requested-packages", "as"),
+        ("requested-local-packages", "as"),
+        ("requested-local-fileoverride-packages", "as"),
+        ("requested-base-removals", "as"),
+        ("requested-base-local-replacements", "as"),
+        ("regenerate-initramfs", "b"),
+        ("version", "s"),
+        ("timestamp", "t"),
+        ("container-image-reference", "s"),
+        ("container-image-reference-digest", "s"),
+    ] {
+        assert_eq!(sig_of(booted, key), sig, "type of {key}");
+    }
+    assert!(
+        !booted.contains_key("origin"),
+        "container deployments have no origin"
+    );
+    assert!(!booted.contains_key("finalization-locked"));
+    assert!(bool_of(booted, "booted"));
+    assert_eq!(string_of(booted, "osname"), "rhcos");
+    assert_eq!(string_of(booted, "unlocked"), "none");
+    let checksum = string_of(booted, "checksum");
+    assert_eq!(checksum.len(), 64);
+    assert_eq!(string_of(booted, "id"), format!("rhcos-{checksum}.0"));
+    assert_eq!(
+        string_of(booted, "container-image-reference"),
+        registry_ref(env.rhel9())
+    );
+    assert_eq!(
+        string_of(booted, "container-image-reference-digest"),
+        env.rhel9().digest
+    );
+    let meta = Dict::try_from(booted["base-commit-meta"].clone()).expect("a{sv}");
+    assert_eq!(
+        string_of(&meta, "ostree.manifest-digest"),
+        env.rhel9().digest
+    );
+    let config: serde_json::Value =
+        serde_json::from_str(&string_of(&meta, "ostree.container.image-config")).expect("json");
+    assert_eq!(
+        config["config"]["Labels"]["io.openshift.os.streamclass"],
+        "rhel-9"
+    );
+
+    let booted_path = prop(&env.client, SYSROOT_PATH, SYSROOT, "Booted").await;
+    assert_eq!(
+        &*booted_path,
+        &Value::from(zvariant::ObjectPath::from_static_str_unchecked(OS_PATH))
+    );
+
+    // Watch property changes the way a caching proxy would.
+    let rule = zbus::MatchRule::builder()
+        .msg_type(zbus::message::Type::Signal)
+        .interface("org.freedesktop.DBus.Properties")
+        .expect("interface")
+        .member("PropertiesChanged")
+        .expect("member")
+        .path(SYSROOT_PATH)
+        .expect("path")
+        .build();
+    let mut changes = MessageStream::for_match_rule(rule, &env.client, Some(64))
+        .await
+        .expect("match rule");
+
+    // Create the transaction.
+    let modifiers = dict(&[("set-refspec", Value::from(registry_ref(env.rhel10())))]);
+    let options = dict(&[
+        ("lock-finalization", Value::from(true)),
+        ("initiating-command-line", Value::from("streamd rebase")),
+    ]);
+    let addr = update_deployment(&env.client, &modifiers, &options)
+        .await
+        .expect("UpdateDeployment");
+    assert_eq!(addr, format!("unix:path={}", env.socket().display()));
+    let unique = env.client.unique_name().expect("unique name").to_string();
+    assert_eq!(
+        env.active_transaction().await,
+        ("UpdateDeployment".to_string(), unique, OS_PATH.to_string())
+    );
+    let path = prop(&env.client, SYSROOT_PATH, SYSROOT, "ActiveTransactionPath").await;
+    assert_eq!(&*path, &Value::from(addr.as_str()));
+
+    let mut peer = Peer::connect(&addr).await;
+    assert_eq!(&*peer.prop("Title").await, &Value::from("new-deployment"));
+    let who = String::try_from(peer.prop("InitiatingClientDescription").await).expect("s");
+    assert!(who.starts_with("client(id:streamd-test dbus:1."), "{who}");
+    assert!(who.ends_with(" uid:0)"), "{who}");
+    assert!(peer.start().await);
+    assert!(
+        !peer.start().await,
+        "a second Start() does not start it again"
+    );
+    let signals = peer.until_finished().await;
+    assert_eq!(signals.finished, Some((true, String::new())));
+
+    let messages = signals.strings("Message");
+    let imgref = registry_ref(env.rhel10());
+    assert_eq!(messages[0], format!("Pulling manifest: {imgref}"));
+    assert_eq!(
+        messages[1],
+        format!("Importing: {imgref} (digest: {})", env.rhel10().digest)
+    );
+    assert_eq!(messages[2], "ostree chunk layers needed: 12 (1.2 GB)");
+    let tasks = signals.strings("TaskBegin");
+    assert_eq!(tasks.len(), 13, "{tasks:?}");
+    assert!(
+        tasks[0].starts_with("[0/12] Fetching ostree chunk sha256:"),
+        "{tasks:?}"
+    );
+    assert!(tasks[0].ends_with(" (100.0 MB)"), "{tasks:?}");
+    assert_eq!(tasks[12], "Staging deployment");
+    assert_eq!(signals.percents().last(), Some(&100));
+    assert_eq!(signals.count("ProgressEnd"), 1);
+    assert_eq!(
+        signals.all.last().map(|(m, _)| m.as_str()),
+        Some("Finished")
+    );
+    assert_eq!(&*peer.prop("Title").await, &Value::from("streamd rebase"));
+
+    let deployments = env.deployments().await;
+    assert_eq!(deployments.len(), 2);
+    let staged = &deployments[0];
+    assert!(bool_of(staged, "staged"));
+    assert!(!bool_of(staged, "booted"));
+    assert!(bool_of(staged, "finalization-locked"));
+    assert_eq!(
+        string_of(staged, "container-image-reference-digest"),
+        env.rhel10().digest
+    );
+    assert_eq!(string_of(staged, "container-image-reference"), imgref);
+    assert_eq!(string_of(staged, "version"), env.rhel10().version);
+    assert!(bool_of(&deployments[1], "booted"));
+    let default =
+        Dict::try_from(prop(&env.client, OS_PATH, OS, "DefaultDeployment").await).expect("a{sv}");
+    assert_eq!(string_of(&default, "id"), string_of(staged, "id"));
+
+    let changed = tokio::time::timeout(WAIT, async {
+        while let Some(Ok(msg)) = changes.next().await {
+            let (_, props, _): (String, Dict, Vec<String>) =
+                msg.body().deserialize().expect("(sa{sv}as)");
+            if let Some(v) = props.get("Deployments") {
+                return Vec::<Dict>::try_from(v.clone()).expect("aa{sv}").len();
+            }
+        }
+        0
+    })
+    .await
+    .expect("PropertiesChanged for Deployments");
+    assert_eq!(changed, 2);
+
+    // A client that starts a finished transaction is told how it ended, on its own connection.
+    let mut late = Peer::connect(&addr).await;
+    assert!(!late.start().await);
+    assert_eq!(
+        late.until_finished().await.finished,
+        Some((true, String::new()))
+    );
+    drop(late);
+    assert_eq!(env.active_transaction().await.0, "UpdateDeployment");
+
+    // Dropping the last peer releases the transaction at once.
+    drop(peer);
+    env.wait_idle().await;
+    let path = prop(&env.client, SYSROOT_PATH, SYSROOT, "ActiveTransactionPath").await;
+    assert_eq!(&*path, &Value::from(""));
+
+    let records = env.control(json!({"cmd": "transactions"})).await;
+    let record = &records[0];
+    assert_eq!(record["method"], "UpdateDeployment");
+    assert_eq!(record["modifiers"]["set-refspec"], imgref);
+    assert_eq!(record["options"]["lock-finalization"], true);
+    assert_eq!(record["title"], "streamd rebase");
+    assert_eq!(record["fds"], 0);
+    assert_eq!(record["started"], true);
+    assert_eq!(record["result"], json!({"ok": true, "message": ""}));
+    assert_eq!(record["cancelled"], false);
+
+    let json = env.control(json!({"cmd": "deployments"})).await;
+    assert_eq!(
+        json[0]["container-image-reference-digest"],
+        env.rhel10().digest
+    );
+    assert_eq!(json[0]["finalization-locked"], true);
+    let on_disk: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(env.dir.0.join("state/state.json")).expect("state.json"),
+    )
+    .expect("state json");
+    assert_eq!(on_disk["deployments"][0]["staged"], true);
+}
+
+#[tokio::test]
+async fn busy_error_and_joining() {
+    let env = Env::new().await;
+    env.control(json!({"cmd": "hold-foreign", "on": true}))
+        .await;
+    assert_eq!(env.active_transaction().await.0, "Upgrade");
+    let modifiers = dict(&[("set-refspec", Value::from(registry_ref(env.rhel10())))]);
+    let options = Dict::new();
+    let (name, message) = dbus_error(update_deployment(&env.client, &modifiers, &options).await);
+    assert_eq!(name, GIO_BUSY);
+    assert_eq!(
+        message,
+        "Transaction in progress: upgrade\n You can cancel the current transaction with `rpm-ostree cancel`"
+    );
+    let (name, _) = dbus_error(os_call(&env.client, "Cleanup", &(vec!["pending-deploy"],)).await);
+    assert_eq!(name, GIO_BUSY);
+    // The foreign transaction can be watched like `rpm-ostree` does: attach, Start, wait.
+    let path = prop(&env.client, SYSROOT_PATH, SYSROOT, "ActiveTransactionPath").await;
+    let mut watcher = Peer::connect(&String::try_from(path).expect("s")).await;
+    assert!(!watcher.start().await, "someone else started it");
+    env.control(json!({"cmd": "hold-foreign", "on": false}))
+        .await;
+    assert_eq!(
+        watcher.until_finished().await.finished,
+        Some((true, String::new()))
+    );
+    drop(watcher);
+    env.wait_idle().await;
+
+    // An identical request joins the running transaction.
+    env.control(json!({"cmd": "slow", "ms": 400})).await;
+    let addr = update_deployment(&env.client, &modifiers, &options)
+        .await
+        .expect("UpdateDeployment");
+    let mut first = Peer::connect(&addr).await;
+    assert!(first.start().await);
+    let other = connect(&env.bus.address).await;
+    let joined = update_deployment(&other, &modifiers, &options)
+        .await
+        .expect("join");
+    assert_eq!(joined, addr);
+    let mut second = Peer::connect(&joined).await;
+    assert!(!second.start().await, "joining does not start it again");
+    // A different request is refused, naming the running transaction.
+    let different = dict(&[("reboot", Value::from(false))]);
+    let (name, message) = dbus_error(update_deployment(&other, &modifiers, &different).await);
+    assert_eq!(name, GIO_BUSY);
+    assert!(
+        message.starts_with("Transaction in progress: rebase\n"),
+        "{message}"
+    );
+
+    assert_eq!(
+        first.until_finished().await.finished,
+        Some((true, String::new()))
+    );
+    assert_eq!(
+        second.until_finished().await.finished,
+        Some((true, String::new()))
+    );
+    drop((first, second));
+    env.wait_idle().await;
+    let records = env.control(json!({"cmd": "transactions"})).await;
+    let ok: Vec<_> = records
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter(|r| r["error"].is_null())
+        .collect();
+    assert_eq!(ok.len(), 1, "{records:#}");
+    assert_eq!(ok[0]["joined"], 1);
+}
+
+#[tokio::test]
+async fn caller_leaving_before_start_drops_the_transaction() {
+    let env = Env::new().await;
+    let caller = connect(&env.bus.address).await;
+    let modifiers = dict(&[("set-refspec", Value::from(registry_ref(env.rhel10())))]);
+    update_deployment(&caller, &modifiers, &Dict::new())
+        .await
+        .expect("UpdateDeployment");
+    assert_eq!(env.active_transaction().await.0, "UpdateDeployment");
+    caller.close().await.expect("close");
+    env.wait_idle().await;
+
+    let signals = env.rebase(&registry_ref(env.rhel10()), &Dict::new()).await;
+    assert_eq!(signals.finished, Some((true, String::new())));
+    let records = env.control(json!({"cmd": "transactions"})).await;
+    assert_eq!(records[0]["dropped"], true);
+    assert_eq!(records[0]["started"], false);
+    assert_eq!(records[1]["result"]["ok"], true);
+}
+
+#[tokio::test]
+async fn failures_inside_transactions() {
+    let env = Env::new().await;
+    env.control(json!({"cmd": "fail-next", "message": "injected failure"}))
+        .await;
+    let signals = env.rebase(&registry_ref(env.rhel10()), &Dict::new()).await;
+    assert_eq!(
+        signals.finished,
+        Some((false, "injected failure".to_string()))
+    );
+
+    let unknown = format!(
+        "ostree-unverified-registry:{DEFAULT_REGISTRY}/openshift/rhcos@sha256:{}",
+        "0".repeat(64)
+    );
+    let signals = env.rebase(&unknown, &Dict::new()).await;
+    let (ok, message) = signals.finished.expect("finished");
+    assert!(!ok);
+    assert!(
+        message.ends_with(&format!(
+            "reading manifest sha256:{} in 127.0.0.1:5000/openshift/rhcos: manifest unknown",
+            "0".repeat(64)
+        )),
+        "{message}"
+    );
+
+    let signals = env.rebase(&registry_ref(env.rhel9()), &Dict::new()).await;
+    assert_eq!(
+        signals.finished,
+        Some((
+            false,
+            format!("Old and new refs are equal: {}", registry_ref(env.rhel9()))
+        ))
+    );
+
+    let signals = env
+        .rebase("fedora:fedora/x86_64/coreos/stable", &Dict::new())
+        .await;
+    assert_eq!(
+        signals.finished,
+        Some((false, "Remote \"fedora\" not found".to_string()))
+    );
+    assert_eq!(env.deployments().await.len(), 1, "nothing was staged");
+}
+
+#[tokio::test]
+async fn method_argument_errors() {
+    let env = Env::new().await;
+    // Two `ah` indices, one descriptor attached. zvariant gives every handle a descriptor of
+    // its own, so serialize two and point the second index at the first descriptor.
+    let files = [
+        std::fs::File::open("/dev/null").expect("/dev/null"),
+        std::fs::File::open("/dev/null").expect("/dev/null"),
+    ];
+    let handles: Vec<zvariant::Fd<'_>> = files.iter().map(|f| f.as_fd().into()).collect();
+    let modifiers: HashMap<&str, Value<'_>> =
+        HashMap::from([("install-local-packages", Value::from(handles))]);
+    let body = (modifiers, HashMap::<&str, Value<'_>>::new());
+    let ctxt = zvariant::serialized::Context::new_dbus(zvariant::LE, 0);
+    let data = zvariant::to_bytes(ctxt, &body).expect("serialize");
+    assert_eq!(data.fds().len(), 2);
+    let mut bytes = data.bytes().to_vec();
+    // Layout: array length, padding, key, "ah" signature, array length 8, then the indices.
+    assert_eq!(&bytes[40..52], &[8, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0]);
+    bytes[48] = 0;
+    let fd = data.fds()[0].as_fd().try_clone_to_owned().expect("dup");
+    let msg = Message::method_call(OS_PATH, "UpdateDeployment")
+        .expect("call")
+        .destination(BUS_NAME)
+        .expect("destination")
+        .interface(OS)
+        .expect("interface")
+        .endian(zvariant::LE);
+    // SAFETY: the body was serialized for exactly this signature, endianness and descriptor.
+    let msg =
+        unsafe { msg.build_raw_body(&bytes, "(a{sv}a{sv})", vec![fd.into()]) }.expect("build");
+    let serial = msg.primary_header().serial_num();
+    let mut replies = MessageStream::from(&env.client);
+    env.client.send(&msg).await.expect("send");
+    let reply = tokio::time::timeout(WAIT, async {
+        while let Some(Ok(m)) = replies.next().await {
+            if m.header().reply_serial() == Some(serial) {
+                return m;
+            }
+        }
+        panic!("no reply");
+    })
+    .await
+    .expect("reply in time");
+    let header = reply.header();
+    assert_eq!(header.error_name().map(|n| n.as_str()), Some(GIO_FAILED));
+    assert_eq!(
+        reply.body().deserialize::<String>().expect("message"),
+        "Expected 2 fds but received 1"
+    );
+
+    // A wrongly typed modifier is an argument error, not a crash.
+    let (name, message) = dbus_error(
+        update_deployment(
+            &env.client,
+            &dict(&[("set-refspec", Value::from(5u32))]),
+            &Dict::new(),
+        )
+        .await,
+    );
+    assert_eq!(name, "org.freedesktop.DBus.Error.InvalidArgs");
+    assert!(message.contains("set-refspec"), "{message}");
+
+    let (name, message) = dbus_error(os_call(&env.client, "Cleanup", &(vec!["bogus"],)).await);
+    assert_eq!(
+        (name.as_str(), message.as_str()),
+        (GIO_FAILED, "Invalid cleanup type: bogus")
+    );
+
+    let (name, message) = dbus_error(
+        env.client
+            .call_method(
+                Some(BUS_NAME),
+                SYSROOT_PATH,
+                Some(SYSROOT),
+                "GetOS",
+                &("nope",),
+            )
+            .await,
+    );
+    assert_eq!(
+        (name.as_str(), message.as_str()),
+        (GIO_NOT_FOUND, "OS name \"nope\" not found")
+    );
+    let path = env
+        .client
+        .call_method(Some(BUS_NAME), SYSROOT_PATH, Some(SYSROOT), "GetOS", &("",))
+        .await
+        .expect("GetOS")
+        .body()
+        .deserialize::<zvariant::OwnedObjectPath>()
+        .expect("o");
+    assert_eq!(path.as_str(), OS_PATH);
+
+    let (name, message) =
+        dbus_error(os_call(&env.client, "GetDeploymentBootConfig", &("7", false)).await);
+    assert_eq!(name, "org.projectatomic.rpmostreed.Error.Failed");
+    assert_eq!(message, "Out of range deployment index 7, expected < 1");
+    assert!(
+        env.control(json!({"cmd": "transactions"})).await[0]["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with(GIO_FAILED))
+    );
+}
+
+#[tokio::test]
+async fn daemon_crash_mid_transaction() {
+    let env = Env::new().await;
+    let dbus = zbus::fdo::DBusProxy::new(&env.client).await.expect("proxy");
+    let owner = dbus
+        .get_name_owner(BUS_NAME.try_into().expect("name"))
+        .await
+        .expect("owner");
+    env.control(json!({"cmd": "exit-mid-transaction"})).await;
+    let modifiers = dict(&[("set-refspec", Value::from(registry_ref(env.rhel10())))]);
+    let addr = update_deployment(&env.client, &modifiers, &Dict::new())
+        .await
+        .expect("UpdateDeployment");
+    let mut peer = Peer::connect(&addr).await;
+    let started = Instant::now();
+    assert!(peer.start().await);
+    let signals = peer.until_finished().await;
+    assert_eq!(
+        signals.finished, None,
+        "the peer connection closes without Finished"
+    );
+    loop {
+        let now = dbus
+            .get_name_owner(BUS_NAME.try_into().expect("name"))
+            .await;
+        if now.as_ref().is_ok_and(|o| *o != owner) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "name never re-owned"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(env.deployments().await.len(), 1, "nothing was staged");
+    assert_eq!(env.active_transaction().await.0, "");
+    assert_eq!(
+        env.control(json!({"cmd": "transactions"})).await[0]["crashed"],
+        true
+    );
+    // The restarted daemon works.
+    let signals = env.rebase(&registry_ref(env.rhel10()), &Dict::new()).await;
+    assert_eq!(signals.finished, Some((true, String::new())));
+}
+
+#[tokio::test]
+async fn cleanup_cancel_and_restart() {
+    let mut env = Env::new().await;
+    env.rebase(&registry_ref(env.rhel10()), &Dict::new()).await;
+    assert_eq!(env.deployments().await.len(), 2);
+
+    // The staged deployment survives a restart of the daemon.
+    drop(env.fake.take());
+    env.fake = Some(FakeRpmOstreed::start(env.config()).await.expect("restart"));
+    let deployments = env.deployments().await;
+    assert_eq!(deployments.len(), 2);
+    assert!(bool_of(&deployments[0], "staged"));
+
+    let addr = os_call(&env.client, "Cleanup", &(vec!["pending-deploy"],))
+        .await
+        .expect("Cleanup")
+        .body()
+        .deserialize::<String>()
+        .expect("address");
+    let mut peer = Peer::connect(&addr).await;
+    assert!(peer.start().await);
+    assert_eq!(
+        peer.until_finished().await.finished,
+        Some((true, String::new()))
+    );
+    drop(peer);
+    env.wait_idle().await;
+    let deployments = env.deployments().await;
+    assert_eq!(deployments.len(), 1);
+    assert!(bool_of(&deployments[0], "booted"));
+
+    // Reload() picks up an edit of state.json made behind the daemon's back.
+    let state_file = env.dir.0.join("state/state.json");
+    let mut on_disk: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&state_file).expect("read")).expect("json");
+    on_disk["deployments"][0]["pinned"] = json!(true);
+    std::fs::write(&state_file, on_disk.to_string()).expect("write");
+    assert!(!bool_of(&env.deployments().await[0], "pinned"));
+    env.client
+        .call_method(Some(BUS_NAME), SYSROOT_PATH, Some(SYSROOT), "Reload", &())
+        .await
+        .expect("Reload");
+    assert!(bool_of(&env.deployments().await[0], "pinned"));
+
+    // Cancel stops a running transaction before it stages anything.
+    env.control(json!({"cmd": "slow", "ms": 5000})).await;
+    let modifiers = dict(&[("set-refspec", Value::from(registry_ref(env.rhel10())))]);
+    let addr = update_deployment(&env.client, &modifiers, &Dict::new())
+        .await
+        .expect("UpdateDeployment");
+    let mut peer = Peer::connect(&addr).await;
+    assert!(peer.start().await);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let cancelled_at = Instant::now();
+    peer.call("Cancel").await.expect("Cancel");
+    let signals = peer.until_finished().await;
+    assert_eq!(
+        signals.finished,
+        Some((false, "Operation was cancelled".to_string()))
+    );
+    assert!(cancelled_at.elapsed() < Duration::from_secs(2));
+    assert_eq!(env.deployments().await.len(), 1);
+}
+
+#[tokio::test]
+async fn finalize_deployment_checks_and_reboots() {
+    let env = Env::new().await;
+    let finalize = |options: Dict| {
+        let client = env.client.clone();
+        async move {
+            let addr = os_call(&client, "FinalizeDeployment", &(options,))
+                .await?
+                .body()
+                .deserialize::<String>()?;
+            let mut peer = Peer::connect(&addr).await;
+            assert!(peer.start().await);
+            let finished = peer.until_finished().await.finished;
+            drop(peer);
+            Ok::<_, zbus::Error>(finished.expect("finished"))
+        }
+    };
+    let digest = env.rhel10().digest.clone();
+
+    assert_eq!(
+        finalize(dict(&[("checksum", Value::from(digest.as_str()))]))
+            .await
+            .expect("finalize"),
+        (false, "No pending staged deployment found".to_string())
+    );
+    env.wait_idle().await;
+    env.rebase(&registry_ref(env.rhel10()), &Dict::new()).await;
+    assert_eq!(
+        finalize(dict(&[("checksum", Value::from(digest.as_str()))]))
+            .await
+            .expect("finalize"),
+        (false, "Staged deployment already unlocked".to_string())
+    );
+    env.wait_idle().await;
+
+    // Another spelling of the same image is a different ref, so it can be staged (locked).
+    let docker_ref = format!("ostree-unverified-image:docker://{}", env.rhel10().pullspec);
+    let locked = dict(&[("lock-finalization", Value::from(true))]);
+    assert_eq!(
+        env.rebase(&docker_ref, &locked).await.finished,
+        Some((true, String::new()))
+    );
+    assert_eq!(
+        finalize(dict(&[("checksum", Value::from("sha256:wrong"))]))
+            .await
+            .expect("finalize"),
+        (
+            false,
+            format!("Expected staged base checksum sha256:wrong, but found {digest}")
+        )
+    );
+    env.wait_idle().await;
+    assert_eq!(
+        finalize(Dict::new()).await.expect("finalize"),
+        (false, "Missing expected checksum".to_string())
+    );
+    env.wait_idle().await;
+    assert_eq!(
+        finalize(dict(&[("checksum", Value::from(digest.as_str()))]))
+            .await
+            .expect("finalize"),
+        (true, String::new())
+    );
+    env.wait_idle().await;
+
+    let staged = &env.deployments().await[0];
+    assert!(bool_of(staged, "staged"));
+    assert!(!staged.contains_key("finalization-locked"), "unlocked");
+    let on_disk: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(env.dir.0.join("state/state.json")).expect("state.json"),
+    )
+    .expect("json");
+    assert_eq!(on_disk["reboot_requested"], true);
+    let records = env.control(json!({"cmd": "transactions"})).await;
+    let last = records.as_array().and_then(|r| r.last()).expect("records");
+    assert_eq!(last["method"], "FinalizeDeployment");
+    assert_eq!(last["reboot_requested"], true);
+    // A reboot is pending: the daemon takes no new transactions.
+    let (name, message) =
+        dbus_error(os_call(&env.client, "Cleanup", &(vec!["pending-deploy"],)).await);
+    assert_eq!(
+        (name.as_str(), message.as_str()),
+        (GIO_FAILED, "Reboot initiated, cannot start new transaction")
+    );
+}
+
+#[tokio::test]
+async fn progress_at_a_thousand_signals_per_second() {
+    let env = Env::new().await;
+    env.control(json!({"cmd": "progress", "signals": 1000, "per-second": 1000}))
+        .await;
+    let modifiers = dict(&[("set-refspec", Value::from(registry_ref(env.rhel10())))]);
+    let addr = update_deployment(&env.client, &modifiers, &Dict::new())
+        .await
+        .expect("UpdateDeployment");
+    let mut peer = Peer::connect(&addr).await;
+    let started = Instant::now();
+    assert!(peer.start().await);
+    let signals = peer.until_finished().await;
+    let elapsed = started.elapsed();
+    assert_eq!(signals.finished, Some((true, String::new())));
+    let percents = signals.percents();
+    assert_eq!(percents.len(), 1000);
+    assert!(percents.windows(2).all(|w| w[0] <= w[1]), "monotonic");
+    assert_eq!(percents.last(), Some(&100));
+    assert!(
+        elapsed >= Duration::from_millis(900),
+        "{elapsed:?}: paced at 1000/s"
+    );
+    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+}

@@ -1,0 +1,223 @@
+//! Shared harness for the end-to-end tests: one testbed per test, the real `streamd`,
+//! `streamctl` and `kubectl` binaries against it.
+
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use testbed::{Options, Testbed};
+
+pub const STATE: &str = "osstream.openshift.io/state";
+pub const REASON: &str = "osstream.openshift.io/reason";
+pub const PROGRESS: &str = "osstream.openshift.io/progress";
+pub const DESIRED_STREAM: &str = "osstream.openshift.io/desired-stream";
+pub const DESIRED_OS_IMAGE: &str = "osstream.openshift.io/desired-os-image";
+pub const DESIRED_EXTENSIONS_IMAGE: &str = "osstream.openshift.io/desired-extensions-image";
+pub const STAGED_OS_IMAGE: &str = "osstream.openshift.io/staged-os-image";
+pub const CURRENT_OS_IMAGE: &str = "osstream.openshift.io/current-os-image";
+pub const CURRENT_STREAM: &str = "osstream.openshift.io/current-stream";
+pub const OBSERVED_DESIRED: &str = "osstream.openshift.io/observed-desired";
+pub const HOST: &str = "osstream.openshift.io/host";
+
+/// One testbed plus (optionally) a running streamd.
+pub struct Env {
+    pub tb: Testbed,
+    pub dir: PathBuf,
+    streamd: Option<Child>,
+}
+
+impl Env {
+    /// A fresh testbed in `target/e2e/<name>-<pid>`.
+    pub async fn new(name: &str) -> Env {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("e2e-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let tb = Testbed::start(Options { dir: dir.clone() })
+            .await
+            .expect("testbed starts");
+        Env {
+            tb,
+            dir,
+            streamd: None,
+        }
+    }
+
+    /// `DIR/env` as a map.
+    pub fn vars(&self) -> &BTreeMap<String, String> {
+        self.tb.env()
+    }
+
+    pub fn rhel9(&self) -> String {
+        self.vars()["TESTBED_RHEL9_IMAGE"].clone()
+    }
+
+    pub fn rhel10(&self) -> String {
+        self.vars()["TESTBED_RHEL10_IMAGE"].clone()
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.envs(self.vars()).env(
+            "STREAMD_LOG",
+            "debug,kube=info,hyper=info,zbus=info,tower=info",
+        );
+        c
+    }
+
+    /// Starts the real streamd binary against the testbed.
+    pub fn start_streamd(&mut self) {
+        assert!(self.streamd.is_none(), "streamd already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("streamd.log"))
+            .expect("log file");
+        let child = self
+            .command(env!("CARGO_BIN_EXE_streamd"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup"))
+            .stderr(log)
+            .spawn()
+            .expect("streamd starts");
+        self.streamd = Some(child);
+    }
+
+    /// Stops streamd with SIGTERM and returns its exit status.
+    pub fn stop_streamd(&mut self) -> std::process::ExitStatus {
+        let mut child = self.streamd.take().expect("streamd running");
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = child.try_wait().expect("wait") {
+                return st;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "streamd did not stop within 10 s of SIGTERM\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// streamd's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("streamd.log")).unwrap_or_default()
+    }
+
+    /// Runs the real kubectl as the admin user.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.command("kubectl")
+            .args(args)
+            .output()
+            .expect("kubectl runs")
+    }
+
+    /// `kubectl annotate --overwrite node worker-0 k=v ... k-`.
+    pub fn annotate(&self, pairs: &[&str]) {
+        let mut args = vec!["annotate", "--overwrite", "node", testbed::NODE_NAME];
+        args.extend_from_slice(pairs);
+        let out = self.kubectl(&args);
+        assert!(
+            out.status.success(),
+            "kubectl annotate failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Runs streamctl.
+    pub fn streamctl(&self, args: &[&str]) -> Output {
+        self.command(env!("CARGO_BIN_EXE_streamctl"))
+            .args(args)
+            .output()
+            .expect("streamctl runs")
+    }
+
+    /// The node's annotations, read through the fake's control API.
+    pub async fn annotations(&self) -> BTreeMap<String, String> {
+        let v = self
+            .tb
+            .control(&json!({"target": "apiserver", "cmd": "node-annotations"}))
+            .await
+            .expect("node-annotations");
+        serde_json::from_value(v).expect("annotation map")
+    }
+
+    /// Polls until `pred` holds for the annotations; returns them. Panics with the log on timeout.
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&BTreeMap<String, String>) -> bool,
+    ) -> BTreeMap<String, String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let a = self.annotations().await;
+            if pred(&a) {
+                return a;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "timed out waiting for {what}; annotations: {a:#?}\nstreamd log:\n{}",
+                    self.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Waits for `state` (and, if given, an observed-desired hash different from `not_hash`).
+    pub async fn wait_state(&self, state: &str) -> BTreeMap<String, String> {
+        self.wait_for(&format!("state {state}"), Duration::from_secs(30), |a| {
+            a.get(STATE).map(String::as_str) == Some(state)
+        })
+        .await
+    }
+
+    /// Control command to the fake rpm-ostreed.
+    pub async fn rpmostreed(&self, cmd: Value) -> Value {
+        let mut cmd = cmd;
+        cmd["target"] = json!("rpmostreed");
+        self.tb.control(&cmd).await.expect("rpmostreed control")
+    }
+
+    /// Control command to the fake API server.
+    pub async fn apiserver(&self, cmd: Value) -> Value {
+        let mut cmd = cmd;
+        cmd["target"] = json!("apiserver");
+        self.tb.control(&cmd).await.expect("apiserver control")
+    }
+
+    /// Transactions the fake rpm-ostreed recorded.
+    pub async fn transactions(&self) -> Vec<Value> {
+        let v = self.rpmostreed(json!({"cmd": "transactions"})).await;
+        v.as_array().cloned().unwrap_or_default()
+    }
+
+    /// Requests the rhel-10 image.
+    pub fn request_rhel10(&self) {
+        let img = self.rhel10();
+        self.annotate(&[
+            &format!("{DESIRED_STREAM}=rhel-10"),
+            &format!("{DESIRED_OS_IMAGE}={img}"),
+        ]);
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.streamd.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

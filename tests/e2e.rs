@@ -1,0 +1,346 @@
+//! End-to-end: the real streamd, streamctl and kubectl against a testbed.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+
+fn started(txns: &[serde_json::Value]) -> usize {
+    txns.iter().filter(|t| t["started"] == json!(true)).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn happy_path_stages_rhel10_with_progress() {
+    let mut env = Env::new("happy").await;
+    env.rpmostreed(json!({"cmd": "progress", "signals": 40, "per-second": 8}))
+        .await;
+    env.start_streamd();
+    let idle = env.wait_state("Idle").await;
+    assert_eq!(idle.get(CURRENT_STREAM).map(String::as_str), Some("rhel-9"));
+    assert_eq!(idle.get(CURRENT_OS_IMAGE), Some(&env.rhel9()));
+    let host: serde_json::Value = serde_json::from_str(&idle[HOST]).expect("host is JSON");
+    assert_eq!(host["backend"], "rpm-ostree");
+    assert_eq!(host["arch"], "x86_64");
+
+    env.request_rhel10();
+    let staging = env
+        .wait_for("progress while staging", Duration::from_secs(30), |a| {
+            a.get(STATE).map(String::as_str) == Some("Staging")
+                && a.get(PROGRESS)
+                    .and_then(|p| p.parse::<u8>().ok())
+                    .is_some_and(|p| p > 0)
+        })
+        .await;
+    assert!(staging.contains_key(OBSERVED_DESIRED));
+
+    // streamctl during staging.
+    let out = env.streamctl(&["status"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("State:") && text.contains("Staging"),
+        "{text}"
+    );
+
+    let staged = env.wait_state("Staged").await;
+    assert_eq!(staged.get(STAGED_OS_IMAGE), Some(&env.rhel10()));
+    assert_eq!(
+        staged.get(CURRENT_STREAM).map(String::as_str),
+        Some("rhel-9")
+    );
+    assert!(
+        !staged.contains_key(PROGRESS),
+        "progress is removed once staged"
+    );
+
+    let txns = env.transactions().await;
+    assert_eq!(started(&txns), 1, "{txns:#?}");
+    let t = &txns[0];
+    assert_eq!(t["method"], "UpdateDeployment");
+    assert_eq!(
+        t["modifiers"]["set-refspec"],
+        json!(format!("ostree-unverified-registry:{}", env.rhel10()))
+    );
+    assert_eq!(t["options"]["lock-finalization"], json!(true));
+    assert_eq!(t["options"]["reboot"], json!(false));
+    assert!(
+        t["options"]["initiating-command-line"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("rhel-10")
+    );
+
+    // streamctl after staging, JSON form.
+    let out = env.streamctl(&["status", "--json"]);
+    assert!(out.status.success());
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    assert_eq!(doc["schemaVersion"], 1);
+    assert_eq!(doc["state"], "Staged");
+    assert_eq!(doc["node"], testbed::NODE_NAME);
+    assert_eq!(doc["stagedOsImage"], json!(env.rhel10()));
+    assert_eq!(doc["desiredStream"], "rhel-10");
+    assert_eq!(doc["currentStream"], "rhel-9");
+    assert_eq!(doc["host"]["backend"], "rpm-ostree");
+
+    // Events were posted for the node.
+    let out = env.kubectl(&["get", "events", "-o", "json"]);
+    let events: serde_json::Value = serde_json::from_slice(&out.stdout).expect("events JSON");
+    let reasons: Vec<&str> = events["items"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|e| e["reason"].as_str()).collect())
+        .unwrap_or_default();
+    assert!(
+        reasons.contains(&"StagingStarted") && reasons.contains(&"Staged"),
+        "{reasons:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_request_is_not_staged_twice() {
+    let mut env = Env::new("idempotent").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    // Same request again (no change of input keys), then a restart of the daemon, then remove and
+    // re-add the request: the staged deployment already carries the image each time.
+    env.request_rhel10();
+    env.stop_streamd();
+    env.start_streamd();
+    env.wait_state("Staged").await;
+    env.annotate(&[
+        &format!("{DESIRED_STREAM}-"),
+        &format!("{DESIRED_OS_IMAGE}-"),
+    ]);
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    let txns = env.transactions().await;
+    assert_eq!(started(&txns), 1, "{txns:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_annotations_are_refused_without_transactions() {
+    let mut env = Env::new("invalid").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let good = env.rhel10();
+    let hex = good.rsplit(':').next().unwrap_or_default().to_string();
+    let repo = good.split('@').next().unwrap_or_default().to_string();
+    let cases: Vec<(String, String, &str)> = vec![
+        ("RHEL-10".into(), good.clone(), "desired-stream"),
+        ("rhel_10".into(), good.clone(), "desired-stream"),
+        ("-rhel-10".into(), good.clone(), "desired-stream"),
+        ("rhel-10-".into(), good.clone(), "desired-stream"),
+        (" rhel-10".into(), good.clone(), "desired-stream"),
+        ("a".repeat(254), good.clone(), "desired-stream"),
+        ("rhel..10".into(), good.clone(), "desired-stream"),
+        (
+            "rhel-10".into(),
+            format!("{repo}:latest"),
+            "desired-os-image",
+        ),
+        (
+            "rhel-10".into(),
+            format!("{repo}@sha256:{}", hex.to_uppercase()),
+            "desired-os-image",
+        ),
+        (
+            "rhel-10".into(),
+            format!("{repo}@sha256:{}", &hex[..60]),
+            "desired-os-image",
+        ),
+        (
+            "rhel-10".into(),
+            format!("{repo}:4.20@sha256:{hex}"),
+            "desired-os-image",
+        ),
+        ("rhel-10".into(), format!(" {good}"), "desired-os-image"),
+        ("rhel-10".into(), format!("-{good}"), "desired-os-image"),
+        (
+            "rhel-10".into(),
+            format!("rhcos@sha256:{hex}"),
+            "desired-os-image",
+        ),
+        (
+            "rhel-10".into(),
+            format!("{repo}@md5:{hex}"),
+            "desired-os-image",
+        ),
+        (
+            "rhel-10".into(),
+            format!("{}/{repo}@sha256:{hex}", "x".repeat(440)),
+            "desired-os-image",
+        ),
+        (
+            "rhel-10".into(),
+            format!("docker://{good}"),
+            "desired-os-image",
+        ),
+        ("rhel-10".into(), "".into(), "desired-os-image"),
+    ];
+    assert!(cases.len() >= 15);
+    for (stream, image, key) in &cases {
+        env.annotate(&[
+            &format!("{DESIRED_STREAM}={stream}"),
+            &format!("{DESIRED_OS_IMAGE}={image}"),
+        ]);
+        let a = env
+            .wait_for(
+                &format!("refusal of {stream:?} / {image:?}"),
+                Duration::from_secs(15),
+                |a| {
+                    a.get(STATE).map(String::as_str) == Some("Refused")
+                        && a.get(REASON).is_some_and(|r| r.contains(key))
+                        && a.get(REASON)
+                            .is_some_and(|r| r.contains("osstream.openshift.io/"))
+                },
+            )
+            .await;
+        assert!(a[REASON].chars().count() <= 1024);
+        // Back to Idle between cases, so each refusal is a fresh one.
+        env.annotate(&[
+            &format!("{DESIRED_STREAM}-"),
+            &format!("{DESIRED_OS_IMAGE}-"),
+        ]);
+        env.wait_state("Idle").await;
+    }
+    // An extensions image that is not pinned is refused too.
+    env.annotate(&[
+        &format!("{DESIRED_STREAM}=rhel-10"),
+        &format!("{DESIRED_OS_IMAGE}={good}"),
+        &format!("{DESIRED_EXTENSIONS_IMAGE}={repo}:ext"),
+    ]);
+    env.wait_for("extensions refusal", Duration::from_secs(15), |a| {
+        a.get(REASON)
+            .is_some_and(|r| r.contains("desired-extensions-image"))
+    })
+    .await;
+    let txns = env.transactions().await;
+    assert!(
+        txns.is_empty(),
+        "no transaction may reach rpm-ostree: {txns:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_rpm_ostreed_is_waited_for() {
+    let mut env = Env::new("busy").await;
+    env.rpmostreed(json!({"cmd": "hold-foreign", "on": true}))
+        .await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    env.wait_for("waiting reason", Duration::from_secs(20), |a| {
+        a.get(STATE).map(String::as_str) == Some("Staging")
+            && a.get(REASON)
+                .is_some_and(|r| r.contains("Transaction in progress"))
+    })
+    .await;
+    env.rpmostreed(json!({"cmd": "hold-foreign", "on": false}))
+        .await;
+    env.wait_state("Staged").await;
+    assert_eq!(started(&env.transactions().await), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_transaction_degrades_with_the_daemon_message() {
+    let mut env = Env::new("fail").await;
+    let msg = "error: Importing: Unable to pull layer: connection reset by peer";
+    env.rpmostreed(json!({"cmd": "fail-next", "message": msg}))
+        .await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    let a = env.wait_state("Degraded").await;
+    assert!(
+        a[REASON].contains("connection reset by peer"),
+        "{}",
+        a[REASON]
+    );
+    assert!(!a.contains_key(STAGED_OS_IMAGE));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_image_degrades_with_manifest_unknown() {
+    let mut env = Env::new("unknown").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let repo = env
+        .rhel10()
+        .split('@')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let img = format!("{repo}@sha256:{}", "e".repeat(64));
+    env.annotate(&[
+        &format!("{DESIRED_STREAM}=rhel-10"),
+        &format!("{DESIRED_OS_IMAGE}={img}"),
+    ]);
+    let a = env.wait_state("Degraded").await;
+    assert!(a[REASON].contains("manifest unknown"), "{}", a[REASON]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_drop_and_410_are_survived() {
+    let mut env = Env::new("watchfaults").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.apiserver(json!({"cmd": "fault", "kind": "gone", "count": 2}))
+        .await;
+    env.apiserver(json!({"cmd": "fault", "kind": "drop-watches"}))
+        .await;
+    // Let the watcher fail and relist before the request arrives.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    let stats = env.apiserver(json!({"cmd": "stats"})).await;
+    let watches = stats["by_user"]["system:node:worker-0"]["watch"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(watches >= 2, "streamd re-opened its watch: {stats}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_the_request_returns_to_idle() {
+    let mut env = Env::new("remove").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    env.annotate(&[
+        &format!("{DESIRED_STREAM}-"),
+        &format!("{DESIRED_OS_IMAGE}-"),
+    ]);
+    let a = env.wait_state("Idle").await;
+    assert_eq!(a.get(REASON).map(String::as_str), Some(""));
+    assert!(!a.contains_key(OBSERVED_DESIRED));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamctl_without_daemon_says_so() {
+    let env = Env::new("nodaemon").await;
+    let out = env.streamctl(&["status"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("streamd is not running"), "{err}");
+    assert!(
+        !err.contains("org.freedesktop.DBus.Error"),
+        "no raw D-Bus error names: {err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_cleanly() {
+    let mut env = Env::new("sigterm").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let st = env.stop_streamd();
+    assert!(st.success(), "exit status {st}\n{}", env.log());
+}
