@@ -11,7 +11,8 @@ pub fn write(root: &Path, node: &str, booted: &TestImage) -> anyhow::Result<()> 
     let put = |rel: &str, text: &str| -> anyhow::Result<()> {
         let p = root.join(rel);
         if let Some(parent) = p.parent() {
-            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
         }
         std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))
     };

@@ -123,7 +123,10 @@ async fn up(dir: &Path) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    bail!("the testbed did not come up within 60 s; see {}", dir.join("serve.log").display())
+    bail!(
+        "the testbed did not come up within 60 s; see {}",
+        dir.join("serve.log").display()
+    )
 }
 
 async fn serve(dir: PathBuf) -> anyhow::Result<()> {
@@ -143,8 +146,12 @@ async fn serve(dir: PathBuf) -> anyhow::Result<()> {
 
 async fn down(dir: &Path) -> anyhow::Result<()> {
     let pid_file = dir.join("serve.pid");
-    let text = std::fs::read_to_string(&pid_file)
-        .with_context(|| format!("reading {} (was the testbed started with `up`?)", pid_file.display()))?;
+    let text = std::fs::read_to_string(&pid_file).with_context(|| {
+        format!(
+            "reading {} (was the testbed started with `up`?)",
+            pid_file.display()
+        )
+    })?;
     let raw: i32 = text.trim().parse().context("bad pid file")?;
     let pid = rustix::process::Pid::from_raw(raw).context("bad pid")?;
     // The whole process group: the bus daemon and anything else serve started.

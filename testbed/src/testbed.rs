@@ -85,17 +85,38 @@ impl Testbed {
         .context("writing the streamd config")?;
 
         let env = BTreeMap::from([
-            ("KUBECONFIG".to_string(), dir.join("kubeconfig-admin").display().to_string()),
+            (
+                "KUBECONFIG".to_string(),
+                dir.join("kubeconfig-admin").display().to_string(),
+            ),
             ("DBUS_SYSTEM_BUS_ADDRESS".into(), bus.address().to_string()),
             ("STREAMD_NODE_NAME".into(), NODE_NAME.into()),
-            ("STREAMD_CONFIG_DIR".into(), config_dir.display().to_string()),
-            ("STREAMD_HOST_ROOT".into(), dir.join("host").display().to_string()),
-            ("STREAMD_STATE_DIR".into(), dir.join("state").display().to_string()),
-            ("STREAMD_KUBECONFIG".into(), dir.join("kubeconfig").display().to_string()),
+            (
+                "STREAMD_CONFIG_DIR".into(),
+                config_dir.display().to_string(),
+            ),
+            (
+                "STREAMD_HOST_ROOT".into(),
+                dir.join("host").display().to_string(),
+            ),
+            (
+                "STREAMD_STATE_DIR".into(),
+                dir.join("state").display().to_string(),
+            ),
+            (
+                "STREAMD_KUBECONFIG".into(),
+                dir.join("kubeconfig").display().to_string(),
+            ),
             ("TESTBED_DIR".into(), dir.display().to_string()),
             ("TESTBED_API_URL".into(), apiserver.url().to_string()),
             ("TESTBED_RHEL9_IMAGE".into(), images[0].pullspec.clone()),
-            ("TESTBED_RHEL10_IMAGE".into(), images.get(1).map(|i| i.pullspec.clone()).unwrap_or_default()),
+            (
+                "TESTBED_RHEL10_IMAGE".into(),
+                images
+                    .get(1)
+                    .map(|i| i.pullspec.clone())
+                    .unwrap_or_default(),
+            ),
         ]);
         let inner = Arc::new(Components {
             rpmostreed,
@@ -203,7 +224,10 @@ pub async fn control_client(dir: &Path, cmd: &Value) -> anyhow::Result<Value> {
     let (r, mut w) = stream.into_split();
     w.write_all(format!("{cmd}\n").as_bytes()).await?;
     let mut lines = BufReader::new(r).lines();
-    let line = lines.next_line().await?.context("the testbed closed the control socket")?;
+    let line = lines
+        .next_line()
+        .await?
+        .context("the testbed closed the control socket")?;
     let reply: Value = serde_json::from_str(&line).context("bad reply from the testbed")?;
     if reply["ok"] == Value::Bool(true) {
         Ok(reply["result"].clone())
