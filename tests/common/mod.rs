@@ -70,6 +70,11 @@ impl Env {
 
     /// Starts the real streamd binary against the testbed.
     pub fn start_streamd(&mut self) {
+        self.start_streamd_with(&[]);
+    }
+
+    /// Starts streamd with extra environment variables.
+    pub fn start_streamd_with(&mut self, extra_env: &[(&str, &str)]) {
         assert!(self.streamd.is_none(), "streamd already running");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -78,6 +83,7 @@ impl Env {
             .expect("log file");
         let child = self
             .command(env!("CARGO_BIN_EXE_streamd"))
+            .envs(extra_env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup"))
             .stderr(log)

@@ -1,0 +1,125 @@
+//! The daemon's host-side contracts: sd_notify, the D-Bus API and its signals, config errors.
+
+mod common;
+
+use std::os::unix::net::UnixDatagram;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures::StreamExt;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sd_notify_ready_status_and_stopping() {
+    let mut env = Env::new("notify").await;
+    let sock_path = env.dir.join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).expect("notify socket");
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    env.start_streamd_with(&[("NOTIFY_SOCKET", sock_path.to_str().expect("utf-8"))]);
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    env.stop_streamd();
+    let mut messages = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        match sock.recv(&mut buf) {
+            Ok(n) => messages.push(String::from_utf8_lossy(&buf[..n]).into_owned()),
+            Err(_) if messages.iter().any(|m| m.contains("STOPPING=1")) => break,
+            Err(_) => {}
+        }
+    }
+    let ready = messages.iter().position(|m| m.contains("READY=1"));
+    let staged = messages.iter().position(|m| m.contains("STATUS=Staged"));
+    let stopping = messages.iter().position(|m| m.contains("STOPPING=1"));
+    assert!(ready.is_some(), "{messages:?}");
+    assert!(
+        messages.iter().any(|m| m.contains("STATUS=Staging")),
+        "{messages:?}"
+    );
+    assert!(ready < staged && staged < stopping, "order: {messages:?}");
+}
+
+#[zbus::proxy(
+    interface = "io.openshift.OSStream1",
+    default_service = "io.openshift.OSStream1",
+    default_path = "/io/openshift/OSStream1"
+)]
+trait OSStream1 {
+    fn reconcile(&self) -> zbus::Result<()>;
+    #[zbus(property)]
+    fn state(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn node(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn progress(&self) -> zbus::Result<u32>;
+    #[zbus(property)]
+    fn staged_os_image(&self) -> zbus::Result<String>;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dbus_properties_and_changed_signals() {
+    let mut env = Env::new("dbusapi").await;
+    env.rpmostreed(serde_json::json!({"cmd": "progress", "signals": 10, "per-second": 10}))
+        .await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let conn = zbus::connection::Builder::address(env.vars()["DBUS_SYSTEM_BUS_ADDRESS"].as_str())
+        .expect("address")
+        .build()
+        .await
+        .expect("bus");
+    let proxy = OSStream1Proxy::new(&conn).await.expect("proxy");
+    assert_eq!(proxy.node().await.expect("Node"), testbed::NODE_NAME);
+    assert_eq!(proxy.state().await.expect("State"), "Idle");
+    let mut changes = proxy.receive_state_changed().await;
+    env.request_rhel10();
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !seen.iter().any(|s| s == "Staged") {
+        let next = tokio::time::timeout_at(deadline, changes.next())
+            .await
+            .expect("PropertiesChanged within 30 s")
+            .expect("stream open");
+        seen.push(next.get().await.expect("value"));
+    }
+    assert!(seen.contains(&"Staging".to_string()), "{seen:?}");
+    assert_eq!(proxy.staged_os_image().await.expect("staged"), env.rhel10());
+    proxy.reconcile().await.expect("Reconcile");
+    // Reconciling a staged node changes nothing and stages nothing again.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(proxy.state().await.expect("State"), "Staged");
+    let started = env
+        .transactions()
+        .await
+        .iter()
+        .filter(|t| t["started"] == serde_json::json!(true))
+        .count();
+    assert_eq!(started, 1);
+}
+
+#[test]
+fn invalid_config_is_one_clear_line_and_exit_2() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("badconfig-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::write(
+        dir.join("10-bad.toml"),
+        "node-name = \"a\"\nreboot-policy = \"never\"\n",
+    )
+    .expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_streamd"))
+        .env("STREAMD_CONFIG_DIR", &dir)
+        .output()
+        .expect("streamd runs");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("streamd: "))
+        .expect("a streamd: line");
+    assert!(line.contains("10-bad.toml:2:1"), "{line}");
+    assert!(line.contains("reboot-policy"), "{line}");
+}
