@@ -174,10 +174,7 @@ impl Env {
         std::fs::read_to_string(self.path("pki/admin-token")).expect("token file")
     }
 
-    async fn raw_connect(
-        &self,
-        who: Identity,
-    ) -> std::io::Result<(tokio_rustls::client::TlsStream<TcpStream>, bool)> {
+    async fn raw_connect(&self, who: Identity) -> std::io::Result<Conn> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore::empty();
         let ca = CertificateDer::from_pem_file(self.path("pki/ca.crt")).expect("ca pem");
@@ -206,12 +203,21 @@ impl Env {
         let tls = TlsConnector::from(Arc::new(config))
             .connect(name, tcp)
             .await?;
-        Ok((tls, matches!(who, Identity::Admin)))
+        Ok(Conn {
+            tls,
+            bearer: matches!(who, Identity::Admin),
+        })
     }
 }
 
+/// A TLS connection to the server; `bearer` requests send the admin token.
+struct Conn {
+    tls: tokio_rustls::client::TlsStream<TcpStream>,
+    bearer: bool,
+}
+
 async fn raw_exchange(
-    (mut tls, bearer): (tokio_rustls::client::TlsStream<TcpStream>, bool),
+    Conn { mut tls, bearer }: Conn,
     method: &str,
     path: &str,
     token: &str,
@@ -323,6 +329,12 @@ async fn get_node_json_and_tables() {
         err.contains("NotFound") && err.contains("nodes \"nope\" not found"),
         "{err}"
     );
+    let described = env.kubectl(&["describe", "node", NODE]).await;
+    assert!(
+        described.contains("Red Hat Enterprise Linux CoreOS 9.6"),
+        "{described}"
+    );
+    assert!(described.contains("(0 in total)"), "{described}");
     let version = env.kubectl(&["version", "-o", "json"]).await;
     assert_eq!(parse(&version)["serverVersion"]["gitVersion"], "v1.32.4");
 }
@@ -752,7 +764,7 @@ async fn anonymous_and_wrong_token_are_unauthorized() {
 async fn raw_errors_are_status_objects() {
     let env = Env::start("errors").await;
     let cases = [
-        ("GET", "/api/v1/pods".to_string(), None, 404, "NotFound"),
+        ("GET", "/api/v1/secrets".to_string(), None, 404, "NotFound"),
         (
             "GET",
             "/api/v1/nodes/nope".to_string(),
@@ -864,7 +876,10 @@ async fn raw_errors_are_status_objects() {
         .iter()
         .filter_map(|r| r["name"].as_str())
         .collect();
-    assert_eq!(names, ["nodes", "nodes/status", "events", "namespaces"]);
+    assert_eq!(
+        names,
+        ["nodes", "nodes/status", "events", "namespaces", "pods"]
+    );
 }
 
 #[tokio::test]
@@ -1034,7 +1049,9 @@ async fn throttle_error_delay_refuse_and_drop_faults() {
     let connection = env.raw_connect(Identity::Admin).await.expect("connect");
     let token = env.token();
     let watch = tokio::spawn(async move {
-        raw_exchange(connection, "GET", "/api/v1/nodes?watch=1", &token, None).await
+        // No timeout in practice: an overflowing timeoutSeconds must not hurt the server.
+        let path = "/api/v1/nodes?watch=1&timeoutSeconds=18446744073709551615";
+        raw_exchange(connection, "GET", path, &token, None).await
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!watch.is_finished());
@@ -1046,16 +1063,26 @@ async fn throttle_error_delay_refuse_and_drop_faults() {
         .expect("watch task");
     assert_eq!(dropped.events()[0]["type"], "ADDED");
 
+    // An outage closes the port and cuts established connections.
+    let connection = env.raw_connect(Identity::Admin).await.expect("connect");
+    let token = env.token();
+    let watch = tokio::spawn(async move {
+        raw_exchange(connection, "GET", "/api/v1/nodes?watch=1", &token, None).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
     env.control(json!({"cmd": "fault", "kind": "refuse", "on": true}))
         .await;
-    assert!(
-        env.raw_connect(Identity::Admin).await.is_err(),
-        "connection accepted during outage"
+    tokio::time::timeout(Duration::from_secs(5), watch)
+        .await
+        .expect("open watch cut by the outage")
+        .expect("watch task");
+    let refused = env.raw_connect(Identity::Admin).await.err();
+    assert_eq!(
+        refused.map(|e| e.kind()),
+        Some(std::io::ErrorKind::ConnectionRefused)
     );
-    let err = env
-        .kubectl_fails(&["get", "node", NODE, "--request-timeout=5s"])
-        .await;
-    assert!(!err.is_empty());
+    let err = env.kubectl_fails(&["get", "node", NODE]).await;
+    assert!(err.contains("refused"), "{err}");
     env.control(json!({"cmd": "fault", "kind": "refuse", "on": false}))
         .await;
     assert_eq!(

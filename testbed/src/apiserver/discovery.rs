@@ -83,8 +83,21 @@ pub(crate) static NAMESPACES: ResourceDef = ResourceDef {
     status_subresource: false,
 };
 
+/// Always empty: served so that `kubectl describe node` (which lists the node's pods) works.
+pub(crate) static PODS: ResourceDef = ResourceDef {
+    group: "",
+    version: "v1",
+    plural: "pods",
+    singular: "pod",
+    kind: "Pod",
+    namespaced: true,
+    verbs: &["get", "list", "watch"],
+    short_names: &["po"],
+    status_subresource: false,
+};
+
 /// Every served resource, core group first.
-pub(crate) static RESOURCES: &[&ResourceDef] = &[&NODES, &EVENTS, &NAMESPACES];
+pub(crate) static RESOURCES: &[&ResourceDef] = &[&NODES, &EVENTS, &NAMESPACES, &PODS];
 
 /// The resource `plural` in `group/version`.
 pub(crate) fn find(group: &str, version: &str, plural: &str) -> Option<&'static ResourceDef> {

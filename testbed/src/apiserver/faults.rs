@@ -1,6 +1,6 @@
 //! Fault injection: the knobs behind `{"cmd":"fault","kind":…}`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
@@ -14,11 +14,10 @@ pub(crate) struct Faults {
     retry_after: AtomicU64,
     errors: AtomicU64,
     delay_ms: AtomicU64,
-    refuse: AtomicBool,
+    /// While true the port is closed (connections are refused) and open connections are cut.
+    refuse: watch::Sender<bool>,
     /// Bumped to end every open watch stream.
     drop_watches: watch::Sender<u64>,
-    /// Bumped to abort every open connection.
-    kill_connections: watch::Sender<u64>,
 }
 
 /// Decrements `counter` if it is positive; true if it was.
@@ -45,9 +44,8 @@ impl Faults {
             retry_after: AtomicU64::new(1),
             errors: AtomicU64::new(0),
             delay_ms: AtomicU64::new(0),
-            refuse: AtomicBool::new(false),
+            refuse: watch::Sender::new(false),
             drop_watches: watch::Sender::new(0),
-            kill_connections: watch::Sender::new(0),
         }
     }
 
@@ -81,17 +79,13 @@ impl Faults {
                     .get("on")
                     .and_then(Value::as_bool)
                     .ok_or_else(|| anyhow!("refuse needs \"on\": true|false"))?;
-                self.refuse.store(on, Ordering::SeqCst);
-                if on {
-                    // An outage also takes down established (keep-alive and watch) connections.
-                    self.kill_connections.send_modify(|n| *n += 1);
-                }
+                self.refuse.send_replace(on);
             }
             "clear" => {
                 for counter in [&self.gone, &self.throttle, &self.errors, &self.delay_ms] {
                     counter.store(0, Ordering::SeqCst);
                 }
-                self.refuse.store(false, Ordering::SeqCst);
+                self.refuse.send_replace(false);
             }
             other => bail!("unknown fault kind {other:?}"),
         }
@@ -106,7 +100,7 @@ impl Faults {
             "retry_after": self.retry_after.load(Ordering::SeqCst),
             "error": self.errors.load(Ordering::SeqCst),
             "delay_ms": self.delay_ms.load(Ordering::SeqCst),
-            "refuse": self.refuse.load(Ordering::SeqCst),
+            "refuse": *self.refuse.borrow(),
         })
     }
 
@@ -131,18 +125,14 @@ impl Faults {
         (ms > 0).then(|| Duration::from_millis(ms))
     }
 
-    /// Whether new connections are dropped.
-    pub(crate) fn refusing(&self) -> bool {
-        self.refuse.load(Ordering::SeqCst)
-    }
-
     /// Changes when every open watch must end.
     pub(crate) fn watch_drops(&self) -> watch::Receiver<u64> {
         self.drop_watches.subscribe()
     }
 
-    /// Changes when every open connection must be aborted.
-    pub(crate) fn connection_kills(&self) -> watch::Receiver<u64> {
-        self.kill_connections.subscribe()
+    /// The `refuse` switch: the listener closes while it is on, and an outage also
+    /// takes down established (keep-alive and watch) connections.
+    pub(crate) fn refusals(&self) -> watch::Receiver<bool> {
+        self.refuse.subscribe()
     }
 }

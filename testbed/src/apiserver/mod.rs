@@ -20,7 +20,7 @@ mod validate;
 mod watch;
 
 use std::convert::Infallible;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +59,8 @@ pub(crate) struct Shared {
     pub(crate) admin_token: String,
     /// `127.0.0.1:<port>`, for `/api`'s `serverAddressByClientCIDRs`.
     pub(crate) server_addr: String,
+    /// Whether the port is open; the accept loop publishes it so `refuse` can wait for it.
+    listening: tokio::sync::watch::Sender<bool>,
 }
 
 /// A running fake API server. Dropping it stops accepting and closes every connection.
@@ -97,6 +99,7 @@ impl ApiServer {
             faults: Faults::new(),
             admin_token: pki.admin_token,
             server_addr: addr.to_string(),
+            listening: tokio::sync::watch::Sender::new(true),
         });
         let accept = tokio::spawn(accept_loop(listener, tls, shared.clone()));
         tracing::info!(url, node = cfg.node_name, "apiserver listening");
@@ -116,9 +119,12 @@ impl ApiServer {
     /// Runs one control command (the `cmd` field of a control-socket request):
     ///
     /// - `{"cmd":"stats"}` → `{"total":N,"by_user":{user:{verb:n}}}`; `{"cmd":"reset-stats"}` → `{}`
-    /// - `{"cmd":"fault","kind":K,…}` → the resulting fault state; `K` is `drop-watches`,
-    ///   `gone` (`count`), `throttle` (`count`, `retry_after`), `error` (`count`),
-    ///   `delay` (`ms`), `refuse` (`on`) or `clear`
+    /// - `{"cmd":"fault","kind":K,…}` → the resulting fault state. `K` is one of
+    ///   `drop-watches` (end every open watch now), `gone` (`count`: the next watches get a
+    ///   410 `ERROR` event; the history is compacted too), `throttle` (`count`,
+    ///   `retry_after`: 429 with `Retry-After`), `error` (`count`: 500), `delay` (`ms`, 0 to
+    ///   stop), `refuse` (`on`: the port is closed and open connections are cut; returns
+    ///   once that is so) or `clear`. Counted faults apply to the next requests of anyone.
     /// - `{"cmd":"get-node"}` → the Node; `{"cmd":"node-annotations"}` → its annotations
     pub async fn control(&self, cmd: &Value) -> anyhow::Result<Value> {
         let name = cmd
@@ -133,9 +139,21 @@ impl ApiServer {
             }
             "fault" => {
                 let state = self.shared.faults.apply(cmd)?;
-                if cmd.get("kind").and_then(Value::as_str) == Some("gone") {
+                match cmd.get("kind").and_then(Value::as_str) {
                     // Resuming from any resourceVersion seen so far must now also get 410.
-                    self.shared.store.compact();
+                    Some("gone") => self.shared.store.compact(),
+                    // Return only once the port is actually closed or open again.
+                    Some("refuse" | "clear") => {
+                        let open = state["refuse"] == false;
+                        let mut listening = self.shared.listening.subscribe();
+                        tokio::time::timeout(
+                            Duration::from_secs(10),
+                            listening.wait_for(|l| *l == open),
+                        )
+                        .await
+                        .context("the API server port did not change state")??;
+                    }
+                    _ => {}
                 }
                 Ok(state)
             }
@@ -164,16 +182,42 @@ impl Drop for ApiServer {
     }
 }
 
+/// Accepts connections; while the `refuse` fault is on the port is closed, so clients
+/// get "connection refused" as from an apiserver that is down.
 async fn accept_loop(listener: TcpListener, tls: TlsAcceptor, shared: Arc<Shared>) {
+    let addr = match listener.local_addr() {
+        Ok(addr) => addr,
+        Err(err) => {
+            tracing::error!(%err, "apiserver listener has no address");
+            return;
+        }
+    };
+    let mut listener = Some(listener);
+    let mut refusals = shared.faults.refusals();
     let mut connections = JoinSet::new();
     loop {
+        if *refusals.borrow_and_update() {
+            listener = None;
+        } else if listener.is_none() {
+            // Tokio sets SO_REUSEADDR, so the old connections' TIME_WAIT does not block this.
+            match TcpListener::bind(addr).await {
+                Ok(reopened) => listener = Some(reopened),
+                Err(err) => {
+                    tracing::warn!(%err, %addr, "apiserver cannot reopen its port, retrying");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            }
+        }
+        shared.listening.send_replace(listener.is_some());
         tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, peer)) => {
-                    if shared.faults.refusing() {
-                        tracing::debug!(%peer, "apiserver dropping connection (refuse fault)");
-                        continue;
-                    }
+            changed = refusals.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            accepted = accept(listener.as_ref()) => match accepted {
+                Ok((tcp, _)) => {
                     connections.spawn(serve_connection(tcp, tls.clone(), shared.clone()));
                 }
                 Err(err) => {
@@ -187,8 +231,15 @@ async fn accept_loop(listener: TcpListener, tls: TlsAcceptor, shared: Arc<Shared
     }
 }
 
+async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match listener {
+        Some(listener) => listener.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn serve_connection(tcp: TcpStream, tls: TlsAcceptor, shared: Arc<Shared>) {
-    let mut kills = shared.faults.connection_kills();
+    let mut refusals = shared.faults.refusals();
     // Watch events are small writes that must not wait for Nagle.
     if let Err(err) = tcp.set_nodelay(true) {
         tracing::debug!(%err, "apiserver could not set TCP_NODELAY");
@@ -220,6 +271,8 @@ async fn serve_connection(tcp: TcpStream, tls: TlsAcceptor, shared: Arc<Shared>)
                 tracing::debug!(%err, "apiserver connection ended with an error");
             }
         }
-        _ = kills.changed() => tracing::debug!("apiserver connection aborted (refuse fault)"),
+        _ = refusals.wait_for(|on| *on) => {
+            tracing::debug!("apiserver connection cut (refuse fault)");
+        }
     }
 }

@@ -554,7 +554,7 @@ mod tests {
             panic!("status path");
         };
         assert_eq!(r.subresource.as_deref(), Some("status"));
-        assert!(matches!(Target::parse("/api/v1/pods"), Target::Unknown));
+        assert!(matches!(Target::parse("/api/v1/secrets"), Target::Unknown));
         assert!(matches!(
             Target::parse("/api/v1/nodes/a/b/c"),
             Target::Unknown

@@ -168,7 +168,8 @@ pub(crate) fn lines(
         WatchStart::Ready { backlog, rx, rv } => {
             let now = Instant::now();
             let state = State {
-                deadline: req.timeout.map(|t| now + t),
+                // An absurd timeoutSeconds overflows Instant: treat it as no timeout.
+                deadline: req.timeout.and_then(|t| now.checked_add(t)),
                 next_bookmark: now + BOOKMARK_EVERY,
                 req,
                 backlog,
