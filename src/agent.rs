@@ -250,7 +250,17 @@ impl Agent {
     }
 
     async fn on_staged(&mut self, res: Result<(), RpmOstreeError>) {
-        self.staging = None;
+        let Some(done) = self.staging.take() else {
+            return;
+        };
+        if self.status.observed_desired.as_deref() != Some(done.hash.as_str()) {
+            // The request changed while this transaction ran: its result is history, act on the
+            // new request (which re-reads the deployments, so a stale stage is seen).
+            info!(result = ?res.as_ref().map_err(ToString::to_string), "superseded transaction ended");
+            self.backoff = MIN_BACKOFF;
+            self.reconcile().await;
+            return;
+        }
         match res {
             Ok(()) => {
                 info!("transaction finished");

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 use anyhow::Context as _;
 use futures::{Stream, StreamExt};
@@ -38,12 +39,34 @@ pub enum EventType {
     Warning,
 }
 
+fn to_update(
+    ev: Result<watcher::Event<Node>, watcher::Error>,
+    uid: &OnceLock<String>,
+) -> Option<NodeUpdate> {
+    match ev {
+        Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => {
+            if let Some(u) = &n.metadata.uid {
+                let _ = uid.set(u.clone());
+            }
+            Some(NodeUpdate::Annotations(
+                n.metadata.annotations.unwrap_or_default(),
+            ))
+        }
+        Ok(watcher::Event::Delete(_)) => Some(NodeUpdate::Deleted),
+        Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
+        Err(e) => Some(NodeUpdate::Error(e.to_string())),
+    }
+}
+
 /// Client for one node.
 #[derive(Clone)]
 pub struct NodeClient {
     nodes: Api<Node>,
     events: Api<Event>,
     name: String,
+    /// The node's uid, learnt from the watch; Events carry it so `kubectl describe node`
+    /// shows them.
+    uid: Arc<OnceLock<String>>,
 }
 
 impl NodeClient {
@@ -59,6 +82,7 @@ impl NodeClient {
             nodes: Api::all(client.clone()),
             events: Api::namespaced(client, EVENT_NAMESPACE),
             name: node.to_string(),
+            uid: Arc::default(),
         })
     }
 
@@ -70,18 +94,10 @@ impl NodeClient {
     /// Watches only this node (field selector), resuming from resourceVersion.
     pub fn watch(&self) -> impl Stream<Item = NodeUpdate> + Send + 'static {
         let cfg = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
+        let uid = self.uid.clone();
         watcher(self.nodes.clone(), cfg)
             .default_backoff()
-            .filter_map(|ev| async move {
-                match ev {
-                    Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => Some(
-                        NodeUpdate::Annotations(n.metadata.annotations.unwrap_or_default()),
-                    ),
-                    Ok(watcher::Event::Delete(_)) => Some(NodeUpdate::Deleted),
-                    Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
-                    Err(e) => Some(NodeUpdate::Error(e.to_string())),
-                }
-            })
+            .filter_map(move |ev| std::future::ready(to_update(ev, &uid)))
     }
 
     /// Merge-patches the node and returns its annotations afterwards.
@@ -108,7 +124,12 @@ impl NodeClient {
         let stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
         let ev: Event = serde_json::from_value(serde_json::json!({
             "metadata": { "name": name, "namespace": EVENT_NAMESPACE },
-            "involvedObject": { "apiVersion": "v1", "kind": "Node", "name": self.name },
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self.name,
+                "uid": self.uid.get(),
+            },
             "reason": reason,
             "message": crate::protocol::one_line_reason(message),
             "type": match kind { EventType::Normal => "Normal", EventType::Warning => "Warning" },

@@ -12,6 +12,7 @@ pub mod hostfacts;
 pub mod imageref;
 pub mod kubeclient;
 pub mod planner;
+pub mod preflight;
 pub mod protocol;
 pub mod report;
 pub mod rpmostree;

@@ -1,6 +1,6 @@
 //! Reporting: turns status changes into node annotation patches, throttled and coalesced.
 //!
-//! State changes are written at once; progress-only changes at most once per
+//! State changes are written at once; everything else (progress, reason) at most once per
 //! [`PROGRESS_INTERVAL`]. Whatever is pending when a patch goes out is merged into it, so the
 //! latest status always wins and nothing is written twice.
 
@@ -63,15 +63,18 @@ impl Reporter {
         Some(serde_json::json!({ "metadata": { "annotations": ann } }))
     }
 
-    /// When the pending patch may be sent: now, unless it only moves progress and the last patch
-    /// was less than [`PROGRESS_INTERVAL`] ago.
+    /// When the pending patch may be sent: now if it changes `state` (or nothing was patched
+    /// yet), else no sooner than [`PROGRESS_INTERVAL`] after the last patch, so a transaction's
+    /// flood of progress and messages becomes one patch per interval.
     pub fn due_at(&self, now: Instant) -> Option<Instant> {
         let patch = self.pending_patch()?;
-        let only_progress = patch["metadata"]["annotations"]
-            .as_object()
-            .is_some_and(|m| m.keys().all(|k| k == protocol::PROGRESS));
-        match (only_progress, self.last_patch) {
-            (true, Some(last)) if now < last + PROGRESS_INTERVAL => Some(last + PROGRESS_INTERVAL),
+        let changes_state = patch["metadata"]["annotations"]
+            .get(protocol::STATE)
+            .is_some();
+        match self.last_patch {
+            Some(last) if !changes_state && now < last + PROGRESS_INTERVAL => {
+                Some(last + PROGRESS_INTERVAL)
+            }
             _ => Some(now),
         }
     }
@@ -110,14 +113,16 @@ mod tests {
     }
 
     #[test]
-    fn state_changes_go_out_at_once_progress_is_throttled() {
+    fn state_changes_go_out_at_once_progress_and_reason_are_throttled() {
         let t0 = Instant::now();
         let mut r = Reporter::default();
         r.set(&status(State::Staging, Some(1)));
         assert_eq!(r.due_at(t0), Some(t0));
         apply(&mut r, t0);
         assert_eq!(r.pending_patch(), None);
-        r.set(&status(State::Staging, Some(50)));
+        let mut s = status(State::Staging, Some(50));
+        s.reason = "Importing: layer 3 of 12".into();
+        r.set(&s);
         let t1 = t0 + Duration::from_millis(300);
         assert_eq!(r.due_at(t1), Some(t0 + PROGRESS_INTERVAL));
         r.set(&status(State::Staged, None));

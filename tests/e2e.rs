@@ -99,6 +99,10 @@ async fn happy_path_stages_rhel10_with_progress() {
         reasons.contains(&"StagingStarted") && reasons.contains(&"Staged"),
         "{reasons:?}"
     );
+    // Events name the node by uid too, so `kubectl describe node` lists them.
+    let out = env.kubectl(&["describe", "node", testbed::NODE_NAME]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("StagingStarted"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

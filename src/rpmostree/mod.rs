@@ -108,8 +108,8 @@ trait Sysroot {
 trait OS {
     fn update_deployment(
         &self,
-        modifiers: HashMap<&str, Value<'_>>,
-        options: HashMap<&str, Value<'_>>,
+        modifiers: BTreeMap<&str, Value<'_>>,
+        options: BTreeMap<&str, Value<'_>>,
     ) -> zbus::Result<String>;
 }
 
@@ -165,12 +165,14 @@ impl UpdateDeploymentCall {
         UpdateDeploymentCall { modifiers, options }
     }
 
-    fn dicts(&self) -> (HashMap<&str, Value<'_>>, HashMap<&str, Value<'_>>) {
+    /// Sorted dictionaries: rpm-ostreed joins an identical request only when the serialized
+    /// parameters are byte-identical, so a retry must send the same order.
+    fn dicts(&self) -> (BTreeMap<&str, Value<'_>>, BTreeMap<&str, Value<'_>>) {
         (to_dict(&self.modifiers), to_dict(&self.options))
     }
 }
 
-fn to_dict<'a>(m: &'a BTreeMap<&'static str, CallValue>) -> HashMap<&'static str, Value<'a>> {
+fn to_dict<'a>(m: &'a BTreeMap<&'static str, CallValue>) -> BTreeMap<&'static str, Value<'a>> {
     m.iter().map(|(k, v)| (*k, v.to_value())).collect()
 }
 

@@ -5,6 +5,7 @@
 //! The contract every component follows is written down in `docs/testbed.md`.
 
 pub mod apiserver;
+pub mod bench;
 pub mod bus;
 pub mod host;
 pub mod images;

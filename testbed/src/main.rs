@@ -40,6 +40,24 @@ enum Command {
         #[arg(long)]
         dir: PathBuf,
     },
+    /// Run the benchmark on a fresh testbed in DIR; prints the figures and writes DIR/bench.json.
+    Bench {
+        /// Directory for the testbed (must not hold a running one).
+        #[arg(long)]
+        dir: PathBuf,
+        /// The streamd binary (default: next to this testbed binary).
+        #[arg(long)]
+        streamd: Option<PathBuf>,
+        /// Node patches for the reaction-time figure.
+        #[arg(long, default_value_t = 200)]
+        patches: usize,
+        /// Seconds of idleness for RSS, CPU and API request figures.
+        #[arg(long, default_value_t = 60)]
+        idle_secs: u64,
+        /// Seconds of 1000 progress signals per second.
+        #[arg(long, default_value_t = 30)]
+        storm_secs: u64,
+    },
     /// Send one control command (JSON) and print the reply.
     Ctl {
         /// The testbed's directory.
@@ -84,6 +102,33 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Command::Up { dir } => up(&dir).await,
         Command::Serve { dir } => serve(dir).await,
         Command::Down { dir } => down(&dir).await,
+        Command::Bench {
+            dir,
+            streamd,
+            patches,
+            idle_secs,
+            storm_secs,
+        } => {
+            let streamd = match streamd {
+                Some(p) => p,
+                None => std::env::current_exe()?
+                    .parent()
+                    .context("no directory for the testbed binary")?
+                    .join("streamd"),
+            };
+            let figures = testbed::bench::run(&testbed::bench::BenchOptions {
+                dir: dir.clone(),
+                streamd,
+                patches,
+                idle: Duration::from_secs(idle_secs),
+                storm: Duration::from_secs(storm_secs),
+            })
+            .await?;
+            let text = serde_json::to_string_pretty(&figures)?;
+            std::fs::write(dir.join("bench.json"), &text)?;
+            println!("{text}");
+            Ok(())
+        }
         Command::Ctl { dir, json } => {
             let cmd: serde_json::Value =
                 serde_json::from_str(&json).context("the command is not JSON")?;

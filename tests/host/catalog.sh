@@ -34,7 +34,8 @@ compile() { # compile ROOT: build the catalog database, silent on success
     [[ $rc -eq 0 && -z "$out" ]]
 }
 
-make_tmpdir root
+root="$(new_tmpdir)"
+rm_on_exit "$root"
 install -D -m 0644 "$CATALOG" "$root/usr/lib/systemd/catalog/streamd.catalog"
 out="$(compile "$root")" || die "journalctl --update-catalog: ${out:-non-zero exit}"
 [[ -s "$root/var/lib/systemd/catalog/database" ]] || die "no catalog database was written"

@@ -21,7 +21,8 @@ need_cmd setpriv util-linux
 need_file "$PY" python3
 "$PY" -c 'import gi; gi.require_version("Gio", "2.0")' 2>/dev/null || apt_install python3-gi gir1.2-glib-2.0
 
-make_tmpdir t
+t="$(new_tmpdir)"
+rm_on_exit "$t"
 chmod 0755 "$t" # nobody must reach the socket
 mkdir -p "$t/system.d"
 install -m 0644 "$POLICY" "$t/system.d/"

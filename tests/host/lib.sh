@@ -44,7 +44,8 @@ apt_install() {
 # result TEXT: the one-line summary run.sh collects (last "RESULT:" line).
 result() { printf 'RESULT: %s\n' "$*"; }
 
-# make_tmpdir VAR: a temp dir removed on exit, also on failure.
+# new_tmpdir: create a temp dir that is removed on exit, also on failure.
+# Use as: d="$(new_tmpdir)"; rm_on_exit "$d"  (the trap lives in this shell).
 _host_tmpdirs=()
 _host_pids=()
 _host_cleanup() {
@@ -54,12 +55,8 @@ _host_cleanup() {
     for d in "${_host_tmpdirs[@]}"; do rm -rf -- "$d"; done
 }
 trap _host_cleanup EXIT
-make_tmpdir() {
-    local d
-    d="$(mktemp -d "${TMPDIR:-/tmp}/streamd-host.XXXXXX")"
-    _host_tmpdirs+=("$d")
-    printf -v "$1" '%s' "$d"
-}
+new_tmpdir() { mktemp -d "${TMPDIR:-/tmp}/streamd-host.XXXXXX"; }
+rm_on_exit() { _host_tmpdirs+=("$1"); }
 
 # kill_on_exit PID: a background process of ours, stopped on exit.
 kill_on_exit() { _host_pids+=("$1"); }

@@ -23,7 +23,8 @@ need_cmd semodule_expand semodule-utils
 need_cmd sesearch setools
 need_cmd bzip2 bzip2
 
-make_tmpdir t
+t="$(new_tmpdir)"
+rm_on_exit "$t"
 mkdir "$t/src"
 cp "$REPO_ROOT"/selinux/streamd.{te,if,fc} "$t/src/"
 

@@ -16,7 +16,8 @@ need_cmd systemctl systemd
 need_cmd python3 python3
 need_cmd unshare util-linux
 
-make_tmpdir root
+root="$(new_tmpdir)"
+rm_on_exit "$root"
 
 # A root with the distribution's own units (verify needs sysinit.target and
 # friends) plus ours and an executable at the ExecStart path. A stub is
@@ -72,7 +73,8 @@ log "preset enables streamd.service"
 # system bus and rpm-ostree sockets. Check that connect() works on a
 # read-only bind mount while creating a file there fails.
 if unshare --mount true 2>/dev/null; then
-    make_tmpdir sockdir
+    sockdir="$(new_tmpdir)"
+    rm_on_exit "$sockdir"
     ro_out="$(unshare --mount --propagation private python3 - "$sockdir" <<'EOF' 2>&1
 import errno, os, socket, subprocess, sys
 d = sys.argv[1]

@@ -1,0 +1,776 @@
+//! Preflight: every check that runs before anything on the node changes.
+//!
+//! A pure function from gathered facts to check results. Each check has a stable id (used in
+//! `reason`, Events, the journal's `STREAMD_CHECK` field and `streamctl preflight`), a result and a
+//! message that says what is wrong and what to do.
+
+use serde::Serialize;
+
+use crate::hostfacts::{Fips, KernelVariant};
+use crate::protocol::Desired;
+use crate::rpmostree::Deployment;
+
+/// Outcome of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// Fine.
+    Pass,
+    /// Worth knowing; does not block.
+    Warn,
+    /// Blocks the migration.
+    Fail,
+}
+
+/// One check's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CheckResult {
+    /// Stable id, e.g. `cpu-level`.
+    pub id: &'static str,
+    /// Outcome.
+    pub result: Outcome,
+    /// What was found.
+    pub message: String,
+}
+
+/// What the registry says about the OS image (from its manifest and config).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct OsImageInfo {
+    /// `containers.bootc` is `1` or `true`.
+    pub bootable: bool,
+    /// `io.openshift.os.streamclass`, if present.
+    pub stream_class: Option<String>,
+    /// Config architecture in kernel terms (`x86_64`, `aarch64`).
+    pub arch: String,
+    /// `ostree.linux`: the target's default kernel release.
+    pub kernel_release: Option<String>,
+    /// Version label.
+    pub version: Option<String>,
+    /// Sum of the layer sizes, bytes.
+    pub size: u64,
+}
+
+/// What the registry says about the extensions image.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExtensionsInfo {
+    /// `io.openshift.os.extensions` is `true`.
+    pub is_extensions: bool,
+    /// `io.openshift.os.streamclass`, if present.
+    pub stream_class: Option<String>,
+    /// RPMs it carries, as `name-version-release.arch`.
+    pub rpms: Vec<String>,
+}
+
+/// Free space, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DiskFree {
+    /// Free on the sysroot (`/sysroot`).
+    pub sysroot: u64,
+    /// Free on `/boot`.
+    pub boot: u64,
+}
+
+/// Admin policy that changes what passes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Allow moving to an older major.
+    pub allow_downgrade: bool,
+    /// Extra free bytes required on the sysroot beyond the image size.
+    pub min_free_sysroot: u64,
+    /// Free bytes required on `/boot` (a kernel and initramfs).
+    pub min_free_boot: u64,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            allow_downgrade: false,
+            min_free_sysroot: 1 << 30,
+            min_free_boot: 150 << 20,
+        }
+    }
+}
+
+/// Everything the checks look at.
+#[derive(Debug, Clone)]
+pub struct Input<'a> {
+    /// The request.
+    pub desired: &'a Desired,
+    /// The booted deployment.
+    pub booted: &'a Deployment,
+    /// Booted OS major (os-release).
+    pub booted_major: Option<u32>,
+    /// Host architecture.
+    pub arch: &'a str,
+    /// x86-64 level (x86_64 only).
+    pub x86_64_level: Option<u8>,
+    /// FIPS state.
+    pub fips: Fips,
+    /// Kernel variant, or why it is inconsistent.
+    pub kernel: &'a Result<KernelVariant, String>,
+    /// CRI-O's default runtime, or why it could not be read.
+    pub crio_runtime: &'a Result<String, String>,
+    /// The OS image, or why it could not be inspected.
+    pub os_image: &'a Result<OsImageInfo, String>,
+    /// The extensions image, if requested, or why it could not be inspected.
+    pub extensions: Option<&'a Result<ExtensionsInfo, String>>,
+    /// Free disk space.
+    pub disk: DiskFree,
+    /// Whether NIC names are persisted (`/etc/systemd/network/*.link` written by nmstate).
+    pub nic_names_persisted: bool,
+    /// Policy.
+    pub policy: &'a Policy,
+}
+
+/// The major a stream name targets (`rhel-10` → 10), if it ends in one.
+pub fn stream_major(stream: &str) -> Option<u32> {
+    stream.rsplit('-').next()?.split('.').next()?.parse().ok()
+}
+
+/// The `el<N>` major of a kernel release or NEVRA (`…el10_1.x86_64` → 10).
+pub fn el_major(release: &str) -> Option<u32> {
+    release.split(['.', '-', '_', '+']).find_map(|part| {
+        let digits = part.strip_prefix("el")?;
+        digits.parse().ok()
+    })
+}
+
+/// Runs every check, in a fixed order.
+pub fn run(i: &Input<'_>) -> Vec<CheckResult> {
+    vec![
+        image_reference(i),
+        direction(i),
+        os_image(i),
+        extensions_image(i),
+        cpu_level(i),
+        fips(i),
+        kernel_variant(i),
+        container_runtime(i),
+        disk_space(i),
+        layered_packages(i),
+        nic_names(i),
+    ]
+}
+
+/// The first failing check, if any.
+pub fn first_failure(results: &[CheckResult]) -> Option<&CheckResult> {
+    results.iter().find(|c| c.result == Outcome::Fail)
+}
+
+fn pass(id: &'static str, message: impl Into<String>) -> CheckResult {
+    CheckResult {
+        id,
+        result: Outcome::Pass,
+        message: message.into(),
+    }
+}
+
+fn warn(id: &'static str, message: impl Into<String>) -> CheckResult {
+    CheckResult {
+        id,
+        result: Outcome::Warn,
+        message: message.into(),
+    }
+}
+
+fn fail(id: &'static str, message: impl Into<String>) -> CheckResult {
+    CheckResult {
+        id,
+        result: Outcome::Fail,
+        message: message.into(),
+    }
+}
+
+fn target_major(i: &Input<'_>) -> Option<u32> {
+    stream_major(&i.desired.stream).or_else(|| {
+        i.os_image
+            .as_ref()
+            .ok()
+            .and_then(|o| o.kernel_release.as_deref())
+            .and_then(el_major)
+    })
+}
+
+fn image_reference(i: &Input<'_>) -> CheckResult {
+    // The annotation parser already refused anything unpinned; this records what is used.
+    pass(
+        "image-reference",
+        format!("{} (pinned by digest)", i.desired.os_image),
+    )
+}
+
+fn direction(i: &Input<'_>) -> CheckResult {
+    let id = "direction";
+    match (i.booted_major, target_major(i)) {
+        (Some(from), Some(to)) if to < from && !i.policy.allow_downgrade => fail(
+            id,
+            format!(
+                "moving from major {from} to {to} is a downgrade, which is not supported; set allow-downgrade = true in the config to force it"
+            ),
+        ),
+        (Some(from), Some(to)) if to < from => warn(
+            id,
+            format!("downgrade from major {from} to {to} allowed by config"),
+        ),
+        (Some(from), Some(to)) => pass(id, format!("major {from} -> {to}")),
+        (None, _) => fail(
+            id,
+            "cannot tell the booted OS major from os-release; refusing to guess",
+        ),
+        (_, None) => fail(
+            id,
+            format!(
+                "cannot tell the target major from stream {:?} or the image's ostree.linux label",
+                i.desired.stream
+            ),
+        ),
+    }
+}
+
+fn os_image(i: &Input<'_>) -> CheckResult {
+    let id = "os-image";
+    let info = match i.os_image {
+        Ok(info) => info,
+        Err(e) => return fail(id, e.clone()),
+    };
+    if !info.bootable {
+        return fail(
+            id,
+            format!(
+                "{} is not a bootable OS image (label containers.bootc is not 1/true)",
+                i.desired.os_image
+            ),
+        );
+    }
+    if let Some(class) = &info.stream_class
+        && class != &i.desired.stream
+    {
+        return fail(
+            id,
+            format!(
+                "the image's stream class is {class:?} but the node was asked for stream {:?}",
+                i.desired.stream
+            ),
+        );
+    }
+    if info.arch != i.arch {
+        return fail(
+            id,
+            format!("the image is for {} but this node is {}", info.arch, i.arch),
+        );
+    }
+    pass(
+        id,
+        format!(
+            "bootable, stream {}, {}, version {}",
+            info.stream_class.as_deref().unwrap_or("(unlabelled)"),
+            info.arch,
+            info.version.as_deref().unwrap_or("?")
+        ),
+    )
+}
+
+/// Whether the node needs packages from the extensions image.
+fn needs_extensions(i: &Input<'_>) -> bool {
+    matches!(
+        i.kernel,
+        Ok(KernelVariant::Realtime | KernelVariant::SixtyFourK)
+    ) || !layered(i).is_empty()
+}
+
+fn extensions_image(i: &Input<'_>) -> CheckResult {
+    let id = "extensions-image";
+    match i.extensions {
+        None if needs_extensions(i) => fail(
+            id,
+            "this node has a non-default kernel or layered packages, which must be re-provided for the target: set desired-extensions-image",
+        ),
+        None => pass(id, "not needed"),
+        Some(Err(e)) => fail(id, e.clone()),
+        Some(Ok(ext)) if !ext.is_extensions => fail(
+            id,
+            "the extensions image lacks the label io.openshift.os.extensions=true",
+        ),
+        Some(Ok(ext)) => match &ext.stream_class {
+            Some(c) if c != &i.desired.stream => fail(
+                id,
+                format!(
+                    "the extensions image's stream class is {c:?}, not {:?}",
+                    i.desired.stream
+                ),
+            ),
+            _ => pass(id, format!("{} RPMs", ext.rpms.len())),
+        },
+    }
+}
+
+fn cpu_level(i: &Input<'_>) -> CheckResult {
+    let id = "cpu-level";
+    let needs_v3 = i.arch == "x86_64" && target_major(i).is_some_and(|m| m >= 10);
+    if !needs_v3 {
+        return pass(id, "no CPU level requirement for this target");
+    }
+    match i.x86_64_level {
+        Some(l) if l >= 3 => pass(id, format!("x86-64-v{l}")),
+        Some(l) => fail(
+            id,
+            format!(
+                "this CPU is x86-64-v{l}; RHEL 10 needs x86-64-v3 (AVX2, BMI1/2, F16C, FMA, LZCNT, MOVBE, XSAVE) and would not boot"
+            ),
+        ),
+        None => fail(id, "cannot read the CPU flags from /proc/cpuinfo"),
+    }
+}
+
+fn fips(i: &Input<'_>) -> CheckResult {
+    let id = "fips";
+    match i.fips {
+        Fips::Inconsistent => fail(
+            id,
+            "FIPS state is inconsistent: /proc/sys/crypto/fips_enabled and fips= on the kernel command line disagree; fix the host first",
+        ),
+        Fips::Enabled => pass(
+            id,
+            "FIPS enabled; it is carried in the kernel arguments and verified on the staged tree",
+        ),
+        Fips::Disabled => pass(id, "FIPS disabled"),
+    }
+}
+
+fn variant_rpms(ext: &ExtensionsInfo, variant: KernelVariant) -> Vec<&str> {
+    variant
+        .packages()
+        .iter()
+        .filter_map(|p| {
+            ext.rpms
+                .iter()
+                .find(|r| crate::hostfacts::kernel::names_package(r, p))
+                .map(String::as_str)
+        })
+        .collect()
+}
+
+fn kernel_variant(i: &Input<'_>) -> CheckResult {
+    let id = "kernel-variant";
+    let variant = match i.kernel {
+        Ok(v) => *v,
+        Err(e) => return fail(id, e.clone()),
+    };
+    if variant == KernelVariant::Default {
+        return pass(id, "default kernel");
+    }
+    if variant == KernelVariant::SixtyFourK && i.arch != "aarch64" {
+        return fail(id, "a 64k-pages kernel exists only on aarch64");
+    }
+    let Some(Ok(ext)) = i.extensions else {
+        return fail(
+            id,
+            format!(
+                "the {} kernel must come from the target's extensions image, which is missing or unreadable",
+                variant.as_str()
+            ),
+        );
+    };
+    let target = target_major(i);
+    let found = variant_rpms(ext, variant);
+    let missing: Vec<&str> = variant
+        .packages()
+        .iter()
+        .copied()
+        .filter(|p| {
+            !found
+                .iter()
+                .any(|r| crate::hostfacts::kernel::names_package(r, p))
+        })
+        .collect();
+    if !missing.is_empty() {
+        return fail(
+            id,
+            format!(
+                "the extensions image lacks {} for the {} kernel",
+                missing.join(", "),
+                variant.as_str()
+            ),
+        );
+    }
+    let wrong: Vec<&str> = found
+        .iter()
+        .copied()
+        .filter(|r| el_major(r) != target)
+        .collect();
+    if !wrong.is_empty() {
+        return fail(
+            id,
+            format!(
+                "the extensions image's {} packages are not built for the target major: {}",
+                variant.as_str(),
+                wrong.join(", ")
+            ),
+        );
+    }
+    pass(
+        id,
+        format!("{} kernel: {}", variant.as_str(), found.join(", ")),
+    )
+}
+
+fn container_runtime(i: &Input<'_>) -> CheckResult {
+    let id = "container-runtime";
+    match i.crio_runtime {
+        Err(e) => fail(id, format!("cannot read the CRI-O configuration: {e}")),
+        Ok(r) if r == "runc" && target_major(i).is_some_and(|m| m >= 10) => fail(
+            id,
+            "CRI-O's default runtime is runc, which RHEL 10 does not ship: migrate to crun first",
+        ),
+        Ok(r) => pass(id, format!("CRI-O default runtime {r}")),
+    }
+}
+
+fn disk_space(i: &Input<'_>) -> CheckResult {
+    let id = "disk-space";
+    let image = i.os_image.as_ref().map(|o| o.size).unwrap_or(0);
+    let need_sysroot = image.saturating_add(i.policy.min_free_sysroot);
+    let mib = |b: u64| b >> 20;
+    if i.disk.sysroot < need_sysroot {
+        return fail(
+            id,
+            format!(
+                "the sysroot has {} MiB free; staging needs {} MiB (image {} MiB + minimum {} MiB)",
+                mib(i.disk.sysroot),
+                mib(need_sysroot),
+                mib(image),
+                mib(i.policy.min_free_sysroot)
+            ),
+        );
+    }
+    if i.disk.boot < i.policy.min_free_boot {
+        return fail(
+            id,
+            format!(
+                "/boot has {} MiB free; a new kernel and initramfs need {} MiB",
+                mib(i.disk.boot),
+                mib(i.policy.min_free_boot)
+            ),
+        );
+    }
+    pass(
+        id,
+        format!(
+            "sysroot {} MiB free, /boot {} MiB free",
+            mib(i.disk.sysroot),
+            mib(i.disk.boot)
+        ),
+    )
+}
+
+/// Layered packages of the booted deployment that are not part of the kernel variant.
+fn layered(i: &Input<'_>) -> Vec<String> {
+    let variant = i.kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
+    i.booted
+        .requested_packages
+        .iter()
+        .chain(&i.booted.requested_local_packages)
+        .filter(|p| {
+            !variant
+                .packages()
+                .iter()
+                .any(|v| crate::hostfacts::kernel::names_package(p, v))
+        })
+        .cloned()
+        .collect()
+}
+
+/// The package name of a name-or-NEVRA.
+pub fn package_name(spec: &str) -> &str {
+    // NEVRA: strip ".arch", "-release", "-version" when they look like them.
+    let mut parts: Vec<&str> = spec.rsplitn(3, '-').collect();
+    if parts.len() == 3 && parts[1].starts_with(|c: char| c.is_ascii_digit()) {
+        parts.pop().unwrap_or(spec)
+    } else {
+        spec
+    }
+}
+
+fn layered_packages(i: &Input<'_>) -> CheckResult {
+    let id = "layered-packages";
+    let wanted = layered(i);
+    if wanted.is_empty() {
+        return pass(id, "no layered packages");
+    }
+    let target = target_major(i);
+    let provided: Vec<&String> = match i.extensions {
+        Some(Ok(ext)) => ext.rpms.iter().collect(),
+        _ => Vec::new(),
+    };
+    let missing: Vec<&str> = wanted
+        .iter()
+        .map(|p| package_name(p))
+        .filter(|name| {
+            !provided
+                .iter()
+                .any(|r| crate::hostfacts::kernel::names_package(r, name) && el_major(r) == target)
+        })
+        .collect();
+    if missing.is_empty() {
+        pass(
+            id,
+            format!(
+                "re-provided from the extensions image: {}",
+                wanted.join(", ")
+            ),
+        )
+    } else {
+        fail(
+            id,
+            format!(
+                "layered packages not provided for the target by the extensions image: {}",
+                missing.join(", ")
+            ),
+        )
+    }
+}
+
+fn nic_names(i: &Input<'_>) -> CheckResult {
+    let id = "nic-names";
+    let crosses = matches!((i.booted_major, target_major(i)), (Some(a), Some(b)) if a != b);
+    if crosses && !i.nic_names_persisted {
+        warn(
+            id,
+            "NIC names are not persisted and may change across the major; run nmstatectl persist-nic-names first",
+        )
+    } else {
+        pass(id, "ok")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Inputs;
+
+    fn desired(stream: &str) -> Desired {
+        Inputs {
+            stream: Some(stream.into()),
+            os_image: Some(format!("quay.io/o/r@sha256:{}", "a".repeat(64))),
+            ..Inputs::default()
+        }
+        .desired()
+        .expect("valid")
+        .expect("present")
+    }
+
+    struct Case {
+        stream: &'static str,
+        booted: Deployment,
+        booted_major: Option<u32>,
+        arch: &'static str,
+        level: Option<u8>,
+        fips: Fips,
+        kernel: Result<KernelVariant, String>,
+        crio: Result<String, String>,
+        os: Result<OsImageInfo, String>,
+        ext: Option<Result<ExtensionsInfo, String>>,
+        disk: DiskFree,
+        policy: Policy,
+    }
+
+    fn base() -> Case {
+        Case {
+            stream: "rhel-10",
+            booted: Deployment::default(),
+            booted_major: Some(9),
+            arch: "x86_64",
+            level: Some(3),
+            fips: Fips::Disabled,
+            kernel: Ok(KernelVariant::Default),
+            crio: Ok("crun".into()),
+            os: Ok(OsImageInfo {
+                bootable: true,
+                stream_class: Some("rhel-10".into()),
+                arch: "x86_64".into(),
+                kernel_release: Some("6.12.0-124.8.1.el10_1.x86_64".into()),
+                version: Some("10.1".into()),
+                size: 2 << 30,
+            }),
+            ext: None,
+            disk: DiskFree {
+                sysroot: 20 << 30,
+                boot: 500 << 20,
+            },
+            policy: Policy::default(),
+        }
+    }
+
+    fn rt_ext(el: u32) -> ExtensionsInfo {
+        let rel = if el == 10 {
+            "6.12.0-124.8.1.el10_1"
+        } else {
+            "5.14.0-570.60.1.el9_6"
+        };
+        ExtensionsInfo {
+            is_extensions: true,
+            stream_class: Some(format!("rhel-{el}")),
+            rpms: vec![
+                format!("kernel-rt-core-{rel}.x86_64"),
+                format!("kernel-rt-modules-{rel}.x86_64"),
+                format!("kernel-rt-modules-extra-{rel}.x86_64"),
+                format!("usbguard-1.1.3-3.el{el}.x86_64"),
+            ],
+        }
+    }
+
+    fn check(c: &Case) -> Vec<CheckResult> {
+        let d = desired(c.stream);
+        run(&Input {
+            desired: &d,
+            booted: &c.booted,
+            booted_major: c.booted_major,
+            arch: c.arch,
+            x86_64_level: c.level,
+            fips: c.fips,
+            kernel: &c.kernel,
+            crio_runtime: &c.crio,
+            os_image: &c.os,
+            extensions: c.ext.as_ref(),
+            disk: c.disk,
+            nic_names_persisted: true,
+            policy: &c.policy,
+        })
+    }
+
+    fn failed(c: &Case) -> Vec<&'static str> {
+        check(c)
+            .into_iter()
+            .filter(|r| r.result == Outcome::Fail)
+            .map(|r| r.id)
+            .collect()
+    }
+
+    #[test]
+    fn default_host_passes() {
+        assert_eq!(failed(&base()), Vec::<&str>::new());
+        let ids: Vec<_> = check(&base()).into_iter().map(|c| c.id).collect();
+        assert_eq!(ids.len(), 11);
+    }
+
+    #[test]
+    fn refusals_by_table() {
+        let mut cases: Vec<(&str, Case)> = Vec::new();
+        let mut c = base();
+        c.level = Some(2);
+        cases.push(("cpu-level", c));
+        let mut c = base();
+        c.crio = Ok("runc".into());
+        cases.push(("container-runtime", c));
+        let mut c = base();
+        c.stream = "rhel-9";
+        c.booted_major = Some(10);
+        if let Ok(o) = &mut c.os {
+            o.stream_class = Some("rhel-9".into());
+        }
+        cases.push(("direction", c));
+        let mut c = base();
+        c.fips = Fips::Inconsistent;
+        cases.push(("fips", c));
+        let mut c = base();
+        c.disk.sysroot = 1 << 30;
+        cases.push(("disk-space", c));
+        let mut c = base();
+        c.disk.boot = 10 << 20;
+        cases.push(("disk-space", c));
+        let mut c = base();
+        if let Ok(o) = &mut c.os {
+            o.bootable = false;
+        }
+        cases.push(("os-image", c));
+        let mut c = base();
+        if let Ok(o) = &mut c.os {
+            o.stream_class = Some("rhel-9".into());
+        }
+        cases.push(("os-image", c));
+        let mut c = base();
+        c.os = Err("pull secret rejected by quay.io".into());
+        cases.push(("os-image", c));
+        let mut c = base();
+        c.kernel = Ok(KernelVariant::Realtime);
+        cases.push(("extensions-image", c));
+        let mut c = base();
+        c.kernel = Ok(KernelVariant::Realtime);
+        c.ext = Some(Ok(ExtensionsInfo {
+            rpms: vec!["usbguard-1.1.3-3.el10.x86_64".into()],
+            ..rt_ext(10)
+        }));
+        cases.push(("kernel-variant", c));
+        let mut c = base();
+        c.kernel = Ok(KernelVariant::Realtime);
+        c.ext = Some(Ok(ExtensionsInfo {
+            stream_class: Some("rhel-10".into()),
+            ..rt_ext(9)
+        }));
+        cases.push(("kernel-variant", c));
+        let mut c = base();
+        c.kernel = Err("overrides and running kernel disagree".into());
+        cases.push(("kernel-variant", c));
+        let mut c = base();
+        c.booted.requested_packages = vec!["usbguard".into()];
+        c.ext = Some(Ok(ExtensionsInfo {
+            is_extensions: true,
+            stream_class: Some("rhel-10".into()),
+            rpms: vec![],
+        }));
+        cases.push(("layered-packages", c));
+        let mut c = base();
+        c.ext = Some(Ok(ExtensionsInfo {
+            is_extensions: false,
+            ..rt_ext(10)
+        }));
+        cases.push(("extensions-image", c));
+        for (want, case) in cases {
+            let f = failed(&case);
+            assert!(f.contains(&want), "expected {want} to fail, failed: {f:?}");
+        }
+    }
+
+    #[test]
+    fn variants_pass_with_the_right_extensions() {
+        let mut c = base();
+        c.kernel = Ok(KernelVariant::Realtime);
+        c.fips = Fips::Enabled;
+        c.booted.requested_packages = vec!["usbguard".into()];
+        c.booted.requested_local_packages =
+            vec!["kernel-rt-core-5.14.0-570.60.1.el9_6.x86_64".into()];
+        c.ext = Some(Ok(rt_ext(10)));
+        assert_eq!(failed(&c), Vec::<&str>::new(), "{:#?}", check(&c));
+    }
+
+    #[test]
+    fn downgrade_allowed_by_policy_warns() {
+        let mut c = base();
+        c.stream = "rhel-9";
+        c.booted_major = Some(10);
+        if let Ok(o) = &mut c.os {
+            o.stream_class = Some("rhel-9".into());
+        }
+        c.policy.allow_downgrade = true;
+        let r = check(&c);
+        assert_eq!(r[1].id, "direction");
+        assert_eq!(r[1].result, Outcome::Warn);
+    }
+
+    #[test]
+    fn majors_and_names() {
+        assert_eq!(stream_major("rhel-10"), Some(10));
+        assert_eq!(stream_major("centos-10"), Some(10));
+        assert_eq!(stream_major("rhel"), None);
+        assert_eq!(el_major("6.12.0-124.8.1.el10_1.x86_64"), Some(10));
+        assert_eq!(el_major("kernel-rt-core-5.14.0-570.el9_6.x86_64"), Some(9));
+        assert_eq!(el_major("usbguard-1.1.3-3.el10.x86_64"), Some(10));
+        assert_eq!(el_major("foo-1-1.fc41"), None);
+        assert_eq!(package_name("usbguard-1.1.3-3.el10.x86_64"), "usbguard");
+        assert_eq!(
+            package_name("kernel-rt-core-5.14.0-570.el9_6.x86_64"),
+            "kernel-rt-core"
+        );
+        assert_eq!(package_name("usbguard"), "usbguard");
+    }
+}
