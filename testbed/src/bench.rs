@@ -65,7 +65,12 @@ async fn measure(tb: &Testbed, streamd: &Child, opts: &BenchOptions) -> anyhow::
     // Reaction time.
     let monitor = UpdateMonitor::start(tb.env()["DBUS_SYSTEM_BUS_ADDRESS"].as_str()).await?;
     let watch = KubectlWatch::start(tb).await?;
-    let repo = tb.images()[1].pullspec.split('@').next().unwrap_or_default().to_string();
+    let repo = tb.images()[1]
+        .pullspec
+        .split('@')
+        .next()
+        .unwrap_or_default()
+        .to_string();
     let mut react = Vec::new();
     let mut deliver = Vec::new();
     for i in 0..opts.patches {
@@ -81,7 +86,9 @@ async fn measure(tb: &Testbed, streamd: &Child, opts: &BenchOptions) -> anyhow::
         let digest = image.rsplit(':').next().unwrap_or_default();
         wait_annotations(tb, Duration::from_secs(10), |a| {
             a.get(STATE).and_then(Value::as_str) == Some("Degraded")
-                && a.get(REASON).and_then(Value::as_str).is_some_and(|r| r.contains(digest))
+                && a.get(REASON)
+                    .and_then(Value::as_str)
+                    .is_some_and(|r| r.contains(digest))
         })
         .await?;
     }
@@ -104,16 +111,26 @@ async fn measure(tb: &Testbed, streamd: &Child, opts: &BenchOptions) -> anyhow::
 
     // Progress storm: 1000 signals per second for `storm`.
     let signals = (opts.storm.as_secs() * 1000).max(1000);
-    tb.control(&json!({"target": "rpmostreed", "cmd": "progress", "signals": signals, "per-second": 1000}))
-        .await?;
-    let patches0 = requests_by(tb, STREAMD_USER).await?.get("patch").copied().unwrap_or(0);
+    tb.control(
+        &json!({"target": "rpmostreed", "cmd": "progress", "signals": signals, "per-second": 1000}),
+    )
+    .await?;
+    let patches0 = requests_by(tb, STREAMD_USER)
+        .await?
+        .get("patch")
+        .copied()
+        .unwrap_or(0);
     let t0 = Instant::now();
     let rhel10 = tb.images()[1].pullspec.clone();
     api.patch_annotations(&json!({ DESIRED_STREAM: "rhel-10", DESIRED_OS_IMAGE: rhel10 }))
         .await?;
     wait_state(tb, "Staged", opts.storm + Duration::from_secs(60)).await?;
     let storm_s = t0.elapsed().as_secs_f64();
-    let patches1 = requests_by(tb, STREAMD_USER).await?.get("patch").copied().unwrap_or(0);
+    let patches1 = requests_by(tb, STREAMD_USER)
+        .await?
+        .get("patch")
+        .copied()
+        .unwrap_or(0);
     let storm_patches = patches1 - patches0;
 
     let (r50, r99) = (percentile(&react, 50.0), percentile(&react, 99.0));
@@ -203,7 +220,9 @@ async fn wait_annotations(
 }
 
 async fn requests_by(tb: &Testbed, user: &str) -> anyhow::Result<HashMap<String, u64>> {
-    let s = tb.control(&json!({"target": "apiserver", "cmd": "stats"})).await?;
+    let s = tb
+        .control(&json!({"target": "apiserver", "cmd": "stats"}))
+        .await?;
     Ok(serde_json::from_value(s["by_user"][user].clone()).unwrap_or_default())
 }
 
@@ -258,7 +277,10 @@ impl UpdateMonitor {
                     && let Some(v) = modifiers.get("set-refspec")
                     && let Ok(r) = String::try_from(v.clone())
                 {
-                    let image = r.rsplit_once("registry:").map(|(_, i)| i.to_string()).unwrap_or(r);
+                    let image = r
+                        .rsplit_once("registry:")
+                        .map(|(_, i)| i.to_string())
+                        .unwrap_or(r);
                     s.lock().await.entry(image).or_insert(at);
                 }
             }
@@ -324,7 +346,10 @@ impl KubectlWatch {
         });
         // The first line is the current state; give kubectl time to open its watch.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        Ok(KubectlWatch { _child: child, seen })
+        Ok(KubectlWatch {
+            _child: child,
+            seen,
+        })
     }
 
     async fn wait_for(&self, image: &str, timeout: Duration) -> anyhow::Result<Instant> {
@@ -342,7 +367,10 @@ struct ApiClient {
 impl ApiClient {
     async fn new(tb: &Testbed) -> anyhow::Result<Self> {
         let url = tb.env()["TESTBED_API_URL"].clone();
-        let authority = url.trim_start_matches("https://").trim_end_matches('/').to_string();
+        let authority = url
+            .trim_start_matches("https://")
+            .trim_end_matches('/')
+            .to_string();
         let ca = std::fs::read(tb.dir().join("pki/ca.crt"))?;
         let token = std::fs::read_to_string(tb.dir().join("pki/admin-token"))?
             .trim()
