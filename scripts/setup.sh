@@ -8,6 +8,8 @@ have dbus-daemon || need+=(dbus)
 have kubectl || need+=(kubernetes-client)
 have tmux || need+=(tmux)
 have pkg-config || need+=(pkg-config)
+have rpmbuild || need+=(rpm)
+have docker-registry || need+=(docker-registry)
 
 if ((${#need[@]})); then
     echo "setup: installing ${need[*]}" >&2

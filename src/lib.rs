@@ -14,6 +14,7 @@ pub mod kubeclient;
 pub mod planner;
 pub mod preflight;
 pub mod protocol;
+pub mod pullsecret;
 pub mod report;
 pub mod rpmostree;
 pub mod status;

@@ -47,10 +47,7 @@ pub struct BenchOptions {
 
 /// Runs the benchmark and returns the figures.
 pub async fn run(opts: &BenchOptions) -> anyhow::Result<Value> {
-    let tb = Testbed::start(Options {
-        dir: opts.dir.clone(),
-    })
-    .await?;
+    let tb = Testbed::start(Options::new(opts.dir.clone())).await?;
     let mut streamd = spawn_streamd(&tb, &opts.streamd)?;
     let result = measure(&tb, &streamd, opts).await;
     let _ = streamd.kill().await;
@@ -75,8 +72,8 @@ async fn measure(tb: &Testbed, streamd: &Child, opts: &BenchOptions) -> anyhow::
     let mut deliver = Vec::new();
     for i in 0..opts.patches {
         let image = format!("{repo}@sha256:{:x}", Sha256::digest(format!("bench-{i}")));
-        let t0 = Instant::now();
-        api.patch_annotations(&json!({ DESIRED_STREAM: "rhel-10", DESIRED_OS_IMAGE: image }))
+        let t0 = api
+            .patch_annotations(&json!({ DESIRED_STREAM: "rhel-10", DESIRED_OS_IMAGE: image }))
             .await?;
         let seen_update = monitor.wait_for(&image, Duration::from_secs(10)).await?;
         let seen_watch = watch.wait_for(&image, Duration::from_secs(10)).await?;
@@ -357,9 +354,11 @@ impl KubectlWatch {
     }
 }
 
-/// A minimal admin client for the fake API server (bearer token, one HTTP/1.1 connection).
+/// A minimal admin client for the fake API server (bearer token, HTTP/1.1, reconnects when the
+/// server closed the connection).
 struct ApiClient {
-    sender: Mutex<hyper::client::conn::http1::SendRequest<Full<Bytes>>>,
+    sender: Mutex<Option<hyper::client::conn::http1::SendRequest<Full<Bytes>>>>,
+    tls: tokio_rustls::TlsConnector,
     token: String,
     authority: String,
 }
@@ -385,35 +384,52 @@ impl ApiClient {
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
         .with_no_client_auth();
-        let tcp = tokio::net::TcpStream::connect(&authority).await?;
-        tcp.set_nodelay(true)?;
-        let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?.to_owned();
-        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-            .connect(name, tcp)
-            .await?;
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
-        tokio::spawn(conn);
         Ok(ApiClient {
-            sender: Mutex::new(sender),
+            sender: Mutex::new(None),
+            tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
             token,
             authority,
         })
     }
 
-    async fn patch_annotations(&self, annotations: &Value) -> anyhow::Result<()> {
+    async fn connect(
+        &self,
+    ) -> anyhow::Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>> {
+        let tcp = tokio::net::TcpStream::connect(&self.authority).await?;
+        tcp.set_nodelay(true)?;
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?.to_owned();
+        let tls = self.tls.connect(name, tcp).await?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+        tokio::spawn(conn);
+        Ok(sender)
+    }
+
+    /// Patches the node's annotations; returns when the request was sent (after the connection
+    /// was ready, so connection handling is not part of the measured time).
+    async fn patch_annotations(&self, annotations: &Value) -> anyhow::Result<Instant> {
         let body = json!({"metadata": {"annotations": annotations}}).to_string();
         let req = hyper::Request::patch(format!("/api/v1/nodes/{NODE_NAME}"))
             .header("host", &self.authority)
             .header("authorization", format!("Bearer {}", self.token))
             .header("content-type", "application/merge-patch+json")
             .body(Full::new(Bytes::from(body)))?;
-        let mut sender = self.sender.lock().await;
+        let mut slot = self.sender.lock().await;
+        let ready = match slot.as_mut() {
+            Some(s) => s.ready().await.is_ok(),
+            None => false,
+        };
+        if !ready {
+            *slot = Some(self.connect().await?);
+        }
+        let sender = slot.as_mut().context("no API connection")?;
+        sender.ready().await.context("API connection")?;
+        let sent = Instant::now();
         let resp = sender.send_request(req).await?;
         let status = resp.status();
         let _ = resp.into_body().collect().await?;
         if !status.is_success() {
             bail!("patch failed: {status}");
         }
-        Ok(())
+        Ok(sent)
     }
 }
