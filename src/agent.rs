@@ -217,7 +217,11 @@ impl Agent {
         self.status.current_stream = label
             .or_else(|| self.host.os_release().ok().and_then(|r| r.stream()))
             .unwrap_or_default();
-        self.status.host = Some(hostfacts::gather(&self.host, Backend::RpmOstree, booted));
+        // Only the kernel variant can change without a reboot (a staged override is not booted,
+        // but a restart after one is); the rest was gathered at start.
+        if let Some(host) = self.status.host.as_mut() {
+            host.kernel = booted.and_then(|b| hostfacts::kernel_variant(&self.host, b).ok());
+        }
         self.status.staged_os_image = deployments
             .iter()
             .find(|d| d.staged)
@@ -228,6 +232,8 @@ impl Agent {
         let (tx, rx) = mpsc::channel(64);
         let rpm = self.rpm.clone();
         let task = tokio::spawn(async move { stage_with_busy_retry(rpm, call, tx).await });
+        // Let the transaction request go out before the status reporting below.
+        tokio::task::yield_now().await;
         self.staging = Some(Staging {
             hash,
             task,

@@ -11,6 +11,7 @@ pub mod dbus_api;
 pub mod hostfacts;
 pub mod imageref;
 pub mod kubeclient;
+pub mod logging;
 pub mod planner;
 pub mod preflight;
 pub mod protocol;

@@ -180,6 +180,9 @@ fn to_dict<'a>(m: &'a BTreeMap<&'static str, CallValue>) -> BTreeMap<&'static st
 #[derive(Debug, Clone)]
 pub struct Client {
     conn: zbus::Connection,
+    sysroot: SysrootProxy<'static>,
+    /// The booted OS object, looked up once: the stateroot does not change under a running agent.
+    os: std::sync::Arc<tokio::sync::OnceCell<OSProxy<'static>>>,
 }
 
 impl Client {
@@ -192,7 +195,17 @@ impl Client {
             .build()
             .await
             .map_err(|e| RpmOstreeError::from_call("connect", e))?;
-        let client = Client { conn };
+        let sysroot = SysrootProxy::builder(&conn)
+            // Always read fresh values: the cache can lag behind a just-finished transaction.
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| RpmOstreeError::from_call("proxy", e))?;
+        let client = Client {
+            conn,
+            sysroot,
+            os: Default::default(),
+        };
         client.register().await?;
         Ok(client)
     }
@@ -202,17 +215,27 @@ impl Client {
         &self.conn
     }
 
-    async fn sysroot(&self) -> Result<SysrootProxy<'_>, RpmOstreeError> {
-        SysrootProxy::builder(&self.conn)
-            // Always read fresh values: the cache can lag behind a just-finished transaction.
-            .cache_properties(zbus::proxy::CacheProperties::No)
-            .build()
+    async fn os(&self) -> Result<&OSProxy<'static>, RpmOstreeError> {
+        self.os
+            .get_or_try_init(|| async {
+                let path = self
+                    .sysroot
+                    .get_os("")
+                    .await
+                    .map_err(|e| RpmOstreeError::from_call("GetOS", e))?;
+                OSProxy::builder(&self.conn)
+                    .path(path)
+                    .map_err(|e| RpmOstreeError::from_call("proxy", e))?
+                    .cache_properties(zbus::proxy::CacheProperties::No)
+                    .build()
+                    .await
+                    .map_err(|e| RpmOstreeError::from_call("proxy", e))
+            })
             .await
-            .map_err(|e| RpmOstreeError::from_call("proxy", e))
     }
 
     async fn register(&self) -> Result<(), RpmOstreeError> {
-        let sysroot = self.sysroot().await?;
+        let sysroot = &self.sysroot;
         let mut attempt = 0;
         loop {
             let opts = HashMap::from([("id", Value::from(CLIENT_ID))]);
@@ -232,7 +255,7 @@ impl Client {
 
     /// Reloads the sysroot and reads every deployment (boot order: staged first).
     pub async fn deployments(&self) -> Result<Vec<Deployment>, RpmOstreeError> {
-        let sysroot = self.sysroot().await?;
+        let sysroot = &self.sysroot;
         sysroot
             .reload()
             .await
@@ -250,19 +273,7 @@ impl Client {
         call: &UpdateDeploymentCall,
         events: &tokio::sync::mpsc::Sender<TxnEvent>,
     ) -> Result<(), RpmOstreeError> {
-        let os_path = self
-            .sysroot()
-            .await?
-            .get_os("")
-            .await
-            .map_err(|e| RpmOstreeError::from_call("GetOS", e))?;
-        let os = OSProxy::builder(&self.conn)
-            .path(os_path)
-            .map_err(|e| RpmOstreeError::from_call("proxy", e))?
-            .cache_properties(zbus::proxy::CacheProperties::No)
-            .build()
-            .await
-            .map_err(|e| RpmOstreeError::from_call("proxy", e))?;
+        let os = self.os().await?;
         let (modifiers, options) = call.dicts();
         let address = os
             .update_deployment(modifiers, options)
