@@ -1,13 +1,37 @@
-//! The host root streamd reads: `/proc` facts and the booted OS's os-release.
+//! The host root streamd reads: `/proc` and `/sys` facts, CRI-O's configuration and the
+//! booted OS's os-release, written from a host fixture (`crate::fixtures`).
+//!
+//! Layout below the root (all plain files):
+//!
+//! | path | content |
+//! | --- | --- |
+//! | `proc/sys/kernel/hostname` | node name |
+//! | `proc/sys/kernel/arch` | `x86_64` / `aarch64` |
+//! | `proc/sys/kernel/osrelease` | running kernel release (`…el9_6.x86_64`, `…+rt`, `…aarch64+64k`) |
+//! | `proc/cpuinfo` | x86-64-v3 flags; v2 only on `old-cpu`; an aarch64 `Features` line on 64k |
+//! | `proc/cmdline` | `BOOT_IMAGE=…` plus the booted deployment's bootloader options (`fips=1` on FIPS hosts) |
+//! | `proc/sys/crypto/fips_enabled` | `1` on FIPS hosts, else `0` |
+//! | `sys/kernel/realtime` | `1`, only on real-time kernels (absent otherwise, as on a real host) |
+//! | `etc/crio/crio.conf`, `etc/crio/crio.conf.d/00-default` | `[crio.runtime] default_runtime` = `runc` or `crun` |
+//! | `usr/lib/os-release`, `etc/os-release` (link) | the booted image's os-release |
+//! | `run/testbed/low-disk` | only on `low-disk`: the fake rpm-ostreed fails imports on free space |
 
 use std::path::Path;
 
 use anyhow::Context as _;
 
+use crate::fixtures::{Fixture, Kernel};
 use crate::images::TestImage;
 
-/// Writes a host root for `node` booted on `booted` below `root`.
-pub fn write(root: &Path, node: &str, booted: &TestImage) -> anyhow::Result<()> {
+/// Writes a host root for `node` booted on `booted` as `fixture` describes, with `cmdline` as
+/// `/proc/cmdline` (the booted deployment's, see `FakeRpmOstreed::booted_cmdline`).
+pub fn write(
+    root: &Path,
+    node: &str,
+    booted: &TestImage,
+    fixture: &Fixture,
+    cmdline: &str,
+) -> anyhow::Result<()> {
     let put = |rel: &str, text: &str| -> anyhow::Result<()> {
         let p = root.join(rel);
         if let Some(parent) = p.parent() {
@@ -16,9 +40,46 @@ pub fn write(root: &Path, node: &str, booted: &TestImage) -> anyhow::Result<()> 
         }
         std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))
     };
+    let remove = |rel: &str| {
+        let _ = std::fs::remove_file(root.join(rel));
+    };
     put("proc/sys/kernel/hostname", &format!("{node}\n"))?;
-    put("proc/sys/kernel/arch", "x86_64\n")?;
-    put("proc/sys/kernel/osrelease", &format!("{}\n", booted.kernel))?;
+    put("proc/sys/kernel/arch", &format!("{}\n", fixture.arch()))?;
+    put(
+        "proc/sys/kernel/osrelease",
+        &format!("{}\n", fixture.kernel_release(booted)),
+    )?;
+    put("proc/cpuinfo", &fixture.cpuinfo())?;
+    put("proc/cmdline", &format!("{cmdline}\n"))?;
+    put(
+        "proc/sys/crypto/fips_enabled",
+        if fixture.fips { "1\n" } else { "0\n" },
+    )?;
+    if fixture.kernel == Kernel::Realtime {
+        put("sys/kernel/realtime", "1\n")?;
+    } else {
+        remove("sys/kernel/realtime");
+    }
+    let runtime = fixture.default_runtime;
+    put(
+        "etc/crio/crio.conf",
+        &format!("[crio]\n\n[crio.runtime]\ndefault_runtime = \"{runtime}\"\n"),
+    )?;
+    put(
+        "etc/crio/crio.conf.d/00-default",
+        &format!(
+            "[crio.runtime]\ndefault_runtime = \"{runtime}\"\n\n\
+             [crio.runtime.runtimes.{runtime}]\nruntime_path = \"/usr/bin/{runtime}\"\n"
+        ),
+    )?;
+    if fixture.low_disk {
+        put(
+            "run/testbed/low-disk",
+            "sysroot free space below min-free-space-percent 3%\n",
+        )?;
+    } else {
+        remove("run/testbed/low-disk");
+    }
     put("usr/lib/os-release", &booted.os_release())?;
     // As on RHCOS, /etc/os-release is a relative link into /usr.
     let etc = root.join("etc");
@@ -33,19 +94,26 @@ pub fn write(root: &Path, node: &str, booted: &TestImage) -> anyhow::Result<()> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::fixture;
     use crate::images::{DEFAULT_REGISTRY, catalog};
 
     #[test]
     fn writes_a_readable_root() {
         let d = std::env::temp_dir().join(format!("testbed-host-{}", std::process::id()));
         let img = &catalog(DEFAULT_REGISTRY)[0];
-        write(&d, "worker-0", img).expect("write");
+        let rt = fixture("fips-realtime").expect("fixture");
+        write(&d, "worker-0", img, &rt, "BOOT_IMAGE=x rw fips=1").expect("write");
         let os = std::fs::read_to_string(d.join("etc/os-release")).expect("read via link");
         assert!(os.contains("RHEL_VERSION=9.6"));
-        assert_eq!(
-            std::fs::read_to_string(d.join("proc/sys/kernel/hostname")).expect("read"),
-            "worker-0\n"
-        );
+        let read = |rel: &str| std::fs::read_to_string(d.join(rel)).expect(rel);
+        assert_eq!(read("proc/sys/kernel/hostname"), "worker-0\n");
+        assert_eq!(read("sys/kernel/realtime"), "1\n");
+        assert_eq!(read("proc/sys/crypto/fips_enabled"), "1\n");
+        // Rewriting as another fixture removes what that one lacks.
+        let def = fixture("default").expect("fixture");
+        write(&d, "worker-0", img, &def, "BOOT_IMAGE=x rw").expect("write");
+        assert!(!d.join("sys/kernel/realtime").exists());
+        assert_eq!(read("proc/sys/crypto/fips_enabled"), "0\n");
         std::fs::remove_dir_all(&d).ok();
     }
 }

@@ -7,6 +7,7 @@
 pub mod apiserver;
 pub mod bench;
 pub mod bus;
+pub mod fixtures;
 pub mod host;
 pub mod images;
 pub mod rpmostreed;

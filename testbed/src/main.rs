@@ -27,12 +27,19 @@ enum Command {
         /// Directory for all state, sockets and the env file.
         #[arg(long)]
         dir: PathBuf,
+        /// Host fixture: default, fips, realtime, fips-realtime, 64k-aarch64, old-cpu, runc,
+        /// low-disk, layered.
+        #[arg(long, default_value = "default")]
+        host: String,
     },
     /// Run a testbed in the foreground until SIGTERM (what `up` starts).
     Serve {
         /// Directory for all state, sockets and the env file.
         #[arg(long)]
         dir: PathBuf,
+        /// Host fixture (see `up`).
+        #[arg(long, default_value = "default")]
+        host: String,
     },
     /// Stop the testbed started by `up`.
     Down {
@@ -99,8 +106,8 @@ fn main() -> ExitCode {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
-        Command::Up { dir } => up(&dir).await,
-        Command::Serve { dir } => serve(dir).await,
+        Command::Up { dir, host } => up(&dir, &host).await,
+        Command::Serve { dir, host } => serve(dir, host).await,
         Command::Down { dir } => down(&dir).await,
         Command::Bench {
             dir,
@@ -139,7 +146,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-async fn up(dir: &Path) -> anyhow::Result<()> {
+async fn up(dir: &Path, host: &str) -> anyhow::Result<()> {
+    // Refuse an unknown fixture here rather than in the background process.
+    testbed::fixtures::fixture(host)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let env = dir.join("env");
     let _ = std::fs::remove_file(&env);
@@ -148,6 +157,7 @@ async fn up(dir: &Path) -> anyhow::Result<()> {
     let mut child = std::process::Command::new(exe)
         .args(["serve", "--dir"])
         .arg(dir)
+        .args(["--host", host])
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -174,8 +184,8 @@ async fn up(dir: &Path) -> anyhow::Result<()> {
     )
 }
 
-async fn serve(dir: PathBuf) -> anyhow::Result<()> {
-    let tb = Testbed::start(Options { dir }).await?;
+async fn serve(dir: PathBuf, host: String) -> anyhow::Result<()> {
+    let tb = Testbed::start(Options { dir, host }).await?;
     tracing::info!(dir = %tb.dir().display(), "testbed up");
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;

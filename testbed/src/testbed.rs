@@ -23,6 +23,18 @@ pub const NODE_NAME: &str = "worker-0";
 pub struct Options {
     /// Directory holding everything (created if missing).
     pub dir: PathBuf,
+    /// Host fixture name (`crate::fixtures::NAMES`), e.g. `default` or `realtime`.
+    pub host: String,
+}
+
+impl Options {
+    /// A testbed in `dir` on the `default` host.
+    pub fn new(dir: impl Into<PathBuf>) -> Options {
+        Options {
+            dir: dir.into(),
+            host: "default".into(),
+        }
+    }
 }
 
 /// A running testbed. Dropping it stops the bus; the fakes live in this process's runtime.
@@ -45,6 +57,7 @@ impl Testbed {
     pub async fn start(opts: Options) -> anyhow::Result<Testbed> {
         let dir = std::path::absolute(&opts.dir)
             .with_context(|| format!("resolving {}", opts.dir.display()))?;
+        let fixture = crate::fixtures::fixture(&opts.host)?;
         for sub in ["bus", "host", "config.d", "state", "rpmostreed"] {
             std::fs::create_dir_all(dir.join(sub))
                 .with_context(|| format!("creating {}", dir.join(sub).display()))?;
@@ -52,19 +65,26 @@ impl Testbed {
         let _ = std::fs::remove_file(dir.join("env"));
         let images = images::catalog(images::DEFAULT_REGISTRY);
         let booted = images.first().context("empty image catalog")?.clone();
-        crate::host::write(&dir.join("host"), NODE_NAME, &booted)?;
 
         let bus = Bus::start(&dir.join("bus")).await?;
         let rpmostreed = FakeRpmOstreed::start(RpmOstreedConfig {
             bus_address: bus.address().to_string(),
             txn_socket: dir.join("rpm-ostree-transaction.sock"),
             state_dir: dir.join("rpmostreed"),
+            sysroot: dir.join("sysroot"),
+            host_root: Some(dir.join("host")),
+            fixture,
             osname: "rhcos".into(),
             images: images.clone(),
             booted: 0,
         })
         .await
         .context("starting the fake rpm-ostreed")?;
+        // After the sysroot exists: /proc/cmdline is the booted deployment's entry.
+        let cmdline = rpmostreed
+            .booted_cmdline()
+            .context("the fake rpm-ostreed has no booted deployment")?;
+        crate::host::write(&dir.join("host"), NODE_NAME, &booted, &fixture, &cmdline)?;
         let apiserver = ApiServer::start(ApiServerConfig {
             dir: dir.clone(),
             node_name: NODE_NAME.into(),

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::json;
+use testbed::fixtures::{self, Fixture};
 use testbed::images::{DEFAULT_REGISTRY, TestImage, catalog};
 use testbed::rpmostreed::{FakeRpmOstreed, RpmOstreedConfig};
 use zbus::message::Message;
@@ -102,12 +103,18 @@ struct Env {
     client: Connection,
     fake: Option<FakeRpmOstreed>,
     images: Vec<TestImage>,
+    fixture: Fixture,
     bus: BusDaemon,
     dir: TempDir,
 }
 
 impl Env {
     async fn new() -> Env {
+        Env::with_host("default").await
+    }
+
+    /// A fake on the host fixture `name`, with its host root written the way the testbed does.
+    async fn with_host(name: &str) -> Env {
         let dir = TempDir::new();
         let bus = BusDaemon::start(&dir.0);
         let images = catalog(DEFAULT_REGISTRY);
@@ -115,15 +122,28 @@ impl Env {
             client: connect(&bus.address).await,
             fake: None,
             images,
+            fixture: fixtures::fixture(name).expect("fixture"),
             bus,
             dir,
         };
-        env.fake = Some(
-            FakeRpmOstreed::start(env.config())
-                .await
-                .expect("start fake"),
-        );
+        let fake = FakeRpmOstreed::start(env.config())
+            .await
+            .expect("start fake");
+        let cmdline = fake.booted_cmdline().expect("booted cmdline");
+        testbed::host::write(
+            &env.dir.0.join("host"),
+            "worker-0",
+            &env.images[0],
+            &env.fixture,
+            &cmdline,
+        )
+        .expect("host root");
+        env.fake = Some(fake);
         env
+    }
+
+    fn sysroot(&self) -> PathBuf {
+        self.dir.0.join("sysroot")
     }
 
     fn config(&self) -> RpmOstreedConfig {
@@ -131,6 +151,9 @@ impl Env {
             bus_address: self.bus.address.clone(),
             txn_socket: self.socket(),
             state_dir: self.dir.0.join("state"),
+            sysroot: self.dir.0.join("sysroot"),
+            host_root: Some(self.dir.0.join("host")),
+            fixture: self.fixture,
             osname: "rhcos".into(),
             images: self.images.clone(),
             booted: 0,
@@ -1330,4 +1353,525 @@ async fn progress_at_a_thousand_signals_per_second() {
         "{elapsed:?}: paced at 1000/s"
     );
     assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// The real ostree sysroot behind the deployments
+// ---------------------------------------------------------------------------------------
+
+/// `(checksum, serial)` of every deployment in boot order, as `ostree admin status` lists them.
+fn ostree_status(sysroot: &Path) -> Vec<(String, i32)> {
+    let out = Command::new("ostree")
+        .args(["admin", "status"])
+        .arg(format!("--sysroot={}", sysroot.display()))
+        .output()
+        .expect("ostree admin status");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("rhcos "))
+        .map(|id| {
+            let (csum, serial) = id.rsplit_once('.').expect("csum.serial");
+            (csum.to_string(), serial.parse().expect("serial"))
+        })
+        .collect()
+}
+
+/// The bootloader entry options of the deployment `(checksum, serial)`.
+fn entry_options(sysroot: &Path, checksum: &str, serial: i32) -> String {
+    for entry in std::fs::read_dir(sysroot.join("boot/loader/entries")).expect("entries") {
+        let text = std::fs::read_to_string(entry.expect("entry").path()).expect("read");
+        let options = text
+            .lines()
+            .find_map(|l| l.strip_prefix("options "))
+            .expect("options");
+        let ostree = options
+            .split_whitespace()
+            .find_map(|a| a.strip_prefix("ostree="))
+            .expect("ostree=");
+        let target =
+            std::fs::read_link(sysroot.join(ostree.trim_start_matches('/'))).expect("link");
+        if target.ends_with(format!("{checksum}.{serial}")) {
+            return options.to_string();
+        }
+    }
+    panic!("no bootloader entry for {checksum}.{serial}");
+}
+
+/// Kernel arguments without the ones ostree manages.
+fn user_kargs(options: &str) -> Vec<String> {
+    options
+        .split_whitespace()
+        .filter(|a| !a.starts_with("ostree="))
+        .map(str::to_string)
+        .collect()
+}
+
+fn deploy_root(sysroot: &Path, checksum: &str, serial: i32) -> PathBuf {
+    sysroot.join(format!("ostree/deploy/rhcos/deploy/{checksum}.{serial}"))
+}
+
+fn strv_of(d: &Dict, key: &str) -> Vec<String> {
+    Vec::<String>::try_from(d.get(key).unwrap_or_else(|| panic!("no {key}")).clone())
+        .unwrap_or_else(|e| panic!("{key} is not as: {e}"))
+}
+
+fn serial_of(d: &Dict) -> i32 {
+    i32::try_from(d.get("serial").expect("serial").clone()).expect("i")
+}
+
+/// Writes fixture RPMs for `nevras` and opens them.
+fn rpm_files(dir: &Path, nevras: &[&str]) -> Vec<std::fs::File> {
+    nevras
+        .iter()
+        .map(|n| {
+            let nevra = fixtures::Nevra::parse(n).expect("nevra");
+            let path = dir.join(format!("{n}.rpm"));
+            std::fs::write(&path, fixtures::fake_rpm(&nevra)).expect("write rpm");
+            std::fs::File::open(&path).expect("open rpm")
+        })
+        .collect()
+}
+
+impl Env {
+    /// `UpdateDeployment(modifiers, {})` run to its end; the `Finished` arguments.
+    async fn deploy(&self, modifiers: &Dict) -> (bool, String) {
+        let addr = update_deployment(&self.client, modifiers, &Dict::new())
+            .await
+            .expect("UpdateDeployment");
+        let mut peer = Peer::connect(&addr).await;
+        assert!(peer.start().await);
+        let finished = peer.until_finished().await.finished.expect("Finished");
+        drop(peer);
+        self.wait_idle().await;
+        finished
+    }
+
+    async fn cleanup_pending(&self) {
+        let addr = os_call(&self.client, "Cleanup", &(vec!["pending-deploy"],))
+            .await
+            .expect("Cleanup")
+            .body()
+            .deserialize::<String>()
+            .expect("address");
+        let mut peer = Peer::connect(&addr).await;
+        assert!(peer.start().await);
+        assert_eq!(
+            peer.until_finished().await.finished,
+            Some((true, String::new()))
+        );
+        drop(peer);
+        self.wait_idle().await;
+    }
+
+    async fn last_record(&self) -> serde_json::Value {
+        let records = self.control(json!({"cmd": "transactions"})).await;
+        records
+            .as_array()
+            .and_then(|r| r.last())
+            .cloned()
+            .expect("a transaction record")
+    }
+}
+
+#[tokio::test]
+async fn deployments_are_real_ostree_deployments() {
+    let env = Env::new().await;
+    let sysroot = env.sysroot();
+
+    // The booted deployment is on disk with its kernel arguments.
+    let on_disk = ostree_status(&sysroot);
+    let booted = &env.deployments().await[0];
+    assert_eq!(
+        on_disk,
+        [(string_of(booted, "checksum"), serial_of(booted))]
+    );
+    let booted_options = entry_options(&sysroot, &on_disk[0].0, on_disk[0].1);
+    assert!(booted_options.contains("root=UUID="), "{booted_options}");
+    assert!(!booted_options.contains("fips=1"), "{booted_options}");
+    let booted_root = deploy_root(&sysroot, &on_disk[0].0, on_disk[0].1);
+    let os = std::fs::read_to_string(booted_root.join("usr/lib/os-release")).expect("os-release");
+    assert!(os.contains("RHEL_VERSION=9.6"), "{os}");
+    // GetDeploymentBootConfig reports the real entry.
+    let config: Dict = os_call(&env.client, "GetDeploymentBootConfig", &("0", false))
+        .await
+        .expect("boot config")
+        .body()
+        .deserialize()
+        .expect("a{sv}");
+    assert_eq!(string_of(&config, "options"), booted_options);
+    assert!(
+        string_of(&config, "linux").ends_with("/vmlinuz-5.14.0-570.60.1.el9_6.x86_64"),
+        "{config:?}"
+    );
+    assert!(string_of(&config, "title").starts_with("Red Hat Enterprise Linux CoreOS 9.6"));
+
+    // Staging writes a real deployment of the target, first in boot order.
+    let signals = env.rebase(&registry_ref(env.rhel10()), &Dict::new()).await;
+    assert_eq!(signals.finished, Some((true, String::new())));
+    let deployments = env.deployments().await;
+    let on_disk = ostree_status(&sysroot);
+    assert_eq!(on_disk.len(), 2);
+    for (d, (csum, serial)) in deployments.iter().zip(&on_disk) {
+        assert_eq!((&string_of(d, "checksum"), serial_of(d)), (csum, *serial));
+    }
+    assert!(bool_of(&deployments[0], "staged"));
+    let (csum, serial) = on_disk[0].clone();
+    let root = deploy_root(&sysroot, &csum, serial);
+    let os = std::fs::read_to_string(root.join("usr/lib/os-release")).expect("os-release");
+    assert!(os.contains("RHEL_VERSION=10.1"), "{os}");
+    assert!(
+        root.join("usr/lib/modules/6.12.0-124.8.1.el10_1.x86_64/vmlinuz")
+            .exists()
+    );
+    assert!(
+        root.join("usr/share/crypto-policies/policies/FIPS.pol")
+            .exists()
+    );
+    // The booted deployment's kernel arguments were carried.
+    assert_eq!(
+        user_kargs(&entry_options(&sysroot, &csum, serial)),
+        user_kargs(&booted_options)
+    );
+    // The commit carries the image's manifest digest, as an ostree-ext import does.
+    let out = Command::new("ostree")
+        .arg(format!("--repo={}", sysroot.join("ostree/repo").display()))
+        .args(["show", "--print-metadata-key=ostree.manifest-digest", &csum])
+        .output()
+        .expect("ostree show");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("'{}'", env.rhel10().digest)
+    );
+
+    // Cleanup undeploys it for real.
+    env.cleanup_pending().await;
+    assert_eq!(ostree_status(&sysroot).len(), 1);
+    assert!(!root.exists(), "the deployment directory is gone");
+    assert_eq!(env.deployments().await.len(), 1);
+    // Deployments are not immutable: a testbed directory can simply be deleted.
+    std::fs::remove_dir_all(&sysroot).expect("the sysroot can be removed");
+}
+
+#[tokio::test]
+async fn realtime_hosts_carry_el9_kernel_overrides_until_replaced() {
+    let env = Env::with_host("fips-realtime").await;
+    let sysroot = env.sysroot();
+    let booted = &env.deployments().await[0];
+    assert_eq!(
+        strv_of(booted, "requested-local-packages"),
+        [
+            "kernel-rt-core-5.14.0-570.60.1.el9_6.x86_64",
+            "kernel-rt-modules-5.14.0-570.60.1.el9_6.x86_64",
+            "kernel-rt-modules-extra-5.14.0-570.60.1.el9_6.x86_64"
+        ]
+    );
+    assert_eq!(
+        strv_of(booted, "requested-base-removals"),
+        fixtures::DEFAULT_KERNEL_PACKAGES
+    );
+    assert!(booted.contains_key("base-checksum"), "layered");
+    let booted_options = entry_options(&sysroot, &string_of(booted, "checksum"), serial_of(booted));
+    assert!(booted_options.contains("fips=1"), "{booted_options}");
+    let cmdline = std::fs::read_to_string(env.dir.0.join("host/proc/cmdline")).expect("cmdline");
+    assert!(cmdline.trim_end().ends_with(&booted_options), "{cmdline}");
+
+    // A plain rebase carries the el9 kernel-rt overrides onto el10: depsolve fails.
+    let set_refspec = ("set-refspec", Value::from(registry_ref(env.rhel10())));
+    let (ok, message) = env.deploy(&dict(std::slice::from_ref(&set_refspec))).await;
+    assert!(!ok);
+    assert!(
+        message.starts_with("Could not depsolve transaction; 1 problem detected:\n Problem: "),
+        "{message}"
+    );
+    assert!(
+        message.contains("kernel-rt-core-5.14.0-570.60.1.el9_6.x86_64 from @commandline"),
+        "{message}"
+    );
+    assert_eq!(ostree_status(&sysroot).len(), 1, "nothing staged");
+
+    // Replacing them with el10 builds in the same transaction works and boots +rt.
+    let el10 = [
+        "kernel-rt-core-6.12.0-124.8.1.el10_1.x86_64",
+        "kernel-rt-modules-6.12.0-124.8.1.el10_1.x86_64",
+        "kernel-rt-modules-extra-6.12.0-124.8.1.el10_1.x86_64",
+    ];
+    let files = rpm_files(&env.dir.0, &el10);
+    let fds: Vec<zvariant::Fd<'_>> = files.iter().map(|f| f.as_fd().into()).collect();
+    let modifiers = dict(&[
+        set_refspec,
+        (
+            "uninstall-packages",
+            Value::from(vec![
+                "kernel-rt-core",
+                "kernel-rt-modules",
+                "kernel-rt-modules-extra",
+            ]),
+        ),
+        ("install-local-packages", Value::from(fds)),
+    ]);
+    assert_eq!(env.deploy(&modifiers).await, (true, String::new()));
+    let staged = &env.deployments().await[0];
+    assert!(bool_of(staged, "staged"));
+    assert_eq!(strv_of(staged, "requested-local-packages"), el10);
+    assert_eq!(
+        strv_of(staged, "requested-base-removals"),
+        fixtures::DEFAULT_KERNEL_PACKAGES
+    );
+    let (csum, serial) = (string_of(staged, "checksum"), serial_of(staged));
+    assert_eq!(ostree_status(&sysroot)[0], (csum.clone(), serial));
+    let root = deploy_root(&sysroot, &csum, serial);
+    assert!(
+        root.join("usr/lib/modules/6.12.0-124.8.1.el10_1.x86_64+rt/vmlinuz")
+            .exists()
+    );
+    assert!(
+        !root
+            .join("usr/lib/modules/6.12.0-124.8.1.el10_1.x86_64")
+            .exists(),
+        "the default kernel was removed"
+    );
+    let options = entry_options(&sysroot, &csum, serial);
+    assert!(options.contains("fips=1"), "FIPS carried: {options}");
+    assert_eq!(user_kargs(&options), user_kargs(&booted_options));
+    // The layered commit sits on the image's commit.
+    let base = string_of(staged, "base-checksum");
+    let out = Command::new("ostree")
+        .arg(format!("--repo={}", sysroot.join("ostree/repo").display()))
+        .args(["rev-parse", &format!("{csum}^")])
+        .output()
+        .expect("ostree rev-parse");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), base);
+    // The record shows the NEVRAs read from the descriptors.
+    let record = env.last_record().await;
+    assert_eq!(record["fds"], 3);
+    assert_eq!(record["modifiers"]["install-local-packages"], json!(el10));
+    assert_eq!(
+        record["modifiers"]["uninstall-packages"],
+        json!([
+            "kernel-rt-core",
+            "kernel-rt-modules",
+            "kernel-rt-modules-extra"
+        ])
+    );
+}
+
+#[tokio::test]
+async fn package_failures_of_the_real_daemon() {
+    let env = Env::new().await;
+    let set_refspec = ("set-refspec", Value::from(registry_ref(env.rhel10())));
+
+    // An el9 RPM onto an el10 target.
+    let files = rpm_files(&env.dir.0, &["usbguard-1.1.3-1.el9.x86_64"]);
+    let fds: Vec<zvariant::Fd<'_>> = files.iter().map(|f| f.as_fd().into()).collect();
+    let (ok, message) = env
+        .deploy(&dict(&[
+            set_refspec.clone(),
+            ("install-local-packages", Value::from(fds)),
+        ]))
+        .await;
+    assert!(!ok);
+    assert!(
+        message.starts_with("Could not depsolve transaction; 1 problem detected:\n"),
+        "{message}"
+    );
+    assert!(message.contains("usbguard-1.1.3-1.el9.x86_64"), "{message}");
+    assert_eq!(
+        env.last_record().await["modifiers"]["install-local-packages"],
+        json!(["usbguard-1.1.3-1.el9.x86_64"])
+    );
+    // The same RPM built for el10 is fine.
+    let files = rpm_files(&env.dir.0, &["usbguard-1.1.3-1.el10.x86_64"]);
+    let fds: Vec<zvariant::Fd<'_>> = files.iter().map(|f| f.as_fd().into()).collect();
+    let (ok, message) = env
+        .deploy(&dict(&[
+            set_refspec.clone(),
+            ("install-local-packages", Value::from(fds)),
+        ]))
+        .await;
+    assert!(ok, "{message}");
+    env.cleanup_pending().await;
+
+    // Removing a package the base does not have.
+    let (ok, message) = env
+        .deploy(&dict(&[
+            set_refspec.clone(),
+            ("override-remove-packages", Value::from(vec!["nano"])),
+        ]))
+        .await;
+    assert_eq!(
+        (ok, message.as_str()),
+        (false, "Package \"nano\" not found")
+    );
+    let (ok, message) = env
+        .deploy(&dict(&[
+            set_refspec.clone(),
+            ("override-reset-packages", Value::from(vec!["kernel"])),
+        ]))
+        .await;
+    assert_eq!(
+        (ok, message.as_str()),
+        (false, "No overrides for package 'kernel'")
+    );
+    assert_eq!(ostree_status(&env.sysroot()).len(), 1, "nothing staged");
+}
+
+#[tokio::test]
+async fn old_cpu_fails_the_el10_sanity_check() {
+    let env = Env::with_host("old-cpu").await;
+    let (ok, message) = env
+        .deploy(&dict(&[(
+            "set-refspec",
+            Value::from(registry_ref(env.rhel10())),
+        )]))
+        .await;
+    assert_eq!(
+        (ok, message.as_str()),
+        (
+            false,
+            "Sanity-checking final rootfs: bwrap(/usr/bin/true): Child process exited with code 127"
+        )
+    );
+    assert_eq!(
+        env.last_record().await["journal"],
+        json!(["Fatal glibc error: CPU does not support x86-64-v3"])
+    );
+    assert_eq!(ostree_status(&env.sysroot()).len(), 1, "nothing staged");
+    // An x86-64-v3 CPU passes (the host root is what the fake reads).
+    let v3 = fixtures::fixture("default").expect("default").cpuinfo();
+    std::fs::write(env.dir.0.join("host/proc/cpuinfo"), v3).expect("cpuinfo");
+    let (ok, message) = env
+        .deploy(&dict(&[(
+            "set-refspec",
+            Value::from(registry_ref(env.rhel10())),
+        )]))
+        .await;
+    assert!(ok, "{message}");
+}
+
+#[tokio::test]
+async fn low_disk_fails_the_import() {
+    let env = Env::with_host("low-disk").await;
+    let (ok, message) = env
+        .deploy(&dict(&[(
+            "set-refspec",
+            Value::from(registry_ref(env.rhel10())),
+        )]))
+        .await;
+    assert!(!ok);
+    assert!(
+        message.starts_with("Importing: Unencapsulating base: Layer sha256:"),
+        "{message}"
+    );
+    assert!(
+        message.ends_with(
+            "Writing content object: min-free-space-percent '3%' would be exceeded, at least 20.5 kB requested"
+        ),
+        "{message}"
+    );
+    assert_eq!(ostree_status(&env.sysroot()).len(), 1, "nothing staged");
+    std::fs::remove_file(env.dir.0.join("host/run/testbed/low-disk")).expect("marker");
+    let (ok, message) = env
+        .deploy(&dict(&[(
+            "set-refspec",
+            Value::from(registry_ref(env.rhel10())),
+        )]))
+        .await;
+    assert!(ok, "{message}");
+}
+
+#[tokio::test]
+async fn layered_packages_are_carried() {
+    let env = Env::with_host("layered").await;
+    let booted = &env.deployments().await[0];
+    assert_eq!(strv_of(booted, "requested-packages"), ["usbguard"]);
+    let (ok, message) = env
+        .deploy(&dict(&[(
+            "set-refspec",
+            Value::from(registry_ref(env.rhel10())),
+        )]))
+        .await;
+    assert!(ok, "{message}");
+    let staged = &env.deployments().await[0];
+    assert_eq!(strv_of(staged, "requested-packages"), ["usbguard"]);
+    assert_eq!(strv_of(staged, "packages"), ["usbguard"]);
+    assert!(staged.contains_key("base-checksum"));
+    // A repo package the target's repositories lack.
+    env.cleanup_pending().await;
+    let (ok, message) = env
+        .deploy(&dict(&[
+            ("set-refspec", Value::from(registry_ref(env.rhel10()))),
+            ("install-packages", Value::from(vec!["htop"])),
+        ]))
+        .await;
+    assert_eq!((ok, message.as_str()), (false, "Packages not found: htop"));
+}
+
+#[tokio::test]
+async fn every_fixture_starts() {
+    for name in fixtures::NAMES {
+        let env = Env::with_host(name).await;
+        let f = fixtures::fixture(name).expect("fixture");
+        let booted = &env.deployments().await[0];
+        assert!(bool_of(booted, "booted"), "{name}");
+        let config: Dict = os_call(&env.client, "GetDeploymentBootConfig", &("", false))
+            .await
+            .expect("boot config")
+            .body()
+            .deserialize()
+            .expect("a{sv}");
+        let release = std::fs::read_to_string(env.dir.0.join("host/proc/sys/kernel/osrelease"))
+            .expect("osrelease");
+        assert!(
+            string_of(&config, "linux").ends_with(&format!("/vmlinuz-{}", release.trim())),
+            "{name}: {config:?}"
+        );
+        assert_eq!(
+            string_of(&config, "options").contains("fips=1"),
+            f.fips,
+            "{name}"
+        );
+        assert_eq!(
+            ostree_status(&env.sysroot()),
+            [(string_of(booted, "checksum"), serial_of(booted))],
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn testbed_start_takes_the_host_fixture() {
+    let dir = TempDir::new();
+    let tb = testbed::Testbed::start(testbed::Options {
+        dir: dir.0.clone(),
+        host: "64k-aarch64".into(),
+    })
+    .await
+    .expect("testbed starts");
+    let read = |rel: &str| std::fs::read_to_string(dir.0.join(rel)).expect(rel);
+    assert_eq!(read("host/proc/sys/kernel/arch"), "aarch64\n");
+    assert_eq!(
+        read("host/proc/sys/kernel/osrelease"),
+        "5.14.0-570.60.1.el9_6.aarch64+64k\n"
+    );
+    let deployments = tb
+        .control(&json!({"target": "rpmostreed", "cmd": "deployments"}))
+        .await
+        .expect("deployments");
+    assert_eq!(
+        deployments[0]["requested-local-packages"][0],
+        "kernel-64k-core-5.14.0-570.60.1.el9_6.aarch64"
+    );
+    assert!(
+        testbed::Testbed::start(testbed::Options {
+            dir: dir.0.join("other"),
+            host: "nope".into(),
+        })
+        .await
+        .is_err()
+    );
 }

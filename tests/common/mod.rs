@@ -36,7 +36,7 @@ impl Env {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("e2e-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let tb = Testbed::start(Options { dir: dir.clone() })
+        let tb = Testbed::start(Options::new(dir.clone()))
             .await
             .expect("testbed starts");
         Env {

@@ -72,6 +72,8 @@ pub(crate) struct TxnRecord {
     pub(crate) reboot_requested: bool,
     /// The D-Bus error the method call got (`name: message`), if it was refused.
     pub(crate) error: Option<String>,
+    /// What the real daemon would have logged to the journal only (e.g. a child's stderr).
+    pub(crate) journal: Vec<String>,
 }
 
 impl TxnRecord {
@@ -93,6 +95,7 @@ impl TxnRecord {
             crashed: false,
             reboot_requested: false,
             error: None,
+            journal: Vec::new(),
         }
     }
 }

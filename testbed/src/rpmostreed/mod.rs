@@ -5,18 +5,21 @@
 //! [`FakeRpmOstreed::control`].
 
 mod control;
+mod deploy;
 mod errors;
 mod model;
 mod os;
+mod ostree;
+mod rpm;
 mod sysroot;
 mod transaction;
 mod vardict;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use futures::StreamExt;
@@ -25,10 +28,16 @@ use tracing::{debug, info, warn};
 use zbus::fdo::{DBusProxy, RequestNameFlags};
 use zbus::{Connection, object_server::SignalEmitter};
 
+use crate::fixtures::Fixture;
+// The fixture tests build a sysroot and check it against the host root.
 use crate::images::TestImage;
 use control::{Knobs, TxnRecord};
+#[cfg(test)]
+pub(crate) use deploy::{create_initial, low_disk, names_package, sanity_check};
 use model::State;
 use os::OsIface;
+#[cfg(test)]
+pub(crate) use ostree::read_deployments;
 use sysroot::SysrootIface;
 use transaction::Txn;
 
@@ -47,13 +56,20 @@ pub struct RpmOstreedConfig {
     /// Transaction socket (`DIR/rpm-ostree-transaction.sock`); transaction methods return
     /// `unix:path=<this path>`.
     pub txn_socket: PathBuf,
-    /// Where the deployments are persisted (`state.json`).
+    /// Where the side file (`state.json`) and scratch trees live.
     pub state_dir: PathBuf,
+    /// The real ostree sysroot holding the deployments (created if it has none).
+    pub sysroot: PathBuf,
+    /// The host root the fake reads (`proc/cpuinfo`, the `run/testbed/low-disk` marker);
+    /// `None`: no host checks.
+    pub host_root: Option<PathBuf>,
+    /// The kind of host, for a new sysroot's booted deployment and the architecture.
+    pub fixture: Fixture,
     /// The stateroot, e.g. `rhcos`.
     pub osname: String,
     /// The images that can be pulled.
     pub images: Vec<TestImage>,
-    /// Index into `images` of the booted image, used when `state_dir` holds no state yet.
+    /// Index into `images` of the booted image, used when the sysroot has no deployment yet.
     pub booted: usize,
 }
 
@@ -63,16 +79,31 @@ pub struct FakeRpmOstreed {
 }
 
 impl FakeRpmOstreed {
-    /// Load (or create) the sysroot state, connect to the bus and own the daemon's name.
+    /// Load (or create) the sysroot, connect to the bus and own the daemon's name.
     pub async fn start(cfg: RpmOstreedConfig) -> anyhow::Result<FakeRpmOstreed> {
-        let state = match State::load(&cfg.state_dir)? {
+        let state = match State::load(&cfg.state_dir, &cfg.sysroot)? {
             Some(state) => state,
             None => {
                 let image = cfg.images.get(cfg.booted).with_context(|| {
                     format!("booted image index {} is not in the catalog", cfg.booted)
                 })?;
-                let state = State::initial(&cfg.osname, image);
+                let began = Instant::now();
+                let state = deploy::create_initial(
+                    &cfg.sysroot,
+                    &cfg.state_dir.join("scratch"),
+                    &cfg.osname,
+                    image,
+                    &cfg.fixture,
+                )
+                .await
+                .with_context(|| format!("creating the sysroot {}", cfg.sysroot.display()))?;
                 state.save(&cfg.state_dir)?;
+                info!(
+                    sysroot = %cfg.sysroot.display(),
+                    host = cfg.fixture.name,
+                    elapsed_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
+                    "created the ostree sysroot"
+                );
                 state
             }
         };
@@ -80,8 +111,10 @@ impl FakeRpmOstreed {
             os_path: model::os_object_path(&cfg.osname),
             osname: cfg.osname,
             images: cfg.images,
-            state_mtime: Mutex::new(State::mtime(&cfg.state_dir)),
             state_dir: cfg.state_dir,
+            sysroot: cfg.sysroot,
+            host_root: cfg.host_root,
+            arch: cfg.fixture.arch().to_string(),
             txn_socket: cfg.txn_socket,
             bus_address: cfg.bus_address,
             state: Mutex::new(state),
@@ -98,6 +131,18 @@ impl FakeRpmOstreed {
         daemon.connect_bus().await?;
         info!(osname = %daemon.osname, "fake rpm-ostreed is on the bus");
         Ok(FakeRpmOstreed { daemon })
+    }
+
+    /// The booted deployment's kernel command line as `/proc/cmdline` shows it
+    /// (`BOOT_IMAGE=…` followed by its bootloader entry's options).
+    pub fn booted_cmdline(&self) -> Option<String> {
+        let state = lock(&self.daemon.state);
+        Some(state.booted()?.disk.as_ref()?.proc_cmdline())
+    }
+
+    /// The real ostree sysroot.
+    pub fn sysroot(&self) -> &Path {
+        &self.daemon.sysroot
     }
 
     /// Run one control command (`{"cmd": …}`, see `docs/testbed.md`) and return its result.
@@ -129,11 +174,13 @@ pub(crate) struct Daemon {
     os_path: String,
     images: Vec<TestImage>,
     state_dir: PathBuf,
+    sysroot: PathBuf,
+    host_root: Option<PathBuf>,
+    /// RPM architecture of the host.
+    arch: String,
     txn_socket: PathBuf,
     bus_address: String,
     state: Mutex<State>,
-    /// mtime of `state.json` when it was last read or written, so `Reload` notices edits.
-    state_mtime: Mutex<Option<SystemTime>>,
     /// A reboot was initiated; the real daemon then refuses new transactions.
     rebooting: AtomicBool,
     /// The fake was dropped; a pending simulated restart must not bring it back.
@@ -254,29 +301,35 @@ impl Daemon {
         s
     }
 
-    /// Persist the state; remember the new mtime so our own writes don't count as edits.
+    /// Persist the side file.
     fn save_state(&self, state: &State) -> Result<(), String> {
         state
             .save(&self.state_dir)
-            .map_err(|e| format!("writing deployment state: {e:#}"))?;
-        *lock(&self.state_mtime) = State::mtime(&self.state_dir);
-        Ok(())
+            .map_err(|e| format!("writing deployment state: {e:#}"))
     }
 
-    /// Re-read `state.json` if another tool changed it; whether it did.
+    /// Re-read the sysroot and the side file (another tool may have changed either); whether
+    /// anything changed.
     fn reload_state(&self) -> anyhow::Result<bool> {
-        let mtime = State::mtime(&self.state_dir);
-        if mtime == *lock(&self.state_mtime) {
-            return Ok(false);
-        }
-        let Some(state) = State::load(&self.state_dir)? else {
+        let Some(state) = State::load(&self.state_dir, &self.sysroot)? else {
             return Ok(false);
         };
-        *lock(&self.state_mtime) = mtime;
         let mut current = lock(&self.state);
         let changed = *current != state;
         *current = state;
         Ok(changed)
+    }
+
+    /// Re-read the sysroot after the fake changed it, keep the side-file data of every
+    /// deployment still on disk (plus `extra`, a deployment just written) and save.
+    fn resync(&self, extra: Option<model::Deployment>) -> Result<(), String> {
+        let disk = ostree::read_deployments(&self.sysroot)
+            .map_err(|e| format!("reading the sysroot: {e:#}"))?;
+        let mut state = lock(&self.state);
+        let mut side = state.clone();
+        side.deployments.extend(extra);
+        *state = State::join(&disk, side);
+        self.save_state(&state)
     }
 
     /// Mark that a reboot was initiated (`FinalizeDeployment`, or a deploy with `reboot`).

@@ -1,9 +1,13 @@
-//! Deployments, their persisted state (`state.json`), refspecs and the image catalog lookup.
+//! Deployments, their side file (`state.json`), refspecs and the image catalog lookup.
 //!
-//! `state.json` is `{"deployments": [Deployment…], "reboot_requested": bool}` with the
-//! deployments in boot order (staged first, then booted, then rollback). The simulated
-//! reboot edits this file while the testbed is down; every field of [`Deployment`] is
-//! plain data so it can.
+//! The deployment list itself lives in the real ostree sysroot (`super::ostree`): which
+//! deployments exist, their order, checksums, serials and kernel arguments are read from disk.
+//! `state.json` holds what ostree cannot: `{"deployments": [Deployment…],
+//! "reboot_requested": bool}`, each entry matched to its on-disk deployment by checksum and
+//! serial, with the image reference and digest, the image config, the requested packages and
+//! overrides, pinning, finalization locking and which deployment the fake considers booted
+//! (a test sysroot is never really booted). Every field is plain data so a simulated reboot
+//! can edit it; `Reload` picks edits up.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -11,12 +15,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use zbus::zvariant::{OwnedValue, Value};
 
+use super::ostree::DiskDeployment;
+use crate::fixtures::Nevra;
 use crate::images::TestImage;
 
-/// File name of the persisted state inside the state directory.
+/// File name of the side file inside the state directory.
 const STATE_FILE: &str = "state.json";
 
 /// Size of one fake ostree chunk layer; 12 of them make the "1.2 GB" pulls print.
@@ -24,13 +29,40 @@ pub(crate) const CHUNK_BYTES: u64 = 100_000_000;
 /// Number of ostree chunk layers every image has.
 pub(crate) const CHUNK_COUNT: u32 = 12;
 
-/// One deployment of the fake sysroot.
+/// Package requests and overrides of a deployment's origin (what rpm-ostree layers locally).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub(crate) struct Layering {
+    /// `requested-packages`: repo packages by name.
+    pub(crate) requested_packages: Vec<String>,
+    /// `requested-local-packages`: NEVRAs of local RPMs.
+    pub(crate) requested_local_packages: Vec<String>,
+    /// `requested-base-removals`: names (or NEVRAs) of base packages removed.
+    pub(crate) requested_base_removals: Vec<String>,
+    /// `requested-base-local-replacements`: NEVRAs of local RPMs replacing base packages.
+    pub(crate) requested_base_local_replacements: Vec<String>,
+}
+
+impl Layering {
+    /// Whether the deployment is more than its base image.
+    pub(crate) fn is_layered(&self) -> bool {
+        !(self.requested_packages.is_empty()
+            && self.requested_local_packages.is_empty()
+            && self.requested_base_removals.is_empty()
+            && self.requested_base_local_replacements.is_empty())
+    }
+}
+
+/// One deployment: its on-disk identity plus the side file's data.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Deployment {
     pub(crate) osname: String,
     pub(crate) serial: i32,
+    /// The deployed commit (the layered commit if there is layering).
     pub(crate) checksum: String,
+    /// The fake considers this deployment booted (recorded here: the sysroot is not booted).
     pub(crate) booted: bool,
+    /// Derived: the not-booted deployment at index 0.
     pub(crate) staged: bool,
     #[serde(default)]
     pub(crate) pinned: bool,
@@ -42,28 +74,38 @@ pub(crate) struct Deployment {
     pub(crate) container_image_reference_digest: String,
     pub(crate) version: String,
     pub(crate) timestamp: u64,
-    /// Kernel release, for the boot config.
+    /// Kernel release the deployment boots (read back from its bootloader entry).
     pub(crate) kernel: String,
     /// The image config JSON (`ostree.container.image-config`).
     pub(crate) image_config: String,
+    /// The image commit, when `checksum` is a layered commit on top of it.
+    #[serde(default)]
+    pub(crate) base_checksum: Option<String>,
+    /// Base packages the layering removed, as NEVRAs of the base image.
+    #[serde(default)]
+    pub(crate) base_removals: Vec<String>,
+    #[serde(default)]
+    pub(crate) layering: Layering,
+    /// Its bootloader entry, from disk (never saved).
+    #[serde(skip)]
+    pub(crate) disk: Option<DiskDeployment>,
 }
 
 impl Deployment {
-    /// A deployment of `image` reached through `refspec`.
+    /// A deployment of `image` reached through `refspec`, committed as `checksum`.
     pub(crate) fn new(
         osname: &str,
         refspec: &str,
         image: &TestImage,
+        checksum: &str,
         serial: i32,
-        booted: bool,
-        staged: bool,
     ) -> Self {
         Deployment {
             osname: osname.to_string(),
             serial,
-            checksum: commit_checksum(&image.digest),
-            booted,
-            staged,
+            checksum: checksum.to_string(),
+            booted: false,
+            staged: false,
             pinned: false,
             finalization_locked: false,
             container_image_reference: refspec.to_string(),
@@ -72,6 +114,33 @@ impl Deployment {
             timestamp: version_timestamp(&image.version),
             kernel: image.kernel.clone(),
             image_config: image.config_json(),
+            base_checksum: None,
+            base_removals: Vec::new(),
+            layering: Layering::default(),
+            disk: None,
+        }
+    }
+
+    /// A deployment found on disk that the side file does not know (made by hand).
+    fn unknown(d: &DiskDeployment) -> Self {
+        Deployment {
+            osname: d.osname.clone(),
+            serial: d.serial,
+            checksum: d.checksum.clone(),
+            booted: false,
+            staged: false,
+            pinned: false,
+            finalization_locked: false,
+            container_image_reference: String::new(),
+            container_image_reference_digest: String::new(),
+            version: String::new(),
+            timestamp: 0,
+            kernel: d.kernel_release(),
+            image_config: String::new(),
+            base_checksum: None,
+            base_removals: Vec::new(),
+            layering: Layering::default(),
+            disk: Some(d.clone()),
         }
     }
 
@@ -80,10 +149,18 @@ impl Deployment {
         format!("{}-{}.{}", self.osname, self.checksum, self.serial)
     }
 
+    /// The kernel arguments to carry to a new deployment.
+    pub(crate) fn kargs(&self) -> Vec<String> {
+        self.disk
+            .as_ref()
+            .map(DiskDeployment::user_kargs)
+            .unwrap_or_default()
+    }
+
     /// The deployment dictionary (`a{sv}`) with the keys and types the real daemon produces
-    /// for an unlayered container deployment.
+    /// for a container deployment, layered or not.
     pub(crate) fn to_dict(&self) -> zbus::zvariant::Result<HashMap<String, OwnedValue>> {
-        let empty_strv = || OwnedValue::try_from(Value::from(Vec::<String>::new()));
+        let strv = |v: &[String]| OwnedValue::try_from(Value::from(v.to_vec()));
         let mut d: HashMap<String, OwnedValue> = HashMap::new();
         d.insert(
             "id".into(),
@@ -97,22 +174,39 @@ impl Deployment {
         d.insert("pinned".into(), OwnedValue::from(self.pinned));
         d.insert("unlocked".into(), str_value("none"));
 
-        let mut meta: HashMap<String, OwnedValue> = HashMap::new();
-        meta.insert(
-            "ostree.manifest-digest".into(),
-            str_value(&self.container_image_reference_digest),
-        );
-        meta.insert(
-            "ostree.container.image-config".into(),
-            str_value(&self.image_config),
-        );
-        meta.insert("version".into(), str_value(&self.version));
-        d.insert("base-commit-meta".into(), OwnedValue::from(meta));
+        let image_meta = || {
+            let mut meta: HashMap<String, OwnedValue> = HashMap::new();
+            meta.insert(
+                "ostree.manifest-digest".into(),
+                str_value(&self.container_image_reference_digest),
+            );
+            meta.insert(
+                "ostree.container.image-config".into(),
+                str_value(&self.image_config),
+            );
+            meta.insert("version".into(), str_value(&self.version));
+            meta
+        };
+        d.insert("base-commit-meta".into(), OwnedValue::from(image_meta()));
 
-        d.insert("packages".into(), empty_strv()?);
+        let l = &self.layering;
+        d.insert("packages".into(), strv(&l.requested_packages)?);
+        let mut removals = Vec::new();
+        for nevra in &self.base_removals {
+            if let Some(n) = Nevra::parse(nevra) {
+                removals.push(OwnedValue::try_from(Value::from((
+                    nevra.clone(),
+                    n.name,
+                    n.epoch,
+                    n.version,
+                    n.release,
+                    n.arch,
+                )))?);
+            }
+        }
         d.insert(
             "base-removals".into(),
-            OwnedValue::try_from(Value::from(Vec::<OwnedValue>::new()))?,
+            OwnedValue::try_from(Value::from(removals))?,
         );
         d.insert(
             "base-local-replacements".into(),
@@ -122,18 +216,32 @@ impl Deployment {
             "base-remote-replacements".into(),
             OwnedValue::from(HashMap::<String, OwnedValue>::new()),
         );
-        for key in [
-            "requested-packages",
-            "requested-local-packages",
-            "requested-local-fileoverride-packages",
-            "requested-base-removals",
-            "requested-base-local-replacements",
-        ] {
-            d.insert(key.into(), empty_strv()?);
-        }
+        d.insert("requested-packages".into(), strv(&l.requested_packages)?);
+        d.insert(
+            "requested-local-packages".into(),
+            strv(&l.requested_local_packages)?,
+        );
+        d.insert("requested-local-fileoverride-packages".into(), strv(&[])?);
+        d.insert(
+            "requested-base-removals".into(),
+            strv(&l.requested_base_removals)?,
+        );
+        d.insert(
+            "requested-base-local-replacements".into(),
+            strv(&l.requested_base_local_replacements)?,
+        );
         d.insert("regenerate-initramfs".into(), OwnedValue::from(false));
         d.insert("version".into(), str_value(&self.version));
         d.insert("timestamp".into(), OwnedValue::from(self.timestamp));
+        if let Some(base) = &self.base_checksum {
+            d.insert("base-checksum".into(), str_value(base));
+            d.insert("base-version".into(), str_value(&self.version));
+            d.insert("base-timestamp".into(), OwnedValue::from(self.timestamp));
+            let mut layered: HashMap<String, OwnedValue> = HashMap::new();
+            layered.insert("rpmostree.clientlayer".into(), OwnedValue::from(true));
+            layered.insert("version".into(), str_value(&self.version));
+            d.insert("layered-commit-meta".into(), OwnedValue::from(layered));
+        }
         d.insert(
             "container-image-reference".into(),
             str_value(&self.container_image_reference),
@@ -154,13 +262,8 @@ fn str_value(s: &str) -> OwnedValue {
     OwnedValue::from(zbus::zvariant::Str::from(s.to_string()))
 }
 
-/// The ostree commit an image imports to: stable per manifest digest, like a real import.
-fn commit_checksum(digest: &str) -> String {
-    format!("{:x}", Sha256::digest(format!("ostree-commit:{digest}")))
-}
-
 /// Commit timestamp from a version like `9.6.20261101-0` (midnight UTC of that day).
-fn version_timestamp(version: &str) -> u64 {
+pub(crate) fn version_timestamp(version: &str) -> u64 {
     let date = version
         .split('.')
         .find(|part| part.len() >= 8 && part.as_bytes()[..8].iter().all(u8::is_ascii_digit))
@@ -184,7 +287,7 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// The persisted sysroot state.
+/// The deployments (boot order, as on disk) with their side-file data.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct State {
     /// Boot order: staged first, then booted, then rollback.
@@ -196,21 +299,12 @@ pub(crate) struct State {
 }
 
 impl State {
-    /// A fresh sysroot booted into `image`.
-    pub(crate) fn initial(osname: &str, image: &TestImage) -> Self {
-        let refspec = format!("ostree-unverified-registry:{}", image.pullspec);
-        State {
-            deployments: vec![Deployment::new(osname, &refspec, image, 0, true, false)],
-            reboot_requested: false,
-        }
-    }
-
     fn path(dir: &Path) -> PathBuf {
         dir.join(STATE_FILE)
     }
 
-    /// The state saved in `dir`, if there is one.
-    pub(crate) fn load(dir: &Path) -> anyhow::Result<Option<State>> {
+    /// The side file saved in `dir`, if there is one.
+    fn load_side(dir: &Path) -> anyhow::Result<Option<State>> {
         let path = Self::path(dir);
         match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
@@ -221,14 +315,58 @@ impl State {
         }
     }
 
-    /// The modification time of the saved state, to notice edits by other tools.
-    pub(crate) fn mtime(dir: &Path) -> Option<std::time::SystemTime> {
-        std::fs::metadata(Self::path(dir))
-            .and_then(|m| m.modified())
-            .ok()
+    /// The on-disk deployments of `sysroot` joined with the side file in `dir`; `None` when
+    /// the sysroot has no deployment yet.
+    pub(crate) fn load(dir: &Path, sysroot: &Path) -> anyhow::Result<Option<State>> {
+        let disk = super::ostree::read_deployments(sysroot)?;
+        if disk.is_empty() {
+            return Ok(None);
+        }
+        let side = Self::load_side(dir)?.unwrap_or_default();
+        Ok(Some(Self::join(&disk, side)))
     }
 
-    /// Write the state to `dir` atomically (write a temporary file, then rename).
+    /// Match every on-disk deployment with its side-file entry (by checksum and serial).
+    pub(crate) fn join(disk: &[DiskDeployment], side: State) -> State {
+        let mut deployments: Vec<Deployment> = disk
+            .iter()
+            .map(|d| {
+                let mut dep = side
+                    .deployments
+                    .iter()
+                    .find(|s| {
+                        s.osname == d.osname && s.checksum == d.checksum && s.serial == d.serial
+                    })
+                    .cloned()
+                    .unwrap_or_else(|| Deployment::unknown(d));
+                let kernel = d.kernel_release();
+                if !kernel.is_empty() {
+                    dep.kernel = kernel;
+                }
+                dep.disk = Some(d.clone());
+                dep
+            })
+            .collect();
+        // At most one booted deployment: the first one the side file marks.
+        let mut seen = false;
+        for d in &mut deployments {
+            d.booted = d.booted && !seen;
+            seen |= d.booted;
+        }
+        let booted_at = deployments.iter().position(|d| d.booted);
+        for (i, d) in deployments.iter_mut().enumerate() {
+            d.staged = i == 0 && booted_at.is_some_and(|b| b > 0);
+            if !d.staged {
+                d.finalization_locked = false;
+            }
+        }
+        State {
+            deployments,
+            reboot_requested: side.reboot_requested,
+        }
+    }
+
+    /// Write the side file to `dir` atomically (write a temporary file, then rename).
     pub(crate) fn save(&self, dir: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let path = Self::path(dir);
@@ -255,10 +393,24 @@ impl State {
 
     /// The rollback deployment of `osname` (after the booted one), if any.
     pub(crate) fn rollback(&self, osname: &str) -> Option<&Deployment> {
+        self.rollback_index(osname).map(|i| &self.deployments[i])
+    }
+
+    /// Index of the rollback deployment of `osname`.
+    pub(crate) fn rollback_index(&self, osname: &str) -> Option<usize> {
         let start = self.booted_index().map_or(0, |i| i + 1);
         self.deployments[start..]
             .iter()
-            .find(|d| d.osname == osname)
+            .position(|d| d.osname == osname)
+            .map(|i| start + i)
+    }
+
+    /// Index of the staged deployment of `osname`.
+    pub(crate) fn staged_index(&self, osname: &str) -> Option<usize> {
+        self.deployments
+            .first()
+            .filter(|d| d.staged && d.osname == osname)
+            .map(|_| 0)
     }
 
     /// What `osname` boots next: the pending deployment, else the booted one
@@ -271,46 +423,6 @@ impl State {
     /// The staged deployment, mutably.
     pub(crate) fn staged_mut(&mut self) -> Option<&mut Deployment> {
         self.deployments.first_mut().filter(|d| d.staged)
-    }
-
-    /// Stage a deployment of `image` for `osname`, replacing a previously staged one.
-    pub(crate) fn stage(&mut self, osname: &str, refspec: &str, image: &TestImage, locked: bool) {
-        self.remove_staged(osname);
-        let checksum = commit_checksum(&image.digest);
-        // ostree numbers deployments of the same commit per stateroot.
-        let serial = self
-            .deployments
-            .iter()
-            .filter(|d| d.osname == osname && d.checksum == checksum)
-            .map(|d| d.serial + 1)
-            .max()
-            .unwrap_or(0);
-        let mut d = Deployment::new(osname, refspec, image, serial, false, true);
-        d.finalization_locked = locked;
-        self.deployments.insert(0, d);
-    }
-
-    /// Drop the staged deployment of `osname`; whether there was one.
-    pub(crate) fn remove_staged(&mut self, osname: &str) -> bool {
-        let before = self.deployments.len();
-        self.deployments
-            .retain(|d| !(d.staged && d.osname == osname));
-        self.deployments.len() != before
-    }
-
-    /// Drop the rollback deployment of `osname`; whether there was one.
-    pub(crate) fn remove_rollback(&mut self, osname: &str) -> bool {
-        let start = self.booted_index().map_or(0, |i| i + 1);
-        let found = self.deployments[start..]
-            .iter()
-            .position(|d| d.osname == osname);
-        match found {
-            Some(i) => {
-                self.deployments.remove(start + i);
-                true
-            }
-            None => false,
-        }
     }
 }
 
@@ -580,18 +692,42 @@ mod tests {
         assert_eq!(tagged.resolve(&images, Some(&rhel10.digest)), Ok(rhel10));
     }
 
+    fn disk(csum: &str, serial: i32, version: u64) -> DiskDeployment {
+        DiskDeployment {
+            osname: "rhcos".into(),
+            checksum: csum.into(),
+            serial,
+            options: "rw ostree=/ostree/boot.1/rhcos/x/0".into(),
+            title: String::new(),
+            linux: "/ostree/rhcos-x/vmlinuz-5.14.0-1.el9.x86_64+rt".into(),
+            initrd: String::new(),
+            version: version.to_string(),
+        }
+    }
+
     #[test]
-    fn staging_replaces_and_orders() {
+    fn joining_disk_and_side_file() {
         let images = catalog(DEFAULT_REGISTRY);
-        let mut s = State::initial("rhcos", &images[0]);
-        s.stage("rhcos", "r1", &images[1], true);
-        s.stage("rhcos", "r2", &images[1], false);
-        assert_eq!(s.deployments.len(), 2);
-        assert!(s.deployments[0].staged && !s.deployments[0].finalization_locked);
-        assert_eq!(s.deployments[0].container_image_reference, "r2");
+        let mut booted = Deployment::new("rhcos", "r9", &images[0], "a", 0);
+        booted.booted = true;
+        let mut staged = Deployment::new("rhcos", "r10", &images[1], "b", 0);
+        staged.finalization_locked = true;
+        let side = State {
+            deployments: vec![booted, staged],
+            reboot_requested: true,
+        };
+        // Disk order wins; an unknown deployment still shows up.
+        let s = State::join(&[disk("b", 0, 3), disk("a", 0, 2), disk("c", 1, 1)], side);
+        assert_eq!(s.deployments.len(), 3);
+        assert!(s.deployments[0].staged && s.deployments[0].finalization_locked);
+        assert_eq!(s.deployments[0].container_image_reference, "r10");
+        assert_eq!(s.deployments[0].kernel, "5.14.0-1.el9.x86_64+rt");
+        assert!(s.deployments[1].booted);
+        assert_eq!(s.rollback_index("rhcos"), Some(2));
+        assert_eq!(s.deployments[2].container_image_reference, "");
         assert_eq!(s.default_for("rhcos").map(|d| d.staged), Some(true));
-        assert!(s.remove_staged("rhcos"));
-        assert_eq!(s.default_for("rhcos").map(|d| d.booted), Some(true));
+        assert_eq!(s.deployments[1].kargs(), ["rw"]);
+        assert!(s.reboot_requested);
         assert_eq!(version_timestamp("9.6.20261101-0"), 1_793_491_200);
     }
 }

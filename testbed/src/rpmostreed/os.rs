@@ -8,8 +8,10 @@ use zbus::interface;
 use zbus::message::Header;
 use zbus::zvariant::{self, OwnedValue, Str};
 
+use super::deploy::{LocalRpm, PackageChanges};
 use super::errors::DaemonError;
 use super::model::{Deployment, State};
+use super::rpm;
 use super::transaction::{DeployPlan, FinalizePlan, TxnRequest, Work};
 use super::vardict::{VarDict, value_to_json};
 use super::{Daemon, lock};
@@ -81,13 +83,55 @@ fn deploy_work(modifiers: &VarDict, options: &VarDict, fds: u32) -> Result<Work,
     if modifiers.has_strv("override-replace-packages")? {
         return failed("Non-local replacement overrides not implemented yet");
     }
+    let no_overrides = options.bool_or("no-overrides", false)?;
+    if no_overrides
+        && (modifiers.has_strv("override-remove-packages")?
+            || modifiers.has_strv("override-reset-packages")?
+            || modifiers.handle_count("override-replace-local-packages")? > 0)
+    {
+        return failed("Can't specify no-overrides if setting override modifiers");
+    }
+    let changes = PackageChanges {
+        install_packages: modifiers.strv("install-packages")?,
+        uninstall_packages: modifiers.strv("uninstall-packages")?,
+        install_local: modifiers.map_handles("install-local-packages", rpm::read_nevra)?,
+        override_remove: modifiers.strv("override-remove-packages")?,
+        override_reset: modifiers.strv("override-reset-packages")?,
+        replace_local: modifiers.map_handles("override-replace-local-packages", rpm::read_nevra)?,
+        no_layering: options.bool_or("no-layering", false)?,
+        no_overrides,
+        idempotent: options.bool_or("idempotent-layering", false)?,
+    };
     Ok(Work::Deploy(DeployPlan {
+        changes,
         refspec,
         revision,
         lock_finalization: options.bool_or("lock-finalization", false)?,
         reboot: options.bool_or("reboot", false)?,
         command_line: options.str("initiating-command-line")?,
     }))
+}
+
+/// The modifiers as JSON, with the local packages' descriptors shown as the NEVRAs read
+/// from them (or why they could not be read).
+fn modifiers_json(modifiers: &VarDict) -> serde_json::Value {
+    let mut json = modifiers.to_json();
+    for key in ["install-local-packages", "override-replace-local-packages"] {
+        if let Ok(read) = modifiers.map_handles(key, rpm::read_nevra)
+            && !read.is_empty()
+            && let Some(obj) = json.as_object_mut()
+        {
+            let shown: Vec<String> = read
+                .iter()
+                .map(|r: &LocalRpm| match r {
+                    Ok(n) => n.to_string(),
+                    Err(e) => format!("<unreadable: {e}>"),
+                })
+                .collect();
+            obj.insert(key.to_string(), serde_json::json!(shown));
+        }
+    }
+    json
 }
 
 #[interface(name = "org.projectatomic.rpmostree1.OS")]
@@ -107,7 +151,7 @@ impl OsIface {
             sender: sender_of(&hdr),
             params: encode(&(&modifiers, &options))?,
             title: "new-deployment".into(),
-            modifiers: modifiers.to_json(),
+            modifiers: modifiers_json(&modifiers),
             options: options.to_json(),
             args: serde_json::json!([]),
             fds,
@@ -231,21 +275,15 @@ impl OsIface {
     ) -> Result<HashMap<String, OwnedValue>, DaemonError> {
         let state = lock(&self.daemon.state);
         let osname = &self.daemon.osname;
-        let (index, deployment) = if deployid.is_empty() {
+        let deployment = if deployid.is_empty() {
             let merge = if is_pending {
                 state.default_for(osname)
             } else {
                 state.booted().filter(|d| &d.osname == osname)
             };
-            let merge = merge.ok_or_else(|| {
+            merge.ok_or_else(|| {
                 DaemonError::GioFailed(format!("No deployments found for os {osname}"))
-            })?;
-            let index = state
-                .deployments
-                .iter()
-                .position(|d| d == merge)
-                .unwrap_or_default();
-            (index, merge)
+            })?
         } else {
             let index = deployid
                 .bytes()
@@ -257,48 +295,37 @@ impl OsIface {
                         "Invalid deployment index {deployid}, must be a number and >= 0"
                     ))
                 })?;
-            let deployment = state.deployments.get(index).ok_or_else(|| {
+            state.deployments.get(index).ok_or_else(|| {
                 DaemonError::Failed(format!(
                     "Out of range deployment index {index}, expected < {}",
                     state.deployments.len()
                 ))
-            })?;
-            (index, deployment)
+            })?
         };
-        let s = |v: String| OwnedValue::from(Str::from(v));
-        let boot_csum = &deployment.checksum;
-        let bootversion = state.deployments.len() - index;
-        let options = format!(
-            "rw ostree=/ostree/boot.1/{}/{boot_csum}/{} ignition.platform.id=metal root=UUID=91b1b4fd-9a3d-4f7e-8f4e-0c8f0a3a5a62 rootflags=prjquota boot=UUID=8e2d5b3a-2f1c-4c5e-9b6a-3d2f1e0c9b8a",
-            deployment.osname, deployment.serial
-        );
+        let s = |v: &str| OwnedValue::from(Str::from(v.to_string()));
+        // The deployment's real bootloader entry.
+        let entry = deployment.disk.clone().unwrap_or_else(|| {
+            // Only a deployment that vanished from disk since the last reload lacks one.
+            super::ostree::DiskDeployment {
+                osname: deployment.osname.clone(),
+                checksum: deployment.checksum.clone(),
+                serial: deployment.serial,
+                options: String::new(),
+                title: String::new(),
+                linux: String::new(),
+                initrd: String::new(),
+                version: String::new(),
+            }
+        });
         let mut config = HashMap::new();
         config.insert("staged".to_string(), OwnedValue::from(deployment.staged));
-        config.insert("options".to_string(), s(options));
+        config.insert("options".to_string(), s(&entry.options));
         // A staged deployment has no boot entry yet; only its kernel arguments are known.
         if !deployment.staged {
-            config.insert(
-                "title".to_string(),
-                s(format!(
-                    "Red Hat Enterprise Linux CoreOS {} (ostree:{index})",
-                    deployment.version
-                )),
-            );
-            config.insert(
-                "linux".to_string(),
-                s(format!(
-                    "/ostree/{}-{boot_csum}/vmlinuz-{}",
-                    deployment.osname, deployment.kernel
-                )),
-            );
-            config.insert(
-                "initrd".to_string(),
-                s(format!(
-                    "/ostree/{}-{boot_csum}/initramfs-{}.img",
-                    deployment.osname, deployment.kernel
-                )),
-            );
-            config.insert("version".to_string(), s(bootversion.to_string()));
+            config.insert("title".to_string(), s(&entry.title));
+            config.insert("linux".to_string(), s(&entry.linux));
+            config.insert("initrd".to_string(), s(&entry.initrd));
+            config.insert("version".to_string(), s(&entry.version));
         }
         Ok(config)
     }

@@ -20,9 +20,13 @@ use zbus::object_server::SignalEmitter;
 use zbus::{Connection, interface};
 
 use super::control::TxnRecord;
+use super::deploy::{
+    NewDeployment, PackageChanges, apply_changes, depsolve, low_disk, resolve_removals,
+    sanity_check, write_deployment,
+};
 use super::errors::DaemonError;
 use super::model::{CHUNK_BYTES, CHUNK_COUNT, Refspec};
-use super::{Daemon, address_escape, lock};
+use super::{Daemon, address_escape, lock, ostree};
 
 /// The real daemon's `FORCE_CLOSE_TXN_TIMEOUT_SECS`.
 const FORCE_CLOSE_AFTER: Duration = Duration::from_secs(30);
@@ -35,6 +39,8 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a deploy transaction (`UpdateDeployment`, `Rebase`) was asked to do.
 pub(crate) struct DeployPlan {
+    /// Package modifiers and the options that go with them.
+    pub(crate) changes: PackageChanges,
     pub(crate) refspec: Option<String>,
     pub(crate) revision: Option<String>,
     pub(crate) lock_finalization: bool,
@@ -444,17 +450,15 @@ impl Daemon {
         txn.set_title(title).await;
         self.injected_failure(txn).await?;
 
-        let (current_ref, current_digest) = {
+        let (current_ref, current_digest, merge_layering, kargs) = {
             let state = lock(&self.state);
-            state
-                .default_for(&self.osname)
-                .map(|d| {
-                    (
-                        d.container_image_reference.clone(),
-                        d.container_image_reference_digest.clone(),
-                    )
-                })
-                .unzip()
+            let merge = state.default_for(&self.osname);
+            (
+                merge.map(|d| d.container_image_reference.clone()),
+                merge.map(|d| d.container_image_reference_digest.clone()),
+                merge.map(|d| d.layering.clone()).unwrap_or_default(),
+                state.booted().map(|d| d.kargs()).unwrap_or_default(),
+            )
         };
         let requested = plan
             .refspec
@@ -468,6 +472,8 @@ impl Daemon {
             (None, Some(old)) => old.clone(),
             (None, None) => return Err("No booted deployment".into()),
         };
+        // The origin is edited before anything is pulled, as in `deploy_transaction_execute`.
+        let layering = apply_changes(&merge_layering, &plan.changes)?;
         let imgref = match Refspec::classify(&refspec) {
             Refspec::Container(imgref) => imgref,
             Refspec::Checksum(csum) => {
@@ -487,7 +493,10 @@ impl Daemon {
             .await;
         txn.pause(STEP).await?;
         let image = imgref.resolve(&self.images, plan.revision.as_deref())?;
-        if requested.is_none() && current_digest.as_deref() == Some(image.digest.as_str()) {
+        if requested.is_none()
+            && current_digest.as_deref() == Some(image.digest.as_str())
+            && layering == merge_layering
+        {
             txn.emit(Signal::Message("No upgrade available.")).await;
             return Ok(());
         }
@@ -503,13 +512,77 @@ impl Daemon {
         let slow = lock(&self.knobs).slow;
         txn.pause(slow).await?;
 
-        txn.emit(Signal::TaskBegin("Staging deployment")).await;
-        {
-            let mut state = lock(&self.state);
-            state.stage(&self.osname, &refspec, image, plan.lock_finalization);
-            self.save_state(&state)?;
+        let base_removals = resolve_removals(&layering, image, &self.arch)?;
+        if layering.is_layered() {
+            let short: String = image
+                .digest
+                .trim_start_matches("sha256:")
+                .chars()
+                .take(7)
+                .collect();
+            txn.emit(Signal::TaskBegin(&format!("Checking out tree {short}")))
+                .await;
+            txn.emit(Signal::TaskEnd("done")).await;
+            txn.emit(Signal::TaskBegin("Resolving dependencies")).await;
+            depsolve(&layering, image)?;
+            txn.emit(Signal::TaskEnd("done")).await;
+            let overrides = layering.requested_base_removals.len()
+                + layering.requested_base_local_replacements.len();
+            let overlays =
+                layering.requested_packages.len() + layering.requested_local_packages.len();
+            txn.emit(Signal::Message(&format!(
+                "Applying {overrides} overrides and {overlays} overlays"
+            )))
+            .await;
+            for task in [
+                "Processing packages",
+                "Running pre scripts",
+                "Running post scripts",
+            ] {
+                txn.emit(Signal::TaskBegin(task)).await;
+                txn.pause(STEP).await?;
+                txn.emit(Signal::TaskEnd("done")).await;
+            }
         }
-        info!(txn = txn.id, digest = %image.digest, locked = plan.lock_finalization, "staged a deployment");
+        if let Err([journal, message]) = sanity_check(self.host_root.as_deref(), image) {
+            // The bwrap child's stderr reaches the journal, not the client.
+            warn!(txn = txn.id, "{journal}");
+            self.update_record(txn.id, |r| r.journal.push(journal));
+            return Err(message);
+        }
+        if layering.is_layered() {
+            txn.emit(Signal::TaskBegin("Writing OSTree commit")).await;
+            txn.emit(Signal::TaskEnd("done")).await;
+        }
+
+        txn.emit(Signal::TaskBegin("Staging deployment")).await;
+        // A new staged deployment replaces the previous one.
+        let staged = lock(&self.state).staged_index(&self.osname);
+        if let Some(index) = staged {
+            ostree::undeploy(&self.sysroot, index)
+                .await
+                .map_err(|e| format!("{e:#}"))?;
+            self.resync(None)?;
+        }
+        let mut dep = write_deployment(
+            &self.sysroot,
+            &self.state_dir.join("scratch"),
+            NewDeployment {
+                osname: &self.osname,
+                refspec: &refspec,
+                image,
+                arch: &self.arch,
+                layering,
+                base_removals,
+                kargs,
+            },
+        )
+        .await
+        .map_err(|e| format!("{e:#}"))?;
+        dep.finalization_locked = plan.lock_finalization;
+        let (checksum, serial) = (dep.checksum.clone(), dep.serial);
+        self.resync(Some(dep))?;
+        info!(txn = txn.id, digest = %image.digest, checksum = %checksum, serial, locked = plan.lock_finalization, "staged a deployment");
         self.notify_deployments().await;
         txn.emit(Signal::TaskEnd("done")).await;
         if plan.reboot {
@@ -519,7 +592,9 @@ impl Daemon {
         Ok(())
     }
 
-    /// The messages and tasks of an ostree-ext container import.
+    /// The messages and tasks of an ostree-ext container import. On a `low-disk` host the
+    /// first layer's write fails with ostree's min-free-space error, chained the way
+    /// ostree-ext reports it (ublue-os/cosmic#40 shows the chain; C-locale size format).
     async fn pull_layers(&self, txn: &Txn, imgref: &str, digest: &str) -> Result<(), String> {
         txn.emit(Signal::Message(&format!(
             "Importing: {imgref} (digest: {digest})"
@@ -539,6 +614,17 @@ impl Daemon {
             )))
             .await;
             txn.pause(STEP).await?;
+            if low_disk(self.host_root.as_deref()) {
+                let object = format!("{:x}", Sha256::digest(format!("{layer}/object")));
+                return Err(format!(
+                    "Importing: Unencapsulating base: Layer sha256:{layer}: Importing objects: \
+                     Importing object {}/{}.file: Processing content object {object}: \
+                     Importing regfile small: Writing content object: \
+                     min-free-space-percent '3%' would be exceeded, at least 20.5 kB requested",
+                    &object[..2],
+                    &object[2..]
+                ));
+            }
             txn.emit(Signal::TaskEnd("done")).await;
         }
         Ok(())
@@ -568,20 +654,28 @@ impl Daemon {
 
     async fn run_cleanup(&self, txn: &Txn, pending: bool, rollback: bool) -> Result<(), String> {
         self.injected_failure(txn).await?;
-        let changed = {
-            let mut state = lock(&self.state);
-            let mut changed = false;
-            if pending {
-                changed |= state.remove_staged(&self.osname);
+        let mut changed = false;
+        // Rollback first: it sits after the staged deployment, so the staged index holds.
+        for (wanted, which) in [(rollback, "rollback"), (pending, "pending")] {
+            if !wanted {
+                continue;
             }
-            if rollback {
-                changed |= state.remove_rollback(&self.osname);
+            let index = {
+                let state = lock(&self.state);
+                if which == "rollback" {
+                    state.rollback_index(&self.osname)
+                } else {
+                    state.staged_index(&self.osname)
+                }
+            };
+            if let Some(index) = index {
+                ostree::undeploy(&self.sysroot, index)
+                    .await
+                    .map_err(|e| format!("{e:#}"))?;
+                self.resync(None)?;
+                changed = true;
             }
-            if changed {
-                self.save_state(&state)?;
-            }
-            changed
-        };
+        }
         if changed {
             info!(txn = txn.id, pending, rollback, "cleaned up deployments");
             self.notify_deployments().await;

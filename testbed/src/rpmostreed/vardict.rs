@@ -95,6 +95,41 @@ impl VarDict {
         }
     }
 
+    /// A string-array value (empty when absent).
+    pub(crate) fn strv(&self, key: &str) -> Result<Vec<String>, DaemonError> {
+        match self.get(key) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(a)) if a.element_signature() == &Signature::Str => Ok(a
+                .iter()
+                .filter_map(|v| match v {
+                    Value::Str(s) => Some(s.to_string()),
+                    _ => None,
+                })
+                .collect()),
+            Some(other) => Err(Self::wrong_type(key, "as", other)),
+        }
+    }
+
+    /// Apply `f` to every descriptor of an `ah` value (nothing when absent).
+    pub(crate) fn map_handles<T>(
+        &self,
+        key: &str,
+        f: impl Fn(std::os::fd::BorrowedFd<'_>) -> T,
+    ) -> Result<Vec<T>, DaemonError> {
+        use std::os::fd::AsFd;
+        match self.get(key) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(a)) if a.element_signature() == &Signature::Fd => Ok(a
+                .iter()
+                .filter_map(|v| match v {
+                    Value::Fd(fd) => Some(f(fd.as_fd())),
+                    _ => None,
+                })
+                .collect()),
+            Some(other) => Err(Self::wrong_type(key, "ah", other)),
+        }
+    }
+
     /// The number of handles in an `ah` value (0 when absent).
     pub(crate) fn handle_count(&self, key: &str) -> Result<u32, DaemonError> {
         match self.get(key) {

@@ -1,0 +1,147 @@
+//! Reading the NEVRA of an RPM passed as a file descriptor (`install-local-packages`).
+//!
+//! A small header parse instead of `rpm -qp`, so the fake needs no rpm tools: the lead (96
+//! bytes), the signature header (padded to 8 bytes), then the main header's NAME, EPOCH,
+//! VERSION, RELEASE and ARCH tags. Every offset is bounds-checked: the descriptor comes from a
+//! D-Bus caller.
+
+use std::fs::File;
+use std::os::fd::BorrowedFd;
+use std::os::unix::fs::FileExt;
+
+use crate::fixtures::Nevra;
+
+const LEAD_LEN: u64 = 96;
+const LEAD_MAGIC: [u8; 4] = [0xed, 0xab, 0xee, 0xdb];
+const HEADER_MAGIC: [u8; 4] = [0x8e, 0xad, 0xe8, 0x01];
+/// Headers larger than this are refused rather than read into memory.
+const MAX_HEADER: u64 = 64 << 20;
+
+/// The NEVRA in the RPM header of `fd` (read with `pread`, so the caller's offset is kept).
+pub(crate) fn read_nevra(fd: BorrowedFd<'_>) -> Result<Nevra, String> {
+    let file = File::from(
+        fd.try_clone_to_owned()
+            .map_err(|e| format!("duplicating the descriptor: {e}"))?,
+    );
+    // Only a regular file can be read without blocking (a pipe or a tty could hang the call).
+    let is_file = file
+        .metadata()
+        .map_err(|e| format!("inspecting the descriptor: {e}"))?
+        .is_file();
+    if !is_file {
+        return Err("not a regular file".into());
+    }
+    let read = |offset: u64, len: u64| -> Result<Vec<u8>, String> {
+        let len = usize::try_from(len).map_err(|_| "header too large".to_string())?;
+        let mut buf = vec![0u8; len];
+        file.read_exact_at(&mut buf, offset)
+            .map_err(|e| format!("reading the RPM at offset {offset}: {e}"))?;
+        Ok(buf)
+    };
+    let lead = read(0, LEAD_LEN)?;
+    if lead[..4] != LEAD_MAGIC {
+        return Err("not an RPM package (bad lead magic)".into());
+    }
+    let (sig_len, _) = header_at(&read, LEAD_LEN)?;
+    // The signature header is padded to a multiple of 8 bytes.
+    let main_at = LEAD_LEN + sig_len.div_ceil(8) * 8;
+    let (_, main) = header_at(&read, main_at)?;
+    let name = main.string(1000).ok_or("the RPM header has no NAME")?;
+    let version = main.string(1001).ok_or("the RPM header has no VERSION")?;
+    let release = main.string(1002).ok_or("the RPM header has no RELEASE")?;
+    let arch = main.string(1022).ok_or("the RPM header has no ARCH")?;
+    let epoch = main.int32(1003).unwrap_or(0);
+    Ok(Nevra {
+        name,
+        epoch: u64::from(epoch),
+        version,
+        release,
+        arch,
+    })
+}
+
+/// One parsed header: index entries (tag, type, offset, count) and the data store.
+struct Header {
+    entries: Vec<(u32, u32, usize, u32)>,
+    data: Vec<u8>,
+}
+
+impl Header {
+    fn entry(&self, tag: u32) -> Option<(u32, usize)> {
+        self.entries
+            .iter()
+            .find(|e| e.0 == tag)
+            .map(|&(_, ty, off, _)| (ty, off))
+    }
+
+    fn string(&self, tag: u32) -> Option<String> {
+        let (ty, off) = self.entry(tag)?;
+        // STRING (6) or I18NSTRING (9), NUL-terminated in the data store.
+        if ty != 6 && ty != 9 {
+            return None;
+        }
+        let rest = self.data.get(off..)?;
+        let end = rest.iter().position(|b| *b == 0)?;
+        String::from_utf8(rest[..end].to_vec()).ok()
+    }
+
+    fn int32(&self, tag: u32) -> Option<u32> {
+        let (ty, off) = self.entry(tag)?;
+        if ty != 4 {
+            return None;
+        }
+        let b = self.data.get(off..off.checked_add(4)?)?;
+        Some(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
+/// The header at `offset`: its total length in bytes and its contents.
+fn header_at(
+    read: &impl Fn(u64, u64) -> Result<Vec<u8>, String>,
+    offset: u64,
+) -> Result<(u64, Header), String> {
+    let intro = read(offset, 16)?;
+    if intro[..4] != HEADER_MAGIC {
+        return Err(format!("not an RPM package (bad header magic at {offset})"));
+    }
+    let be = |i: usize| u32::from_be_bytes([intro[i], intro[i + 1], intro[i + 2], intro[i + 3]]);
+    let (count, size) = (u64::from(be(8)), u64::from(be(12)));
+    let index_len = count * 16;
+    if index_len + size > MAX_HEADER {
+        return Err("the RPM header is too large".into());
+    }
+    let body = read(offset + 16, index_len + size)?;
+    let index_len = usize::try_from(index_len).map_err(|_| "header too large".to_string())?;
+    let mut entries = Vec::new();
+    for chunk in body[..index_len].chunks_exact(16) {
+        let w = |i: usize| u32::from_be_bytes([chunk[i], chunk[i + 1], chunk[i + 2], chunk[i + 3]]);
+        let off = usize::try_from(w(8)).map_err(|_| "bad offset".to_string())?;
+        entries.push((w(0), w(4), off, w(12)));
+    }
+    let data = body[index_len..].to_vec();
+    Ok((16 + body.len() as u64, Header { entries, data }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::fake_rpm;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn reads_the_nevra_of_a_fixture_rpm() {
+        let dir = std::env::temp_dir().join(format!("testbed-rpmhdr-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let nevra = Nevra::parse("usbguard-1:1.1.3-1.el10.x86_64").expect("nevra");
+        let path = dir.join("u.rpm");
+        std::fs::write(&path, fake_rpm(&nevra)).expect("write");
+        let f = File::open(&path).expect("open");
+        assert_eq!(read_nevra(f.as_fd()), Ok(nevra));
+        std::fs::write(&path, b"not an rpm at all, but long enough to hold a lead of 96 bytes ......................................").expect("write");
+        let f = File::open(&path).expect("open");
+        assert!(read_nevra(f.as_fd()).is_err());
+        let null = File::open("/dev/null").expect("null");
+        assert!(read_nevra(null.as_fd()).is_err());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
