@@ -16,6 +16,7 @@ pub mod planner;
 pub mod preflight;
 pub mod protocol;
 pub mod pullsecret;
+pub mod registry;
 pub mod report;
 pub mod rpmostree;
 pub mod status;

@@ -10,6 +10,7 @@ pub mod bus;
 pub mod fixtures;
 pub mod host;
 pub mod images;
+pub mod registry;
 pub mod rpmostreed;
 pub mod testbed;
 

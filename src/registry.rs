@@ -1,0 +1,426 @@
+//! Image inspection over the registry, before anything is pulled by rpm-ostree.
+//!
+//! An edge over `oci-client`: reads the OS image's manifest (an index resolved to the host's
+//! platform) and config labels, and the extensions image's RPMs. Every blob is digest-checked;
+//! errors are classified so the agent can tell a rejected pull secret from a registry blip.
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use oci_client::manifest::{OciImageManifest, OciManifest};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use sha2::{Digest, Sha256};
+
+use crate::imageref::ImageRef;
+use crate::preflight::{ExtensionsInfo, OsImageInfo};
+use crate::pullsecret::{Credentials, PullSecret};
+
+/// Where real extensions images keep their RPM repository.
+pub const EXTENSIONS_DIR: &str = "usr/share/rpm-ostree/extensions/";
+
+/// Why an inspection failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InspectError {
+    /// The registry rejected the credentials (or there are none for it).
+    #[error("pull secret rejected by {0}")]
+    Unauthorized(String),
+    /// A network, DNS or 5xx failure: retried with backoff.
+    #[error("registry {registry} unavailable: {message}")]
+    Transient {
+        /// The registry.
+        registry: String,
+        /// What happened.
+        message: String,
+    },
+    /// The image is not what it must be (missing manifest, bad digest, wrong shape).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl InspectError {
+    /// Whether a retry may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, InspectError::Transient { .. })
+    }
+}
+
+/// The Go architecture name registries use for a kernel architecture.
+pub fn goarch(arch: &str) -> &str {
+    match arch {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "ppc64le" => "ppc64le",
+        "s390x" => "s390x",
+        other => other,
+    }
+}
+
+fn kernel_arch(goarch: &str) -> &str {
+    match goarch {
+        "amd64" => "x86_64",
+        "arm64" => "aarch64",
+        other => other,
+    }
+}
+
+/// Reads images from registries with the node's pull secret.
+pub struct Inspector {
+    client: Client,
+    secret: PullSecret,
+}
+
+impl Inspector {
+    /// An inspector; `insecure` lists `host:port`s spoken to over plain HTTP (test registries).
+    pub fn new(secret: PullSecret, insecure: &[String]) -> Self {
+        // reqwest is built without a default TLS provider; use the ring provider kube uses too.
+        // Installing twice fails harmlessly.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let config = oci_client::client::ClientConfig {
+            protocol: oci_client::client::ClientProtocol::HttpsExcept(insecure.to_vec()),
+            connect_timeout: Some(Duration::from_secs(10)),
+            read_timeout: Some(Duration::from_secs(60)),
+            user_agent: concat!("streamd/", env!("CARGO_PKG_VERSION")),
+            ..Default::default()
+        };
+        Inspector {
+            client: Client::new(config),
+            secret,
+        }
+    }
+
+    fn auth(&self, registry: &str) -> RegistryAuth {
+        match self.secret.for_registry(registry) {
+            Some(Credentials::Basic { username, password }) => {
+                RegistryAuth::Basic(username.clone(), password.clone())
+            }
+            Some(Credentials::Bearer(t)) => RegistryAuth::Bearer(t.clone()),
+            None => RegistryAuth::Anonymous,
+        }
+    }
+
+    fn classify(
+        &self,
+        image: &ImageRef,
+        e: oci_client::errors::OciDistributionError,
+    ) -> InspectError {
+        use oci_client::errors::OciDistributionError as E;
+        let registry = image.registry().to_string();
+        match e {
+            E::UnauthorizedError { .. } | E::AuthenticationFailure(_) => {
+                InspectError::Unauthorized(registry)
+            }
+            E::ServerError { code, .. } if code == 401 || code == 403 => {
+                InspectError::Unauthorized(registry)
+            }
+            E::ServerError { code, message, .. } if code >= 500 || code == 429 => {
+                InspectError::Transient {
+                    registry,
+                    message: format!("HTTP {code}: {message}"),
+                }
+            }
+            E::RequestError(r) => InspectError::Transient {
+                registry,
+                // reqwest's text can carry the URL but never credentials.
+                message: r.to_string(),
+            },
+            E::IoError(io) => InspectError::Transient {
+                registry,
+                message: io.to_string(),
+            },
+            E::ImageManifestNotFoundError(_) => {
+                InspectError::Invalid(format!("{image}: manifest unknown to {registry}"))
+            }
+            other => InspectError::Invalid(format!("{image}: {other}")),
+        }
+    }
+
+    /// The platform manifest of `image` for `arch`, with its digest verified.
+    async fn manifest(
+        &self,
+        image: &ImageRef,
+        arch: &str,
+    ) -> Result<(Reference, OciImageManifest), InspectError> {
+        let reference = reference(image)?;
+        let auth = self.auth(image.registry());
+        let (raw, _) = self
+            .client
+            .pull_manifest_raw(&reference, &auth, MEDIA_TYPES)
+            .await
+            .map_err(|e| self.classify(image, e))?;
+        verify(&raw, image.digest(), &format!("manifest of {image}"))?;
+        let manifest: OciManifest = serde_json::from_slice(&raw)
+            .map_err(|e| InspectError::Invalid(format!("{image}: manifest is not valid: {e}")))?;
+        match manifest {
+            OciManifest::Image(m) => Ok((reference, m)),
+            OciManifest::ImageIndex(index) => {
+                let want = goarch(arch);
+                let entry = index
+                    .manifests
+                    .iter()
+                    .find(|m| {
+                        m.platform.as_ref().is_some_and(|p| {
+                            p.architecture.to_string() == want && p.os.to_string() == "linux"
+                        })
+                    })
+                    .ok_or_else(|| {
+                        InspectError::Invalid(format!("{image} has no manifest for linux/{want}"))
+                    })?;
+                let platform = Reference::with_digest(
+                    reference.registry().to_string(),
+                    reference.repository().to_string(),
+                    entry.digest.clone(),
+                );
+                let (raw, _) = self
+                    .client
+                    .pull_manifest_raw(&platform, &auth, MEDIA_TYPES)
+                    .await
+                    .map_err(|e| self.classify(image, e))?;
+                verify(
+                    &raw,
+                    &entry.digest,
+                    &format!("linux/{want} manifest of {image}"),
+                )?;
+                let m: OciImageManifest = serde_json::from_slice(&raw).map_err(|e| {
+                    InspectError::Invalid(format!("{image}: platform manifest is not valid: {e}"))
+                })?;
+                Ok((platform, m))
+            }
+        }
+    }
+
+    async fn blob(
+        &self,
+        image: &ImageRef,
+        reference: &Reference,
+        digest: &str,
+    ) -> Result<Vec<u8>, InspectError> {
+        let mut out = Vec::new();
+        self.client
+            .pull_blob(reference, digest, &mut out)
+            .await
+            .map_err(|e| self.classify(image, e))?;
+        // oci-client checks the digest too; checking here keeps the guarantee local.
+        verify(&out, digest, &format!("blob {digest} of {image}"))?;
+        Ok(out)
+    }
+
+    async fn labels(
+        &self,
+        image: &ImageRef,
+        reference: &Reference,
+        m: &OciImageManifest,
+    ) -> Result<(serde_json::Value, String), InspectError> {
+        let config = self.blob(image, reference, &m.config.digest).await?;
+        let json: serde_json::Value = serde_json::from_slice(&config)
+            .map_err(|e| InspectError::Invalid(format!("{image}: config is not JSON: {e}")))?;
+        let arch = json["architecture"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        Ok((json["config"]["Labels"].clone(), arch))
+    }
+
+    /// Inspects the OS image for `arch`.
+    pub async fn os_image(
+        &self,
+        image: &ImageRef,
+        arch: &str,
+    ) -> Result<OsImageInfo, InspectError> {
+        let (reference, m) = self.manifest(image, arch).await?;
+        let (labels, config_arch) = self.labels(image, &reference, &m).await?;
+        let label = |k: &str| labels[k].as_str().map(String::from);
+        Ok(OsImageInfo {
+            bootable: matches!(label("containers.bootc").as_deref(), Some("1" | "true")),
+            stream_class: label("io.openshift.os.streamclass"),
+            arch: kernel_arch(&config_arch).to_string(),
+            kernel_release: label("ostree.linux"),
+            version: label("version").or_else(|| label("org.opencontainers.image.version")),
+            size: m
+                .layers
+                .iter()
+                .map(|l| u64::try_from(l.size).unwrap_or(0))
+                .sum(),
+        })
+    }
+
+    /// Inspects the extensions image for `arch`, and extracts the RPMs whose file names start
+    /// with one of `wanted` (package names) into `dest`.
+    pub async fn extensions(
+        &self,
+        image: &ImageRef,
+        arch: &str,
+        wanted: &[String],
+        dest: &Path,
+    ) -> Result<(ExtensionsInfo, Vec<PathBuf>), InspectError> {
+        let (reference, m) = self.manifest(image, arch).await?;
+        let (labels, _) = self.labels(image, &reference, &m).await?;
+        let mut rpms = Vec::new();
+        let mut extracted = Vec::new();
+        std::fs::create_dir_all(dest)
+            .map_err(|e| InspectError::Invalid(format!("creating {}: {e}", dest.display())))?;
+        for layer in &m.layers {
+            let blob = self.blob(image, &reference, &layer.digest).await?;
+            let (names, files) =
+                rpms_in_layer(&blob, &layer.media_type, wanted, dest).map_err(|e| {
+                    InspectError::Invalid(format!("{image}: layer {}: {e}", layer.digest))
+                })?;
+            rpms.extend(names);
+            extracted.extend(files);
+        }
+        rpms.sort();
+        rpms.dedup();
+        Ok((
+            ExtensionsInfo {
+                is_extensions: labels["io.openshift.os.extensions"].as_str() == Some("true"),
+                stream_class: labels["io.openshift.os.streamclass"]
+                    .as_str()
+                    .map(String::from),
+                rpms,
+            },
+            extracted,
+        ))
+    }
+}
+
+const MEDIA_TYPES: &[&str] = &[
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+];
+
+fn reference(image: &ImageRef) -> Result<Reference, InspectError> {
+    Ok(Reference::with_digest(
+        image.registry().to_string(),
+        image.repository().to_string(),
+        image.digest().to_string(),
+    ))
+}
+
+fn verify(bytes: &[u8], digest: &str, what: &str) -> Result<(), InspectError> {
+    let got = format!("sha256:{:x}", Sha256::digest(bytes));
+    if got == digest {
+        Ok(())
+    } else {
+        Err(InspectError::Invalid(format!(
+            "{what}: digest mismatch (expected {digest}, got {got})"
+        )))
+    }
+}
+
+/// Lists the RPMs under [`EXTENSIONS_DIR`] in a (gzip'd or plain) tar layer and writes the
+/// wanted ones into `dest`. Names are `name-version-release.arch` (the file name without `.rpm`).
+pub fn rpms_in_layer(
+    blob: &[u8],
+    media_type: &str,
+    wanted: &[String],
+    dest: &Path,
+) -> std::io::Result<(Vec<String>, Vec<PathBuf>)> {
+    let reader: Box<dyn std::io::Read> =
+        if media_type.contains("gzip") || blob.starts_with(&[0x1f, 0x8b]) {
+            Box::new(flate2::read::GzDecoder::new(blob))
+        } else {
+            Box::new(blob)
+        };
+    let mut archive = tar::Archive::new(reader);
+    let mut names = Vec::new();
+    let mut files = Vec::new();
+    for entry in archive.entries()? {
+        let mut entry = entry?;
+        let path = entry
+            .path()?
+            .to_string_lossy()
+            .trim_start_matches("./")
+            .to_string();
+        let Some(rest) = path.strip_prefix(EXTENSIONS_DIR) else {
+            continue;
+        };
+        let Some(file) = rest.rsplit('/').next().filter(|f| f.ends_with(".rpm")) else {
+            continue;
+        };
+        let nevra = file.trim_end_matches(".rpm").to_string();
+        let want = wanted
+            .iter()
+            .any(|w| crate::hostfacts::kernel::names_package(&nevra, w));
+        if want {
+            // Only the file name is used: a path in the archive can never escape `dest`.
+            let out = dest.join(file);
+            let mut data = Vec::new();
+            entry.read_to_end(&mut data)?;
+            std::fs::write(&out, data)?;
+            files.push(out);
+        }
+        names.push(nevra);
+    }
+    Ok((names, files))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tar_with(files: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (path, data) in files {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, path, *data).expect("append");
+        }
+        b.into_inner().expect("tar")
+    }
+
+    #[test]
+    fn finds_and_extracts_rpms() {
+        let layer = tar_with(&[
+            (
+                "usr/share/rpm-ostree/extensions/kernel-rt-core-6.12.0-1.el10.x86_64.rpm",
+                b"rt",
+            ),
+            (
+                "usr/share/rpm-ostree/extensions/usbguard-1.1.3-3.el10.x86_64.rpm",
+                b"ug",
+            ),
+            ("usr/share/rpm-ostree/extensions/repodata/repomd.xml", b"x"),
+            ("usr/bin/true", b"t"),
+        ]);
+        let dest = std::env::temp_dir().join(format!("streamd-rpms-{}", std::process::id()));
+        std::fs::create_dir_all(&dest).expect("mkdir");
+        let (names, files) = rpms_in_layer(
+            &layer,
+            "application/vnd.oci.image.layer.v1.tar",
+            &["kernel-rt-core".to_string()],
+            &dest,
+        )
+        .expect("read");
+        assert_eq!(
+            names,
+            vec![
+                "kernel-rt-core-6.12.0-1.el10.x86_64".to_string(),
+                "usbguard-1.1.3-3.el10.x86_64".to_string()
+            ]
+        );
+        assert_eq!(files.len(), 1);
+        assert_eq!(std::fs::read(&files[0]).expect("read"), b"rt");
+        std::fs::remove_dir_all(&dest).ok();
+    }
+
+    #[test]
+    fn bad_layers_are_errors_not_panics() {
+        let dest = std::env::temp_dir();
+        for blob in [&b"\x1f\x8bnot gzip"[..], &[0u8; 10][..], &b"garbage"[..]] {
+            let _ = rpms_in_layer(
+                blob,
+                "application/vnd.oci.image.layer.v1.tar+gzip",
+                &[],
+                &dest,
+            );
+        }
+        assert!(verify(b"x", "sha256:00", "t").is_err());
+        assert_eq!(goarch("x86_64"), "amd64");
+        assert_eq!(kernel_arch("arm64"), "aarch64");
+    }
+}
