@@ -20,3 +20,4 @@ pub mod registry;
 pub mod report;
 pub mod rpmostree;
 pub mod status;
+pub mod verify;

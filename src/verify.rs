@@ -1,0 +1,589 @@
+//! Read-only verification of a staged deployment through libostree, before the node reboots
+//! into it.
+//!
+//! rpm-ostree's D-Bus view says *what* was staged; this module opens the sysroot and checks
+//! the deployment that will actually boot: its kernel arguments (from its boot config), its
+//! kernel (`/usr/lib/modules/<release>` in the deployment checkout), its OS release and, on a
+//! FIPS node, what FIPS mode needs. Every difference is collected, so one report names them
+//! all.
+//!
+//! libostree is blocking: [`verify_staged`] is synchronous and callers run it in
+//! `spawn_blocking`.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::{Component, Path, PathBuf};
+
+use ostree::gio;
+use ostree::gio::prelude::FileExt as _;
+
+use crate::hostfacts::{KernelVariant, OsRelease};
+use crate::rpmostree::Deployment;
+
+/// What the staged deployment must look like.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expectation {
+    /// `sha256:…` manifest digest of the desired OS image, compared with the staged
+    /// deployment's `container-image-reference-digest` (the caller resolves index vs manifest).
+    pub image_digest: String,
+    /// Major of the staged tree's os-release (`RHEL_VERSION`, else `VERSION_ID`), e.g. 10.
+    pub target_major: u32,
+    /// The kernel variant the node must keep.
+    pub kernel: KernelVariant,
+    /// The node is FIPS: the kernel arguments keep `fips=1` and the tree has the FIPS crypto
+    /// policy and the dracut fips module.
+    pub fips: bool,
+}
+
+/// Why verification did not pass.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VerifyError {
+    /// The staged deployment differs from the expectation; every difference, as a sentence.
+    #[error("the staged deployment does not match: {}", .0.join("; "))]
+    Mismatch(Vec<String>),
+    /// The sysroot or a deployment in it could not be opened or read.
+    #[error("cannot verify the staged deployment: {0}")]
+    Sysroot(String),
+}
+
+/// Kernel arguments that differ per deployment by construction.
+const PER_DEPLOYMENT_KARGS: [&str; 2] = ["ostree=", "BOOT_IMAGE="];
+
+/// Verifies the staged deployment against `exp`.
+///
+/// Opens the ostree sysroot at `sysroot_path` read-only (no lock), finds the on-disk
+/// deployments matching `staged` and `booted` (stateroot, checksum and deploy serial), and
+/// checks: the image digest; that the staged kernel arguments contain every argument of the
+/// booted deployment (as multisets, ignoring `ostree=` and `BOOT_IMAGE=`) and `fips=1` on a
+/// FIPS node; that the staged tree has exactly one `/usr/lib/modules/<release>` whose suffix
+/// matches `exp.kernel`; that its os-release major is `exp.target_major`; and on a FIPS node
+/// that it has `/usr/share/crypto-policies/policies/FIPS.pol` and a dracut module directory
+/// named `*fips*` (RHEL 10 has no `fips-mode-setup`, so that is not required).
+///
+/// `sysroot_path` must be `/` on a real host: libostree lists a staged deployment (kept in
+/// `/run/ostree/staged-deployment` until shutdown) only when the sysroot it opens is the
+/// running root. In tests it is the testbed's `DIR/sysroot`, whose "staged" deployment is the
+/// not-booted one at index 0.
+pub fn verify_staged(
+    sysroot_path: &Path,
+    staged: &Deployment,
+    booted: &Deployment,
+    exp: &Expectation,
+) -> Result<(), VerifyError> {
+    let sysroot = ostree::Sysroot::new(Some(&gio::File::for_path(sysroot_path)));
+    // `load` only reads; without `lock` this never waits for, or blocks, rpm-ostreed.
+    sysroot.load(gio::Cancellable::NONE).map_err(|e| {
+        VerifyError::Sysroot(format!(
+            "loading the ostree sysroot {}: {e}",
+            sysroot_path.display()
+        ))
+    })?;
+    let on_disk = sysroot.deployments();
+    let find = |d: &Deployment, role: &str| {
+        on_disk
+            .iter()
+            .find(|o| {
+                o.osname() == d.osname.as_str()
+                    && o.csum() == d.checksum.as_str()
+                    && o.deployserial() == d.serial
+            })
+            .ok_or_else(|| {
+                let present: Vec<String> = on_disk
+                    .iter()
+                    .map(|o| format!("{}-{}.{}", o.osname(), o.csum(), o.deployserial()))
+                    .collect();
+                VerifyError::Sysroot(format!(
+                    "the {role} deployment {} is not in the ostree sysroot {} (it has: {})",
+                    d.id,
+                    sysroot_path.display(),
+                    if present.is_empty() {
+                        "no deployments".to_string()
+                    } else {
+                        present.join(", ")
+                    }
+                ))
+            })
+    };
+    let staged_disk = find(staged, "staged")?;
+    let booted_disk = find(booted, "booted")?;
+
+    let mut problems = Vec::new();
+    problems.extend(check_digest(staged, &exp.image_digest));
+
+    let staged_kargs = kargs_of(staged_disk, staged, sysroot_path)?;
+    let booted_kargs = kargs_of(booted_disk, booted, sysroot_path)?;
+    problems.extend(check_kargs(&booted_kargs, &staged_kargs, exp.fips));
+
+    let root = sysroot
+        .deployment_directory(staged_disk)
+        .path()
+        .ok_or_else(|| {
+            VerifyError::Sysroot(format!(
+                "the directory of deployment {} in {} has no local path",
+                staged.id,
+                sysroot_path.display()
+            ))
+        })?;
+    problems.extend(check_tree(&root, exp)?);
+
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(VerifyError::Mismatch(problems))
+    }
+}
+
+/// The `options` line of a deployment's boot config.
+fn kargs_of(
+    disk: &ostree::Deployment,
+    d: &Deployment,
+    sysroot_path: &Path,
+) -> Result<String, VerifyError> {
+    disk.bootconfig()
+        .and_then(|b| b.get("options"))
+        .map(|o| o.to_string())
+        .ok_or_else(|| {
+            VerifyError::Sysroot(format!(
+                "deployment {} in {} has no boot config options",
+                d.id,
+                sysroot_path.display()
+            ))
+        })
+}
+
+fn check_digest(staged: &Deployment, want: &str) -> Option<String> {
+    match staged.container_image_reference_digest.as_deref() {
+        Some(got) if got == want => None,
+        Some(got) => Some(format!(
+            "the staged deployment is image {got}, expected {want}"
+        )),
+        None => Some(format!(
+            "the staged deployment reports no image digest, expected {want}"
+        )),
+    }
+}
+
+/// Splits a kernel command line into arguments the way the kernel does: at whitespace outside
+/// double quotes (quotes are kept, so arguments compare verbatim).
+fn split_kargs(cmdline: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = None;
+    let mut quoted = false;
+    for (i, c) in cmdline.char_indices() {
+        if c == '"' {
+            quoted = !quoted;
+        }
+        if c.is_whitespace() && !quoted {
+            if let Some(s) = start.take() {
+                out.push(&cmdline[s..i]);
+            }
+        } else if start.is_none() {
+            start = Some(i);
+        }
+    }
+    if let Some(s) = start {
+        out.push(&cmdline[s..]);
+    }
+    out
+}
+
+fn per_deployment(arg: &str) -> bool {
+    PER_DEPLOYMENT_KARGS.iter().any(|p| arg.starts_with(p))
+}
+
+/// The booted arguments the staged ones lack, counted as multisets: `(arg, booted count,
+/// staged count)` in booted order.
+fn missing_kargs<'a>(booted: &'a str, staged: &str) -> Vec<(&'a str, usize, usize)> {
+    let mut have: HashMap<&str, usize> = HashMap::new();
+    for a in split_kargs(staged)
+        .into_iter()
+        .filter(|a| !per_deployment(a))
+    {
+        *have.entry(a).or_default() += 1;
+    }
+    let mut want: Vec<(&str, usize)> = Vec::new();
+    for a in split_kargs(booted)
+        .into_iter()
+        .filter(|a| !per_deployment(a))
+    {
+        match want.iter_mut().find(|(w, _)| *w == a) {
+            Some((_, n)) => *n += 1,
+            None => want.push((a, 1)),
+        }
+    }
+    want.into_iter()
+        .filter_map(|(a, n)| {
+            let got = have.get(a).copied().unwrap_or(0);
+            (got < n).then_some((a, n, got))
+        })
+        .collect()
+}
+
+fn check_kargs(booted: &str, staged: &str, fips: bool) -> Vec<String> {
+    let mut out: Vec<String> = missing_kargs(booted, staged)
+        .into_iter()
+        .map(|(a, n, got)| {
+            if got == 0 {
+                format!(
+                    "kernel argument {a:?} of the booted deployment is missing from the staged one"
+                )
+            } else {
+                format!(
+                    "kernel argument {a:?} appears {n} times in the booted deployment but {got} in the staged one"
+                )
+            }
+        })
+        .collect();
+    if fips && !split_kargs(staged).contains(&"fips=1") {
+        out.push("the node is FIPS but the staged kernel arguments lack fips=1".to_string());
+    }
+    out
+}
+
+/// The kernel variant a kernel release (`uname -r`, a `/usr/lib/modules` name) belongs to.
+fn variant_of_release(release: &str) -> KernelVariant {
+    if release.ends_with(KernelVariant::Realtime.release_suffix()) {
+        KernelVariant::Realtime
+    } else if release.ends_with(KernelVariant::SixtyFourK.release_suffix()) {
+        KernelVariant::SixtyFourK
+    } else {
+        KernelVariant::Default
+    }
+}
+
+/// The kernel problem of a tree whose `/usr/lib/modules` holds directories `releases`.
+fn check_modules(releases: &[String], want: KernelVariant) -> Option<String> {
+    match releases {
+        [] => Some("the staged tree has no kernel directory in /usr/lib/modules".to_string()),
+        [release] => {
+            let got = variant_of_release(release);
+            (got != want).then(|| {
+                format!(
+                    "the staged kernel {release} is a {} kernel, expected {} (release suffix {:?})",
+                    got.as_str(),
+                    want.as_str(),
+                    want.release_suffix()
+                )
+            })
+        }
+        many => Some(format!(
+            "the staged tree has {} kernel directories in /usr/lib/modules ({}), expected exactly one",
+            many.len(),
+            many.join(", ")
+        )),
+    }
+}
+
+/// Checks the files of the deployment checkout at `root`.
+fn check_tree(root: &Path, exp: &Expectation) -> Result<Vec<String>, VerifyError> {
+    let mut out = Vec::new();
+    let mut releases = subdirs(root, "usr/lib/modules")?;
+    releases.sort();
+    out.extend(check_modules(&releases, exp.kernel));
+
+    let os_release = match read_in_root(root, "usr/lib/os-release")? {
+        Some(t) => Some(t),
+        None => read_in_root(root, "etc/os-release")?,
+    };
+    match os_release.map(|t| OsRelease::parse(&t)) {
+        None => out.push("the staged tree has no os-release".to_string()),
+        Some(r) => match r.major() {
+            Some(m) if m == exp.target_major => {}
+            Some(m) => out.push(format!(
+                "the staged tree is release {} (major {m}), expected major {}",
+                r.version().unwrap_or_default(),
+                exp.target_major
+            )),
+            None => out.push(format!(
+                "the staged tree's os-release has no numeric RHEL_VERSION or VERSION_ID, expected major {}",
+                exp.target_major
+            )),
+        },
+    }
+
+    if exp.fips {
+        const POLICY: &str = "usr/share/crypto-policies/policies/FIPS.pol";
+        if !resolve_in_root(root, POLICY)?.is_some_and(|p| p.is_file()) {
+            out.push(format!(
+                "the node is FIPS but the staged tree has no /{POLICY}"
+            ));
+        }
+        if !subdirs(root, "usr/lib/dracut/modules.d")?
+            .iter()
+            .any(|m| m.contains("fips"))
+        {
+            out.push(
+                "the node is FIPS but the staged tree has no dracut fips module in /usr/lib/dracut/modules.d"
+                    .to_string(),
+            );
+        }
+    }
+    Ok(out)
+}
+
+fn io_error(path: &Path, e: std::io::Error) -> VerifyError {
+    VerifyError::Sysroot(format!("reading {}: {e}", path.display()))
+}
+
+/// `rel` below `root` with every symlink resolved inside `root`, as the booted system sees
+/// it (an absolute link must not escape to the host running the check); `None` if missing.
+fn resolve_in_root(root: &Path, rel: &str) -> Result<Option<PathBuf>, VerifyError> {
+    // Components still to walk, last first; ".." is kept as a name and applied when popped.
+    fn push_components(stack: &mut Vec<OsString>, p: &Path) {
+        for c in p.components().rev() {
+            match c {
+                Component::Normal(n) => stack.push(n.to_os_string()),
+                Component::ParentDir => stack.push("..".into()),
+                Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+            }
+        }
+    }
+    let mut pending = Vec::new();
+    push_components(&mut pending, Path::new(rel));
+    let mut done = PathBuf::new();
+    let mut links = 0;
+    while let Some(name) = pending.pop() {
+        if name == ".." {
+            done.pop();
+            continue;
+        }
+        let candidate = done.join(&name);
+        let full = root.join(&candidate);
+        match std::fs::symlink_metadata(&full) {
+            Ok(m) if m.file_type().is_symlink() => {
+                // The kernel's limit on nested links (ELOOP).
+                links += 1;
+                if links > 40 {
+                    return Err(VerifyError::Sysroot(format!(
+                        "too many levels of symbolic links below {} at {rel}",
+                        root.display()
+                    )));
+                }
+                let target = std::fs::read_link(&full).map_err(|e| io_error(&full, e))?;
+                if target.is_absolute() {
+                    done = PathBuf::new();
+                }
+                push_components(&mut pending, &target);
+            }
+            Ok(_) => done = candidate,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                return Ok(None);
+            }
+            Err(e) => return Err(io_error(&full, e)),
+        }
+    }
+    Ok(Some(root.join(done)))
+}
+
+/// The names of the directories in `rel` below `root` (empty if it does not exist).
+fn subdirs(root: &Path, rel: &str) -> Result<Vec<String>, VerifyError> {
+    let Some(dir) = resolve_in_root(root, rel)? else {
+        return Ok(Vec::new());
+    };
+    if !dir.is_dir() {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&dir).map_err(|e| io_error(&dir, e))? {
+        let entry = entry.map_err(|e| io_error(&dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let is_dir = resolve_in_root(root, &format!("{rel}/{name}"))?.is_some_and(|p| p.is_dir());
+        if is_dir {
+            out.push(name);
+        }
+    }
+    Ok(out)
+}
+
+/// The text of the file `rel` below `root`, if it exists.
+fn read_in_root(root: &Path, rel: &str) -> Result<Option<String>, VerifyError> {
+    match resolve_in_root(root, rel)? {
+        Some(p) if p.is_file() => std::fs::read_to_string(&p)
+            .map(Some)
+            .map_err(|e| io_error(&p, e)),
+        _ => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kargs_split_like_the_kernel() {
+        assert_eq!(
+            split_kargs("  rw  foo=\"a b\" quiet\tx=\"\" "),
+            ["rw", "foo=\"a b\"", "quiet", "x=\"\""]
+        );
+        assert!(split_kargs(" \t").is_empty());
+    }
+
+    #[test]
+    fn kargs_compare_as_multisets() {
+        let booted =
+            "BOOT_IMAGE=(hd0,gpt3)/a ostree=/ostree/boot.1/x rw console=tty0 console=ttyS0 fips=1";
+        // Reordered, other ostree=, extra arguments: nothing missing.
+        let staged = "ostree=/ostree/boot.0/y fips=1 console=ttyS0 rw console=tty0 nosmt";
+        assert!(missing_kargs(booted, staged).is_empty());
+        assert!(check_kargs(booted, staged, true).is_empty());
+        // A repeated argument counts; a lost one is named.
+        let staged = "rw console=tty0 nosmt";
+        assert_eq!(
+            missing_kargs(booted, staged),
+            [("console=ttyS0", 1, 0), ("fips=1", 1, 0)]
+        );
+        let twice = "rw console=tty0 console=tty0";
+        assert_eq!(
+            missing_kargs(twice, "rw console=tty0"),
+            [("console=tty0", 2, 1)]
+        );
+        let problems = check_kargs(booted, staged, true);
+        assert_eq!(problems.len(), 3, "{problems:#?}");
+        assert!(problems[1].contains("\"fips=1\""), "{problems:#?}");
+        assert!(problems[2].contains("lack fips=1"), "{problems:#?}");
+        // A FIPS node needs fips=1 even when the booted deployment somehow lacks it.
+        assert_eq!(check_kargs("rw", "rw", true).len(), 1);
+        assert!(check_kargs("rw", "rw", false).is_empty());
+    }
+
+    #[test]
+    fn module_dir_suffix_names_the_variant() {
+        let cases = [
+            ("6.12.0-124.8.1.el10_1.x86_64", KernelVariant::Default),
+            ("6.12.0-124.8.1.el10_1.x86_64+rt", KernelVariant::Realtime),
+            (
+                "6.12.0-124.8.1.el10_1.aarch64+64k",
+                KernelVariant::SixtyFourK,
+            ),
+            ("5.14.0-570.60.1.el9_6.x86_64+rt", KernelVariant::Realtime),
+        ];
+        for (release, want) in cases {
+            assert_eq!(variant_of_release(release), want, "{release}");
+        }
+        let one = |r: &str| vec![r.to_string()];
+        assert_eq!(
+            check_modules(&one("6.12.0-1.el10.x86_64+rt"), KernelVariant::Realtime),
+            None
+        );
+        let wrong = check_modules(&one("6.12.0-1.el10.x86_64"), KernelVariant::Realtime)
+            .expect("default is not realtime");
+        assert!(
+            wrong.contains("is a default kernel, expected realtime"),
+            "{wrong}"
+        );
+        assert!(check_modules(&[], KernelVariant::Default).is_some());
+        let two = [
+            "6.12.0-1.el10.x86_64".to_string(),
+            "6.12.0-1.el10.x86_64+rt".to_string(),
+        ];
+        let many = check_modules(&two, KernelVariant::Realtime).expect("two kernels");
+        assert!(many.contains("2 kernel directories"), "{many}");
+    }
+
+    /// A scratch directory removed on drop.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Scratch {
+            let p =
+                std::env::temp_dir().join(format!("streamd-verify-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir_all(&p).expect("scratch dir");
+            Scratch(p)
+        }
+
+        fn put(&self, rel: &str, text: &str) {
+            let p = self.0.join(rel);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(p, text).expect("write");
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn expectation(kernel: KernelVariant, fips: bool) -> Expectation {
+        Expectation {
+            image_digest: "sha256:00".into(),
+            target_major: 10,
+            kernel,
+            fips,
+        }
+    }
+
+    #[test]
+    fn tree_checks_resolve_links_inside_the_tree() {
+        let t = Scratch::new("tree");
+        t.put("usr/lib/modules/6.12.0-1.el10.x86_64+rt/vmlinuz", "k");
+        t.put("usr/lib/os-release", "ID=rhcos\nRHEL_VERSION=10.1\n");
+        // What FIPS needs, reached through absolute links that point inside the tree; the
+        // same absolute paths on the machine running the test must not count.
+        t.put("usr/share/crypto-policies/back/FIPS.pol", "p");
+        t.put("usr/lib/dracut/real/01fips/module-setup.sh", "m");
+        std::fs::create_dir_all(t.0.join("usr/share/crypto-policies/policies")).expect("mkdir");
+        std::os::unix::fs::symlink(
+            "/usr/share/crypto-policies/back/FIPS.pol",
+            t.0.join("usr/share/crypto-policies/policies/FIPS.pol"),
+        )
+        .expect("link");
+        std::fs::create_dir_all(t.0.join("usr/lib/dracut/modules.d")).expect("mkdir");
+        std::os::unix::fs::symlink(
+            "../real/01fips",
+            t.0.join("usr/lib/dracut/modules.d/01fips"),
+        )
+        .expect("link");
+        let rt_fips = expectation(KernelVariant::Realtime, true);
+        assert_eq!(check_tree(&t.0, &rt_fips), Ok(Vec::new()));
+
+        // Every difference at once.
+        let wrong = Expectation {
+            target_major: 9,
+            ..expectation(KernelVariant::Default, true)
+        };
+        std::fs::remove_file(t.0.join("usr/share/crypto-policies/back/FIPS.pol")).expect("rm");
+        std::fs::remove_dir_all(t.0.join("usr/lib/dracut/real")).expect("rm");
+        let problems = check_tree(&t.0, &wrong).expect("readable");
+        assert_eq!(problems.len(), 4, "{problems:#?}");
+        assert!(
+            problems[0].contains("realtime kernel, expected default"),
+            "{problems:#?}"
+        );
+        assert!(
+            problems[1].contains("(major 10), expected major 9"),
+            "{problems:#?}"
+        );
+        assert!(problems[2].contains("FIPS.pol"), "{problems:#?}");
+        assert!(problems[3].contains("dracut fips module"), "{problems:#?}");
+
+        // A dangling chain of links and a loop are handled, not followed forever.
+        std::os::unix::fs::symlink("loop-b", t.0.join("loop-a")).expect("link");
+        std::os::unix::fs::symlink("loop-a", t.0.join("loop-b")).expect("link");
+        assert!(matches!(
+            resolve_in_root(&t.0, "loop-a/x"),
+            Err(VerifyError::Sysroot(_))
+        ));
+        assert_eq!(resolve_in_root(&t.0, "usr/lib/os-release/x"), Ok(None));
+        assert_eq!(
+            resolve_in_root(&t.0, "/usr/../usr/lib/./os-release"),
+            Ok(Some(t.0.join("usr/lib/os-release")))
+        );
+    }
+
+    #[test]
+    fn empty_tree_is_a_mismatch_not_an_error() {
+        let t = Scratch::new("empty");
+        let problems =
+            check_tree(&t.0, &expectation(KernelVariant::Default, false)).expect("readable");
+        assert_eq!(problems.len(), 2, "{problems:#?}");
+        assert!(problems[0].contains("no kernel directory"), "{problems:#?}");
+        assert!(problems[1].contains("no os-release"), "{problems:#?}");
+    }
+}
