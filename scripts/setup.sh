@@ -10,6 +10,8 @@ have tmux || need+=(tmux)
 have pkg-config || need+=(pkg-config)
 have rpmbuild || need+=(rpm)
 have docker-registry || need+=(docker-registry)
+have ostree || need+=(ostree)
+pkg-config --exists ostree-1 2>/dev/null || need+=(libostree-dev)
 
 if ((${#need[@]})); then
     echo "setup: installing ${need[*]}" >&2

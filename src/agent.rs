@@ -14,6 +14,7 @@ use tokio::time::sleep_until;
 use tracing::{debug, info, warn};
 
 use crate::dbus_api::{self, Request};
+use crate::gather::{Gatherer, Transient};
 use crate::hostfacts::{self, Backend, HostRoot};
 use crate::kubeclient::{EventType, NodeClient, NodeUpdate};
 use crate::planner::{self, Decision, Observation};
@@ -28,12 +29,17 @@ const MIN_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// Longest wait for a foreign rpm-ostree transaction before asking again.
 const BUSY_MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// First delay after a registry or DNS failure during preflight.
+const REGISTRY_MIN_BACKOFF: Duration = Duration::from_secs(10);
+/// Longest delay between preflight retries.
+const REGISTRY_MAX_BACKOFF: Duration = Duration::from_secs(300);
 
 /// Everything the agent needs from outside.
 pub struct Agent {
     node: NodeClient,
     rpm: rpmostree::Client,
     host: HostRoot,
+    gatherer: Gatherer,
     api: dbus_api::Api,
     requests: mpsc::Receiver<Request>,
     events: mpsc::Sender<(EventType, &'static str, String)>,
@@ -43,6 +49,7 @@ pub struct Agent {
     staging: Option<Staging>,
     retry_at: Option<Instant>,
     backoff: Duration,
+    registry_backoff: Duration,
     patch_retry_at: Option<Instant>,
     patch_backoff: Duration,
     ready: bool,
@@ -61,8 +68,9 @@ impl Agent {
     pub async fn new(
         node: NodeClient,
         rpm: rpmostree::Client,
-        host: HostRoot,
+        gatherer: Gatherer,
     ) -> anyhow::Result<Self> {
+        let host = gatherer.host.clone();
         let (req_tx, requests) = mpsc::channel(1);
         let status = Status {
             node: node.name().to_string(),
@@ -76,6 +84,7 @@ impl Agent {
             node,
             rpm,
             host,
+            gatherer,
             api,
             requests,
             events,
@@ -85,6 +94,7 @@ impl Agent {
             staging: None,
             retry_at: None,
             backoff: MIN_BACKOFF,
+            registry_backoff: REGISTRY_MIN_BACKOFF,
             patch_retry_at: None,
             patch_backoff: MIN_BACKOFF,
             ready: false,
@@ -185,11 +195,55 @@ impl Agent {
         let decision = planner::decide(&obs);
         debug!(?decision, "decided");
         match decision {
-            Decision::Stage(plan) => {
-                let call = UpdateDeploymentCall::for_plan(&plan);
-                let hash = self.status.observed_desired.clone().unwrap_or_default();
-                self.start_staging(call, hash, plan.os_image.to_string())
+            Decision::Stage(base) => {
+                let (Ok(Some(d)), Some(booted), Some(facts)) = (
+                    &desired,
+                    deployments.iter().find(|d| d.booted),
+                    self.status.host.clone(),
+                ) else {
+                    return;
+                };
+                self.set_state(State::Preflight, "running preflight checks".into())
                     .await;
+                match self.gatherer.prepare(&facts, d, booted, base).await {
+                    Err(Transient(msg)) => {
+                        let delay = jittered(self.registry_backoff);
+                        self.registry_backoff =
+                            (self.registry_backoff * 2).min(REGISTRY_MAX_BACKOFF);
+                        self.retry_at = Some(Instant::now() + delay);
+                        warn!(error = %msg, retry_in = ?delay, "preflight could not reach the registry");
+                        self.status.reason = format!("{msg}; retrying in {}s", delay.as_secs());
+                        self.publish().await;
+                    }
+                    Ok(prepared) => {
+                        self.registry_backoff = REGISTRY_MIN_BACKOFF;
+                        for c in &prepared.checks {
+                            debug!(check = c.id, result = ?c.result, message = %c.message, "preflight");
+                        }
+                        match (
+                            prepared.plan,
+                            crate::preflight::first_failure(&prepared.checks),
+                        ) {
+                            (Some(plan), _) => {
+                                let call = UpdateDeploymentCall::for_plan(&plan);
+                                info!(call = %serde_json::to_string(&call).unwrap_or_default(), "staging");
+                                let hash = self.status.observed_desired.clone().unwrap_or_default();
+                                self.start_staging(call, hash, plan.os_image.to_string())
+                                    .await;
+                            }
+                            (None, Some(f)) => {
+                                warn!(check = f.id, message = %f.message, "preflight check failed");
+                                let reason =
+                                    format!("preflight check {} failed: {}", f.id, f.message);
+                                self.set_state(State::Refused, reason).await;
+                            }
+                            (None, None) => {
+                                self.set_state(State::Refused, "preflight produced no plan".into())
+                                    .await;
+                            }
+                        }
+                    }
+                }
             }
             other => {
                 let reason = match &other {
@@ -429,6 +483,19 @@ async fn sleep_opt(at: Option<Instant>) {
         Some(t) => sleep_until(t.into()).await,
         None => std::future::pending().await,
     }
+}
+
+/// `d` plus up to a quarter of it, so a fleet does not retry in lockstep.
+fn jittered(d: Duration) -> Duration {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |t| t.subsec_nanos());
+    let quarter = d.as_millis() as u64 / 4;
+    d + Duration::from_millis(if quarter == 0 {
+        0
+    } else {
+        u64::from(nanos) % quarter
+    })
 }
 
 fn unix_now() -> u64 {

@@ -20,6 +20,10 @@ pub const DEFAULT_DIRS: [&str; 3] = [
 
 /// Default kubeconfig: the kubelet's own.
 pub const DEFAULT_KUBECONFIG: &str = "/var/lib/kubelet/kubeconfig";
+/// Default pull secret: the kubelet's own.
+pub const DEFAULT_PULL_SECRET: &str = "/var/lib/kubelet/config.json";
+/// Default runtime directory (systemd's `RuntimeDirectory=streamd`).
+pub const DEFAULT_RUNTIME_DIR: &str = "/run/streamd";
 
 /// An invalid configuration.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +63,18 @@ pub struct Fragment {
     pub kubeconfig: Option<PathBuf>,
     /// Root under which host facts are read.
     pub host_root: Option<PathBuf>,
+    /// Pull secret (docker config JSON).
+    pub pull_secret: Option<PathBuf>,
+    /// Private runtime directory (extracted RPMs).
+    pub runtime_dir: Option<PathBuf>,
+    /// Registries spoken to over plain HTTP.
+    pub insecure_registries: Option<Vec<String>>,
+    /// Allow moving to an older major.
+    pub allow_downgrade: Option<bool>,
+    /// Free space the sysroot must keep beyond the image, MiB.
+    pub min_free_sysroot_mib: Option<u64>,
+    /// Free space `/boot` must have, MiB.
+    pub min_free_boot_mib: Option<u64>,
 }
 
 /// The effective configuration.
@@ -70,6 +86,14 @@ pub struct Config {
     pub kubeconfig: PathBuf,
     /// Host root for `/proc`, `/etc/os-release`, the sysroot.
     pub host_root: PathBuf,
+    /// Pull secret path.
+    pub pull_secret: PathBuf,
+    /// Runtime directory.
+    pub runtime_dir: PathBuf,
+    /// Registries spoken to over plain HTTP (`host:port`).
+    pub insecure_registries: Vec<String>,
+    /// Preflight policy (downgrades, disk minimums).
+    pub policy: crate::preflight::Policy,
     /// The files that were read, in order (for `streamctl config check` and logs).
     pub sources: Vec<PathBuf>,
 }
@@ -80,6 +104,10 @@ impl Default for Config {
             node_name: None,
             kubeconfig: PathBuf::from(DEFAULT_KUBECONFIG),
             host_root: PathBuf::from("/"),
+            pull_secret: PathBuf::from(DEFAULT_PULL_SECRET),
+            runtime_dir: PathBuf::from(DEFAULT_RUNTIME_DIR),
+            insecure_registries: Vec::new(),
+            policy: crate::preflight::Policy::default(),
             sources: Vec::new(),
         }
     }
@@ -96,6 +124,24 @@ impl Config {
         }
         if let Some(v) = f.host_root {
             self.host_root = v;
+        }
+        if let Some(v) = f.pull_secret {
+            self.pull_secret = v;
+        }
+        if let Some(v) = f.runtime_dir {
+            self.runtime_dir = v;
+        }
+        if let Some(v) = f.insecure_registries {
+            self.insecure_registries = v;
+        }
+        if let Some(v) = f.allow_downgrade {
+            self.policy.allow_downgrade = v;
+        }
+        if let Some(v) = f.min_free_sysroot_mib {
+            self.policy.min_free_sysroot = v.saturating_mul(1 << 20);
+        }
+        if let Some(v) = f.min_free_boot_mib {
+            self.policy.min_free_boot = v.saturating_mul(1 << 20);
         }
     }
 }

@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod config;
 pub mod dbus_api;
+pub mod gather;
 pub mod hostfacts;
 pub mod imageref;
 pub mod kubeclient;

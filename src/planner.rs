@@ -3,6 +3,10 @@
 //! No I/O happens here; the agent gathers an [`Observation`], asks [`decide`], and carries out the
 //! [`Decision`]. Every rule is covered by the table tests below.
 
+use std::path::PathBuf;
+
+use crate::hostfacts::KernelVariant;
+use crate::hostfacts::kernel::{DEFAULT_KERNEL_PACKAGES, names_package};
 use crate::imageref::ImageRef;
 use crate::protocol::{Desired, ProtocolError, State};
 use crate::rpmostree::Deployment;
@@ -37,6 +41,65 @@ pub struct StagePlan {
     pub os_image: ImageRef,
     /// Whether an older base may be deployed.
     pub allow_downgrade: bool,
+    /// Kernel variant carried to the target.
+    pub kernel: KernelVariant,
+    /// Packages of the booted origin that are replaced by target builds (uninstalled in the
+    /// same transaction): old-major variant kernels and layered packages.
+    pub uninstall: Vec<String>,
+    /// Default-kernel packages to remove from the new base (those not yet removed in the origin).
+    pub override_remove: Vec<String>,
+    /// Target RPMs installed from files (passed as file descriptors).
+    pub local_rpms: Vec<PathBuf>,
+}
+
+impl StagePlan {
+    /// A plain rebase: nothing carried.
+    pub fn rebase(stream: &str, os_image: &ImageRef, allow_downgrade: bool) -> Self {
+        StagePlan {
+            stream: stream.to_string(),
+            os_image: os_image.clone(),
+            allow_downgrade,
+            kernel: KernelVariant::Default,
+            uninstall: Vec::new(),
+            override_remove: Vec::new(),
+            local_rpms: Vec::new(),
+        }
+    }
+
+    /// Completes a rebase so one transaction produces the whole target: the booted variant
+    /// kernel and layered packages (`carried`, package names) are replaced by the target builds
+    /// in `rpms` (extracted from the target's extensions image). A node must never be staged on
+    /// the default kernel when it runs a variant, so this is all or nothing.
+    pub fn carry(
+        mut self,
+        booted: &crate::rpmostree::Deployment,
+        kernel: KernelVariant,
+        carried: &[String],
+        rpms: &[PathBuf],
+    ) -> Self {
+        self.kernel = kernel;
+        let replaced = |spec: &str| {
+            kernel.packages().iter().any(|p| names_package(spec, p))
+                || carried.iter().any(|p| names_package(spec, p))
+        };
+        self.uninstall = booted
+            .requested_packages
+            .iter()
+            .chain(&booted.requested_local_packages)
+            .filter(|p| replaced(p))
+            .cloned()
+            .collect();
+        if kernel != KernelVariant::Default {
+            self.override_remove = DEFAULT_KERNEL_PACKAGES
+                .iter()
+                .filter(|p| !booted.requested_base_removals.iter().any(|r| r == *p))
+                .map(|p| p.to_string())
+                .collect();
+        }
+        self.local_rpms = rpms.to_vec();
+        self.local_rpms.sort();
+        self
+    }
 }
 
 /// The planner's answer.
@@ -86,11 +149,7 @@ pub fn decide(obs: &Observation<'_>) -> Decision {
     if obs.staged().is_some_and(|s| s.carries_digest(digest)) {
         return Decision::AlreadyStaged;
     }
-    Decision::Stage(StagePlan {
-        stream: desired.stream.clone(),
-        os_image: desired.os_image.clone(),
-        allow_downgrade: false,
-    })
+    Decision::Stage(StagePlan::rebase(&desired.stream, &desired.os_image, false))
 }
 
 #[cfg(test)]
@@ -141,11 +200,7 @@ mod tests {
             let Ok(Some(w)) = want(d) else {
                 panic!("valid")
             };
-            Decision::Stage(StagePlan {
-                stream: w.stream,
-                os_image: w.os_image,
-                allow_downgrade: false,
-            })
+            Decision::Stage(StagePlan::rebase(&w.stream, &w.os_image, false))
         };
         let cases: Vec<Case> = vec![
             (
@@ -203,6 +258,64 @@ mod tests {
             deployments: &deps,
         };
         assert!(matches!(decide(&obs), Decision::Refuse(r) if r.contains("no booted")));
+    }
+
+    #[test]
+    fn carry_replaces_old_variant_and_layers() {
+        let Ok(Some(w)) = want(D10) else {
+            panic!("valid")
+        };
+        let rt_booted = Deployment {
+            requested_base_removals: DEFAULT_KERNEL_PACKAGES
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            requested_local_packages: vec![
+                "kernel-rt-core-5.14.0-570.el9_6.x86_64".into(),
+                "kernel-rt-modules-5.14.0-570.el9_6.x86_64".into(),
+                "kernel-rt-modules-extra-5.14.0-570.el9_6.x86_64".into(),
+            ],
+            requested_packages: vec!["usbguard".into(), "other".into()],
+            ..dep(D9, true, false)
+        };
+        let rpms = vec![
+            PathBuf::from("/run/x/usbguard.rpm"),
+            PathBuf::from("/run/x/kernel-rt-core.rpm"),
+        ];
+        let plan = StagePlan::rebase(&w.stream, &w.os_image, false).carry(
+            &rt_booted,
+            KernelVariant::Realtime,
+            &["usbguard".to_string()],
+            &rpms,
+        );
+        assert_eq!(plan.uninstall.len(), 4, "{:?}", plan.uninstall);
+        assert!(!plan.uninstall.contains(&"other".to_string()));
+        assert!(
+            plan.override_remove.is_empty(),
+            "already removed in the origin"
+        );
+        assert_eq!(
+            plan.local_rpms[0],
+            PathBuf::from("/run/x/kernel-rt-core.rpm")
+        );
+
+        let fresh = Deployment {
+            ..dep(D9, true, false)
+        };
+        let plan = StagePlan::rebase(&w.stream, &w.os_image, false).carry(
+            &fresh,
+            KernelVariant::SixtyFourK,
+            &[],
+            &[],
+        );
+        assert_eq!(plan.override_remove.len(), 5);
+        let plain = StagePlan::rebase(&w.stream, &w.os_image, false).carry(
+            &fresh,
+            KernelVariant::Default,
+            &[],
+            &[],
+        );
+        assert!(plain.override_remove.is_empty() && plain.uninstall.is_empty());
     }
 
     #[test]

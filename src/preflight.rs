@@ -463,13 +463,13 @@ fn disk_space(i: &Input<'_>) -> CheckResult {
     )
 }
 
-/// Layered packages of the booted deployment that are not part of the kernel variant.
-fn layered(i: &Input<'_>) -> Vec<String> {
-    let variant = i.kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
-    i.booted
+/// Layered packages of the booted deployment that are not part of the kernel variant
+/// (names or NEVRAs, as the origin has them).
+pub fn layered_packages_of(booted: &Deployment, variant: KernelVariant) -> Vec<String> {
+    booted
         .requested_packages
         .iter()
-        .chain(&i.booted.requested_local_packages)
+        .chain(&booted.requested_local_packages)
         .filter(|p| {
             !variant
                 .packages()
@@ -478,6 +478,11 @@ fn layered(i: &Input<'_>) -> Vec<String> {
         })
         .cloned()
         .collect()
+}
+
+fn layered(i: &Input<'_>) -> Vec<String> {
+    let variant = i.kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
+    layered_packages_of(i.booted, variant)
 }
 
 /// The package name of a name-or-NEVRA.

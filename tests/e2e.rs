@@ -272,7 +272,7 @@ async fn failed_transaction_degrades_with_the_daemon_message() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unknown_image_degrades_with_manifest_unknown() {
+async fn unknown_image_is_refused_before_rpm_ostree() {
     let mut env = Env::new("unknown").await;
     env.start_streamd();
     env.wait_state("Idle").await;
@@ -287,8 +287,14 @@ async fn unknown_image_degrades_with_manifest_unknown() {
         &format!("{DESIRED_STREAM}=rhel-10"),
         &format!("{DESIRED_OS_IMAGE}={img}"),
     ]);
-    let a = env.wait_state("Degraded").await;
+    let a = env.wait_state("Refused").await;
+    assert!(
+        a[REASON].contains("preflight check os-image failed"),
+        "{}",
+        a[REASON]
+    );
     assert!(a[REASON].contains("manifest unknown"), "{}", a[REASON]);
+    assert!(env.transactions().await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -99,7 +99,14 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let rpm = rpmostree::Client::connect()
         .await
         .context("connecting to rpm-ostreed")?;
-    let agent = Agent::new(node, rpm, host).await?;
+    let gatherer = streamd::gather::Gatherer {
+        host,
+        pull_secret: cfg.pull_secret.clone(),
+        insecure_registries: cfg.insecure_registries.clone(),
+        runtime_dir: cfg.runtime_dir.clone(),
+        policy: cfg.policy.clone(),
+    };
+    let agent = Agent::new(node, rpm, gatherer).await?;
     agent.run(shutdown_signal()).await
 }
 

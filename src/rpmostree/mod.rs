@@ -124,14 +124,29 @@ pub enum CallValue {
     Bool(bool),
     /// `as`
     Strs(Vec<String>),
+    /// `ah`: files opened read-only and passed as descriptors in the message's fd list.
+    Files(Vec<std::path::PathBuf>),
 }
 
 impl CallValue {
-    fn to_value(&self) -> Value<'_> {
+    /// The D-Bus value; `fds` holds the descriptors of `Files` values (in order) and must
+    /// outlive the call.
+    fn to_value<'a>(&'a self, fds: &'a [std::os::fd::OwnedFd], next_fd: &mut usize) -> Value<'a> {
         match self {
             CallValue::Str(s) => Value::from(s.as_str()),
             CallValue::Bool(b) => Value::Bool(*b),
             CallValue::Strs(v) => Value::from(v.iter().map(String::as_str).collect::<Vec<_>>()),
+            CallValue::Files(paths) => {
+                let start = *next_fd;
+                *next_fd += paths.len();
+                let handles: Vec<zbus::zvariant::Fd<'a>> = fds
+                    .get(start..*next_fd)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(zbus::zvariant::Fd::from)
+                    .collect();
+                Value::from(handles)
+            }
         }
     }
 }
@@ -153,6 +168,26 @@ impl UpdateDeploymentCall {
             "set-refspec",
             CallValue::Str(plan.os_image.ostree_refspec()),
         );
+        // The old-major builds go and the target's come in the same transaction, so no staged
+        // state ever has a variant node on the default kernel.
+        if !plan.uninstall.is_empty() {
+            modifiers.insert(
+                "uninstall-packages",
+                CallValue::Strs(plan.uninstall.clone()),
+            );
+        }
+        if !plan.override_remove.is_empty() {
+            modifiers.insert(
+                "override-remove-packages",
+                CallValue::Strs(plan.override_remove.clone()),
+            );
+        }
+        if !plan.local_rpms.is_empty() {
+            modifiers.insert(
+                "install-local-packages",
+                CallValue::Files(plan.local_rpms.clone()),
+            );
+        }
         let mut options = BTreeMap::new();
         // Locked: an unplanned reboot must not apply a major change nobody approved.
         options.insert("lock-finalization", CallValue::Bool(true));
@@ -165,15 +200,41 @@ impl UpdateDeploymentCall {
         UpdateDeploymentCall { modifiers, options }
     }
 
+    /// Opens every file the call passes as a descriptor, in dictionary order.
+    fn open_files(&self) -> Result<Vec<std::os::fd::OwnedFd>, RpmOstreeError> {
+        let mut fds = Vec::new();
+        for v in self.modifiers.values().chain(self.options.values()) {
+            if let CallValue::Files(paths) = v {
+                for p in paths {
+                    let f = std::fs::File::open(p).map_err(|e| {
+                        RpmOstreeError::Protocol(format!("opening {}: {e}", p.display()))
+                    })?;
+                    fds.push(std::os::fd::OwnedFd::from(f));
+                }
+            }
+        }
+        Ok(fds)
+    }
+
     /// Sorted dictionaries: rpm-ostreed joins an identical request only when the serialized
     /// parameters are byte-identical, so a retry must send the same order.
-    fn dicts(&self) -> (BTreeMap<&str, Value<'_>>, BTreeMap<&str, Value<'_>>) {
-        (to_dict(&self.modifiers), to_dict(&self.options))
+    fn dicts<'a>(
+        &'a self,
+        fds: &'a [std::os::fd::OwnedFd],
+    ) -> (BTreeMap<&'a str, Value<'a>>, BTreeMap<&'a str, Value<'a>>) {
+        let mut next = 0;
+        let m = to_dict(&self.modifiers, fds, &mut next);
+        let o = to_dict(&self.options, fds, &mut next);
+        (m, o)
     }
 }
 
-fn to_dict<'a>(m: &'a BTreeMap<&'static str, CallValue>) -> BTreeMap<&'static str, Value<'a>> {
-    m.iter().map(|(k, v)| (*k, v.to_value())).collect()
+fn to_dict<'a>(
+    m: &'a BTreeMap<&'static str, CallValue>,
+    fds: &'a [std::os::fd::OwnedFd],
+    next: &mut usize,
+) -> BTreeMap<&'static str, Value<'a>> {
+    m.iter().map(|(k, v)| (*k, v.to_value(fds, next))).collect()
 }
 
 /// A connection to rpm-ostreed.
@@ -274,7 +335,8 @@ impl Client {
         events: &tokio::sync::mpsc::Sender<TxnEvent>,
     ) -> Result<(), RpmOstreeError> {
         let os = self.os().await?;
-        let (modifiers, options) = call.dicts();
+        let fds = call.open_files()?;
+        let (modifiers, options) = call.dicts(&fds);
         let address = os
             .update_deployment(modifiers, options)
             .await

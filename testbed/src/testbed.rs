@@ -12,7 +12,8 @@ use tracing::warn;
 
 use crate::apiserver::{ApiServer, ApiServerConfig};
 use crate::bus::Bus;
-use crate::images::{self, TestImage};
+use crate::images::TestImage;
+use crate::registry::{Registry, RegistryConfig};
 use crate::rpmostreed::{FakeRpmOstreed, RpmOstreedConfig};
 
 /// Node name of the testbed's node.
@@ -44,6 +45,7 @@ pub struct Testbed {
     inner: Arc<Components>,
     env: BTreeMap<String, String>,
     images: Vec<TestImage>,
+    registry: Registry,
 }
 
 struct Components {
@@ -58,13 +60,30 @@ impl Testbed {
         let dir = std::path::absolute(&opts.dir)
             .with_context(|| format!("resolving {}", opts.dir.display()))?;
         let fixture = crate::fixtures::fixture(&opts.host)?;
-        for sub in ["bus", "host", "config.d", "state", "rpmostreed"] {
+        for sub in ["bus", "host", "config.d", "state", "rpmostreed", "run"] {
             std::fs::create_dir_all(dir.join(sub))
                 .with_context(|| format!("creating {}", dir.join(sub).display()))?;
         }
         let _ = std::fs::remove_file(dir.join("env"));
-        let images = images::catalog(images::DEFAULT_REGISTRY);
+        // A real registry holding the OS and extensions images the node is asked to move to.
+        let registry = Registry::start(RegistryConfig {
+            dir: dir.join("registry"),
+        })
+        .await
+        .context("starting the registry")?;
+        let images = registry.images().to_vec();
         let booted = images.first().context("empty image catalog")?.clone();
+        let extensions = |stream: &str| {
+            registry
+                .extensions()
+                .iter()
+                .find(|e| e.stream == stream)
+                .map(|e| e.pullspec.clone())
+                .unwrap_or_default()
+        };
+        let pull_secret = dir.join("pull-secret.json");
+        std::fs::write(&pull_secret, registry.pull_secret_json())
+            .context("writing the pull secret")?;
 
         let bus = Bus::start(&dir.join("bus")).await?;
         let rpmostreed = FakeRpmOstreed::start(RpmOstreedConfig {
@@ -92,17 +111,31 @@ impl Testbed {
         .await
         .context("starting the fake API server")?;
 
+        // streamd reads the sysroot and /boot below the host root, as on a node.
+        for (link, target) in [("sysroot", dir.join("sysroot")), ("boot", dir.join("sysroot/boot"))] {
+            let l = dir.join("host").join(link);
+            let _ = std::fs::remove_file(&l);
+            std::os::unix::fs::symlink(&target, &l)
+                .with_context(|| format!("linking {}", l.display()))?;
+        }
         let config_dir = dir.join("config.d");
-        std::fs::write(
-            config_dir.join("50-testbed.toml"),
-            format!(
-                "# written by the testbed\nnode-name = {node:?}\nkubeconfig = {kc:?}\nhost-root = {hr:?}\n",
-                node = NODE_NAME,
-                kc = dir.join("kubeconfig").display().to_string(),
-                hr = dir.join("host").display().to_string(),
-            ),
-        )
-        .context("writing the streamd config")?;
+        let mut config = format!(
+            "# written by the testbed\nnode-name = {node:?}\nkubeconfig = {kc:?}\nhost-root = {hr:?}\n\
+             pull-secret = {ps:?}\nruntime-dir = {rd:?}\ninsecure-registries = [{reg:?}]\n",
+            node = NODE_NAME,
+            kc = dir.join("kubeconfig").display().to_string(),
+            hr = dir.join("host").display().to_string(),
+            ps = pull_secret.display().to_string(),
+            rd = dir.join("run").display().to_string(),
+            reg = registry.host(),
+        );
+        if fixture.low_disk {
+            // The sysroot here lives on the build machine's disk; asking for more free space than
+            // any disk has makes streamd's disk-space check see a "full" sysroot for real.
+            config.push_str("min-free-sysroot-mib = 1073741824\n");
+        }
+        std::fs::write(config_dir.join("50-testbed.toml"), config)
+            .context("writing the streamd config")?;
 
         let env = BTreeMap::from([
             (
@@ -130,6 +163,13 @@ impl Testbed {
             ("TESTBED_DIR".into(), dir.display().to_string()),
             ("TESTBED_API_URL".into(), apiserver.url().to_string()),
             ("TESTBED_RHEL9_IMAGE".into(), images[0].pullspec.clone()),
+            ("TESTBED_RHEL9_EXTENSIONS_IMAGE".into(), extensions("rhel-9")),
+            ("TESTBED_RHEL10_EXTENSIONS_IMAGE".into(), extensions("rhel-10")),
+            ("TESTBED_REGISTRY".into(), registry.host().to_string()),
+            (
+                "TESTBED_PULL_SECRET".into(),
+                pull_secret.display().to_string(),
+            ),
             (
                 "TESTBED_RHEL10_IMAGE".into(),
                 images
@@ -150,6 +190,7 @@ impl Testbed {
             inner,
             env,
             images,
+            registry,
         })
     }
 
@@ -166,6 +207,11 @@ impl Testbed {
     /// The images the testbed serves (`rhel-9` first).
     pub fn images(&self) -> &[TestImage] {
         &self.images
+    }
+
+    /// The registry.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
     }
 
     /// The private system bus.

@@ -31,14 +31,19 @@ pub struct Env {
 }
 
 impl Env {
-    /// A fresh testbed in `target/e2e/<name>-<pid>`.
+    /// A fresh testbed in `target/tmp/e2e-<name>-<pid>` on the default host.
     pub async fn new(name: &str) -> Env {
+        Env::with_host(name, "default").await
+    }
+
+    /// A fresh testbed on host fixture `host`.
+    pub async fn with_host(name: &str, host: &str) -> Env {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("e2e-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let tb = Testbed::start(Options::new(dir.clone()))
-            .await
-            .expect("testbed starts");
+        let mut opts = Options::new(dir.clone());
+        opts.host = host.to_string();
+        let tb = Testbed::start(opts).await.expect("testbed starts");
         Env {
             tb,
             dir,
@@ -183,7 +188,7 @@ impl Env {
 
     /// Waits for `state` (and, if given, an observed-desired hash different from `not_hash`).
     pub async fn wait_state(&self, state: &str) -> BTreeMap<String, String> {
-        self.wait_for(&format!("state {state}"), Duration::from_secs(30), |a| {
+        self.wait_for(&format!("state {state}"), Duration::from_secs(90), |a| {
             a.get(STATE).map(String::as_str) == Some(state)
         })
         .await

@@ -1,0 +1,176 @@
+//! Gathering for preflight: host facts, CRI-O, disk, the images over the registry.
+//!
+//! The I/O half of preflight; the checks themselves are the pure [`crate::preflight::run`], and
+//! the plan is completed by the pure [`StagePlan::carry`].
+
+use std::path::PathBuf;
+
+use tracing::warn;
+
+use crate::hostfacts::{self, HostFacts, HostRoot, KernelVariant};
+use crate::planner::StagePlan;
+use crate::preflight::{self, CheckResult, DiskFree, Input, Policy};
+use crate::protocol::Desired;
+use crate::pullsecret::PullSecret;
+use crate::registry::{InspectError, Inspector};
+use crate::rpmostree::Deployment;
+
+/// What the gatherer needs from the configuration.
+#[derive(Debug, Clone)]
+pub struct Gatherer {
+    /// Host root.
+    pub host: HostRoot,
+    /// Pull secret path.
+    pub pull_secret: PathBuf,
+    /// Registries spoken to over plain HTTP.
+    pub insecure_registries: Vec<String>,
+    /// Runtime directory for extracted RPMs.
+    pub runtime_dir: PathBuf,
+    /// Preflight policy.
+    pub policy: Policy,
+}
+
+/// The outcome of a preflight run.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// Every check's result.
+    pub checks: Vec<CheckResult>,
+    /// The complete plan, when no check failed.
+    pub plan: Option<StagePlan>,
+}
+
+/// A preflight that could not finish and will be retried.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct Transient(pub String);
+
+/// Transient inspection errors end the preflight (it is retried); others become check failures.
+fn split<T>(e: InspectError) -> Result<Result<T, String>, Transient> {
+    if e.is_transient() {
+        Err(Transient(e.to_string()))
+    } else {
+        Ok(Err(e.to_string()))
+    }
+}
+
+impl Gatherer {
+    fn secret(&self) -> Result<PullSecret, String> {
+        match std::fs::read_to_string(&self.pull_secret) {
+            Ok(text) => {
+                PullSecret::parse(&text).map_err(|e| format!("{}: {e}", self.pull_secret.display()))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                warn!(path = %self.pull_secret.display(), "no pull secret; pulling anonymously");
+                Ok(PullSecret::default())
+            }
+            Err(e) => Err(format!("{}: {e}", self.pull_secret.display())),
+        }
+    }
+
+    fn disk(&self) -> DiskFree {
+        let free = |p: &str| {
+            rustix::fs::statvfs(self.host.path(p))
+                .map(|s| s.f_bavail.saturating_mul(s.f_frsize))
+                .unwrap_or_else(|e| {
+                    warn!(path = p, error = %e, "cannot read free space; counting it as none");
+                    0
+                })
+        };
+        DiskFree {
+            sysroot: free("/sysroot"),
+            boot: free("/boot"),
+        }
+    }
+
+    fn nic_names_persisted(&self) -> bool {
+        std::fs::read_dir(self.host.path("/etc/systemd/network"))
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .any(|e| e.file_name().to_string_lossy().ends_with(".link"))
+            })
+            .unwrap_or(false)
+    }
+
+    /// Runs every check for `desired` on top of `booted`, completing `base` when all pass.
+    pub async fn prepare(
+        &self,
+        facts: &HostFacts,
+        desired: &Desired,
+        booted: &Deployment,
+        base: StagePlan,
+    ) -> Result<Prepared, Transient> {
+        let kernel = hostfacts::kernel_variant(&self.host, booted);
+        let variant = kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
+        let crio = hostfacts::crio_default_runtime(&self.host).map_err(|e| e.to_string());
+        let booted_major = self.host.os_release().ok().and_then(|r| r.major());
+        let secret = self.secret();
+        let inspector = secret
+            .as_ref()
+            .ok()
+            .map(|s| Inspector::new(s.clone(), &self.insecure_registries));
+        let os_image = match (&inspector, &secret) {
+            (Some(i), _) => match i.os_image(&desired.os_image, &facts.arch).await {
+                Ok(info) => Ok(info),
+                Err(e) => split(e)?,
+            },
+            (None, Err(e)) => Err(format!("pull secret unreadable: {e}")),
+            (None, Ok(_)) => Err("no inspector".into()),
+        };
+        let layered: Vec<String> = preflight::layered_packages_of(booted, variant)
+            .iter()
+            .map(|p| preflight::package_name(p).to_string())
+            .collect();
+        let mut wanted: Vec<String> = variant.packages().iter().map(|p| p.to_string()).collect();
+        wanted.extend(layered.iter().cloned());
+        let mut extracted = Vec::new();
+        let extensions = match (&desired.extensions_image, &inspector) {
+            (None, _) => None,
+            (Some(_), None) => Some(Err("pull secret unreadable".to_string())),
+            (Some(img), Some(i)) => {
+                let hex = img.digest().trim_start_matches("sha256:");
+                let dest = self
+                    .runtime_dir
+                    .join("extensions")
+                    .join(hex.get(..16).unwrap_or(hex));
+                Some(match i.extensions(img, &facts.arch, &wanted, &dest).await {
+                    Ok((info, files)) => {
+                        extracted = files;
+                        Ok(info)
+                    }
+                    Err(e) => split(e)?,
+                })
+            }
+        };
+        let checks = preflight::run(&Input {
+            desired,
+            booted,
+            booted_major,
+            arch: &facts.arch,
+            x86_64_level: facts.x86_64_level,
+            fips: facts.fips,
+            kernel: &kernel,
+            crio_runtime: &crio,
+            os_image: &os_image,
+            extensions: extensions.as_ref(),
+            disk: self.disk(),
+            nic_names_persisted: self.nic_names_persisted(),
+            policy: &self.policy,
+        });
+        let plan = preflight::first_failure(&checks).is_none().then(|| {
+            let mut base = base;
+            base.allow_downgrade = self.policy.allow_downgrade;
+            // Only the RPMs of the target major are passed: preflight made sure they exist.
+            let target = preflight::stream_major(&desired.stream);
+            let rpms: Vec<PathBuf> = extracted
+                .into_iter()
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| preflight::el_major(n) == target)
+                })
+                .collect();
+            base.carry(booted, variant, &layered, &rpms)
+        });
+        Ok(Prepared { checks, plan })
+    }
+}

@@ -1,0 +1,322 @@
+//! Variant-aware migration end to end: each host fixture reaches `Staged` with one transaction
+//! whose modifiers carry the variant; each refusal ends in `Refused` with its check id and no
+//! transaction.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+fn started(txns: &[Value]) -> Vec<&Value> {
+    txns.iter()
+        .filter(|t| t["started"] == json!(true))
+        .collect()
+}
+
+fn request(env: &Env, stream: &str, os: &str, ext: Option<&str>) {
+    let mut pairs = vec![
+        format!("{DESIRED_STREAM}={stream}"),
+        format!("{DESIRED_OS_IMAGE}={os}"),
+    ];
+    if let Some(e) = ext {
+        pairs.push(format!("{DESIRED_EXTENSIONS_IMAGE}={e}"));
+    }
+    let refs: Vec<&str> = pairs.iter().map(String::as_str).collect();
+    env.annotate(&refs);
+}
+
+fn ext10(env: &Env) -> String {
+    env.vars()["TESTBED_RHEL10_EXTENSIONS_IMAGE"].clone()
+}
+
+/// Stages rhel-10 (with the extensions image) on `host` and returns the one transaction.
+async fn stage_on(host: &str) -> (Env, Value) {
+    let mut env = Env::with_host(&format!("variant-{host}"), host).await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let (os, ext) = (env.rhel10(), ext10(&env));
+    request(&env, "rhel-10", &os, Some(&ext));
+    env.wait_state("Staged").await;
+    let txns = env.transactions().await;
+    let s = started(&txns);
+    assert_eq!(s.len(), 1, "exactly one transaction: {txns:#?}");
+    let t = s[0].clone();
+    assert_eq!(t["options"]["lock-finalization"], json!(true));
+    assert_eq!(t["result"]["ok"], json!(true), "{t:#}");
+    (env, t)
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_and_fips_hosts_stage_a_plain_rebase() {
+    for host in ["default", "fips"] {
+        let (env, t) = stage_on(host).await;
+        let mods = t["modifiers"].as_object().expect("modifiers");
+        assert_eq!(mods.len(), 1, "{host}: only set-refspec: {mods:?}");
+        let host_json: Value = serde_json::from_str(&env.annotations().await[HOST]).expect("host");
+        assert_eq!(
+            host_json["fips"],
+            if host == "fips" {
+                "enabled"
+            } else {
+                "disabled"
+            }
+        );
+        assert_eq!(host_json["kernel"], "default");
+        assert_eq!(host_json["x86_64Level"], 3);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realtime_hosts_carry_kernel_rt_in_one_transaction() {
+    for host in ["realtime", "fips-realtime"] {
+        let (env, t) = stage_on(host).await;
+        let uninstall = strings(&t["modifiers"]["uninstall-packages"]);
+        assert_eq!(uninstall.len(), 3, "{host}: {t:#}");
+        assert!(uninstall.iter().all(|p| p.contains("el9")), "{uninstall:?}");
+        let local = strings(&t["modifiers"]["install-local-packages"]);
+        assert_eq!(t["fds"], json!(3), "{t:#}");
+        for p in [
+            "kernel-rt-core",
+            "kernel-rt-modules",
+            "kernel-rt-modules-extra",
+        ] {
+            assert!(
+                local.iter().any(|l| l.starts_with(p) && l.contains("el10")),
+                "{p} in {local:?}"
+            );
+        }
+        assert!(
+            !local
+                .iter()
+                .any(|l| l.starts_with("kernel-rt-kvm") || l.starts_with("kernel-rt-6"))
+        );
+        let host_json: Value = serde_json::from_str(&env.annotations().await[HOST]).expect("host");
+        assert_eq!(host_json["kernel"], "realtime");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aarch64_64k_host_carries_kernel_64k() {
+    let (_env, t) = stage_on("64k-aarch64").await;
+    let local = strings(&t["modifiers"]["install-local-packages"]);
+    assert_eq!(t["fds"], json!(4), "{t:#}");
+    assert!(
+        local
+            .iter()
+            .all(|l| l.starts_with("kernel-64k-") && l.contains("el10") && l.ends_with("aarch64")),
+        "{local:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layered_extension_is_reprovided_from_the_target() {
+    let (_env, t) = stage_on("layered").await;
+    assert_eq!(
+        strings(&t["modifiers"]["uninstall-packages"]),
+        vec!["usbguard".to_string()]
+    );
+    let local = strings(&t["modifiers"]["install-local-packages"]);
+    assert_eq!(local.len(), 1, "{t:#}");
+    assert!(
+        local[0].starts_with("usbguard-") && local[0].contains("el10"),
+        "{local:?}"
+    );
+}
+
+/// Expects `Refused` naming `check`, and no transaction.
+async fn refused(env: &Env, check: &str) -> String {
+    let a = env
+        .wait_for(
+            &format!("refusal by {check}"),
+            Duration::from_secs(60),
+            |a| a.get(STATE).map(String::as_str) == Some("Refused"),
+        )
+        .await;
+    let reason = a[REASON].clone();
+    assert!(
+        reason.contains(&format!("preflight check {check} failed")),
+        "{reason}"
+    );
+    assert!(
+        env.transactions().await.is_empty(),
+        "no transaction for a refusal"
+    );
+    reason
+}
+
+async fn refusal_on(host: &str, check: &str, with_ext: bool) -> (Env, String) {
+    let mut env = Env::with_host(&format!("refuse-{host}-{check}"), host).await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let (os, ext) = (env.rhel10(), ext10(&env));
+    request(&env, "rhel-10", &os, with_ext.then_some(ext.as_str()));
+    let r = refused(&env, check).await;
+    (env, r)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_refusals() {
+    let (_e, r) = refusal_on("old-cpu", "cpu-level", false).await;
+    assert!(r.contains("x86-64-v2"), "{r}");
+    let (_e, r) = refusal_on("runc", "container-runtime", false).await;
+    assert!(r.contains("crun"), "{r}");
+    let (_e, r) = refusal_on("realtime", "extensions-image", false).await;
+    assert!(r.contains("desired-extensions-image"), "{r}");
+    let (_e, _) = refusal_on("low-disk", "disk-space", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inconsistent_fips_is_refused() {
+    let mut env = Env::with_host("refuse-fips", "fips").await;
+    // The kernel says FIPS is off while the command line says fips=1.
+    std::fs::write(env.dir.join("host/proc/sys/crypto/fips_enabled"), "0\n").expect("write");
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let os = env.rhel10();
+    request(&env, "rhel-10", &os, None);
+    let r = refused(&env, "fips").await;
+    assert!(r.contains("inconsistent"), "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_refusals() {
+    let mut env = Env::new("refuse-images").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let reg = env.tb.registry();
+    let next = |env: &Env| {
+        env.annotate(&[
+            &format!("{DESIRED_STREAM}-"),
+            &format!("{DESIRED_OS_IMAGE}-"),
+            &format!("{DESIRED_EXTENSIONS_IMAGE}-"),
+        ]);
+    };
+
+    // Stream class mismatch: a rhel-9 image for stream rhel-10 (the booted image is rhel-9 too,
+    // so use the rhel-9 extensions image's stream check instead on a rhel-10 OS image below).
+    let (custom9, _) = reg
+        .push_custom(
+            "labelled-rhel-9",
+            BTreeMap::from([
+                ("containers.bootc".to_string(), "1".to_string()),
+                (
+                    "io.openshift.os.streamclass".to_string(),
+                    "rhel-9".to_string(),
+                ),
+                (
+                    "ostree.linux".to_string(),
+                    "6.12.0-124.8.1.el10_1.x86_64".to_string(),
+                ),
+            ]),
+            vec![("usr/lib/os-release".into(), b"ID=rhcos\n".to_vec())],
+        )
+        .await
+        .expect("push");
+    request(&env, "rhel-10", &custom9, None);
+    let r = refused(&env, "os-image").await;
+    assert!(r.contains("stream class"), "{r}");
+    next(&env);
+    env.wait_state("Idle").await;
+
+    // Not bootable.
+    let (plain, _) = reg
+        .push_custom(
+            "not-bootable",
+            BTreeMap::from([(
+                "io.openshift.os.streamclass".to_string(),
+                "rhel-10".to_string(),
+            )]),
+            vec![("usr/lib/os-release".into(), b"ID=rhcos\n".to_vec())],
+        )
+        .await
+        .expect("push");
+    request(&env, "rhel-10", &plain, None);
+    let r = refused(&env, "os-image").await;
+    assert!(r.contains("not a bootable"), "{r}");
+    next(&env);
+    env.wait_state("Idle").await;
+
+    // Downgrade: a bootable image of an older major.
+    let (old, _) = reg
+        .push_custom(
+            "rhel-8",
+            BTreeMap::from([
+                ("containers.bootc".to_string(), "1".to_string()),
+                (
+                    "io.openshift.os.streamclass".to_string(),
+                    "rhel-8".to_string(),
+                ),
+            ]),
+            vec![("usr/lib/os-release".into(), b"ID=rhcos\n".to_vec())],
+        )
+        .await
+        .expect("push");
+    request(&env, "rhel-8", &old, None);
+    let r = refused(&env, "direction").await;
+    assert!(r.contains("downgrade"), "{r}");
+    next(&env);
+    env.wait_state("Idle").await;
+
+    // The registry rejects the pull secret.
+    let secret = env.vars()["TESTBED_PULL_SECRET"].clone();
+    let good = std::fs::read_to_string(&secret).expect("secret");
+    let bad = format!(
+        r#"{{"auths":{{"{}":{{"username":"testbed","password":"wrong-password-value"}}}}}}"#,
+        env.vars()["TESTBED_REGISTRY"]
+    );
+    std::fs::write(&secret, &bad).expect("write");
+    let os = env.rhel10();
+    request(&env, "rhel-10", &os, None);
+    let r = refused(&env, "os-image").await;
+    assert!(r.contains("pull secret rejected by"), "{r}");
+    assert!(!r.contains("wrong-password-value"));
+    std::fs::write(&secret, good).expect("restore");
+    assert!(
+        !env.log().contains("wrong-password-value"),
+        "the password never reaches the log"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extensions_image_without_the_variant_is_refused() {
+    let mut env = Env::with_host("refuse-ext", "realtime").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let reg = env.tb.registry();
+    let files = reg
+        .extensions_files("rhel-10", testbed::registry::Arch::Amd64, |r| {
+            r.name == "usbguard"
+        })
+        .expect("files");
+    let (ext, _) = reg
+        .push_custom(
+            "ext-without-rt",
+            BTreeMap::from([
+                ("io.openshift.os.extensions".to_string(), "true".to_string()),
+                (
+                    "io.openshift.os.streamclass".to_string(),
+                    "rhel-10".to_string(),
+                ),
+            ]),
+            files,
+        )
+        .await
+        .expect("push");
+    let os = env.rhel10();
+    request(&env, "rhel-10", &os, Some(&ext));
+    let r = refused(&env, "kernel-variant").await;
+    assert!(r.contains("kernel-rt-core"), "{r}");
+}
