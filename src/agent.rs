@@ -59,6 +59,8 @@ pub struct Agent {
 struct Staging {
     /// The request it stages (observed-desired hash).
     hash: String,
+    /// What the staged deployment must look like, and the digest the request pins.
+    expect: Option<(crate::verify::Expectation, String)>,
     task: JoinHandle<Result<(), RpmOstreeError>>,
     progress: mpsc::Receiver<TxnEvent>,
 }
@@ -228,7 +230,10 @@ impl Agent {
                                 let call = UpdateDeploymentCall::for_plan(&plan);
                                 info!(call = %serde_json::to_string(&call).unwrap_or_default(), "staging");
                                 let hash = self.status.observed_desired.clone().unwrap_or_default();
-                                self.start_staging(call, hash, plan.os_image.to_string())
+                                let expect = prepared
+                                    .expect
+                                    .map(|e| (e, plan.os_image.digest().to_string()));
+                                self.start_staging(call, hash, plan.os_image.to_string(), expect)
                                     .await;
                             }
                             (None, Some(f)) => {
@@ -282,7 +287,13 @@ impl Agent {
             .and_then(|d| d.pullspec().map(String::from));
     }
 
-    async fn start_staging(&mut self, call: UpdateDeploymentCall, hash: String, image: String) {
+    async fn start_staging(
+        &mut self,
+        call: UpdateDeploymentCall,
+        hash: String,
+        image: String,
+        expect: Option<(crate::verify::Expectation, String)>,
+    ) {
         let (tx, rx) = mpsc::channel(64);
         let rpm = self.rpm.clone();
         let task = tokio::spawn(async move { stage_with_busy_retry(rpm, call, tx).await });
@@ -290,6 +301,7 @@ impl Agent {
         tokio::task::yield_now().await;
         self.staging = Some(Staging {
             hash,
+            expect,
             task,
             progress: rx,
         });
@@ -325,6 +337,12 @@ impl Agent {
             Ok(()) => {
                 info!("transaction finished");
                 self.backoff = MIN_BACKOFF;
+                if let Some(expect) = done.expect
+                    && let Err(reason) = self.verify(expect).await
+                {
+                    self.set_state(State::Degraded, reason).await;
+                    return;
+                }
                 self.reconcile().await;
             }
             Err(e) if e.is_transient() => self.transient_failure(e.to_string()).await,
@@ -334,6 +352,54 @@ impl Agent {
                 // `streamctl reconcile`, tries again.
                 self.set_state(State::Degraded, format!("staging failed: {e}"))
                     .await;
+            }
+        }
+    }
+
+    /// Checks the staged deployment on disk; on a mismatch removes it and says what differed.
+    async fn verify(
+        &mut self,
+        (mut exp, pinned): (crate::verify::Expectation, String),
+    ) -> Result<(), String> {
+        let deployments = self
+            .rpm
+            .deployments()
+            .await
+            .map_err(|e| format!("reading deployments after staging: {e}"))?;
+        let (Some(staged), Some(booted)) = (
+            deployments.iter().find(|d| d.staged).cloned(),
+            deployments.iter().find(|d| d.booted).cloned(),
+        ) else {
+            return Err("the transaction succeeded but nothing is staged".into());
+        };
+        // rpm-ostree reports the platform manifest's digest; a pullspec may pin the index.
+        if staged.container_image_reference_digest.as_deref() == Some(pinned.as_str()) {
+            exp.image_digest = pinned;
+        }
+        // libostree finds the staged deployment only through the running root.
+        let root = self.host.root().to_path_buf();
+        let sysroot = if root == std::path::Path::new("/") {
+            root
+        } else {
+            root.join("sysroot")
+        };
+        let result = tokio::task::spawn_blocking(move || {
+            crate::verify::verify_staged(&sysroot, &staged, &booted, &exp)
+        })
+        .await
+        .map_err(|e| format!("verification task failed: {e}"))?;
+        match result {
+            Ok(()) => {
+                info!("staged deployment verified");
+                Ok(())
+            }
+            Err(e) => {
+                warn!(error = %e, "staged deployment failed verification; removing it");
+                let cleaned = match self.rpm.cleanup_pending().await {
+                    Ok(()) => "the pending deployment was removed".to_string(),
+                    Err(c) => format!("removing the pending deployment failed too: {c}"),
+                };
+                Err(format!("{e}; {cleaned}"))
             }
         }
     }

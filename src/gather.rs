@@ -37,6 +37,8 @@ pub struct Prepared {
     pub checks: Vec<CheckResult>,
     /// The complete plan, when no check failed.
     pub plan: Option<StagePlan>,
+    /// What the staged deployment must look like (with `plan`).
+    pub expect: Option<crate::verify::Expectation>,
 }
 
 /// A preflight that could not finish and will be retried.
@@ -156,6 +158,15 @@ impl Gatherer {
             nic_names_persisted: self.nic_names_persisted(),
             policy: &self.policy,
         });
+        let expect = match (&os_image, preflight::stream_major(&desired.stream)) {
+            (Ok(info), Some(major)) => Some(crate::verify::Expectation {
+                image_digest: info.manifest_digest.clone(),
+                target_major: major,
+                kernel: variant,
+                fips: facts.fips == hostfacts::Fips::Enabled,
+            }),
+            _ => None,
+        };
         let plan = preflight::first_failure(&checks).is_none().then(|| {
             let mut base = base;
             base.allow_downgrade = self.policy.allow_downgrade;
@@ -171,6 +182,10 @@ impl Gatherer {
                 .collect();
             base.carry(booted, variant, &layered, &rpms)
         });
-        Ok(Prepared { checks, plan })
+        Ok(Prepared {
+            checks,
+            plan,
+            expect,
+        })
     }
 }

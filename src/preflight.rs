@@ -48,6 +48,8 @@ pub struct OsImageInfo {
     pub version: Option<String>,
     /// Sum of the layer sizes, bytes.
     pub size: u64,
+    /// Digest of the platform manifest (differs from the pullspec's when that names an index).
+    pub manifest_digest: String,
 }
 
 /// What the registry says about the extensions image.
@@ -485,14 +487,18 @@ fn layered(i: &Input<'_>) -> Vec<String> {
     layered_packages_of(i.booted, variant)
 }
 
-/// The package name of a name-or-NEVRA.
+/// The package name of a name-or-NEVRA (`name-version-release.arch`).
 pub fn package_name(spec: &str) -> &str {
-    // NEVRA: strip ".arch", "-release", "-version" when they look like them.
-    let mut parts: Vec<&str> = spec.rsplitn(3, '-').collect();
-    if parts.len() == 3 && parts[1].starts_with(|c: char| c.is_ascii_digit()) {
-        parts.pop().unwrap_or(spec)
-    } else {
-        spec
+    let mut parts = spec.rsplitn(3, '-');
+    match (parts.next(), parts.next(), parts.next()) {
+        // A NEVRA's release carries the arch after a dot and its version starts with a digit;
+        // a plain name such as `kernel-64k-core` has neither.
+        (Some(release), Some(version), Some(name))
+            if release.contains('.') && version.starts_with(|c: char| c.is_ascii_digit()) =>
+        {
+            name
+        }
+        _ => spec,
     }
 }
 
@@ -596,6 +602,7 @@ mod tests {
                 kernel_release: Some("6.12.0-124.8.1.el10_1.x86_64".into()),
                 version: Some("10.1".into()),
                 size: 2 << 30,
+                manifest_digest: format!("sha256:{}", "b".repeat(64)),
             }),
             ext: None,
             disk: DiskFree {
@@ -777,5 +784,7 @@ mod tests {
             "kernel-rt-core"
         );
         assert_eq!(package_name("usbguard"), "usbguard");
+        assert_eq!(package_name("kernel-64k-core"), "kernel-64k-core");
+        assert_eq!(package_name("a-0-a"), "a-0-a");
     }
 }

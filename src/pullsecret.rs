@@ -130,11 +130,11 @@ fn normalize(key: &str) -> String {
         .trim()
         .trim_start_matches("https://")
         .trim_start_matches("http://");
-    let host = k.split('/').next().unwrap_or(k);
-    match host {
+    let host = k.split('/').next().unwrap_or(k).to_ascii_lowercase();
+    match host.as_str() {
         // Docker Hub's historical keys.
         "index.docker.io" | "registry-1.docker.io" => "docker.io".into(),
-        h => h.to_ascii_lowercase(),
+        _ => host,
     }
 }
 

@@ -141,7 +141,7 @@ impl Inspector {
         &self,
         image: &ImageRef,
         arch: &str,
-    ) -> Result<(Reference, OciImageManifest), InspectError> {
+    ) -> Result<(Reference, OciImageManifest, String), InspectError> {
         let reference = reference(image)?;
         let auth = self.auth(image.registry());
         let (raw, _) = self
@@ -153,7 +153,7 @@ impl Inspector {
         let manifest: OciManifest = serde_json::from_slice(&raw)
             .map_err(|e| InspectError::Invalid(format!("{image}: manifest is not valid: {e}")))?;
         match manifest {
-            OciManifest::Image(m) => Ok((reference, m)),
+            OciManifest::Image(m) => Ok((reference, m, image.digest().to_string())),
             OciManifest::ImageIndex(index) => {
                 let want = goarch(arch);
                 let entry = index
@@ -185,7 +185,7 @@ impl Inspector {
                 let m: OciImageManifest = serde_json::from_slice(&raw).map_err(|e| {
                     InspectError::Invalid(format!("{image}: platform manifest is not valid: {e}"))
                 })?;
-                Ok((platform, m))
+                Ok((platform, m, entry.digest.clone()))
             }
         }
     }
@@ -228,7 +228,7 @@ impl Inspector {
         image: &ImageRef,
         arch: &str,
     ) -> Result<OsImageInfo, InspectError> {
-        let (reference, m) = self.manifest(image, arch).await?;
+        let (reference, m, manifest_digest) = self.manifest(image, arch).await?;
         let (labels, config_arch) = self.labels(image, &reference, &m).await?;
         let label = |k: &str| labels[k].as_str().map(String::from);
         Ok(OsImageInfo {
@@ -242,6 +242,7 @@ impl Inspector {
                 .iter()
                 .map(|l| u64::try_from(l.size).unwrap_or(0))
                 .sum(),
+            manifest_digest,
         })
     }
 
@@ -254,7 +255,7 @@ impl Inspector {
         wanted: &[String],
         dest: &Path,
     ) -> Result<(ExtensionsInfo, Vec<PathBuf>), InspectError> {
-        let (reference, m) = self.manifest(image, arch).await?;
+        let (reference, m, _) = self.manifest(image, arch).await?;
         let (labels, _) = self.labels(image, &reference, &m).await?;
         let mut rpms = Vec::new();
         let mut extracted = Vec::new();

@@ -320,3 +320,41 @@ async fn extensions_image_without_the_variant_is_refused() {
     let r = refused(&env, "kernel-variant").await;
     assert!(r.contains("kernel-rt-core"), "{r}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staged_tree_without_rt_fails_verification_and_is_cleaned_up() {
+    let mut env = Env::with_host("verify-rt", "realtime").await;
+    env.rpmostreed(json!({"cmd": "drop-variant-next"})).await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let (os, ext) = (env.rhel10(), ext10(&env));
+    request(&env, "rhel-10", &os, Some(&ext));
+    let a = env.wait_state("Degraded").await;
+    let reason = &a[REASON];
+    assert!(reason.contains("+rt"), "{reason}");
+    assert!(
+        reason.contains("pending deployment was removed"),
+        "{reason}"
+    );
+    let txns = env.transactions().await;
+    let methods: Vec<&str> = txns.iter().filter_map(|t| t["method"].as_str()).collect();
+    assert_eq!(methods, vec!["UpdateDeployment", "Cleanup"], "{txns:#?}");
+    let deps = env.rpmostreed(json!({"cmd": "deployments"})).await;
+    assert!(
+        deps.as_array()
+            .is_some_and(|d| d.iter().all(|d| d["staged"] != json!(true))),
+        "nothing staged after the cleanup: {deps:#}"
+    );
+    assert!(!a.contains_key(STAGED_OS_IMAGE));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fips_realtime_staging_is_verified() {
+    let (env, t) = stage_on("fips-realtime").await;
+    assert_eq!(t["fds"], json!(3));
+    assert!(
+        env.log().contains("staged deployment verified"),
+        "{}",
+        env.log()
+    );
+}

@@ -73,11 +73,12 @@ pub const DEFAULT_KERNEL_PACKAGES: [&str; 5] = [
 pub fn names_package(spec: &str, name: &str) -> bool {
     match spec.strip_prefix(name) {
         Some("") => true,
-        // NEVRA: name-version-release.arch, the version starts with a digit (or an epoch).
-        Some(rest) => rest
-            .strip_prefix('-')
-            .and_then(|r| r.chars().next())
-            .is_some_and(|c| c.is_ascii_digit()),
+        // NEVRA: name-version-release.arch. Neither version nor release holds a '-', so what
+        // follows the name has exactly one, and the version starts with a digit (or an epoch);
+        // `kernel-64k-core-…` therefore does not name `kernel`.
+        Some(rest) => rest.strip_prefix('-').is_some_and(|vr| {
+            vr.matches('-').count() == 1 && vr.starts_with(|c: char| c.is_ascii_digit())
+        }),
         None => false,
     }
 }
@@ -144,6 +145,11 @@ mod tests {
         ));
         assert!(!names_package("kernel-rt-core-debuginfo", "kernel-rt-core"));
         assert!(!names_package("kernel-rt-modules", "kernel-rt-core"));
+        assert!(!names_package(
+            "kernel-64k-core-6.12.0-1.el10.aarch64",
+            "kernel"
+        ));
+        assert!(names_package("kernel-6.12.0-1.el10.aarch64", "kernel"));
     }
 
     #[test]

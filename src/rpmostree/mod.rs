@@ -111,6 +111,7 @@ trait OS {
         modifiers: BTreeMap<&str, Value<'_>>,
         options: BTreeMap<&str, Value<'_>>,
     ) -> zbus::Result<String>;
+    fn cleanup(&self, elements: &[&str]) -> zbus::Result<String>;
 }
 
 /// A value in an `UpdateDeployment` dictionary, kept serialisable so `streamctl plan` can show the
@@ -326,6 +327,18 @@ impl Client {
             .await
             .map_err(|e| RpmOstreeError::from_call("Deployments", e))?;
         Deployment::parse_all(&raw).map_err(|e| RpmOstreeError::Protocol(e.to_string()))
+    }
+
+    /// Removes the pending (staged) deployment: `Cleanup(["pending-deploy"])`.
+    pub async fn cleanup_pending(&self) -> Result<(), RpmOstreeError> {
+        let address = self
+            .os()
+            .await?
+            .cleanup(&["pending-deploy"])
+            .await
+            .map_err(|e| RpmOstreeError::from_call("Cleanup", e))?;
+        let (tx, _rx) = tokio::sync::mpsc::channel(1);
+        transaction::run(&address, &tx).await
     }
 
     /// Runs one `UpdateDeployment` transaction to its end, sending progress to `events`.

@@ -24,6 +24,9 @@ pub(crate) struct Knobs {
     pub(crate) progress_per_second: u32,
     /// Extra time a deploy transaction takes before it stages and finishes.
     pub(crate) slow: Duration,
+    /// The next staged tree gets the default kernel even when a variant kernel was layered:
+    /// a broken daemon, for testing that clients verify what was staged.
+    pub(crate) drop_variant_next: bool,
 }
 
 impl Default for Knobs {
@@ -34,6 +37,7 @@ impl Default for Knobs {
             progress_signals: 10,
             progress_per_second: 500,
             slow: Duration::ZERO,
+            drop_variant_next: false,
         }
     }
 }
@@ -149,6 +153,10 @@ impl Daemon {
                     .context("\"ms\" must be a non-negative integer")?;
                 lock(&self.knobs).slow = Duration::from_millis(ms);
                 Ok(json!({}))
+            }
+            "drop-variant-next" => {
+                lock(&self.knobs).drop_variant_next = true;
+                Ok(serde_json::json!({}))
             }
             "exit-mid-transaction" => {
                 lock(&self.knobs).exit_mid_transaction = true;

@@ -298,6 +298,8 @@ pub(crate) struct NewDeployment<'a> {
     pub(crate) layering: Layering,
     pub(crate) base_removals: Vec<String>,
     pub(crate) kargs: Vec<String>,
+    /// Write the default kernel whatever is layered (the `drop-variant-next` knob).
+    pub(crate) drop_variant: bool,
 }
 
 /// The image's commit (the import result), under its ostree-ext ref.
@@ -345,7 +347,10 @@ pub(crate) async fn write_deployment(
 ) -> anyhow::Result<Deployment> {
     let base = commit_image(sysroot, scratch, d.refspec, d.image, d.arch).await?;
     let (checksum, base_checksum) = if d.layering.is_layered() {
-        let (_, kernel) = kernel_of(&d.layering, d.image, d.arch);
+        let (_, mut kernel) = kernel_of(&d.layering, d.image, d.arch);
+        if d.drop_variant {
+            kernel = fixtures::kernel_release(d.image, d.arch, Kernel::Default);
+        }
         let tree = scratch.join("tree-layered");
         let _ = std::fs::remove_dir_all(&tree);
         ostree::write_tree(&tree, d.image, &kernel)?;
@@ -428,6 +433,7 @@ pub(crate) async fn create_initial(
             layering,
             base_removals,
             kargs: fixture.kargs(),
+            drop_variant: false,
         },
     )
     .await?;

@@ -556,6 +556,7 @@ impl Daemon {
         }
 
         txn.emit(Signal::TaskBegin("Staging deployment")).await;
+        let drop_variant = std::mem::take(&mut lock(&self.knobs).drop_variant_next);
         // A new staged deployment replaces the previous one.
         let staged = lock(&self.state).staged_index(&self.osname);
         if let Some(index) = staged {
@@ -575,6 +576,7 @@ impl Daemon {
                 layering,
                 base_removals,
                 kargs,
+                drop_variant,
             },
         )
         .await
