@@ -112,7 +112,10 @@ impl Testbed {
         .context("starting the fake API server")?;
 
         // streamd reads the sysroot and /boot below the host root, as on a node.
-        for (link, target) in [("sysroot", dir.join("sysroot")), ("boot", dir.join("sysroot/boot"))] {
+        for (link, target) in [
+            ("sysroot", dir.join("sysroot")),
+            ("boot", dir.join("sysroot/boot")),
+        ] {
             let l = dir.join("host").join(link);
             let _ = std::fs::remove_file(&l);
             std::os::unix::fs::symlink(&target, &l)
@@ -163,8 +166,14 @@ impl Testbed {
             ("TESTBED_DIR".into(), dir.display().to_string()),
             ("TESTBED_API_URL".into(), apiserver.url().to_string()),
             ("TESTBED_RHEL9_IMAGE".into(), images[0].pullspec.clone()),
-            ("TESTBED_RHEL9_EXTENSIONS_IMAGE".into(), extensions("rhel-9")),
-            ("TESTBED_RHEL10_EXTENSIONS_IMAGE".into(), extensions("rhel-10")),
+            (
+                "TESTBED_RHEL9_EXTENSIONS_IMAGE".into(),
+                extensions("rhel-9"),
+            ),
+            (
+                "TESTBED_RHEL10_EXTENSIONS_IMAGE".into(),
+                extensions("rhel-10"),
+            ),
             ("TESTBED_REGISTRY".into(), registry.host().to_string()),
             (
                 "TESTBED_PULL_SECRET".into(),
