@@ -128,10 +128,16 @@ impl Agent {
                     self.reconcile().await;
                 }
                 _ = sleep_opt(flush_at) => self.flush().await,
-                Some(req) = self.requests.recv() => {
-                    info!(request = ?req, "request over d-bus");
-                    self.reconcile().await;
-                }
+                Some(req) = self.requests.recv() => match req {
+                    Request::Reconcile => {
+                        info!("reconcile requested over d-bus");
+                        self.reconcile().await;
+                    }
+                    Request::Preflight { inputs, reply } => {
+                        let answer = self.dry_run(&inputs).await;
+                        let _ = reply.send(answer.to_string());
+                    }
+                },
                 () = &mut shutdown => break,
             }
         }
@@ -353,6 +359,57 @@ impl Agent {
                 self.set_state(State::Degraded, format!("staging failed: {e}"))
                     .await;
             }
+        }
+    }
+
+    /// Preflight and plan for a request, without acting: what `streamctl preflight` and
+    /// `streamctl plan` show.
+    async fn dry_run(
+        &mut self,
+        given: &std::collections::HashMap<String, String>,
+    ) -> serde_json::Value {
+        use crate::protocol::Inputs;
+        let inputs = if given.is_empty() {
+            self.inputs.clone().unwrap_or_default()
+        } else {
+            let unknown: Vec<&String> = given
+                .keys()
+                .filter(|k| !["stream", "os-image", "extensions-image"].contains(&k.as_str()))
+                .collect();
+            if !unknown.is_empty() {
+                return serde_json::json!({"error": format!("unknown keys {unknown:?}: use stream, os-image, extensions-image")});
+            }
+            Inputs {
+                stream: given.get("stream").cloned(),
+                os_image: given.get("os-image").cloned(),
+                extensions_image: given.get("extensions-image").cloned(),
+                reboot_approved: None,
+            }
+        };
+        let desired = match inputs.desired() {
+            Ok(Some(d)) => d,
+            Ok(None) => {
+                return serde_json::json!({"error": "no request: give a stream and an OS image"});
+            }
+            Err(e) => return serde_json::json!({"error": e.to_string()}),
+        };
+        let deployments = match self.rpm.deployments().await {
+            Ok(d) => d,
+            Err(e) => return serde_json::json!({"error": format!("reading deployments: {e}")}),
+        };
+        let (Some(booted), Some(facts)) = (
+            deployments.iter().find(|d| d.booted),
+            self.status.host.clone(),
+        ) else {
+            return serde_json::json!({"error": "rpm-ostree reports no booted deployment"});
+        };
+        let base = crate::planner::StagePlan::rebase(&desired.stream, &desired.os_image, false);
+        match self.gatherer.prepare(&facts, &desired, booted, base).await {
+            Err(Transient(e)) => serde_json::json!({"error": e}),
+            Ok(p) => serde_json::json!({
+                "checks": p.checks,
+                "plan": p.plan.as_ref().map(UpdateDeploymentCall::for_plan),
+            }),
         }
     }
 

@@ -19,11 +19,22 @@ pub const OBJECT_PATH: &str = "/io/openshift/OSStream1";
 pub const INTERFACE: &str = "io.openshift.OSStream1";
 
 /// Requests the daemon receives over D-Bus.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Request {
     /// Re-evaluate now.
     Reconcile,
+    /// Run the preflight checks (and build the plan) for a request without acting on it.
+    Preflight {
+        /// The request's input annotations (`desired-stream`, `desired-os-image`,
+        /// `desired-extensions-image` keys without prefix); empty: the node's current request.
+        inputs: HashMap<String, String>,
+        /// Where the JSON answer goes.
+        reply: tokio::sync::oneshot::Sender<String>,
+    },
 }
+
+/// Longest a `Preflight`/`Plan` call waits for the daemon (registry inspection included).
+const PREFLIGHT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// The exported object.
 pub struct OSStream1 {
@@ -80,6 +91,27 @@ impl OSStream1 {
         self.requests
             .try_send(Request::Reconcile)
             .map_err(|_| zbus::fdo::Error::LimitsExceeded("a reconcile is already queued".into()))
+    }
+
+    /// Runs every preflight check for a request (keys `stream`, `os-image`, `extensions-image`;
+    /// an empty dictionary checks the node's current request) without changing anything.
+    /// Returns JSON: `{"checks":[{"id","result","message"}…],"plan":{"modifiers","options"}|null}`
+    /// or `{"error": "…"}`.
+    async fn preflight(&self, inputs: HashMap<String, String>) -> zbus::fdo::Result<String> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.requests
+            .send(Request::Preflight { inputs, reply })
+            .await
+            .map_err(|_| zbus::fdo::Error::Failed("the daemon is stopping".into()))?;
+        match tokio::time::timeout(PREFLIGHT_TIMEOUT, rx).await {
+            Ok(Ok(json)) => Ok(json),
+            Ok(Err(_)) => Err(zbus::fdo::Error::Failed(
+                "the daemon dropped the request".into(),
+            )),
+            Err(_) => Err(zbus::fdo::Error::TimedOut(
+                "preflight did not finish within 120 s".into(),
+            )),
+        }
     }
 
     /// Node name.

@@ -358,3 +358,88 @@ async fn fips_realtime_staging_is_verified() {
         env.log()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamctl_preflight_and_plan_change_nothing() {
+    let mut env = Env::with_host("streamctl-preflight", "realtime").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let (os, ext) = (env.rhel10(), ext10(&env));
+    // A request that passes: table, exit 0, and the plan carries kernel-rt.
+    let out = env.streamctl(&[
+        "preflight",
+        "--stream",
+        "rhel-10",
+        "--os-image",
+        &os,
+        "--extensions-image",
+        &ext,
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for id in [
+        "image-reference",
+        "direction",
+        "os-image",
+        "cpu-level",
+        "kernel-variant",
+        "nic-names",
+    ] {
+        assert!(text.lines().any(|l| l.starts_with(id)), "{id} in\n{text}");
+    }
+    let out = env.streamctl(&[
+        "plan",
+        "--json",
+        "--stream",
+        "rhel-10",
+        "--os-image",
+        &os,
+        "--extensions-image",
+        &ext,
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let plan: Value = serde_json::from_slice(&out.stdout).expect("plan JSON");
+    assert_eq!(plan["options"]["lock-finalization"], json!(true));
+    assert_eq!(strings(&plan["modifiers"]["uninstall-packages"]).len(), 3);
+    assert_eq!(
+        plan["modifiers"]["install-local-packages"]
+            .as_array()
+            .map(Vec::len),
+        Some(3)
+    );
+    // Without the extensions image: a failing check, exit 1, no plan.
+    let out = env.streamctl(&[
+        "preflight",
+        "--json",
+        "--stream",
+        "rhel-10",
+        "--os-image",
+        &os,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(
+        v["checks"]
+            .as_array()
+            .expect("checks")
+            .iter()
+            .any(|c| c["id"] == "extensions-image" && c["result"] == "fail")
+    );
+    let out = env.streamctl(&["plan", "--stream", "rhel-10", "--os-image", &os]);
+    assert_eq!(out.status.code(), Some(1));
+    // An invalid request cannot be checked: exit 2 with the annotation error.
+    let out = env.streamctl(&["preflight", "--stream", "RHEL", "--os-image", &os]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("desired-stream"));
+    // Nothing happened on the node.
+    assert!(env.transactions().await.is_empty());
+    assert_eq!(
+        env.annotations().await.get(STATE).map(String::as_str),
+        Some("Idle")
+    );
+}

@@ -9,8 +9,8 @@ use streamd::status::{Status, StatusDocument};
 
 /// Shows and steers streamd on this host.
 ///
-/// Exit codes: 0 success; 1 the request failed; 2 streamd could not be reached (not running, or
-/// no system bus).
+/// Exit codes: 0 success; 1 the request failed (or, for preflight and plan, a check failed); 2
+/// streamd could not be reached (not running, or no system bus) or the checks could not run.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
@@ -28,6 +28,51 @@ enum Command {
     },
     /// Ask the daemon to re-evaluate the node now.
     Reconcile,
+    /// Run the preflight checks for a request (default: the node's current one) and print a
+    /// table. Exit code 0: all pass; 1: a check fails; 2: the checks could not run.
+    Preflight {
+        #[command(flatten)]
+        request: RequestArgs,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the exact rpm-ostree `UpdateDeployment` call the daemon would make for a request,
+    /// without making it. Exit code 1 when preflight refuses the request.
+    Plan {
+        #[command(flatten)]
+        request: RequestArgs,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A request to check instead of the node's current one.
+#[derive(Debug, clap::Args)]
+struct RequestArgs {
+    /// Stream name, e.g. rhel-10.
+    #[arg(long)]
+    stream: Option<String>,
+    /// Digest-pinned OS image.
+    #[arg(long)]
+    os_image: Option<String>,
+    /// Digest-pinned extensions image.
+    #[arg(long)]
+    extensions_image: Option<String>,
+}
+
+impl RequestArgs {
+    fn to_map(&self) -> std::collections::HashMap<String, String> {
+        [
+            ("stream", &self.stream),
+            ("os-image", &self.os_image),
+            ("extensions-image", &self.extensions_image),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.to_string(), v.clone()?)))
+        .collect()
+    }
 }
 
 /// Exit code when the daemon is unreachable.
@@ -40,6 +85,7 @@ const EXIT_UNREACHABLE: u8 = 2;
 )]
 trait OSStream1 {
     fn reconcile(&self) -> zbus::Result<()>;
+    fn preflight(&self, inputs: std::collections::HashMap<String, String>) -> zbus::Result<String>;
     #[zbus(property)]
     fn status(&self) -> zbus::Result<String>;
 }
@@ -122,8 +168,86 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
                 .map_err(|e| explain("asking for a reconcile", &e))?;
             println!("streamd will re-evaluate the node now");
         }
+        Command::Preflight { request, json } => {
+            let answer = dry_run(&p, &request).await?;
+            if json {
+                println!("{answer}");
+            } else {
+                print!("{}", render_checks(&answer));
+            }
+            let failed = answer["checks"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["result"] == "fail"));
+            return Ok(if failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            });
+        }
+        Command::Plan { request, json } => {
+            let answer = dry_run(&p, &request).await?;
+            let plan = &answer["plan"];
+            if plan.is_null() {
+                eprint!("{}", render_checks(&answer));
+                eprintln!("streamctl: preflight refuses this request; there is no plan");
+                return Ok(ExitCode::FAILURE);
+            }
+            if json {
+                println!("{plan}");
+            } else {
+                println!(
+                    "UpdateDeployment on the booted OS object (then FinalizeDeployment once the reboot is approved)"
+                );
+                for (section, v) in [
+                    ("modifiers", &plan["modifiers"]),
+                    ("options", &plan["options"]),
+                ] {
+                    println!("{section}:");
+                    for (k, val) in v.as_object().into_iter().flatten() {
+                        println!("  {k:<26} {val}");
+                    }
+                }
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Asks the daemon for preflight results and the plan; a daemon-side error means the checks
+/// could not run.
+async fn dry_run(
+    p: &OSStream1Proxy<'_>,
+    request: &RequestArgs,
+) -> Result<serde_json::Value, Failure> {
+    let raw = p
+        .preflight(request.to_map())
+        .await
+        .map_err(|e| explain("running preflight", &e))?;
+    let v: serde_json::Value = serde_json::from_str(&raw).map_err(|e| {
+        Failure::Unreachable(format!(
+            "streamd sent an answer this streamctl cannot read ({e})"
+        ))
+    })?;
+    match v.get("error").and_then(|e| e.as_str()) {
+        Some(e) => Err(Failure::Unreachable(format!(
+            "preflight could not run: {e}"
+        ))),
+        None => Ok(v),
+    }
+}
+
+/// The preflight table.
+fn render_checks(answer: &serde_json::Value) -> String {
+    let mut out = format!("{:<19} {:<6} {}\n", "CHECK", "RESULT", "MESSAGE");
+    for c in answer["checks"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "{:<19} {:<6} {}\n",
+            c["id"].as_str().unwrap_or("?"),
+            c["result"].as_str().unwrap_or("?"),
+            c["message"].as_str().unwrap_or("")
+        ));
+    }
+    out
 }
 
 fn explain(what: &str, e: &zbus::Error) -> Failure {

@@ -17,7 +17,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
@@ -62,16 +61,25 @@ async fn measure(tb: &Testbed, streamd: &Child, opts: &BenchOptions) -> anyhow::
     // Reaction time.
     let monitor = UpdateMonitor::start(tb.env()["DBUS_SYSTEM_BUS_ADDRESS"].as_str()).await?;
     let watch = KubectlWatch::start(tb).await?;
-    let repo = tb.images()[1]
-        .pullspec
-        .split('@')
-        .next()
-        .unwrap_or_default()
-        .to_string();
+    // Distinct bootable rhel-10 images that pass preflight; the fake rpm-ostreed does not know
+    // them, so each transaction fails fast after UpdateDeployment arrived.
+    let mut images = Vec::new();
+    for i in 0..opts.patches {
+        let labels = std::collections::BTreeMap::from([
+            ("containers.bootc".to_string(), "1".to_string()),
+            ("io.openshift.os.streamclass".to_string(), "rhel-10".to_string()),
+            ("ostree.linux".to_string(), tb.images()[1].kernel.clone()),
+        ]);
+        let files = vec![("etc/bench".to_string(), format!("{i}").into_bytes())];
+        let (pullspec, _) = tb
+            .registry()
+            .push_custom(&format!("bench-{i}"), labels, files)
+            .await?;
+        images.push(pullspec);
+    }
     let mut react = Vec::new();
     let mut deliver = Vec::new();
-    for i in 0..opts.patches {
-        let image = format!("{repo}@sha256:{:x}", Sha256::digest(format!("bench-{i}")));
+    for image in images {
         let t0 = api
             .patch_annotations(&json!({ DESIRED_STREAM: "rhel-10", DESIRED_OS_IMAGE: image }))
             .await?;
