@@ -67,7 +67,10 @@ async fn measure(tb: &Testbed, streamd: &Child, opts: &BenchOptions) -> anyhow::
     for i in 0..opts.patches {
         let labels = std::collections::BTreeMap::from([
             ("containers.bootc".to_string(), "1".to_string()),
-            ("io.openshift.os.streamclass".to_string(), "rhel-10".to_string()),
+            (
+                "io.openshift.os.streamclass".to_string(),
+                "rhel-10".to_string(),
+            ),
             ("ostree.linux".to_string(), tb.images()[1].kernel.clone()),
         ]);
         let files = vec![("etc/bench".to_string(), format!("{i}").into_bytes())];
