@@ -110,6 +110,8 @@ impl Agent {
     ) -> anyhow::Result<()> {
         let mut watch = pin!(self.node.watch());
         let mut shutdown = pin!(shutdown);
+        // WATCHDOG=1 comes from this loop itself, so a wedged loop is restarted by systemd.
+        let mut watchdog = watchdog_interval().map(tokio::time::interval);
         loop {
             let flush_at = self.flush_at();
             tokio::select! {
@@ -138,6 +140,9 @@ impl Agent {
                         let _ = reply.send(answer.to_string());
                     }
                 },
+                _ = tick(&mut watchdog) => {
+                    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+                }
                 () = &mut shutdown => break,
             }
         }
@@ -598,6 +603,22 @@ async fn staging_event(staging: &mut Option<Staging>) -> StagingEvent {
             Ok(r) => r,
             Err(e) => Err(RpmOstreeError::Protocol(format!("staging task failed: {e}"))),
         }),
+    }
+}
+
+/// Half the watchdog timeout systemd asked for (`WATCHDOG_USEC`), if any.
+fn watchdog_interval() -> Option<Duration> {
+    let mut usec = 0u64;
+    (sd_notify::watchdog_enabled(false, &mut usec) && usec > 0)
+        .then(|| Duration::from_micros(usec / 2))
+}
+
+async fn tick(interval: &mut Option<tokio::time::Interval>) {
+    match interval {
+        Some(i) => {
+            i.tick().await;
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -16,7 +16,10 @@ async fn sd_notify_ready_status_and_stopping() {
     let sock = UnixDatagram::bind(&sock_path).expect("notify socket");
     sock.set_read_timeout(Some(Duration::from_millis(200)))
         .expect("timeout");
-    env.start_streamd_with(&[("NOTIFY_SOCKET", sock_path.to_str().expect("utf-8"))]);
+    env.start_streamd_with(&[
+        ("NOTIFY_SOCKET", sock_path.to_str().expect("utf-8")),
+        ("WATCHDOG_USEC", "400000"),
+    ]);
     env.wait_state("Idle").await;
     env.request_rhel10();
     env.wait_state("Staged").await;
@@ -40,6 +43,9 @@ async fn sd_notify_ready_status_and_stopping() {
         "{messages:?}"
     );
     assert!(ready < staged && staged < stopping, "order: {messages:?}");
+    // Pinged from the main loop at half the 0.4 s timeout.
+    let pings = messages.iter().filter(|m| m.contains("WATCHDOG=1")).count();
+    assert!(pings >= 2, "watchdog pings: {messages:?}");
 }
 
 #[zbus::proxy(

@@ -112,7 +112,9 @@ async fn measure(tb: &Testbed, streamd: &Child, opts: &BenchOptions) -> anyhow::
     tokio::time::sleep(opts.idle).await;
     let cpu1 = cpu_ticks(pid)?;
     let after = requests_by(tb, STREAMD_USER).await?;
-    let rss_kib = rss_kib(pid)?;
+    let rss_kib = status_kib(pid, "VmRSS")?;
+    let rss_anon_kib = status_kib(pid, "RssAnon")?;
+    let rss_file_kib = status_kib(pid, "RssFile")?;
     let idle_requests: u64 = after.values().sum::<u64>() - before.values().sum::<u64>();
     let ticks_per_s = 100.0; // USER_HZ on Linux
     let idle_cpu_pct = (cpu1 - cpu0) as f64 / ticks_per_s / opts.idle.as_secs_f64() * 100.0;
@@ -153,6 +155,8 @@ async fn measure(tb: &Testbed, streamd: &Child, opts: &BenchOptions) -> anyhow::
         "idle": {
             "seconds": opts.idle.as_secs(),
             "rss_kib": rss_kib,
+            "rss_anon_kib": rss_anon_kib,
+            "rss_file_kib": rss_file_kib,
             "cpu_percent": idle_cpu_pct,
             "api_requests": idle_requests,
             "api_requests_by_verb": diff(&before, &after),
@@ -238,12 +242,18 @@ fn proc_status(pid: u32) -> anyhow::Result<String> {
     std::fs::read_to_string(format!("/proc/{pid}/status")).context("reading /proc/PID/status")
 }
 
-fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+fn status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
     proc_status(pid)?
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .context("no VmRSS")
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| {
+            v.trim_start_matches(':')
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .with_context(|| format!("no {field} in /proc/PID/status"))
 }
 
 fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {

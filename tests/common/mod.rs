@@ -86,8 +86,10 @@ impl Env {
             .append(true)
             .open(self.dir.join("streamd.log"))
             .expect("log file");
+        // Through `sh -c exec` so WATCHDOG_PID can name streamd's own pid, as systemd sets it.
         let child = self
-            .command(env!("CARGO_BIN_EXE_streamd"))
+            .command("sh")
+            .args(["-c", r#"WATCHDOG_PID=$$ exec "$0""#, env!("CARGO_BIN_EXE_streamd")])
             .envs(extra_env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup"))
