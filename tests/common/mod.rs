@@ -89,7 +89,11 @@ impl Env {
         // Through `sh -c exec` so WATCHDOG_PID can name streamd's own pid, as systemd sets it.
         let child = self
             .command("sh")
-            .args(["-c", r#"WATCHDOG_PID=$$ exec "$0""#, env!("CARGO_BIN_EXE_streamd")])
+            .args([
+                "-c",
+                r#"WATCHDOG_PID=$$ exec "$0""#,
+                env!("CARGO_BIN_EXE_streamd"),
+            ])
             .envs(extra_env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup"))
