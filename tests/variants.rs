@@ -443,3 +443,31 @@ async fn streamctl_preflight_and_plan_change_nothing() {
         Some("Idle")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_registry_is_retried_not_refused() {
+    let mut env = Env::new("registry-down").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    // Nothing listens on port 1: connection refused, a transient failure.
+    let digest = env
+        .rhel10()
+        .rsplit('@')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let gone = format!("127.0.0.1:1/openshift/rhcos@{digest}");
+    request(&env, "rhel-10", &gone, None);
+    let a = env
+        .wait_for("a retried preflight", Duration::from_secs(60), |a| {
+            a.get(STATE).map(String::as_str) == Some("Preflight")
+                && a.get(REASON).is_some_and(|r| r.contains("retrying in"))
+        })
+        .await;
+    assert!(a[REASON].contains("127.0.0.1:1"), "{}", a[REASON]);
+    // A new request replaces the failing one at once.
+    let os = env.rhel10();
+    request(&env, "rhel-10", &os, None);
+    env.wait_state("Staged").await;
+    assert_eq!(started(&env.transactions().await).len(), 1);
+}
