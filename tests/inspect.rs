@@ -172,3 +172,182 @@ async fn auth_failures_and_unknown_images() {
     let e = good.os_image(&img, "x86_64").await.expect_err("down");
     assert!(e.is_transient(), "{e} ({host})");
 }
+
+/// A registry front that speaks the bearer-token flow (`WWW-Authenticate: Bearer realm=…`,
+/// a token endpoint checking the pull secret's basic credentials) and forwards authorised
+/// requests to the real registry.
+mod token_front {
+    use std::convert::Infallible;
+    use std::sync::Arc;
+
+    use base64::Engine as _;
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::{Bytes, Incoming};
+    use hyper::{Request, Response, StatusCode};
+    use hyper_util::rt::TokioIo;
+
+    pub const TOKEN: &str = "bearer-token-for-streamd";
+
+    pub struct Front {
+        pub host: String,
+    }
+
+    struct Ctx {
+        upstream: String,
+        basic: String,
+        me: String,
+    }
+
+    pub async fn start(upstream: &str, user: &str, password: &str) -> Front {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let me = listener.local_addr().expect("addr").to_string();
+        let basic = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        let ctx = Arc::new(Ctx {
+            upstream: upstream.to_string(),
+            basic,
+            me: me.clone(),
+        });
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let ctx = ctx.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| handle(ctx.clone(), req));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Front { host: me }
+    }
+
+    fn reply(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+        let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+        *r.status_mut() = status;
+        r
+    }
+
+    async fn handle(
+        ctx: Arc<Ctx>,
+        req: Request<Incoming>,
+    ) -> Result<Response<Full<Bytes>>, Infallible> {
+        let auth = req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        if req.uri().path() == "/token" {
+            // The token endpoint takes the pull secret's credentials.
+            return Ok(if auth == format!("Basic {}", ctx.basic) {
+                reply(
+                    StatusCode::OK,
+                    &format!(r#"{{"token":"{TOKEN}","expires_in":300}}"#),
+                )
+            } else {
+                reply(
+                    StatusCode::UNAUTHORIZED,
+                    r#"{"errors":[{"code":"UNAUTHORIZED"}]}"#,
+                )
+            });
+        }
+        if auth != format!("Bearer {TOKEN}") {
+            let mut r = reply(
+                StatusCode::UNAUTHORIZED,
+                r#"{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}"#,
+            );
+            let challenge = format!(
+                r#"Bearer realm="http://{}/token",service="testbed",scope="repository:openshift/rhcos:pull""#,
+                ctx.me
+            );
+            r.headers_mut()
+                .insert("www-authenticate", challenge.parse().expect("header"));
+            return Ok(r);
+        }
+        // Forward to the real registry with its basic credentials.
+        let path = req
+            .uri()
+            .path_and_query()
+            .map(|p| p.to_string())
+            .unwrap_or_default();
+        let accept = req.headers().get("accept").cloned();
+        let Ok(tcp) = tokio::net::TcpStream::connect(&ctx.upstream).await else {
+            return Ok(reply(StatusCode::BAD_GATEWAY, "upstream down"));
+        };
+        let Ok((mut sender, conn)) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await
+        else {
+            return Ok(reply(StatusCode::BAD_GATEWAY, "handshake"));
+        };
+        tokio::spawn(conn);
+        let mut up = Request::get(path)
+            .header("host", &ctx.upstream)
+            .header("authorization", format!("Basic {}", ctx.basic));
+        if let Some(a) = accept {
+            up = up.header("accept", a);
+        }
+        let Ok(up) = up.body(Full::new(Bytes::new())) else {
+            return Ok(reply(StatusCode::BAD_GATEWAY, "request"));
+        };
+        let Ok(resp) = sender.send_request(up).await else {
+            return Ok(reply(StatusCode::BAD_GATEWAY, "send"));
+        };
+        let (parts, body) = resp.into_parts();
+        let bytes = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let mut out = Response::new(Full::new(bytes));
+        *out.status_mut() = parts.status;
+        for (k, v) in parts.headers.iter() {
+            if k != "content-length" && k != "transfer-encoding" && k != "connection" {
+                out.headers_mut().insert(k.clone(), v.clone());
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bearer_token_challenge_is_followed() {
+    let reg = Registry::start(RegistryConfig { dir: dir("bearer") })
+        .await
+        .expect("registry starts");
+    let front = token_front::start(reg.host(), reg.username(), reg.password()).await;
+    let digest = reg.images()[1]
+        .pullspec
+        .rsplit('@')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let img = image(&format!("{}/openshift/rhcos@{digest}", front.host));
+    let secret = format!(
+        r#"{{"auths":{{"{}":{{"username":"{}","password":"{}"}}}}}}"#,
+        front.host,
+        reg.username(),
+        reg.password()
+    );
+    let insp = Inspector::new(
+        PullSecret::parse(&secret).expect("json"),
+        &[front.host.clone()],
+    );
+    let info = insp
+        .os_image(&img, "x86_64")
+        .await
+        .expect("inspect through the token flow");
+    assert!(info.bootable);
+    assert_eq!(info.stream_class.as_deref(), Some("rhel-10"));
+    // Wrong credentials: the token endpoint refuses, and that is a rejected pull secret.
+    let bad = secret.replace(reg.password(), "nope-not-it");
+    let insp = Inspector::new(
+        PullSecret::parse(&bad).expect("json"),
+        &[front.host.clone()],
+    );
+    let e = insp.os_image(&img, "x86_64").await.expect_err("refused");
+    assert_eq!(e, InspectError::Unauthorized(front.host.clone()), "{e}");
+}
