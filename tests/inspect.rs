@@ -334,7 +334,7 @@ async fn bearer_token_challenge_is_followed() {
     );
     let insp = Inspector::new(
         PullSecret::parse(&secret).expect("json"),
-        &[front.host.clone()],
+        std::slice::from_ref(&front.host),
     );
     let info = insp
         .os_image(&img, "x86_64")
@@ -346,7 +346,7 @@ async fn bearer_token_challenge_is_followed() {
     let bad = secret.replace(reg.password(), "nope-not-it");
     let insp = Inspector::new(
         PullSecret::parse(&bad).expect("json"),
-        &[front.host.clone()],
+        std::slice::from_ref(&front.host),
     );
     let e = insp.os_image(&img, "x86_64").await.expect_err("refused");
     assert_eq!(e, InspectError::Unauthorized(front.host.clone()), "{e}");
