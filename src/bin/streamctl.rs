@@ -12,7 +12,7 @@ use streamd::status::{Status, StatusDocument};
 /// Exit codes: 0 success; 1 the request failed (or, for preflight and plan, a check failed); 2
 /// streamd could not be reached (not running, or no system bus) or the checks could not run.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(name = "streamctl", version)]
 struct Args {
     #[command(subcommand)]
     command: Command,
@@ -37,6 +37,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Work with configuration files.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Generate man pages or shell completions.
+    #[command(subcommand, hide = true)]
+    Generate(GenerateCommand),
     /// Print the exact rpm-ostree `UpdateDeployment` call the daemon would make for a request,
     /// without making it. Exit code 1 when preflight refuses the request.
     Plan {
@@ -45,6 +51,34 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+    },
+}
+
+/// `streamctl config …`.
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Validate config fragments: the given files or directories, else the daemon's default
+    /// directories. Errors carry file:line:column. Exit code 0 valid, 1 invalid.
+    Check {
+        /// Files or directories to check.
+        paths: Vec<std::path::PathBuf>,
+    },
+}
+
+/// `streamctl generate …` (used by packaging).
+#[derive(Debug, Subcommand)]
+enum GenerateCommand {
+    /// Write man pages (streamctl.1 and one per subcommand) into DIR.
+    Man {
+        /// Output directory.
+        dir: std::path::PathBuf,
+    },
+    /// Write the completion script for SHELL into DIR.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+        /// Output directory.
+        dir: std::path::PathBuf,
     },
 }
 
@@ -92,6 +126,20 @@ trait OSStream1 {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    // Local commands need no daemon.
+    match &args.command {
+        Command::Config(ConfigCommand::Check { paths }) => return config_check(paths),
+        Command::Generate(g) => {
+            return match generate(g) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("streamctl: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        _ => {}
+    }
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -184,6 +232,7 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
                 ExitCode::SUCCESS
             });
         }
+        Command::Config(_) | Command::Generate(_) => {}
         Command::Plan { request, json } => {
             let answer = dry_run(&p, &request).await?;
             let plan = &answer["plan"];
@@ -211,6 +260,65 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Validates config fragments the way the daemon loads them.
+fn config_check(paths: &[std::path::PathBuf]) -> ExitCode {
+    use streamd::config;
+    let (files, dirs): (Vec<_>, Vec<_>) = paths.iter().cloned().partition(|p| p.is_file());
+    let dirs = if paths.is_empty() {
+        config::DEFAULT_DIRS
+            .iter()
+            .map(std::path::PathBuf::from)
+            .collect()
+    } else {
+        dirs
+    };
+    let mut checked = 0;
+    let mut bad = 0;
+    for f in &files {
+        checked += 1;
+        let result = std::fs::read_to_string(f)
+            .map_err(|e| format!("{}: {e}", f.display()))
+            .and_then(|t| config::parse_fragment(f, &t).map_err(|e| e.to_string()));
+        if let Err(e) = result {
+            bad += 1;
+            eprintln!("{e}");
+        }
+    }
+    if !dirs.is_empty() {
+        match config::load(&dirs) {
+            Ok(cfg) => checked += cfg.sources.len(),
+            Err(e) => {
+                bad += 1;
+                eprintln!("{e}");
+            }
+        }
+    }
+    if bad == 0 {
+        println!("configuration is valid ({checked} file(s) checked)");
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("streamctl: the configuration is invalid; streamd would refuse to start");
+        ExitCode::FAILURE
+    }
+}
+
+/// Writes man pages or completions.
+fn generate(g: &GenerateCommand) -> std::io::Result<()> {
+    use clap::CommandFactory;
+    let cmd = Args::command();
+    match g {
+        GenerateCommand::Man { dir } => {
+            std::fs::create_dir_all(dir)?;
+            clap_mangen::generate_to(cmd, dir)
+        }
+        GenerateCommand::Completions { shell, dir } => {
+            std::fs::create_dir_all(dir)?;
+            let mut cmd = cmd;
+            clap_complete::generate_to(*shell, &mut cmd, "streamctl", dir).map(|_| ())
+        }
+    }
 }
 
 /// Asks the daemon for preflight results and the plan; a daemon-side error means the checks
