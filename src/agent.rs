@@ -248,7 +248,13 @@ impl Agent {
                                     .await;
                             }
                             (None, Some(f)) => {
-                                warn!(check = f.id, message = %f.message, "preflight check failed");
+                                crate::logging::log_preflight_failed(
+                                    f.id,
+                                    &f.message,
+                                    self.status.desired_stream.as_deref().unwrap_or_default(),
+                                    self.status.desired_os_image.as_deref().unwrap_or_default(),
+                                    self.node.name(),
+                                );
                                 let reason =
                                     format!("preflight check {} failed: {}", f.id, f.message);
                                 self.set_state(State::Refused, reason).await;
@@ -481,7 +487,19 @@ impl Agent {
     async fn set_state(&mut self, state: State, reason: String) {
         if self.status.state != state {
             self.status.last_change = unix_now();
-            info!(state = %state, %reason, "state changed");
+            crate::logging::log_state(
+                state,
+                &reason,
+                self.status
+                    .desired_stream
+                    .as_deref()
+                    .unwrap_or(&self.status.current_stream),
+                self.status
+                    .desired_os_image
+                    .as_deref()
+                    .unwrap_or(&self.status.current_os_image),
+                self.node.name(),
+            );
             let _ = sd_notify::notify(
                 false,
                 &[sd_notify::NotifyState::Status(&format!(
