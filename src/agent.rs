@@ -513,6 +513,11 @@ impl Agent {
         if state != State::Staging {
             self.status.progress = None;
         }
+        match state {
+            State::Degraded | State::Refused => self.status.last_error = Some(reason.clone()),
+            State::Done => self.status.last_error = None,
+            _ => {}
+        }
         self.status.state = state;
         self.status.reason = reason;
         self.publish().await;

@@ -40,6 +40,9 @@ pub struct Status {
     pub host: Option<HostFacts>,
     /// Unix time (seconds) of the last state change.
     pub last_change: u64,
+    /// The last failure or refusal, kept after the state moves on (cleared by `Done`).
+    #[serde(default)]
+    pub last_error: Option<String>,
 }
 
 impl Status {

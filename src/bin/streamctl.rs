@@ -417,7 +417,27 @@ fn render(s: &Status) -> String {
     );
     line("Extensions:", or_none(&s.desired_extensions_image));
     line("Backend:", &format!("{backend} ({arch})"));
+    if let Some(h) = &s.host {
+        let fips = match h.fips {
+            streamd::hostfacts::Fips::Enabled => "enabled",
+            streamd::hostfacts::Fips::Disabled => "disabled",
+            streamd::hostfacts::Fips::Inconsistent => "INCONSISTENT",
+        };
+        let kernel = h
+            .kernel
+            .map_or("unknown (overrides and running kernel disagree)", |k| {
+                k.as_str()
+            });
+        let level = h
+            .x86_64_level
+            .map(|l| format!(", x86-64-v{l}"))
+            .unwrap_or_default();
+        line("Host:", &format!("FIPS {fips}, kernel {kernel}{level}"));
+    }
     line("Last change:", &changed);
+    if let Some(e) = &s.last_error {
+        line("Last error:", e);
+    }
     out
 }
 
@@ -437,6 +457,14 @@ mod tests {
             desired_stream: Some("rhel-10".into()),
             desired_os_image: Some("r/a@sha256:2".into()),
             last_change: 0,
+            host: Some(streamd::hostfacts::HostFacts {
+                arch: "x86_64".into(),
+                backend: streamd::hostfacts::Backend::RpmOstree,
+                fips: streamd::hostfacts::Fips::Enabled,
+                kernel: Some(streamd::hostfacts::KernelVariant::Realtime),
+                x86_64_level: Some(3),
+            }),
+            last_error: Some("preflight check cpu-level failed: old".into()),
             ..Status::default()
         };
         let text = render(&s);
@@ -447,6 +475,8 @@ mod tests {
             "Staged:       (none)",
             "Desired:      rhel-10  r/a@sha256:2",
             "Last change:  1970-01-01 00:00:00 UTC",
+            "Host:         FIPS enabled, kernel realtime, x86-64-v3",
+            "Last error:   preflight check cpu-level failed: old",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
