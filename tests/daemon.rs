@@ -129,3 +129,50 @@ fn invalid_config_is_one_clear_line_and_exit_2() {
     assert!(line.contains("10-bad.toml:2:1"), "{line}");
     assert!(line.contains("reboot-policy"), "{line}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_never_reach_logs_annotations_or_events() {
+    let mut env = Env::new("secrets").await;
+    // Run with the bearer-token kubeconfig and everything logged at trace level.
+    let token_kubeconfig = env.dir.join("kubeconfig-admin");
+    env.start_streamd_with(&[
+        (
+            "STREAMD_KUBECONFIG",
+            token_kubeconfig.to_str().expect("utf-8"),
+        ),
+        ("STREAMD_LOG", "trace"),
+    ]);
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    let token = std::fs::read_to_string(env.dir.join("pki/admin-token")).expect("token");
+    let secret: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&env.vars()["TESTBED_PULL_SECRET"]).expect("pull secret"),
+    )
+    .expect("json");
+    let auth = secret["auths"]
+        .as_object()
+        .and_then(|m| m.values().next())
+        .and_then(|e| e["auth"].as_str())
+        .expect("auth")
+        .to_string();
+    let password = env.tb.registry().password().to_string();
+    let log = env.log();
+    assert!(log.len() > 1000, "a trace-level log was written");
+    let annotations = format!("{:?}", env.annotations().await);
+    let events =
+        String::from_utf8_lossy(&env.kubectl(&["get", "events", "-o", "json"]).stdout).to_string();
+    for (what, text) in [
+        ("log", &log),
+        ("annotations", &annotations),
+        ("events", &events),
+    ] {
+        for (name, secret) in [
+            ("token", token.trim()),
+            ("pull-secret auth", auth.as_str()),
+            ("registry password", password.as_str()),
+        ] {
+            assert!(!text.contains(secret), "the {name} appears in the {what}");
+        }
+    }
+}
