@@ -176,3 +176,84 @@ async fn secrets_never_reach_logs_annotations_or_events() {
         }
     }
 }
+
+/// Runs `cmd` as `nobody` (uid/gid 65534) with the testbed's environment.
+fn as_nobody(env: &Env, program: &str, args: &[&str]) -> std::process::Output {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(program)
+        .args(args)
+        .envs(env.vars())
+        .output()
+        .expect("setpriv runs")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dbus_policy_lets_others_read_but_not_call() {
+    let mut env = Env::new("policy").await;
+    // The shipped policy file, loaded into the testbed's real dbus-daemon.
+    let policy = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/systemd/io.openshift.OSStream1.conf"
+    );
+    std::fs::copy(
+        policy,
+        env.tb
+            .bus()
+            .policy_dir()
+            .join("io.openshift.OSStream1.conf"),
+    )
+    .expect("install policy");
+    env.tb.bus().reload().expect("reload");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let addr = env.vars()["DBUS_SYSTEM_BUS_ADDRESS"].clone();
+    let target = [
+        "io.openshift.OSStream1",
+        "/io/openshift/OSStream1",
+        "io.openshift.OSStream1",
+    ];
+    let mut get = vec!["--address", addr.as_str(), "get-property"];
+    get.extend(target);
+    get.push("State");
+    let out = as_nobody(&env, "busctl", &get);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "s \"Idle\"");
+    let mut call = vec!["--address", addr.as_str(), "call"];
+    call.extend(target);
+    call.push("Reconcile");
+    let out = as_nobody(&env, "busctl", &call);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Access denied"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // streamctl as a non-root admin: status works, reconcile is refused with advice.
+    let out = as_nobody(&env, env!("CARGO_BIN_EXE_streamctl"), &["status"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("State:        Idle"));
+    let out = as_nobody(&env, env!("CARGO_BIN_EXE_streamctl"), &["reconcile"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("permission denied") && err.contains("run streamctl as root"),
+        "{err}"
+    );
+    // Root may call.
+    let out = env.streamctl(&["reconcile"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
