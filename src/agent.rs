@@ -63,6 +63,8 @@ struct Staging {
     expect: Option<(crate::verify::Expectation, String)>,
     task: JoinHandle<Result<(), RpmOstreeError>>,
     progress: mpsc::Receiver<TxnEvent>,
+    /// Set to true to cancel the transaction.
+    cancel: tokio::sync::watch::Sender<bool>,
 }
 
 impl Agent {
@@ -186,9 +188,10 @@ impl Agent {
             if self.status.observed_desired.as_deref() == Some(st.hash.as_str()) {
                 return;
             }
-            // A different request arrives mid-transaction: the running one finishes first and the
-            // next reconcile (after it) acts on the new request.
-            info!("request changed while staging; acting on it once the transaction ends");
+            // A different request (or none) arrives mid-transaction: cancel it; rpm-ostreed
+            // reports the end as Finished, and the reconcile after it acts on the new request.
+            info!("request changed while staging; cancelling the transaction");
+            let _ = st.cancel.send(true);
             self.publish().await;
             return;
         }
@@ -312,8 +315,10 @@ impl Agent {
         expect: Option<(crate::verify::Expectation, String)>,
     ) {
         let (tx, rx) = mpsc::channel(64);
+        let (cancel, cancelled) = tokio::sync::watch::channel(false);
         let rpm = self.rpm.clone();
-        let task = tokio::spawn(async move { stage_with_busy_retry(rpm, call, tx).await });
+        let task =
+            tokio::spawn(async move { stage_with_busy_retry(rpm, call, tx, cancelled).await });
         // Let the transaction request go out before the status reporting below.
         tokio::task::yield_now().await;
         self.staging = Some(Staging {
@@ -321,6 +326,7 @@ impl Agent {
             expect,
             task,
             progress: rx,
+            cancel,
         });
         self.status.progress = Some(0);
         self.set_state(State::Staging, format!("staging {image}"))
@@ -575,17 +581,26 @@ async fn stage_with_busy_retry(
     rpm: rpmostree::Client,
     call: UpdateDeploymentCall,
     progress: mpsc::Sender<TxnEvent>,
+    mut cancelled: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), RpmOstreeError> {
     let mut delay = MIN_BACKOFF;
     loop {
-        match rpm.update_deployment(&call, &progress).await {
+        match rpm
+            .update_deployment(&call, &progress, Some(cancelled.clone()))
+            .await
+        {
             Err(RpmOstreeError::Busy(msg)) => {
                 info!(%msg, retry_in = ?delay, "rpm-ostreed busy; waiting");
                 let _ = progress.try_send(TxnEvent::Message(format!(
                     "waiting for another rpm-ostree transaction ({msg}); retrying in {}s",
                     delay.as_secs()
                 )));
-                tokio::time::sleep(delay).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    true = async { cancelled.wait_for(|c| *c).await.is_ok() } => {
+                        return Err(RpmOstreeError::Cancelled);
+                    }
+                }
                 delay = (delay * 2).min(BUSY_MAX_BACKOFF);
             }
             other => return other,

@@ -354,3 +354,30 @@ async fn sigterm_stops_cleanly() {
     let st = env.stop_streamd();
     assert!(st.success(), "exit status {st}\n{}", env.log());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_the_request_mid_staging_cancels_it() {
+    let mut env = Env::new("cancel").await;
+    env.rpmostreed(json!({"cmd": "slow", "ms": 5000})).await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    env.wait_state("Staging").await;
+    // Let the transaction start before the request goes away.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    env.annotate(&[
+        &format!("{DESIRED_STREAM}-"),
+        &format!("{DESIRED_OS_IMAGE}-"),
+    ]);
+    let a = env.wait_state("Idle").await;
+    assert!(!a.contains_key(STAGED_OS_IMAGE), "nothing staged: {a:#?}");
+    let txns = env.transactions().await;
+    assert_eq!(txns.len(), 1, "{txns:#?}");
+    assert_eq!(txns[0]["cancelled"], json!(true), "{txns:#?}");
+    let deps = env.rpmostreed(json!({"cmd": "deployments"})).await;
+    assert!(
+        deps.as_array()
+            .is_some_and(|d| d.iter().all(|d| d["staged"] != json!(true))),
+        "{deps:#}"
+    );
+}

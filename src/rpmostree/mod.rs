@@ -40,6 +40,9 @@ pub enum RpmOstreeError {
     /// The transaction ran and failed; the message is rpm-ostree's.
     #[error("{0}")]
     Failed(String),
+    /// The transaction was cancelled at streamd's request.
+    #[error("the transaction was cancelled because the request changed")]
+    Cancelled,
     /// The transaction connection closed without a result (the daemon exited or was restarted).
     #[error("rpm-ostreed closed the transaction without a result; the deployments will be re-read")]
     Interrupted,
@@ -338,7 +341,7 @@ impl Client {
             .await
             .map_err(|e| RpmOstreeError::from_call("Cleanup", e))?;
         let (tx, _rx) = tokio::sync::mpsc::channel(1);
-        transaction::run(&address, &tx).await
+        transaction::run(&address, &tx, None).await
     }
 
     /// Runs one `UpdateDeployment` transaction to its end, sending progress to `events`.
@@ -346,6 +349,7 @@ impl Client {
         &self,
         call: &UpdateDeploymentCall,
         events: &tokio::sync::mpsc::Sender<TxnEvent>,
+        cancel: Option<tokio::sync::watch::Receiver<bool>>,
     ) -> Result<(), RpmOstreeError> {
         let os = self.os().await?;
         let fds = call.open_files()?;
@@ -354,6 +358,6 @@ impl Client {
             .update_deployment(modifiers, options)
             .await
             .map_err(|e| RpmOstreeError::from_call("UpdateDeployment", e))?;
-        transaction::run(&address, events).await
+        transaction::run(&address, events, cancel).await
     }
 }

@@ -20,9 +20,12 @@ pub enum TxnEvent {
 ///
 /// The peer connection is closed as soon as the result is known: the daemon keeps the transaction
 /// (and answers everyone else "Transaction in progress") while a peer stays connected.
+/// Resolving `cancel` asks the daemon to `Cancel()` the transaction; the result still comes as
+/// `Finished` (false), so the daemon decides what is left behind, never this process.
 pub async fn run(
     address: &str,
     events: &tokio::sync::mpsc::Sender<TxnEvent>,
+    cancel: Option<tokio::sync::watch::Receiver<bool>>,
 ) -> Result<(), RpmOstreeError> {
     let conn = zbus::connection::Builder::address(address)
         .map_err(|e| RpmOstreeError::Protocol(format!("transaction address {address:?}: {e}")))?
@@ -36,13 +39,44 @@ pub async fn run(
         .call_method(None::<&str>, "/", Some(TXN_INTERFACE), "Start", &())
         .await;
     let result = match start {
-        Ok(_) => wait_finished(&mut stream, events).await,
+        Ok(_) => {
+            tokio::select! {
+                biased;
+                r = wait_finished(&mut stream, events) => r,
+                Ok(()) = wait_cancel(cancel) => {
+                    // Cancel() replies at once; the outcome still arrives as Finished.
+                    let _ = conn
+                        .call_method(None::<&str>, "/", Some(TXN_INTERFACE), "Cancel", &())
+                        .await;
+                    match wait_finished(&mut stream, events).await {
+                        Err(RpmOstreeError::Failed(_)) => Err(RpmOstreeError::Cancelled),
+                        other => other,
+                    }
+                }
+            }
+        }
         Err(e) => Err(RpmOstreeError::from_call("Start", e)),
     };
     drop(stream);
     // Closing can only fail if the daemon already hung up, which changes nothing here.
     let _ = conn.close().await;
     result
+}
+
+/// Resolves once `cancel` turns true; never without a receiver or when the sender is gone.
+async fn wait_cancel(cancel: Option<tokio::sync::watch::Receiver<bool>>) -> Result<(), ()> {
+    match cancel {
+        Some(mut rx) => {
+            // The guard `wait_for` returns must not live across an await.
+            let cancelled = rx.wait_for(|c| *c).await.is_ok();
+            if cancelled {
+                Ok(())
+            } else {
+                std::future::pending().await
+            }
+        }
+        None => std::future::pending().await,
+    }
 }
 
 async fn wait_finished(
