@@ -49,7 +49,7 @@ fn properties(s: &Status) -> Vec<(&'static str, Value<'static>)> {
         ("Node", Value::from(s.node.clone())),
         ("State", Value::from(s.state.to_string())),
         ("Reason", Value::from(s.reason.clone())),
-        ("Progress", Value::U32(s.progress.map_or(0, u32::from))),
+        ("Progress", Value::U32(s.progress_value())),
         ("CurrentStream", Value::from(s.current_stream.clone())),
         ("CurrentOsImage", Value::from(s.current_os_image.clone())),
         ("StagedOsImage", opt(&s.staged_os_image)),
@@ -57,19 +57,8 @@ fn properties(s: &Status) -> Vec<(&'static str, Value<'static>)> {
         ("DesiredOsImage", opt(&s.desired_os_image)),
         ("DesiredExtensionsImage", opt(&s.desired_extensions_image)),
         ("ObservedDesired", opt(&s.observed_desired)),
-        (
-            "Host",
-            Value::from(s.host.as_ref().map(|h| h.to_json()).unwrap_or_default()),
-        ),
-        (
-            "Backend",
-            Value::from(
-                s.host
-                    .as_ref()
-                    .map(|h| h.backend.as_str().to_string())
-                    .unwrap_or_default(),
-            ),
-        ),
+        ("Host", Value::from(s.host_json())),
+        ("Backend", Value::from(s.backend_name())),
         ("LastChange", Value::U64(s.last_change)),
         ("Status", Value::from(status_json(s))),
     ]
@@ -132,7 +121,7 @@ impl OSStream1 {
     /// Staging progress, 0 unless `Staging`.
     #[zbus(property)]
     fn progress(&self) -> u32 {
-        self.status.progress.map_or(0, u32::from)
+        self.status.progress_value()
     }
     /// Booted stream.
     #[zbus(property)]
@@ -175,20 +164,12 @@ impl OSStream1 {
     /// Host facts as compact JSON.
     #[zbus(property)]
     fn host(&self) -> String {
-        self.status
-            .host
-            .as_ref()
-            .map(|h| h.to_json())
-            .unwrap_or_default()
+        self.status.host_json()
     }
     /// Staging backend.
     #[zbus(property)]
     fn backend(&self) -> String {
-        self.status
-            .host
-            .as_ref()
-            .map(|h| h.backend.as_str().to_string())
-            .unwrap_or_default()
+        self.status.backend_name().to_string()
     }
     /// Unix time of the last state change.
     #[zbus(property)]

@@ -46,6 +46,24 @@ pub struct Status {
 }
 
 impl Status {
+    /// Progress as the D-Bus API shows it: `0` unless staging.
+    pub fn progress_value(&self) -> u32 {
+        self.progress.map_or(0, u32::from)
+    }
+
+    /// The `host` JSON, empty when the facts are not known yet.
+    pub fn host_json(&self) -> String {
+        self.host
+            .as_ref()
+            .map(HostFacts::to_json)
+            .unwrap_or_default()
+    }
+
+    /// The staging backend's name, empty when the facts are not known yet.
+    pub fn backend_name(&self) -> &'static str {
+        self.host.as_ref().map_or("", |h| h.backend.as_str())
+    }
+
     /// The output annotations this status corresponds to; `None` removes a key.
     pub fn annotations(&self) -> BTreeMap<&'static str, Option<String>> {
         let reason = if self.state.clears_reason() {
