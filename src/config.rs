@@ -24,6 +24,38 @@ pub const DEFAULT_KUBECONFIG: &str = "/var/lib/kubelet/kubeconfig";
 pub const DEFAULT_PULL_SECRET: &str = "/var/lib/kubelet/config.json";
 /// Default runtime directory (systemd's `RuntimeDirectory=streamd`).
 pub const DEFAULT_RUNTIME_DIR: &str = "/run/streamd";
+/// Default state directory (systemd's `StateDirectory=streamd`): the reboot attempt record.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/streamd";
+/// Default path of the bootc program (run inside a transient unit, never by streamd itself).
+pub const DEFAULT_BOOTC_PATH: &str = "/usr/bin/bootc";
+/// Default number of reboots into the same request before streamd gives up on it.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 2;
+
+/// Which OS update backend to drive.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendChoice {
+    /// rpm-ostree when its D-Bus name is owned or activatable, else bootc.
+    #[default]
+    Auto,
+    /// rpm-ostreed over D-Bus.
+    RpmOstree,
+    /// bootc in transient systemd units.
+    Bootc,
+}
+
+/// When the staged OS is applied.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RebootPolicy {
+    /// Request a reboot and wait until the cluster approves that exact request.
+    #[default]
+    OnApproval,
+    /// Stage only; someone else reboots (streamd still verifies the result after boot).
+    Never,
+    /// Reboot as soon as the staged deployment is verified.
+    Immediate,
+}
 
 /// An invalid configuration.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +107,20 @@ pub struct Fragment {
     pub min_free_sysroot_mib: Option<u64>,
     /// Free space `/boot` must have, MiB.
     pub min_free_boot_mib: Option<u64>,
+    /// State directory (the reboot attempt record).
+    pub state_dir: Option<PathBuf>,
+    /// Update backend.
+    pub backend: Option<BackendChoice>,
+    /// Path of bootc on the host.
+    pub bootc_path: Option<PathBuf>,
+    /// Reboot policy.
+    pub reboot: Option<RebootPolicy>,
+    /// Reboots into one request before it is refused.
+    pub max_attempts: Option<std::num::NonZeroU32>,
+    /// Replace a staged deployment streamd did not create.
+    pub replace_foreign_staged: Option<bool>,
+    /// Resolve `desired-stream` through the cluster's OSImageStream.
+    pub resolve_streams: Option<bool>,
 }
 
 /// The effective configuration.
@@ -94,6 +140,20 @@ pub struct Config {
     pub insecure_registries: Vec<String>,
     /// Preflight policy (downgrades, disk minimums).
     pub policy: crate::preflight::Policy,
+    /// State directory (the reboot attempt record).
+    pub state_dir: PathBuf,
+    /// Update backend.
+    pub backend: BackendChoice,
+    /// Path of bootc on the host.
+    pub bootc_path: PathBuf,
+    /// When the staged OS is applied.
+    pub reboot: RebootPolicy,
+    /// Reboots into one request before it is refused (at least 1).
+    pub max_attempts: u32,
+    /// Replace a staged deployment streamd did not create instead of refusing.
+    pub replace_foreign_staged: bool,
+    /// Resolve `desired-stream` through the cluster's OSImageStream when no image is given.
+    pub resolve_streams: bool,
     /// The files that were read, in order (for `streamctl config check` and logs).
     pub sources: Vec<PathBuf>,
 }
@@ -108,6 +168,13 @@ impl Default for Config {
             runtime_dir: PathBuf::from(DEFAULT_RUNTIME_DIR),
             insecure_registries: Vec::new(),
             policy: crate::preflight::Policy::default(),
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            backend: BackendChoice::default(),
+            bootc_path: PathBuf::from(DEFAULT_BOOTC_PATH),
+            reboot: RebootPolicy::default(),
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            replace_foreign_staged: false,
+            resolve_streams: false,
             sources: Vec::new(),
         }
     }
@@ -142,6 +209,27 @@ impl Config {
         }
         if let Some(v) = f.min_free_boot_mib {
             self.policy.min_free_boot = v.saturating_mul(1 << 20);
+        }
+        if let Some(v) = f.state_dir {
+            self.state_dir = v;
+        }
+        if let Some(v) = f.backend {
+            self.backend = v;
+        }
+        if let Some(v) = f.bootc_path {
+            self.bootc_path = v;
+        }
+        if let Some(v) = f.reboot {
+            self.reboot = v;
+        }
+        if let Some(v) = f.max_attempts {
+            self.max_attempts = v.get();
+        }
+        if let Some(v) = f.replace_foreign_staged {
+            self.replace_foreign_staged = v;
+        }
+        if let Some(v) = f.resolve_streams {
+            self.resolve_streams = v;
         }
     }
 }
@@ -270,6 +358,34 @@ mod tests {
         let d = tmpdir("nontoml");
         std::fs::write(d.join("a.conf"), "").expect("write");
         assert!(matches!(load(&[d]), Err(ConfigError::NotToml(_))));
+    }
+
+    #[test]
+    fn lifecycle_keys_parse_and_reject_bad_values() {
+        let f = parse_fragment(
+            Path::new("a.toml"),
+            "reboot = \"never\"\nbackend = \"bootc\"\nmax-attempts = 3\nreplace-foreign-staged = true\nresolve-streams = true\nstate-dir = \"/s\"\nbootc-path = \"/b\"\n",
+        )
+        .expect("parses");
+        let mut cfg = Config::default();
+        cfg.apply(f);
+        assert_eq!(cfg.reboot, RebootPolicy::Never);
+        assert_eq!(cfg.backend, BackendChoice::Bootc);
+        assert_eq!(cfg.max_attempts, 3);
+        assert!(cfg.replace_foreign_staged && cfg.resolve_streams);
+        assert_eq!(cfg.state_dir, PathBuf::from("/s"));
+        assert_eq!(cfg.bootc_path, PathBuf::from("/b"));
+        for (text, col) in [
+            ("max-attempts = 0", 16),
+            ("reboot = \"sometimes\"", 10),
+            ("backend = \"dnf\"", 11),
+        ] {
+            let err = parse_fragment(Path::new("a.toml"), text).expect_err(text);
+            assert!(
+                err.to_string().starts_with(&format!("a.toml:1:{col}")),
+                "{text}: {err}"
+            );
+        }
     }
 
     #[test]
