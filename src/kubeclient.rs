@@ -86,6 +86,11 @@ impl NodeClient {
         })
     }
 
+    /// The underlying client, for watches of other objects (e.g. [`crate::streams::watch`]).
+    pub fn client(&self) -> kube::Client {
+        self.nodes.clone().into()
+    }
+
     /// The node name.
     pub fn name(&self) -> &str {
         &self.name

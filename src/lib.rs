@@ -21,4 +21,5 @@ pub mod registry;
 pub mod report;
 pub mod rpmostree;
 pub mod status;
+pub mod streams;
 pub mod verify;
