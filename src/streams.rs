@@ -320,12 +320,19 @@ mod tests {
         }
     }
 
+    /// (case, inputs, catalog, the expected inputs or a fragment of the expected error).
+    type Case<'a> = (
+        &'a str,
+        Inputs,
+        Option<&'a Catalog>,
+        Result<Inputs, &'a str>,
+    );
+
     #[test]
     fn resolution_table() {
         let cat = catalog();
         let explicit = img(DX);
-        // (case, inputs, catalog, expected inputs or the expected error's message fragment)
-        let cases: Vec<(&str, Inputs, Option<&Catalog>, Result<Inputs, &str>)> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "stream only: both images filled in",
                 inputs(Some("rhel-9"), None, None),
