@@ -118,13 +118,17 @@ impl ApiServer {
 
     /// Runs one control command (the `cmd` field of a control-socket request):
     ///
-    /// - `{"cmd":"stats"}` → `{"total":N,"by_user":{user:{verb:n}}}`; `{"cmd":"reset-stats"}` → `{}`
+    /// - `{"cmd":"stats"}` → `{"total":N,"by_user":{user:{verb:n}}}` (optionally only within
+    ///   `since_ms`..`until_ms`, Unix milliseconds); `{"cmd":"reset-stats"}` → `{}`;
+    ///   `{"cmd":"requests"}` → `[{"at_ms","user","verb"}]`; `{"cmd":"injected-faults"}` →
+    ///   `[{"at_ms","kind","user","verb","code"}]`
     /// - `{"cmd":"fault","kind":K,…}` → the resulting fault state. `K` is one of
     ///   `drop-watches` (end every open watch now), `gone` (`count`: the next watches get a
     ///   410 `ERROR` event; the history is compacted too), `throttle` (`count`,
-    ///   `retry_after`: 429 with `Retry-After`), `error` (`count`: 500), `delay` (`ms`, 0 to
-    ///   stop), `refuse` (`on`: the port is closed and open connections are cut; returns
-    ///   once that is so) or `clear`. Counted faults apply to the next requests of anyone.
+    ///   `retry_after`: 429 with `Retry-After`), `error` (`count`, `code` 500 or 503),
+    ///   `delay` (`ms`, 0 to stop), `refuse` (`on`: the port is closed and open connections
+    ///   are cut; returns once that is so) or `clear`. `throttle`, `error` and `delay` apply
+    ///   to the requests of anyone, or only to those of `user` and/or `verb` if given.
     /// - `{"cmd":"get-node"}` → the Node; `{"cmd":"node-annotations"}` → its annotations
     pub async fn control(&self, cmd: &Value) -> anyhow::Result<Value> {
         let name = cmd
@@ -132,7 +136,9 @@ impl ApiServer {
             .and_then(Value::as_str)
             .ok_or_else(|| anyhow!("control command needs a \"cmd\" string"))?;
         match name {
-            "stats" => Ok(self.shared.stats.snapshot()),
+            "stats" => self.shared.stats.snapshot(cmd),
+            "requests" => Ok(self.shared.stats.requests()),
+            "injected-faults" => Ok(self.shared.faults.injected()),
             "reset-stats" => {
                 self.shared.stats.reset();
                 Ok(json!({}))

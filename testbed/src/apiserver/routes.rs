@@ -255,18 +255,16 @@ pub(crate) async fn handle(
     let response = if user.is_none() {
         error_response(&ApiError::unauthorized())
     } else {
-        if let Some(delay) = shared.faults.delay() {
+        if let Some(delay) = shared.faults.delay(user_name, verb) {
             tokio::time::sleep(delay).await;
         }
-        if let Some(secs) = shared.faults.take_throttle() {
+        if let Some(secs) = shared.faults.take_throttle(user_name, verb) {
             let mut resp = error_response(&ApiError::too_many_requests());
             resp.headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from(secs));
             resp
-        } else if shared.faults.take_error() {
-            error_response(&ApiError::internal(
-                "an error on the server (\"injected fault\") has prevented the request from succeeding",
-            ))
+        } else if let Some(err) = shared.faults.take_error(user_name, verb) {
+            error_response(&err)
         } else {
             match serve(&shared, req, target, query, verb).await {
                 Ok(resp) => resp,

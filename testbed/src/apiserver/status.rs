@@ -152,6 +152,10 @@ impl ApiError {
         Self::new(500, "InternalError", message)
     }
 
+    pub(crate) fn service_unavailable(message: impl Into<String>) -> Self {
+        Self::new(503, "ServiceUnavailable", message)
+    }
+
     /// The `Status` object.
     pub(crate) fn status(&self) -> Value {
         let mut status = json!({
