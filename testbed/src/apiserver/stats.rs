@@ -84,9 +84,11 @@ impl Stats {
         }
         let mut by_user = ByUser::new();
         let mut total = 0u64;
-        for seen in counts.timeline.iter().filter(|s| {
-            since.is_none_or(|t| s.at_ms >= t) && until.is_none_or(|t| s.at_ms < t)
-        }) {
+        for seen in counts
+            .timeline
+            .iter()
+            .filter(|s| since.is_none_or(|t| s.at_ms >= t) && until.is_none_or(|t| s.at_ms < t))
+        {
             total += 1;
             add(&mut by_user, &seen.user, seen.verb);
         }
