@@ -551,16 +551,36 @@ impl Agent {
         match self.node.patch(&patch).await {
             Ok(annotations) => {
                 self.reporter.patched(Instant::now(), &annotations);
-                self.patch_retry_at = None;
+                if self.patch_retry_at.take().is_some() {
+                    info!("patching node annotations works again");
+                }
                 self.patch_backoff = MIN_BACKOFF;
             }
             Err(e) => {
-                warn!(
-                    error = format!("{e:#}"),
-                    "patching node annotations failed; will retry"
+                // Whatever is pending then goes out, not this patch: the latest status wins.
+                let delay = crate::report::patch_retry_delay(
+                    self.patch_backoff,
+                    &e,
+                    crate::report::jitter(),
                 );
-                self.patch_retry_at = Some(Instant::now() + self.patch_backoff);
-                self.patch_backoff = (self.patch_backoff * 2).min(MAX_BACKOFF);
+                if e.is_transient() {
+                    warn!(
+                        error = %e,
+                        status = e.status(),
+                        retry_after = ?e.retry_after(),
+                        retry_in = ?delay,
+                        "patching node annotations failed; will retry"
+                    );
+                } else {
+                    tracing::error!(
+                        error = %e,
+                        status = e.status(),
+                        retry_in = ?delay,
+                        "the api server rejected the node annotation patch; will retry slowly"
+                    );
+                }
+                self.patch_retry_at = Some(Instant::now() + delay);
+                self.patch_backoff = (self.patch_backoff * 2).min(crate::report::PATCH_MAX_BACKOFF);
             }
         }
     }

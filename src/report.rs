@@ -2,18 +2,60 @@
 //!
 //! State changes are written at once; everything else (progress, reason) at most once per
 //! [`PROGRESS_INTERVAL`]. Whatever is pending when a patch goes out is merged into it, so the
-//! latest status always wins and nothing is written twice.
+//! latest status always wins and nothing is written twice. A failed patch is retried after
+//! [`patch_retry_delay`].
 
 use std::collections::BTreeMap;
+use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 
+use crate::kubeclient::PatchError;
 use crate::protocol;
 use crate::status::Status;
 
 /// Minimum time between two patches that only move progress.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
+/// Longest wait between two attempts at a failed patch. Below the agent's general 60 s: the
+/// cluster waits on this status, and an attempt is one small request.
+pub const PATCH_MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// A server's `Retry-After` longer than this is cut to it, so a bogus value cannot hold the
+/// status back for long.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
+/// How long to wait before sending a failed patch again.
+///
+/// `backoff` is the current step (the caller doubles it after each failure, up to
+/// [`PATCH_MAX_BACKOFF`]) and `jitter` a uniform sample from `[0, 1)` (see [`jitter`]).
+///
+/// - Transient failures wait a uniform time in `[backoff/2, backoff]` ("equal jitter": nodes that
+///   failed together spread out, and the cap is never exceeded), but never less than the
+///   server's `Retry-After` (at most [`MAX_RETRY_AFTER`]).
+/// - A rejected patch would fail the same way at once, so it waits the cap: only a slow retry
+///   can notice that someone fixed the cause (RBAC, credentials).
+pub fn patch_retry_delay(backoff: Duration, error: &PatchError, jitter: f64) -> Duration {
+    if !error.is_transient() {
+        return PATCH_MAX_BACKOFF;
+    }
+    let step = backoff.min(PATCH_MAX_BACKOFF);
+    let spread = step.mul_f64(jitter.clamp(0.0, 1.0) / 2.0);
+    let own = step / 2 + spread;
+    match error.retry_after() {
+        Some(server) => own.max(server.min(MAX_RETRY_AFTER)),
+        None => own,
+    }
+}
+
+/// A uniform sample from `[0, 1)`, different on every call and in every process: std's
+/// randomly keyed SipHash over nothing, so no random-number crate is needed for jitter.
+pub fn jitter() -> f64 {
+    let bits = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    // The top 53 bits fill an f64 mantissa exactly.
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}
 
 /// Decides when and what to patch.
 #[derive(Debug, Default)]
@@ -148,6 +190,52 @@ mod tests {
         r.observe_node(&on);
         assert_eq!(r.pending_patch(), None);
         assert_eq!(r.due_at(Instant::now()), None);
+    }
+
+    #[test]
+    fn patch_retry_delays_are_jittered_capped_and_honour_retry_after() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        let transient = |retry_after: Option<Duration>| PatchError::Transient {
+            message: "m".into(),
+            status: Some(503),
+            retry_after,
+        };
+        let rejected = PatchError::Rejected {
+            status: 403,
+            message: "m".into(),
+        };
+        // (backoff, error, jitter, expected delay)
+        let cases = [
+            (s(1), transient(None), 0.0, ms(500)),
+            (s(1), transient(None), 0.5, ms(750)),
+            (s(1), transient(None), 0.999_999, ms(999)),
+            (s(8), transient(None), 0.25, s(5)),
+            (s(30), transient(None), 1.0, s(30)),
+            (s(600), transient(None), 1.0, s(30)),
+            (s(600), transient(None), 0.0, s(15)),
+            (s(1), transient(Some(s(2))), 0.9, s(2)),
+            (s(16), transient(Some(s(2))), 0.0, s(8)),
+            (s(1), transient(Some(s(3600))), 0.0, MAX_RETRY_AFTER),
+            (s(1), rejected, 0.0, PATCH_MAX_BACKOFF),
+        ];
+        for (backoff, error, jitter, want) in cases {
+            let got = patch_retry_delay(backoff, &error, jitter);
+            // Within a millisecond: f64 scaling of durations rounds.
+            assert!(
+                got.abs_diff(want) <= ms(1),
+                "backoff {backoff:?}, {error:?}, jitter {jitter}: got {got:?}, want {want:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn jitter_is_uniform_enough() {
+        let samples: Vec<f64> = (0..2000).map(|_| jitter()).collect();
+        assert!(samples.iter().all(|j| (0.0..1.0).contains(j)));
+        let low = samples.iter().filter(|j| **j < 0.5).count();
+        // Binomial(2000, 0.5) has sd 22; 800..1200 fails only if the source is broken.
+        assert!((800..1200).contains(&low), "{low} of 2000 below 0.5");
     }
 
     #[test]
