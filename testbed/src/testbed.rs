@@ -10,11 +10,14 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::warn;
 
-use crate::apiserver::{ApiServer, ApiServerConfig};
+use crate::apiserver::{ApiServer, ApiServerConfig, StreamImages};
+use crate::bootc::FakeBootc;
 use crate::bus::Bus;
 use crate::images::TestImage;
+use crate::logind::FakeLogind;
 use crate::registry::{Registry, RegistryConfig};
 use crate::rpmostreed::{FakeRpmOstreed, RpmOstreedConfig};
+use crate::systemd::FakeSystemd;
 
 /// Node name of the testbed's node.
 pub const NODE_NAME: &str = "worker-0";
@@ -26,6 +29,18 @@ pub struct Options {
     pub dir: PathBuf,
     /// Host fixture name (`crate::fixtures::NAMES`), e.g. `default` or `realtime`.
     pub host: String,
+    /// Which OS update tool the host has.
+    pub backend: Backend,
+}
+
+/// The OS update tool of the testbed host.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// rpm-ostreed owns its name on the bus (and `bootc` is installed too, as on RHCOS).
+    #[default]
+    RpmOstree,
+    /// No rpm-ostreed on the bus: `bootc`, run through the fake systemd.
+    Bootc,
 }
 
 impl Options {
@@ -34,6 +49,7 @@ impl Options {
         Options {
             dir: dir.into(),
             host: "default".into(),
+            backend: Backend::default(),
         }
     }
 }
@@ -51,6 +67,19 @@ pub struct Testbed {
 struct Components {
     rpmostreed: FakeRpmOstreed,
     apiserver: ApiServer,
+    /// systemd, logind and bootc; bootc acts on the fake rpm-ostreed's host model.
+    systemd: FakeSystemd,
+    logind: FakeLogind,
+    _bootc: FakeBootc,
+    /// The host root and fixture, rewritten by a simulated reboot.
+    host: HostModel,
+}
+
+/// What a simulated reboot rewrites below the host root.
+struct HostModel {
+    root: PathBuf,
+    fixture: crate::fixtures::Fixture,
+    images: Vec<TestImage>,
 }
 
 impl Testbed {
@@ -99,17 +128,46 @@ impl Testbed {
         })
         .await
         .context("starting the fake rpm-ostreed")?;
+        if opts.backend == Backend::Bootc {
+            // The host model stays; only the daemon's name goes.
+            rpmostreed.leave_bus().await?;
+        }
+        let systemd = FakeSystemd::start(bus.address())
+            .await
+            .context("starting the fake systemd")?;
+        let host = rpmostreed.host();
+        let logind = FakeLogind::start(bus.address(), Box::new(move || host.record_reboot()))
+            .await
+            .context("starting the fake logind")?;
+        let bootc = FakeBootc::start(&bus, &rpmostreed, &dir.join("bin/bootc"))
+            .await
+            .context("starting the fake bootc")?;
         // After the sysroot exists: /proc/cmdline is the booted deployment's entry.
         let cmdline = rpmostreed
             .booted_cmdline()
             .context("the fake rpm-ostreed has no booted deployment")?;
         crate::host::write(&dir.join("host"), NODE_NAME, &booted, &fixture, &cmdline)?;
+        crate::host::keep_boot_id(&dir.join("host"))?;
         let apiserver = ApiServer::start(ApiServerConfig {
             dir: dir.clone(),
             node_name: NODE_NAME.into(),
         })
         .await
         .context("starting the fake API server")?;
+        // A cluster with streamd deployed: its RBAC applied and the two streams published.
+        apiserver.create_manifests(include_str!("../../docs/deploy/rbac.yaml"))?;
+        let stream_images = |i: usize, stream: &str| StreamImages {
+            name: stream.into(),
+            os_image: images
+                .get(i)
+                .map(|i| i.pullspec.clone())
+                .unwrap_or_default(),
+            extensions_image: extensions(stream),
+        };
+        apiserver.create_os_image_stream(
+            "rhel-9",
+            &[stream_images(0, "rhel-9"), stream_images(1, "rhel-10")],
+        )?;
 
         // streamd reads the sysroot and /boot below the host root, as on a node.
         for (link, target) in [
@@ -124,12 +182,13 @@ impl Testbed {
         let config_dir = dir.join("config.d");
         let mut config = format!(
             "# written by the testbed\nnode-name = {node:?}\nkubeconfig = {kc:?}\nhost-root = {hr:?}\n\
-             pull-secret = {ps:?}\nruntime-dir = {rd:?}\ninsecure-registries = [{reg:?}]\n",
+             pull-secret = {ps:?}\nruntime-dir = {rd:?}\nstate-dir = {sd:?}\ninsecure-registries = [{reg:?}]\n",
             node = NODE_NAME,
             kc = dir.join("kubeconfig").display().to_string(),
             hr = dir.join("host").display().to_string(),
             ps = pull_secret.display().to_string(),
             rd = dir.join("run").display().to_string(),
+            sd = dir.join("state").display().to_string(),
             reg = registry.host(),
         );
         if fixture.low_disk {
@@ -164,6 +223,10 @@ impl Testbed {
                 dir.join("kubeconfig").display().to_string(),
             ),
             ("TESTBED_DIR".into(), dir.display().to_string()),
+            (
+                "TESTBED_BOOTC".into(),
+                bootc.program().display().to_string(),
+            ),
             ("TESTBED_API_URL".into(), apiserver.url().to_string()),
             ("TESTBED_RHEL9_IMAGE".into(), images[0].pullspec.clone()),
             (
@@ -190,6 +253,14 @@ impl Testbed {
         let inner = Arc::new(Components {
             rpmostreed,
             apiserver,
+            systemd,
+            logind,
+            _bootc: bootc,
+            host: HostModel {
+                root: dir.join("host"),
+                fixture,
+                images: images.clone(),
+            },
         });
         serve_control(&dir.join("control.sock"), inner.clone())?;
         write_env(&dir, &env)?;
@@ -228,17 +299,60 @@ impl Testbed {
         &self.bus
     }
 
+    /// Simulates a reboot of the host (see [`Components::reboot`]).
+    pub async fn reboot(&self, fail_finalize: bool) -> anyhow::Result<Value> {
+        self.inner.reboot(fail_finalize).await
+    }
+
     /// Runs one control command (the same JSON as on `DIR/control.sock`).
     pub async fn control(&self, cmd: &Value) -> anyhow::Result<Value> {
         dispatch(&self.inner, cmd).await
     }
 }
 
+impl Components {
+    /// Reboots the host: the fake rpm-ostreed applies an unlocked staged deployment (a locked
+    /// one is discarded), then the host root is rewritten for what booted, with a new boot id.
+    /// streamd is not touched: whoever started it stops it before and starts it after.
+    async fn reboot(&self, fail_finalize: bool) -> anyhow::Result<Value> {
+        let out = self.rpmostreed.simulate_reboot(fail_finalize).await?;
+        let h = &self.host;
+        let image = h
+            .images
+            .iter()
+            .find(|i| i.digest == out.booted_digest)
+            .with_context(|| format!("booted image {} is not in the catalog", out.booted_digest))?;
+        crate::host::write(&h.root, NODE_NAME, image, &h.fixture, &out.cmdline)?;
+        crate::host::boot(&h.root, &out.booted_kernel)?;
+        Ok(json!({
+            "applied": out.applied,
+            "discarded": out.discarded,
+            "booted": out.booted_digest,
+            "kernel": out.booted_kernel,
+        }))
+    }
+}
+
 async fn dispatch(c: &Components, cmd: &Value) -> anyhow::Result<Value> {
     match cmd.get("target").and_then(Value::as_str) {
+        Some("testbed") => match cmd.get("cmd").and_then(Value::as_str) {
+            Some("reboot") => {
+                let fail = cmd
+                    .get("fail-finalize")
+                    .map(|v| v.as_bool().context("\"fail-finalize\" must be a boolean"))
+                    .transpose()?
+                    .unwrap_or(false);
+                c.reboot(fail).await
+            }
+            other => bail!("unknown testbed command {other:?} (reboot)"),
+        },
         Some("rpmostreed") => c.rpmostreed.control(cmd).await,
         Some("apiserver") => c.apiserver.control(cmd).await,
-        Some(other) => bail!("unknown control target {other:?} (rpmostreed, apiserver)"),
+        Some("systemd") => c.systemd.control(cmd).await,
+        Some("logind") => c.logind.control(cmd).await,
+        Some(other) => bail!(
+            "unknown control target {other:?} (testbed, rpmostreed, apiserver, systemd, logind)"
+        ),
         None => bail!("control command without \"target\""),
     }
 }

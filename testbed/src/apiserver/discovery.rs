@@ -20,6 +20,9 @@ pub(crate) struct ResourceDef {
     pub(crate) short_names: &'static [&'static str],
     /// Whether `<plural>/status` exists (and writes to the main resource keep the old status).
     pub(crate) status_subresource: bool,
+    /// Served from a CustomResourceDefinition: a create drops `status` (when there is a status
+    /// subresource) and validation errors name the kind as `Kind.group`.
+    pub(crate) custom: bool,
 }
 
 impl ResourceDef {
@@ -55,6 +58,7 @@ pub(crate) static NODES: ResourceDef = ResourceDef {
     verbs: &["get", "list", "watch", "patch", "update"],
     short_names: &["no"],
     status_subresource: true,
+    custom: false,
 };
 
 pub(crate) static EVENTS: ResourceDef = ResourceDef {
@@ -69,6 +73,7 @@ pub(crate) static EVENTS: ResourceDef = ResourceDef {
     ],
     short_names: &["ev"],
     status_subresource: false,
+    custom: false,
 };
 
 pub(crate) static NAMESPACES: ResourceDef = ResourceDef {
@@ -81,6 +86,7 @@ pub(crate) static NAMESPACES: ResourceDef = ResourceDef {
     verbs: &["get", "list", "watch"],
     short_names: &["ns"],
     status_subresource: false,
+    custom: false,
 };
 
 /// Always empty: served so that `kubectl describe node` (which lists the node's pods) works.
@@ -94,10 +100,68 @@ pub(crate) static PODS: ResourceDef = ResourceDef {
     verbs: &["get", "list", "watch"],
     short_names: &["po"],
     status_subresource: false,
+    custom: false,
+};
+
+/// The cluster's OS image streams (an OpenShift CRD; its status is written by the
+/// machine-config operator through the `status` subresource).
+pub(crate) static OSIMAGESTREAMS: ResourceDef = ResourceDef {
+    group: "machineconfiguration.openshift.io",
+    version: "v1",
+    plural: "osimagestreams",
+    singular: "osimagestream",
+    kind: "OSImageStream",
+    namespaced: false,
+    verbs: &[
+        "create", "delete", "get", "list", "patch", "update", "watch",
+    ],
+    short_names: &[],
+    status_subresource: true,
+    custom: true,
+};
+
+/// RBAC roles: stored and evaluated by the authorizer (`authz.rs`).
+pub(crate) static CLUSTERROLES: ResourceDef = ResourceDef {
+    group: "rbac.authorization.k8s.io",
+    version: "v1",
+    plural: "clusterroles",
+    singular: "clusterrole",
+    kind: "ClusterRole",
+    namespaced: false,
+    verbs: &[
+        "create", "delete", "get", "list", "patch", "update", "watch",
+    ],
+    short_names: &[],
+    status_subresource: false,
+    custom: false,
+};
+
+/// RBAC bindings of cluster roles to users and groups.
+pub(crate) static CLUSTERROLEBINDINGS: ResourceDef = ResourceDef {
+    group: "rbac.authorization.k8s.io",
+    version: "v1",
+    plural: "clusterrolebindings",
+    singular: "clusterrolebinding",
+    kind: "ClusterRoleBinding",
+    namespaced: false,
+    verbs: &[
+        "create", "delete", "get", "list", "patch", "update", "watch",
+    ],
+    short_names: &[],
+    status_subresource: false,
+    custom: false,
 };
 
 /// Every served resource, core group first.
-pub(crate) static RESOURCES: &[&ResourceDef] = &[&NODES, &EVENTS, &NAMESPACES, &PODS];
+pub(crate) static RESOURCES: &[&ResourceDef] = &[
+    &NODES,
+    &EVENTS,
+    &NAMESPACES,
+    &PODS,
+    &OSIMAGESTREAMS,
+    &CLUSTERROLES,
+    &CLUSTERROLEBINDINGS,
+];
 
 /// The resource `plural` in `group/version`.
 pub(crate) fn find(group: &str, version: &str, plural: &str) -> Option<&'static ResourceDef> {
@@ -105,6 +169,14 @@ pub(crate) fn find(group: &str, version: &str, plural: &str) -> Option<&'static 
         .iter()
         .copied()
         .find(|d| d.group == group && d.version == version && d.plural == plural)
+}
+
+/// The resource whose objects have `apiVersion` and `kind`.
+pub(crate) fn find_kind(api_version: &str, kind: &str) -> Option<&'static ResourceDef> {
+    RESOURCES
+        .iter()
+        .copied()
+        .find(|d| d.api_version() == api_version && d.kind == kind)
 }
 
 /// `GET /version`.

@@ -1,10 +1,12 @@
 //! Fake Kubernetes API server (HTTPS, client certificates and bearer tokens).
 //!
-//! Serves Nodes, core/v1 Events and Namespaces from an in-memory store with real
-//! resourceVersion, watch, patch and conflict semantics, plus the discovery documents
-//! the real `kubectl` needs. See `docs/testbed.md` for the contract.
+//! Serves Nodes, core/v1 Events, Namespaces, OSImageStreams and RBAC cluster roles from an
+//! in-memory store with real resourceVersion, watch, patch and conflict semantics, plus the
+//! discovery documents the real `kubectl` needs, and authorizes like a cluster's Node and RBAC
+//! authorizers. See `docs/testbed.md` for the contract.
 
 mod auth;
+mod authz;
 mod clock;
 mod discovery;
 mod faults;
@@ -34,10 +36,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
-use discovery::NODES;
+use discovery::{NODES, OSIMAGESTREAMS};
 use faults::Faults;
 use stats::Stats;
-use store::Store;
+use store::{Scope, Store};
 
 /// How long a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -49,6 +51,17 @@ pub struct ApiServerConfig {
     pub dir: PathBuf,
     /// Name of the Node object the server starts with (the node identity's `system:node:<name>`).
     pub node_name: String,
+}
+
+/// One entry of an OSImageStream's `status.availableStreams`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamImages {
+    /// Stream name, e.g. `rhel-10`.
+    pub name: String,
+    /// Digest-pinned OS image.
+    pub os_image: String,
+    /// Digest-pinned extensions image.
+    pub extensions_image: String,
 }
 
 /// State shared by the accept loop, the connections and the control interface.
@@ -171,6 +184,68 @@ impl ApiServer {
                 .unwrap_or_else(|| json!({}))),
             other => bail!("unknown apiserver command {other:?}"),
         }
+    }
+
+    /// Creates the OSImageStream `cluster` with `spec.defaultStream` and then, through the
+    /// status subresource as the machine-config operator does, its `status` (the default
+    /// stream and `streams`). Validation is the CRD's, so a malformed entry is an error.
+    pub fn create_os_image_stream(
+        &self,
+        default_stream: &str,
+        streams: &[StreamImages],
+    ) -> anyhow::Result<()> {
+        let store = &self.shared.store;
+        let api = |err: status::ApiError| anyhow!("OSImageStream cluster: {}", err.message);
+        store
+            .create(
+                &OSIMAGESTREAMS,
+                None,
+                json!({
+                    "metadata": { "name": "cluster" },
+                    "spec": { "defaultStream": default_stream },
+                }),
+            )
+            .map_err(api)?;
+        let available: Vec<Value> = streams
+            .iter()
+            .map(|s| {
+                json!({
+                    "name": s.name,
+                    "osImage": s.os_image,
+                    "osExtensionsImage": s.extensions_image,
+                })
+            })
+            .collect();
+        store
+            .update(&OSIMAGESTREAMS, None, "cluster", Scope::Status, |_| {
+                Ok(json!({ "status": {
+                    "defaultStream": default_stream,
+                    "availableStreams": available,
+                }}))
+            })
+            .map_err(api)?;
+        Ok(())
+    }
+
+    /// Creates every object of a (multi-document) YAML manifest as the admin would with
+    /// `kubectl create -f`: each `apiVersion`/`kind` must be a served cluster-scoped type.
+    pub fn create_manifests(&self, yaml: &str) -> anyhow::Result<()> {
+        let docs: Vec<Value> =
+            serde_saphyr::from_multiple(yaml).context("parsing the YAML manifest")?;
+        for doc in docs.into_iter().filter(|d| !d.is_null()) {
+            let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+            let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+            let def = discovery::find_kind(api_version, &kind)
+                .filter(|d| !d.namespaced)
+                .ok_or_else(|| {
+                    anyhow!("{api_version} {kind} is not a served cluster-scoped type")
+                })?;
+            self.shared
+                .store
+                .create(def, None, doc)
+                .map_err(|err| anyhow!("creating {kind}: {}", err.message))?;
+        }
+        Ok(())
     }
 
     fn node(&self) -> anyhow::Result<Arc<Value>> {

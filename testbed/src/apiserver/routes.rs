@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use super::Shared;
 use super::auth;
+use super::authz::{self, Attributes};
 use super::discovery::{self, ResourceDef};
 use super::patch::{self, PatchError};
 use super::selector::{FieldSelector, LabelSelector};
@@ -266,7 +267,7 @@ pub(crate) async fn handle(
         } else if let Some(err) = shared.faults.take_error(user_name, verb) {
             error_response(&err)
         } else {
-            match serve(&shared, req, target, query, verb).await {
+            match serve(&shared, req, target, query, verb, user_name).await {
                 Ok(resp) => resp,
                 Err(err) => error_response(&err),
             }
@@ -289,6 +290,7 @@ async fn serve(
     target: Target,
     query: Result<Query, ApiError>,
     verb: &'static str,
+    user: &str,
 ) -> Result<Response<Body>, ApiError> {
     let query = query?;
     match target {
@@ -297,7 +299,7 @@ async fn serve(
             Err(ApiError::method_not_allowed())
         }
         Target::NonResource(doc) => non_resource(shared, doc),
-        Target::Resource(path) => resource(shared, req, path, query, verb).await,
+        Target::Resource(path) => resource(shared, req, path, query, verb, user).await,
     }
 }
 
@@ -366,6 +368,7 @@ async fn resource(
     path: ResourcePath,
     query: Query,
     verb: &'static str,
+    user: &str,
 ) -> Result<Response<Body>, ApiError> {
     let ResourcePath {
         def,
@@ -376,6 +379,18 @@ async fn resource(
     if def.namespaced && namespace.is_none() && name.is_some() {
         return Err(ApiError::path_not_found());
     }
+    // Authorization comes before the handler, as in kube-apiserver's filter chain.
+    authz::authorize(
+        &shared.store,
+        &Attributes {
+            user,
+            verb,
+            def,
+            namespace: namespace.as_deref(),
+            name: name.as_deref(),
+            subresource: subresource.as_deref(),
+        },
+    )?;
     let scope = match subresource.as_deref() {
         None if def.allows(verb) => Scope::Main,
         None => return Err(ApiError::method_not_allowed()),

@@ -49,6 +49,20 @@ impl ApiError {
         .with_object(def, name)
     }
 
+    /// 403 as the authorizer words it: `message` is the part after "is forbidden: ".
+    pub(crate) fn forbidden(def: &ResourceDef, name: Option<&str>, message: &str) -> Self {
+        let target = match name {
+            Some(name) => format!("{} \"{name}\"", def.qualified()),
+            None => def.qualified(),
+        };
+        Self::new(
+            403,
+            "Forbidden",
+            format!("{target} is forbidden: {message}"),
+        )
+        .with_object(def, name.unwrap_or_default())
+    }
+
     pub(crate) fn path_not_found() -> Self {
         Self::new(
             404,
@@ -111,10 +125,15 @@ impl ApiError {
             .iter()
             .map(|(field, msg)| format!("{field}: {msg}"))
             .collect();
+        let kind = if def.custom {
+            format!("{}.{}", def.kind, def.group)
+        } else {
+            def.kind.to_string()
+        };
         let mut err = Self::new(
             422,
             "Invalid",
-            format!("{} \"{name}\" is invalid: {}", def.kind, summary.join(", ")),
+            format!("{kind} \"{name}\" is invalid: {}", summary.join(", ")),
         );
         let causes: Vec<Value> = causes
             .iter()

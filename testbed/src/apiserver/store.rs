@@ -261,6 +261,10 @@ impl Store {
         }
         map.insert("kind".into(), json!(def.kind));
         map.insert("apiVersion".into(), json!(def.api_version()));
+        if def.custom && def.status_subresource {
+            // As for custom resources in a cluster: only the status subresource writes status.
+            map.remove("status");
+        }
         let meta = map.entry("metadata").or_insert_with(|| json!({}));
         let Some(meta) = meta.as_object_mut() else {
             return Err(ApiError::bad_request("metadata must be an object"));

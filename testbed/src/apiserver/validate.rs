@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::discovery::ResourceDef;
+use super::discovery::{OSIMAGESTREAMS, ResourceDef};
 use super::status::ApiError;
 
 /// Kubernetes' limit on the total size of an object's annotations.
@@ -63,11 +63,140 @@ pub(crate) fn object(def: &ResourceDef, name: &str, obj: &Value) -> Result<(), A
             ));
         }
     }
+    if std::ptr::eq(def, &OSIMAGESTREAMS) {
+        os_image_stream(name, obj, &mut causes);
+    }
     if causes.is_empty() {
         Ok(())
     } else {
         Err(ApiError::invalid(def, name, &causes))
     }
+}
+
+/// Longest image reference the OSImageStream API accepts.
+const MAX_IMAGE_LEN: usize = 447;
+/// Most streams `status.availableStreams` may list.
+const MAX_STREAMS: usize = 100;
+
+/// The schema and CEL rules of the OSImageStream CRD (openshift/api
+/// `machineconfiguration/v1`), with its messages.
+fn os_image_stream(name: &str, obj: &Value, causes: &mut Vec<(String, String)>) {
+    let mut invalid = |field: String, message: String| causes.push((field, message));
+    if name != "cluster" {
+        invalid(
+            "<nil>".into(),
+            "Invalid value: \"object\": osimagestream is a singleton, .metadata.name must be 'cluster'".into(),
+        );
+    }
+    let subdomain = |field: String, value: &str, invalid: &mut dyn FnMut(String, String)| {
+        if !is_dns_subdomain(value) {
+            invalid(
+                field,
+                format!(
+                    "Invalid value: {value:?}: a RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character."
+                ),
+            );
+        }
+    };
+    if let Some(default) = obj.pointer("/spec/defaultStream").and_then(Value::as_str) {
+        subdomain("spec.defaultStream".into(), default, &mut invalid);
+    }
+    let Some(status) = obj.get("status").filter(|s| !s.is_null()) else {
+        return;
+    };
+    let Some(streams) = status.get("availableStreams").and_then(Value::as_array) else {
+        invalid("status.availableStreams".into(), "Required value".into());
+        return;
+    };
+    if streams.is_empty() || streams.len() > MAX_STREAMS {
+        invalid(
+            "status.availableStreams".into(),
+            format!(
+                "Invalid value: {}: must have 1 to {MAX_STREAMS} items",
+                streams.len()
+            ),
+        );
+    }
+    let mut names: Vec<&str> = Vec::new();
+    for (i, entry) in streams.iter().enumerate() {
+        let at = |field: &str| format!("status.availableStreams[{i}].{field}");
+        match entry.get("name").and_then(Value::as_str) {
+            Some(n) if names.contains(&n) => invalid(
+                format!("status.availableStreams[{i}]"),
+                format!("Duplicate value: {{\"name\":{n:?}}}"),
+            ),
+            Some(n) => {
+                subdomain(at("name"), n, &mut invalid);
+                names.push(n);
+            }
+            None => invalid(at("name"), "Required value".into()),
+        }
+        for field in ["osImage", "osExtensionsImage"] {
+            match entry.get(field).and_then(Value::as_str) {
+                Some(image) => {
+                    for problem in image_problems(image) {
+                        invalid(at(field), format!("Invalid value: \"string\": {problem}"));
+                    }
+                }
+                None => invalid(at(field), "Required value".into()),
+            }
+        }
+    }
+    match status.get("defaultStream").and_then(Value::as_str) {
+        Some(d) if names.contains(&d) => {}
+        Some(_) => invalid(
+            "status".into(),
+            "Invalid value: \"object\": defaultStream must reference a stream name from availableStreams".into(),
+        ),
+        None => invalid("status.defaultStream".into(), "Required value".into()),
+    }
+}
+
+/// The `ImageDigestFormat` rules: 1..447 characters, `host[:port][/namespace]/name@sha256:<64 hex>`.
+fn image_problems(image: &str) -> Vec<&'static str> {
+    let mut problems = Vec::new();
+    if image.is_empty() || image.len() > MAX_IMAGE_LEN {
+        problems.push("must be 1 to 447 characters long");
+    }
+    let parts: Vec<&str> = image.split('@').collect();
+    let digest_ok = parts.len() == 2
+        && parts[1].strip_prefix("sha256:").is_some_and(|h| {
+            h.len() == 64 && h.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+        });
+    if !digest_ok {
+        problems.push("the OCI Image reference must end with a valid '@sha256:<digest>' suffix, where '<digest>' is 64 characters long");
+    }
+    if !is_oci_name(parts[0]) {
+        problems.push("the OCI Image name should follow the host[:port][/namespace]/name format, resembling a valid URL without the scheme");
+    }
+    problems
+}
+
+/// `^([a-zA-Z0-9-]+\.)+[a-zA-Z0-9-]+(:[0-9]{2,5})?/([a-zA-Z0-9-_]{0,61}/)?[a-zA-Z0-9-_.]*?$`
+fn is_oci_name(name: &str) -> bool {
+    let word = |s: &str, extra: &[u8]| {
+        s.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'-' || extra.contains(&c))
+    };
+    let Some((host, path)) = name.split_once('/') else {
+        return false;
+    };
+    let hostname = match host.split_once(':') {
+        Some((h, port)) => {
+            if !(2..=5).contains(&port.len()) || !port.bytes().all(|c| c.is_ascii_digit()) {
+                return false;
+            }
+            h
+        }
+        None => host,
+    };
+    let labels: Vec<&str> = hostname.split('.').collect();
+    let host_ok = labels.len() >= 2 && labels.iter().all(|l| !l.is_empty() && word(l, b""));
+    let path_ok = match path.split_once('/') {
+        Some((ns, rest)) => ns.len() <= 61 && word(ns, b"_") && word(rest, b"_."),
+        None => word(path, b"_."),
+    };
+    host_ok && path_ok
 }
 
 fn json_type(v: &Value) -> &'static str {
@@ -119,6 +248,53 @@ mod tests {
     use super::*;
     use crate::apiserver::discovery::NODES;
     use serde_json::json;
+
+    #[test]
+    fn os_image_stream_rules() {
+        let hex = "0123456789abcdef".repeat(4);
+        let img = |repo: &str| format!("{repo}@sha256:{hex}");
+        let good = json!({"metadata": {}, "spec": {}, "status": {
+        "defaultStream": "rhel-9",
+        "availableStreams": [
+            {"name": "rhel-9", "osImage": img("127.0.0.1:5000/openshift/rhcos"), "osExtensionsImage": img("quay.io/x")},
+        ]}});
+        assert!(object(&OSIMAGESTREAMS, "cluster", &good).is_ok());
+        let message = |name: &str, obj: &Value| {
+            object(&OSIMAGESTREAMS, name, obj)
+                .map_err(|e| (e.code, e.message))
+                .err()
+        };
+        let (code, msg) = message("other", &good).expect("not a singleton");
+        assert_eq!(code, 422);
+        assert!(
+            msg.starts_with(
+                "OSImageStream.machineconfiguration.openshift.io \"other\" is invalid: <nil>"
+            ),
+            "{msg}"
+        );
+        let mut bad = good.clone();
+        bad["status"]["availableStreams"][0]["osImage"] = json!("quay.io/x/rhcos:latest");
+        bad["status"]["availableStreams"][0]["osExtensionsImage"] = json!(img("localhost/a/b/c"));
+        bad["status"]["defaultStream"] = json!("rhel-10");
+        let (_, msg) = message("cluster", &bad).expect("bad images");
+        for fragment in [
+            "status.availableStreams[0].osImage: Invalid value: \"string\": the OCI Image reference must end",
+            "status.availableStreams[0].osExtensionsImage: Invalid value: \"string\": the OCI Image name should follow",
+            "defaultStream must reference a stream name from availableStreams",
+        ] {
+            assert!(msg.contains(fragment), "{msg} lacks {fragment}");
+        }
+        let mut dup = good.clone();
+        let first = dup["status"]["availableStreams"][0].clone();
+        if let Some(list) = dup["status"]["availableStreams"].as_array_mut() {
+            list.push(first);
+        }
+        assert!(message("cluster", &dup).is_some_and(|(_, m)| m.contains("Duplicate value")));
+        assert!(
+            message("cluster", &json!({"metadata": {}})).is_none(),
+            "status is optional"
+        );
+    }
 
     #[test]
     fn rejects_bad_keys_values_and_types() {

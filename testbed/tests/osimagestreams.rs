@@ -1,0 +1,429 @@
+//! The fake API server's OSImageStreams and authorization, driven by the real `kubectl`; the
+//! RBAC manifests in `docs/deploy/` applied with it and shown to grant the node exactly what
+//! streamd needs.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use testbed::apiserver::{ApiServer, ApiServerConfig, StreamImages};
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+
+const NODE: &str = "worker-0";
+
+fn digest(fill: char) -> String {
+    format!("sha256:{}", fill.to_string().repeat(64))
+}
+
+fn image(fill: char) -> String {
+    format!("quay.io/openshift-release-dev/rhcos@{}", digest(fill))
+}
+
+struct Env {
+    dir: PathBuf,
+    /// Kept alive for the test; dropping it stops the server.
+    _server: ApiServer,
+}
+
+struct Out {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
+
+impl Env {
+    /// A bare API server (no RBAC objects); with `streams` the OSImageStream `cluster` too.
+    async fn start(test: &str, streams: bool) -> Env {
+        let dir = std::env::temp_dir().join(format!(
+            "testbed-osis-{}-{}-{test}",
+            std::process::id(),
+            NEXT_DIR.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create test dir");
+        let server = ApiServer::start(ApiServerConfig {
+            dir: dir.clone(),
+            node_name: NODE.into(),
+        })
+        .await
+        .expect("start apiserver");
+        if streams {
+            server
+                .create_os_image_stream(
+                    "rhel-9",
+                    &[
+                        StreamImages {
+                            name: "rhel-9".into(),
+                            os_image: image('9'),
+                            extensions_image: image('e'),
+                        },
+                        StreamImages {
+                            name: "rhel-10".into(),
+                            os_image: image('a'),
+                            extensions_image: image('f'),
+                        },
+                    ],
+                )
+                .expect("seed the OSImageStream");
+        }
+        Env {
+            dir,
+            _server: server,
+        }
+    }
+
+    fn kubeconfig(&self, node: bool) -> PathBuf {
+        self.dir.join(if node {
+            "kubeconfig"
+        } else {
+            "kubeconfig-admin"
+        })
+    }
+
+    fn command(&self, kubeconfig: &Path, args: &[&str]) -> Command {
+        let mut cmd = Command::new("kubectl");
+        cmd.args(args)
+            .env("KUBECONFIG", kubeconfig)
+            .env("KUBECACHEDIR", self.dir.join("kube-cache"))
+            .env("HOME", &self.dir)
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        cmd
+    }
+
+    /// `kubectl` as the admin (`node: false`) or the node's certificate, with a timeout.
+    async fn run(&self, node: bool, args: &[&str]) -> Out {
+        let out = tokio::time::timeout(
+            Duration::from_secs(60),
+            self.command(&self.kubeconfig(node), args).output(),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("kubectl {args:?} timed out"))
+        .expect("run kubectl");
+        Out {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    async fn ok(&self, node: bool, args: &[&str]) -> String {
+        let out = self.run(node, args).await;
+        assert!(out.ok, "kubectl {args:?} failed: {}", out.stderr);
+        out.stdout
+    }
+
+    async fn fails(&self, node: bool, args: &[&str]) -> String {
+        let out = self.run(node, args).await;
+        assert!(!out.ok, "kubectl {args:?} succeeded: {}", out.stdout);
+        out.stderr
+    }
+
+    async fn object(&self) -> Value {
+        let out = self
+            .ok(false, &["get", "osimagestream", "cluster", "-o", "json"])
+            .await;
+        serde_json::from_str(&out).expect("kubectl -o json prints JSON")
+    }
+}
+
+fn os_image_of(obj: &Value, stream: &str) -> Option<String> {
+    obj["status"]["availableStreams"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"] == stream)?["osImage"]
+        .as_str()
+        .map(String::from)
+}
+
+#[tokio::test]
+async fn kubectl_gets_watches_and_patches_os_image_streams() {
+    let env = Env::start("kubectl", true).await;
+
+    // Discovery: kubectl maps the plural, the singular and the kind.
+    let resources = env
+        .ok(
+            false,
+            &[
+                "api-resources",
+                "--api-group=machineconfiguration.openshift.io",
+            ],
+        )
+        .await;
+    assert!(
+        resources.contains("osimagestreams") && resources.contains("OSImageStream"),
+        "{resources}"
+    );
+    let table = env.ok(false, &["get", "osimagestreams"]).await;
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(header, ["NAME", "AGE"], "{table}");
+    assert!(
+        table
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("cluster ")),
+        "{table}"
+    );
+
+    let obj = env.object().await;
+    assert_eq!(obj["apiVersion"], "machineconfiguration.openshift.io/v1");
+    assert_eq!(obj["kind"], "OSImageStream");
+    assert_eq!(obj["spec"]["defaultStream"], "rhel-9");
+    assert_eq!(obj["status"]["defaultStream"], "rhel-9");
+    assert_eq!(os_image_of(&obj, "rhel-10"), Some(image('a')));
+    let jsonpath = env
+        .ok(
+            false,
+            &[
+                "get",
+                "osimagestream",
+                "cluster",
+                "-o",
+                "jsonpath={.status.availableStreams[?(@.name==\"rhel-9\")].osExtensionsImage}",
+            ],
+        )
+        .await;
+    assert_eq!(jsonpath, image('e'));
+
+    // A watch (field selector, as streamd's) sees a digest changed through the status subresource.
+    let mut child = env
+        .command(
+            &env.kubeconfig(false),
+            &[
+                "get",
+                "osimagestreams",
+                "--field-selector=metadata.name=cluster",
+                "-w",
+                "-o",
+                "json",
+                "--output-watch-events",
+            ],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn kubectl -w");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let new_image = image('b');
+    let patch = json!({"status": {"availableStreams": [
+        {"name": "rhel-9", "osImage": image('9'), "osExtensionsImage": image('e')},
+        {"name": "rhel-10", "osImage": new_image, "osExtensionsImage": image('f')},
+    ]}})
+    .to_string();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(30);
+    let mut seen = String::new();
+    let mut patched = false;
+    let mut buf = vec![0u8; 64 * 1024];
+    let modified = loop {
+        let events: Vec<Value> = serde_json::Deserializer::from_str(&seen)
+            .into_iter::<Value>()
+            .map_while(Result::ok)
+            .collect();
+        if !patched && !events.is_empty() {
+            assert_eq!(events[0]["type"], "ADDED", "{seen}");
+            env.ok(
+                false,
+                &[
+                    "patch",
+                    "osimagestream",
+                    "cluster",
+                    "--subresource=status",
+                    "--type=merge",
+                    "-p",
+                    &patch,
+                ],
+            )
+            .await;
+            patched = true;
+        }
+        if let Some(ev) = events
+            .iter()
+            .find(|e| os_image_of(&e["object"], "rhel-10").as_deref() == Some(new_image.as_str()))
+        {
+            break ev.clone();
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stdout.read(&mut buf)).await {
+            Ok(Ok(0)) => panic!("kubectl -w exited; output: {seen}"),
+            Ok(Ok(n)) => seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+            Ok(Err(e)) => panic!("reading kubectl output: {e}"),
+            Err(_) => panic!("no change within 30s; output: {seen}"),
+        }
+    };
+    println!(
+        "watch: ADDED, status patch, MODIFIED seen in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(modified["type"], "MODIFIED");
+    let _ = child.kill().await;
+    assert_eq!(
+        os_image_of(&env.object().await, "rhel-10"),
+        Some(new_image.clone())
+    );
+
+    // Status belongs to the subresource: a patch of the main resource leaves it alone.
+    let main_patch =
+        json!({"status": {"defaultStream": "rhel-10"}, "metadata": {"labels": {"x": "y"}}})
+            .to_string();
+    env.ok(
+        false,
+        &[
+            "patch",
+            "osimagestream",
+            "cluster",
+            "--type=merge",
+            "-p",
+            &main_patch,
+        ],
+    )
+    .await;
+    let obj = env.object().await;
+    assert_eq!(obj["metadata"]["labels"]["x"], "y");
+    assert_eq!(obj["status"]["defaultStream"], "rhel-9");
+
+    // The CRD's validation: a tag is not a digest, and nothing changes.
+    let before = env.object().await;
+    let bad = json!({"status": {"availableStreams": [
+        {"name": "rhel-9", "osImage": "quay.io/openshift/rhcos:latest", "osExtensionsImage": image('e')},
+    ]}})
+    .to_string();
+    let err = env
+        .fails(
+            false,
+            &[
+                "patch",
+                "osimagestream",
+                "cluster",
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &bad,
+            ],
+        )
+        .await;
+    assert!(
+        err.contains("status.availableStreams[0].osImage")
+            && err.contains("must end with a valid '@sha256:<digest>' suffix"),
+        "{err}"
+    );
+    assert_eq!(env.object().await, before);
+
+    // A singleton: another name is refused; deleting `cluster` works.
+    let other = env.dir.join("other.json");
+    std::fs::write(
+        &other,
+        json!({"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "OSImageStream",
+               "metadata": {"name": "other"}, "spec": {"defaultStream": "rhel-9"}})
+        .to_string(),
+    )
+    .expect("write manifest");
+    let err = env
+        .fails(false, &["create", "-f", other.to_str().expect("utf-8")])
+        .await;
+    assert!(err.contains("must be 'cluster'"), "{err}");
+    env.ok(false, &["delete", "osimagestream", "cluster"]).await;
+    let err = env.fails(false, &["get", "osimagestream", "cluster"]).await;
+    assert!(
+        err.contains("NotFound") || err.contains("not found"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn deploy_rbac_grants_the_node_what_streamd_needs_and_no_more() {
+    let env = Env::start("rbac", true).await;
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/deploy/rbac.yaml");
+    let manifest = manifest.to_str().expect("utf-8 path");
+
+    // Without the manifests the Node authorizer gives a node no custom resources.
+    let err = env.fails(true, &["get", "osimagestreams"]).await;
+    assert!(
+        err.contains("forbidden")
+            && err
+                .contains("User \"system:node:worker-0\" cannot list resource \"osimagestreams\""),
+        "{err}"
+    );
+
+    // The real kubectl parses, validates and applies them (client dry run first).
+    let dry = env
+        .ok(
+            false,
+            &["apply", "--dry-run=client", "-o", "name", "-f", manifest],
+        )
+        .await;
+    assert_eq!(
+        dry.lines().collect::<Vec<_>>(),
+        [
+            "clusterrole.rbac.authorization.k8s.io/streamd-node",
+            "clusterrolebinding.rbac.authorization.k8s.io/streamd-node"
+        ]
+    );
+    let err = env.fails(true, &["get", "osimagestreams"]).await;
+    assert!(
+        err.contains("forbidden"),
+        "a dry run must change nothing: {err}"
+    );
+    env.ok(false, &["apply", "-f", manifest]).await;
+
+    // Now the node reads and watches the stream catalog…
+    let out = env
+        .ok(true, &["get", "osimagestream", "cluster", "-o", "json"])
+        .await;
+    let obj: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(os_image_of(&obj, "rhel-9"), Some(image('9')));
+    let watched = env
+        .ok(
+            true,
+            &[
+                "get",
+                "osimagestreams",
+                "-w",
+                "--request-timeout=2s",
+                "-o",
+                "name",
+            ],
+        )
+        .await;
+    assert!(
+        watched.contains("osimagestream.machineconfiguration.openshift.io/cluster"),
+        "{watched}"
+    );
+    // …but cannot change it, nor anything RBAC would grant beyond its own Node.
+    let err = env
+        .fails(
+            true,
+            &[
+                "patch",
+                "osimagestream",
+                "cluster",
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"labels":{"a":"b"}}}"#,
+            ],
+        )
+        .await;
+    assert!(
+        err.contains("cannot patch resource \"osimagestreams\""),
+        "{err}"
+    );
+    env.ok(
+        true,
+        &["annotate", "node", NODE, "osstream.openshift.io/state=Idle"],
+    )
+    .await;
+    let err = env
+        .fails(true, &["delete", "clusterrolebinding", "streamd-node"])
+        .await;
+    assert!(err.contains("forbidden"), "{err}");
+}
