@@ -1,0 +1,184 @@
+//! The OSImageStream watcher (`streamd::streams::watch`) against the testbed's fake API server,
+//! as the node identity (so the testbed's copy of docs/deploy/rbac.yaml is what lets it read),
+//! with the real `kubectl` changing the object the way an operator or admin would.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Env;
+use futures::{Stream, StreamExt};
+use serde_json::json;
+use streamd::kubeclient::NodeClient;
+use streamd::protocol::Inputs;
+use streamd::streams::{self, Catalog, ResolveError, StreamsUpdate};
+
+/// The next catalog the watch yields (watch errors are printed and skipped); prints the time
+/// since `since` (just before the change was made).
+async fn next_catalog(
+    updates: &mut (impl Stream<Item = StreamsUpdate> + Unpin),
+    since: Instant,
+) -> Catalog {
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(30), updates.next())
+            .await
+            .expect("a streams update within 30s")
+            .expect("the watch stream does not end");
+        match next {
+            StreamsUpdate::Catalog(c) => {
+                println!("catalog {:?} after the change: {c:?}", since.elapsed());
+                return c;
+            }
+            StreamsUpdate::Error(e) => println!("watch error (retried): {e}"),
+        }
+    }
+}
+
+fn stream_only(name: &str) -> Inputs {
+    Inputs {
+        stream: Some(name.into()),
+        ..Inputs::default()
+    }
+}
+
+fn kubectl_ok(env: &Env, args: &[&str]) {
+    let out = env.kubectl(args);
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_resolves_follows_a_digest_change_and_sees_deletion() {
+    let env = Env::new("streams").await;
+    let client = NodeClient::new(&env.dir.join("kubeconfig"), testbed::NODE_NAME)
+        .await
+        .expect("client")
+        .client();
+    let mut updates = Box::pin(streams::watch(client));
+
+    // The testbed's object: both streams, resolving a stream-only request to its images.
+    let catalog = next_catalog(&mut updates, Instant::now()).await;
+    let resolved = streams::resolve(&stream_only("rhel-10"), Some(&catalog)).expect("resolves");
+    assert_eq!(resolved.os_image, Some(env.rhel10()));
+    assert_eq!(
+        resolved.extensions_image.as_deref(),
+        Some(env.vars()["TESTBED_RHEL10_EXTENSIONS_IMAGE"].as_str())
+    );
+    assert!(resolved.desired().expect("valid").is_some());
+    let resolved9 = streams::resolve(&stream_only("rhel-9"), Some(&catalog)).expect("resolves");
+    assert_eq!(resolved9.os_image, Some(env.rhel9()));
+    match streams::resolve(&stream_only("rhel-11"), Some(&catalog)) {
+        Err(e @ ResolveError::UnknownStream { .. }) => {
+            assert!(e.refuses());
+            assert_eq!(
+                e.to_string(),
+                "stream \"rhel-11\" is not available; available streams: rhel-9, rhel-10"
+            );
+        }
+        other => panic!("unknown stream resolved to {other:?}"),
+    }
+
+    // The operator publishes a new rhel-10 digest: the watch re-delivers, resolution re-targets.
+    let rhel10 = env.rhel10();
+    let (repo, _) = rhel10.split_once('@').expect("pinned");
+    let retarget = format!("{repo}@sha256:{}", "c".repeat(64));
+    let catalog_json = |rhel10_image: &str| {
+        json!({"status": {"availableStreams": [
+            {"name": "rhel-9", "osImage": env.rhel9(),
+             "osExtensionsImage": env.vars()["TESTBED_RHEL9_EXTENSIONS_IMAGE"]},
+            {"name": "rhel-10", "osImage": rhel10_image,
+             "osExtensionsImage": env.vars()["TESTBED_RHEL10_EXTENSIONS_IMAGE"]},
+        ]}})
+        .to_string()
+    };
+    let patch = catalog_json(&retarget);
+    let since = Instant::now();
+    kubectl_ok(
+        &env,
+        &[
+            "patch",
+            "osimagestream",
+            "cluster",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &patch,
+        ],
+    );
+    let catalog = next_catalog(&mut updates, since).await;
+    let resolved = streams::resolve(&stream_only("rhel-10"), Some(&catalog)).expect("resolves");
+    assert_eq!(resolved.os_image, Some(retarget));
+
+    // The watch survives a dropped connection and a 410 Gone (relist): the change made
+    // meanwhile still arrives.
+    env.apiserver(json!({"cmd": "fault", "kind": "gone", "count": 1}))
+        .await;
+    env.apiserver(json!({"cmd": "fault", "kind": "drop-watches"}))
+        .await;
+    let again = format!("{repo}@sha256:{}", "d".repeat(64));
+    let since = Instant::now();
+    kubectl_ok(
+        &env,
+        &[
+            "patch",
+            "osimagestream",
+            "cluster",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &catalog_json(&again),
+        ],
+    );
+    let catalog = next_catalog(&mut updates, since).await;
+    let resolved = streams::resolve(&stream_only("rhel-10"), Some(&catalog)).expect("resolves");
+    assert_eq!(resolved.os_image, Some(again));
+
+    // A change that leaves the catalog as it is (a label) yields nothing; the next real change
+    // is the next item.
+    kubectl_ok(&env, &["label", "osimagestream", "cluster", "touched=yes"]);
+    let since = Instant::now();
+    kubectl_ok(&env, &["delete", "osimagestream", "cluster"]);
+    assert_eq!(next_catalog(&mut updates, since).await, Catalog::Missing);
+    assert_eq!(
+        streams::resolve(&stream_only("rhel-10"), Some(&Catalog::Missing)),
+        Err(ResolveError::Missing)
+    );
+
+    // Re-created without status (created objects never carry one), then reconciled.
+    let manifest = env.dir.join("osimagestream.json");
+    std::fs::write(
+        &manifest,
+        json!({"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "OSImageStream",
+               "metadata": {"name": "cluster"}, "spec": {"defaultStream": "rhel-9"}})
+        .to_string(),
+    )
+    .expect("write manifest");
+    let since = Instant::now();
+    kubectl_ok(&env, &["create", "-f", manifest.to_str().expect("utf-8")]);
+    assert_eq!(
+        next_catalog(&mut updates, since).await,
+        Catalog::Unreconciled
+    );
+    let status = catalog_json(&rhel10);
+    let mut status: serde_json::Value = serde_json::from_str(&status).expect("json");
+    status["status"]["defaultStream"] = json!("rhel-9");
+    let since = Instant::now();
+    kubectl_ok(
+        &env,
+        &[
+            "patch",
+            "osimagestream",
+            "cluster",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &status.to_string(),
+        ],
+    );
+    let catalog = next_catalog(&mut updates, since).await;
+    let resolved = streams::resolve(&stream_only("rhel-10"), Some(&catalog)).expect("resolves");
+    assert_eq!(resolved.os_image, Some(rhel10));
+}
