@@ -13,11 +13,13 @@ use tokio::task::JoinHandle;
 use tokio::time::sleep_until;
 use tracing::{debug, info, warn};
 
+use crate::attempt::{self, Attempt, Record};
+use crate::config::RebootPolicy;
 use crate::dbus_api::{self, Request};
 use crate::gather::{Gatherer, Transient};
 use crate::hostfacts::{self, Backend, HostRoot};
 use crate::kubeclient::{EventType, NodeClient, NodeUpdate};
-use crate::planner::{self, Decision, Observation};
+use crate::planner::{self, Decision, Lifecycle, Observation};
 use crate::protocol::{Inputs, State};
 use crate::report::Reporter;
 use crate::rpmostree::{self, Deployment, RpmOstreeError, TxnEvent, UpdateDeploymentCall};
@@ -33,6 +35,17 @@ const BUSY_MAX_BACKOFF: Duration = Duration::from_secs(30);
 const REGISTRY_MIN_BACKOFF: Duration = Duration::from_secs(10);
 /// Longest delay between preflight retries.
 const REGISTRY_MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// The reboot side of the configuration.
+#[derive(Debug, Clone)]
+pub struct RebootSettings {
+    /// When the staged OS is applied.
+    pub policy: RebootPolicy,
+    /// Reboots into one request before it is refused.
+    pub max_attempts: u32,
+    /// Where the attempt record lives.
+    pub state_dir: std::path::PathBuf,
+}
 
 /// Everything the agent needs from outside.
 pub struct Agent {
@@ -53,6 +66,9 @@ pub struct Agent {
     patch_retry_at: Option<Instant>,
     patch_backoff: Duration,
     ready: bool,
+    reboot: RebootSettings,
+    store: attempt::Store,
+    boot_id: String,
 }
 
 /// The running staging transaction.
@@ -73,8 +89,14 @@ impl Agent {
         node: NodeClient,
         rpm: rpmostree::Client,
         gatherer: Gatherer,
+        reboot: RebootSettings,
     ) -> anyhow::Result<Self> {
+        use anyhow::Context as _;
         let host = gatherer.host.clone();
+        // Without the boot id a restart cannot be told from a reboot; refuse to run blind.
+        let boot_id = host
+            .boot_id()
+            .context("reading the boot id (/proc/sys/kernel/random/boot_id)")?;
         let (req_tx, requests) = mpsc::channel(1);
         let status = Status {
             node: node.name().to_string(),
@@ -102,6 +124,9 @@ impl Agent {
             patch_retry_at: None,
             patch_backoff: MIN_BACKOFF,
             ready: false,
+            store: attempt::Store::new(&reboot.state_dir),
+            reboot,
+            boot_id,
         })
     }
 
@@ -204,24 +229,48 @@ impl Agent {
             }
         };
         self.observe_deployments(&deployments);
+        let record = match self.store.load() {
+            Ok(r) => r,
+            Err(e) => {
+                // Without the record streamd cannot count reboots: stage nothing, reboot nothing.
+                self.set_state(State::Degraded, e.to_string()).await;
+                return;
+            }
+        };
+        let boot_id = self.boot_id.clone();
         let obs = Observation {
             desired: &desired,
             deployments: &deployments,
+            lifecycle: Lifecycle {
+                policy: self.reboot.policy,
+                max_attempts: self.reboot.max_attempts,
+                boot_id: &boot_id,
+                record: &record,
+                approved: inputs.reboot_approved.as_deref(),
+            },
         };
         let decision = planner::decide(&obs);
         debug!(?decision, "decided");
+        let d = desired.as_ref().ok().and_then(Option::as_ref);
+        self.observe_handshake(&decision, d, &record, inputs.reboot_approved.as_deref())
+            .await;
         match decision {
             Decision::Stage(base) => {
-                let (Ok(Some(d)), Some(booted), Some(facts)) = (
-                    &desired,
+                let (Some(d), Some(booted), Some(facts)) = (
+                    d,
                     deployments.iter().find(|d| d.booted),
                     self.status.host.clone(),
                 ) else {
                     return;
                 };
+                let foreign = obs.foreign_staged().cloned();
                 self.set_state(State::Preflight, "running preflight checks".into())
                     .await;
-                match self.gatherer.prepare(&facts, d, booted, base).await {
+                match self
+                    .gatherer
+                    .prepare(&facts, d, booted, foreign.as_ref(), base)
+                    .await
+                {
                     Err(Transient(msg)) => {
                         let delay = jittered(self.registry_backoff);
                         self.registry_backoff =
@@ -241,6 +290,24 @@ impl Agent {
                             crate::preflight::first_failure(&prepared.checks),
                         ) {
                             (Some(plan), _) => {
+                                // Remember the staging before it starts: a staged deployment
+                                // found after a crash is then known to be ours.
+                                let mut rec = record.clone();
+                                rec.staged = Some(attempt::Staged {
+                                    request: d.observed_hash(),
+                                    os_image: plan.os_image.to_string(),
+                                });
+                                if rec
+                                    .attempt
+                                    .as_ref()
+                                    .is_some_and(|a| a.request != d.observed_hash())
+                                {
+                                    rec.attempt = None;
+                                }
+                                if let Err(e) = self.store.save(&rec) {
+                                    self.set_state(State::Degraded, e.to_string()).await;
+                                    return;
+                                }
                                 let call = UpdateDeploymentCall::for_plan(&plan);
                                 info!(call = %serde_json::to_string(&call).unwrap_or_default(), "staging");
                                 let hash = self.status.observed_desired.clone().unwrap_or_default();
@@ -270,11 +337,49 @@ impl Agent {
                     }
                 }
             }
+            Decision::CleanupStale => self.cleanup_stale(record).await,
+            Decision::RolledBack { attempts, retry } => {
+                self.rolled_back(record, attempts, retry).await;
+            }
+            Decision::Reboot { digest, attempt } => {
+                if let Some(d) = d {
+                    self.finalize(d, record, digest, attempt).await;
+                }
+            }
+            Decision::Done { applied } => {
+                if applied {
+                    let rec = Record {
+                        attempt: None,
+                        staged: None,
+                        ..record
+                    };
+                    if let Err(e) = self.store.save(&rec) {
+                        warn!(error = %e, "clearing the attempt record failed");
+                    }
+                    self.status.attempts = 0;
+                    let image = self.status.current_os_image.clone();
+                    self.set_state_event(
+                        State::Done,
+                        String::new(),
+                        Some((EventType::Normal, "Applied", format!("booted {image}"))),
+                    )
+                    .await;
+                } else {
+                    self.set_state(State::Done, String::new()).await;
+                }
+            }
             other => {
                 let reason = match &other {
                     Decision::Refuse(r) => r.clone(),
+                    Decision::AwaitApproval { token } => format!(
+                        "staged {} (finalization-locked); waiting for reboot approval: set reboot-approved to {token}",
+                        self.status.staged_os_image.as_deref().unwrap_or_default()
+                    ),
+                    Decision::RebootPending => {
+                        "the staged deployment is finalized; waiting for the reboot".into()
+                    }
                     Decision::AlreadyStaged => {
-                        "the desired image is staged and finalization-locked; waiting for reboot approval"
+                        "staged without a finalization lock (reboot = never): the next reboot applies it"
                             .into()
                     }
                     _ => String::new(),
@@ -282,6 +387,155 @@ impl Agent {
                 if let Some(state) = other.settled_state() {
                     self.set_state(state, reason).await;
                 }
+            }
+        }
+    }
+
+    /// Publishes the reboot request the decision implies; posts `RebootRequested` once per token.
+    async fn observe_handshake(
+        &mut self,
+        decision: &Decision,
+        desired: Option<&crate::protocol::Desired>,
+        record: &Record,
+        approved: Option<&str>,
+    ) {
+        self.status.attempts = record
+            .attempt
+            .as_ref()
+            .filter(|a| desired.is_some_and(|d| d.observed_hash() == a.request))
+            .map_or(0, |a| a.attempts);
+        let token = match (decision, desired, self.reboot.policy) {
+            (
+                Decision::AwaitApproval { .. } | Decision::Reboot { .. } | Decision::RebootPending,
+                Some(d),
+                RebootPolicy::OnApproval,
+            ) => Some(d.reboot_token(&self.boot_id)),
+            _ => None,
+        };
+        self.status.reboot_approved = token.is_some() && token.as_deref() == approved;
+        if token != self.status.reboot_requested {
+            if let Some(t) = &token {
+                info!(token = %t, "requesting reboot approval");
+                let _ = self.events.try_send((
+                    EventType::Normal,
+                    "RebootRequested",
+                    format!("set reboot-approved to {t} to let the node reboot into the staged OS"),
+                ));
+            }
+            self.status.reboot_requested = token;
+            self.publish().await;
+        }
+    }
+
+    /// Removes a staged deployment of streamd's that no longer matches the request.
+    async fn cleanup_stale(&mut self, record: Record) {
+        info!(
+            staged = self.status.staged_os_image.as_deref().unwrap_or_default(),
+            "removing a staged deployment that no longer matches the request"
+        );
+        match self.rpm.cleanup_pending().await {
+            Ok(()) => {
+                let rec = Record {
+                    staged: None,
+                    ..record
+                };
+                if let Err(e) = self.store.save(&rec) {
+                    self.set_state(State::Degraded, e.to_string()).await;
+                    return;
+                }
+                self.backoff = MIN_BACKOFF;
+                // Decide again on the cleaned-up deployments.
+                self.retry_at = Some(Instant::now());
+            }
+            Err(e) => {
+                self.transient_failure(format!("removing the stale staged deployment: {e}"))
+                    .await;
+            }
+        }
+    }
+
+    /// Reports a finalization that did not end on the target and decides whether to retry.
+    async fn rolled_back(&mut self, mut record: Record, attempts: u32, retry: bool) {
+        let image = self.status.desired_os_image.clone().unwrap_or_default();
+        let booted = self.status.current_os_image.clone();
+        let journal = crate::hostfacts::finalize_failure(&self.host).await;
+        let mut reason = format!(
+            "rebooted to apply {image} (attempt {attempts} of {}) but the node came up on {booted}: finalization failed or the node rolled back",
+            self.reboot.max_attempts
+        );
+        if let Some(j) = journal {
+            reason.push_str(&format!("; ostree-finalize-staged: {j}"));
+        }
+        if let Some(a) = record.attempt.as_mut() {
+            a.reported_boot = Some(self.boot_id.clone());
+        }
+        if let Err(e) = self.store.save(&record) {
+            self.set_state(State::Degraded, e.to_string()).await;
+            return;
+        }
+        let event = Some((EventType::Warning, "RolledBack", reason.clone()));
+        if retry {
+            self.set_state_event(State::Degraded, format!("{reason}; trying again"), event)
+                .await;
+            self.retry_at = Some(Instant::now() + MIN_BACKOFF);
+        } else {
+            self.set_state_event(
+                State::Refused,
+                format!("{reason}; giving up until the request changes"),
+                event,
+            )
+            .await;
+        }
+    }
+
+    /// Records the attempt, reports `Rebooting` and asks rpm-ostreed to finalize and reboot.
+    async fn finalize(
+        &mut self,
+        desired: &crate::protocol::Desired,
+        record: Record,
+        digest: String,
+        attempt: u32,
+    ) {
+        let mut rec = record.clone();
+        rec.attempt = Some(Attempt {
+            request: desired.observed_hash(),
+            os_image: desired.os_image.to_string(),
+            digest: digest.clone(),
+            boot_id: self.boot_id.clone(),
+            attempts: attempt,
+            reported_boot: None,
+        });
+        // Written before the reboot can happen, so the next boot knows what was tried.
+        if let Err(e) = self.store.save(&rec) {
+            self.set_state(State::Degraded, e.to_string()).await;
+            return;
+        }
+        self.status.attempts = attempt;
+        let reason = format!(
+            "applying {} (attempt {attempt} of {}): finalizing the staged deployment and rebooting",
+            desired.os_image, self.reboot.max_attempts
+        );
+        self.set_state_event(
+            State::Rebooting,
+            reason.clone(),
+            Some((EventType::Normal, "Rebooting", reason)),
+        )
+        .await;
+        // The cluster must see Rebooting before the node goes down.
+        self.flush().await;
+        match self.rpm.finalize_deployment(&digest).await {
+            Ok(()) => info!(%digest, attempt, "finalized; rpm-ostreed reboots the node"),
+            Err(e) => {
+                // Nothing was applied: this boot's attempt did not happen.
+                if let Err(s) = self.store.save(&record) {
+                    warn!(error = %s, "restoring the attempt record failed");
+                }
+                self.status.attempts = attempt.saturating_sub(1);
+                let what = match &e {
+                    RpmOstreeError::Inhibited(m) => format!("the reboot is blocked: {m}"),
+                    other => format!("finalizing the staged deployment failed: {other}"),
+                };
+                self.transient_failure(what).await;
             }
         }
     }
@@ -421,7 +675,24 @@ impl Agent {
             return serde_json::json!({"error": "rpm-ostree reports no booted deployment"});
         };
         let base = crate::planner::StagePlan::rebase(&desired.stream, &desired.os_image, false);
-        match self.gatherer.prepare(&facts, &desired, booted, base).await {
+        let record = self.store.load().unwrap_or_default();
+        let observed = Ok(Some(desired.clone()));
+        let obs = Observation {
+            desired: &observed,
+            deployments: &deployments,
+            lifecycle: Lifecycle {
+                policy: self.reboot.policy,
+                max_attempts: self.reboot.max_attempts,
+                boot_id: &self.boot_id,
+                record: &record,
+                approved: None,
+            },
+        };
+        match self
+            .gatherer
+            .prepare(&facts, &desired, booted, obs.foreign_staged(), base)
+            .await
+        {
             Err(Transient(e)) => serde_json::json!({"error": e}),
             Ok(p) => serde_json::json!({
                 "checks": p.checks,
@@ -491,6 +762,20 @@ impl Agent {
     }
 
     async fn set_state(&mut self, state: State, reason: String) {
+        self.set_state_event(state, reason, None).await;
+    }
+
+    /// Like [`Self::set_state`], posting `event` instead of the state's usual one.
+    async fn set_state_event(
+        &mut self,
+        state: State,
+        reason: String,
+        event: Option<(EventType, &'static str, String)>,
+    ) {
+        let explicit = event.is_some();
+        if let Some(ev) = event {
+            let _ = self.events.try_send(ev);
+        }
         if self.status.state != state {
             self.status.last_change = unix_now();
             crate::logging::log_state(
@@ -512,7 +797,7 @@ impl Agent {
                     "{state}: {reason}"
                 ))],
             );
-            if let Some((kind, name)) = event_for(state) {
+            if let Some((kind, name)) = event_for(state).filter(|_| !explicit) {
                 let _ = self.events.try_send((kind, name, reason.clone()));
             }
         }

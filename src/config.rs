@@ -150,8 +150,6 @@ pub struct Config {
     pub reboot: RebootPolicy,
     /// Reboots into one request before it is refused (at least 1).
     pub max_attempts: u32,
-    /// Replace a staged deployment streamd did not create instead of refusing.
-    pub replace_foreign_staged: bool,
     /// Resolve `desired-stream` through the cluster's OSImageStream when no image is given.
     pub resolve_streams: bool,
     /// The files that were read, in order (for `streamctl config check` and logs).
@@ -173,7 +171,6 @@ impl Default for Config {
             bootc_path: PathBuf::from(DEFAULT_BOOTC_PATH),
             reboot: RebootPolicy::default(),
             max_attempts: DEFAULT_MAX_ATTEMPTS,
-            replace_foreign_staged: false,
             resolve_streams: false,
             sources: Vec::new(),
         }
@@ -226,7 +223,7 @@ impl Config {
             self.max_attempts = v.get();
         }
         if let Some(v) = f.replace_foreign_staged {
-            self.replace_foreign_staged = v;
+            self.policy.replace_foreign_staged = v;
         }
         if let Some(v) = f.resolve_streams {
             self.resolve_streams = v;
@@ -372,7 +369,7 @@ mod tests {
         assert_eq!(cfg.reboot, RebootPolicy::Never);
         assert_eq!(cfg.backend, BackendChoice::Bootc);
         assert_eq!(cfg.max_attempts, 3);
-        assert!(cfg.replace_foreign_staged && cfg.resolve_streams);
+        assert!(cfg.policy.replace_foreign_staged && cfg.resolve_streams);
         assert_eq!(cfg.state_dir, PathBuf::from("/s"));
         assert_eq!(cfg.bootc_path, PathBuf::from("/b"));
         for (text, col) in [

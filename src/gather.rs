@@ -99,6 +99,7 @@ impl Gatherer {
         facts: &HostFacts,
         desired: &Desired,
         booted: &Deployment,
+        foreign_staged: Option<&Deployment>,
         base: StagePlan,
     ) -> Result<Prepared, Transient> {
         let kernel = hostfacts::kernel_variant(&self.host, booted);
@@ -156,6 +157,7 @@ impl Gatherer {
             extensions: extensions.as_ref(),
             disk: self.disk(),
             nic_names_persisted: self.nic_names_persisted(),
+            foreign_staged,
             policy: &self.policy,
         });
         let expect = match (&os_image, preflight::stream_major(&desired.stream)) {

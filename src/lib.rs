@@ -6,6 +6,8 @@
 //! typed status), [`dbus_api`] (streamd's own D-Bus API) and [`agent`] (the loop).
 
 pub mod agent;
+pub mod attempt;
+pub mod bootc;
 pub mod config;
 pub mod dbus_api;
 pub mod gather;

@@ -5,6 +5,8 @@
 
 use std::path::PathBuf;
 
+use crate::attempt::Record;
+use crate::config::RebootPolicy;
 use crate::hostfacts::KernelVariant;
 use crate::hostfacts::kernel::{DEFAULT_KERNEL_PACKAGES, names_package};
 use crate::imageref::ImageRef;
@@ -18,6 +20,23 @@ pub struct Observation<'a> {
     pub desired: &'a Result<Option<Desired>, ProtocolError>,
     /// The deployments, boot order.
     pub deployments: &'a [Deployment],
+    /// The reboot side of the request.
+    pub lifecycle: Lifecycle<'a>,
+}
+
+/// The reboot handshake's inputs.
+#[derive(Debug, Clone, Copy)]
+pub struct Lifecycle<'a> {
+    /// When the staged OS is applied.
+    pub policy: RebootPolicy,
+    /// Reboots into one request before it is refused.
+    pub max_attempts: u32,
+    /// This boot's id.
+    pub boot_id: &'a str,
+    /// What streamd remembers across reboots.
+    pub record: &'a Record,
+    /// `reboot-approved`, if set.
+    pub approved: Option<&'a str>,
 }
 
 impl Observation<'_> {
@@ -29,6 +48,21 @@ impl Observation<'_> {
     /// The staged deployment, if any.
     pub fn staged(&self) -> Option<&Deployment> {
         self.deployments.iter().find(|d| d.staged)
+    }
+
+    /// Whether the staged deployment is one streamd created.
+    pub fn staged_is_ours(&self) -> bool {
+        let Some(ours) = &self.lifecycle.record.staged else {
+            return false;
+        };
+        self.staged()
+            .and_then(Deployment::pullspec)
+            .is_some_and(|p| p == ours.os_image)
+    }
+
+    /// A staged deployment streamd did not create (for the `pending-deployment` check).
+    pub fn foreign_staged(&self) -> Option<&Deployment> {
+        self.staged().filter(|_| !self.staged_is_ours())
     }
 }
 
@@ -50,6 +84,8 @@ pub struct StagePlan {
     pub override_remove: Vec<String>,
     /// Target RPMs installed from files (passed as file descriptors).
     pub local_rpms: Vec<PathBuf>,
+    /// Stage finalization-locked, so only an approved `FinalizeDeployment` applies it.
+    pub lock_finalization: bool,
 }
 
 impl StagePlan {
@@ -63,6 +99,7 @@ impl StagePlan {
             uninstall: Vec::new(),
             override_remove: Vec::new(),
             local_rpms: Vec::new(),
+            lock_finalization: true,
         }
     }
 
@@ -109,52 +146,155 @@ pub enum Decision {
     Idle,
     /// The request is invalid or unsafe: report and change nothing.
     Refuse(String),
-    /// The booted deployment already runs the desired image.
-    Done,
-    /// The desired image is already staged; do not stage again.
+    /// The booted deployment runs the desired image.
+    Done {
+        /// A reboot of streamd's got it there: clear the attempt record, post `Applied`.
+        applied: bool,
+    },
+    /// A finalization was started in an earlier boot, but the node came up on something else:
+    /// finalization failed or the node rolled back.
+    RolledBack {
+        /// Reboots into this request so far.
+        attempts: u32,
+        /// Whether another attempt is allowed.
+        retry: bool,
+    },
+    /// A staged deployment of streamd's no longer matches the request: remove it first.
+    CleanupStale,
+    /// Staged and locked; waiting for the cluster to approve `token`.
+    AwaitApproval {
+        /// The `reboot-requested` token.
+        token: String,
+    },
+    /// Approved (or policy `immediate`): finalize the staged deployment and reboot.
+    Reboot {
+        /// The staged deployment's manifest digest (`FinalizeDeployment`'s checksum).
+        digest: String,
+        /// The attempt this reboot is (1-based).
+        attempt: u32,
+    },
+    /// Finalization succeeded in this boot; the reboot is on its way.
+    RebootPending,
+    /// Staged under policy `never`: the next reboot, by whoever, applies it.
     AlreadyStaged,
     /// Stage this.
     Stage(StagePlan),
 }
 
 impl Decision {
-    /// The state to report for decisions that need no transaction.
+    /// The state to report for decisions that need no action.
     pub fn settled_state(&self) -> Option<State> {
         match self {
             Decision::Idle => Some(State::Idle),
             Decision::Refuse(_) => Some(State::Refused),
-            Decision::Done => Some(State::Done),
-            Decision::AlreadyStaged => Some(State::Staged),
-            Decision::Stage(_) => None,
+            Decision::Done { .. } => Some(State::Done),
+            Decision::AwaitApproval { .. } | Decision::AlreadyStaged => Some(State::Staged),
+            Decision::RebootPending => Some(State::Rebooting),
+            Decision::RolledBack { .. }
+            | Decision::CleanupStale
+            | Decision::Reboot { .. }
+            | Decision::Stage(_) => None,
         }
     }
 }
 
 /// Decides what to do.
 pub fn decide(obs: &Observation<'_>) -> Decision {
+    let life = &obs.lifecycle;
     let desired = match obs.desired {
         Err(e) => return Decision::Refuse(e.to_string()),
+        Ok(None) if obs.staged_is_ours() => return Decision::CleanupStale,
         Ok(None) => return Decision::Idle,
         Ok(Some(d)) => d,
     };
     let digest = desired.os_image.digest();
+    let hash = desired.observed_hash();
     let Some(booted) = obs.booted() else {
         return Decision::Refuse(
             "rpm-ostree reports no booted deployment; refusing to stage on an unknown host".into(),
         );
     };
+    let attempt = life.record.attempt.as_ref().filter(|a| a.request == hash);
     if booted.carries_digest(digest) {
-        return Decision::Done;
+        return Decision::Done {
+            applied: attempt.is_some(),
+        };
     }
-    if obs.staged().is_some_and(|s| s.carries_digest(digest)) {
-        return Decision::AlreadyStaged;
+    // An attempt finalized in an earlier boot that did not end on the target.
+    if let Some(a) = attempt.filter(|a| a.boot_id != life.boot_id) {
+        let retry = a.attempts < life.max_attempts;
+        if a.reported_boot.as_deref() != Some(life.boot_id) {
+            return Decision::RolledBack {
+                attempts: a.attempts,
+                retry,
+            };
+        }
+        if !retry {
+            return Decision::Refuse(format!(
+                "the node was rebooted into {} {} time(s) and came up on another deployment \
+                 each time; not trying again until the request changes",
+                desired.os_image, a.attempts
+            ));
+        }
     }
-    Decision::Stage(StagePlan::rebase(&desired.stream, &desired.os_image, false))
+    let want_lock = life.policy != RebootPolicy::Never;
+    let this_boot = attempt.filter(|a| a.boot_id == life.boot_id);
+    if this_boot.is_some()
+        && want_lock
+        && obs
+            .staged()
+            .is_some_and(|s| s.carries_digest(digest) && !s.finalization_locked)
+    {
+        return Decision::RebootPending;
+    }
+    let staged = match obs.staged() {
+        Some(s) if s.carries_digest(digest) && s.finalization_locked == want_lock => s,
+        // Ours, but for another request (or unlocked by hand while a lock is wanted): it must
+        // not wait for a reboot that would apply the wrong thing.
+        Some(_) if obs.staged_is_ours() => return Decision::CleanupStale,
+        // Nothing staged, or a foreign deployment (the preflight's pending-deployment check
+        // decides whether it may be replaced).
+        _ => {
+            let mut plan = StagePlan::rebase(&desired.stream, &desired.os_image, false);
+            plan.lock_finalization = want_lock;
+            return Decision::Stage(plan);
+        }
+    };
+    let staged_digest = staged
+        .container_image_reference_digest
+        .clone()
+        .unwrap_or_else(|| digest.to_string());
+    // A finalization started in this boot that left the deployment locked failed or was
+    // interrupted: start it again as the same attempt, without a new approval.
+    let next_attempt = match (this_boot, attempt) {
+        (Some(a), _) => a.attempts,
+        (None, Some(a)) => a.attempts + 1,
+        (None, None) => 1,
+    };
+    match life.policy {
+        RebootPolicy::Never => Decision::AlreadyStaged,
+        RebootPolicy::Immediate => Decision::Reboot {
+            digest: staged_digest,
+            attempt: next_attempt,
+        },
+        RebootPolicy::OnApproval => {
+            let token = desired.reboot_token(life.boot_id);
+            if this_boot.is_some() || life.approved == Some(token.as_str()) {
+                Decision::Reboot {
+                    digest: staged_digest,
+                    attempt: next_attempt,
+                }
+            } else {
+                Decision::AwaitApproval { token }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attempt::{Attempt, Staged};
     use crate::protocol::{DESIRED_OS_IMAGE, Inputs};
 
     const D9: &str = "sha256:9999999999999999999999999999999999999999999999999999999999999999";
@@ -167,11 +307,17 @@ mod tests {
             osname: "rhcos".into(),
             booted,
             staged,
+            finalization_locked: staged,
             container_image_reference: Some(format!(
                 "ostree-unverified-registry:quay.io/openshift/rhcos@{digest}"
             )),
             ..Deployment::default()
         }
+    }
+
+    fn unlocked(mut d: Deployment) -> Deployment {
+        d.finalization_locked = false;
+        d
     }
 
     fn want(digest: &str) -> Result<Option<Desired>, ProtocolError> {
@@ -183,12 +329,84 @@ mod tests {
         .desired()
     }
 
-    type Case = (
-        &'static str,
-        Result<Option<Desired>, ProtocolError>,
-        Vec<Deployment>,
-        Decision,
-    );
+    fn hash(digest: &str) -> String {
+        match want(digest) {
+            Ok(Some(d)) => d.observed_hash(),
+            _ => panic!("valid"),
+        }
+    }
+
+    fn token(digest: &str) -> String {
+        match want(digest) {
+            Ok(Some(d)) => d.reboot_token(BOOT),
+            _ => panic!("valid"),
+        }
+    }
+
+    const BOOT: &str = "0123456789abcdef0123456789abcdef";
+    const OLD_BOOT: &str = "fedcba9876543210fedcba9876543210";
+
+    /// The record after staging `digest`.
+    fn ours(digest: &str) -> Record {
+        Record {
+            staged: Some(Staged {
+                request: hash(digest),
+                os_image: format!("quay.io/openshift/rhcos@{digest}"),
+            }),
+            ..Record::default()
+        }
+    }
+
+    /// The record after `attempts` finalizations of `digest`, the last one in `boot`.
+    fn tried(digest: &str, attempts: u32, boot: &str, reported: Option<&str>) -> Record {
+        Record {
+            attempt: Some(Attempt {
+                request: hash(digest),
+                os_image: format!("quay.io/openshift/rhcos@{digest}"),
+                digest: digest.into(),
+                boot_id: boot.into(),
+                attempts,
+                reported_boot: reported.map(String::from),
+            }),
+            ..ours(digest)
+        }
+    }
+
+    struct Case {
+        name: &'static str,
+        desired: Result<Option<Desired>, ProtocolError>,
+        deps: Vec<Deployment>,
+        policy: RebootPolicy,
+        record: Record,
+        approved: Option<String>,
+        expected: Decision,
+    }
+
+    fn case(
+        name: &'static str,
+        desired: Result<Option<Desired>, ProtocolError>,
+        deps: Vec<Deployment>,
+        expected: Decision,
+    ) -> Case {
+        Case {
+            name,
+            desired,
+            deps,
+            policy: RebootPolicy::OnApproval,
+            record: Record::default(),
+            approved: None,
+            expected,
+        }
+    }
+
+    fn stage(d: &str, lock: bool) -> Decision {
+        let Ok(Some(w)) = want(d) else {
+            panic!("valid")
+        };
+        let mut plan = StagePlan::rebase(&w.stream, &w.os_image, false);
+        plan.lock_finalization = lock;
+        Decision::Stage(plan)
+    }
 
     #[test]
     fn decisions_by_table() {
@@ -196,66 +414,268 @@ mod tests {
             key: DESIRED_OS_IMAGE,
             problem: "bad".into(),
         });
-        let stage = |d: &str| {
-            let Ok(Some(w)) = want(d) else {
-                panic!("valid")
-            };
-            Decision::Stage(StagePlan::rebase(&w.stream, &w.os_image, false))
+        let base = vec![dep(D9, true, false)];
+        let staged10 = vec![dep(D10, false, true), dep(D9, true, false)];
+        let reboot = |attempt| Decision::Reboot {
+            digest: D10.into(),
+            attempt,
         };
-        let cases: Vec<Case> = vec![
-            (
-                "nothing requested",
-                Ok(None),
-                vec![dep(D9, true, false)],
-                Decision::Idle,
-            ),
-            (
+        let cases = vec![
+            case("nothing requested", Ok(None), base.clone(), Decision::Idle),
+            case(
                 "invalid request",
                 invalid,
-                vec![dep(D9, true, false)],
+                base.clone(),
                 Decision::Refuse("annotation osstream.openshift.io/desired-os-image: bad".into()),
             ),
-            (
-                "fresh request",
-                want(D10),
-                vec![dep(D9, true, false)],
-                stage(D10),
-            ),
-            (
-                "booted already",
+            case("fresh request", want(D10), base.clone(), stage(D10, true)),
+            case(
+                "booted already, never rebooted by us",
                 want(D10),
                 vec![dep(D10, true, false)],
-                Decision::Done,
+                Decision::Done { applied: false },
             ),
-            (
-                "staged already",
-                want(D10),
-                vec![dep(D10, false, true), dep(D9, true, false)],
-                Decision::AlreadyStaged,
+            Case {
+                record: tried(D10, 1, OLD_BOOT, None),
+                ..case(
+                    "booted after our reboot",
+                    want(D10),
+                    vec![dep(D10, true, false), dep(D9, false, false)],
+                    Decision::Done { applied: true },
+                )
+            },
+            Case {
+                record: ours(D10),
+                ..case(
+                    "staged, waiting for approval",
+                    want(D10),
+                    staged10.clone(),
+                    Decision::AwaitApproval { token: token(D10) },
+                )
+            },
+            Case {
+                record: ours(D10),
+                approved: Some(token(D10)),
+                ..case("approved", want(D10), staged10.clone(), reboot(1))
+            },
+            Case {
+                record: ours(D10),
+                approved: Some(
+                    want(D10)
+                        .ok()
+                        .flatten()
+                        .map_or_else(String::new, |d| d.reboot_token(OLD_BOOT)),
+                ),
+                ..case(
+                    "token of another boot never reboots",
+                    want(D10),
+                    staged10.clone(),
+                    Decision::AwaitApproval { token: token(D10) },
+                )
+            },
+            Case {
+                record: ours(D10),
+                approved: Some(token(DX)),
+                ..case(
+                    "token of another request never reboots",
+                    want(D10),
+                    staged10.clone(),
+                    Decision::AwaitApproval { token: token(D10) },
+                )
+            },
+            Case {
+                record: ours(D10),
+                policy: RebootPolicy::Immediate,
+                ..case("immediate policy", want(D10), staged10.clone(), reboot(1))
+            },
+            Case {
+                policy: RebootPolicy::Never,
+                ..case(
+                    "never policy stages unlocked",
+                    want(D10),
+                    base.clone(),
+                    stage(D10, false),
+                )
+            },
+            Case {
+                record: ours(D10),
+                policy: RebootPolicy::Never,
+                ..case(
+                    "never policy: staged is enough",
+                    want(D10),
+                    vec![unlocked(dep(D10, false, true)), dep(D9, true, false)],
+                    Decision::AlreadyStaged,
+                )
+            },
+            Case {
+                record: tried(D10, 1, BOOT, None),
+                ..case(
+                    "finalize failed in this boot: same attempt again, no new approval",
+                    want(D10),
+                    staged10.clone(),
+                    reboot(1),
+                )
+            },
+            Case {
+                record: tried(D10, 1, BOOT, None),
+                ..case(
+                    "finalized in this boot: the reboot is coming",
+                    want(D10),
+                    vec![unlocked(dep(D10, false, true)), dep(D9, true, false)],
+                    Decision::RebootPending,
+                )
+            },
+            Case {
+                record: tried(D10, 1, OLD_BOOT, None),
+                ..case(
+                    "rolled back once",
+                    want(D10),
+                    base.clone(),
+                    Decision::RolledBack {
+                        attempts: 1,
+                        retry: true,
+                    },
+                )
+            },
+            Case {
+                record: tried(D10, 1, OLD_BOOT, Some(BOOT)),
+                ..case(
+                    "rollback reported: stage again",
+                    want(D10),
+                    base.clone(),
+                    stage(D10, true),
+                )
+            },
+            Case {
+                record: tried(D10, 1, OLD_BOOT, Some(BOOT)),
+                ..case(
+                    "second attempt needs a new approval",
+                    want(D10),
+                    staged10.clone(),
+                    Decision::AwaitApproval { token: token(D10) },
+                )
+            },
+            Case {
+                record: tried(D10, 1, OLD_BOOT, Some(BOOT)),
+                approved: Some(token(D10)),
+                ..case(
+                    "second attempt approved",
+                    want(D10),
+                    staged10.clone(),
+                    reboot(2),
+                )
+            },
+            Case {
+                record: tried(D10, 2, OLD_BOOT, None),
+                ..case(
+                    "rolled back at the limit",
+                    want(D10),
+                    base.clone(),
+                    Decision::RolledBack {
+                        attempts: 2,
+                        retry: false,
+                    },
+                )
+            },
+            Case {
+                record: tried(DX, 2, OLD_BOOT, Some(BOOT)),
+                ..case(
+                    "a new request starts from zero",
+                    want(D10),
+                    base.clone(),
+                    stage(D10, true),
+                )
+            },
+            Case {
+                record: ours(D10),
+                ..case(
+                    "request removed after staging: clean up",
+                    Ok(None),
+                    staged10.clone(),
+                    Decision::CleanupStale,
+                )
+            },
+            case(
+                "request removed, foreign staged: leave it",
+                Ok(None),
+                staged10.clone(),
+                Decision::Idle,
             ),
-            (
-                "other image staged",
+            Case {
+                record: ours(DX),
+                ..case(
+                    "ours for an older request: clean up first",
+                    want(D10),
+                    vec![dep(DX, false, true), dep(D9, true, false)],
+                    Decision::CleanupStale,
+                )
+            },
+            Case {
+                record: ours(D10),
+                ..case(
+                    "ours but unlocked by hand: clean up, then restage locked",
+                    want(D10),
+                    vec![unlocked(dep(D10, false, true)), dep(D9, true, false)],
+                    Decision::CleanupStale,
+                )
+            },
+            case(
+                "foreign staged: preflight decides",
                 want(D10),
                 vec![dep(DX, false, true), dep(D9, true, false)],
-                stage(D10),
+                stage(D10, true),
             ),
         ];
-        for (name, desired, deps, expected) in cases {
+        for c in cases {
             let obs = Observation {
-                desired: &desired,
-                deployments: &deps,
+                desired: &c.desired,
+                deployments: &c.deps,
+                lifecycle: Lifecycle {
+                    policy: c.policy,
+                    max_attempts: 2,
+                    boot_id: BOOT,
+                    record: &c.record,
+                    approved: c.approved.as_deref(),
+                },
             };
-            assert_eq!(decide(&obs), expected, "{name}");
+            assert_eq!(decide(&obs), c.expected, "{}", c.name);
         }
+    }
+
+    #[test]
+    fn exhausted_attempts_are_refused_until_the_request_changes() {
+        let desired = want(D10);
+        let deps = vec![dep(D9, true, false)];
+        let record = tried(D10, 2, OLD_BOOT, Some(BOOT));
+        let obs = Observation {
+            desired: &desired,
+            deployments: &deps,
+            lifecycle: Lifecycle {
+                policy: RebootPolicy::OnApproval,
+                max_attempts: 2,
+                boot_id: BOOT,
+                record: &record,
+                approved: None,
+            },
+        };
+        assert!(matches!(decide(&obs), Decision::Refuse(r) if r.contains("2 time(s)")));
     }
 
     #[test]
     fn no_booted_deployment_is_refused() {
         let desired = want(D10);
         let deps = vec![dep(D9, false, false)];
+        let record = Record::default();
         let obs = Observation {
             desired: &desired,
             deployments: &deps,
+            lifecycle: Lifecycle {
+                policy: RebootPolicy::OnApproval,
+                max_attempts: 2,
+                boot_id: BOOT,
+                record: &record,
+                approved: None,
+            },
         };
         assert!(matches!(decide(&obs), Decision::Refuse(r) if r.contains("no booted")));
     }
@@ -322,6 +742,10 @@ mod tests {
     fn settled_states() {
         assert_eq!(Decision::Idle.settled_state(), Some(State::Idle));
         assert_eq!(Decision::AlreadyStaged.settled_state(), Some(State::Staged));
+        assert_eq!(
+            Decision::RebootPending.settled_state(),
+            Some(State::Rebooting)
+        );
         assert_eq!(
             Decision::Refuse(String::new()).settled_state(),
             Some(State::Refused)

@@ -81,6 +81,8 @@ pub struct Policy {
     pub min_free_sysroot: u64,
     /// Free bytes required on `/boot` (a kernel and initramfs).
     pub min_free_boot: u64,
+    /// Replace a staged deployment streamd did not create instead of refusing.
+    pub replace_foreign_staged: bool,
 }
 
 impl Default for Policy {
@@ -89,6 +91,7 @@ impl Default for Policy {
             allow_downgrade: false,
             min_free_sysroot: 1 << 30,
             min_free_boot: 150 << 20,
+            replace_foreign_staged: false,
         }
     }
 }
@@ -120,6 +123,8 @@ pub struct Input<'a> {
     pub disk: DiskFree,
     /// Whether NIC names are persisted (`/etc/systemd/network/*.link` written by nmstate).
     pub nic_names_persisted: bool,
+    /// A staged deployment streamd did not create, if any.
+    pub foreign_staged: Option<&'a Deployment>,
     /// Policy.
     pub policy: &'a Policy,
 }
@@ -151,6 +156,7 @@ pub fn run(i: &Input<'_>) -> Vec<CheckResult> {
         disk_space(i),
         layered_packages(i),
         nic_names(i),
+        pending_deployment(i),
     ]
 }
 
@@ -191,6 +197,33 @@ fn target_major(i: &Input<'_>) -> Option<u32> {
             .and_then(|o| o.kernel_release.as_deref())
             .and_then(el_major)
     })
+}
+
+fn pending_deployment(i: &Input<'_>) -> CheckResult {
+    let id = "pending-deployment";
+    let Some(staged) = i.foreign_staged else {
+        return pass(id, "nothing else is staged");
+    };
+    let what = staged.pullspec().map_or_else(
+        || format!("deployment {}", staged.id),
+        |p| format!("{p} ({})", staged.id),
+    );
+    if i.policy.replace_foreign_staged {
+        warn(
+            id,
+            format!(
+                "{what} is staged by someone else and will be replaced (replace-foreign-staged = true)"
+            ),
+        )
+    } else {
+        fail(
+            id,
+            format!(
+                "{what} is staged by someone else; remove it (rpm-ostree cleanup -p) or set \
+                 replace-foreign-staged = true to let streamd replace it"
+            ),
+        )
+    }
 }
 
 fn image_reference(i: &Input<'_>) -> CheckResult {
@@ -582,6 +615,7 @@ mod tests {
         os: Result<OsImageInfo, String>,
         ext: Option<Result<ExtensionsInfo, String>>,
         disk: DiskFree,
+        foreign: Option<Deployment>,
         policy: Policy,
     }
 
@@ -609,6 +643,7 @@ mod tests {
                 sysroot: 20 << 30,
                 boot: 500 << 20,
             },
+            foreign: None,
             policy: Policy::default(),
         }
     }
@@ -646,6 +681,7 @@ mod tests {
             extensions: c.ext.as_ref(),
             disk: c.disk,
             nic_names_persisted: true,
+            foreign_staged: c.foreign.as_ref(),
             policy: &c.policy,
         })
     }
@@ -662,7 +698,7 @@ mod tests {
     fn default_host_passes() {
         assert_eq!(failed(&base()), Vec::<&str>::new());
         let ids: Vec<_> = check(&base()).into_iter().map(|c| c.id).collect();
-        assert_eq!(ids.len(), 11);
+        assert_eq!(ids.len(), 12);
     }
 
     #[test]
@@ -737,6 +773,13 @@ mod tests {
             ..rt_ext(10)
         }));
         cases.push(("extensions-image", c));
+        let mut c = base();
+        c.foreign = Some(Deployment {
+            id: "rhcos-abc.1".into(),
+            staged: true,
+            ..Deployment::default()
+        });
+        cases.push(("pending-deployment", c));
         for (want, case) in cases {
             let f = failed(&case);
             assert!(f.contains(&want), "expected {want} to fail, failed: {f:?}");
@@ -767,6 +810,35 @@ mod tests {
         let r = check(&c);
         assert_eq!(r[1].id, "direction");
         assert_eq!(r[1].result, Outcome::Warn);
+    }
+
+    #[test]
+    fn foreign_staged_is_named_and_replaceable_by_policy() {
+        let mut c = base();
+        c.foreign = Some(Deployment {
+            id: "rhcos-abc.1".into(),
+            staged: true,
+            container_image_reference: Some("ostree-unverified-registry:quay.io/x/y:latest".into()),
+            ..Deployment::default()
+        });
+        let r = check(&c);
+        let pending = r
+            .iter()
+            .find(|r| r.id == "pending-deployment")
+            .expect("check");
+        assert_eq!(pending.result, Outcome::Fail);
+        assert!(
+            pending.message.contains("quay.io/x/y:latest (rhcos-abc.1)"),
+            "{}",
+            pending.message
+        );
+        c.policy.replace_foreign_staged = true;
+        let r = check(&c);
+        let pending = r
+            .iter()
+            .find(|r| r.id == "pending-deployment")
+            .expect("check");
+        assert_eq!(pending.result, Outcome::Warn);
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub const STAGED_OS_IMAGE: &str = "osstream.openshift.io/staged-os-image";
 pub const OBSERVED_DESIRED: &str = "osstream.openshift.io/observed-desired";
 /// Output: compact JSON of host facts.
 pub const HOST: &str = "osstream.openshift.io/host";
+/// Output: the token the cluster echoes in `reboot-approved` to let the node reboot.
+pub const REBOOT_REQUESTED: &str = "osstream.openshift.io/reboot-requested";
 
 /// The input keys, which streamd never writes.
 pub const INPUT_KEYS: [&str; 4] = [
@@ -51,7 +53,7 @@ pub const INPUT_KEYS: [&str; 4] = [
 ];
 
 /// The output keys, which only streamd writes.
-pub const OUTPUT_KEYS: [&str; 8] = [
+pub const OUTPUT_KEYS: [&str; 9] = [
     STATE,
     REASON,
     PROGRESS,
@@ -60,6 +62,7 @@ pub const OUTPUT_KEYS: [&str; 8] = [
     STAGED_OS_IMAGE,
     OBSERVED_DESIRED,
     HOST,
+    REBOOT_REQUESTED,
 ];
 
 /// Longest `reason` value streamd writes, in characters.
@@ -184,6 +187,17 @@ impl Desired {
         }
         let digest = h.finalize();
         digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The `reboot-requested` token for this request in the boot `boot_id`: a new boot or a new
+    /// request gives a new token, so an approval can never be replayed onto another reboot.
+    pub fn reboot_token(&self, boot_id: &str) -> String {
+        let boot: String = boot_id
+            .chars()
+            .filter(char::is_ascii_hexdigit)
+            .take(12)
+            .collect();
+        format!("{}.{boot}", self.observed_hash())
     }
 }
 

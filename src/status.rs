@@ -43,6 +43,15 @@ pub struct Status {
     /// The last failure or refusal, kept after the state moves on (cleared by `Done`).
     #[serde(default)]
     pub last_error: Option<String>,
+    /// The token of the pending reboot request (`reboot-requested`).
+    #[serde(default)]
+    pub reboot_requested: Option<String>,
+    /// Whether the cluster approved that token (`reboot-approved` equals it).
+    #[serde(default)]
+    pub reboot_approved: bool,
+    /// Reboots into the current request so far (from the attempt record).
+    #[serde(default)]
+    pub attempts: u32,
 }
 
 impl Status {
@@ -87,6 +96,7 @@ impl Status {
             (protocol::STAGED_OS_IMAGE, self.staged_os_image.clone()),
             (protocol::OBSERVED_DESIRED, self.observed_desired.clone()),
             (protocol::HOST, self.host.as_ref().map(HostFacts::to_json)),
+            (protocol::REBOOT_REQUESTED, self.reboot_requested.clone()),
         ])
     }
 }

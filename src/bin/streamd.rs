@@ -106,7 +106,12 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         runtime_dir: cfg.runtime_dir.clone(),
         policy: cfg.policy.clone(),
     };
-    let agent = Agent::new(node, rpm, gatherer).await?;
+    let reboot = streamd::agent::RebootSettings {
+        policy: cfg.reboot,
+        max_attempts: cfg.max_attempts,
+        state_dir: cfg.state_dir.clone(),
+    };
+    let agent = Agent::new(node, rpm, gatherer, reboot).await?;
     agent.run(shutdown_signal()).await
 }
 

@@ -3,8 +3,11 @@
 pub mod cpu;
 pub mod crio;
 pub mod fips;
+pub mod journal;
 pub mod kernel;
 pub mod osrelease;
+
+pub use journal::finalize_failure;
 
 use std::path::{Path, PathBuf};
 
@@ -90,6 +93,21 @@ impl HostRoot {
         self.read("/etc/os-release")
             .or_else(|_| self.read("/usr/lib/os-release"))
             .map(|t| OsRelease::parse(&t))
+    }
+
+    /// This boot's id (`/proc/sys/kernel/random/boot_id`): tells a reboot from a restart.
+    pub fn boot_id(&self) -> std::io::Result<String> {
+        let id = self
+            .read("/proc/sys/kernel/random/boot_id")?
+            .trim()
+            .to_string();
+        if id.len() < 8 || !id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("boot id {} is not a UUID", crate::protocol::quote(&id)),
+            ));
+        }
+        Ok(id)
     }
 
     /// The architecture: `/proc/sys/kernel/arch` when the kernel has it, else this build's.

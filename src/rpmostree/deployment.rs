@@ -52,6 +52,9 @@ pub struct Deployment {
     pub requested_base_local_replacements: Vec<String>,
     /// Labels of the image config, when the commit metadata carries it.
     pub image_labels: BTreeMap<String, String>,
+    /// bootc's `incompatible`: the origin has rpm-ostree package changes bootc cannot show or
+    /// carry (their list is then unknown). Never set from rpm-ostree's own dictionaries.
+    pub incompatible: bool,
 }
 
 /// Container refspec prefixes followed directly by a registry pullspec.
@@ -120,6 +123,7 @@ impl Deployment {
             )?
             .unwrap_or_default(),
             image_labels,
+            incompatible: false,
         })
     }
 
@@ -151,7 +155,13 @@ impl Deployment {
 
     /// Whether this deployment was made from the image with `digest`.
     pub fn carries_digest(&self, digest: &str) -> bool {
-        self.image_digest() == Some(digest)
+        // The pullspec may pin an index while rpm-ostree reports the platform manifest.
+        self.container_image_reference_digest.as_deref() == Some(digest)
+            || self
+                .pullspec()
+                .and_then(|p| p.split_once('@'))
+                .map(|(_, d)| d)
+                == Some(digest)
     }
 }
 

@@ -24,6 +24,8 @@ pub const CLIENT_ID: &str = "streamd";
 /// The D-Bus error name of `G_IO_ERROR_BUSY`, which rpm-ostreed uses for "Transaction in progress"
 /// and "System transaction in progress" (GIO errors are not a registered D-Bus error domain).
 pub const BUSY_ERROR: &str = "org.gtk.GDBus.UnmappedGError.Quark._g_2dio_2derror_2dquark.Code26";
+/// How rpm-ostreed's message starts when a shutdown inhibitor in `block` mode stops a reboot.
+const INHIBITED_PREFIX: &str = "Reboot blocked by a systemd inhibitor lock";
 /// Raised when the daemon caught a call while exiting for idleness.
 const NO_REPLY_ERROR: &str = "org.freedesktop.DBus.Error.NoReply";
 
@@ -49,6 +51,9 @@ pub enum RpmOstreeError {
     /// A reply did not have the documented shape.
     #[error("unexpected reply from rpm-ostreed: {0}")]
     Protocol(String),
+    /// A systemd inhibitor lock blocks the reboot; the message names who holds it and why.
+    #[error("{0}")]
+    Inhibited(String),
     /// The daemon could not be reached or refused the call.
     #[error("rpm-ostreed call {call} failed: {message}")]
     Call {
@@ -115,6 +120,7 @@ trait OS {
         options: BTreeMap<&str, Value<'_>>,
     ) -> zbus::Result<String>;
     fn cleanup(&self, elements: &[&str]) -> zbus::Result<String>;
+    fn finalize_deployment(&self, options: BTreeMap<&str, Value<'_>>) -> zbus::Result<String>;
 }
 
 /// A value in an `UpdateDeployment` dictionary, kept serialisable so `streamctl plan` can show the
@@ -194,7 +200,7 @@ impl UpdateDeploymentCall {
         }
         let mut options = BTreeMap::new();
         // Locked: an unplanned reboot must not apply a major change nobody approved.
-        options.insert("lock-finalization", CallValue::Bool(true));
+        options.insert("lock-finalization", CallValue::Bool(plan.lock_finalization));
         options.insert("reboot", CallValue::Bool(false));
         options.insert("allow-downgrade", CallValue::Bool(plan.allow_downgrade));
         options.insert(
@@ -342,6 +348,30 @@ impl Client {
             .map_err(|e| RpmOstreeError::from_call("Cleanup", e))?;
         let (tx, _rx) = tokio::sync::mpsc::channel(1);
         transaction::run(&address, &tx, None).await
+    }
+
+    /// Unlocks the finalization-locked staged deployment whose manifest digest is `checksum`
+    /// and lets rpm-ostreed reboot into it: `FinalizeDeployment({"checksum": …})`.
+    pub async fn finalize_deployment(&self, checksum: &str) -> Result<(), RpmOstreeError> {
+        let mut options = BTreeMap::new();
+        options.insert("checksum", Value::from(checksum));
+        options.insert(
+            "initiating-command-line",
+            Value::from("streamd: reboot approved"),
+        );
+        let address = self
+            .os()
+            .await?
+            .finalize_deployment(options)
+            .await
+            .map_err(|e| RpmOstreeError::from_call("FinalizeDeployment", e))?;
+        let (tx, _rx) = tokio::sync::mpsc::channel(1);
+        match transaction::run(&address, &tx, None).await {
+            Err(RpmOstreeError::Failed(m)) if m.starts_with(INHIBITED_PREFIX) => Err(
+                RpmOstreeError::Inhibited(crate::protocol::one_line_reason(&m)),
+            ),
+            other => other,
+        }
     }
 
     /// Runs one `UpdateDeployment` transaction to its end, sending progress to `events`.

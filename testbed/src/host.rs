@@ -15,6 +15,7 @@
 //! | `etc/crio/crio.conf`, `etc/crio/crio.conf.d/00-default` | `[crio.runtime] default_runtime` = `runc` or `crun` |
 //! | `usr/lib/os-release`, `etc/os-release` (link) | the booted image's os-release |
 //! | `run/testbed/low-disk` | only on `low-disk`: the fake rpm-ostreed fails imports on free space |
+//! | `proc/sys/kernel/random/boot_id` | this boot's id; a simulated reboot writes a new one |
 
 use std::path::Path;
 
@@ -91,6 +92,66 @@ pub fn write(
     Ok(())
 }
 
+const BOOT_ID: &str = "proc/sys/kernel/random/boot_id";
+
+/// Gives the host a boot id unless it has one (a restarted testbed keeps its boot).
+pub fn keep_boot_id(root: &Path) -> anyhow::Result<()> {
+    if root.join(BOOT_ID).exists() {
+        return Ok(());
+    }
+    new_boot_id(root)
+}
+
+/// A new boot: a fresh boot id, and the running kernel of what booted (`kernel`, which may
+/// differ from the fixture's when an update changed the variant).
+pub fn boot(root: &Path, kernel: &str) -> anyhow::Result<()> {
+    new_boot_id(root)?;
+    if kernel.is_empty() {
+        return Ok(());
+    }
+    let p = root.join("proc/sys/kernel/osrelease");
+    std::fs::write(&p, format!("{kernel}\n"))
+        .with_context(|| format!("writing {}", p.display()))?;
+    let rt = root.join("sys/kernel/realtime");
+    if kernel.ends_with("+rt") {
+        std::fs::create_dir_all(root.join("sys/kernel")).context("creating sys/kernel")?;
+        std::fs::write(&rt, "1\n").with_context(|| format!("writing {}", rt.display()))?;
+    } else {
+        let _ = std::fs::remove_file(&rt);
+    }
+    Ok(())
+}
+
+fn new_boot_id(root: &Path) -> anyhow::Result<()> {
+    use std::hash::{BuildHasher, Hasher};
+    // Random enough for a test host: two std hashers with random keys, formatted as a UUID.
+    let mut bits = [0u64; 2];
+    for b in &mut bits {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        *b = h.finish();
+    }
+    let hex = format!("{:016x}{:016x}", bits[0], bits[1]);
+    let id = format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    );
+    let p = root.join(BOOT_ID);
+    if let Some(parent) = p.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    std::fs::write(&p, format!("{id}\n")).with_context(|| format!("writing {}", p.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,6 +175,14 @@ mod tests {
         write(&d, "worker-0", img, &def, "BOOT_IMAGE=x rw").expect("write");
         assert!(!d.join("sys/kernel/realtime").exists());
         assert_eq!(read("proc/sys/crypto/fips_enabled"), "0\n");
+        keep_boot_id(&d).expect("boot id");
+        let first = read(BOOT_ID);
+        keep_boot_id(&d).expect("boot id");
+        assert_eq!(read(BOOT_ID), first, "a restart keeps the boot");
+        boot(&d, "6.12.0-124.8.1.el10_1.x86_64+rt").expect("boot");
+        assert_ne!(read(BOOT_ID), first, "a reboot is a new boot");
+        assert_eq!(read(BOOT_ID).len(), 37);
+        assert_eq!(read("sys/kernel/realtime"), "1\n");
         std::fs::remove_dir_all(&d).ok();
     }
 }

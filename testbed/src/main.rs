@@ -9,7 +9,7 @@ use std::os::unix::process::CommandExt as _;
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
-use testbed::{Options, Testbed};
+use testbed::{Backend, Options, Testbed};
 
 /// The streamd testbed: a private dbus-daemon, a fake rpm-ostreed and a fake Kubernetes API
 /// server, for the demo and the end-to-end tests.
@@ -31,6 +31,10 @@ enum Command {
         /// low-disk, layered.
         #[arg(long, default_value = "default")]
         host: String,
+        /// The host's OS update tool: rpm-ostree (rpm-ostreed on the bus) or bootc (no
+        /// rpm-ostreed; bootc through systemd).
+        #[arg(long, value_enum, default_value = "rpm-ostree")]
+        backend: Backend,
     },
     /// Run a testbed in the foreground until SIGTERM (what `up` starts).
     Serve {
@@ -40,6 +44,9 @@ enum Command {
         /// Host fixture (see `up`).
         #[arg(long, default_value = "default")]
         host: String,
+        /// The host's OS update tool (see `up`).
+        #[arg(long, value_enum, default_value = "rpm-ostree")]
+        backend: Backend,
     },
     /// Stop the testbed started by `up`.
     Down {
@@ -64,6 +71,17 @@ enum Command {
         /// Seconds of 1000 progress signals per second.
         #[arg(long, default_value_t = 30)]
         storm_secs: u64,
+    },
+    /// Reboot the testbed host: an unlocked staged deployment is applied, a locked one is
+    /// discarded (as ostree-finalize-staged does), the boot id changes. Stop streamd first and
+    /// start it again after, as a real reboot would.
+    Reboot {
+        /// The testbed's directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Make finalization fail at "shutdown": the node boots the old deployment again.
+        #[arg(long)]
+        fail_finalize: bool,
     },
     /// Send one control command (JSON) and print the reply.
     Ctl {
@@ -106,8 +124,8 @@ fn main() -> ExitCode {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
-        Command::Up { dir, host } => up(&dir, &host).await,
-        Command::Serve { dir, host } => serve(dir, host).await,
+        Command::Up { dir, host, backend } => up(&dir, &host, backend).await,
+        Command::Serve { dir, host, backend } => serve(dir, host, backend).await,
         Command::Down { dir } => down(&dir).await,
         Command::Bench {
             dir,
@@ -136,6 +154,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
             println!("{text}");
             Ok(())
         }
+        Command::Reboot { dir, fail_finalize } => {
+            let cmd = serde_json::json!({"target": "testbed", "cmd": "reboot", "fail-finalize": fail_finalize});
+            let reply = testbed::testbed::control_client(&dir, &cmd).await?;
+            println!("{}", serde_json::to_string_pretty(&reply)?);
+            Ok(())
+        }
         Command::Ctl { dir, json } => {
             let cmd: serde_json::Value =
                 serde_json::from_str(&json).context("the command is not JSON")?;
@@ -146,7 +170,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-async fn up(dir: &Path, host: &str) -> anyhow::Result<()> {
+async fn up(dir: &Path, host: &str, backend: Backend) -> anyhow::Result<()> {
     // Refuse an unknown fixture here rather than in the background process.
     testbed::fixtures::fixture(host)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -158,6 +182,7 @@ async fn up(dir: &Path, host: &str) -> anyhow::Result<()> {
         .args(["serve", "--dir"])
         .arg(dir)
         .args(["--host", host])
+        .args(["--backend", backend_arg(backend)])
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -184,8 +209,16 @@ async fn up(dir: &Path, host: &str) -> anyhow::Result<()> {
     )
 }
 
-async fn serve(dir: PathBuf, host: String) -> anyhow::Result<()> {
-    let tb = Testbed::start(Options { dir, host }).await?;
+/// The `--backend` value naming `backend`.
+fn backend_arg(backend: Backend) -> &'static str {
+    match backend {
+        Backend::RpmOstree => "rpm-ostree",
+        Backend::Bootc => "bootc",
+    }
+}
+
+async fn serve(dir: PathBuf, host: String, backend: Backend) -> anyhow::Result<()> {
+    let tb = Testbed::start(Options { dir, host, backend }).await?;
     tracing::info!(dir = %tb.dir().display(), "testbed up");
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;

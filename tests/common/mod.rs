@@ -22,6 +22,8 @@ pub const CURRENT_OS_IMAGE: &str = "osstream.openshift.io/current-os-image";
 pub const CURRENT_STREAM: &str = "osstream.openshift.io/current-stream";
 pub const OBSERVED_DESIRED: &str = "osstream.openshift.io/observed-desired";
 pub const HOST: &str = "osstream.openshift.io/host";
+pub const REBOOT_REQUESTED: &str = "osstream.openshift.io/reboot-requested";
+pub const REBOOT_APPROVED: &str = "osstream.openshift.io/reboot-approved";
 
 /// One testbed plus (optionally) a running streamd.
 pub struct Env {
@@ -227,6 +229,79 @@ impl Env {
             &format!("{DESIRED_STREAM}=rhel-10"),
             &format!("{DESIRED_OS_IMAGE}={img}"),
         ]);
+    }
+}
+
+/// The reboot handshake and restarts.
+impl Env {
+    /// Adds a streamd config drop-in (applied at the next start).
+    pub fn config(&self, name: &str, text: &str) {
+        std::fs::write(self.dir.join("config.d").join(name), text).expect("config drop-in");
+    }
+
+    /// Whether streamd is running (started by this harness and not exited).
+    pub fn streamd_running(&mut self) -> bool {
+        self.streamd
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Kills streamd with SIGKILL (a crash) and reaps it.
+    pub fn kill_streamd(&mut self) {
+        if let Some(mut c) = self.streamd.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// A reboot of the host: streamd is stopped as a shutdown stops it (SIGTERM), the testbed
+    /// applies an unlocked staged deployment (or discards it), and the boot id changes. streamd
+    /// is not started again; call `start_streamd`.
+    pub async fn reboot(&mut self, fail_finalize: bool) -> Value {
+        if self.streamd_running() {
+            self.stop_streamd();
+        } else {
+            self.kill_streamd();
+        }
+        self.tb
+            .reboot(fail_finalize)
+            .await
+            .expect("simulated reboot")
+    }
+
+    /// Whether the fake rpm-ostreed was asked to reboot (`FinalizeDeployment` succeeded).
+    pub fn reboot_initiated(&self) -> bool {
+        let text =
+            std::fs::read_to_string(self.dir.join("rpmostreed/state.json")).unwrap_or_default();
+        serde_json::from_str::<Value>(&text)
+            .map(|v| v["reboot_requested"] == json!(true))
+            .unwrap_or(false)
+    }
+
+    /// Reasons of the Events posted so far, oldest first.
+    pub fn event_reasons(&self) -> Vec<String> {
+        let out = self.kubectl(&["get", "events", "-o", "json"]);
+        let events: Value = serde_json::from_slice(&out.stdout).expect("events JSON");
+        events["items"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|e| e["reason"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Waits for a reboot request and approves it; returns the token.
+    pub async fn approve_reboot(&self) -> String {
+        let a = self
+            .wait_for("a reboot request", Duration::from_secs(90), |a| {
+                a.contains_key(REBOOT_REQUESTED)
+            })
+            .await;
+        let token = a[REBOOT_REQUESTED].clone();
+        self.annotate(&[&format!("{REBOOT_APPROVED}={token}")]);
+        token
     }
 }
 

@@ -7,9 +7,11 @@
 mod control;
 mod deploy;
 mod errors;
+pub(crate) mod host;
 mod model;
 mod os;
 mod ostree;
+mod reboot;
 mod rpm;
 mod sysroot;
 mod transaction;
@@ -38,6 +40,7 @@ use model::State;
 use os::OsIface;
 #[cfg(test)]
 pub(crate) use ostree::read_deployments;
+pub use reboot::RebootOutcome;
 use sysroot::SysrootIface;
 use transaction::Txn;
 

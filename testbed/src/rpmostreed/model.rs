@@ -420,6 +420,11 @@ impl State {
             .or_else(|| self.booted().filter(|d| d.osname == osname))
     }
 
+    /// The staged deployment.
+    pub(crate) fn staged(&self) -> Option<&Deployment> {
+        self.deployments.first().filter(|d| d.staged)
+    }
+
     /// The staged deployment, mutably.
     pub(crate) fn staged_mut(&mut self) -> Option<&mut Deployment> {
         self.deployments.first_mut().filter(|d| d.staged)
@@ -452,7 +457,7 @@ pub(crate) enum Transport {
 }
 
 impl Transport {
-    fn parse(s: &str) -> Option<Transport> {
+    pub(crate) fn parse(s: &str) -> Option<Transport> {
         Some(match s {
             "registry" => Transport::Registry,
             "oci" => Transport::OciDir,
@@ -464,7 +469,7 @@ impl Transport {
         })
     }
 
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Transport::Registry => "registry",
             Transport::OciDir => "oci",
@@ -478,7 +483,7 @@ impl Transport {
 
 /// How the image signature is checked (the ostree-ext refspec prefix).
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum SigVerify {
+pub(crate) enum SigVerify {
     Unverified,
     Signed,
     Remote(String),
@@ -487,9 +492,9 @@ enum SigVerify {
 /// A container image refspec (`ostree_ext::container::OstreeImageReference`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ImageRef {
-    sig: SigVerify,
-    transport: Transport,
-    name: String,
+    pub(crate) sig: SigVerify,
+    pub(crate) transport: Transport,
+    pub(crate) name: String,
 }
 
 /// What `set-refspec` names, classified like `refspec_classify()`.
@@ -527,7 +532,7 @@ impl Refspec {
 }
 
 impl ImageRef {
-    fn parse(s: &str) -> Option<ImageRef> {
+    pub(crate) fn parse(s: &str) -> Option<ImageRef> {
         let (sig, transport, name) =
             if let Some(rest) = s.strip_prefix("ostree-unverified-registry:") {
                 (SigVerify::Unverified, Transport::Registry, rest)

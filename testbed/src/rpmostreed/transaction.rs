@@ -689,7 +689,7 @@ impl Daemon {
     async fn run_finalize(&self, txn: &Txn, plan: &FinalizePlan) -> Result<(), String> {
         self.injected_failure(txn).await?;
         {
-            let mut state = lock(&self.state);
+            let state = lock(&self.state);
             let Some(first) = state.deployments.first() else {
                 return Err("No deployments found".into());
             };
@@ -714,12 +714,20 @@ impl Daemon {
                 }
                 _ => {}
             }
-            let Some(staged) = state.staged_mut() else {
+            let Some(staged) = state.staged() else {
                 return Err("No pending staged deployment found".into());
             };
             if !staged.finalization_locked && !plan.allow_unlocked {
                 return Err("Staged deployment already unlocked".into());
             }
+        }
+        self.check_inhibitors().await?;
+        {
+            let mut state = lock(&self.state);
+            let Some(staged) = state.staged_mut() else {
+                return Err("No pending staged deployment found".into());
+            };
+            let found = staged.container_image_reference_digest.clone();
             staged.finalization_locked = false;
             self.save_state(&state)?;
             info!(txn = txn.id, digest = %found, "finalized deployment; rebooting");
@@ -728,6 +736,45 @@ impl Daemon {
         self.update_record(txn.id, |r| r.reboot_requested = true);
         self.notify_deployments().await;
         Ok(())
+    }
+
+    /// The real daemon's `check_sd_inhibitor_locks`: logind's `ListInhibitors`, and an error
+    /// naming the first `block`-mode lock that covers `shutdown`.
+    async fn check_inhibitors(&self) -> Result<(), String> {
+        let conn = self
+            .bus_conn()
+            .ok_or_else(|| "not connected to the system bus".to_string())?;
+        let reply = conn
+            .call_method(
+                Some("org.freedesktop.login1"),
+                "/org/freedesktop/login1",
+                Some("org.freedesktop.login1.Manager"),
+                "ListInhibitors",
+                &(),
+            )
+            .await
+            .map_err(|e| format!("ListInhibitors: {e}"))?;
+        let list: Vec<(String, String, String, String, u32, u32)> = reply
+            .body()
+            .deserialize()
+            .map_err(|e| format!("ListInhibitors returned an unexpected reply: {e}"))?;
+        let blocking: Vec<_> = list
+            .iter()
+            .filter(|(what, _, _, mode, _, _)| what.contains("shutdown") && mode == "block")
+            .collect();
+        let Some((_, who, why, _, _, _)) = blocking.first() else {
+            return Ok(());
+        };
+        let mut msg = format!(
+            "Reboot blocked by a systemd inhibitor lock in `block` mode\nHeld by: {who}\nReason: {why}"
+        );
+        if blocking.len() > 1 {
+            msg.push_str(&format!(
+                "\nand {} other blocking inhibitor lock(s)\nUse `systemd-inhibit --list` to see details",
+                blocking.len() - 1
+            ));
+        }
+        Err(msg)
     }
 
     /// Record the outcome, emit `Finished` to every peer, and release the transaction when

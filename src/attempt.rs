@@ -1,0 +1,206 @@
+//! The record streamd keeps across restarts and reboots (`state-dir/attempt.json`).
+//!
+//! rpm-ostree's deployments and the node's annotations hold most of the truth; this file holds
+//! the two facts neither can: which staged deployment streamd itself created (so a foreign one
+//! is never mistaken for ours, and a stale one of ours is cleaned up), and how often the node
+//! was rebooted into the current request (so a rollback cannot become a reboot loop). Writes are
+//! atomic (temporary file, fsync, rename, fsync of the directory): after a crash or a power cut
+//! the file is either the old or the new record, never a torn one.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// File name below the state directory.
+pub const FILE_NAME: &str = "attempt.json";
+/// Version of the record's shape.
+pub const VERSION: u32 = 1;
+
+/// What streamd remembers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Record {
+    /// [`VERSION`].
+    pub version: u32,
+    /// The last staging streamd started; a staged deployment carrying this image is ours.
+    pub staged: Option<Staged>,
+    /// The reboot attempts into one request.
+    pub attempt: Option<Attempt>,
+}
+
+/// A staging streamd started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Staged {
+    /// Hash of the request (`observed-desired`).
+    pub request: String,
+    /// The digest-pinned OS image asked for.
+    pub os_image: String,
+}
+
+/// Reboots into one request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Attempt {
+    /// Hash of the request (`observed-desired`).
+    pub request: String,
+    /// The OS image of the request.
+    pub os_image: String,
+    /// The staged manifest digest passed to `FinalizeDeployment`.
+    pub digest: String,
+    /// The boot in which the last finalization was started.
+    pub boot_id: String,
+    /// Finalizations started for this request (one per boot at most).
+    pub attempts: u32,
+    /// The boot in which the outcome of the last attempt was reported (event posted).
+    pub reported_boot: Option<String>,
+}
+
+/// Why the record could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Reading or writing failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file holds something else than a record of this version.
+    #[error(
+        "{path}: not a streamd attempt record ({message}); move it away to let streamd start over"
+    )]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The record's file.
+#[derive(Debug, Clone)]
+pub struct Store {
+    dir: PathBuf,
+}
+
+impl Store {
+    /// The record in `dir` (the state directory).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Store { dir: dir.into() }
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(FILE_NAME)
+    }
+
+    /// The saved record; an empty one when there is none.
+    pub fn load(&self) -> Result<Record, RecordError> {
+        let path = self.path();
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Record::default()),
+            Err(source) => return Err(RecordError::Io { path, source }),
+        };
+        let record: Record = serde_json::from_slice(&bytes).map_err(|e| RecordError::Corrupt {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        if record.version != VERSION {
+            return Err(RecordError::Corrupt {
+                path,
+                message: format!("version {} (expected {VERSION})", record.version),
+            });
+        }
+        Ok(record)
+    }
+
+    /// Replaces the saved record atomically.
+    pub fn save(&self, record: &Record) -> Result<(), RecordError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| RecordError::Io { path, source }
+        };
+        let path = self.path();
+        let tmp = self.dir.join(format!(".{FILE_NAME}.tmp"));
+        std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
+        let record = Record {
+            version: VERSION,
+            ..record.clone()
+        };
+        let bytes = serde_json::to_vec_pretty(&record).map_err(|e| RecordError::Corrupt {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
+        f.write_all(&bytes).map_err(io(&tmp))?;
+        f.sync_all().map_err(io(&tmp))?;
+        drop(f);
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        // The rename is durable only once the directory entry is.
+        std::fs::File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(&self.dir))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("streamd-attempt-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn missing_is_empty_and_saved_round_trips() {
+        let store = Store::new(dir("rt"));
+        assert_eq!(store.load().expect("load"), Record::default());
+        let rec = Record {
+            version: 0,
+            staged: Some(Staged {
+                request: "abc".into(),
+                os_image: "r/x@sha256:1".into(),
+            }),
+            attempt: Some(Attempt {
+                request: "abc".into(),
+                os_image: "r/x@sha256:1".into(),
+                digest: "sha256:2".into(),
+                boot_id: "b1".into(),
+                attempts: 1,
+                reported_boot: None,
+            }),
+        };
+        store.save(&rec).expect("save");
+        let back = store.load().expect("load");
+        assert_eq!(back.version, VERSION, "save stamps the version");
+        assert_eq!(back.attempt, rec.attempt);
+        assert_eq!(back.staged, rec.staged);
+        assert!(
+            !store.dir.join(format!(".{FILE_NAME}.tmp")).exists(),
+            "no temporary file is left behind"
+        );
+    }
+
+    #[test]
+    fn corrupt_or_foreign_files_are_errors_naming_the_file() {
+        let d = dir("corrupt");
+        std::fs::create_dir_all(&d).expect("mkdir");
+        let store = Store::new(&d);
+        for text in [
+            "{",
+            "[]",
+            r#"{"version": 7}"#,
+            r#"{"version": 1, "extra": true}"#,
+        ] {
+            std::fs::write(store.path(), text).expect("write");
+            let err = store.load().expect_err(text).to_string();
+            assert!(err.contains(FILE_NAME), "{text}: {err}");
+        }
+    }
+}

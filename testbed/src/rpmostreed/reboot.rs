@@ -1,0 +1,107 @@
+//! A simulated reboot of the testbed host, as `ostree-finalize-staged.service` and the next
+//! boot would do it.
+//!
+//! A staged deployment is applied only when it is not finalization-locked; a locked one is
+//! discarded, as on a real host, where the staged deployment lives in `/run` (tmpfs) and the
+//! finalize service skips it while `/run/ostree/staged-deployment-locked` exists. After an
+//! applied update the previous booted deployment becomes the rollback and the older rollback is
+//! pruned, as ostree does when it writes the new boot order.
+
+use std::sync::atomic::Ordering;
+
+use anyhow::Context as _;
+use tracing::info;
+
+use super::{FakeRpmOstreed, lock, ostree};
+
+/// What the reboot did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RebootOutcome {
+    /// A staged deployment was applied (it was unlocked).
+    pub applied: bool,
+    /// A staged deployment was discarded (locked, or its finalization failed).
+    pub discarded: bool,
+    /// The manifest digest of the deployment booted now.
+    pub booted_digest: String,
+    /// Its kernel release.
+    pub booted_kernel: String,
+    /// Its `/proc/cmdline`.
+    pub cmdline: String,
+}
+
+impl FakeRpmOstreed {
+    /// Reboots the host model: waits for a running transaction to end (a real shutdown waits
+    /// for rpm-ostreed too), applies or discards the staged deployment, and lets the daemon
+    /// accept transactions again. `fail_finalize` makes the shutdown's finalization fail (as
+    /// `ostree-finalize-staged.service` does on a full `/boot` or a bootloader error): the
+    /// unlocked deployment is lost and the old one boots again.
+    pub async fn simulate_reboot(&self, fail_finalize: bool) -> anyhow::Result<RebootOutcome> {
+        let d = &self.daemon;
+        let _gate = d.txn_gate.lock().await;
+        d.reload_state()?;
+        let (staged, locked) = {
+            let state = lock(&d.state);
+            match state.staged() {
+                Some(s) => (true, s.finalization_locked),
+                None => (false, false),
+            }
+        };
+        let applied = staged && !locked && !fail_finalize;
+        if staged && !applied {
+            ostree::undeploy(&d.sysroot, 0)
+                .await
+                .context("discarding the locked staged deployment")?;
+            d.resync(None).map_err(anyhow::Error::msg)?;
+        } else if applied {
+            {
+                let mut state = lock(&d.state);
+                for (i, dep) in state.deployments.iter_mut().enumerate() {
+                    dep.booted = i == 0;
+                    dep.staged = false;
+                    dep.finalization_locked = false;
+                }
+                d.save_state(&state).map_err(anyhow::Error::msg)?;
+            }
+            // Keep the new booted and one rollback of this stateroot.
+            loop {
+                let extra = {
+                    let state = lock(&d.state);
+                    state.deployments.len().checked_sub(1).filter(|&i| i >= 2)
+                };
+                let Some(index) = extra else { break };
+                ostree::undeploy(&d.sysroot, index)
+                    .await
+                    .context("pruning the old rollback deployment")?;
+                d.resync(None).map_err(anyhow::Error::msg)?;
+            }
+        }
+        let outcome = {
+            let mut state = lock(&d.state);
+            state.reboot_requested = false;
+            d.save_state(&state).map_err(anyhow::Error::msg)?;
+            let booted = state
+                .booted()
+                .context("no booted deployment after the reboot")?;
+            RebootOutcome {
+                applied,
+                discarded: staged && !applied,
+                booted_digest: booted.container_image_reference_digest.clone(),
+                booted_kernel: booted.kernel.clone(),
+                cmdline: booted
+                    .disk
+                    .as_ref()
+                    .map(|disk| disk.proc_cmdline())
+                    .unwrap_or_default(),
+            }
+        };
+        d.rebooting.store(false, Ordering::SeqCst);
+        d.notify_deployments().await;
+        info!(
+            applied = outcome.applied,
+            discarded = outcome.discarded,
+            booted = %outcome.booted_digest,
+            "simulated reboot"
+        );
+        Ok(outcome)
+    }
+}

@@ -1,0 +1,308 @@
+//! End-to-end: the reboot handshake, after-boot verification, rollbacks and changes in flight.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+fn methods(txns: &[Value]) -> Vec<String> {
+    txns.iter()
+        .filter(|t| t["started"] == json!(true))
+        .map(|t| t["method"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn count(txns: &[Value], method: &str) -> usize {
+    methods(txns).iter().filter(|m| *m == method).count()
+}
+
+fn attempt_record(env: &Env) -> Option<Value> {
+    let text = std::fs::read_to_string(env.dir.join("state/attempt.json")).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approved_migration_reboots_into_rhel10_and_reports_done() {
+    let mut env = Env::new("approve").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    let staged = env
+        .wait_for(
+            "staged with a reboot request",
+            Duration::from_secs(90),
+            |a| {
+                a.get(STATE).map(String::as_str) == Some("Staged")
+                    && a.contains_key(REBOOT_REQUESTED)
+            },
+        )
+        .await;
+    let token = staged[REBOOT_REQUESTED].clone();
+    assert!(
+        token.starts_with(&staged[OBSERVED_DESIRED]),
+        "the token names the request: {token}"
+    );
+
+    // A stale or foreign token never reboots the node.
+    for wrong in [
+        "not-the-token",
+        &format!("{}.000000000000", staged[OBSERVED_DESIRED]),
+    ] {
+        env.annotate(&[&format!("{REBOOT_APPROVED}={wrong}")]);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let a = env.annotations().await;
+        assert_eq!(a[STATE], "Staged", "{wrong}");
+        assert!(!env.reboot_initiated(), "{wrong} must not reboot");
+        assert_eq!(count(&env.transactions().await, "FinalizeDeployment"), 0);
+    }
+
+    env.annotate(&[&format!("{REBOOT_APPROVED}={token}")]);
+    let rebooting = env.wait_state("Rebooting").await;
+    assert!(
+        rebooting[REASON].contains("attempt 1 of 2"),
+        "{rebooting:?}"
+    );
+    env.wait_for(
+        "rpm-ostreed initiates the reboot",
+        Duration::from_secs(30),
+        |_| env.reboot_initiated(),
+    )
+    .await;
+    let txns = env.transactions().await;
+    let fin: Vec<&Value> = txns
+        .iter()
+        .filter(|t| t["method"] == "FinalizeDeployment")
+        .collect();
+    assert_eq!(fin.len(), 1, "{txns:#?}");
+    assert!(
+        fin[0]["options"]["checksum"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("sha256:")),
+        "{fin:?}"
+    );
+    let record = attempt_record(&env).expect("attempt record written before the reboot");
+    assert_eq!(record["attempt"]["attempts"], 1);
+
+    let out = env.reboot(false).await;
+    assert_eq!(out["applied"], json!(true), "{out}");
+    env.start_streamd();
+    let done = env.wait_state("Done").await;
+    assert_eq!(done[CURRENT_OS_IMAGE], env.rhel10());
+    assert_eq!(done[CURRENT_STREAM], "rhel-10");
+    assert!(!done.contains_key(REBOOT_REQUESTED), "{done:?}");
+    assert!(!done.contains_key(STAGED_OS_IMAGE), "{done:?}");
+    let reasons = env.event_reasons();
+    for r in ["Staged", "RebootRequested", "Rebooting", "Applied"] {
+        assert!(reasons.iter().any(|x| x == r), "{r} missing: {reasons:?}");
+    }
+    assert!(
+        attempt_record(&env).is_none_or(|r| r["attempt"].is_null()),
+        "the attempt record is cleared once done"
+    );
+    // Exactly one staging, one finalization.
+    let txns = env.transactions().await;
+    assert_eq!(count(&txns, "UpdateDeployment"), 1, "{txns:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unplanned_reboot_keeps_the_old_os_and_asks_again() {
+    let mut env = Env::new("unplanned").await;
+    env.start_streamd();
+    env.request_rhel10();
+    let before = env
+        .wait_for("a reboot request", Duration::from_secs(90), |a| {
+            a.contains_key(REBOOT_REQUESTED)
+        })
+        .await;
+    // Power loss: nobody approved, nothing finalized.
+    let out = env.reboot(false).await;
+    assert_eq!(out["applied"], json!(false), "{out}");
+    assert_eq!(
+        out["discarded"],
+        json!(true),
+        "a locked staged deployment is never applied"
+    );
+    env.start_streamd();
+    let after = env
+        .wait_for("a new reboot request", Duration::from_secs(90), |a| {
+            a.get(REBOOT_REQUESTED)
+                .is_some_and(|t| *t != before[REBOOT_REQUESTED])
+                && a.get(STATE).map(String::as_str) == Some("Staged")
+        })
+        .await;
+    assert_eq!(after[CURRENT_OS_IMAGE], env.rhel9(), "still on the old OS");
+    assert_eq!(after[CURRENT_STREAM], "rhel-9");
+    assert!(
+        attempt_record(&env).is_some_and(|r| r["attempt"].is_null()),
+        "an unplanned reboot is not an attempt"
+    );
+    // The old token (previous boot) does not reboot the node now.
+    env.annotate(&[&format!("{REBOOT_APPROVED}={}", before[REBOOT_REQUESTED])]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!env.reboot_initiated());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_finalization_rolls_back_retries_then_refuses() {
+    let mut env = Env::new("rollback").await;
+    env.start_streamd();
+    env.request_rhel10();
+    for attempt in 1..=2 {
+        env.approve_reboot().await;
+        env.wait_for("the reboot", Duration::from_secs(60), |_| {
+            env.reboot_initiated()
+        })
+        .await;
+        let out = env.reboot(true).await;
+        assert_eq!(out["applied"], json!(false), "{out}");
+        env.start_streamd();
+        let a = if attempt == 1 {
+            env.wait_for("a rollback report", Duration::from_secs(60), |a| {
+                a.get(STATE).map(String::as_str) == Some("Degraded")
+                    || a.get(REASON).is_some_and(|r| r.contains("came up on"))
+                    || a.get(STATE).map(String::as_str) == Some("Staged")
+            })
+            .await
+        } else {
+            env.wait_state("Refused").await
+        };
+        assert_eq!(a[CURRENT_OS_IMAGE], env.rhel9(), "attempt {attempt}");
+        let rec = attempt_record(&env).expect("record");
+        assert_eq!(rec["attempt"]["attempts"], attempt, "{rec}");
+    }
+    let refused = env.annotations().await;
+    assert!(
+        refused[REASON].contains("attempt 2 of 2") && refused[REASON].contains("giving up"),
+        "{refused:?}"
+    );
+    let reasons = env.event_reasons();
+    assert_eq!(
+        reasons.iter().filter(|r| *r == "RolledBack").count(),
+        2,
+        "{reasons:?}"
+    );
+    // No reboot loop: nothing is staged again and the state holds.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let txns = env.transactions().await;
+    assert_eq!(count(&txns, "UpdateDeployment"), 2, "{txns:#?}");
+    assert_eq!(count(&txns, "FinalizeDeployment"), 2, "{txns:#?}");
+    assert_eq!(env.annotations().await[STATE], "Refused");
+    // A new request (here: the same image with its extensions image) starts from zero.
+    let ext = env.vars()["TESTBED_RHEL10_EXTENSIONS_IMAGE"].clone();
+    env.annotate(&[&format!("{DESIRED_EXTENSIONS_IMAGE}={ext}")]);
+    env.wait_for("a fresh request", Duration::from_secs(90), |a| {
+        a.get(STATE).map(String::as_str) == Some("Staged") && a.contains_key(REBOOT_REQUESTED)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reboot_policy_never_stages_unlocked_and_verifies_after_boot() {
+    let mut env = Env::new("never").await;
+    env.config("60-reboot.toml", "reboot = \"never\"\n");
+    env.start_streamd();
+    env.request_rhel10();
+    let staged = env.wait_state("Staged").await;
+    assert!(!staged.contains_key(REBOOT_REQUESTED), "{staged:?}");
+    let txns = env.transactions().await;
+    let t = txns
+        .iter()
+        .find(|t| t["method"] == "UpdateDeployment")
+        .expect("staging");
+    assert_eq!(t["options"]["lock-finalization"], json!(false));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !env.reboot_initiated(),
+        "streamd never reboots under reboot = never"
+    );
+    // Someone else reboots: the unlocked deployment is applied.
+    let out = env.reboot(false).await;
+    assert_eq!(out["applied"], json!(true), "{out}");
+    env.start_streamd();
+    let done = env.wait_state("Done").await;
+    assert_eq!(done[CURRENT_STREAM], "rhel-10");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_the_request_after_staging_cleans_up() {
+    let mut env = Env::new("cleanup").await;
+    env.start_streamd();
+    env.request_rhel10();
+    env.wait_for("a reboot request", Duration::from_secs(90), |a| {
+        a.contains_key(REBOOT_REQUESTED)
+    })
+    .await;
+    env.annotate(&[
+        &format!("{DESIRED_STREAM}-"),
+        &format!("{DESIRED_OS_IMAGE}-"),
+    ]);
+    let idle = env
+        .wait_for("idle with nothing staged", Duration::from_secs(60), |a| {
+            a.get(STATE).map(String::as_str) == Some("Idle") && !a.contains_key(STAGED_OS_IMAGE)
+        })
+        .await;
+    assert!(!idle.contains_key(REBOOT_REQUESTED), "{idle:?}");
+    let txns = env.transactions().await;
+    assert_eq!(count(&txns, "Cleanup"), 1, "{txns:#?}");
+    // And a reboot now boots the old OS.
+    let out = env.reboot(false).await;
+    assert_eq!(
+        out["discarded"],
+        json!(false),
+        "nothing was left staged: {out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changed_request_mid_staging_cancels_and_stages_the_new_one() {
+    let mut env = Env::new("change").await;
+    env.rpmostreed(json!({"cmd": "slow", "ms": 400})).await;
+    env.start_streamd();
+    env.request_rhel10();
+    env.wait_state("Staging").await;
+    let ext = env.vars()["TESTBED_RHEL10_EXTENSIONS_IMAGE"].clone();
+    env.annotate(&[&format!("{DESIRED_EXTENSIONS_IMAGE}={ext}")]);
+    env.rpmostreed(json!({"cmd": "slow", "ms": 0})).await;
+    let a = env
+        .wait_for("the new request staged", Duration::from_secs(120), |a| {
+            a.get(STATE).map(String::as_str) == Some("Staged") && a.contains_key(REBOOT_REQUESTED)
+        })
+        .await;
+    let txns = env.transactions().await;
+    let updates: Vec<&Value> = txns
+        .iter()
+        .filter(|t| t["method"] == "UpdateDeployment" && t["started"] == json!(true))
+        .collect();
+    assert_eq!(updates.len(), 2, "{txns:#?}");
+    assert_eq!(updates[0]["cancelled"], json!(true), "{txns:#?}");
+    assert_eq!(updates[1]["result"]["ok"], json!(true), "{txns:#?}");
+    assert!(a[REBOOT_REQUESTED].starts_with(&a[OBSERVED_DESIRED]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rpm_ostreed_exiting_mid_transaction_is_recovered() {
+    let mut env = Env::new("daemon-exit").await;
+    env.rpmostreed(json!({"cmd": "exit-mid-transaction"})).await;
+    env.start_streamd();
+    env.request_rhel10();
+    env.wait_for(
+        "staged after the daemon came back",
+        Duration::from_secs(120),
+        |a| a.get(STATE).map(String::as_str) == Some("Staged"),
+    )
+    .await;
+    let txns = env.transactions().await;
+    let updates: Vec<&Value> = txns
+        .iter()
+        .filter(|t| t["method"] == "UpdateDeployment" && t["started"] == json!(true))
+        .collect();
+    assert_eq!(updates.len(), 2, "{txns:#?}");
+    assert_eq!(updates[0]["crashed"], json!(true), "{txns:#?}");
+    assert!(
+        env.log()
+            .contains("closed the transaction without a result"),
+        "the interruption is reported"
+    );
+}
