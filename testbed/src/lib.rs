@@ -6,12 +6,16 @@
 
 pub mod apiserver;
 pub mod bench;
+pub mod bootc;
 pub mod bus;
+mod dbus_error;
 pub mod fixtures;
 pub mod host;
 pub mod images;
+pub mod logind;
 pub mod registry;
 pub mod rpmostreed;
+pub mod systemd;
 pub mod testbed;
 
-pub use testbed::{NODE_NAME, Options, Testbed};
+pub use testbed::{Backend, NODE_NAME, Options, Testbed};

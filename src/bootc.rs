@@ -1,0 +1,668 @@
+//! The bootc backend: for hosts where rpm-ostreed is not available (or config says
+//! `backend = "bootc"`).
+//!
+//! bootc has no D-Bus API and needs uid 0 with `CAP_SYS_ADMIN`, which the sandboxed daemon does
+//! not have. So every bootc command runs as a **transient systemd unit** started over systemd's
+//! D-Bus API (`StartTransientUnit`, then `JobRemoved`, then the unit's `Result`): `bootc status
+//! --format=json` with its stdout in a file of streamd's runtime directory, and `bootc switch
+//! --transport registry <image>`. Reboots go through logind's `Reboot`, after checking its
+//! inhibitors.
+//!
+//! bootc has no finalization lock: a staged deployment is applied by any reboot, planned or
+//! not. The agent must therefore call [`Client::switch`] only once the reboot is approved, and
+//! [`Client::reboot`] right after it. bootc cannot carry rpm-ostree package overrides either;
+//! [`refusal`] says which hosts cannot use this backend.
+//!
+//! Like [`crate::rpmostree`], this is an edge: replies become typed values and typed errors;
+//! no policy lives here.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use serde::Deserialize;
+use tracing::{debug, info, warn};
+use zbus::zvariant::{OwnedObjectPath, Value};
+
+use crate::hostfacts::KernelVariant;
+use crate::rpmostree::Deployment;
+
+/// How long `bootc status` may take.
+pub const STATUS_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long `bootc switch` may take (it pulls a whole OS image).
+pub const SWITCH_TIMEOUT: Duration = Duration::from_secs(3600);
+
+const ALREADY_SUBSCRIBED: &str = "org.freedesktop.systemd1.AlreadySubscribed";
+const UNIT_EXISTS: &str = "org.freedesktop.systemd1.UnitExists";
+const BLOCKED_BY_INHIBITOR: &str = "org.freedesktop.login1.BlockedByInhibitorLock";
+
+/// Errors the agent branches on.
+#[derive(Debug, thiserror::Error)]
+pub enum BootcError {
+    /// A D-Bus call to systemd, logind or the bus failed.
+    #[error("{service} call {call} failed: {message}")]
+    Call {
+        /// `systemd`, `logind` or `dbus`.
+        service: &'static str,
+        /// The method.
+        call: &'static str,
+        /// What D-Bus said.
+        message: String,
+    },
+    /// The bootc unit ran and failed.
+    #[error(
+        "bootc failed in unit {unit} (result {result}, exit status {status}); see `journalctl -u {unit}`"
+    )]
+    UnitFailed {
+        /// The transient unit.
+        unit: String,
+        /// Its `Result` (`exit-code`, `signal`, …) or the job's result.
+        result: String,
+        /// `ExecMainStatus`: the exit code, or the signal number.
+        status: i32,
+    },
+    /// The bootc unit did not finish in time; it is left running.
+    #[error("bootc unit {unit} did not finish within {secs} s; see `journalctl -u {unit}`")]
+    Timeout {
+        /// The transient unit.
+        unit: String,
+        /// The limit.
+        secs: u64,
+    },
+    /// `bootc status --format=json` printed something that is not the documented document.
+    #[error("unexpected bootc status output: {0}")]
+    Status(String),
+    /// The status output file could not be read.
+    #[error("reading bootc's status output {path}: {message}")]
+    Output {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+    /// A `block` inhibitor covers shutdown: the reboot must wait.
+    #[error("the reboot is blocked by an inhibitor lock held by {who}: {why}")]
+    Inhibited {
+        /// Who holds the lock.
+        who: String,
+        /// Its reason.
+        why: String,
+    },
+}
+
+impl BootcError {
+    /// Transient errors are retried with backoff instead of ending in `Degraded`.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            BootcError::Call { .. } | BootcError::Timeout { .. } | BootcError::Inhibited { .. }
+        )
+    }
+
+    fn call(service: &'static str, call: &'static str, e: zbus::Error) -> Self {
+        let message = match &e {
+            zbus::Error::MethodError(name, msg, _) => format!(
+                "{} ({})",
+                crate::protocol::one_line_reason(msg.as_deref().unwrap_or_default()),
+                name.as_str()
+            ),
+            other => other.to_string(),
+        };
+        BootcError::Call {
+            service,
+            call,
+            message,
+        }
+    }
+}
+
+fn error_name(e: &zbus::Error) -> Option<&str> {
+    match e {
+        zbus::Error::MethodError(name, _, _) => Some(name.as_str()),
+        _ => None,
+    }
+}
+
+#[zbus::proxy(
+    interface = "org.freedesktop.systemd1.Manager",
+    default_service = "org.freedesktop.systemd1",
+    default_path = "/org/freedesktop/systemd1"
+)]
+trait Manager {
+    fn start_transient_unit(
+        &self,
+        name: &str,
+        mode: &str,
+        properties: &[(&str, Value<'_>)],
+        aux: &[(&str, &[(&str, Value<'_>)])],
+    ) -> zbus::Result<OwnedObjectPath>;
+    fn subscribe(&self) -> zbus::Result<()>;
+    fn get_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+    #[zbus(signal)]
+    fn job_removed(
+        &self,
+        id: u32,
+        job: OwnedObjectPath,
+        unit: String,
+        result: String,
+    ) -> zbus::Result<()>;
+}
+
+#[zbus::proxy(
+    interface = "org.freedesktop.systemd1.Unit",
+    default_service = "org.freedesktop.systemd1"
+)]
+trait Unit {
+    fn unref(&self) -> zbus::Result<()>;
+}
+
+#[zbus::proxy(
+    interface = "org.freedesktop.systemd1.Service",
+    default_service = "org.freedesktop.systemd1"
+)]
+trait Service {
+    #[zbus(property)]
+    fn result(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn exec_main_status(&self) -> zbus::Result<i32>;
+}
+
+#[zbus::proxy(
+    interface = "org.freedesktop.login1.Manager",
+    default_service = "org.freedesktop.login1",
+    default_path = "/org/freedesktop/login1"
+)]
+trait Login {
+    #[allow(clippy::type_complexity)]
+    fn list_inhibitors(&self) -> zbus::Result<Vec<(String, String, String, String, u32, u32)>>;
+    fn reboot(&self, interactive: bool) -> zbus::Result<()>;
+}
+
+/// Whether rpm-ostreed can be reached: its name is owned or activatable. For `backend = "auto"`.
+pub async fn rpm_ostreed_available(conn: &zbus::Connection) -> Result<bool, BootcError> {
+    let call = |c: &'static str| move |e: zbus::Error| BootcError::call("dbus", c, e);
+    let dbus = zbus::fdo::DBusProxy::new(conn)
+        .await
+        .map_err(call("proxy"))?;
+    let name = zbus::names::BusName::try_from(crate::rpmostree::BUS_NAME)
+        .map_err(|e| call("NameHasOwner")(e.into()))?;
+    if dbus
+        .name_has_owner(name)
+        .await
+        .map_err(|e| call("NameHasOwner")(e.into()))?
+    {
+        return Ok(true);
+    }
+    let activatable = dbus
+        .list_activatable_names()
+        .await
+        .map_err(|e| call("ListActivatableNames")(e.into()))?;
+    Ok(activatable
+        .iter()
+        .any(|n| n.as_str() == crate::rpmostree::BUS_NAME))
+}
+
+/// What makes a host unable to use this backend for a rebase, as a reason for the `Refused`
+/// state: bootc replaces the origin with the bare image reference, so rpm-ostree package
+/// layering, overrides and a real-time or 64k kernel (package overrides too) would be lost.
+pub fn refusal(kernel: KernelVariant, booted: &Deployment) -> Option<String> {
+    const TAIL: &str = "bootc cannot carry package overrides; the target must be a variant image \
+                        that already contains them";
+    if kernel != KernelVariant::Default {
+        return Some(format!(
+            "the host runs the {} kernel, a package override; {TAIL}",
+            kernel.as_str()
+        ));
+    }
+    if booted.incompatible {
+        return Some(format!(
+            "the booted deployment has local rpm-ostree package changes; {TAIL}"
+        ));
+    }
+    let layered: Vec<&str> = booted
+        .added_packages()
+        .chain(booted.requested_base_removals.iter().map(String::as_str))
+        .collect();
+    if !layered.is_empty() {
+        return Some(format!(
+            "the booted deployment layers or overrides packages ({}); {TAIL}",
+            layered.join(", ")
+        ));
+    }
+    None
+}
+
+/// A connection to systemd and logind that runs bootc in transient units.
+#[derive(Debug, Clone)]
+pub struct Client {
+    conn: zbus::Connection,
+    bootc: PathBuf,
+    runtime_dir: PathBuf,
+    status_timeout: Duration,
+    switch_timeout: Duration,
+    /// Numbers the units of this process.
+    seq: Arc<AtomicU64>,
+}
+
+impl Client {
+    /// A client on `conn` (the system bus) running `bootc` (e.g. `/usr/bin/bootc`) and writing
+    /// status output below `runtime_dir` (streamd's runtime directory, which systemd can write).
+    pub fn new(
+        conn: zbus::Connection,
+        bootc: impl Into<PathBuf>,
+        runtime_dir: impl Into<PathBuf>,
+    ) -> Self {
+        Client {
+            conn,
+            bootc: bootc.into(),
+            runtime_dir: runtime_dir.into(),
+            status_timeout: STATUS_TIMEOUT,
+            switch_timeout: SWITCH_TIMEOUT,
+            seq: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Other limits for `status` and `switch` (defaults [`STATUS_TIMEOUT`], [`SWITCH_TIMEOUT`]).
+    pub fn with_timeouts(mut self, status: Duration, switch: Duration) -> Self {
+        self.status_timeout = status;
+        self.switch_timeout = switch;
+        self
+    }
+
+    /// Every deployment bootc reports, staged first, then booted, rollback and the others.
+    pub async fn deployments(&self) -> Result<Vec<Deployment>, BootcError> {
+        let n = self.next();
+        let output = self.runtime_dir.join(format!("bootc-status-{n}.json"));
+        let path = self.bootc.to_string_lossy().into_owned();
+        let argv = [path.as_str(), "status", "--format=json"];
+        let out = output.to_string_lossy().into_owned();
+        let run = self
+            .run_unit(
+                "status",
+                &argv,
+                &[("StandardOutputFileToTruncate", Value::from(out.as_str()))],
+                self.status_timeout,
+            )
+            .await;
+        let read = read_output(&output);
+        // The file is only a channel; a failed run's partial output goes too.
+        let _ = std::fs::remove_file(&output);
+        run?;
+        parse_status(&read?)
+    }
+
+    /// Stages `pullspec` with `bootc switch --transport registry <pullspec>`. Not locked: any
+    /// reboot applies it, so call this only once the reboot is approved.
+    pub async fn switch(&self, pullspec: &str) -> Result<(), BootcError> {
+        let path = self.bootc.to_string_lossy().into_owned();
+        let argv = [path.as_str(), "switch", "--transport", "registry", pullspec];
+        self.run_unit("switch", &argv, &[], self.switch_timeout)
+            .await
+    }
+
+    /// Reboots through logind, unless a `block` inhibitor covers shutdown ([`BootcError::Inhibited`]).
+    pub async fn reboot(&self) -> Result<(), BootcError> {
+        let login = LoginProxy::new(&self.conn)
+            .await
+            .map_err(|e| BootcError::call("logind", "proxy", e))?;
+        let inhibitors = login
+            .list_inhibitors()
+            .await
+            .map_err(|e| BootcError::call("logind", "ListInhibitors", e))?;
+        if let Some((_, who, why, _, _, _)) =
+            inhibitors.into_iter().find(|(what, _, _, mode, _, _)| {
+                mode == "block" && what.split(':').any(|w| w == "shutdown")
+            })
+        {
+            return Err(BootcError::Inhibited { who, why });
+        }
+        match login.reboot(false).await {
+            Ok(()) => {
+                info!("reboot requested through logind");
+                Ok(())
+            }
+            // An inhibitor taken between the two calls.
+            Err(e) if error_name(&e) == Some(BLOCKED_BY_INHIBITOR) => Err(BootcError::Inhibited {
+                who: "unknown".into(),
+                why: crate::protocol::one_line_reason(&e.to_string()),
+            }),
+            Err(e) => Err(BootcError::call("logind", "Reboot", e)),
+        }
+    }
+
+    fn next(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// Runs `argv` as a transient oneshot service and waits for its start job to end; an error
+    /// unless it exited 0.
+    async fn run_unit(
+        &self,
+        verb: &str,
+        argv: &[&str],
+        extra: &[(&str, Value<'_>)],
+        limit: Duration,
+    ) -> Result<(), BootcError> {
+        let call = |c: &'static str| move |e: zbus::Error| BootcError::call("systemd", c, e);
+        let manager = ManagerProxy::new(&self.conn).await.map_err(call("proxy"))?;
+        // The match rule exists before the unit does, so its JobRemoved cannot be missed.
+        let mut removed = manager
+            .receive_job_removed()
+            .await
+            .map_err(call("AddMatch"))?;
+        match manager.subscribe().await {
+            Ok(()) => {}
+            Err(e) if error_name(&e) == Some(ALREADY_SUBSCRIBED) => {}
+            Err(e) => return Err(call("Subscribe")(e)),
+        }
+        let exec: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+        let started = Instant::now();
+        let (unit, job) = loop {
+            let unit = format!(
+                "streamd-bootc-{verb}-{}-{}.service",
+                std::process::id(),
+                self.next()
+            );
+            let description = format!("streamd: bootc {verb}");
+            let mut props: Vec<(&str, Value<'_>)> = vec![
+                ("Description", Value::from(description.as_str())),
+                ("Type", Value::from("oneshot")),
+                (
+                    "ExecStart",
+                    Value::from(vec![(exec[0].clone(), exec.clone(), false)]),
+                ),
+                // Keep the unit loaded until its result is read, then let it go even if failed
+                // (the journal keeps its output).
+                ("AddRef", Value::from(true)),
+                ("CollectMode", Value::from("inactive-or-failed")),
+            ];
+            props.extend(extra.iter().map(|(k, v)| (*k, v.clone())));
+            match manager
+                .start_transient_unit(&unit, "fail", &props, &[])
+                .await
+            {
+                Ok(job) => break (unit, job),
+                // A unit of an earlier streamd with the same pid is still loaded.
+                Err(e) if error_name(&e) == Some(UNIT_EXISTS) => continue,
+                Err(e) => return Err(call("StartTransientUnit")(e)),
+            }
+        };
+        info!(unit = %unit, job = %job.as_str(), command = %argv.join(" "), "started bootc unit");
+        let waited = tokio::time::timeout(limit, async {
+            while let Some(signal) = removed.next().await {
+                let Ok(args) = signal.args() else { continue };
+                if args.job.as_str() == job.as_str() {
+                    return Some(args.result);
+                }
+            }
+            None
+        })
+        .await;
+        let job_result = match waited {
+            Err(_) => {
+                return Err(BootcError::Timeout {
+                    unit,
+                    secs: limit.as_secs(),
+                });
+            }
+            Ok(None) => {
+                return Err(BootcError::Call {
+                    service: "systemd",
+                    call: "JobRemoved",
+                    message: format!("the bus connection closed while {unit} ran"),
+                });
+            }
+            Ok(Some(r)) => r,
+        };
+        let (result, status) = self.unit_result(&unit).await;
+        let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        debug!(unit = %unit, job_result = %job_result, result = ?result, status = ?status, elapsed_ms, "bootc unit finished");
+        match (job_result.as_str(), result.as_deref()) {
+            ("done", Some("success") | None) => Ok(()),
+            (_, Some(r)) if r != "success" => Err(BootcError::UnitFailed {
+                unit,
+                result: r.to_string(),
+                status: status.unwrap_or(-1),
+            }),
+            (job, _) => Err(BootcError::UnitFailed {
+                unit,
+                result: job.to_string(),
+                status: status.unwrap_or(-1),
+            }),
+        }
+    }
+
+    /// The unit's `Result` and `ExecMainStatus`, then our reference goes; `None` when the
+    /// unit is already gone.
+    async fn unit_result(&self, unit: &str) -> (Option<String>, Option<i32>) {
+        let read = async {
+            let manager = ManagerProxy::new(&self.conn).await?;
+            let path = manager.get_unit(unit).await?;
+            let service = ServiceProxy::builder(&self.conn)
+                .path(path.clone())?
+                .cache_properties(zbus::proxy::CacheProperties::No)
+                .build()
+                .await?;
+            let result = service.result().await?;
+            let status = service.exec_main_status().await?;
+            let unit_proxy = UnitProxy::builder(&self.conn).path(path)?.build().await?;
+            if let Err(e) = unit_proxy.unref().await {
+                debug!(unit, error = %e, "unit reference not dropped");
+            }
+            Ok::<_, zbus::Error>((result, status))
+        };
+        match read.await {
+            Ok((r, s)) => (Some(r), Some(s)),
+            Err(e) => {
+                warn!(unit, error = %e, "could not read the unit's result");
+                (None, None)
+            }
+        }
+    }
+}
+
+fn read_output(path: &Path) -> Result<String, BootcError> {
+    std::fs::read_to_string(path).map_err(|e| BootcError::Output {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+/// `bootc status --format=json` (schema `org.containers.bootc/v1`, `BootcHost`).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Host {
+    api_version: String,
+    kind: String,
+    status: HostStatus,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct HostStatus {
+    staged: Option<BootEntry>,
+    booted: Option<BootEntry>,
+    rollback: Option<BootEntry>,
+    #[serde(default)]
+    other_deployments: Vec<BootEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BootEntry {
+    image: Option<ImageStatus>,
+    incompatible: bool,
+    pinned: bool,
+    #[serde(default)]
+    download_only: bool,
+    ostree: Option<BootEntryOstree>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ImageStatus {
+    image: ImageReference,
+    version: Option<String>,
+    image_digest: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ImageReference {
+    image: String,
+    transport: String,
+    signature: Option<Signature>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+enum Signature {
+    OstreeRemote(String),
+    ContainerPolicy,
+    Insecure,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BootEntryOstree {
+    stateroot: String,
+    checksum: String,
+    deploy_serial: u32,
+}
+
+impl ImageReference {
+    /// The ostree-ext image reference bootc writes into the origin, which rpm-ostree shows as
+    /// `container-image-reference`.
+    fn ostree_refspec(&self) -> String {
+        let registry = self.transport == "registry";
+        let imgref = if registry {
+            format!("docker://{}", self.image)
+        } else {
+            format!("{}:{}", self.transport, self.image)
+        };
+        match &self.signature {
+            None | Some(Signature::Insecure) if registry => {
+                format!("ostree-unverified-registry:{}", self.image)
+            }
+            None | Some(Signature::Insecure) => format!("ostree-unverified-image:{imgref}"),
+            Some(Signature::ContainerPolicy) => format!("ostree-image-signed:{imgref}"),
+            Some(Signature::OstreeRemote(r)) if registry => {
+                format!("ostree-remote-registry:{r}:{}", self.image)
+            }
+            Some(Signature::OstreeRemote(r)) => format!("ostree-remote-image:{r}:{imgref}"),
+        }
+    }
+}
+
+impl BootEntry {
+    fn to_deployment(&self, booted: bool, staged: bool) -> Result<Deployment, BootcError> {
+        let ostree = self.ostree.as_ref().ok_or_else(|| {
+            BootcError::Status(
+                "a deployment without ostree data (composefs-backed hosts are not supported)"
+                    .into(),
+            )
+        })?;
+        let serial = i32::try_from(ostree.deploy_serial).map_err(|_| {
+            BootcError::Status(format!(
+                "deploySerial {} is out of range",
+                ostree.deploy_serial
+            ))
+        })?;
+        Ok(Deployment {
+            id: format!("{}-{}.{}", ostree.stateroot, ostree.checksum, serial),
+            osname: ostree.stateroot.clone(),
+            serial,
+            checksum: ostree.checksum.clone(),
+            booted,
+            staged,
+            pinned: self.pinned,
+            finalization_locked: staged && self.download_only,
+            version: self.image.as_ref().and_then(|i| i.version.clone()),
+            container_image_reference: self.image.as_ref().map(|i| i.image.ostree_refspec()),
+            container_image_reference_digest: self.image.as_ref().map(|i| i.image_digest.clone()),
+            incompatible: self.incompatible,
+            ..Deployment::default()
+        })
+    }
+}
+
+/// Parses `bootc status --format=json` into deployments: staged, booted, rollback, others.
+pub fn parse_status(json: &str) -> Result<Vec<Deployment>, BootcError> {
+    let host: Host = serde_json::from_str(json)
+        .map_err(|e| BootcError::Status(format!("not a bootc host document: {e}")))?;
+    if host.kind != "BootcHost" || !host.api_version.starts_with("org.containers.bootc/") {
+        return Err(BootcError::Status(format!(
+            "kind {:?} of {:?}, expected BootcHost of org.containers.bootc",
+            host.kind, host.api_version
+        )));
+    }
+    let s = &host.status;
+    let mut out = Vec::new();
+    if let Some(e) = &s.staged {
+        out.push(e.to_deployment(false, true)?);
+    }
+    match &s.booted {
+        Some(e) => out.push(e.to_deployment(true, false)?),
+        None => {
+            return Err(BootcError::Status(
+                "the host is not booted through ostree (status.booted is null)".into(),
+            ));
+        }
+    }
+    for e in s.rollback.iter().chain(&s.other_deployments) {
+        out.push(e.to_deployment(false, false)?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refspecs_follow_ostree_ext() {
+        let r = |transport: &str, signature: Option<Signature>| ImageReference {
+            image: "q.io/a/b@sha256:00".into(),
+            transport: transport.into(),
+            signature,
+        };
+        let cases = [
+            (
+                r("registry", None),
+                "ostree-unverified-registry:q.io/a/b@sha256:00",
+            ),
+            (
+                r("registry", Some(Signature::Insecure)),
+                "ostree-unverified-registry:q.io/a/b@sha256:00",
+            ),
+            (
+                r("registry", Some(Signature::ContainerPolicy)),
+                "ostree-image-signed:docker://q.io/a/b@sha256:00",
+            ),
+            (
+                r("registry", Some(Signature::OstreeRemote("rh".into()))),
+                "ostree-remote-registry:rh:q.io/a/b@sha256:00",
+            ),
+            (
+                r("oci", None),
+                "ostree-unverified-image:oci:q.io/a/b@sha256:00",
+            ),
+            (
+                r("oci", Some(Signature::OstreeRemote("rh".into()))),
+                "ostree-remote-image:rh:oci:q.io/a/b@sha256:00",
+            ),
+        ];
+        for (reference, want) in cases {
+            assert_eq!(reference.ostree_refspec(), want);
+            if reference.transport == "registry" {
+                assert_eq!(
+                    crate::rpmostree::deployment::pullspec_of_refspec(want),
+                    Some("q.io/a/b@sha256:00"),
+                    "{want}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,611 @@
+//! Fake `bootc`: the program `DIR/bin/bootc`, a small shell script that hands its arguments to
+//! the testbed process over the private bus (with `dbus-send`), which runs the command against
+//! the testbed host and answers with the output and exit status the script then reproduces.
+//!
+//! Modelled: `bootc status --format=json` (the `org.containers.bootc/v1` `BootcHost` document of
+//! `../shared/reference/bootc.md`) and `bootc switch [--transport T]
+//! [--enforce-container-sigpolicy] [--retain] [--quiet] TARGET`, which stages through the fake
+//! rpm-ostreed's host model (one sysroot, one `state.json`) without a finalization lock. Both
+//! need uid 0, as the real commands do. Unknown commands and flags fail the way clap reports
+//! them (exit 2); real but unmodelled ones say so (exit 2).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use serde_json::{Value as Json, json};
+use tracing::info;
+use zbus::fdo::DBusProxy;
+use zbus::message::Header;
+use zbus::{Connection, interface};
+
+use crate::bus::Bus;
+use crate::rpmostreed::FakeRpmOstreed;
+use crate::rpmostreed::host::{Host, HostDeployment, ImageRef, SigVerify, StageError, Transport};
+
+/// The testbed-private name the script calls.
+pub const BUS_NAME: &str = "org.streamd.Testbed1.Bootc";
+const PATH: &str = "/org/streamd/Testbed1/Bootc";
+const INTERFACE: &str = "org.streamd.Testbed1.Bootc";
+/// How long the script waits for a reply (a staging takes seconds on the testbed).
+const REPLY_TIMEOUT_MS: u32 = 600_000;
+
+/// What one command printed and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Outcome {
+    stdout: String,
+    stderr: String,
+    code: i32,
+}
+
+impl Outcome {
+    fn ok(stdout: impl Into<String>) -> Self {
+        Outcome {
+            stdout: stdout.into(),
+            stderr: String::new(),
+            code: 0,
+        }
+    }
+
+    /// bootc's own errors: `error: <context chain>` and exit 1.
+    fn error(chain: impl std::fmt::Display) -> Self {
+        Outcome {
+            stdout: String::new(),
+            stderr: format!("error: {chain}\n"),
+            code: 1,
+        }
+    }
+
+    /// A command-line error as clap prints it (exit 2).
+    fn usage(message: &str, usage: &str) -> Self {
+        Outcome {
+            stdout: String::new(),
+            stderr: format!(
+                "error: {message}\n\nUsage: {usage}\n\nFor more information, try '--help'.\n"
+            ),
+            code: 2,
+        }
+    }
+
+    /// A real command or flag the fake does not model.
+    fn unmodelled(what: &str) -> Self {
+        Outcome {
+            stdout: String::new(),
+            stderr: format!("error: testbed: {what} is not modelled by the fake bootc\n"),
+            code: 2,
+        }
+    }
+
+    /// Shell code that reproduces the outcome.
+    fn to_shell(&self) -> String {
+        format!(
+            "printf '%s' {}; printf '%s' {} >&2; exit {}\n",
+            shell_quote(&self.stdout),
+            shell_quote(&self.stderr),
+            self.code
+        )
+    }
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Decodes the script's arguments: each one as a netstring (`<bytes>:<arg>,`).
+fn decode_args(mut s: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    while !s.is_empty() {
+        let (len, rest) = s
+            .split_once(':')
+            .ok_or_else(|| "malformed argument list".to_string())?;
+        let len: usize = len
+            .parse()
+            .map_err(|_| "malformed argument length".to_string())?;
+        let arg = rest
+            .get(..len)
+            .ok_or_else(|| "argument shorter than its length".to_string())?;
+        s = rest[len..]
+            .strip_prefix(',')
+            .ok_or_else(|| "argument not terminated".to_string())?;
+        out.push(arg.to_string());
+    }
+    Ok(out)
+}
+
+/// Lets any user call the fake (the script runs as its caller).
+const POLICY: &str = r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <policy context="default">
+    <allow send_destination="org.streamd.Testbed1.Bootc"/>
+  </policy>
+</busconfig>
+"#;
+
+/// The script the testbed writes to `DIR/bin/bootc`.
+fn script(bus_address: &str) -> String {
+    format!(
+        r#"#!/bin/sh
+# The testbed's fake bootc (written by the testbed; see docs/testbed.md). It hands its arguments
+# to the testbed over the private bus and reproduces the output and exit status it gets back.
+LC_ALL=C
+export LC_ALL
+args=
+for a in "$@"; do
+    args="$args${{#a}}:$a,"
+done
+reply=$(dbus-send --bus={bus} --print-reply=literal --reply-timeout={timeout} \
+    --dest={name} {path} {iface}.Run string:"$args") || {{
+    echo "error: the testbed behind this fake bootc is not reachable" >&2
+    exit 1
+}}
+eval "$reply"
+"#,
+        bus = shell_quote(bus_address),
+        timeout = REPLY_TIMEOUT_MS,
+        name = BUS_NAME,
+        path = PATH,
+        iface = INTERFACE,
+    )
+}
+
+/// A running fake bootc: its bus object and the script.
+pub struct FakeBootc {
+    conn: Connection,
+    program: PathBuf,
+}
+
+impl FakeBootc {
+    /// Owns [`BUS_NAME`] on `bus` and writes the script to `program` (mode 0755); commands
+    /// act on `host`'s model. A bus policy lets every user call it, so that bootc's own root
+    /// check is what refuses other users.
+    pub async fn start(
+        bus: &Bus,
+        host: &FakeRpmOstreed,
+        program: &Path,
+    ) -> anyhow::Result<FakeBootc> {
+        let policy = bus.policy_dir().join("testbed-bootc.conf");
+        std::fs::write(&policy, POLICY).with_context(|| format!("writing {}", policy.display()))?;
+        bus.reload()?;
+        let bus_address = bus.address();
+        let conn = zbus::connection::Builder::address(bus_address)?
+            .serve_at(PATH, BootcIface { host: host.host() })?
+            .name(BUS_NAME)?
+            .build()
+            .await
+            .with_context(|| format!("connecting to {bus_address} as {BUS_NAME}"))?;
+        if let Some(dir) = program.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        std::fs::write(program, script(bus_address))
+            .with_context(|| format!("writing {}", program.display()))?;
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(program, std::fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("making {} executable", program.display()))?;
+        info!(program = %program.display(), "fake bootc is ready");
+        Ok(FakeBootc {
+            conn,
+            program: program.to_path_buf(),
+        })
+    }
+
+    /// The script's path.
+    pub fn program(&self) -> &Path {
+        &self.program
+    }
+}
+
+impl Drop for FakeBootc {
+    fn drop(&mut self) {
+        let conn = self.conn.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = conn.close().await;
+            });
+        }
+    }
+}
+
+struct BootcIface {
+    host: Host,
+}
+
+#[interface(name = "org.streamd.Testbed1.Bootc")]
+impl BootcIface {
+    /// Runs one command line (netstring-encoded arguments) and returns shell code that prints
+    /// its output and exits with its status.
+    async fn run(
+        &self,
+        args: String,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> String {
+        let outcome = match decode_args(&args) {
+            Ok(argv) => {
+                let uid = caller_uid(conn, &hdr).await;
+                self.dispatch(&argv, uid).await
+            }
+            Err(e) => Outcome::error(format!("testbed: {e}")),
+        };
+        outcome.to_shell()
+    }
+}
+
+async fn caller_uid(conn: &Connection, hdr: &Header<'_>) -> Option<u32> {
+    let sender = hdr.sender()?.to_owned();
+    let proxy = DBusProxy::new(conn).await.ok()?;
+    proxy.get_connection_unix_user(sender.into()).await.ok()
+}
+
+const KNOWN_COMMANDS: [&str; 12] = [
+    "upgrade",
+    "switch",
+    "rollback",
+    "edit",
+    "status",
+    "usr-overlay",
+    "install",
+    "container",
+    "image",
+    "state",
+    "internals",
+    "help",
+];
+
+impl BootcIface {
+    async fn dispatch(&self, argv: &[String], uid: Option<u32>) -> Outcome {
+        let Some(command) = argv.first() else {
+            return Outcome::usage(
+                "'bootc' requires a subcommand but one was not provided",
+                "bootc <COMMAND>",
+            );
+        };
+        let rest = &argv[1..];
+        let context = match command.as_str() {
+            "status" => "Status",
+            "switch" => "Switching",
+            "--version" | "-V" => return Outcome::ok("bootc 1.16.9\n"),
+            other if KNOWN_COMMANDS.contains(&other) || other.starts_with('-') => {
+                return Outcome::unmodelled(&format!("`bootc {other}`"));
+            }
+            other => {
+                return Outcome::usage(
+                    &format!("unrecognized subcommand '{other}'"),
+                    "bootc <COMMAND>",
+                );
+            }
+        };
+        // prepare_for_write() → require_root(): uid 0 (and CAP_SYS_ADMIN).
+        if uid != Some(0) {
+            return Outcome::error(format!(
+                "{context}: Preparing for write: Querying root privilege: This command must be \
+                 executed as the root user"
+            ));
+        }
+        match command.as_str() {
+            "status" => self.status(rest),
+            _ => self.switch(rest).await,
+        }
+    }
+
+    fn status(&self, args: &[String]) -> Outcome {
+        const USAGE: &str = "bootc status [OPTIONS]";
+        let mut format = None;
+        let mut booted_only = false;
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            let (flag, inline) = match a.split_once('=') {
+                Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+                _ => (a.as_str(), None),
+            };
+            match flag {
+                "--format" => match inline.or_else(|| it.next().cloned()) {
+                    Some(v) => format = Some(v),
+                    None => {
+                        return Outcome::usage(
+                            "a value is required for '--format <FORMAT>' but none was supplied",
+                            USAGE,
+                        );
+                    }
+                },
+                "--json" => format = Some("json".into()),
+                "--format-version" => {
+                    let v = inline.or_else(|| it.next().cloned()).unwrap_or_default();
+                    if v != "0" && v != "1" {
+                        return Outcome::error(format!("Status: Unsupported format version: {v}"));
+                    }
+                }
+                "--booted" => booted_only = true,
+                "-v" | "--verbose" => {}
+                other => {
+                    return Outcome::usage(&format!("unexpected argument '{other}' found"), USAGE);
+                }
+            }
+        }
+        match format.as_deref() {
+            Some("json") => {}
+            Some(f @ ("yaml" | "humanreadable")) => {
+                return Outcome::unmodelled(&format!("`bootc status --format={f}`"));
+            }
+            // Without --format, stdout is not a terminal here, and bootc prints YAML.
+            None => return Outcome::unmodelled("`bootc status` without --format=json (YAML)"),
+            Some(other) => {
+                return Outcome::usage(
+                    &format!(
+                        "invalid value '{other}' for '--format <FORMAT>'\n  [possible values: \
+                         humanreadable, yaml, json]"
+                    ),
+                    USAGE,
+                );
+            }
+        }
+        let read = self
+            .host
+            .deployments()
+            .and_then(|deps| Ok((deps, self.host.arch()?)));
+        match read {
+            Ok((deps, arch)) => {
+                let doc = host_document(&deps, &arch, booted_only);
+                Outcome::ok(format!("{doc}\n"))
+            }
+            Err(e) => Outcome::error(format!("Status: {e}")),
+        }
+    }
+
+    async fn switch(&self, args: &[String]) -> Outcome {
+        const USAGE: &str = "bootc switch [OPTIONS] <TARGET>";
+        let mut transport = "registry".to_string();
+        let mut signed = false;
+        let mut target = None;
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            let (flag, inline) = match a.split_once('=') {
+                Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+                _ => (a.as_str(), None),
+            };
+            match flag {
+                "--transport" => match inline.or_else(|| it.next().cloned()) {
+                    Some(t) => transport = t,
+                    None => {
+                        return Outcome::usage(
+                            "a value is required for '--transport <TRANSPORT>' but none was \
+                             supplied",
+                            USAGE,
+                        );
+                    }
+                },
+                "--enforce-container-sigpolicy" => signed = true,
+                // Accepted and without effect here: no ostree refspec origin to prune, no
+                // progress bars to hide, and the deprecated no-op.
+                "--retain" | "--quiet" | "--no-signature-verification" => {}
+                "--apply"
+                | "--soft-reboot"
+                | "--mutate-in-place"
+                | "--progress-fd"
+                | "--experimental-unified-storage" => {
+                    return Outcome::unmodelled(&format!("`bootc switch {flag}`"));
+                }
+                f if f.starts_with('-') && f.len() > 1 => {
+                    return Outcome::usage(&format!("unexpected argument '{f}' found"), USAGE);
+                }
+                _ if target.is_some() => {
+                    return Outcome::usage(&format!("unexpected argument '{a}' found"), USAGE);
+                }
+                _ => target = Some(a.clone()),
+            }
+        }
+        let Some(target) = target else {
+            return Outcome::usage(
+                "the following required arguments were not provided:\n  <TARGET>",
+                "bootc switch <TARGET>",
+            );
+        };
+        let Some(transport) = Transport::parse(&transport) else {
+            return Outcome::error(format!("Switching: Unknown transport '{transport}'"));
+        };
+        let wanted = ImageRef {
+            sig: if signed {
+                SigVerify::Signed
+            } else {
+                SigVerify::Unverified
+            },
+            transport,
+            name: target,
+        };
+        let deps = match self.host.deployments() {
+            Ok(d) => d,
+            Err(e) => return Outcome::error(format!("Switching: {e}")),
+        };
+        if spec_image(&deps).as_ref() == Some(&wanted) {
+            return Outcome::ok("Image specification is unchanged.\n");
+        }
+        match self.host.stage_unlocked(&wanted.to_string()).await {
+            Ok(staged) => Outcome::ok(format!(
+                "Queued for next boot: {}\n  Version: {}\n  Digest: {}\n",
+                spec_display(&wanted),
+                staged.version,
+                staged.digest
+            )),
+            Err(StageError::Pull(e)) => Outcome::error(format!("Switching: Pulling: {e}")),
+            Err(StageError::Deploy(e)) => Outcome::error(format!("Switching: Staging: {e}")),
+        }
+    }
+}
+
+/// The image reference a deployment's origin names, when bootc can represent it (a container
+/// origin without rpm-ostree layering).
+fn image_of(d: &HostDeployment) -> Option<ImageRef> {
+    if d.layered {
+        return None;
+    }
+    ImageRef::parse(&d.refspec)
+}
+
+/// `spec.image`: the staged image, else the booted one.
+fn spec_image(deps: &[HostDeployment]) -> Option<ImageRef> {
+    deps.iter()
+        .find(|d| d.staged)
+        .or_else(|| deps.iter().find(|d| d.booted))
+        .and_then(image_of)
+}
+
+/// bootc's `Display` of an `ImageReference`: the bare name for an unverified registry image,
+/// else the ostree image reference.
+fn spec_display(r: &ImageRef) -> String {
+    match (&r.sig, r.transport) {
+        (SigVerify::Unverified, Transport::Registry) => r.name.clone(),
+        _ => r.to_string(),
+    }
+}
+
+/// `ImageReference` as JSON: `signature` is omitted for an unverified image.
+fn image_reference_json(r: &ImageRef) -> Json {
+    let mut v = json!({ "image": r.name, "transport": r.transport.as_str() });
+    match &r.sig {
+        SigVerify::Unverified => {}
+        SigVerify::Signed => v["signature"] = json!("containerPolicy"),
+        SigVerify::Remote(remote) => v["signature"] = json!({ "ostreeRemote": remote }),
+    }
+    v
+}
+
+/// The OCI architecture name of an RPM architecture.
+fn oci_arch(rpm_arch: &str) -> &str {
+    match rpm_arch {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// RFC 3339 UTC time of `secs` since the epoch.
+fn rfc3339(secs: u64) -> String {
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn boot_entry(d: &HostDeployment, arch: &str) -> Json {
+    let image = image_of(d).map(|r| {
+        json!({
+            "image": image_reference_json(&r),
+            "version": d.version,
+            "timestamp": rfc3339(d.timestamp),
+            "imageDigest": d.digest,
+            "architecture": oci_arch(arch),
+        })
+    });
+    json!({
+        "image": image,
+        "cachedUpdate": null,
+        "incompatible": d.layered,
+        "pinned": d.pinned,
+        "softRebootCapable": false,
+        "downloadOnly": d.staged && d.finalization_locked,
+        "store": "ostreeContainer",
+        "ostree": {
+            "stateroot": d.osname,
+            "checksum": d.checksum,
+            "deploySerial": d.serial,
+        },
+        "composefs": null,
+    })
+}
+
+/// The `BootcHost` document `bootc status --format=json` prints.
+fn host_document(deps: &[HostDeployment], arch: &str, booted_only: bool) -> Json {
+    let booted_at = deps.iter().position(|d| d.booted);
+    let booted = booted_at.map(|i| &deps[i]);
+    let staged = deps.iter().find(|d| d.staged).filter(|_| !booted_only);
+    let rollback = booted_at
+        .and_then(|b| {
+            deps.iter()
+                .skip(b + 1)
+                .find(|d| Some(&d.osname) == booted.map(|x| &x.osname))
+        })
+        .filter(|_| !booted_only);
+    let booted_entry = booted.map(|d| boot_entry(d, arch));
+    let booted_has_image = booted.and_then(image_of).is_some();
+    let mut status = json!({
+        "staged": staged.map(|d| boot_entry(d, arch)),
+        "booted": booted_entry,
+        "rollback": rollback.map(|d| boot_entry(d, arch)),
+        "rollbackQueued": false,
+        "type": if booted_has_image { json!("bootcHost") } else { Json::Null },
+        "usrOverlay": null,
+        "readOnly": false,
+    });
+    let listed = [staged, booted, rollback];
+    let others: Vec<Json> = deps
+        .iter()
+        .filter(|d| {
+            !booted_only
+                && !listed
+                    .iter()
+                    .any(|l| l.is_some_and(|l| std::ptr::eq(l, *d)))
+        })
+        .map(|d| boot_entry(d, arch))
+        .collect();
+    if !others.is_empty() {
+        status["otherDeployments"] = Json::Array(others);
+    }
+    json!({
+        "apiVersion": "org.containers.bootc/v1",
+        "kind": "BootcHost",
+        "metadata": { "name": "host" },
+        "spec": {
+            "image": spec_image(deps).map(|r| image_reference_json(&r)),
+            "bootOrder": "default",
+        },
+        "status": status,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_round_trip_through_netstrings() {
+        let args = ["switch", "a,b:c", "", "ünï"];
+        let encoded: String = args.iter().map(|a| format!("{}:{a},", a.len())).collect();
+        assert_eq!(decode_args(&encoded).expect("decode"), args);
+        for bad in ["3:ab,", "x:ab,", "2:abc", "2"] {
+            assert!(decode_args(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_793_491_200), "2026-11-01T00:00:00Z");
+        assert_eq!(rfc3339(951_827_696), "2000-02-29T12:34:56Z");
+    }
+
+    #[test]
+    fn shell_reply_quotes_everything() {
+        let o = Outcome {
+            stdout: "it's $HOME `x`\n".into(),
+            stderr: String::new(),
+            code: 3,
+        };
+        assert_eq!(
+            o.to_shell(),
+            "printf '%s' 'it'\\''s $HOME `x`\n'; printf '%s' '' >&2; exit 3\n"
+        );
+    }
+}

@@ -1,0 +1,378 @@
+//! The bootc backend (`streamd::bootc`) against the testbed on a bootc host: bootc runs in
+//! transient units of the fake systemd, the fake bootc stages on the real ostree sysroot, and
+//! reboots go through the fake logind.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use streamd::bootc::{BootcError, Client, parse_status, refusal, rpm_ostreed_available};
+use streamd::hostfacts::KernelVariant;
+use streamd::rpmostree::Deployment;
+use testbed::{Backend, Options, Testbed};
+
+/// A bootc testbed on `host`, a bus connection and a client; the directory goes on drop.
+struct Env {
+    tb: Testbed,
+    client: Client,
+    conn: zbus::Connection,
+    dir: PathBuf,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Env {
+    async fn new(name: &str, host: &str) -> Env {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("bootc-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let tb = Testbed::start(Options {
+            host: host.into(),
+            backend: Backend::Bootc,
+            ..Options::new(dir.clone())
+        })
+        .await
+        .expect("testbed starts");
+        let conn = zbus::connection::Builder::address(tb.bus().address())
+            .expect("bus address")
+            .build()
+            .await
+            .expect("connect to the bus");
+        let client = Client::new(conn.clone(), &tb.env()["TESTBED_BOOTC"], dir.join("run"));
+        Env {
+            tb,
+            client,
+            conn,
+            dir,
+        }
+    }
+
+    async fn ctl(&self, cmd: serde_json::Value) -> serde_json::Value {
+        self.tb.control(&cmd).await.expect("control command")
+    }
+}
+
+fn ms(d: Duration) -> u128 {
+    d.as_millis()
+}
+
+#[tokio::test]
+async fn switch_stages_and_reboot_is_recorded() {
+    let env = Env::new("happy", "default").await;
+    assert!(
+        !rpm_ostreed_available(&env.conn).await.expect("detect"),
+        "a bootc host has no rpm-ostreed"
+    );
+    let rhel9 = &env.tb.images()[0];
+    let rhel10 = &env.tb.images()[1];
+
+    let t = Instant::now();
+    let before = env.client.deployments().await.expect("status");
+    println!(
+        "bootc status through a transient unit: {} ms",
+        ms(t.elapsed())
+    );
+    assert_eq!(before.len(), 1);
+    let booted = &before[0];
+    assert!(booted.booted && !booted.staged && !booted.incompatible);
+    assert_eq!(booted.pullspec(), Some(rhel9.pullspec.as_str()));
+    assert_eq!(
+        booted.container_image_reference.as_deref(),
+        Some(format!("ostree-unverified-registry:{}", rhel9.pullspec).as_str())
+    );
+    assert!(booted.carries_digest(&rhel9.digest));
+    assert_eq!(booted.id, format!("rhcos-{}.0", booted.checksum));
+    assert_eq!(refusal(KernelVariant::Default, booted), None);
+    // The status file was only a channel.
+    let leftovers: Vec<_> = std::fs::read_dir(env.dir.join("run"))
+        .expect("run dir")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("bootc-status"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+
+    let t = Instant::now();
+    env.client.switch(&rhel10.pullspec).await.expect("switch");
+    println!(
+        "bootc switch through a transient unit: {} ms",
+        ms(t.elapsed())
+    );
+    let after = env.client.deployments().await.expect("status after switch");
+    assert_eq!(after.len(), 2, "{after:#?}");
+    let staged = &after[0];
+    assert!(staged.staged && !staged.booted);
+    assert!(
+        !staged.finalization_locked,
+        "bootc has no finalization lock"
+    );
+    assert!(staged.carries_digest(&rhel10.digest));
+    assert_eq!(staged.pullspec(), Some(rhel10.pullspec.as_str()));
+    assert_ne!(staged.checksum, after[1].checksum);
+    assert!(after[1].booted);
+
+    // The unit ran the configured bootc with the documented arguments, in a oneshot unit.
+    let units = env.ctl(json!({"target": "systemd", "cmd": "units"})).await;
+    let switch = units
+        .as_array()
+        .expect("units")
+        .iter()
+        .find(|u| u["unit"].as_str().is_some_and(|n| n.contains("-switch-")))
+        .expect("a switch unit");
+    assert_eq!(switch["spec"]["service_type"], "oneshot");
+    assert_eq!(
+        switch["spec"]["exec_start"][0][1],
+        json!([
+            env.tb.env()["TESTBED_BOOTC"],
+            "switch",
+            "--transport",
+            "registry",
+            rhel10.pullspec
+        ])
+    );
+    assert_eq!(switch["job_result"], "done");
+    assert!(
+        switch["journal"]
+            .as_str()
+            .is_some_and(|j| j.contains(&format!("Digest: {}", rhel10.digest))),
+        "{switch}"
+    );
+    // Collected after the result was read: nothing stays loaded.
+    assert_eq!(
+        env.ctl(json!({"target": "systemd", "cmd": "loaded"})).await,
+        json!([])
+    );
+
+    // An inhibitor blocks the reboot with who and why; releasing it lets the reboot through.
+    env.ctl(
+        json!({"target": "logind", "cmd": "inhibit", "what": "sleep:shutdown",
+                   "who": "etcd-backup", "why": "backup running", "mode": "block"}),
+    )
+    .await;
+    match env.client.reboot().await {
+        Err(BootcError::Inhibited { who, why }) => {
+            assert_eq!(
+                (who.as_str(), why.as_str()),
+                ("etcd-backup", "backup running")
+            );
+        }
+        other => panic!("expected Inhibited, got {other:?}"),
+    }
+    assert_eq!(
+        env.ctl(json!({"target": "logind", "cmd": "reboots"})).await,
+        0
+    );
+    env.ctl(json!({"target": "logind", "cmd": "release", "who": "etcd-backup"}))
+        .await;
+    // A delay inhibitor does not block.
+    env.ctl(
+        json!({"target": "logind", "cmd": "inhibit", "what": "shutdown",
+                   "who": "kubelet", "why": "drain", "mode": "delay"}),
+    )
+    .await;
+    env.client.reboot().await.expect("reboot");
+    assert_eq!(
+        env.ctl(json!({"target": "logind", "cmd": "reboots"})).await,
+        1
+    );
+    let state: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(env.dir.join("rpmostreed/state.json")).expect("state.json"),
+    )
+    .expect("json");
+    assert_eq!(state["reboot_requested"], true);
+}
+
+#[tokio::test]
+async fn failing_units_name_the_unit() {
+    let env = Env::new("fail", "default").await;
+    let missing = format!(
+        "{}/openshift/rhcos@sha256:{}",
+        env.tb.registry().host(),
+        "0".repeat(64)
+    );
+    match env.client.switch(&missing).await {
+        Err(e @ BootcError::UnitFailed { .. }) => {
+            let BootcError::UnitFailed {
+                unit,
+                result,
+                status,
+            } = &e
+            else {
+                unreachable!()
+            };
+            assert!(unit.starts_with("streamd-bootc-switch-"), "{unit}");
+            assert_eq!((result.as_str(), *status), ("exit-code", 1));
+            assert!(
+                e.to_string().contains(&format!("journalctl -u {unit}")),
+                "{e}"
+            );
+            assert!(!e.is_transient());
+        }
+        other => panic!("expected UnitFailed, got {other:?}"),
+    }
+    let units = env.ctl(json!({"target": "systemd", "cmd": "units"})).await;
+    let journal = units[0]["journal"].as_str().unwrap_or_default().to_string();
+    assert!(journal.contains("manifest unknown"), "{journal}");
+    // Nothing was staged.
+    assert_eq!(env.client.deployments().await.expect("status").len(), 1);
+
+    // A bootc that does not exist: systemd's exec failure (203/EXEC), and no output to parse.
+    let absent = Client::new(
+        env.conn.clone(),
+        env.dir.join("no-such-bootc"),
+        env.dir.join("run"),
+    );
+    match absent.deployments().await {
+        Err(BootcError::UnitFailed { result, status, .. }) => {
+            assert_eq!((result.as_str(), status), ("exit-code", 203));
+        }
+        other => panic!("expected UnitFailed, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn layered_host_is_incompatible_and_refused() {
+    let env = Env::new("layered", "layered").await;
+    let deps = env.client.deployments().await.expect("status");
+    let booted = deps.iter().find(|d| d.booted).expect("booted");
+    assert!(booted.incompatible, "{booted:#?}");
+    assert_eq!(
+        booted.container_image_reference, None,
+        "bootc hides the image"
+    );
+    let reason = refusal(KernelVariant::Default, booted).expect("refused");
+    assert!(
+        reason.contains("bootc cannot carry package overrides"),
+        "{reason}"
+    );
+    assert!(reason.contains("variant image"), "{reason}");
+}
+
+fn host_json(booted: serde_json::Value) -> String {
+    json!({
+        "apiVersion": "org.containers.bootc/v1", "kind": "BootcHost",
+        "metadata": {"name": "host"},
+        "spec": {"image": null, "bootOrder": "default"},
+        "status": {"staged": null, "booted": booted, "rollback": null, "rollbackQueued": false,
+                   "type": null, "usrOverlay": null, "readOnly": false}
+    })
+    .to_string()
+}
+
+fn entry() -> serde_json::Value {
+    json!({
+        "image": {"image": {"image": "q.io/x/os@sha256:aa", "transport": "registry",
+                            "signature": "containerPolicy"},
+                  "version": "10.1", "timestamp": null, "architecture": "amd64",
+                  "imageDigest": "sha256:bb"},
+        "cachedUpdate": null, "incompatible": false, "pinned": true, "softRebootCapable": false,
+        "downloadOnly": false, "store": "ostreeContainer",
+        "ostree": {"stateroot": "rhcos", "checksum": "c0ffee", "deploySerial": 2},
+        "composefs": null
+    })
+}
+
+#[test]
+fn status_documents_parse_and_malformed_ones_are_errors() {
+    let deps = parse_status(&host_json(entry())).expect("parse");
+    assert_eq!(deps.len(), 1);
+    let d = &deps[0];
+    assert_eq!(d.id, "rhcos-c0ffee.2");
+    assert!(d.booted && d.pinned && !d.staged);
+    assert_eq!(
+        d.container_image_reference.as_deref(),
+        Some("ostree-image-signed:docker://q.io/x/os@sha256:aa")
+    );
+    assert_eq!(d.pullspec(), Some("q.io/x/os@sha256:aa"));
+    assert_eq!(d.image_digest(), Some("sha256:bb"));
+    assert_eq!(d.version.as_deref(), Some("10.1"));
+
+    let mut remote = entry();
+    remote["image"]["image"]["signature"] = json!({"ostreeRemote": "rhel"});
+    let d = &parse_status(&host_json(remote)).expect("remote")[0];
+    assert_eq!(
+        d.container_image_reference.as_deref(),
+        Some("ostree-remote-registry:rhel:q.io/x/os@sha256:aa")
+    );
+
+    let mut serial = entry();
+    serial["ostree"]["deploySerial"] = json!(u64::from(u32::MAX));
+    let mut composefs = entry();
+    composefs["ostree"] = json!(null);
+    let mut wrong_type = entry();
+    wrong_type["incompatible"] = json!("no");
+    let cases = [
+        ("{not json".to_string(), "not a bootc host document"),
+        (String::new(), "not a bootc host document"),
+        (
+            r#"{"apiVersion":"v1","kind":"Pod","status":{}}"#.to_string(),
+            "expected BootcHost",
+        ),
+        (
+            host_json(entry()).replace("BootcHost", "Pod"),
+            "expected BootcHost",
+        ),
+        (host_json(json!(null)), "not booted through ostree"),
+        (host_json(serial), "out of range"),
+        (host_json(composefs), "composefs"),
+        (host_json(wrong_type), "not a bootc host document"),
+    ];
+    for (text, want) in cases {
+        match parse_status(&text) {
+            Err(e @ BootcError::Status(_)) => {
+                assert!(e.to_string().contains(want), "{text}: {e}");
+            }
+            other => panic!("{text}: expected a status error, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn refusal_table() {
+    let plain = Deployment::default();
+    let incompatible = Deployment {
+        incompatible: true,
+        ..Deployment::default()
+    };
+    let layered = Deployment {
+        requested_packages: vec!["usbguard".into()],
+        ..Deployment::default()
+    };
+    let overridden = Deployment {
+        requested_base_removals: vec!["kernel".into()],
+        ..Deployment::default()
+    };
+    let cases = [
+        (KernelVariant::Default, &plain, None),
+        (KernelVariant::Realtime, &plain, Some("realtime kernel")),
+        (KernelVariant::SixtyFourK, &plain, Some("64k-pages kernel")),
+        (
+            KernelVariant::Default,
+            &incompatible,
+            Some("local rpm-ostree package changes"),
+        ),
+        (KernelVariant::Default, &layered, Some("(usbguard)")),
+        (KernelVariant::Default, &overridden, Some("(kernel)")),
+    ];
+    for (kernel, dep, want) in cases {
+        let got = refusal(kernel, dep);
+        match (want, &got) {
+            (None, None) => {}
+            (Some(w), Some(reason)) => {
+                assert!(reason.contains(w), "{reason}");
+                assert!(
+                    reason.contains("bootc cannot carry package overrides"),
+                    "{reason}"
+                );
+                assert!(
+                    reason.contains("the target must be a variant image"),
+                    "{reason}"
+                );
+            }
+            _ => panic!("{kernel:?} {dep:?}: got {got:?}, want {want:?}"),
+        }
+    }
+}
