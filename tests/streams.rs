@@ -34,6 +34,20 @@ async fn next_catalog(
     }
 }
 
+/// `kubectl` arguments that merge-patch the OSImageStream's status subresource (as the
+/// machine-config operator writes it).
+fn status_patch(patch: &str) -> [&str; 7] {
+    [
+        "patch",
+        "osimagestream",
+        "cluster",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        patch,
+    ]
+}
+
 fn stream_only(name: &str) -> Inputs {
     Inputs {
         stream: Some(name.into()),
@@ -96,18 +110,7 @@ async fn watch_resolves_follows_a_digest_change_and_sees_deletion() {
     };
     let patch = catalog_json(&retarget);
     let since = Instant::now();
-    kubectl_ok(
-        &env,
-        &[
-            "patch",
-            "osimagestream",
-            "cluster",
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &patch,
-        ],
-    );
+    kubectl_ok(&env, &status_patch(&patch));
     let catalog = next_catalog(&mut updates, since).await;
     let resolved = streams::resolve(&stream_only("rhel-10"), Some(&catalog)).expect("resolves");
     assert_eq!(resolved.os_image, Some(retarget));
@@ -120,18 +123,7 @@ async fn watch_resolves_follows_a_digest_change_and_sees_deletion() {
         .await;
     let again = format!("{repo}@sha256:{}", "d".repeat(64));
     let since = Instant::now();
-    kubectl_ok(
-        &env,
-        &[
-            "patch",
-            "osimagestream",
-            "cluster",
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &catalog_json(&again),
-        ],
-    );
+    kubectl_ok(&env, &status_patch(&catalog_json(&again)));
     let catalog = next_catalog(&mut updates, since).await;
     let resolved = streams::resolve(&stream_only("rhel-10"), Some(&catalog)).expect("resolves");
     assert_eq!(resolved.os_image, Some(again));
@@ -166,18 +158,7 @@ async fn watch_resolves_follows_a_digest_change_and_sees_deletion() {
     let mut status: serde_json::Value = serde_json::from_str(&status).expect("json");
     status["status"]["defaultStream"] = json!("rhel-9");
     let since = Instant::now();
-    kubectl_ok(
-        &env,
-        &[
-            "patch",
-            "osimagestream",
-            "cluster",
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &status.to_string(),
-        ],
-    );
+    kubectl_ok(&env, &status_patch(&status.to_string()));
     let catalog = next_catalog(&mut updates, since).await;
     let resolved = streams::resolve(&stream_only("rhel-10"), Some(&catalog)).expect("resolves");
     assert_eq!(resolved.os_image, Some(rhel10));

@@ -533,10 +533,10 @@ impl Shared {
         let child = tokio::process::Command::from(cmd)
             .kill_on_drop(true)
             .spawn()?;
-        if let Some(pid) = child.id() {
-            if let Some(s) = lock(&self.units).get_mut(unit) {
-                s.main_pid = pid;
-            }
+        if let Some(pid) = child.id()
+            && let Some(s) = lock(&self.units).get_mut(unit)
+        {
+            s.main_pid = pid;
         }
         let out = child.wait_with_output().await?;
         journal.push_str(&String::from_utf8_lossy(&out.stdout));

@@ -22,6 +22,20 @@ fn image(fill: char) -> String {
     format!("quay.io/openshift-release-dev/rhcos@{}", digest(fill))
 }
 
+/// `kubectl` arguments that merge-patch the OSImageStream's status subresource (as the
+/// machine-config operator writes it).
+fn status_patch(patch: &str) -> [&str; 7] {
+    [
+        "patch",
+        "osimagestream",
+        "cluster",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        patch,
+    ]
+}
+
 struct Env {
     dir: PathBuf,
     /// Kept alive for the test; dropping it stops the server.
@@ -232,19 +246,7 @@ async fn kubectl_gets_watches_and_patches_os_image_streams() {
             .collect();
         if !patched && !events.is_empty() {
             assert_eq!(events[0]["type"], "ADDED", "{seen}");
-            env.ok(
-                false,
-                &[
-                    "patch",
-                    "osimagestream",
-                    "cluster",
-                    "--subresource=status",
-                    "--type=merge",
-                    "-p",
-                    &patch,
-                ],
-            )
-            .await;
+            env.ok(false, &status_patch(&patch)).await;
             patched = true;
         }
         if let Some(ev) = events
@@ -298,20 +300,7 @@ async fn kubectl_gets_watches_and_patches_os_image_streams() {
         {"name": "rhel-9", "osImage": "quay.io/openshift/rhcos:latest", "osExtensionsImage": image('e')},
     ]}})
     .to_string();
-    let err = env
-        .fails(
-            false,
-            &[
-                "patch",
-                "osimagestream",
-                "cluster",
-                "--subresource=status",
-                "--type=merge",
-                "-p",
-                &bad,
-            ],
-        )
-        .await;
+    let err = env.fails(false, &status_patch(&bad)).await;
     assert!(
         err.contains("status.availableStreams[0].osImage")
             && err.contains("must end with a valid '@sha256:<digest>' suffix"),

@@ -1847,8 +1847,8 @@ async fn every_fixture_starts() {
 async fn testbed_start_takes_the_host_fixture() {
     let dir = TempDir::new();
     let tb = testbed::Testbed::start(testbed::Options {
-        dir: dir.0.clone(),
         host: "64k-aarch64".into(),
+        ..testbed::Options::new(dir.0.clone())
     })
     .await
     .expect("testbed starts");
@@ -1868,8 +1868,8 @@ async fn testbed_start_takes_the_host_fixture() {
     );
     assert!(
         testbed::Testbed::start(testbed::Options {
-            dir: dir.0.join("other"),
             host: "nope".into(),
+            ..testbed::Options::new(dir.0.join("other"))
         })
         .await
         .is_err()

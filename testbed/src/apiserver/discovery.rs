@@ -103,6 +103,11 @@ pub(crate) static PODS: ResourceDef = ResourceDef {
     custom: false,
 };
 
+/// The verbs of a fully writable type (`deletecollection` is not served).
+const CRUD_VERBS: &[&str] = &[
+    "create", "delete", "get", "list", "patch", "update", "watch",
+];
+
 /// The cluster's OS image streams (an OpenShift CRD; its status is written by the
 /// machine-config operator through the `status` subresource).
 pub(crate) static OSIMAGESTREAMS: ResourceDef = ResourceDef {
@@ -112,9 +117,7 @@ pub(crate) static OSIMAGESTREAMS: ResourceDef = ResourceDef {
     singular: "osimagestream",
     kind: "OSImageStream",
     namespaced: false,
-    verbs: &[
-        "create", "delete", "get", "list", "patch", "update", "watch",
-    ],
+    verbs: CRUD_VERBS,
     short_names: &[],
     status_subresource: true,
     custom: true,
@@ -128,9 +131,7 @@ pub(crate) static CLUSTERROLES: ResourceDef = ResourceDef {
     singular: "clusterrole",
     kind: "ClusterRole",
     namespaced: false,
-    verbs: &[
-        "create", "delete", "get", "list", "patch", "update", "watch",
-    ],
+    verbs: CRUD_VERBS,
     short_names: &[],
     status_subresource: false,
     custom: false,
@@ -144,9 +145,7 @@ pub(crate) static CLUSTERROLEBINDINGS: ResourceDef = ResourceDef {
     singular: "clusterrolebinding",
     kind: "ClusterRoleBinding",
     namespaced: false,
-    verbs: &[
-        "create", "delete", "get", "list", "patch", "update", "watch",
-    ],
+    verbs: CRUD_VERBS,
     short_names: &[],
     status_subresource: false,
     custom: false,
