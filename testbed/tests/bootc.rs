@@ -312,27 +312,17 @@ async fn fakes_match_the_real_interfaces_and_run_units() {
         .await;
     assert_eq!(code, 0, "{err}");
     // busctl's own connection left, so subscribe this one.
-    env.conn
-        .call_method(
+    let subscribe = || {
+        env.conn.call_method(
             Some("org.freedesktop.systemd1"),
             "/org/freedesktop/systemd1",
             Some(MANAGER),
             "Subscribe",
             &(),
         )
-        .await
-        .expect("Subscribe");
-    let again = env
-        .conn
-        .call_method(
-            Some("org.freedesktop.systemd1"),
-            "/org/freedesktop/systemd1",
-            Some(MANAGER),
-            "Subscribe",
-            &(),
-        )
-        .await
-        .expect_err("second Subscribe");
+    };
+    subscribe().await.expect("Subscribe");
+    let again = subscribe().await.expect_err("second Subscribe");
     assert!(again.to_string().contains("AlreadySubscribed"), "{again}");
     let out = env.dir.join("out.txt");
     let mut props = sh_unit("echo to-file; echo to-journal >&2; exit 3");
