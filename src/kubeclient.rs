@@ -333,8 +333,9 @@ mod tests {
             }))
             .unwrap()
         };
-        // (status, Retry-After header, body, transient, retry_after seconds, message contains)
-        let cases: &[(u16, Option<&str>, Vec<u8>, bool, Option<u64>, &str)] = &[
+        /// (status, Retry-After header, body, transient, retry_after seconds, message contains)
+        type Case<'a> = (u16, Option<&'a str>, Vec<u8>, bool, Option<u64>, &'a str);
+        let cases: &[Case] = &[
             (429, Some("3"), status_body(429, 0), true, Some(3), "m429"),
             (429, None, status_body(429, 7), true, Some(7), "m429"),
             (
