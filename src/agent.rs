@@ -290,6 +290,20 @@ impl Agent {
                             crate::preflight::first_failure(&prepared.checks),
                         ) {
                             (Some(plan), _) => {
+                                // Allowed by replace-foreign-staged: remove it first, because
+                                // rpm-ostree refuses a rebase onto the refspec the pending
+                                // deployment already has ("Old and new refs are equal").
+                                if let Some(f) = &foreign {
+                                    info!(staged = %f.id, "replacing a staged deployment streamd did not create");
+                                    if let Err(e) = self.rpm.cleanup_pending().await {
+                                        self.transient_failure(format!(
+                                            "removing the foreign staged deployment {}: {e}",
+                                            f.id
+                                        ))
+                                        .await;
+                                        return;
+                                    }
+                                }
                                 // Remember the staging before it starts: a staged deployment
                                 // found after a crash is then known to be ours.
                                 let mut rec = record.clone();

@@ -306,3 +306,85 @@ async fn rpm_ostreed_exiting_mid_transaction_is_recovered() {
         "the interruption is reported"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inhibitor_lock_degrades_naming_it_and_retries() {
+    let mut env = Env::new("inhibit").await;
+    env.tb
+        .control(
+            &json!({"target": "logind", "cmd": "inhibit", "what": "shutdown:sleep",
+            "who": "etcd-backup", "why": "snapshot in progress", "mode": "block"}),
+        )
+        .await
+        .expect("inhibit");
+    env.start_streamd();
+    env.request_rhel10();
+    env.approve_reboot().await;
+    let degraded = env
+        .wait_for("the inhibitor reported", Duration::from_secs(60), |a| {
+            a.get(STATE).map(String::as_str) == Some("Degraded")
+        })
+        .await;
+    let reason = &degraded[REASON];
+    assert!(
+        reason.contains("etcd-backup") && reason.contains("snapshot in progress"),
+        "{reason}"
+    );
+    assert!(!env.reboot_initiated());
+    assert!(
+        attempt_record(&env).is_some_and(|r| r["attempt"].is_null()),
+        "a blocked reboot is not an attempt"
+    );
+    env.tb
+        .control(&json!({"target": "logind", "cmd": "release", "who": "etcd-backup"}))
+        .await
+        .expect("release");
+    env.wait_state("Rebooting").await;
+    env.wait_for("the reboot", Duration::from_secs(60), |_| {
+        env.reboot_initiated()
+    })
+    .await;
+    let rec = attempt_record(&env).expect("record");
+    assert_eq!(rec["attempt"]["attempts"], 1, "{rec}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_staged_deployment_is_refused_unless_replacing_is_allowed() {
+    let mut env = Env::new("foreign").await;
+    // Another tool stages the same target, without a finalization lock.
+    let out = std::process::Command::new(&env.vars()["TESTBED_BOOTC"])
+        .args(["switch", "--transport", "registry", &env.rhel10()])
+        .envs(env.vars())
+        .output()
+        .expect("fake bootc runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    env.start_streamd();
+    env.request_rhel10();
+    let refused = env.wait_state("Refused").await;
+    let reason = &refused[REASON];
+    assert!(
+        reason.contains("pending-deployment") && reason.contains(&env.rhel10()),
+        "{reason}"
+    );
+    assert_eq!(count(&env.transactions().await, "UpdateDeployment"), 0);
+
+    env.stop_streamd();
+    env.config("60-replace.toml", "replace-foreign-staged = true\n");
+    env.start_streamd();
+    let staged = env
+        .wait_for("our own staged deployment", Duration::from_secs(90), |a| {
+            a.get(STATE).map(String::as_str) == Some("Staged") && a.contains_key(REBOOT_REQUESTED)
+        })
+        .await;
+    assert_eq!(staged[STAGED_OS_IMAGE], env.rhel10());
+    let txns = env.transactions().await;
+    let t = txns
+        .iter()
+        .find(|t| t["method"] == "UpdateDeployment")
+        .expect("staging");
+    assert_eq!(t["options"]["lock-finalization"], json!(true));
+}
