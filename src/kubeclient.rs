@@ -233,7 +233,7 @@ impl NodeClient {
         let req = kube::core::Request::new(url).patch(&self.name, &params, &Patch::Merge(patch))?;
         // Sent raw rather than through `Api::patch`, which drops the response headers and so
         // `Retry-After`.
-        let client = self.nodes.clone().into_client();
+        let client = self.client();
         let exchange = async {
             let res =
                 client
