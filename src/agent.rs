@@ -24,6 +24,7 @@ use crate::protocol::{Inputs, State};
 use crate::report::Reporter;
 use crate::rpmostree::{self, Deployment, RpmOstreeError, TxnEvent, UpdateDeploymentCall};
 use crate::status::Status;
+use crate::streams::{Catalog, ResolveError, StreamsUpdate};
 
 /// First delay after a transient failure; doubles up to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_secs(1);
@@ -36,15 +37,17 @@ const REGISTRY_MIN_BACKOFF: Duration = Duration::from_secs(10);
 /// Longest delay between preflight retries.
 const REGISTRY_MAX_BACKOFF: Duration = Duration::from_secs(300);
 
-/// The reboot side of the configuration.
+/// The agent's part of the configuration.
 #[derive(Debug, Clone)]
-pub struct RebootSettings {
+pub struct Settings {
     /// When the staged OS is applied.
     pub policy: RebootPolicy,
     /// Reboots into one request before it is refused.
     pub max_attempts: u32,
     /// Where the attempt record lives.
     pub state_dir: std::path::PathBuf,
+    /// Resolve a stream-only request through the cluster's OSImageStream.
+    pub resolve_streams: bool,
 }
 
 /// Everything the agent needs from outside.
@@ -66,7 +69,13 @@ pub struct Agent {
     patch_retry_at: Option<Instant>,
     patch_backoff: Duration,
     ready: bool,
-    reboot: RebootSettings,
+    reboot: Settings,
+    /// The node's input annotations as written (before stream resolution).
+    raw_inputs: Inputs,
+    /// The cluster's streams, once read (resolution mode only).
+    catalog: Option<Catalog>,
+    /// Why the request cannot be resolved right now, if it cannot.
+    unresolved: Option<String>,
     store: attempt::Store,
     boot_id: String,
 }
@@ -89,7 +98,7 @@ impl Agent {
         node: NodeClient,
         rpm: rpmostree::Client,
         gatherer: Gatherer,
-        reboot: RebootSettings,
+        reboot: Settings,
     ) -> anyhow::Result<Self> {
         use anyhow::Context as _;
         let host = gatherer.host.clone();
@@ -124,6 +133,9 @@ impl Agent {
             patch_retry_at: None,
             patch_backoff: MIN_BACKOFF,
             ready: false,
+            raw_inputs: Inputs::default(),
+            catalog: None,
+            unresolved: None,
             store: attempt::Store::new(&reboot.state_dir),
             reboot,
             boot_id,
@@ -136,6 +148,10 @@ impl Agent {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> anyhow::Result<()> {
         let mut watch = pin!(self.node.watch());
+        let mut streams = self
+            .reboot
+            .resolve_streams
+            .then(|| Box::pin(crate::streams::watch(self.node.client())));
         let mut shutdown = pin!(shutdown);
         // WATCHDOG=1 comes from this loop itself, so a wedged loop is restarted by systemd.
         let mut watchdog = watchdog_interval().map(tokio::time::interval);
@@ -147,6 +163,15 @@ impl Agent {
                     Some(NodeUpdate::Deleted) => warn!(node = self.node.name(), "node object deleted"),
                     Some(NodeUpdate::Error(e)) => warn!(error = %e, "node watch failed; retrying"),
                     None => anyhow::bail!("the node watch ended"),
+                },
+                upd = next_opt(&mut streams) => match upd {
+                    Some(StreamsUpdate::Catalog(c)) => {
+                        debug!(catalog = ?c, "os image streams changed");
+                        self.catalog = Some(c);
+                        self.inputs_changed().await;
+                    }
+                    Some(StreamsUpdate::Error(e)) => warn!(error = %e, "osimagestream watch failed; retrying"),
+                    None => anyhow::bail!("the osimagestream watch ended"),
                 },
                 ev = staging_event(&mut self.staging) => match ev {
                     StagingEvent::Progress(ev) => self.on_progress(ev).await,
@@ -182,24 +207,67 @@ impl Agent {
 
     async fn on_node(&mut self, annotations: &std::collections::BTreeMap<String, String>) {
         self.reporter.observe_node(annotations);
-        let inputs = Inputs::from_annotations(annotations);
+        self.raw_inputs = Inputs::from_annotations(annotations);
         if !self.ready {
             self.ready = true;
             let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
             info!(node = self.node.name(), "watching node");
         }
-        if self.inputs.as_ref() == Some(&inputs) {
-            // Our own write, or a change of keys streamd does not read. If someone edited our
-            // output keys, the reporter now sees the difference and the next flush restores them.
-            return;
+        self.inputs_changed().await;
+    }
+
+    /// Acts on the effective request when the node's inputs or the cluster's streams change.
+    async fn inputs_changed(&mut self) {
+        let resolved = if self.reboot.resolve_streams {
+            crate::streams::resolve(&self.raw_inputs, self.catalog.as_ref())
+        } else {
+            Ok(self.raw_inputs.clone())
+        };
+        match resolved {
+            Ok(inputs) => {
+                if self.unresolved.is_none() && self.inputs.as_ref() == Some(&inputs) {
+                    // Our own write, or a change of keys streamd does not read. If someone
+                    // edited our output keys, the reporter now sees the difference and the next
+                    // flush restores them.
+                    return;
+                }
+                debug!(?inputs, "request changed");
+                self.unresolved = None;
+                self.inputs = Some(inputs);
+                self.backoff = MIN_BACKOFF;
+                self.reconcile().await;
+            }
+            Err(e) => {
+                let reason = format!("resolving stream through the cluster's OSImageStream: {e}");
+                if self.unresolved.as_deref() == Some(reason.as_str()) {
+                    return;
+                }
+                warn!(%reason, "request cannot be resolved");
+                self.unresolved = Some(reason.clone());
+                self.inputs = None;
+                self.status.desired_stream = self.raw_inputs.stream.clone();
+                self.status.desired_os_image = None;
+                self.status.desired_extensions_image = None;
+                self.status.observed_desired = None;
+                if let Some(st) = &self.staging {
+                    let _ = st.cancel.send(true);
+                }
+                let state = match e {
+                    // The first read of the streams is on its way; nothing to report yet.
+                    ResolveError::Pending => return,
+                    e if e.refuses() => State::Refused,
+                    _ => State::Degraded,
+                };
+                self.set_state(state, reason).await;
+            }
         }
-        debug!(?inputs, "input annotations changed");
-        self.inputs = Some(inputs);
-        self.backoff = MIN_BACKOFF;
-        self.reconcile().await;
     }
 
     async fn reconcile(&mut self) {
+        if self.unresolved.is_some() {
+            // Reported when it was found; a change of the inputs or the streams acts again.
+            return;
+        }
         let inputs = self.inputs.clone().unwrap_or_default();
         let desired = inputs.desired();
         self.status.desired_stream = inputs.stream.clone();
@@ -975,6 +1043,13 @@ async fn tick(interval: &mut Option<tokio::time::Interval>) {
         Some(i) => {
             i.tick().await;
         }
+        None => std::future::pending().await,
+    }
+}
+
+async fn next_opt<S: futures::Stream + Unpin>(s: &mut Option<S>) -> Option<S::Item> {
+    match s {
+        Some(s) => s.next().await,
         None => std::future::pending().await,
     }
 }

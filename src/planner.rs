@@ -216,6 +216,10 @@ pub fn decide(obs: &Observation<'_>) -> Decision {
     };
     let attempt = life.record.attempt.as_ref().filter(|a| a.request == hash);
     if booted.carries_digest(digest) {
+        // A stage of ours left from an earlier request must not wait for the next reboot.
+        if obs.staged_is_ours() {
+            return Decision::CleanupStale;
+        }
         return Decision::Done {
             applied: attempt.is_some(),
         };
@@ -591,6 +595,15 @@ mod tests {
                 ..case(
                     "request removed after staging: clean up",
                     Ok(None),
+                    staged10.clone(),
+                    Decision::CleanupStale,
+                )
+            },
+            Case {
+                record: ours(D10),
+                ..case(
+                    "re-targeted to the booted image: our stage goes first",
+                    want(D9),
                     staged10.clone(),
                     Decision::CleanupStale,
                 )

@@ -106,10 +106,11 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         runtime_dir: cfg.runtime_dir.clone(),
         policy: cfg.policy.clone(),
     };
-    let reboot = streamd::agent::RebootSettings {
+    let reboot = streamd::agent::Settings {
         policy: cfg.reboot,
         max_attempts: cfg.max_attempts,
         state_dir: cfg.state_dir.clone(),
+        resolve_streams: cfg.resolve_streams,
     };
     let agent = Agent::new(node, rpm, gatherer, reboot).await?;
     agent.run(shutdown_signal()).await
