@@ -112,12 +112,16 @@ async fn identical_request_is_not_staged_twice() {
     env.wait_state("Idle").await;
     env.request_rhel10();
     env.wait_state("Staged").await;
-    // Same request again (no change of input keys), then a restart of the daemon, then remove and
-    // re-add the request: the staged deployment already carries the image each time.
+    // Same request again (no change of input keys), then a restart of the daemon: the staged
+    // deployment already carries the image each time.
     env.request_rhel10();
     env.stop_streamd();
     env.start_streamd();
     env.wait_state("Staged").await;
+    let txns = env.transactions().await;
+    assert_eq!(started(&txns), 1, "{txns:#?}");
+    // Removing the request removes the stage (nothing stale is left for a reboot); asking
+    // again stages again.
     env.annotate(&[
         &format!("{DESIRED_STREAM}-"),
         &format!("{DESIRED_OS_IMAGE}-"),
@@ -126,7 +130,16 @@ async fn identical_request_is_not_staged_twice() {
     env.request_rhel10();
     env.wait_state("Staged").await;
     let txns = env.transactions().await;
-    assert_eq!(started(&txns), 1, "{txns:#?}");
+    let methods: Vec<&str> = txns
+        .iter()
+        .filter(|t| t["started"] == json!(true))
+        .filter_map(|t| t["method"].as_str())
+        .collect();
+    assert_eq!(
+        methods,
+        ["UpdateDeployment", "Cleanup", "UpdateDeployment"],
+        "{txns:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
