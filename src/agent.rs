@@ -14,15 +14,16 @@ use tokio::time::sleep_until;
 use tracing::{debug, info, warn};
 
 use crate::attempt::{self, Attempt, Record};
+use crate::backend::{Backend, BackendError};
 use crate::config::RebootPolicy;
 use crate::dbus_api::{self, Request};
 use crate::gather::{Gatherer, Transient};
-use crate::hostfacts::{self, Backend, HostRoot};
+use crate::hostfacts::{self, HostRoot};
 use crate::kubeclient::{EventType, NodeClient, NodeUpdate};
 use crate::planner::{self, Decision, Lifecycle, Observation};
 use crate::protocol::{Inputs, State};
 use crate::report::Reporter;
-use crate::rpmostree::{self, Deployment, RpmOstreeError, TxnEvent, UpdateDeploymentCall};
+use crate::rpmostree::{Deployment, RpmOstreeError, TxnEvent, UpdateDeploymentCall};
 use crate::status::Status;
 use crate::streams::{Catalog, ResolveError, StreamsUpdate};
 
@@ -53,7 +54,7 @@ pub struct Settings {
 /// Everything the agent needs from outside.
 pub struct Agent {
     node: NodeClient,
-    rpm: rpmostree::Client,
+    backend: Backend,
     host: HostRoot,
     gatherer: Gatherer,
     api: dbus_api::Api,
@@ -86,7 +87,7 @@ struct Staging {
     hash: String,
     /// What the staged deployment must look like, and the digest the request pins.
     expect: Option<(crate::verify::Expectation, String)>,
-    task: JoinHandle<Result<(), RpmOstreeError>>,
+    task: JoinHandle<Result<(), BackendError>>,
     progress: mpsc::Receiver<TxnEvent>,
     /// Set to true to cancel the transaction.
     cancel: tokio::sync::watch::Sender<bool>,
@@ -96,7 +97,7 @@ impl Agent {
     /// Builds the agent and exports the D-Bus API.
     pub async fn new(
         node: NodeClient,
-        rpm: rpmostree::Client,
+        backend: Backend,
         gatherer: Gatherer,
         reboot: Settings,
     ) -> anyhow::Result<Self> {
@@ -109,15 +110,15 @@ impl Agent {
         let (req_tx, requests) = mpsc::channel(1);
         let status = Status {
             node: node.name().to_string(),
-            host: Some(hostfacts::gather(&host, Backend::RpmOstree, None)),
+            host: Some(hostfacts::gather(&host, backend.kind(), None)),
             last_change: unix_now(),
             ..Status::default()
         };
-        let api = dbus_api::Api::export(rpm.connection(), status.clone(), req_tx).await?;
+        let api = dbus_api::Api::export(backend.connection(), status.clone(), req_tx).await?;
         let events = spawn_event_sender(node.clone());
         Ok(Agent {
             node,
-            rpm,
+            backend,
             host,
             gatherer,
             api,
@@ -288,7 +289,7 @@ impl Agent {
             self.publish().await;
             return;
         }
-        let deployments = match self.rpm.deployments().await {
+        let deployments = match self.backend.deployments().await {
             Ok(d) => d,
             Err(e) => {
                 self.transient_failure(format!("reading deployments: {e}"))
@@ -315,6 +316,7 @@ impl Agent {
                 boot_id: &boot_id,
                 record: &record,
                 approved: inputs.reboot_approved.as_deref(),
+                locks: self.backend.locks(),
             },
         };
         let decision = planner::decide(&obs);
@@ -358,12 +360,30 @@ impl Agent {
                             crate::preflight::first_failure(&prepared.checks),
                         ) {
                             (Some(plan), _) => {
+                                // Without a finalization lock, staging waits for the approval.
+                                let token = d.reboot_token(&self.boot_id);
+                                if !self.backend.locks()
+                                    && self.reboot.policy == RebootPolicy::OnApproval
+                                    && inputs.reboot_approved.as_deref() != Some(token.as_str())
+                                {
+                                    self.request_reboot(Some(token.clone()), None).await;
+                                    self.set_state(
+                                        State::Staged,
+                                        format!(
+                                            "preflight passed; {} cannot lock a staged deployment, so {} is staged only after the reboot is approved: set reboot-approved to {token}",
+                                            self.backend.kind().as_str(),
+                                            plan.os_image
+                                        ),
+                                    )
+                                    .await;
+                                    return;
+                                }
                                 // Allowed by replace-foreign-staged: remove it first, because
                                 // rpm-ostree refuses a rebase onto the refspec the pending
                                 // deployment already has ("Old and new refs are equal").
                                 if let Some(f) = &foreign {
                                     info!(staged = %f.id, "replacing a staged deployment streamd did not create");
-                                    if let Err(e) = self.rpm.cleanup_pending().await {
+                                    if let Err(e) = self.backend.cleanup_pending().await {
                                         self.transient_failure(format!(
                                             "removing the foreign staged deployment {}: {e}",
                                             f.id
@@ -390,14 +410,12 @@ impl Agent {
                                     self.set_state(State::Degraded, e.to_string()).await;
                                     return;
                                 }
-                                let call = UpdateDeploymentCall::for_plan(&plan);
-                                info!(call = %serde_json::to_string(&call).unwrap_or_default(), "staging");
+                                info!(call = %serde_json::to_string(&UpdateDeploymentCall::for_plan(&plan)).unwrap_or_default(), backend = self.backend.kind().as_str(), "staging");
                                 let hash = self.status.observed_desired.clone().unwrap_or_default();
                                 let expect = prepared
                                     .expect
                                     .map(|e| (e, plan.os_image.digest().to_string()));
-                                self.start_staging(call, hash, plan.os_image.to_string(), expect)
-                                    .await;
+                                self.start_staging(plan, hash, expect).await;
                             }
                             (None, Some(f)) => {
                                 crate::logging::log_preflight_failed(
@@ -409,6 +427,7 @@ impl Agent {
                                 );
                                 let reason =
                                     format!("preflight check {} failed: {}", f.id, f.message);
+                                self.request_reboot(None, None).await;
                                 self.set_state(State::Refused, reason).await;
                             }
                             (None, None) => {
@@ -492,8 +511,15 @@ impl Agent {
                 Some(d),
                 RebootPolicy::OnApproval,
             ) => Some(d.reboot_token(&self.boot_id)),
+            // Without a lock the request is made after preflight, before staging (see Stage).
+            (Decision::Stage(_), _, _) if !self.backend.locks() => return,
             _ => None,
         };
+        self.request_reboot(token, approved).await;
+    }
+
+    /// Publishes `token` as `reboot-requested` (posting `RebootRequested` when it is new).
+    async fn request_reboot(&mut self, token: Option<String>, approved: Option<&str>) {
         self.status.reboot_approved = token.is_some() && token.as_deref() == approved;
         if token != self.status.reboot_requested {
             if let Some(t) = &token {
@@ -515,7 +541,7 @@ impl Agent {
             staged = self.status.staged_os_image.as_deref().unwrap_or_default(),
             "removing a staged deployment that no longer matches the request"
         );
-        match self.rpm.cleanup_pending().await {
+        match self.backend.cleanup_pending().await {
             Ok(()) => {
                 let rec = Record {
                     staged: None,
@@ -605,8 +631,8 @@ impl Agent {
         .await;
         // The cluster must see Rebooting before the node goes down.
         self.flush().await;
-        match self.rpm.finalize_deployment(&digest).await {
-            Ok(()) => info!(%digest, attempt, "finalized; rpm-ostreed reboots the node"),
+        match self.backend.apply(&digest).await {
+            Ok(()) => info!(%digest, attempt, "reboot initiated"),
             Err(e) => {
                 // Nothing was applied: this boot's attempt did not happen.
                 if let Err(s) = self.store.save(&record) {
@@ -614,8 +640,13 @@ impl Agent {
                 }
                 self.status.attempts = attempt.saturating_sub(1);
                 let what = match &e {
-                    RpmOstreeError::Inhibited(m) => format!("the reboot is blocked: {m}"),
-                    other => format!("finalizing the staged deployment failed: {other}"),
+                    BackendError::RpmOstree(RpmOstreeError::Inhibited(m)) => {
+                        format!("the reboot is blocked: {m}")
+                    }
+                    BackendError::Bootc(b @ crate::bootc::BootcError::Inhibited { .. }) => {
+                        b.to_string()
+                    }
+                    other => format!("applying the staged deployment failed: {other}"),
                 };
                 self.transient_failure(what).await;
             }
@@ -645,16 +676,16 @@ impl Agent {
 
     async fn start_staging(
         &mut self,
-        call: UpdateDeploymentCall,
+        plan: crate::planner::StagePlan,
         hash: String,
-        image: String,
         expect: Option<(crate::verify::Expectation, String)>,
     ) {
+        let image = plan.os_image.to_string();
         let (tx, rx) = mpsc::channel(64);
         let (cancel, cancelled) = tokio::sync::watch::channel(false);
-        let rpm = self.rpm.clone();
+        let backend = self.backend.clone();
         let task =
-            tokio::spawn(async move { stage_with_busy_retry(rpm, call, tx, cancelled).await });
+            tokio::spawn(async move { stage_with_busy_retry(backend, plan, tx, cancelled).await });
         // Let the transaction request go out before the status reporting below.
         tokio::task::yield_now().await;
         self.staging = Some(Staging {
@@ -680,7 +711,7 @@ impl Agent {
         self.publish().await;
     }
 
-    async fn on_staged(&mut self, res: Result<(), RpmOstreeError>) {
+    async fn on_staged(&mut self, res: Result<(), BackendError>) {
         let Some(done) = self.staging.take() else {
             return;
         };
@@ -746,7 +777,7 @@ impl Agent {
             }
             Err(e) => return serde_json::json!({"error": e.to_string()}),
         };
-        let deployments = match self.rpm.deployments().await {
+        let deployments = match self.backend.deployments().await {
             Ok(d) => d,
             Err(e) => return serde_json::json!({"error": format!("reading deployments: {e}")}),
         };
@@ -768,6 +799,7 @@ impl Agent {
                 boot_id: &self.boot_id,
                 record: &record,
                 approved: None,
+                locks: self.backend.locks(),
             },
         };
         match self
@@ -789,7 +821,7 @@ impl Agent {
         (mut exp, pinned): (crate::verify::Expectation, String),
     ) -> Result<(), String> {
         let deployments = self
-            .rpm
+            .backend
             .deployments()
             .await
             .map_err(|e| format!("reading deployments after staging: {e}"))?;
@@ -822,7 +854,7 @@ impl Agent {
             }
             Err(e) => {
                 warn!(error = %e, "staged deployment failed verification; removing it");
-                let cleaned = match self.rpm.cleanup_pending().await {
+                let cleaned = match self.backend.cleanup_pending().await {
                     Ok(()) => "the pending deployment was removed".to_string(),
                     Err(c) => format!("removing the pending deployment failed too: {c}"),
                 };
@@ -965,18 +997,15 @@ fn event_for(state: State) -> Option<(EventType, &'static str)> {
 }
 
 async fn stage_with_busy_retry(
-    rpm: rpmostree::Client,
-    call: UpdateDeploymentCall,
+    backend: Backend,
+    plan: crate::planner::StagePlan,
     progress: mpsc::Sender<TxnEvent>,
     mut cancelled: tokio::sync::watch::Receiver<bool>,
-) -> Result<(), RpmOstreeError> {
+) -> Result<(), BackendError> {
     let mut delay = MIN_BACKOFF;
     loop {
-        match rpm
-            .update_deployment(&call, &progress, Some(cancelled.clone()))
-            .await
-        {
-            Err(RpmOstreeError::Busy(msg)) => {
+        match backend.stage(&plan, &progress, cancelled.clone()).await {
+            Err(BackendError::RpmOstree(RpmOstreeError::Busy(msg))) => {
                 info!(%msg, retry_in = ?delay, "rpm-ostreed busy; waiting");
                 let _ = progress.try_send(TxnEvent::Message(format!(
                     "waiting for another rpm-ostree transaction ({msg}); retrying in {}s",
@@ -985,7 +1014,7 @@ async fn stage_with_busy_retry(
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     true = async { cancelled.wait_for(|c| *c).await.is_ok() } => {
-                        return Err(RpmOstreeError::Cancelled);
+                        return Err(RpmOstreeError::Cancelled.into());
                     }
                 }
                 delay = (delay * 2).min(BUSY_MAX_BACKOFF);
@@ -1012,7 +1041,7 @@ fn spawn_event_sender(node: NodeClient) -> mpsc::Sender<(EventType, &'static str
 /// Something the staging transaction did.
 enum StagingEvent {
     Progress(TxnEvent),
-    Finished(Result<(), RpmOstreeError>),
+    Finished(Result<(), BackendError>),
 }
 
 /// Waits for the running transaction's next progress event or its end; progress queued before
@@ -1026,7 +1055,7 @@ async fn staging_event(staging: &mut Option<Staging>) -> StagingEvent {
         Some(ev) = s.progress.recv() => StagingEvent::Progress(ev),
         res = &mut s.task => StagingEvent::Finished(match res {
             Ok(r) => r,
-            Err(e) => Err(RpmOstreeError::Protocol(format!("staging task failed: {e}"))),
+            Err(e) => Err(RpmOstreeError::Protocol(format!("staging task failed: {e}")).into()),
         }),
     }
 }

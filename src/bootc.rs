@@ -264,6 +264,11 @@ impl Client {
         }
     }
 
+    /// The system bus connection.
+    pub fn connection(&self) -> &zbus::Connection {
+        &self.conn
+    }
+
     /// Other limits for `status` and `switch` (defaults [`STATUS_TIMEOUT`], [`SWITCH_TIMEOUT`]).
     pub fn with_timeouts(mut self, status: Duration, switch: Duration) -> Self {
         self.status_timeout = status;

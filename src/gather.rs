@@ -158,6 +158,7 @@ impl Gatherer {
             disk: self.disk(),
             nic_names_persisted: self.nic_names_persisted(),
             foreign_staged,
+            backend: facts.backend,
             policy: &self.policy,
         });
         let expect = match (&os_image, preflight::stream_major(&desired.stream)) {

@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod attempt;
+pub mod backend;
 pub mod bootc;
 pub mod config;
 pub mod dbus_api;

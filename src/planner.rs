@@ -37,6 +37,9 @@ pub struct Lifecycle<'a> {
     pub record: &'a Record,
     /// `reboot-approved`, if set.
     pub approved: Option<&'a str>,
+    /// Whether the backend can finalization-lock a staged deployment (rpm-ostree can, bootc
+    /// cannot: there every staged deployment is unlocked).
+    pub locks: bool,
 }
 
 impl Observation<'_> {
@@ -241,7 +244,7 @@ pub fn decide(obs: &Observation<'_>) -> Decision {
             ));
         }
     }
-    let want_lock = life.policy != RebootPolicy::Never;
+    let want_lock = life.policy != RebootPolicy::Never && life.locks;
     let this_boot = attempt.filter(|a| a.boot_id == life.boot_id);
     if this_boot.is_some()
         && want_lock
@@ -383,6 +386,7 @@ mod tests {
         policy: RebootPolicy,
         record: Record,
         approved: Option<String>,
+        locks: bool,
         expected: Decision,
     }
 
@@ -399,6 +403,7 @@ mod tests {
             policy: RebootPolicy::OnApproval,
             record: Record::default(),
             approved: None,
+            locks: true,
             expected,
         }
     }
@@ -632,6 +637,36 @@ mod tests {
                     Decision::CleanupStale,
                 )
             },
+            Case {
+                locks: false,
+                ..case(
+                    "bootc: stage unlocked",
+                    want(D10),
+                    base.clone(),
+                    stage(D10, false),
+                )
+            },
+            Case {
+                locks: false,
+                record: ours(D10),
+                approved: Some(token(D10)),
+                ..case(
+                    "bootc: staged after approval, reboot",
+                    want(D10),
+                    vec![unlocked(dep(D10, false, true)), dep(D9, true, false)],
+                    reboot(1),
+                )
+            },
+            Case {
+                locks: false,
+                record: ours(D10),
+                ..case(
+                    "bootc: staged but not approved (approval withdrawn)",
+                    want(D10),
+                    vec![unlocked(dep(D10, false, true)), dep(D9, true, false)],
+                    Decision::AwaitApproval { token: token(D10) },
+                )
+            },
             case(
                 "foreign staged: preflight decides",
                 want(D10),
@@ -649,6 +684,7 @@ mod tests {
                     boot_id: BOOT,
                     record: &c.record,
                     approved: c.approved.as_deref(),
+                    locks: c.locks,
                 },
             };
             assert_eq!(decide(&obs), c.expected, "{}", c.name);
@@ -669,6 +705,7 @@ mod tests {
                 boot_id: BOOT,
                 record: &record,
                 approved: None,
+                locks: true,
             },
         };
         assert!(matches!(decide(&obs), Decision::Refuse(r) if r.contains("2 time(s)")));
@@ -688,6 +725,7 @@ mod tests {
                 boot_id: BOOT,
                 record: &record,
                 approved: None,
+                locks: true,
             },
         };
         assert!(matches!(decide(&obs), Decision::Refuse(r) if r.contains("no booted")));

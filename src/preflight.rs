@@ -125,6 +125,8 @@ pub struct Input<'a> {
     pub nic_names_persisted: bool,
     /// A staged deployment streamd did not create, if any.
     pub foreign_staged: Option<&'a Deployment>,
+    /// The update backend that would stage.
+    pub backend: crate::hostfacts::Backend,
     /// Policy.
     pub policy: &'a Policy,
 }
@@ -146,6 +148,9 @@ pub fn el_major(release: &str) -> Option<u32> {
 pub fn run(i: &Input<'_>) -> Vec<CheckResult> {
     vec![
         image_reference(i),
+        // Early: on bootc the overrides are hidden, so later checks would give a misleading
+        // reason for the same refusal.
+        backend(i),
         direction(i),
         os_image(i),
         extensions_image(i),
@@ -223,6 +228,20 @@ fn pending_deployment(i: &Input<'_>) -> CheckResult {
                  replace-foreign-staged = true to let streamd replace it"
             ),
         )
+    }
+}
+
+fn backend(i: &Input<'_>) -> CheckResult {
+    let id = "backend";
+    match i.backend {
+        crate::hostfacts::Backend::RpmOstree => pass(id, "rpm-ostree"),
+        crate::hostfacts::Backend::Bootc => {
+            let kernel = i.kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
+            match crate::bootc::refusal(kernel, i.booted) {
+                Some(reason) => fail(id, reason),
+                None => pass(id, "bootc (staged only after the reboot is approved)"),
+            }
+        }
     }
 }
 
@@ -616,6 +635,7 @@ mod tests {
         ext: Option<Result<ExtensionsInfo, String>>,
         disk: DiskFree,
         foreign: Option<Deployment>,
+        backend: crate::hostfacts::Backend,
         policy: Policy,
     }
 
@@ -644,6 +664,7 @@ mod tests {
                 boot: 500 << 20,
             },
             foreign: None,
+            backend: crate::hostfacts::Backend::RpmOstree,
             policy: Policy::default(),
         }
     }
@@ -682,6 +703,7 @@ mod tests {
             disk: c.disk,
             nic_names_persisted: true,
             foreign_staged: c.foreign.as_ref(),
+            backend: c.backend,
             policy: &c.policy,
         })
     }
@@ -698,7 +720,7 @@ mod tests {
     fn default_host_passes() {
         assert_eq!(failed(&base()), Vec::<&str>::new());
         let ids: Vec<_> = check(&base()).into_iter().map(|c| c.id).collect();
-        assert_eq!(ids.len(), 12);
+        assert_eq!(ids.len(), 13);
     }
 
     #[test]
@@ -780,6 +802,15 @@ mod tests {
             ..Deployment::default()
         });
         cases.push(("pending-deployment", c));
+        let mut c = base();
+        c.backend = crate::hostfacts::Backend::Bootc;
+        c.kernel = Ok(KernelVariant::Realtime);
+        c.ext = Some(Ok(rt_ext(10)));
+        cases.push(("backend", c));
+        let mut c = base();
+        c.backend = crate::hostfacts::Backend::Bootc;
+        c.booted.requested_packages = vec!["usbguard".into()];
+        cases.push(("backend", c));
         for (want, case) in cases {
             let f = failed(&case);
             assert!(f.contains(&want), "expected {want} to fail, failed: {f:?}");
@@ -808,8 +839,8 @@ mod tests {
         }
         c.policy.allow_downgrade = true;
         let r = check(&c);
-        assert_eq!(r[1].id, "direction");
-        assert_eq!(r[1].result, Outcome::Warn);
+        assert_eq!(r[2].id, "direction");
+        assert_eq!(r[2].result, Outcome::Warn);
     }
 
     #[test]

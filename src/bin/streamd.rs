@@ -8,15 +8,15 @@ use clap::Parser;
 use tracing::{error, info};
 
 use streamd::agent::Agent;
+use streamd::backend::Backend;
 use streamd::config::{self, Config};
 use streamd::hostfacts::HostRoot;
 use streamd::kubeclient::NodeClient;
-use streamd::rpmostree;
 
 /// Moves this node between OS image streams as its Node annotations request.
 ///
 /// Watches its own Node object, stages the requested OS image through rpm-ostreed's D-Bus API
-/// and reports on the node and on the system bus (`io.openshift.OSStream1`). Exit codes: 0 clean
+/// (or bootc in transient systemd units where there is no rpm-ostreed) and reports on the node and on the system bus (`io.openshift.OSStream1`). Exit codes: 0 clean
 /// stop, 1 runtime failure, 2 invalid configuration.
 #[derive(Debug, Parser)]
 #[command(version)]
@@ -96,9 +96,8 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     };
     info!(node = %node_name, sources = ?cfg.sources, "starting");
     let node = NodeClient::new(&cfg.kubeconfig, &node_name).await?;
-    let rpm = rpmostree::Client::connect()
-        .await
-        .context("connecting to rpm-ostreed")?;
+    let backend = Backend::connect(cfg.backend, &cfg.bootc_path, &cfg.runtime_dir).await?;
+    info!(backend = backend.kind().as_str(), "update backend");
     let gatherer = streamd::gather::Gatherer {
         host,
         pull_secret: cfg.pull_secret.clone(),
@@ -112,7 +111,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         state_dir: cfg.state_dir.clone(),
         resolve_streams: cfg.resolve_streams,
     };
-    let agent = Agent::new(node, rpm, gatherer, reboot).await?;
+    let agent = Agent::new(node, backend, gatherer, reboot).await?;
     agent.run(shutdown_signal()).await
 }
 

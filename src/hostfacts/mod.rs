@@ -25,6 +25,8 @@ use crate::rpmostree::Deployment;
 pub enum Backend {
     /// rpm-ostreed over D-Bus.
     RpmOstree,
+    /// bootc in transient systemd units.
+    Bootc,
 }
 
 impl Backend {
@@ -32,6 +34,7 @@ impl Backend {
     pub fn as_str(self) -> &'static str {
         match self {
             Backend::RpmOstree => "rpm-ostree",
+            Backend::Bootc => "bootc",
         }
     }
 }

@@ -33,6 +33,14 @@ const NO_REPLY_ERROR: &str = "org.freedesktop.DBus.Error.NoReply";
 /// can be slow to load a large sysroot.
 const CALL_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// A system bus connection whose method calls may take as long as rpm-ostreed's do.
+pub async fn system_bus() -> zbus::Result<zbus::Connection> {
+    zbus::connection::Builder::system()?
+        .method_timeout(CALL_TIMEOUT)
+        .build()
+        .await
+}
+
 /// Errors the agent branches on.
 #[derive(Debug, thiserror::Error)]
 pub enum RpmOstreeError {
@@ -260,12 +268,14 @@ impl Client {
     /// Connects to the system bus (`DBUS_SYSTEM_BUS_ADDRESS` is honoured) and registers as a
     /// client, so the daemon does not idle-exit while streamd cares about it.
     pub async fn connect() -> Result<Self, RpmOstreeError> {
-        let conn = zbus::connection::Builder::system()
-            .map(|b| b.method_timeout(CALL_TIMEOUT))
-            .map_err(|e| RpmOstreeError::from_call("connect", e))?
-            .build()
+        let conn = system_bus()
             .await
             .map_err(|e| RpmOstreeError::from_call("connect", e))?;
+        Self::with_connection(conn).await
+    }
+
+    /// Registers with rpm-ostreed over an existing system bus connection.
+    pub async fn with_connection(conn: zbus::Connection) -> Result<Self, RpmOstreeError> {
         let sysroot = SysrootProxy::builder(&conn)
             // Always read fresh values: the cache can lag behind a just-finished transaction.
             .cache_properties(zbus::proxy::CacheProperties::No)

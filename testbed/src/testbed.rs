@@ -182,13 +182,15 @@ impl Testbed {
         let config_dir = dir.join("config.d");
         let mut config = format!(
             "# written by the testbed\nnode-name = {node:?}\nkubeconfig = {kc:?}\nhost-root = {hr:?}\n\
-             pull-secret = {ps:?}\nruntime-dir = {rd:?}\nstate-dir = {sd:?}\ninsecure-registries = [{reg:?}]\n",
+             pull-secret = {ps:?}\nruntime-dir = {rd:?}\nstate-dir = {sd:?}\nbootc-path = {bc:?}\n\
+             insecure-registries = [{reg:?}]\n",
             node = NODE_NAME,
             kc = dir.join("kubeconfig").display().to_string(),
             hr = dir.join("host").display().to_string(),
             ps = pull_secret.display().to_string(),
             rd = dir.join("run").display().to_string(),
             sd = dir.join("state").display().to_string(),
+            bc = dir.join("bin/bootc").display().to_string(),
             reg = registry.host(),
         );
         if fixture.low_disk {

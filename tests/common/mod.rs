@@ -40,11 +40,17 @@ impl Env {
 
     /// A fresh testbed on host fixture `host`.
     pub async fn with_host(name: &str, host: &str) -> Env {
+        Env::with_backend(name, host, testbed::Backend::RpmOstree).await
+    }
+
+    /// A fresh testbed on host fixture `host` whose update tool is `backend`.
+    pub async fn with_backend(name: &str, host: &str, backend: testbed::Backend) -> Env {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("e2e-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let mut opts = Options::new(dir.clone());
         opts.host = host.to_string();
+        opts.backend = backend;
         let tb = Testbed::start(opts).await.expect("testbed starts");
         Env {
             tb,

@@ -1,0 +1,156 @@
+//! The OS update backend the agent drives: rpm-ostreed over D-Bus, or bootc in transient
+//! systemd units (hosts without rpm-ostreed).
+//!
+//! The two differ in one way that matters for safety: rpm-ostree stages a deployment
+//! finalization-locked, so nothing but an approved `FinalizeDeployment` applies it; bootc has no
+//! such lock, so any reboot applies what it staged. The agent therefore stages on bootc only
+//! after the reboot is approved, right before it reboots through logind ([`Backend::locks`]).
+
+use tokio::sync::{mpsc, watch};
+
+use crate::bootc::{self, BootcError};
+use crate::config::BackendChoice;
+use crate::hostfacts;
+use crate::planner::StagePlan;
+use crate::rpmostree::{self, Deployment, RpmOstreeError, TxnEvent, UpdateDeploymentCall};
+
+/// The backend in use.
+#[derive(Clone)]
+pub enum Backend {
+    /// rpm-ostreed.
+    RpmOstree(rpmostree::Client),
+    /// bootc.
+    Bootc(bootc::Client),
+}
+
+/// A backend's failure.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// From rpm-ostreed.
+    #[error(transparent)]
+    RpmOstree(#[from] RpmOstreeError),
+    /// From bootc, systemd or logind.
+    #[error(transparent)]
+    Bootc(#[from] BootcError),
+}
+
+impl BackendError {
+    /// Transient errors are retried with backoff instead of ending in `Degraded`.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            BackendError::RpmOstree(e) => e.is_transient(),
+            BackendError::Bootc(e) => e.is_transient(),
+        }
+    }
+}
+
+impl Backend {
+    /// Connects to the backend `choice` names; `auto` takes rpm-ostree when rpm-ostreed is on
+    /// the bus (owned or activatable), else bootc.
+    pub async fn connect(
+        choice: BackendChoice,
+        bootc_path: &std::path::Path,
+        runtime_dir: &std::path::Path,
+    ) -> anyhow::Result<Backend> {
+        use anyhow::Context as _;
+        let conn = rpmostree::system_bus()
+            .await
+            .context("connecting to the system bus")?;
+        let use_rpm = match choice {
+            BackendChoice::RpmOstree => true,
+            BackendChoice::Bootc => false,
+            BackendChoice::Auto => bootc::rpm_ostreed_available(&conn)
+                .await
+                .context("asking the bus whether rpm-ostreed is available")?,
+        };
+        Ok(if use_rpm {
+            Backend::RpmOstree(
+                rpmostree::Client::with_connection(conn)
+                    .await
+                    .context("connecting to rpm-ostreed")?,
+            )
+        } else {
+            Backend::Bootc(bootc::Client::new(conn, bootc_path, runtime_dir))
+        })
+    }
+
+    /// Which backend this is, for host facts and status.
+    pub fn kind(&self) -> hostfacts::Backend {
+        match self {
+            Backend::RpmOstree(_) => hostfacts::Backend::RpmOstree,
+            Backend::Bootc(_) => hostfacts::Backend::Bootc,
+        }
+    }
+
+    /// Whether a staged deployment can be finalization-locked (then it is staged before the
+    /// reboot is approved; otherwise only after).
+    pub fn locks(&self) -> bool {
+        matches!(self, Backend::RpmOstree(_))
+    }
+
+    /// The system bus connection (shared with streamd's own D-Bus API).
+    pub fn connection(&self) -> &zbus::Connection {
+        match self {
+            Backend::RpmOstree(c) => c.connection(),
+            Backend::Bootc(c) => c.connection(),
+        }
+    }
+
+    /// Every deployment, boot order (staged first).
+    pub async fn deployments(&self) -> Result<Vec<Deployment>, BackendError> {
+        Ok(match self {
+            Backend::RpmOstree(c) => c.deployments().await?,
+            Backend::Bootc(c) => c.deployments().await?,
+        })
+    }
+
+    /// Removes the staged deployment. bootc has no command for that, so there the booted image
+    /// is staged again in its place: what the next boot applies is then what runs now.
+    pub async fn cleanup_pending(&self) -> Result<(), BackendError> {
+        match self {
+            Backend::RpmOstree(c) => Ok(c.cleanup_pending().await?),
+            Backend::Bootc(c) => {
+                let deployments = c.deployments().await?;
+                let booted = deployments
+                    .iter()
+                    .find(|d| d.booted)
+                    .and_then(Deployment::pullspec)
+                    .ok_or_else(|| {
+                        BootcError::Status("no booted container image to return to".into())
+                    })?;
+                Ok(c.switch(booted).await?)
+            }
+        }
+    }
+
+    /// Stages `plan` (one transaction on rpm-ostree, `bootc switch` on bootc), sending
+    /// progress to `events`; rpm-ostree transactions stop when `cancel` turns true.
+    pub async fn stage(
+        &self,
+        plan: &StagePlan,
+        events: &mpsc::Sender<TxnEvent>,
+        cancel: watch::Receiver<bool>,
+    ) -> Result<(), BackendError> {
+        match self {
+            Backend::RpmOstree(c) => Ok(c
+                .update_deployment(&UpdateDeploymentCall::for_plan(plan), events, Some(cancel))
+                .await?),
+            Backend::Bootc(c) => {
+                let _ = events.try_send(TxnEvent::Message(format!(
+                    "bootc switch --transport registry {}",
+                    plan.os_image
+                )));
+                Ok(c.switch(&plan.os_image.to_string()).await?)
+            }
+        }
+    }
+
+    /// Applies the staged deployment whose manifest digest is `digest` by rebooting:
+    /// `FinalizeDeployment` on rpm-ostree, logind's `Reboot` on bootc.
+    pub async fn apply(&self, digest: &str) -> Result<(), BackendError> {
+        match self {
+            Backend::RpmOstree(c) => Ok(c.finalize_deployment(digest).await?),
+            Backend::Bootc(c) => Ok(c.reboot().await?),
+        }
+    }
+}
