@@ -45,6 +45,18 @@ async fn approved_migration_reboots_into_rhel10_and_reports_done() {
         "the token names the request: {token}"
     );
 
+    // The admin on the host sees the same request.
+    let out = env.streamctl(&["status"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("waiting for approval: reboot-approved={token}")),
+        "{text}"
+    );
+    let out = env.streamctl(&["status", "--json"]);
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    assert_eq!(doc["rebootRequested"], json!(token));
+    assert_eq!(doc["rebootApproved"], json!(false));
+
     // A stale or foreign token never reboots the node.
     for wrong in [
         "not-the-token",

@@ -416,6 +416,17 @@ fn render(s: &Status) -> String {
         ),
     );
     line("Extensions:", or_none(&s.desired_extensions_image));
+    let reboot = match (&s.reboot_requested, s.reboot_approved) {
+        (Some(t), true) => format!("approved ({t})"),
+        (Some(t), false) => format!("requested, waiting for approval: reboot-approved={t}"),
+        (None, _) => "not requested".into(),
+    };
+    let attempts = if s.attempts > 0 {
+        format!(", attempt {}", s.attempts)
+    } else {
+        String::new()
+    };
+    line("Reboot:", &format!("{reboot}{attempts}"));
     line("Backend:", &format!("{backend} ({arch})"));
     if let Some(h) = &s.host {
         let fips = match h.fips {
@@ -465,6 +476,8 @@ mod tests {
                 x86_64_level: Some(3),
             }),
             last_error: Some("preflight check cpu-level failed: old".into()),
+            reboot_requested: Some("abc.123".into()),
+            attempts: 1,
             ..Status::default()
         };
         let text = render(&s);
@@ -477,8 +490,14 @@ mod tests {
             "Last change:  1970-01-01 00:00:00 UTC",
             "Host:         FIPS enabled, kernel realtime, x86-64-v3",
             "Last error:   preflight check cpu-level failed: old",
+            "Reboot:       requested, waiting for approval: reboot-approved=abc.123, attempt 1",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
+        let approved = Status {
+            reboot_approved: true,
+            ..s
+        };
+        assert!(render(&approved).contains("Reboot:       approved (abc.123), attempt 1"));
     }
 }
