@@ -1092,15 +1092,7 @@ async fn sleep_opt(at: Option<Instant>) {
 
 /// `d` plus up to a quarter of it, so a fleet does not retry in lockstep.
 fn jittered(d: Duration) -> Duration {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |t| t.subsec_nanos());
-    let quarter = d.as_millis() as u64 / 4;
-    d + Duration::from_millis(if quarter == 0 {
-        0
-    } else {
-        u64::from(nanos) % quarter
-    })
+    d.mul_f64(1.0 + crate::report::jitter() / 4.0)
 }
 
 fn unix_now() -> u64 {
