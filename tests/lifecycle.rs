@@ -18,6 +18,13 @@ fn count(txns: &[Value], method: &str) -> usize {
     methods(txns).iter().filter(|m| *m == method).count()
 }
 
+/// The UpdateDeployment transactions that were started, in order.
+fn started_updates(txns: &[Value]) -> Vec<&Value> {
+    txns.iter()
+        .filter(|t| t["method"] == "UpdateDeployment" && t["started"] == json!(true))
+        .collect()
+}
+
 fn attempt_record(env: &Env) -> Option<Value> {
     let text = std::fs::read_to_string(env.dir.join("state/attempt.json")).ok()?;
     serde_json::from_str(&text).ok()
@@ -204,10 +211,7 @@ async fn failed_finalization_rolls_back_retries_then_refuses() {
     // A new request (here: the same image with its extensions image) starts from zero.
     let ext = env.vars()["TESTBED_RHEL10_EXTENSIONS_IMAGE"].clone();
     env.annotate(&[&format!("{DESIRED_EXTENSIONS_IMAGE}={ext}")]);
-    env.wait_for("a fresh request", Duration::from_secs(90), |a| {
-        a.get(STATE).map(String::as_str) == Some("Staged") && a.contains_key(REBOOT_REQUESTED)
-    })
-    .await;
+    env.wait_reboot_request().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -277,16 +281,9 @@ async fn changed_request_mid_staging_cancels_and_stages_the_new_one() {
     let ext = env.vars()["TESTBED_RHEL10_EXTENSIONS_IMAGE"].clone();
     env.annotate(&[&format!("{DESIRED_EXTENSIONS_IMAGE}={ext}")]);
     env.rpmostreed(json!({"cmd": "slow", "ms": 0})).await;
-    let a = env
-        .wait_for("the new request staged", Duration::from_secs(120), |a| {
-            a.get(STATE).map(String::as_str) == Some("Staged") && a.contains_key(REBOOT_REQUESTED)
-        })
-        .await;
+    let a = env.wait_reboot_request().await;
     let txns = env.transactions().await;
-    let updates: Vec<&Value> = txns
-        .iter()
-        .filter(|t| t["method"] == "UpdateDeployment" && t["started"] == json!(true))
-        .collect();
+    let updates = started_updates(&txns);
     assert_eq!(updates.len(), 2, "{txns:#?}");
     assert_eq!(updates[0]["cancelled"], json!(true), "{txns:#?}");
     assert_eq!(updates[1]["result"]["ok"], json!(true), "{txns:#?}");
@@ -306,10 +303,7 @@ async fn rpm_ostreed_exiting_mid_transaction_is_recovered() {
     )
     .await;
     let txns = env.transactions().await;
-    let updates: Vec<&Value> = txns
-        .iter()
-        .filter(|t| t["method"] == "UpdateDeployment" && t["started"] == json!(true))
-        .collect();
+    let updates = started_updates(&txns);
     assert_eq!(updates.len(), 2, "{txns:#?}");
     assert_eq!(updates[0]["crashed"], json!(true), "{txns:#?}");
     assert!(
@@ -387,11 +381,7 @@ async fn foreign_staged_deployment_is_refused_unless_replacing_is_allowed() {
     env.stop_streamd();
     env.config("60-replace.toml", "replace-foreign-staged = true\n");
     env.start_streamd();
-    let staged = env
-        .wait_for("our own staged deployment", Duration::from_secs(90), |a| {
-            a.get(STATE).map(String::as_str) == Some("Staged") && a.contains_key(REBOOT_REQUESTED)
-        })
-        .await;
+    let staged = env.wait_reboot_request().await;
     assert_eq!(staged[STAGED_OS_IMAGE], env.rhel10());
     let txns = env.transactions().await;
     let t = txns

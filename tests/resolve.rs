@@ -19,11 +19,7 @@ async fn resolving_env(name: &str) -> Env {
 async fn a_stream_only_request_takes_the_clusters_images() {
     let env = resolving_env("resolve-happy").await;
     env.annotate(&[&format!("{DESIRED_STREAM}=rhel-10")]);
-    let staged = env
-        .wait_for("staged from the stream", Duration::from_secs(90), |a| {
-            a.get(STATE).map(String::as_str) == Some("Staged") && a.contains_key(REBOOT_REQUESTED)
-        })
-        .await;
+    let staged = env.wait_reboot_request().await;
     assert_eq!(staged[STAGED_OS_IMAGE], env.rhel10());
     assert!(
         !staged.contains_key(DESIRED_OS_IMAGE),
@@ -56,11 +52,7 @@ async fn an_unknown_stream_is_refused_listing_the_available_ones() {
 async fn a_changed_digest_re_targets_the_node() {
     let env = resolving_env("resolve-retarget").await;
     env.annotate(&[&format!("{DESIRED_STREAM}=rhel-10")]);
-    let first = env
-        .wait_for("staged from the stream", Duration::from_secs(90), |a| {
-            a.contains_key(REBOOT_REQUESTED)
-        })
-        .await;
+    let first = env.wait_reboot_request().await;
     // The cluster points rhel-10 at another image (here: the one the node runs).
     let v = env.vars();
     let patch = json!({"status": {"availableStreams": [
@@ -68,20 +60,7 @@ async fn a_changed_digest_re_targets_the_node() {
         {"name": "rhel-10", "osImage": env.rhel9(), "osExtensionsImage": v["TESTBED_RHEL10_EXTENSIONS_IMAGE"]},
     ]}})
     .to_string();
-    let out = env.kubectl(&[
-        "patch",
-        "osimagestream",
-        "cluster",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &patch,
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    env.patch_streams_status(&patch);
     let done = env
         .wait_for("re-targeted", Duration::from_secs(60), |a| {
             a.get(STATE).map(String::as_str) == Some("Done") && !a.contains_key(STAGED_OS_IMAGE)

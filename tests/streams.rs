@@ -34,34 +34,11 @@ async fn next_catalog(
     }
 }
 
-/// `kubectl` arguments that merge-patch the OSImageStream's status subresource (as the
-/// machine-config operator writes it).
-fn status_patch(patch: &str) -> [&str; 7] {
-    [
-        "patch",
-        "osimagestream",
-        "cluster",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        patch,
-    ]
-}
-
 fn stream_only(name: &str) -> Inputs {
     Inputs {
         stream: Some(name.into()),
         ..Inputs::default()
     }
-}
-
-fn kubectl_ok(env: &Env, args: &[&str]) {
-    let out = env.kubectl(args);
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -110,7 +87,7 @@ async fn watch_resolves_follows_a_digest_change_and_sees_deletion() {
     };
     let patch = catalog_json(&retarget);
     let since = Instant::now();
-    kubectl_ok(&env, &status_patch(&patch));
+    env.patch_streams_status(&patch);
     let catalog = next_catalog(&mut updates, since).await;
     let resolved = streams::resolve(&stream_only("rhel-10"), Some(&catalog)).expect("resolves");
     assert_eq!(resolved.os_image, Some(retarget));
@@ -123,16 +100,16 @@ async fn watch_resolves_follows_a_digest_change_and_sees_deletion() {
         .await;
     let again = format!("{repo}@sha256:{}", "d".repeat(64));
     let since = Instant::now();
-    kubectl_ok(&env, &status_patch(&catalog_json(&again)));
+    env.patch_streams_status(&catalog_json(&again));
     let catalog = next_catalog(&mut updates, since).await;
     let resolved = streams::resolve(&stream_only("rhel-10"), Some(&catalog)).expect("resolves");
     assert_eq!(resolved.os_image, Some(again));
 
     // A change that leaves the catalog as it is (a label) yields nothing; the next real change
     // is the next item.
-    kubectl_ok(&env, &["label", "osimagestream", "cluster", "touched=yes"]);
+    env.kubectl_ok(&["label", "osimagestream", "cluster", "touched=yes"]);
     let since = Instant::now();
-    kubectl_ok(&env, &["delete", "osimagestream", "cluster"]);
+    env.kubectl_ok(&["delete", "osimagestream", "cluster"]);
     assert_eq!(next_catalog(&mut updates, since).await, Catalog::Missing);
     assert_eq!(
         streams::resolve(&stream_only("rhel-10"), Some(&Catalog::Missing)),
@@ -149,7 +126,7 @@ async fn watch_resolves_follows_a_digest_change_and_sees_deletion() {
     )
     .expect("write manifest");
     let since = Instant::now();
-    kubectl_ok(&env, &["create", "-f", manifest.to_str().expect("utf-8")]);
+    env.kubectl_ok(&["create", "-f", manifest.to_str().expect("utf-8")]);
     assert_eq!(
         next_catalog(&mut updates, since).await,
         Catalog::Unreconciled
@@ -158,7 +135,7 @@ async fn watch_resolves_follows_a_digest_change_and_sees_deletion() {
     let mut status: serde_json::Value = serde_json::from_str(&status).expect("json");
     status["status"]["defaultStream"] = json!("rhel-9");
     let since = Instant::now();
-    kubectl_ok(&env, &status_patch(&status.to_string()));
+    env.patch_streams_status(&status.to_string());
     let catalog = next_catalog(&mut updates, since).await;
     let resolved = streams::resolve(&stream_only("rhel-10"), Some(&catalog)).expect("resolves");
     assert_eq!(resolved.os_image, Some(rhel10));

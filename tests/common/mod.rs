@@ -298,6 +298,43 @@ impl Env {
             .unwrap_or_default()
     }
 
+    /// Runs kubectl as the admin and fails the test, with kubectl's stderr, unless it succeeds.
+    pub fn kubectl_ok(&self, args: &[&str]) {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Merge-patches the OSImageStream's status subresource, as the machine-config operator
+    /// writes it.
+    pub fn patch_streams_status(&self, patch: &str) {
+        self.kubectl_ok(&[
+            "patch",
+            "osimagestream",
+            "cluster",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            patch,
+        ]);
+    }
+
+    /// Waits for `Staged` with a reboot request; returns the annotations.
+    pub async fn wait_reboot_request(&self) -> BTreeMap<String, String> {
+        self.wait_for(
+            "staged with a reboot request",
+            Duration::from_secs(90),
+            |a| {
+                a.get(STATE).map(String::as_str) == Some("Staged")
+                    && a.contains_key(REBOOT_REQUESTED)
+            },
+        )
+        .await
+    }
+
     /// Waits for a reboot request and approves it; returns the token.
     pub async fn approve_reboot(&self) -> String {
         let a = self
