@@ -1025,11 +1025,17 @@ async fn stage_with_busy_retry(
 }
 
 /// Events go through a small queue to their own task: posting them never blocks the state
-/// machine, and when the queue is full they are dropped (the annotations carry the truth).
+/// machine, and when the queue is full or the rate limit is reached they are dropped (the
+/// annotations carry the truth).
 fn spawn_event_sender(node: NodeClient) -> mpsc::Sender<(EventType, &'static str, String)> {
     let (tx, mut rx) = mpsc::channel::<(EventType, &'static str, String)>(16);
     tokio::spawn(async move {
+        let mut limiter = crate::report::EventLimiter::default();
         while let Some((kind, reason, message)) = rx.recv().await {
+            if !limiter.allow(Instant::now(), reason, &message) {
+                debug!(reason, "event dropped by the rate limit");
+                continue;
+            }
             if let Err(e) = node.event(kind, reason, &message).await {
                 warn!(error = format!("{e:#}"), reason, "posting event failed");
             }

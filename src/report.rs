@@ -57,6 +57,54 @@ pub fn jitter() -> f64 {
     (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// Keeps a flapping node from flooding the cluster with Events: a token bucket (a burst of
+/// [`EVENT_BURST`], then one per [`EVENT_REFILL`]) and no repeat of the same reason and message
+/// within [`EVENT_REPEAT`]. The annotations carry the truth; Events are the story of it.
+#[derive(Debug)]
+pub struct EventLimiter {
+    tokens: f64,
+    at: Option<Instant>,
+    recent: Vec<(Instant, String)>,
+}
+
+/// Events that may be posted at once.
+pub const EVENT_BURST: f64 = 10.0;
+/// Time for one more Event to be allowed.
+pub const EVENT_REFILL: Duration = Duration::from_secs(6);
+/// Window in which an identical Event is dropped.
+pub const EVENT_REPEAT: Duration = Duration::from_secs(60);
+
+impl Default for EventLimiter {
+    fn default() -> Self {
+        EventLimiter {
+            tokens: EVENT_BURST,
+            at: None,
+            recent: Vec::new(),
+        }
+    }
+}
+
+impl EventLimiter {
+    /// Whether an Event `reason: message` may be posted at `now` (and counts it if so).
+    pub fn allow(&mut self, now: Instant, reason: &str, message: &str) -> bool {
+        if let Some(at) = self.at {
+            let refill =
+                now.saturating_duration_since(at).as_secs_f64() / EVENT_REFILL.as_secs_f64();
+            self.tokens = (self.tokens + refill).min(EVENT_BURST);
+        }
+        self.at = Some(now);
+        self.recent
+            .retain(|(t, _)| now.saturating_duration_since(*t) < EVENT_REPEAT);
+        let key = format!("{reason}\0{message}");
+        if self.tokens < 1.0 || self.recent.iter().any(|(_, k)| *k == key) {
+            return false;
+        }
+        self.tokens -= 1.0;
+        self.recent.push((now, key));
+        true
+    }
+}
+
 /// Decides when and what to patch.
 #[derive(Debug, Default)]
 pub struct Reporter {
@@ -246,5 +294,33 @@ mod tests {
         for k in protocol::INPUT_KEYS {
             assert!(p["metadata"]["annotations"].get(k).is_none());
         }
+    }
+
+    #[test]
+    fn events_are_rate_limited_and_deduplicated() {
+        let t0 = Instant::now();
+        let mut l = EventLimiter::default();
+        assert!(l.allow(t0, "Staged", "a"));
+        assert!(
+            !l.allow(t0, "Staged", "a"),
+            "the same event twice within a minute"
+        );
+        assert!(
+            l.allow(t0, "Staged", "b"),
+            "another message is another event"
+        );
+        let allowed = (0..20)
+            .filter(|i| l.allow(t0, "Failed", &i.to_string()))
+            .count();
+        assert_eq!(allowed, 8, "the burst is 10 in all");
+        assert!(!l.allow(t0 + Duration::from_secs(3), "Failed", "x"));
+        assert!(
+            l.allow(t0 + EVENT_REFILL, "Failed", "x"),
+            "one more after the refill"
+        );
+        assert!(
+            l.allow(t0 + EVENT_REPEAT + EVENT_REFILL * 2, "Staged", "a"),
+            "repeats allowed after the window"
+        );
     }
 }
