@@ -37,12 +37,25 @@ fn config_check_reports_file_line_column() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("1 file(s)"));
     let bad = d.join("20-bad.toml");
-    std::fs::write(&bad, "allow-downgrade = true\nreboot = \"sometimes\"\n").expect("write");
+    std::fs::write(
+        &bad,
+        "allow-downgrade = true\nreboot-window = \"sometimes\"\n",
+    )
+    .expect("write");
     let out = streamctl(&["config", "check", bad.to_str().expect("utf-8")]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("20-bad.toml:2:1"), "{err}");
-    assert!(err.contains("reboot"), "{err}");
+    assert!(err.contains("reboot-window"), "{err}");
+    // A known key with a value it does not take points at the value.
+    std::fs::write(&bad, "reboot = \"sometimes\"\n").expect("write");
+    let out = streamctl(&["config", "check", bad.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("20-bad.toml:1:10") && err.contains("on-approval"),
+        "{err}"
+    );
     // The directory form finds it too.
     let out = streamctl(&["config", "check", d.to_str().expect("utf-8")]);
     assert_eq!(out.status.code(), Some(1));

@@ -1261,6 +1261,10 @@ async fn finalize_deployment_checks_and_reboots() {
         }
     };
     let digest = env.rhel10().digest.clone();
+    // rpm-ostreed asks logind for inhibitors before it reboots.
+    let logind = testbed::logind::FakeLogind::start(&env.bus.address, Box::new(|| Ok(())))
+        .await
+        .expect("fake logind");
 
     assert_eq!(
         finalize(dict(&[("checksum", Value::from(digest.as_str()))]))
@@ -1300,6 +1304,29 @@ async fn finalize_deployment_checks_and_reboots() {
         (false, "Missing expected checksum".to_string())
     );
     env.wait_idle().await;
+    // A block-mode shutdown inhibitor stops it with rpm-ostree's message; a delay one does not.
+    for (who, mode) in [("backup", "block"), ("updater", "delay")] {
+        logind
+            .control(&json!({"cmd": "inhibit", "what": "shutdown", "who": who,
+                "why": "busy", "mode": mode}))
+            .await
+            .expect("inhibit");
+    }
+    assert_eq!(
+        finalize(dict(&[("checksum", Value::from(digest.as_str()))]))
+            .await
+            .expect("finalize"),
+        (
+            false,
+            "Reboot blocked by a systemd inhibitor lock in `block` mode\nHeld by: backup\nReason: busy"
+                .to_string()
+        )
+    );
+    env.wait_idle().await;
+    logind
+        .control(&json!({"cmd": "release", "who": "backup"}))
+        .await
+        .expect("release");
     assert_eq!(
         finalize(dict(&[("checksum", Value::from(digest.as_str()))]))
             .await
