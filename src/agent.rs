@@ -27,6 +27,8 @@ use crate::rpmostree::{Deployment, RpmOstreeError, TxnEvent, UpdateDeploymentCal
 use crate::status::Status;
 use crate::streams::{Catalog, ResolveError, StreamsUpdate};
 
+/// How rpm-ostree refuses a rebase onto the refspec the pending deployment already has.
+const REFS_EQUAL: &str = "Old and new refs are equal";
 /// First delay after a transient failure; doubles up to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_secs(1);
 /// Longest delay between retries.
@@ -71,6 +73,8 @@ pub struct Agent {
     patch_backoff: Duration,
     ready: bool,
     reboot: Settings,
+    /// The request for which "Old and new refs are equal" was already taken as "staged meanwhile".
+    refs_equal_seen: Option<String>,
     /// The node's input annotations as written (before stream resolution).
     raw_inputs: Inputs,
     /// The cluster's streams, once read (resolution mode only).
@@ -134,6 +138,7 @@ impl Agent {
             patch_retry_at: None,
             patch_backoff: MIN_BACKOFF,
             ready: false,
+            refs_equal_seen: None,
             raw_inputs: Inputs::default(),
             catalog: None,
             unresolved: None,
@@ -736,6 +741,17 @@ impl Agent {
                 self.reconcile().await;
             }
             Err(e) if e.is_transient() => self.transient_failure(e.to_string()).await,
+            // A transaction started before a restart (streamd was killed mid-staging) staged the
+            // same target just before this one was asked for: the target is pending, which is
+            // what was wanted. Decide again on the deployments, once per request.
+            Err(BackendError::RpmOstree(RpmOstreeError::Failed(m)))
+                if m.starts_with(REFS_EQUAL)
+                    && self.refs_equal_seen.as_deref() != Some(done.hash.as_str()) =>
+            {
+                info!("the target was staged meanwhile by an earlier transaction; deciding again");
+                self.refs_equal_seen = Some(done.hash.clone());
+                self.reconcile().await;
+            }
             Err(e) => {
                 // A failed transaction is not retried for the same request: retrying a broken
                 // image would flap the node between Staging and Degraded. A new request, or

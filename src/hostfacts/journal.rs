@@ -17,7 +17,8 @@ const MAX_CHARS: usize = 300;
 
 /// The error lines `ostree-finalize-staged.service` logged in the previous boot, if any.
 pub async fn finalize_failure(root: &HostRoot) -> Option<String> {
-    let mut cmd = tokio::process::Command::new("journalctl");
+    // By absolute path: the unit's PATH is not part of the contract.
+    let mut cmd = tokio::process::Command::new("/usr/bin/journalctl");
     if root.root() != Path::new("/") {
         cmd.arg(format!("--root={}", root.root().display()));
     }
