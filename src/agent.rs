@@ -478,8 +478,13 @@ impl Agent {
                 let reason = match &other {
                     Decision::Refuse(r) => r.clone(),
                     Decision::AwaitApproval { token } => format!(
-                        "staged {} (finalization-locked); waiting for reboot approval: set reboot-approved to {token}",
-                        self.status.staged_os_image.as_deref().unwrap_or_default()
+                        "staged {} ({}); waiting for reboot approval: set reboot-approved to {token}",
+                        self.status.staged_os_image.as_deref().unwrap_or_default(),
+                        if self.backend.locks() {
+                            "finalization-locked"
+                        } else {
+                            "not locked: any reboot applies it"
+                        }
                     ),
                     Decision::RebootPending => {
                         "the staged deployment is finalized; waiting for the reboot".into()
