@@ -453,6 +453,26 @@ impl Agent {
                 }
             }
             Decision::Done { applied } => {
+                // The target booted; what the node was (variant kernel, FIPS) must have come
+                // along. A mismatch is reported and nothing is done: never a reboot loop.
+                let checked = record.attempt.as_ref().filter(|_| applied).map(|a| {
+                    self.status
+                        .host
+                        .as_ref()
+                        .map_or(Ok(()), |facts| crate::verify::after_boot(a, facts))
+                });
+                if let Some(Err(problem)) = checked {
+                    warn!(%problem, "the new boot does not match the node before the update");
+                    self.set_state(
+                        State::Degraded,
+                        format!(
+                            "booted {} but {problem}; not rebooting again: inspect the node",
+                            self.status.current_os_image
+                        ),
+                    )
+                    .await;
+                    return;
+                }
                 if applied {
                     let rec = Record {
                         attempt: None,
@@ -615,6 +635,7 @@ impl Agent {
         attempt: u32,
     ) {
         let mut rec = record.clone();
+        let facts = self.status.host.as_ref();
         rec.attempt = Some(Attempt {
             request: desired.observed_hash(),
             os_image: desired.os_image.to_string(),
@@ -622,6 +643,12 @@ impl Agent {
             boot_id: self.boot_id.clone(),
             attempts: attempt,
             reported_boot: None,
+            kernel: facts.and_then(|f| f.kernel),
+            fips: facts.and_then(|f| match f.fips {
+                crate::hostfacts::Fips::Enabled => Some(true),
+                crate::hostfacts::Fips::Disabled => Some(false),
+                crate::hostfacts::Fips::Inconsistent => None,
+            }),
         });
         // Written before the reboot can happen, so the next boot knows what was tried.
         if let Err(e) = self.store.save(&rec) {

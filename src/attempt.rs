@@ -55,6 +55,12 @@ pub struct Attempt {
     pub attempts: u32,
     /// The boot in which the outcome of the last attempt was reported (event posted).
     pub reported_boot: Option<String>,
+    /// The kernel variant the node ran when the reboot was approved; the new boot must run it.
+    #[serde(default)]
+    pub kernel: Option<crate::hostfacts::KernelVariant>,
+    /// Whether the node was in FIPS mode then; the new boot must be too (never toggled).
+    #[serde(default)]
+    pub fips: Option<bool>,
 }
 
 /// Why the record could not be read or written.
@@ -174,6 +180,8 @@ mod tests {
                 boot_id: "b1".into(),
                 attempts: 1,
                 reported_boot: None,
+                kernel: Some(crate::hostfacts::KernelVariant::Realtime),
+                fips: Some(true),
             }),
         };
         store.save(&rec).expect("save");

@@ -374,6 +374,8 @@ mod tests {
                 boot_id: boot.into(),
                 attempts,
                 reported_boot: reported.map(String::from),
+                kernel: None,
+                fips: None,
             }),
             ..ours(digest)
         }

@@ -390,3 +390,55 @@ async fn foreign_staged_deployment_is_refused_unless_replacing_is_allowed() {
         .expect("staging");
     assert_eq!(t["options"]["lock-finalization"], json!(true));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fips_realtime_node_keeps_both_across_the_reboot_and_is_checked_after_boot() {
+    let mut env = Env::with_host("fips-rt", "fips-realtime").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let ext = env.vars()["TESTBED_RHEL10_EXTENSIONS_IMAGE"].clone();
+    env.request_rhel10();
+    env.annotate(&[&format!("{DESIRED_EXTENSIONS_IMAGE}={ext}")]);
+    env.approve_reboot().await;
+    env.wait_for("the reboot", Duration::from_secs(60), |_| {
+        env.reboot_initiated()
+    })
+    .await;
+    let rec = attempt_record(&env).expect("record");
+    assert_eq!(rec["attempt"]["kernel"], "realtime", "{rec}");
+    assert_eq!(rec["attempt"]["fips"], true, "{rec}");
+    let out = env.reboot(false).await;
+    assert!(
+        out["kernel"]
+            .as_str()
+            .is_some_and(|k| k.contains("el10") && k.ends_with("+rt")),
+        "{out}"
+    );
+    env.start_streamd();
+    let done = env.wait_state("Done").await;
+    let host: Value = serde_json::from_str(&done[HOST]).expect("host JSON");
+    assert_eq!(host["kernel"], "realtime");
+    assert_eq!(host["fips"], "enabled");
+
+    // Had FIPS been lost on the way, the node would be reported, not rebooted again: rewind
+    // the record to "just rebooted" and boot a host whose kernel says FIPS is off.
+    env.stop_streamd();
+    let mut rec = rec;
+    rec["attempt"]["bootId"] = json!("00000000-0000-0000-0000-000000000000");
+    std::fs::write(
+        env.dir.join("state/attempt.json"),
+        serde_json::to_vec(&rec).expect("json"),
+    )
+    .expect("write record");
+    std::fs::write(env.dir.join("host/proc/sys/crypto/fips_enabled"), "0\n").expect("fips off");
+    env.start_streamd();
+    let degraded = env.wait_state("Degraded").await;
+    assert!(
+        degraded[REASON].contains("FIPS mode was on before the reboot"),
+        "{}",
+        degraded[REASON]
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!env.reboot_initiated(), "never a reboot after a bad boot");
+    assert_eq!(env.annotations().await[STATE], "Degraded");
+}
