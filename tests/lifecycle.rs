@@ -442,3 +442,24 @@ async fn fips_realtime_node_keeps_both_across_the_reboot_and_is_checked_after_bo
     assert!(!env.reboot_initiated(), "never a reboot after a bad boot");
     assert_eq!(env.annotations().await[STATE], "Degraded");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reboot_policy_immediate_finalizes_without_asking() {
+    let mut env = Env::new("immediate").await;
+    env.config("60-reboot.toml", "reboot = \"immediate\"\n");
+    env.start_streamd();
+    env.request_rhel10();
+    env.wait_for("the reboot", Duration::from_secs(90), |_| {
+        env.reboot_initiated()
+    })
+    .await;
+    let a = env.annotations().await;
+    assert_eq!(a[STATE], "Rebooting");
+    assert!(!a.contains_key(REBOOT_REQUESTED), "nobody is asked: {a:?}");
+    let txns = env.transactions().await;
+    assert_eq!(count(&txns, "FinalizeDeployment"), 1, "{txns:#?}");
+    env.reboot(false).await;
+    env.start_streamd();
+    let done = env.wait_state("Done").await;
+    assert_eq!(done[CURRENT_STREAM], "rhel-10");
+}
