@@ -315,6 +315,7 @@ impl Agent {
         let obs = Observation {
             desired: &desired,
             deployments: &deployments,
+            allow_downgrade: self.gatherer.policy.allow_downgrade,
             lifecycle: Lifecycle {
                 policy: self.reboot.policy,
                 max_attempts: self.reboot.max_attempts,
@@ -835,12 +836,17 @@ impl Agent {
         ) else {
             return serde_json::json!({"error": "rpm-ostree reports no booted deployment"});
         };
-        let base = crate::planner::StagePlan::rebase(&desired.stream, &desired.os_image, false);
+        let base = crate::planner::StagePlan::rebase(
+            &desired.stream,
+            &desired.os_image,
+            self.gatherer.policy.allow_downgrade,
+        );
         let record = self.store.load().unwrap_or_default();
         let observed = Ok(Some(desired.clone()));
         let obs = Observation {
             desired: &observed,
             deployments: &deployments,
+            allow_downgrade: self.gatherer.policy.allow_downgrade,
             lifecycle: Lifecycle {
                 policy: self.reboot.policy,
                 max_attempts: self.reboot.max_attempts,

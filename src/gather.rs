@@ -171,8 +171,6 @@ impl Gatherer {
             _ => None,
         };
         let plan = preflight::first_failure(&checks).is_none().then(|| {
-            let mut base = base;
-            base.allow_downgrade = self.policy.allow_downgrade;
             // Only the RPMs of the target major are passed: preflight made sure they exist.
             let target = preflight::stream_major(&desired.stream);
             let rpms: Vec<PathBuf> = extracted

@@ -20,6 +20,8 @@ pub struct Observation<'a> {
     pub desired: &'a Result<Option<Desired>, ProtocolError>,
     /// The deployments, boot order.
     pub deployments: &'a [Deployment],
+    /// The admin allows moving to an older major (`allow-downgrade`).
+    pub allow_downgrade: bool,
     /// The reboot side of the request.
     pub lifecycle: Lifecycle<'a>,
 }
@@ -262,7 +264,8 @@ pub fn decide(obs: &Observation<'_>) -> Decision {
         // Nothing staged, or a foreign deployment (the preflight's pending-deployment check
         // decides whether it may be replaced).
         _ => {
-            let mut plan = StagePlan::rebase(&desired.stream, &desired.os_image, false);
+            let mut plan =
+                StagePlan::rebase(&desired.stream, &desired.os_image, obs.allow_downgrade);
             plan.lock_finalization = want_lock;
             return Decision::Stage(plan);
         }
@@ -680,6 +683,7 @@ mod tests {
             let obs = Observation {
                 desired: &c.desired,
                 deployments: &c.deps,
+                allow_downgrade: false,
                 lifecycle: Lifecycle {
                     policy: c.policy,
                     max_attempts: 2,
@@ -701,6 +705,7 @@ mod tests {
         let obs = Observation {
             desired: &desired,
             deployments: &deps,
+            allow_downgrade: false,
             lifecycle: Lifecycle {
                 policy: RebootPolicy::OnApproval,
                 max_attempts: 2,
@@ -714,6 +719,29 @@ mod tests {
     }
 
     #[test]
+    fn the_downgrade_policy_reaches_the_plan() {
+        let desired = want(D10);
+        let deps = vec![dep(D9, true, false)];
+        let record = Record::default();
+        for allow in [false, true] {
+            let obs = Observation {
+                desired: &desired,
+                deployments: &deps,
+                allow_downgrade: allow,
+                lifecycle: Lifecycle {
+                    policy: RebootPolicy::OnApproval,
+                    max_attempts: 2,
+                    boot_id: BOOT,
+                    record: &record,
+                    approved: None,
+                    locks: true,
+                },
+            };
+            assert!(matches!(decide(&obs), Decision::Stage(p) if p.allow_downgrade == allow));
+        }
+    }
+
+    #[test]
     fn no_booted_deployment_is_refused() {
         let desired = want(D10);
         let deps = vec![dep(D9, false, false)];
@@ -721,6 +749,7 @@ mod tests {
         let obs = Observation {
             desired: &desired,
             deployments: &deps,
+            allow_downgrade: false,
             lifecycle: Lifecycle {
                 policy: RebootPolicy::OnApproval,
                 max_attempts: 2,
