@@ -28,6 +28,9 @@ pub struct Gatherer {
     pub runtime_dir: PathBuf,
     /// Preflight policy.
     pub policy: Policy,
+    /// The registry client of the last preflight and the pull secret it was made for: kept
+    /// while the secret is unchanged, so its connections and tokens serve the next preflight.
+    pub inspector: std::sync::Arc<std::sync::Mutex<Option<(PullSecret, Inspector)>>>,
 }
 
 /// The outcome of a preflight run.
@@ -69,6 +72,22 @@ impl Gatherer {
         }
     }
 
+    /// The registry client for `secret`, reused while the secret stays the same.
+    fn inspector(&self, secret: &PullSecret) -> Inspector {
+        let mut cached = self
+            .inspector
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &*cached {
+            Some((s, i)) if s == secret => i.clone(),
+            _ => {
+                let i = Inspector::new(secret.clone(), &self.insecure_registries);
+                *cached = Some((secret.clone(), i.clone()));
+                i
+            }
+        }
+    }
+
     fn disk(&self) -> DiskFree {
         let free = |p: &str| {
             rustix::fs::statvfs(self.host.path(p))
@@ -107,10 +126,7 @@ impl Gatherer {
         let crio = hostfacts::crio_default_runtime(&self.host).map_err(|e| e.to_string());
         let booted_major = self.host.os_release().ok().and_then(|r| r.major());
         let secret = self.secret();
-        let inspector = secret
-            .as_ref()
-            .ok()
-            .map(|s| Inspector::new(s.clone(), &self.insecure_registries));
+        let inspector = secret.as_ref().ok().map(|s| self.inspector(s));
         let os_image = match (&inspector, &secret) {
             (Some(i), _) => match i.os_image(&desired.os_image, &facts.arch).await {
                 Ok(info) => Ok(info),
@@ -188,5 +204,36 @@ impl Gatherer {
             plan,
             expect,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_registry_client_is_kept_while_the_pull_secret_is_unchanged() {
+        let g = Gatherer {
+            host: HostRoot::new("/nonexistent"),
+            pull_secret: PathBuf::from("/nonexistent/pull-secret.json"),
+            insecure_registries: Vec::new(),
+            runtime_dir: PathBuf::from("/nonexistent/run"),
+            policy: Policy::default(),
+            inspector: Default::default(),
+        };
+        let cached = |g: &Gatherer| {
+            g.inspector
+                .lock()
+                .map(|c| c.as_ref().map(|(s, _)| s.clone()))
+                .unwrap_or_default()
+        };
+        let a = PullSecret::default();
+        let b = PullSecret::parse(r#"{"auths":{"r.example":{"auth":"dTpw"}}}"#).expect("secret");
+        g.inspector(&a);
+        assert_eq!(cached(&g), Some(a.clone()));
+        g.inspector(&a);
+        assert_eq!(cached(&g), Some(a), "same secret: kept");
+        g.inspector(&b);
+        assert_eq!(cached(&g), Some(b), "another secret: a new client");
     }
 }

@@ -66,9 +66,17 @@ fn kernel_arch(goarch: &str) -> &str {
 }
 
 /// Reads images from registries with the node's pull secret.
+#[derive(Clone)]
 pub struct Inspector {
     client: Client,
     secret: PullSecret,
+}
+
+impl std::fmt::Debug for Inspector {
+    // The pull secret stays out of every Debug output.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inspector").finish_non_exhaustive()
+    }
 }
 
 impl Inspector {

@@ -104,6 +104,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         insecure_registries: cfg.insecure_registries.clone(),
         runtime_dir: cfg.runtime_dir.clone(),
         policy: cfg.policy.clone(),
+        inspector: Default::default(),
     };
     let reboot = streamd::agent::Settings {
         policy: cfg.reboot,
