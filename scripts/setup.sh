@@ -12,6 +12,8 @@ have rpmbuild || need+=(rpm)
 have docker-registry || need+=(docker-registry)
 have ostree || need+=(ostree)
 pkg-config --exists ostree-1 2>/dev/null || need+=(libostree-dev)
+# Writes the real journal the testbed leaves after a failed finalization.
+[[ -x /lib/systemd/systemd-journal-remote ]] || need+=(systemd-journal-remote)
 
 if ((${#need[@]})); then
     echo "setup: installing ${need[*]}" >&2

@@ -196,6 +196,12 @@ async fn failed_finalization_rolls_back_retries_then_refuses() {
         refused[REASON].contains("attempt 2 of 2") && refused[REASON].contains("giving up"),
         "{refused:?}"
     );
+    // The previous boot's ostree-finalize-staged error, read from the host's journal.
+    assert!(
+        refused[REASON]
+            .contains("ostree-finalize-staged: error: Bootloader write config: grub2-mkconfig"),
+        "{refused:?}"
+    );
     let reasons = env.event_reasons();
     assert_eq!(
         reasons.iter().filter(|r| *r == "RolledBack").count(),

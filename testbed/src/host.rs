@@ -16,6 +16,7 @@
 //! | `usr/lib/os-release`, `etc/os-release` (link) | the booted image's os-release |
 //! | `run/testbed/low-disk` | only on `low-disk`: the fake rpm-ostreed fails imports on free space |
 //! | `proc/sys/kernel/random/boot_id` | this boot's id; a simulated reboot writes a new one |
+//! | `var/log/journal/<machine-id>/`, `etc/machine-id` | only after a reboot whose finalization failed: a real journal with the failure in the previous boot |
 
 use std::path::Path;
 
@@ -119,6 +120,80 @@ pub fn boot(root: &Path, kernel: &str) -> anyhow::Result<()> {
     } else {
         let _ = std::fs::remove_file(&rt);
     }
+    Ok(())
+}
+
+/// The host's current boot id.
+pub fn boot_id(root: &Path) -> anyhow::Result<String> {
+    let p = root.join(BOOT_ID);
+    Ok(std::fs::read_to_string(&p)
+        .with_context(|| format!("reading {}", p.display()))?
+        .trim()
+        .to_string())
+}
+
+/// Machine id of the testbed host (`etc/machine-id`, the journal's directory name).
+const MACHINE_ID: &str = "5e7ea3dd0f1e4c8d9a2b6c3d4e5f6a7b";
+
+/// Writes a real journal below the host root (`var/log/journal/<machine-id>/`, read by
+/// `journalctl --root`) with `message` logged at priority err by
+/// `ostree-finalize-staged.service` in boot `failed_boot`, and one entry of boot `now_boot`,
+/// so that boot is the previous one (`--boot=-1`). Uses systemd-journal-remote, which turns
+/// the journal export format into journal files.
+pub async fn journal_finalize_failure(
+    root: &Path,
+    failed_boot: &str,
+    now_boot: &str,
+    message: &str,
+) -> anyhow::Result<()> {
+    const TOOL: &str = "/lib/systemd/systemd-journal-remote";
+    let dir = root.join("var/log/journal").join(MACHINE_ID);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::write(root.join("etc/machine-id"), format!("{MACHINE_ID}\n"))
+        .context("writing etc/machine-id")?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    let entry = |realtime: u128, boot: &str, unit: &str, priority: u8, msg: &str| {
+        format!(
+            "__REALTIME_TIMESTAMP={realtime}\n__MONOTONIC_TIMESTAMP=1000000\n_BOOT_ID={}\n\
+             _MACHINE_ID={MACHINE_ID}\n_HOSTNAME=worker-0\nPRIORITY={priority}\n\
+             _SYSTEMD_UNIT={unit}\nSYSLOG_IDENTIFIER=ostree\nMESSAGE={msg}\n\n",
+            boot.replace('-', "")
+        )
+    };
+    let export = entry(
+        now - 2_000_000,
+        failed_boot,
+        "ostree-finalize-staged.service",
+        3,
+        message,
+    ) + &entry(
+        now,
+        now_boot,
+        "systemd-journald.service",
+        6,
+        "journal started",
+    );
+    let input = dir.join("export.txt");
+    std::fs::write(&input, export).context("writing the journal export")?;
+    let output = dir.join(format!("boot-{}.journal", now_boot.replace('-', "")));
+    let run = tokio::process::Command::new(TOOL)
+        .arg(format!("--output={}", output.display()))
+        .arg(&input)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(30), run)
+        .await
+        .with_context(|| format!("{TOOL} did not finish within 30 s"))?
+        .with_context(|| format!("running {TOOL} (Debian package systemd-journal-remote)"))?;
+    let _ = std::fs::remove_file(&input);
+    anyhow::ensure!(
+        out.status.success(),
+        "{TOOL} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(())
 }
 

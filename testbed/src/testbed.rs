@@ -19,6 +19,10 @@ use crate::registry::{Registry, RegistryConfig};
 use crate::rpmostreed::{FakeRpmOstreed, RpmOstreedConfig};
 use crate::systemd::FakeSystemd;
 
+/// The error a failed finalization logs (what a bootloader failure at shutdown looks like).
+const FINALIZE_FAILURE: &str =
+    "error: Bootloader write config: grub2-mkconfig: Child process exited with code 1";
+
 /// Node name of the testbed's node.
 pub const NODE_NAME: &str = "worker-0";
 
@@ -324,11 +328,23 @@ impl Components {
             .iter()
             .find(|i| i.digest == out.booted_digest)
             .with_context(|| format!("booted image {} is not in the catalog", out.booted_digest))?;
+        let previous_boot = crate::host::boot_id(&h.root)?;
         crate::host::write(&h.root, NODE_NAME, image, &h.fixture, &out.cmdline)?;
         crate::host::boot(&h.root, &out.booted_kernel)?;
+        if out.finalize_failed {
+            // What ostree-finalize-staged.service leaves in the journal of the boot it failed in.
+            crate::host::journal_finalize_failure(
+                &h.root,
+                &previous_boot,
+                &crate::host::boot_id(&h.root)?,
+                FINALIZE_FAILURE,
+            )
+            .await?;
+        }
         Ok(json!({
             "applied": out.applied,
             "discarded": out.discarded,
+            "finalize_failed": out.finalize_failed,
             "booted": out.booted_digest,
             "kernel": out.booted_kernel,
         }))

@@ -21,6 +21,8 @@ pub struct RebootOutcome {
     pub applied: bool,
     /// A staged deployment was discarded (locked, or its finalization failed).
     pub discarded: bool,
+    /// An unlocked staged deployment's finalization failed (`fail_finalize`).
+    pub finalize_failed: bool,
     /// The manifest digest of the deployment booted now.
     pub booted_digest: String,
     /// Its kernel release.
@@ -85,6 +87,7 @@ impl FakeRpmOstreed {
             RebootOutcome {
                 applied,
                 discarded: staged && !applied,
+                finalize_failed: staged && !locked && fail_finalize,
                 booted_digest: booted.container_image_reference_digest.clone(),
                 booted_kernel: booted.kernel.clone(),
                 cmdline: booted
