@@ -2,19 +2,22 @@
 //!
 //! All policy lives in the planner; this loop only gathers observations, runs the decision, and
 //! reports. It reacts to changes of the input annotations (its own writes do not wake it), to the
-//! running transaction, to retry timers and to `streamctl reconcile`.
+//! running transaction, to retry timers and to `streamctl reconcile`. Preflight and the staging
+//! transaction are in `staging.rs`, the reboot handshake and the after-boot outcome in `reboot.rs`.
+
+mod reboot;
+mod staging;
 
 use std::pin::pin;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio::time::sleep_until;
 use tracing::{debug, info, warn};
 
-use crate::attempt::{self, Attempt, Record};
-use crate::backend::{Backend, BackendError};
+use crate::attempt;
+use crate::backend::Backend;
 use crate::config::RebootPolicy;
 use crate::dbus_api::{self, Request};
 use crate::gather::{Gatherer, Transient};
@@ -23,9 +26,10 @@ use crate::kubeclient::{EventType, NodeClient, NodeUpdate};
 use crate::planner::{self, Decision, Lifecycle, Observation};
 use crate::protocol::{Inputs, State};
 use crate::report::Reporter;
-use crate::rpmostree::{Deployment, RpmOstreeError, TxnEvent, UpdateDeploymentCall};
+use crate::rpmostree::{Deployment, UpdateDeploymentCall};
 use crate::status::Status;
 use crate::streams::{Catalog, ResolveError, StreamsUpdate};
+use staging::{Staging, StagingEvent, staging_event};
 
 /// How rpm-ostree refuses a rebase onto the refspec the pending deployment already has.
 const REFS_EQUAL: &str = "Old and new refs are equal";
@@ -83,18 +87,6 @@ pub struct Agent {
     unresolved: Option<String>,
     store: attempt::Store,
     boot_id: String,
-}
-
-/// The running staging transaction.
-struct Staging {
-    /// The request it stages (observed-desired hash).
-    hash: String,
-    /// What the staged deployment must look like, and the digest the request pins.
-    expect: Option<(crate::verify::Expectation, String)>,
-    task: JoinHandle<Result<(), BackendError>>,
-    progress: mpsc::Receiver<TxnEvent>,
-    /// Set to true to cancel the transaction.
-    cancel: tokio::sync::watch::Sender<bool>,
 }
 
 impl Agent {
@@ -332,117 +324,8 @@ impl Agent {
             .await;
         match decision {
             Decision::Stage(base) => {
-                let (Some(d), Some(booted), Some(facts)) = (
-                    d,
-                    deployments.iter().find(|d| d.booted),
-                    self.status.host.clone(),
-                ) else {
-                    return;
-                };
-                let foreign = obs.foreign_staged().cloned();
-                self.set_state(State::Preflight, "running preflight checks".into())
+                self.preflight_and_stage(&inputs, d, &deployments, &obs, &record, base)
                     .await;
-                match self
-                    .gatherer
-                    .prepare(&facts, d, booted, foreign.as_ref(), base)
-                    .await
-                {
-                    Err(Transient(msg)) => {
-                        let delay = jittered(self.registry_backoff);
-                        self.registry_backoff =
-                            (self.registry_backoff * 2).min(REGISTRY_MAX_BACKOFF);
-                        self.retry_at = Some(Instant::now() + delay);
-                        warn!(error = %msg, retry_in = ?delay, "preflight could not reach the registry");
-                        self.status.reason = format!("{msg}; retrying in {}s", delay.as_secs());
-                        self.publish().await;
-                    }
-                    Ok(prepared) => {
-                        self.registry_backoff = REGISTRY_MIN_BACKOFF;
-                        for c in &prepared.checks {
-                            debug!(check = c.id, result = ?c.result, message = %c.message, "preflight");
-                        }
-                        match (
-                            prepared.plan,
-                            crate::preflight::first_failure(&prepared.checks),
-                        ) {
-                            (Some(plan), _) => {
-                                // Without a finalization lock, staging waits for the approval.
-                                let token = d.reboot_token(&self.boot_id);
-                                if !self.backend.locks()
-                                    && self.reboot.policy == RebootPolicy::OnApproval
-                                    && inputs.reboot_approved.as_deref() != Some(token.as_str())
-                                {
-                                    self.request_reboot(Some(token.clone()), None).await;
-                                    self.set_state(
-                                        State::Staged,
-                                        format!(
-                                            "preflight passed; {} cannot lock a staged deployment, so {} is staged only after the reboot is approved: set reboot-approved to {token}",
-                                            self.backend.kind().as_str(),
-                                            plan.os_image
-                                        ),
-                                    )
-                                    .await;
-                                    return;
-                                }
-                                // Allowed by replace-foreign-staged: remove it first, because
-                                // rpm-ostree refuses a rebase onto the refspec the pending
-                                // deployment already has ("Old and new refs are equal").
-                                if let Some(f) = &foreign {
-                                    info!(staged = %f.id, "replacing a staged deployment streamd did not create");
-                                    if let Err(e) = self.backend.cleanup_pending().await {
-                                        self.transient_failure(format!(
-                                            "removing the foreign staged deployment {}: {e}",
-                                            f.id
-                                        ))
-                                        .await;
-                                        return;
-                                    }
-                                }
-                                // Remember the staging before it starts: a staged deployment
-                                // found after a crash is then known to be ours.
-                                let mut rec = record.clone();
-                                rec.staged = Some(attempt::Staged {
-                                    request: d.observed_hash(),
-                                    os_image: plan.os_image.to_string(),
-                                });
-                                if rec
-                                    .attempt
-                                    .as_ref()
-                                    .is_some_and(|a| a.request != d.observed_hash())
-                                {
-                                    rec.attempt = None;
-                                }
-                                if let Err(e) = self.store.save(&rec) {
-                                    self.set_state(State::Degraded, e.to_string()).await;
-                                    return;
-                                }
-                                info!(call = %serde_json::to_string(&UpdateDeploymentCall::for_plan(&plan)).unwrap_or_default(), backend = self.backend.kind().as_str(), "staging");
-                                let hash = self.status.observed_desired.clone().unwrap_or_default();
-                                let expect = prepared
-                                    .expect
-                                    .map(|e| (e, plan.os_image.digest().to_string()));
-                                self.start_staging(plan, hash, expect).await;
-                            }
-                            (None, Some(f)) => {
-                                crate::logging::log_preflight_failed(
-                                    f.id,
-                                    &f.message,
-                                    self.status.desired_stream.as_deref().unwrap_or_default(),
-                                    self.status.desired_os_image.as_deref().unwrap_or_default(),
-                                    self.node.name(),
-                                );
-                                let reason =
-                                    format!("preflight check {} failed: {}", f.id, f.message);
-                                self.request_reboot(None, None).await;
-                                self.set_state(State::Refused, reason).await;
-                            }
-                            (None, None) => {
-                                self.set_state(State::Refused, "preflight produced no plan".into())
-                                    .await;
-                            }
-                        }
-                    }
-                }
             }
             Decision::CleanupStale => self.cleanup_stale(record).await,
             Decision::RolledBack { attempts, retry } => {
@@ -453,48 +336,7 @@ impl Agent {
                     self.finalize(d, record, digest, attempt).await;
                 }
             }
-            Decision::Done { applied } => {
-                // The target booted; what the node was (variant kernel, FIPS) must have come
-                // along. A mismatch is reported and nothing is done: never a reboot loop.
-                let checked = record.attempt.as_ref().filter(|_| applied).map(|a| {
-                    self.status
-                        .host
-                        .as_ref()
-                        .map_or(Ok(()), |facts| crate::verify::after_boot(a, facts))
-                });
-                if let Some(Err(problem)) = checked {
-                    warn!(%problem, "the new boot does not match the node before the update");
-                    self.set_state(
-                        State::Degraded,
-                        format!(
-                            "booted {} but {problem}; not rebooting again: inspect the node",
-                            self.status.current_os_image
-                        ),
-                    )
-                    .await;
-                    return;
-                }
-                if applied {
-                    let rec = Record {
-                        attempt: None,
-                        staged: None,
-                        ..record
-                    };
-                    if let Err(e) = self.store.save(&rec) {
-                        warn!(error = %e, "clearing the attempt record failed");
-                    }
-                    self.status.attempts = 0;
-                    let image = self.status.current_os_image.clone();
-                    self.set_state_event(
-                        State::Done,
-                        String::new(),
-                        Some((EventType::Normal, "Applied", format!("booted {image}"))),
-                    )
-                    .await;
-                } else {
-                    self.set_state(State::Done, String::new()).await;
-                }
-            }
+            Decision::Done { applied } => self.done(applied, record).await,
             other => {
                 let reason = match &other {
                     Decision::Refuse(r) => r.clone(),
@@ -523,174 +365,6 @@ impl Agent {
         }
     }
 
-    /// Publishes the reboot request the decision implies; posts `RebootRequested` once per token.
-    async fn observe_handshake(
-        &mut self,
-        decision: &Decision,
-        desired: Option<&crate::protocol::Desired>,
-        record: &Record,
-        approved: Option<&str>,
-    ) {
-        self.status.attempts = record
-            .attempt
-            .as_ref()
-            .filter(|a| desired.is_some_and(|d| d.observed_hash() == a.request))
-            .map_or(0, |a| a.attempts);
-        let token = match (decision, desired, self.reboot.policy) {
-            (
-                Decision::AwaitApproval { .. } | Decision::Reboot { .. } | Decision::RebootPending,
-                Some(d),
-                RebootPolicy::OnApproval,
-            ) => Some(d.reboot_token(&self.boot_id)),
-            // Without a lock the request is made after preflight, before staging (see Stage).
-            (Decision::Stage(_), _, _) if !self.backend.locks() => return,
-            _ => None,
-        };
-        self.request_reboot(token, approved).await;
-    }
-
-    /// Publishes `token` as `reboot-requested` (posting `RebootRequested` when it is new).
-    async fn request_reboot(&mut self, token: Option<String>, approved: Option<&str>) {
-        self.status.reboot_approved = token.is_some() && token.as_deref() == approved;
-        if token != self.status.reboot_requested {
-            if let Some(t) = &token {
-                info!(token = %t, "requesting reboot approval");
-                let _ = self.events.try_send((
-                    EventType::Normal,
-                    "RebootRequested",
-                    format!("set reboot-approved to {t} to let the node reboot into the staged OS"),
-                ));
-            }
-            self.status.reboot_requested = token;
-            self.publish().await;
-        }
-    }
-
-    /// Removes a staged deployment of streamd's that no longer matches the request.
-    async fn cleanup_stale(&mut self, record: Record) {
-        info!(
-            staged = self.status.staged_os_image.as_deref().unwrap_or_default(),
-            "removing a staged deployment that no longer matches the request"
-        );
-        match self.backend.cleanup_pending().await {
-            Ok(()) => {
-                let rec = Record {
-                    staged: None,
-                    ..record
-                };
-                if let Err(e) = self.store.save(&rec) {
-                    self.set_state(State::Degraded, e.to_string()).await;
-                    return;
-                }
-                self.backoff = MIN_BACKOFF;
-                // Decide again on the cleaned-up deployments.
-                self.retry_at = Some(Instant::now());
-            }
-            Err(e) => {
-                self.transient_failure(format!("removing the stale staged deployment: {e}"))
-                    .await;
-            }
-        }
-    }
-
-    /// Reports a finalization that did not end on the target and decides whether to retry.
-    async fn rolled_back(&mut self, mut record: Record, attempts: u32, retry: bool) {
-        let image = self.status.desired_os_image.clone().unwrap_or_default();
-        let booted = self.status.current_os_image.clone();
-        let journal = crate::hostfacts::finalize_failure(&self.host).await;
-        let mut reason = format!(
-            "rebooted to apply {image} (attempt {attempts} of {}) but the node came up on {booted}: finalization failed or the node rolled back",
-            self.reboot.max_attempts
-        );
-        if let Some(j) = journal {
-            reason.push_str(&format!("; ostree-finalize-staged: {j}"));
-        }
-        if let Some(a) = record.attempt.as_mut() {
-            a.reported_boot = Some(self.boot_id.clone());
-        }
-        if let Err(e) = self.store.save(&record) {
-            self.set_state(State::Degraded, e.to_string()).await;
-            return;
-        }
-        let event = Some((EventType::Warning, "RolledBack", reason.clone()));
-        if retry {
-            self.set_state_event(State::Degraded, format!("{reason}; trying again"), event)
-                .await;
-            self.retry_at = Some(Instant::now() + MIN_BACKOFF);
-        } else {
-            self.set_state_event(
-                State::Refused,
-                format!("{reason}; giving up until the request changes"),
-                event,
-            )
-            .await;
-        }
-    }
-
-    /// Records the attempt, reports `Rebooting` and asks rpm-ostreed to finalize and reboot.
-    async fn finalize(
-        &mut self,
-        desired: &crate::protocol::Desired,
-        record: Record,
-        digest: String,
-        attempt: u32,
-    ) {
-        let mut rec = record.clone();
-        let facts = self.status.host.as_ref();
-        rec.attempt = Some(Attempt {
-            request: desired.observed_hash(),
-            os_image: desired.os_image.to_string(),
-            digest: digest.clone(),
-            boot_id: self.boot_id.clone(),
-            attempts: attempt,
-            reported_boot: None,
-            kernel: facts.and_then(|f| f.kernel),
-            fips: facts.and_then(|f| match f.fips {
-                crate::hostfacts::Fips::Enabled => Some(true),
-                crate::hostfacts::Fips::Disabled => Some(false),
-                crate::hostfacts::Fips::Inconsistent => None,
-            }),
-        });
-        // Written before the reboot can happen, so the next boot knows what was tried.
-        if let Err(e) = self.store.save(&rec) {
-            self.set_state(State::Degraded, e.to_string()).await;
-            return;
-        }
-        self.status.attempts = attempt;
-        let reason = format!(
-            "applying {} (attempt {attempt} of {}): finalizing the staged deployment and rebooting",
-            desired.os_image, self.reboot.max_attempts
-        );
-        self.set_state_event(
-            State::Rebooting,
-            reason.clone(),
-            Some((EventType::Normal, "Rebooting", reason)),
-        )
-        .await;
-        // The cluster must see Rebooting before the node goes down.
-        self.flush().await;
-        match self.backend.apply(&digest).await {
-            Ok(()) => info!(%digest, attempt, "reboot initiated"),
-            Err(e) => {
-                // Nothing was applied: this boot's attempt did not happen.
-                if let Err(s) = self.store.save(&record) {
-                    warn!(error = %s, "restoring the attempt record failed");
-                }
-                self.status.attempts = attempt.saturating_sub(1);
-                let what = match &e {
-                    BackendError::RpmOstree(RpmOstreeError::Inhibited(m)) => {
-                        format!("the reboot is blocked: {m}")
-                    }
-                    BackendError::Bootc(b @ crate::bootc::BootcError::Inhibited { .. }) => {
-                        b.to_string()
-                    }
-                    other => format!("applying the staged deployment failed: {other}"),
-                };
-                self.transient_failure(what).await;
-            }
-        }
-    }
-
     fn observe_deployments(&mut self, deployments: &[Deployment]) {
         let booted = deployments.iter().find(|d| d.booted);
         self.status.current_os_image = booted
@@ -710,89 +384,6 @@ impl Agent {
             .iter()
             .find(|d| d.staged)
             .and_then(|d| d.pullspec().map(String::from));
-    }
-
-    async fn start_staging(
-        &mut self,
-        plan: crate::planner::StagePlan,
-        hash: String,
-        expect: Option<(crate::verify::Expectation, String)>,
-    ) {
-        let image = plan.os_image.to_string();
-        let (tx, rx) = mpsc::channel(64);
-        let (cancel, cancelled) = tokio::sync::watch::channel(false);
-        let backend = self.backend.clone();
-        let task =
-            tokio::spawn(async move { stage_with_busy_retry(backend, plan, tx, cancelled).await });
-        // Let the transaction request go out before the status reporting below.
-        tokio::task::yield_now().await;
-        self.staging = Some(Staging {
-            hash,
-            expect,
-            task,
-            progress: rx,
-            cancel,
-        });
-        self.status.progress = Some(0);
-        self.set_state(State::Staging, format!("staging {image}"))
-            .await;
-    }
-
-    async fn on_progress(&mut self, ev: TxnEvent) {
-        match ev {
-            TxnEvent::Percent(text, pct) => {
-                self.status.progress = Some(pct);
-                self.status.reason = text;
-            }
-            TxnEvent::Message(text) => self.status.reason = text,
-        }
-        self.publish().await;
-    }
-
-    async fn on_staged(&mut self, res: Result<(), BackendError>) {
-        let Some(done) = self.staging.take() else {
-            return;
-        };
-        if self.status.observed_desired.as_deref() != Some(done.hash.as_str()) {
-            // The request changed while this transaction ran: its result is history, act on the
-            // new request (which re-reads the deployments, so a stale stage is seen).
-            info!(result = ?res.as_ref().map_err(ToString::to_string), "superseded transaction ended");
-            self.backoff = MIN_BACKOFF;
-            self.reconcile().await;
-            return;
-        }
-        match res {
-            Ok(()) => {
-                info!("transaction finished");
-                self.backoff = MIN_BACKOFF;
-                if let Some(expect) = done.expect
-                    && let Err(reason) = self.verify(expect).await
-                {
-                    self.set_state(State::Degraded, reason).await;
-                    return;
-                }
-                self.reconcile().await;
-            }
-            Err(e) if e.is_transient() => self.transient_failure(e.to_string()).await,
-            // A transaction started before a restart (streamd was killed mid-staging) staged the
-            // same target just before this one was asked for: the target is pending, which is
-            // what was wanted. Decide again on the deployments, once per request.
-            Err(BackendError::RpmOstree(RpmOstreeError::Failed(m)))
-                if m.starts_with(REFS_EQUAL)
-                    && self.refs_equal_seen.as_deref() != Some(done.hash.as_str()) =>
-            {
-                info!("the target was staged meanwhile by an earlier transaction; deciding again");
-                self.refs_equal_seen = Some(done.hash.clone());
-                self.reconcile().await;
-            }
-            Err(e) => {
-                // A failed transaction is not retried for the same request: retrying a broken
-                // image would flap the node between Staging and Degraded. A new request, or
-                // `streamctl reconcile`, tries again.
-                self.set_state(State::Degraded, format!("staging failed: {e}"))
-                    .await;
-            }
-        }
     }
 
     /// Preflight and plan for a request, without acting: what `streamctl preflight` and
@@ -866,54 +457,6 @@ impl Agent {
                 "checks": p.checks,
                 "plan": p.plan.as_ref().map(UpdateDeploymentCall::for_plan),
             }),
-        }
-    }
-
-    /// Checks the staged deployment on disk; on a mismatch removes it and says what differed.
-    async fn verify(
-        &mut self,
-        (mut exp, pinned): (crate::verify::Expectation, String),
-    ) -> Result<(), String> {
-        let deployments = self
-            .backend
-            .deployments()
-            .await
-            .map_err(|e| format!("reading deployments after staging: {e}"))?;
-        let (Some(staged), Some(booted)) = (
-            deployments.iter().find(|d| d.staged).cloned(),
-            deployments.iter().find(|d| d.booted).cloned(),
-        ) else {
-            return Err("the transaction succeeded but nothing is staged".into());
-        };
-        // rpm-ostree reports the platform manifest's digest; a pullspec may pin the index.
-        if staged.container_image_reference_digest.as_deref() == Some(pinned.as_str()) {
-            exp.image_digest = pinned;
-        }
-        // libostree finds the staged deployment only through the running root.
-        let root = self.host.root().to_path_buf();
-        let sysroot = if root == std::path::Path::new("/") {
-            root
-        } else {
-            root.join("sysroot")
-        };
-        let result = tokio::task::spawn_blocking(move || {
-            crate::verify::verify_staged(&sysroot, &staged, &booted, &exp)
-        })
-        .await
-        .map_err(|e| format!("verification task failed: {e}"))?;
-        match result {
-            Ok(()) => {
-                info!("staged deployment verified");
-                Ok(())
-            }
-            Err(e) => {
-                warn!(error = %e, "staged deployment failed verification; removing it");
-                let cleaned = match self.backend.cleanup_pending().await {
-                    Ok(()) => "the pending deployment was removed".to_string(),
-                    Err(c) => format!("removing the pending deployment failed too: {c}"),
-                };
-                Err(format!("{e}; {cleaned}"))
-            }
         }
     }
 
@@ -1050,34 +593,6 @@ fn event_for(state: State) -> Option<(EventType, &'static str)> {
     }
 }
 
-async fn stage_with_busy_retry(
-    backend: Backend,
-    plan: crate::planner::StagePlan,
-    progress: mpsc::Sender<TxnEvent>,
-    mut cancelled: tokio::sync::watch::Receiver<bool>,
-) -> Result<(), BackendError> {
-    let mut delay = MIN_BACKOFF;
-    loop {
-        match backend.stage(&plan, &progress, cancelled.clone()).await {
-            Err(BackendError::RpmOstree(RpmOstreeError::Busy(msg))) => {
-                info!(%msg, retry_in = ?delay, "rpm-ostreed busy; waiting");
-                let _ = progress.try_send(TxnEvent::Message(format!(
-                    "waiting for another rpm-ostree transaction ({msg}); retrying in {}s",
-                    delay.as_secs()
-                )));
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    true = async { cancelled.wait_for(|c| *c).await.is_ok() } => {
-                        return Err(RpmOstreeError::Cancelled.into());
-                    }
-                }
-                delay = (delay * 2).min(BUSY_MAX_BACKOFF);
-            }
-            other => return other,
-        }
-    }
-}
-
 /// Events go through a small queue to their own task: posting them never blocks the state
 /// machine, and when the queue is full or the rate limit is reached they are dropped (the
 /// annotations carry the truth).
@@ -1096,28 +611,6 @@ fn spawn_event_sender(node: NodeClient) -> mpsc::Sender<(EventType, &'static str
         }
     });
     tx
-}
-
-/// Something the staging transaction did.
-enum StagingEvent {
-    Progress(TxnEvent),
-    Finished(Result<(), BackendError>),
-}
-
-/// Waits for the running transaction's next progress event or its end; progress queued before
-/// the end is delivered first.
-async fn staging_event(staging: &mut Option<Staging>) -> StagingEvent {
-    let Some(s) = staging else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        biased;
-        Some(ev) = s.progress.recv() => StagingEvent::Progress(ev),
-        res = &mut s.task => StagingEvent::Finished(match res {
-            Ok(r) => r,
-            Err(e) => Err(RpmOstreeError::Protocol(format!("staging task failed: {e}")).into()),
-        }),
-    }
 }
 
 /// Half the watchdog timeout systemd asked for (`WATCHDOG_USEC`), if any.

@@ -1,0 +1,229 @@
+//! The reboot handshake: the request and its approval, the attempt record, finalization and
+//! what the next boot shows.
+
+use std::time::Instant;
+
+use tracing::{info, warn};
+
+use super::{Agent, MIN_BACKOFF};
+use crate::attempt::{Attempt, Record};
+use crate::backend::BackendError;
+use crate::config::RebootPolicy;
+use crate::kubeclient::EventType;
+use crate::planner::Decision;
+use crate::protocol::State;
+use crate::rpmostree::RpmOstreeError;
+
+impl Agent {
+    /// The target booted: check what had to come along, then report `Done`.
+    pub(super) async fn done(&mut self, applied: bool, record: Record) {
+        // The target booted; what the node was (variant kernel, FIPS) must have come
+        // along. A mismatch is reported and nothing is done: never a reboot loop.
+        let checked = record.attempt.as_ref().filter(|_| applied).map(|a| {
+            self.status
+                .host
+                .as_ref()
+                .map_or(Ok(()), |facts| crate::verify::after_boot(a, facts))
+        });
+        if let Some(Err(problem)) = checked {
+            warn!(%problem, "the new boot does not match the node before the update");
+            self.set_state(
+                State::Degraded,
+                format!(
+                    "booted {} but {problem}; not rebooting again: inspect the node",
+                    self.status.current_os_image
+                ),
+            )
+            .await;
+            return;
+        }
+        if applied {
+            let rec = Record {
+                attempt: None,
+                staged: None,
+                ..record
+            };
+            if let Err(e) = self.store.save(&rec) {
+                warn!(error = %e, "clearing the attempt record failed");
+            }
+            self.status.attempts = 0;
+            let image = self.status.current_os_image.clone();
+            self.set_state_event(
+                State::Done,
+                String::new(),
+                Some((EventType::Normal, "Applied", format!("booted {image}"))),
+            )
+            .await;
+        } else {
+            self.set_state(State::Done, String::new()).await;
+        }
+    }
+
+    /// Publishes the reboot request the decision implies; posts `RebootRequested` once per token.
+    pub(super) async fn observe_handshake(
+        &mut self,
+        decision: &Decision,
+        desired: Option<&crate::protocol::Desired>,
+        record: &Record,
+        approved: Option<&str>,
+    ) {
+        self.status.attempts = record
+            .attempt
+            .as_ref()
+            .filter(|a| desired.is_some_and(|d| d.observed_hash() == a.request))
+            .map_or(0, |a| a.attempts);
+        let token = match (decision, desired, self.reboot.policy) {
+            (
+                Decision::AwaitApproval { .. } | Decision::Reboot { .. } | Decision::RebootPending,
+                Some(d),
+                RebootPolicy::OnApproval,
+            ) => Some(d.reboot_token(&self.boot_id)),
+            // Without a lock the request is made after preflight, before staging (see Stage).
+            (Decision::Stage(_), _, _) if !self.backend.locks() => return,
+            _ => None,
+        };
+        self.request_reboot(token, approved).await;
+    }
+
+    /// Publishes `token` as `reboot-requested` (posting `RebootRequested` when it is new).
+    pub(super) async fn request_reboot(&mut self, token: Option<String>, approved: Option<&str>) {
+        self.status.reboot_approved = token.is_some() && token.as_deref() == approved;
+        if token != self.status.reboot_requested {
+            if let Some(t) = &token {
+                info!(token = %t, "requesting reboot approval");
+                let _ = self.events.try_send((
+                    EventType::Normal,
+                    "RebootRequested",
+                    format!("set reboot-approved to {t} to let the node reboot into the staged OS"),
+                ));
+            }
+            self.status.reboot_requested = token;
+            self.publish().await;
+        }
+    }
+
+    /// Removes a staged deployment of streamd's that no longer matches the request.
+    pub(super) async fn cleanup_stale(&mut self, record: Record) {
+        info!(
+            staged = self.status.staged_os_image.as_deref().unwrap_or_default(),
+            "removing a staged deployment that no longer matches the request"
+        );
+        match self.backend.cleanup_pending().await {
+            Ok(()) => {
+                let rec = Record {
+                    staged: None,
+                    ..record
+                };
+                if let Err(e) = self.store.save(&rec) {
+                    self.set_state(State::Degraded, e.to_string()).await;
+                    return;
+                }
+                self.backoff = MIN_BACKOFF;
+                // Decide again on the cleaned-up deployments.
+                self.retry_at = Some(Instant::now());
+            }
+            Err(e) => {
+                self.transient_failure(format!("removing the stale staged deployment: {e}"))
+                    .await;
+            }
+        }
+    }
+
+    /// Reports a finalization that did not end on the target and decides whether to retry.
+    pub(super) async fn rolled_back(&mut self, mut record: Record, attempts: u32, retry: bool) {
+        let image = self.status.desired_os_image.clone().unwrap_or_default();
+        let booted = self.status.current_os_image.clone();
+        let journal = crate::hostfacts::finalize_failure(&self.host).await;
+        let mut reason = format!(
+            "rebooted to apply {image} (attempt {attempts} of {}) but the node came up on {booted}: finalization failed or the node rolled back",
+            self.reboot.max_attempts
+        );
+        if let Some(j) = journal {
+            reason.push_str(&format!("; ostree-finalize-staged: {j}"));
+        }
+        if let Some(a) = record.attempt.as_mut() {
+            a.reported_boot = Some(self.boot_id.clone());
+        }
+        if let Err(e) = self.store.save(&record) {
+            self.set_state(State::Degraded, e.to_string()).await;
+            return;
+        }
+        let event = Some((EventType::Warning, "RolledBack", reason.clone()));
+        if retry {
+            self.set_state_event(State::Degraded, format!("{reason}; trying again"), event)
+                .await;
+            self.retry_at = Some(Instant::now() + MIN_BACKOFF);
+        } else {
+            self.set_state_event(
+                State::Refused,
+                format!("{reason}; giving up until the request changes"),
+                event,
+            )
+            .await;
+        }
+    }
+
+    /// Records the attempt, reports `Rebooting` and asks rpm-ostreed to finalize and reboot.
+    pub(super) async fn finalize(
+        &mut self,
+        desired: &crate::protocol::Desired,
+        record: Record,
+        digest: String,
+        attempt: u32,
+    ) {
+        let mut rec = record.clone();
+        let facts = self.status.host.as_ref();
+        rec.attempt = Some(Attempt {
+            request: desired.observed_hash(),
+            os_image: desired.os_image.to_string(),
+            digest: digest.clone(),
+            boot_id: self.boot_id.clone(),
+            attempts: attempt,
+            reported_boot: None,
+            kernel: facts.and_then(|f| f.kernel),
+            fips: facts.and_then(|f| match f.fips {
+                crate::hostfacts::Fips::Enabled => Some(true),
+                crate::hostfacts::Fips::Disabled => Some(false),
+                crate::hostfacts::Fips::Inconsistent => None,
+            }),
+        });
+        // Written before the reboot can happen, so the next boot knows what was tried.
+        if let Err(e) = self.store.save(&rec) {
+            self.set_state(State::Degraded, e.to_string()).await;
+            return;
+        }
+        self.status.attempts = attempt;
+        let reason = format!(
+            "applying {} (attempt {attempt} of {}): finalizing the staged deployment and rebooting",
+            desired.os_image, self.reboot.max_attempts
+        );
+        self.set_state_event(
+            State::Rebooting,
+            reason.clone(),
+            Some((EventType::Normal, "Rebooting", reason)),
+        )
+        .await;
+        // The cluster must see Rebooting before the node goes down.
+        self.flush().await;
+        match self.backend.apply(&digest).await {
+            Ok(()) => info!(%digest, attempt, "reboot initiated"),
+            Err(e) => {
+                // Nothing was applied: this boot's attempt did not happen.
+                if let Err(s) = self.store.save(&record) {
+                    warn!(error = %s, "restoring the attempt record failed");
+                }
+                self.status.attempts = attempt.saturating_sub(1);
+                let what = match &e {
+                    BackendError::RpmOstree(RpmOstreeError::Inhibited(m)) => {
+                        format!("the reboot is blocked: {m}")
+                    }
+                    BackendError::Bootc(b @ crate::bootc::BootcError::Inhibited { .. }) => {
+                        b.to_string()
+                    }
+                    other => format!("applying the staged deployment failed: {other}"),
+                };
+                self.transient_failure(what).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! Preflight and staging: the transaction task, its progress and its end, and the on-disk
+//! check of what it staged.
+
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use super::{
+    Agent, BUSY_MAX_BACKOFF, MIN_BACKOFF, REFS_EQUAL, REGISTRY_MAX_BACKOFF, REGISTRY_MIN_BACKOFF,
+    jittered,
+};
+use crate::attempt::{self, Record};
+use crate::backend::{Backend, BackendError};
+use crate::config::RebootPolicy;
+use crate::gather::Transient;
+use crate::planner::{Observation, StagePlan};
+use crate::protocol::{Desired, Inputs, State};
+use crate::rpmostree::{Deployment, RpmOstreeError, TxnEvent, UpdateDeploymentCall};
+
+impl Agent {
+    /// Runs preflight for `desired` and, when every check passes, stages it (on a backend
+    /// without a finalization lock: once the reboot is approved).
+    pub(super) async fn preflight_and_stage(
+        &mut self,
+        inputs: &Inputs,
+        d: Option<&Desired>,
+        deployments: &[Deployment],
+        obs: &Observation<'_>,
+        record: &Record,
+        base: StagePlan,
+    ) {
+        let (Some(d), Some(booted), Some(facts)) = (
+            d,
+            deployments.iter().find(|d| d.booted),
+            self.status.host.clone(),
+        ) else {
+            return;
+        };
+        let foreign = obs.foreign_staged().cloned();
+        self.set_state(State::Preflight, "running preflight checks".into())
+            .await;
+        match self
+            .gatherer
+            .prepare(&facts, d, booted, foreign.as_ref(), base)
+            .await
+        {
+            Err(Transient(msg)) => {
+                let delay = jittered(self.registry_backoff);
+                self.registry_backoff = (self.registry_backoff * 2).min(REGISTRY_MAX_BACKOFF);
+                self.retry_at = Some(Instant::now() + delay);
+                warn!(error = %msg, retry_in = ?delay, "preflight could not reach the registry");
+                self.status.reason = format!("{msg}; retrying in {}s", delay.as_secs());
+                self.publish().await;
+            }
+            Ok(prepared) => {
+                self.registry_backoff = REGISTRY_MIN_BACKOFF;
+                for c in &prepared.checks {
+                    debug!(check = c.id, result = ?c.result, message = %c.message, "preflight");
+                }
+                match (
+                    prepared.plan,
+                    crate::preflight::first_failure(&prepared.checks),
+                ) {
+                    (Some(plan), _) => {
+                        // Without a finalization lock, staging waits for the approval.
+                        let token = d.reboot_token(&self.boot_id);
+                        if !self.backend.locks()
+                            && self.reboot.policy == RebootPolicy::OnApproval
+                            && inputs.reboot_approved.as_deref() != Some(token.as_str())
+                        {
+                            self.request_reboot(Some(token.clone()), None).await;
+                            self.set_state(
+                                State::Staged,
+                                format!(
+                                    "preflight passed; {} cannot lock a staged deployment, so {} is staged only after the reboot is approved: set reboot-approved to {token}",
+                                    self.backend.kind().as_str(),
+                                    plan.os_image
+                                ),
+                            )
+                            .await;
+                            return;
+                        }
+                        // Allowed by replace-foreign-staged: remove it first, because
+                        // rpm-ostree refuses a rebase onto the refspec the pending
+                        // deployment already has ("Old and new refs are equal").
+                        if let Some(f) = &foreign {
+                            info!(staged = %f.id, "replacing a staged deployment streamd did not create");
+                            if let Err(e) = self.backend.cleanup_pending().await {
+                                self.transient_failure(format!(
+                                    "removing the foreign staged deployment {}: {e}",
+                                    f.id
+                                ))
+                                .await;
+                                return;
+                            }
+                        }
+                        // Remember the staging before it starts: a staged deployment
+                        // found after a crash is then known to be ours.
+                        let mut rec = record.clone();
+                        rec.staged = Some(attempt::Staged {
+                            request: d.observed_hash(),
+                            os_image: plan.os_image.to_string(),
+                        });
+                        if rec
+                            .attempt
+                            .as_ref()
+                            .is_some_and(|a| a.request != d.observed_hash())
+                        {
+                            rec.attempt = None;
+                        }
+                        if let Err(e) = self.store.save(&rec) {
+                            self.set_state(State::Degraded, e.to_string()).await;
+                            return;
+                        }
+                        info!(call = %serde_json::to_string(&UpdateDeploymentCall::for_plan(&plan)).unwrap_or_default(), backend = self.backend.kind().as_str(), "staging");
+                        let hash = self.status.observed_desired.clone().unwrap_or_default();
+                        let expect = prepared
+                            .expect
+                            .map(|e| (e, plan.os_image.digest().to_string()));
+                        self.start_staging(plan, hash, expect).await;
+                    }
+                    (None, Some(f)) => {
+                        crate::logging::log_preflight_failed(
+                            f.id,
+                            &f.message,
+                            self.status.desired_stream.as_deref().unwrap_or_default(),
+                            self.status.desired_os_image.as_deref().unwrap_or_default(),
+                            self.node.name(),
+                        );
+                        let reason = format!("preflight check {} failed: {}", f.id, f.message);
+                        self.request_reboot(None, None).await;
+                        self.set_state(State::Refused, reason).await;
+                    }
+                    (None, None) => {
+                        self.set_state(State::Refused, "preflight produced no plan".into())
+                            .await;
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) async fn start_staging(
+        &mut self,
+        plan: crate::planner::StagePlan,
+        hash: String,
+        expect: Option<(crate::verify::Expectation, String)>,
+    ) {
+        let image = plan.os_image.to_string();
+        let (tx, rx) = mpsc::channel(64);
+        let (cancel, cancelled) = tokio::sync::watch::channel(false);
+        let backend = self.backend.clone();
+        let task =
+            tokio::spawn(async move { stage_with_busy_retry(backend, plan, tx, cancelled).await });
+        // Let the transaction request go out before the status reporting below.
+        tokio::task::yield_now().await;
+        self.staging = Some(Staging {
+            hash,
+            expect,
+            task,
+            progress: rx,
+            cancel,
+        });
+        self.status.progress = Some(0);
+        self.set_state(State::Staging, format!("staging {image}"))
+            .await;
+    }
+
+    pub(super) async fn on_progress(&mut self, ev: TxnEvent) {
+        match ev {
+            TxnEvent::Percent(text, pct) => {
+                self.status.progress = Some(pct);
+                self.status.reason = text;
+            }
+            TxnEvent::Message(text) => self.status.reason = text,
+        }
+        self.publish().await;
+    }
+
+    pub(super) async fn on_staged(&mut self, res: Result<(), BackendError>) {
+        let Some(done) = self.staging.take() else {
+            return;
+        };
+        if self.status.observed_desired.as_deref() != Some(done.hash.as_str()) {
+            // The request changed while this transaction ran: its result is history, act on the
+            // new request (which re-reads the deployments, so a stale stage is seen).
+            info!(result = ?res.as_ref().map_err(ToString::to_string), "superseded transaction ended");
+            self.backoff = MIN_BACKOFF;
+            self.reconcile().await;
+            return;
+        }
+        match res {
+            Ok(()) => {
+                info!("transaction finished");
+                self.backoff = MIN_BACKOFF;
+                if let Some(expect) = done.expect
+                    && let Err(reason) = self.verify(expect).await
+                {
+                    self.set_state(State::Degraded, reason).await;
+                    return;
+                }
+                self.reconcile().await;
+            }
+            Err(e) if e.is_transient() => self.transient_failure(e.to_string()).await,
+            // A transaction started before a restart (streamd was killed mid-staging) staged the
+            // same target just before this one was asked for: the target is pending, which is
+            // what was wanted. Decide again on the deployments, once per request.
+            Err(BackendError::RpmOstree(RpmOstreeError::Failed(m)))
+                if m.starts_with(REFS_EQUAL)
+                    && self.refs_equal_seen.as_deref() != Some(done.hash.as_str()) =>
+            {
+                info!("the target was staged meanwhile by an earlier transaction; deciding again");
+                self.refs_equal_seen = Some(done.hash.clone());
+                self.reconcile().await;
+            }
+            Err(e) => {
+                // A failed transaction is not retried for the same request: retrying a broken
+                // image would flap the node between Staging and Degraded. A new request, or
+                // `streamctl reconcile`, tries again.
+                self.set_state(State::Degraded, format!("staging failed: {e}"))
+                    .await;
+            }
+        }
+    }
+
+    /// Checks the staged deployment on disk; on a mismatch removes it and says what differed.
+    pub(super) async fn verify(
+        &mut self,
+        (mut exp, pinned): (crate::verify::Expectation, String),
+    ) -> Result<(), String> {
+        let deployments = self
+            .backend
+            .deployments()
+            .await
+            .map_err(|e| format!("reading deployments after staging: {e}"))?;
+        let (Some(staged), Some(booted)) = (
+            deployments.iter().find(|d| d.staged).cloned(),
+            deployments.iter().find(|d| d.booted).cloned(),
+        ) else {
+            return Err("the transaction succeeded but nothing is staged".into());
+        };
+        // rpm-ostree reports the platform manifest's digest; a pullspec may pin the index.
+        if staged.container_image_reference_digest.as_deref() == Some(pinned.as_str()) {
+            exp.image_digest = pinned;
+        }
+        // libostree finds the staged deployment only through the running root.
+        let root = self.host.root().to_path_buf();
+        let sysroot = if root == std::path::Path::new("/") {
+            root
+        } else {
+            root.join("sysroot")
+        };
+        let result = tokio::task::spawn_blocking(move || {
+            crate::verify::verify_staged(&sysroot, &staged, &booted, &exp)
+        })
+        .await
+        .map_err(|e| format!("verification task failed: {e}"))?;
+        match result {
+            Ok(()) => {
+                info!("staged deployment verified");
+                Ok(())
+            }
+            Err(e) => {
+                warn!(error = %e, "staged deployment failed verification; removing it");
+                let cleaned = match self.backend.cleanup_pending().await {
+                    Ok(()) => "the pending deployment was removed".to_string(),
+                    Err(c) => format!("removing the pending deployment failed too: {c}"),
+                };
+                Err(format!("{e}; {cleaned}"))
+            }
+        }
+    }
+}
+
+/// The running staging transaction.
+pub(super) struct Staging {
+    /// The request it stages (observed-desired hash).
+    pub(super) hash: String,
+    /// What the staged deployment must look like, and the digest the request pins.
+    pub(super) expect: Option<(crate::verify::Expectation, String)>,
+    pub(super) task: JoinHandle<Result<(), BackendError>>,
+    pub(super) progress: mpsc::Receiver<TxnEvent>,
+    /// Set to true to cancel the transaction.
+    pub(super) cancel: tokio::sync::watch::Sender<bool>,
+}
+
+async fn stage_with_busy_retry(
+    backend: Backend,
+    plan: crate::planner::StagePlan,
+    progress: mpsc::Sender<TxnEvent>,
+    mut cancelled: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), BackendError> {
+    let mut delay = MIN_BACKOFF;
+    loop {
+        match backend.stage(&plan, &progress, cancelled.clone()).await {
+            Err(BackendError::RpmOstree(RpmOstreeError::Busy(msg))) => {
+                info!(%msg, retry_in = ?delay, "rpm-ostreed busy; waiting");
+                let _ = progress.try_send(TxnEvent::Message(format!(
+                    "waiting for another rpm-ostree transaction ({msg}); retrying in {}s",
+                    delay.as_secs()
+                )));
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    true = async { cancelled.wait_for(|c| *c).await.is_ok() } => {
+                        return Err(RpmOstreeError::Cancelled.into());
+                    }
+                }
+                delay = (delay * 2).min(BUSY_MAX_BACKOFF);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Something the staging transaction did.
+pub(super) enum StagingEvent {
+    Progress(TxnEvent),
+    Finished(Result<(), BackendError>),
+}
+
+/// Waits for the running transaction's next progress event or its end; progress queued before
+/// the end is delivered first.
+pub(super) async fn staging_event(staging: &mut Option<Staging>) -> StagingEvent {
+    let Some(s) = staging else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        biased;
+        Some(ev) = s.progress.recv() => StagingEvent::Progress(ev),
+        res = &mut s.task => StagingEvent::Finished(match res {
+            Ok(r) => r,
+            Err(e) => Err(RpmOstreeError::Protocol(format!("staging task failed: {e}")).into()),
+        }),
+    }
+}
