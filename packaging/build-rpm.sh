@@ -184,6 +184,11 @@ for r in "${rpms[@]}"; do
     echo "== $(basename "$r")"
     rpm -qlp "$r"
 done
+# The daemon runs its verification helper from its own directory.
+listed="$(for r in "${rpms[@]}"; do rpm -qlp "$r"; done)"
+for f in /usr/libexec/streamd /usr/libexec/streamd-verify; do
+    grep -qx "$f" <<<"$listed" || die "no $f in the RPMs"
+done
 
 # --- 6. rpmlint -------------------------------------------------------------
 lint_out="$(rpmlint -r "$REPO_ROOT/packaging/streamd.rpmlintrc" "${rpms[@]}" 2>&1)" || lint_rc=$?

@@ -7,8 +7,9 @@
 //! FIPS node, what FIPS mode needs. Every difference is collected, so one report names them
 //! all.
 //!
-//! libostree is blocking: [`verify_staged`] is synchronous and callers run it in
-//! `spawn_blocking`.
+//! libostree is blocking and brings glib, gio and some sixty shared libraries along. The daemon
+//! therefore never links it: [`in_helper`] runs [`verify_staged`] in the `streamd-verify`
+//! helper (installed next to `streamd`), one short-lived process per check, with a timeout.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -21,7 +22,7 @@ use crate::hostfacts::{KernelVariant, OsRelease};
 use crate::rpmostree::Deployment;
 
 /// What the staged deployment must look like.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Expectation {
     /// `sha256:…` manifest digest of the desired OS image, compared with the staged
     /// deployment's `container-image-reference-digest` (the caller resolves index vs manifest).
@@ -36,7 +37,7 @@ pub struct Expectation {
 }
 
 /// Why verification did not pass.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum VerifyError {
     /// The staged deployment differs from the expectation; every difference, as a sentence.
     #[error("the staged deployment does not match: {}", .0.join("; "))]
@@ -44,6 +45,56 @@ pub enum VerifyError {
     /// The sysroot or a deployment in it could not be opened or read.
     #[error("cannot verify the staged deployment: {0}")]
     Sysroot(String),
+}
+
+/// One check for the helper: what [`verify_staged`] takes.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Request {
+    /// The ostree sysroot (`/` on a host).
+    pub sysroot: PathBuf,
+    /// The staged deployment.
+    pub staged: Deployment,
+    /// The booted deployment.
+    pub booted: Deployment,
+    /// What the staged deployment must look like.
+    pub expect: Expectation,
+}
+
+/// File name of the helper, next to the `streamd` executable.
+pub const HELPER: &str = "streamd-verify";
+/// Longest a check may take (it reads a few files of two deployments).
+const HELPER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Runs [`verify_staged`] for `req` in the helper `helper` and returns its verdict.
+pub async fn in_helper(helper: &Path, req: &Request) -> Result<(), VerifyError> {
+    use tokio::io::AsyncWriteExt as _;
+    let fail = |what: String| VerifyError::Sysroot(format!("{}: {what}", helper.display()));
+    let input = serde_json::to_vec(req).map_err(|e| fail(e.to_string()))?;
+    let mut child = tokio::process::Command::new(helper)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| fail(format!("cannot run the verification helper: {e}")))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(&input)
+            .await
+            .map_err(|e| fail(format!("writing the request: {e}")))?;
+    }
+    let out = tokio::time::timeout(HELPER_TIMEOUT, child.wait_with_output())
+        .await
+        .map_err(|_| fail(format!("no answer within {} s", HELPER_TIMEOUT.as_secs())))?
+        .map_err(|e| fail(e.to_string()))?;
+    match serde_json::from_slice::<Result<(), VerifyError>>(&out.stdout) {
+        Ok(verdict) if out.status.success() => verdict,
+        _ => Err(fail(format!(
+            "{}: {}",
+            out.status,
+            crate::protocol::one_line_reason(&String::from_utf8_lossy(&out.stderr))
+        ))),
+    }
 }
 
 /// Checks the node after it booted the target of `attempt`: the kernel variant and the FIPS
@@ -687,5 +738,33 @@ mod tests {
             Ok(()),
             "nothing recorded, nothing checked"
         );
+    }
+
+    #[tokio::test]
+    async fn a_missing_or_broken_helper_is_a_clear_error() {
+        let req = Request {
+            sysroot: PathBuf::from("/nonexistent"),
+            staged: Deployment::default(),
+            booted: Deployment::default(),
+            expect: Expectation {
+                image_digest: String::new(),
+                target_major: 10,
+                kernel: KernelVariant::Default,
+                fips: false,
+            },
+        };
+        let err = in_helper(Path::new("/nonexistent/streamd-verify"), &req)
+            .await
+            .expect_err("no helper");
+        assert!(
+            err.to_string()
+                .contains("cannot run the verification helper"),
+            "{err}"
+        );
+        // A program that answers nothing is not a verdict.
+        let err = in_helper(Path::new("/bin/true"), &req)
+            .await
+            .expect_err("no verdict");
+        assert!(err.to_string().contains("/bin/true"), "{err}");
     }
 }

@@ -257,3 +257,25 @@ async fn dbus_policy_lets_others_read_but_not_call() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// libostree and glib stay out of the resident daemon: only the short-lived `streamd-verify`
+/// helper links them.
+#[test]
+fn the_daemon_does_not_link_libostree() {
+    let ldd = |bin: &str| {
+        let out = std::process::Command::new("ldd")
+            .arg(bin)
+            .output()
+            .expect("ldd runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let daemon = ldd(env!("CARGO_BIN_EXE_streamd"));
+    assert!(
+        !daemon.contains("libostree") && !daemon.contains("libglib"),
+        "{daemon}"
+    );
+    assert!(
+        ldd(env!("CARGO_BIN_EXE_streamd-verify")).contains("libostree"),
+        "the helper is where libostree is"
+    );
+}

@@ -252,12 +252,16 @@ impl Agent {
         } else {
             root.join("sysroot")
         };
-        let result = tokio::task::spawn_blocking(move || {
-            crate::verify::verify_staged(&sysroot, &staged, &booted, &exp)
-        })
-        .await
-        .map_err(|e| format!("verification task failed: {e}"))?;
-        match result {
+        let helper = std::env::current_exe()
+            .map_err(|e| format!("locating the verification helper: {e}"))?
+            .with_file_name(crate::verify::HELPER);
+        let req = crate::verify::Request {
+            sysroot,
+            staged,
+            booted,
+            expect: exp,
+        };
+        match crate::verify::in_helper(&helper, &req).await {
             Ok(()) => {
                 info!("staged deployment verified");
                 Ok(())

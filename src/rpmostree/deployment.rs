@@ -18,7 +18,7 @@ pub struct DeploymentError {
 }
 
 /// One entry of `Sysroot.Deployments`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Deployment {
     /// `<osname>-<checksum>.<serial>`.
     pub id: String,

@@ -132,6 +132,9 @@ for p in read map; do
     allows -s streamd_t -t systemd_journal_t -c file -p "$p" ||
         die "streamd_t cannot $p the journal files (systemd_journal_t)"
 done
+# The libostree helper streamd-verify (streamd_exec_t) runs in streamd_t.
+allows -s streamd_t -t streamd_exec_t -c file -p execute_no_trans ||
+    die "streamd_t cannot run streamd-verify (streamd_exec_t)"
 n_allow="$(sesearch -A -s streamd_t "$pol" | wc -l)"
 # Optional blocks whose modules Debian does not ship (rpm, container) are
 # disabled here; say so instead of hiding it.
