@@ -57,18 +57,33 @@ impl Observation<'_> {
 
     /// Whether the staged deployment is one streamd created.
     pub fn staged_is_ours(&self) -> bool {
-        let Some(ours) = &self.lifecycle.record.staged else {
-            return false;
-        };
         self.staged()
-            .and_then(Deployment::pullspec)
-            .is_some_and(|p| p == ours.os_image)
+            .is_some_and(|s| is_ours(s, self.lifecycle.record))
     }
 
     /// A staged deployment streamd did not create (for the `pending-deployment` check).
     pub fn foreign_staged(&self) -> Option<&Deployment> {
-        self.staged().filter(|_| !self.staged_is_ours())
+        foreign_staged(self.deployments, self.lifecycle.record)
     }
+}
+
+/// Whether `staged` is the deployment streamd recorded it was staging.
+fn is_ours(staged: &Deployment, record: &Record) -> bool {
+    record
+        .staged
+        .as_ref()
+        .is_some_and(|ours| staged.pullspec() == Some(ours.os_image.as_str()))
+}
+
+/// The staged deployment among `deployments` if streamd did not create it.
+pub fn foreign_staged<'a>(
+    deployments: &'a [Deployment],
+    record: &Record,
+) -> Option<&'a Deployment> {
+    deployments
+        .iter()
+        .find(|d| d.staged)
+        .filter(|s| !is_ours(s, record))
 }
 
 /// Everything needed to stage a target: backend-neutral, shown by `streamctl plan`.

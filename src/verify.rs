@@ -104,7 +104,6 @@ pub fn after_boot(
     attempt: &crate::attempt::Attempt,
     facts: &crate::hostfacts::HostFacts,
 ) -> Result<(), String> {
-    use crate::hostfacts::Fips;
     let mut problems = Vec::new();
     if let Some(want) = attempt.kernel
         && facts.kernel != Some(want)
@@ -118,11 +117,7 @@ pub fn after_boot(
         ));
     }
     if let Some(was) = attempt.fips {
-        let now = match facts.fips {
-            Fips::Enabled => Some(true),
-            Fips::Disabled => Some(false),
-            Fips::Inconsistent => None,
-        };
+        let now = facts.fips.enabled();
         if now != Some(was) {
             problems.push(format!(
                 "FIPS mode was {} before the reboot and is {} now",

@@ -433,23 +433,10 @@ impl Agent {
             self.gatherer.policy.allow_downgrade,
         );
         let record = self.store.load().unwrap_or_default();
-        let observed = Ok(Some(desired.clone()));
-        let obs = Observation {
-            desired: &observed,
-            deployments: &deployments,
-            allow_downgrade: self.gatherer.policy.allow_downgrade,
-            lifecycle: Lifecycle {
-                policy: self.reboot.policy,
-                max_attempts: self.reboot.max_attempts,
-                boot_id: &self.boot_id,
-                record: &record,
-                approved: None,
-                locks: self.backend.locks(),
-            },
-        };
+        let foreign = planner::foreign_staged(&deployments, &record);
         match self
             .gatherer
-            .prepare(&facts, &desired, booted, obs.foreign_staged(), base)
+            .prepare(&facts, &desired, booted, foreign, base)
             .await
         {
             Err(Transient(e)) => serde_json::json!({"error": e}),

@@ -181,11 +181,7 @@ impl Agent {
             attempts: attempt,
             reported_boot: None,
             kernel: facts.and_then(|f| f.kernel),
-            fips: facts.and_then(|f| match f.fips {
-                crate::hostfacts::Fips::Enabled => Some(true),
-                crate::hostfacts::Fips::Disabled => Some(false),
-                crate::hostfacts::Fips::Inconsistent => None,
-            }),
+            fips: facts.and_then(|f| f.fips.enabled()),
         });
         // Written before the reboot can happen, so the next boot knows what was tried.
         if let Err(e) = self.store.save(&rec) {

@@ -12,6 +12,17 @@ pub enum Fips {
     Inconsistent,
 }
 
+impl Fips {
+    /// `Some(on)` when the state is known, `None` when it is inconsistent.
+    pub fn enabled(self) -> Option<bool> {
+        match self {
+            Fips::Enabled => Some(true),
+            Fips::Disabled => Some(false),
+            Fips::Inconsistent => None,
+        }
+    }
+}
+
 /// Combines `/proc/sys/crypto/fips_enabled` (absent: the kernel has no FIPS support, i.e. off)
 /// and `/proc/cmdline`.
 pub fn fips(fips_enabled: Option<&str>, cmdline: &str) -> Fips {
