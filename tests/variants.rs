@@ -191,12 +191,28 @@ async fn inconsistent_fips_is_refused() {
     assert!(r.contains("inconsistent"), "{r}");
 }
 
+/// Pushes a one-layer image (an os-release only) with `labels` to the testbed registry; returns
+/// its pullspec.
+async fn push_os(env: &Env, tag: &str, labels: &[(&str, &str)]) -> String {
+    let labels = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let files = vec![("usr/lib/os-release".into(), b"ID=rhcos\n".to_vec())];
+    let (pullspec, _) = env
+        .tb
+        .registry()
+        .push_custom(tag, labels, files)
+        .await
+        .expect("push");
+    pullspec
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn image_refusals() {
     let mut env = Env::new("refuse-images").await;
     env.start_streamd();
     env.wait_state("Idle").await;
-    let reg = env.tb.registry();
     let next = |env: &Env| {
         env.annotate(&[
             &format!("{DESIRED_STREAM}-"),
@@ -207,24 +223,16 @@ async fn image_refusals() {
 
     // Stream class mismatch: a rhel-9 image for stream rhel-10 (the booted image is rhel-9 too,
     // so use the rhel-9 extensions image's stream check instead on a rhel-10 OS image below).
-    let (custom9, _) = reg
-        .push_custom(
-            "labelled-rhel-9",
-            BTreeMap::from([
-                ("containers.bootc".to_string(), "1".to_string()),
-                (
-                    "io.openshift.os.streamclass".to_string(),
-                    "rhel-9".to_string(),
-                ),
-                (
-                    "ostree.linux".to_string(),
-                    "6.12.0-124.8.1.el10_1.x86_64".to_string(),
-                ),
-            ]),
-            vec![("usr/lib/os-release".into(), b"ID=rhcos\n".to_vec())],
-        )
-        .await
-        .expect("push");
+    let custom9 = push_os(
+        &env,
+        "labelled-rhel-9",
+        &[
+            ("containers.bootc", "1"),
+            ("io.openshift.os.streamclass", "rhel-9"),
+            ("ostree.linux", "6.12.0-124.8.1.el10_1.x86_64"),
+        ],
+    )
+    .await;
     request(&env, "rhel-10", &custom9, None);
     let r = refused(&env, "os-image").await;
     assert!(r.contains("stream class"), "{r}");
@@ -232,17 +240,12 @@ async fn image_refusals() {
     env.wait_state("Idle").await;
 
     // Not bootable.
-    let (plain, _) = reg
-        .push_custom(
-            "not-bootable",
-            BTreeMap::from([(
-                "io.openshift.os.streamclass".to_string(),
-                "rhel-10".to_string(),
-            )]),
-            vec![("usr/lib/os-release".into(), b"ID=rhcos\n".to_vec())],
-        )
-        .await
-        .expect("push");
+    let plain = push_os(
+        &env,
+        "not-bootable",
+        &[("io.openshift.os.streamclass", "rhel-10")],
+    )
+    .await;
     request(&env, "rhel-10", &plain, None);
     let r = refused(&env, "os-image").await;
     assert!(r.contains("not a bootable"), "{r}");
@@ -250,20 +253,15 @@ async fn image_refusals() {
     env.wait_state("Idle").await;
 
     // Downgrade: a bootable image of an older major.
-    let (old, _) = reg
-        .push_custom(
-            "rhel-8",
-            BTreeMap::from([
-                ("containers.bootc".to_string(), "1".to_string()),
-                (
-                    "io.openshift.os.streamclass".to_string(),
-                    "rhel-8".to_string(),
-                ),
-            ]),
-            vec![("usr/lib/os-release".into(), b"ID=rhcos\n".to_vec())],
-        )
-        .await
-        .expect("push");
+    let old = push_os(
+        &env,
+        "rhel-8",
+        &[
+            ("containers.bootc", "1"),
+            ("io.openshift.os.streamclass", "rhel-8"),
+        ],
+    )
+    .await;
     request(&env, "rhel-8", &old, None);
     let r = refused(&env, "direction").await;
     assert!(r.contains("downgrade"), "{r}");
