@@ -177,7 +177,9 @@ impl Gatherer {
             backend: facts.backend,
             policy: &self.policy,
         });
-        let expect = match (&os_image, preflight::stream_major(&desired.stream)) {
+        // One answer for the checks, the verification and the RPM choice.
+        let target = preflight::target_major(desired, &os_image);
+        let expect = match (&os_image, target) {
             (Ok(info), Some(major)) => Some(crate::verify::Expectation {
                 image_digest: info.manifest_digest.clone(),
                 target_major: major,
@@ -188,7 +190,6 @@ impl Gatherer {
         };
         let plan = preflight::first_failure(&checks).is_none().then(|| {
             // Only the RPMs of the target major are passed: preflight made sure they exist.
-            let target = preflight::stream_major(&desired.stream);
             let rpms: Vec<PathBuf> = extracted
                 .into_iter()
                 .filter(|p| {

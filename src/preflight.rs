@@ -194,9 +194,10 @@ fn fail(id: &'static str, message: impl Into<String>) -> CheckResult {
     }
 }
 
-fn target_major(i: &Input<'_>) -> Option<u32> {
-    stream_major(&i.desired.stream).or_else(|| {
-        i.os_image
+/// The major a request moves to: the stream's, else the OS image's `ostree.linux` kernel's.
+pub fn target_major(desired: &Desired, os_image: &Result<OsImageInfo, String>) -> Option<u32> {
+    stream_major(&desired.stream).or_else(|| {
+        os_image
             .as_ref()
             .ok()
             .and_then(|o| o.kernel_release.as_deref())
@@ -255,7 +256,7 @@ fn image_reference(i: &Input<'_>) -> CheckResult {
 
 fn direction(i: &Input<'_>) -> CheckResult {
     let id = "direction";
-    match (i.booted_major, target_major(i)) {
+    match (i.booted_major, target_major(i.desired, i.os_image)) {
         (Some(from), Some(to)) if to < from && !i.policy.allow_downgrade => fail(
             id,
             format!(
@@ -360,7 +361,8 @@ fn extensions_image(i: &Input<'_>) -> CheckResult {
 
 fn cpu_level(i: &Input<'_>) -> CheckResult {
     let id = "cpu-level";
-    let needs_v3 = i.arch == "x86_64" && target_major(i).is_some_and(|m| m >= 10);
+    let needs_v3 =
+        i.arch == "x86_64" && target_major(i.desired, i.os_image).is_some_and(|m| m >= 10);
     if !needs_v3 {
         return pass(id, "no CPU level requirement for this target");
     }
@@ -425,7 +427,7 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
             ),
         );
     };
-    let target = target_major(i);
+    let target = target_major(i.desired, i.os_image);
     let found = variant_rpms(ext, variant);
     let missing: Vec<&str> = variant
         .packages()
@@ -472,10 +474,12 @@ fn container_runtime(i: &Input<'_>) -> CheckResult {
     let id = "container-runtime";
     match i.crio_runtime {
         Err(e) => fail(id, format!("cannot read the CRI-O configuration: {e}")),
-        Ok(r) if r == "runc" && target_major(i).is_some_and(|m| m >= 10) => fail(
-            id,
-            "CRI-O's default runtime is runc, which RHEL 10 does not ship: migrate to crun first",
-        ),
+        Ok(r) if r == "runc" && target_major(i.desired, i.os_image).is_some_and(|m| m >= 10) => {
+            fail(
+                id,
+                "CRI-O's default runtime is runc, which RHEL 10 does not ship: migrate to crun first",
+            )
+        }
         Ok(r) => pass(id, format!("CRI-O default runtime {r}")),
     }
 }
@@ -560,7 +564,7 @@ fn layered_packages(i: &Input<'_>) -> CheckResult {
     if wanted.is_empty() {
         return pass(id, "no layered packages");
     }
-    let target = target_major(i);
+    let target = target_major(i.desired, i.os_image);
     let provided: Vec<&String> = match i.extensions {
         Some(Ok(ext)) => ext.rpms.iter().collect(),
         _ => Vec::new(),
@@ -595,7 +599,7 @@ fn layered_packages(i: &Input<'_>) -> CheckResult {
 
 fn nic_names(i: &Input<'_>) -> CheckResult {
     let id = "nic-names";
-    let crosses = matches!((i.booted_major, target_major(i)), (Some(a), Some(b)) if a != b);
+    let crosses = matches!((i.booted_major, target_major(i.desired, i.os_image)), (Some(a), Some(b)) if a != b);
     if crosses && !i.nic_names_persisted {
         warn(
             id,
