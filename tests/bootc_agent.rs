@@ -33,6 +33,16 @@ async fn bootc_host_stages_only_after_approval_then_reboots_into_rhel10() {
         waiting[REASON].contains("only after the reboot is approved"),
         "{waiting:?}"
     );
+    // streamctl plan shows what this backend will run.
+    let out = env.streamctl(&["plan"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!(
+            "bootc switch --transport registry {}",
+            env.rhel10()
+        )),
+        "{text}"
+    );
     let units = env
         .tb
         .control(&json!({"target": "systemd", "cmd": "units"}))

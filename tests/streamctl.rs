@@ -56,6 +56,14 @@ fn config_check_reports_file_line_column() {
         err.contains("20-bad.toml:1:10") && err.contains("on-approval"),
         "{err}"
     );
+    // A path that does not exist is an error, not an empty configuration.
+    let out = streamctl(&["config", "check", "/nonexistent/streamd.toml"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("/nonexistent/streamd.toml: no such file"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The directory form finds it too.
     let out = streamctl(&["config", "check", d.to_str().expect("utf-8")]);
     assert_eq!(out.status.code(), Some(1));

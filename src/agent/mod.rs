@@ -441,6 +441,7 @@ impl Agent {
         {
             Err(Transient(e)) => serde_json::json!({"error": e}),
             Ok(p) => serde_json::json!({
+                "backend": self.backend.kind().as_str(),
                 "checks": p.checks,
                 "plan": p.plan.as_ref().map(UpdateDeploymentCall::for_plan),
             }),

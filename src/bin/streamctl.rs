@@ -243,6 +243,14 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
             }
             if json {
                 println!("{plan}");
+            } else if answer["backend"] == "bootc" {
+                println!(
+                    "bootc switch --transport registry {} in a transient unit, once the reboot is approved (then logind Reboot)",
+                    plan["modifiers"]["set-refspec"]
+                        .as_str()
+                        .and_then(streamd::rpmostree::deployment::pullspec_of_refspec)
+                        .unwrap_or_default()
+                );
             } else {
                 println!(
                     "UpdateDeployment on the booted OS object (then FinalizeDeployment once the reboot is approved)"
@@ -265,7 +273,17 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
 /// Validates config fragments the way the daemon loads them.
 fn config_check(paths: &[std::path::PathBuf]) -> ExitCode {
     use streamd::config;
-    let (files, dirs): (Vec<_>, Vec<_>) = paths.iter().cloned().partition(|p| p.is_file());
+    let mut bad = 0;
+    // A path that is neither a file nor a directory is a mistake, not an empty configuration.
+    for p in paths.iter().filter(|p| !p.is_file() && !p.is_dir()) {
+        bad += 1;
+        eprintln!("{}: no such file or directory", p.display());
+    }
+    let (files, dirs): (Vec<_>, Vec<_>) = paths
+        .iter()
+        .filter(|p| p.is_file() || p.is_dir())
+        .cloned()
+        .partition(|p| p.is_file());
     let dirs = if paths.is_empty() {
         config::DEFAULT_DIRS
             .iter()
@@ -275,7 +293,6 @@ fn config_check(paths: &[std::path::PathBuf]) -> ExitCode {
         dirs
     };
     let mut checked = 0;
-    let mut bad = 0;
     for f in &files {
         checked += 1;
         let result = std::fs::read_to_string(f)
