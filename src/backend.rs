@@ -105,21 +105,15 @@ impl Backend {
     }
 
     /// Removes the staged deployment. bootc has no command for that, so there the booted image
-    /// is staged again in its place: what the next boot applies is then what runs now.
-    pub async fn cleanup_pending(&self) -> Result<(), BackendError> {
+    /// (`booted`, its pullspec as the caller last read it) is staged again in its place: what
+    /// the next boot applies is then what runs now.
+    pub async fn cleanup_pending(&self, booted: &str) -> Result<(), BackendError> {
         match self {
             Backend::RpmOstree(c) => Ok(c.cleanup_pending().await?),
-            Backend::Bootc(c) => {
-                let deployments = c.deployments().await?;
-                let booted = deployments
-                    .iter()
-                    .find(|d| d.booted)
-                    .and_then(Deployment::pullspec)
-                    .ok_or_else(|| {
-                        BootcError::Status("no booted container image to return to".into())
-                    })?;
-                Ok(c.switch(booted).await?)
+            Backend::Bootc(_) if booted.is_empty() => {
+                Err(BootcError::Status("no booted container image to return to".into()).into())
             }
+            Backend::Bootc(c) => Ok(c.switch(booted).await?),
         }
     }
 

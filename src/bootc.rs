@@ -240,8 +240,6 @@ pub struct Client {
     conn: zbus::Connection,
     bootc: PathBuf,
     runtime_dir: PathBuf,
-    status_timeout: Duration,
-    switch_timeout: Duration,
     /// Numbers the units of this process.
     seq: Arc<AtomicU64>,
 }
@@ -258,8 +256,6 @@ impl Client {
             conn,
             bootc: bootc.into(),
             runtime_dir: runtime_dir.into(),
-            status_timeout: STATUS_TIMEOUT,
-            switch_timeout: SWITCH_TIMEOUT,
             seq: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -267,13 +263,6 @@ impl Client {
     /// The system bus connection.
     pub fn connection(&self) -> &zbus::Connection {
         &self.conn
-    }
-
-    /// Other limits for `status` and `switch` (defaults [`STATUS_TIMEOUT`], [`SWITCH_TIMEOUT`]).
-    pub fn with_timeouts(mut self, status: Duration, switch: Duration) -> Self {
-        self.status_timeout = status;
-        self.switch_timeout = switch;
-        self
     }
 
     /// Every deployment bootc reports, staged first, then booted, rollback and the others.
@@ -288,7 +277,7 @@ impl Client {
                 "status",
                 &argv,
                 &[("StandardOutputFileToTruncate", Value::from(out.as_str()))],
-                self.status_timeout,
+                STATUS_TIMEOUT,
             )
             .await;
         let read = read_output(&output);
@@ -303,8 +292,7 @@ impl Client {
     pub async fn switch(&self, pullspec: &str) -> Result<(), BootcError> {
         let path = self.bootc.to_string_lossy().into_owned();
         let argv = [path.as_str(), "switch", "--transport", "registry", pullspec];
-        self.run_unit("switch", &argv, &[], self.switch_timeout)
-            .await
+        self.run_unit("switch", &argv, &[], SWITCH_TIMEOUT).await
     }
 
     /// Reboots through logind, unless a `block` inhibitor covers shutdown ([`BootcError::Inhibited`]).

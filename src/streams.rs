@@ -47,9 +47,6 @@ pub struct OsImageStreamStatus {
     /// The streams the cluster offers.
     #[serde(default)]
     pub available_streams: Vec<StreamImages>,
-    /// The stream pools use when they name none (informational for streamd).
-    #[serde(default)]
-    pub default_stream: Option<String>,
 }
 
 /// One entry of `status.availableStreams`, verbatim (validated only when resolved).

@@ -108,7 +108,11 @@ impl Agent {
             staged = self.status.staged_os_image.as_deref().unwrap_or_default(),
             "removing a staged deployment that no longer matches the request"
         );
-        match self.backend.cleanup_pending().await {
+        match self
+            .backend
+            .cleanup_pending(&self.status.current_os_image)
+            .await
+        {
             Ok(()) => {
                 let rec = Record {
                     staged: None,

@@ -87,7 +87,11 @@ impl Agent {
                         // deployment already has ("Old and new refs are equal").
                         if let Some(f) = &foreign {
                             info!(staged = %f.id, "replacing a staged deployment streamd did not create");
-                            if let Err(e) = self.backend.cleanup_pending().await {
+                            if let Err(e) = self
+                                .backend
+                                .cleanup_pending(&self.status.current_os_image)
+                                .await
+                            {
                                 self.transient_failure(format!(
                                     "removing the foreign staged deployment {}: {e}",
                                     f.id
@@ -268,7 +272,11 @@ impl Agent {
             }
             Err(e) => {
                 warn!(error = %e, "staged deployment failed verification; removing it");
-                let cleaned = match self.backend.cleanup_pending().await {
+                let cleaned = match self
+                    .backend
+                    .cleanup_pending(&self.status.current_os_image)
+                    .await
+                {
                     Ok(()) => "the pending deployment was removed".to_string(),
                     Err(c) => format!("removing the pending deployment failed too: {c}"),
                 };
