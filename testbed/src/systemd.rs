@@ -647,7 +647,7 @@ impl ManagerIface {
         if lock(&self.shared.units).contains_key(&name) {
             return Err(NamedError::new(
                 UNIT_EXISTS,
-                format!("Unit {name} already exists."),
+                format!("Unit {name} was already loaded or has a fragment file."),
             ));
         }
         let mut spec = ServiceSpec::new(&name);

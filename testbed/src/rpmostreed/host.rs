@@ -145,7 +145,9 @@ impl Host {
 
     /// Records that a reboot was initiated (what `FinalizeDeployment` records), for logind.
     pub(crate) fn record_reboot(&self) -> Result<(), String> {
-        self.daemon()?.request_reboot()
+        // A reboot through logind: the daemon did not start it, so it keeps accepting
+        // transactions until the host really goes down, as the real one does.
+        self.daemon()?.record_reboot_request()
     }
 }
 

@@ -335,9 +335,15 @@ impl Daemon {
         self.save_state(&state)
     }
 
-    /// Mark that a reboot was initiated (`FinalizeDeployment`, or a deploy with `reboot`).
+    /// Mark that the daemon initiated a reboot (`FinalizeDeployment`, or a deploy with
+    /// `reboot`): it then refuses new transactions until the host goes down.
     fn request_reboot(&self) -> Result<(), String> {
         self.rebooting.store(true, Ordering::SeqCst);
+        self.record_reboot_request()
+    }
+
+    /// Record that the host is going down (the simulated reboot consumes it), whoever asked.
+    fn record_reboot_request(&self) -> Result<(), String> {
         let mut state = lock(&self.state);
         state.reboot_requested = true;
         self.save_state(&state)

@@ -588,6 +588,9 @@ impl Daemon {
         self.notify_deployments().await;
         txn.emit(Signal::TaskEnd("done")).await;
         if plan.reboot {
+            // As the real daemon: block-mode shutdown inhibitors stop the reboot (the
+            // deployment stays staged and the transaction fails).
+            self.check_inhibitors().await?;
             self.request_reboot()?;
             self.update_record(txn.id, |r| r.reboot_requested = true);
         }
