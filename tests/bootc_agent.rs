@@ -59,6 +59,15 @@ async fn bootc_host_stages_only_after_approval_then_reboots_into_rhel10() {
         env.reboot_initiated()
     })
     .await;
+    let units = env
+        .tb
+        .control(&json!({"target": "systemd", "cmd": "units"}))
+        .await
+        .expect("units");
+    assert!(
+        units.to_string().contains("switch"),
+        "the switch ran in a unit once approved: {units}"
+    );
     let out = env.reboot(false).await;
     assert_eq!(out["applied"], json!(true), "{out}");
     env.start_streamd();

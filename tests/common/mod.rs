@@ -200,7 +200,7 @@ impl Env {
         }
     }
 
-    /// Waits for `state` (and, if given, an observed-desired hash different from `not_hash`).
+    /// Waits for `state`.
     pub async fn wait_state(&self, state: &str) -> BTreeMap<String, String> {
         self.wait_for(&format!("state {state}"), Duration::from_secs(90), |a| {
             a.get(STATE).map(String::as_str) == Some(state)
@@ -225,7 +225,7 @@ impl Env {
     /// Transactions the fake rpm-ostreed recorded.
     pub async fn transactions(&self) -> Vec<Value> {
         let v = self.rpmostreed(json!({"cmd": "transactions"})).await;
-        v.as_array().cloned().unwrap_or_default()
+        v.as_array().cloned().expect("transactions is a list")
     }
 
     /// Requests the rhel-10 image.
@@ -252,9 +252,13 @@ impl Env {
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
-    /// Kills streamd with SIGKILL (a crash) and reaps it.
+    /// Kills streamd with SIGKILL (a crash) and reaps it. A streamd that already exited on its
+    /// own is a failure of the test, not something to reap quietly.
     pub fn kill_streamd(&mut self) {
         if let Some(mut c) = self.streamd.take() {
+            if let Ok(Some(status)) = c.try_wait() {
+                panic!("streamd exited on its own ({status})\n{}", self.log());
+            }
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -264,10 +268,13 @@ impl Env {
     /// applies an unlocked staged deployment (or discards it), and the boot id changes. streamd
     /// is not started again; call `start_streamd`.
     pub async fn reboot(&mut self, fail_finalize: bool) -> Value {
-        if self.streamd_running() {
+        if self.streamd.is_some() {
+            assert!(
+                self.streamd_running(),
+                "streamd exited on its own before the reboot\n{}",
+                self.log()
+            );
             self.stop_streamd();
-        } else {
-            self.kill_streamd();
         }
         self.tb
             .reboot(fail_finalize)
@@ -277,11 +284,11 @@ impl Env {
 
     /// Whether the fake rpm-ostreed was asked to reboot (`FinalizeDeployment` succeeded).
     pub fn reboot_initiated(&self) -> bool {
-        let text =
-            std::fs::read_to_string(self.dir.join("rpmostreed/state.json")).unwrap_or_default();
-        serde_json::from_str::<Value>(&text)
-            .map(|v| v["reboot_requested"] == json!(true))
-            .unwrap_or(false)
+        // Written atomically by the fake (temporary file, rename): never seen half-written.
+        let text = std::fs::read_to_string(self.dir.join("rpmostreed/state.json"))
+            .expect("the fake's state.json");
+        let state: Value = serde_json::from_str(&text).expect("state.json is JSON");
+        state["reboot_requested"] == json!(true)
     }
 
     /// Reasons of the Events posted so far, oldest first.
