@@ -134,7 +134,7 @@ pub enum ResolveError {
     #[error(transparent)]
     Protocol(#[from] ProtocolError),
     /// The node names a stream the cluster does not offer.
-    #[error("stream {} is not available; available streams: {}", protocol::quote(.name), .available.join(", "))]
+    #[error("stream {} is not available; available streams: {}", protocol::quote(.name), quote_all(.available))]
     UnknownStream {
         /// The requested name.
         name: String,
@@ -151,6 +151,19 @@ pub enum ResolveError {
         /// What is wrong with it.
         source: ImageRefError,
     },
+}
+
+/// The cluster's stream names, each quoted, so a name with a newline or control character
+/// cannot break the one-line reason it ends up in.
+fn quote_all(names: &[String]) -> String {
+    if names.is_empty() {
+        return "none".to_string();
+    }
+    names
+        .iter()
+        .map(|n| protocol::quote(n))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl ResolveError {
@@ -328,6 +341,8 @@ mod tests {
     #[test]
     fn resolution_table() {
         let cat = catalog();
+        let newline = Catalog::Available(vec![entry("a\nb", &img(D9), "")]);
+        let empty = Catalog::Available(vec![]);
         let explicit = img(DX);
         let cases: Vec<Case> = vec![
             (
@@ -371,8 +386,20 @@ mod tests {
                 inputs(Some("rhel-11"), None, None),
                 Some(&cat),
                 Err(
-                    "stream \"rhel-11\" is not available; available streams: rhel-9, rhel-10, tagged, bad-ext",
+                    "stream \"rhel-11\" is not available; available streams: \"rhel-9\", \"rhel-10\", \"tagged\", \"bad-ext\"",
                 ),
+            ),
+            (
+                "a cluster stream name with a newline stays on one line",
+                inputs(Some("rhel-11"), None, None),
+                Some(&newline),
+                Err("available streams: \"a\\nb\""),
+            ),
+            (
+                "an empty catalog says so",
+                inputs(Some("rhel-11"), None, None),
+                Some(&empty),
+                Err("available streams: none"),
             ),
             (
                 "malformed stream name",

@@ -66,7 +66,7 @@ async fn watch_resolves_follows_a_digest_change_and_sees_deletion() {
             assert!(e.refuses());
             assert_eq!(
                 e.to_string(),
-                "stream \"rhel-11\" is not available; available streams: rhel-9, rhel-10"
+                "stream \"rhel-11\" is not available; available streams: \"rhel-9\", \"rhel-10\""
             );
         }
         other => panic!("unknown stream resolved to {other:?}"),
