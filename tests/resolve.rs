@@ -41,7 +41,7 @@ async fn an_unknown_stream_is_refused_listing_the_available_ones() {
     env.annotate(&[&format!("{DESIRED_STREAM}=rhel-11")]);
     let refused = env.wait_state("Refused").await;
     assert!(
-        refused[REASON].contains("rhel-11") && refused[REASON].contains("rhel-9, rhel-10"),
+        refused[REASON].contains("rhel-11") && refused[REASON].contains(r#""rhel-9", "rhel-10""#),
         "{}",
         refused[REASON]
     );
