@@ -7,9 +7,11 @@ use std::path::PathBuf;
 
 use tracing::warn;
 
+use crate::extensions;
 use crate::hostfacts::{self, HostFacts, HostRoot, KernelVariant};
+use crate::imageref::ImageRef;
 use crate::planner::StagePlan;
-use crate::preflight::{self, CheckResult, DiskFree, Input, Policy};
+use crate::preflight::{self, CheckResult, DiskFree, ExtensionsInfo, Input, Policy};
 use crate::protocol::Desired;
 use crate::pullsecret::PullSecret;
 use crate::registry::{InspectError, Inspector};
@@ -88,6 +90,33 @@ impl Gatherer {
         }
     }
 
+    fn cache(&self) -> extensions::Cache {
+        extensions::Cache::new(self.runtime_dir.join("extensions"))
+    }
+
+    /// The extensions image's RPM list and the `wanted` RPMs from it: from the last
+    /// extraction of the same image and packages when there is one, else pulled. Only this
+    /// image's extraction is kept.
+    async fn extensions(
+        &self,
+        inspector: &Inspector,
+        image: &ImageRef,
+        arch: &str,
+        wanted: &[String],
+    ) -> Result<(ExtensionsInfo, Vec<PathBuf>), InspectError> {
+        let cache = self.cache();
+        cache.prune(Some(image));
+        if let Some(hit) = cache.get(image, arch, wanted) {
+            return Ok(hit);
+        }
+        let dest = cache
+            .fresh(image)
+            .map_err(|e| InspectError::Invalid(format!("{}: {e}", cache.root().display())))?;
+        let (info, files) = inspector.extensions(image, arch, wanted, &dest).await?;
+        cache.put(image, arch, wanted, &info, &files);
+        Ok((info, files))
+    }
+
     fn disk(&self) -> DiskFree {
         let free = |p: &str| {
             rustix::fs::statvfs(self.host.path(p))
@@ -146,12 +175,8 @@ impl Gatherer {
             (None, _) => None,
             (Some(_), None) => Some(Err("pull secret unreadable".to_string())),
             (Some(img), Some(i)) => {
-                let hex = img.digest().trim_start_matches("sha256:");
-                let dest = self
-                    .runtime_dir
-                    .join("extensions")
-                    .join(hex.get(..16).unwrap_or(hex));
-                Some(match i.extensions(img, &facts.arch, &wanted, &dest).await {
+                let found = self.extensions(i, img, &facts.arch, &wanted).await;
+                Some(match found {
                     Ok((info, files)) => {
                         extracted = files;
                         Ok(info)
@@ -160,6 +185,9 @@ impl Gatherer {
                 })
             }
         };
+        if desired.extensions_image.is_none() {
+            self.cache().prune(None);
+        }
         let checks = preflight::run(&Input {
             desired,
             booted,

@@ -11,6 +11,7 @@ pub mod backend;
 pub mod bootc;
 pub mod config;
 pub mod dbus_api;
+pub mod extensions;
 pub mod gather;
 pub mod hostfacts;
 pub mod imageref;

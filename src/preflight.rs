@@ -53,7 +53,8 @@ pub struct OsImageInfo {
 }
 
 /// What the registry says about the extensions image.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ExtensionsInfo {
     /// `io.openshift.os.extensions` is `true`.
     pub is_extensions: bool,

@@ -4,14 +4,16 @@
 //! platform) and config labels, and the extensions image's RPMs. Every blob is digest-checked;
 //! errors are classified so the agent can tell a rejected pull secret from a registry blip.
 
-use std::io::Read as _;
+use std::io::{BufRead as _, Read};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use oci_client::manifest::{OciImageManifest, OciManifest};
+use oci_client::errors::DigestError;
+use oci_client::manifest::{OciDescriptor, OciImageManifest, OciManifest};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use sha2::{Digest, Sha256};
+use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use crate::imageref::ImageRef;
 use crate::preflight::{ExtensionsInfo, OsImageInfo};
@@ -270,11 +272,9 @@ impl Inspector {
         std::fs::create_dir_all(dest)
             .map_err(|e| InspectError::Invalid(format!("creating {}: {e}", dest.display())))?;
         for layer in &m.layers {
-            let blob = self.blob(image, &reference, &layer.digest).await?;
-            let (names, files) =
-                rpms_in_layer(&blob, &layer.media_type, wanted, dest).map_err(|e| {
-                    InspectError::Invalid(format!("{image}: layer {}: {e}", layer.digest))
-                })?;
+            let (names, files) = self
+                .layer_rpms(image, &reference, layer, wanted, dest)
+                .await?;
             rpms.extend(names);
             extracted.extend(files);
         }
@@ -290,6 +290,98 @@ impl Inspector {
             },
             extracted,
         ))
+    }
+
+    /// Streams one layer through [`rpms_in_layer`] on a blocking thread.
+    ///
+    /// An extensions layer is hundreds of MiB: it is never held in memory or written out whole,
+    /// and the async loop keeps serving the node watch and D-Bus while it is read. The digest
+    /// covers every byte, including what follows the tar end marker.
+    async fn layer_rpms(
+        &self,
+        image: &ImageRef,
+        reference: &Reference,
+        layer: &OciDescriptor,
+        wanted: &[String],
+        dest: &Path,
+    ) -> Result<(Vec<String>, Vec<PathBuf>), InspectError> {
+        let sized = self
+            .client
+            .pull_blob_stream(reference, layer)
+            .await
+            .map_err(|e| self.classify(image, e))?;
+        // The bridge must be made on the runtime; it blocks only the thread that reads it.
+        let bridge = SyncIoBridge::new(StreamReader::new(sized));
+        let (media_type, digest) = (layer.media_type.clone(), layer.digest.clone());
+        let (wanted, dest) = (wanted.to_vec(), dest.to_path_buf());
+        let what = format!("{image}: layer {digest}");
+        let registry = image.registry().to_string();
+        let read = tokio::task::spawn_blocking(move || {
+            let mut hashed = Hashing::new(bridge);
+            let found = rpms_in_layer(&mut hashed, &media_type, &wanted, &dest)
+                .and_then(|found| std::io::copy(&mut hashed, &mut std::io::sink()).map(|_| found));
+            (found, hashed.failure(), hashed.digest())
+        })
+        .await;
+        let (found, network, got) =
+            read.map_err(|e| InspectError::Invalid(format!("{what}: reader task failed: {e}")))?;
+        // A failing download is retried; a layer that downloads but does not read is refused.
+        if let Some(message) = network {
+            return Err(InspectError::Transient { registry, message });
+        }
+        let found = found.map_err(|e| InspectError::Invalid(format!("{what}: {e}")))?;
+        if got != digest {
+            return Err(InspectError::Invalid(format!(
+                "{what}: digest mismatch (got {got})"
+            )));
+        }
+        Ok(found)
+    }
+}
+
+/// A reader that hashes what passes through it and remembers whether its source failed, so a
+/// network error is not mistaken for a malformed archive.
+struct Hashing<R> {
+    inner: R,
+    sha: Sha256,
+    failure: Option<String>,
+}
+
+impl<R: Read> Hashing<R> {
+    fn new(inner: R) -> Self {
+        Hashing {
+            inner,
+            sha: Sha256::new(),
+            failure: None,
+        }
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.failure.clone()
+    }
+
+    fn digest(&self) -> String {
+        format!("sha256:{:x}", self.sha.clone().finalize())
+    }
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self.inner.read(buf) {
+            Ok(n) => {
+                self.sha.update(buf.get(..n).unwrap_or_default());
+                Ok(n)
+            }
+            Err(e) => {
+                // oci-client reports a digest mismatch through the same channel: that is a bad
+                // image, refused like any other, not a download to retry.
+                let mismatch = e.get_ref().is_some_and(|inner| inner.is::<DigestError>());
+                if e.kind() != std::io::ErrorKind::Interrupted && !mismatch {
+                    self.failure = Some(e.to_string());
+                }
+                Err(e)
+            }
+        }
     }
 }
 
@@ -321,18 +413,19 @@ fn verify(bytes: &[u8], digest: &str, what: &str) -> Result<(), InspectError> {
 
 /// Lists the RPMs under [`EXTENSIONS_DIR`] in a (gzip'd or plain) tar layer and writes the
 /// wanted ones into `dest`. Names are `name-version-release.arch` (the file name without `.rpm`).
-pub fn rpms_in_layer(
-    blob: &[u8],
+pub fn rpms_in_layer<R: Read>(
+    layer: R,
     media_type: &str,
     wanted: &[String],
     dest: &Path,
 ) -> std::io::Result<(Vec<String>, Vec<PathBuf>)> {
-    let reader: Box<dyn std::io::Read> =
-        if media_type.contains("gzip") || blob.starts_with(&[0x1f, 0x8b]) {
-            Box::new(flate2::read::GzDecoder::new(blob))
-        } else {
-            Box::new(blob)
-        };
+    let mut layer = std::io::BufReader::new(layer);
+    let gzip = media_type.contains("gzip") || layer.fill_buf()?.starts_with(&[0x1f, 0x8b]);
+    let reader: Box<dyn Read> = if gzip {
+        Box::new(flate2::read::GzDecoder::new(layer))
+    } else {
+        Box::new(layer)
+    };
     let mut archive = tar::Archive::new(reader);
     let mut names = Vec::new();
     let mut files = Vec::new();
@@ -356,9 +449,7 @@ pub fn rpms_in_layer(
         if want {
             // Only the file name is used: a path in the archive can never escape `dest`.
             let out = dest.join(file);
-            let mut data = Vec::new();
-            entry.read_to_end(&mut data)?;
-            std::fs::write(&out, data)?;
+            std::io::copy(&mut entry, &mut std::fs::File::create(&out)?)?;
             files.push(out);
         }
         names.push(nevra);
@@ -399,7 +490,7 @@ mod tests {
         let dest = std::env::temp_dir().join(format!("streamd-rpms-{}", std::process::id()));
         std::fs::create_dir_all(&dest).expect("mkdir");
         let (names, files) = rpms_in_layer(
-            &layer,
+            &layer[..],
             "application/vnd.oci.image.layer.v1.tar",
             &["kernel-rt-core".to_string()],
             &dest,
@@ -415,6 +506,52 @@ mod tests {
         assert_eq!(files.len(), 1);
         assert_eq!(std::fs::read(&files[0]).expect("read"), b"rt");
         std::fs::remove_dir_all(&dest).ok();
+    }
+
+    /// Yields `data`, then fails with `error`.
+    struct Failing(Vec<u8>, Option<std::io::Error>);
+
+    impl Read for Failing {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.0.is_empty() {
+                return Err(self
+                    .1
+                    .take()
+                    .unwrap_or_else(|| std::io::Error::other("again")));
+            }
+            let n = buf.len().min(self.0.len());
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0.drain(..n);
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn a_failing_download_is_told_from_a_digest_mismatch() {
+        let mut net = Hashing::new(Failing(
+            b"abc".to_vec(),
+            Some(std::io::Error::other("reset")),
+        ));
+        let mut sink = Vec::new();
+        assert!(net.read_to_end(&mut sink).is_err());
+        assert_eq!(sink, b"abc");
+        assert_eq!(net.failure().as_deref(), Some("reset"));
+        assert_eq!(
+            net.digest(),
+            format!("sha256:{:x}", Sha256::digest(b"abc")),
+            "the digest covers what was read"
+        );
+        let mismatch = DigestError::VerificationError {
+            expected: "sha256:00".into(),
+            actual: "sha256:11".into(),
+        };
+        let mut bad = Hashing::new(Failing(Vec::new(), Some(std::io::Error::other(mismatch))));
+        assert!(bad.read_to_end(&mut sink).is_err());
+        assert_eq!(
+            bad.failure(),
+            None,
+            "a mismatch is not retried as a network failure"
+        );
     }
 
     #[test]

@@ -351,3 +351,58 @@ async fn bearer_token_challenge_is_followed() {
     let e = insp.os_image(&img, "x86_64").await.expect_err("refused");
     assert_eq!(e, InspectError::Unauthorized(front.host.clone()), "{e}");
 }
+
+/// The file holding blob `digest` under the registry's storage in `root`.
+fn stored_blob(root: &std::path::Path, digest: &str) -> PathBuf {
+    let hex = digest.trim_start_matches("sha256:");
+    let rel = PathBuf::from("docker/registry/v2/blobs/sha256")
+        .join(&hex[..2])
+        .join(hex)
+        .join("data");
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        if d.join(&rel).is_file() {
+            return d.join(rel);
+        }
+        for e in std::fs::read_dir(&d).expect("dir").flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) && e.file_name() != "docker" {
+                stack.push(e.path());
+            }
+        }
+    }
+    panic!("blob {digest} not stored under {}", root.display())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_that_does_not_match_its_digest_is_refused_not_retried() {
+    let root = dir("tampered");
+    let (reg, insp) = registry("tampered").await;
+    let ext = reg
+        .extensions()
+        .iter()
+        .find(|e| e.stream == "rhel-10")
+        .expect("rhel-10 extensions");
+    let x86 = &ext.platforms[0];
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(stored_blob(&root, &x86.digest)).expect("read"))
+            .expect("manifest");
+    let layer = manifest["layers"][0]["digest"].as_str().expect("a layer");
+    // Bytes after the gzip member: the RPMs still read, only the digest tells.
+    let file = stored_blob(&root, layer);
+    let mut bytes = std::fs::read(&file).expect("read layer");
+    bytes.extend_from_slice(&[0u8; 1024]);
+    std::fs::write(&file, bytes).expect("write layer");
+    let out = dir("tampered-out");
+    let err = insp
+        .extensions(
+            &image(&ext.pullspec),
+            "x86_64",
+            &["kernel-rt-core".into()],
+            &out,
+        )
+        .await
+        .expect_err("a tampered layer is refused");
+    assert!(!err.is_transient(), "{err:?}");
+    assert!(err.to_string().contains(layer), "{err}");
+    assert!(err.to_string().to_lowercase().contains("digest"), "{err}");
+}

@@ -469,3 +469,110 @@ async fn unreachable_registry_is_retried_not_refused() {
     env.wait_state("Staged").await;
     assert_eq!(started(&env.transactions().await).len(), 1);
 }
+
+/// The stored blob of `digest` in the testbed registry's filesystem storage.
+fn blob_file(root: &std::path::Path, digest: &str) -> Option<std::path::PathBuf> {
+    let hex = digest.strip_prefix("sha256:")?;
+    let tail = std::path::Path::new("blobs/sha256")
+        .join(hex.get(..2)?)
+        .join(hex)
+        .join("data");
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let candidate = d.join("docker/registry/v2").join(&tail);
+        if candidate.is_file() {
+            return Some(candidate);
+        }
+        for e in std::fs::read_dir(&d).ok()?.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) && e.file_name() != "docker" {
+                stack.push(e.path());
+            }
+        }
+    }
+    None
+}
+
+/// The layer digests of every platform image of the index `pullspec`, read from storage.
+fn layers_of(root: &std::path::Path, pullspec: &str) -> Vec<String> {
+    let read = |digest: &str| -> Value {
+        let f = blob_file(root, digest).unwrap_or_else(|| panic!("blob {digest} stored"));
+        serde_json::from_slice(&std::fs::read(f).expect("blob")).expect("manifest JSON")
+    };
+    let (_, index) = pullspec.split_once('@').expect("pinned");
+    let mut layers = Vec::new();
+    for m in read(index)["manifests"].as_array().expect("an index") {
+        let manifest = read(m["digest"].as_str().expect("digest"));
+        for l in manifest["layers"].as_array().expect("layers") {
+            layers.push(l["digest"].as_str().expect("digest").to_string());
+        }
+    }
+    layers
+}
+
+fn extraction_dirs(env: &Env) -> Vec<String> {
+    let mut dirs: Vec<String> = std::fs::read_dir(env.dir.join("run/extensions"))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    dirs.sort();
+    dirs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extensions_image_is_read_once_and_only_the_current_one_is_kept() {
+    let mut env = Env::with_host("ext-cache", "realtime").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let (os, ext) = (env.rhel10(), ext10(&env));
+    let ext9 = env.vars()["TESTBED_RHEL9_EXTENSIONS_IMAGE"].clone();
+    let preflight = |ext: &str| {
+        env.streamctl(&[
+            "preflight",
+            "--json",
+            "--stream",
+            "rhel-10",
+            "--os-image",
+            &os,
+            "--extensions-image",
+            ext,
+        ])
+    };
+    let out = preflight(&ext);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let hex = |img: &str| img.rsplit_once("sha256:").expect("pinned").1.to_string();
+    assert_eq!(extraction_dirs(&env), vec![hex(&ext)]);
+    // Without its layers in the registry, the image can only be checked from what was kept.
+    let layers = layers_of(&env.dir, &ext);
+    assert!(!layers.is_empty());
+    for l in &layers {
+        let f = blob_file(&env.dir, l).expect("layer stored");
+        std::fs::remove_file(f).expect("remove layer");
+    }
+    let out = preflight(&ext);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the second preflight pulled again: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        env.log()
+    );
+    // Another image replaces the kept one (its answer does not matter here).
+    let _ = preflight(&ext9);
+    assert_eq!(extraction_dirs(&env), vec![hex(&ext9)]);
+    // And the removed layers are really gone: the first image now needs a pull and fails.
+    let out = preflight(&ext);
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
