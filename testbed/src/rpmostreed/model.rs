@@ -566,6 +566,15 @@ impl ImageRef {
         })
     }
 
+    /// The image reference without its signature policy, as ostree-ext's `ImageReference`
+    /// prints it: `docker://NAME` for the registry transport, `TRANSPORT:NAME` otherwise.
+    pub(crate) fn image_reference(&self) -> String {
+        match self.transport {
+            Transport::Registry => format!("docker://{}", self.name),
+            t => format!("{}:{}", t.as_str(), self.name),
+        }
+    }
+
     /// `docker://NAME` or `TRANSPORT:NAME`; `docker:NAME` (no `//`) is invalid.
     fn parse_transport(s: &str) -> Option<(Transport, &str)> {
         if let Some(name) = s.strip_prefix("docker://") {
@@ -617,10 +626,7 @@ impl ImageRef {
 impl fmt::Display for ImageRef {
     /// The form ostree-ext prints in "Pulling manifest: …".
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let imgref = match self.transport {
-            Transport::Registry => format!("docker://{}", self.name),
-            t => format!("{}:{}", t.as_str(), self.name),
-        };
+        let imgref = self.image_reference();
         match (&self.sig, self.transport) {
             (SigVerify::Unverified, Transport::Registry) => {
                 write!(f, "ostree-unverified-registry:{}", self.name)

@@ -237,16 +237,33 @@ pub(crate) fn write_tree(
     Ok(())
 }
 
-/// The ref ostree-ext keeps an imported image under (`ostree/container/image/<escaped>`),
-/// escaping every byte outside `[A-Za-z0-9]` as `_XX_`.
-pub(crate) fn image_ref(imgref: &str) -> String {
-    let mut out = String::from("ostree/container/image/");
-    for b in imgref.bytes() {
-        if b.is_ascii_alphanumeric() {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("_{b:02X}_"));
+/// The ref ostree-ext keeps an imported image under: `ostree/container/image/` and the image
+/// reference without its signature policy (`ostree-unverified-registry:NAME` is stored as
+/// `docker://NAME`), escaped for a ref name.
+pub(crate) fn image_ref(refspec: &str) -> String {
+    let imgref = super::model::ImageRef::parse(refspec)
+        .map(|r| r.image_reference())
+        .unwrap_or_else(|| refspec.to_string());
+    format!("ostree/container/image/{}", escape_for_ref(&imgref))
+}
+
+/// ostree-ext's ref escaping: ASCII letters, digits and `-` stay; `/` stays between an
+/// alphanumeric and something more (so no empty path component appears); `_` doubles; every
+/// other character becomes `_<hex code point>_`.
+fn escape_for_ref(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    let mut after_alnum = false;
+    while let Some(c) = chars.next() {
+        let more = chars.peek().is_some();
+        match c {
+            c if c.is_ascii_alphanumeric() => out.push(c),
+            '/' if after_alnum && more => out.push(c),
+            '-' => out.push(c),
+            '_' => out.push_str("__"),
+            other => out.push_str(&format!("_{:02X}_", u32::from(other))),
         }
+        after_alnum = c.is_ascii_alphanumeric();
     }
     out
 }
@@ -348,10 +365,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn image_refs_are_escaped() {
+    fn image_refs_are_escaped_like_ostree_ext() {
+        // ostree-ext's own examples.
         assert_eq!(
-            image_ref("docker://a:1"),
-            "ostree/container/image/docker_3A__2F__2F_a_3A_1"
+            escape_for_ref("localhost:5000/foo:latest"),
+            "localhost_3A_5000/foo_3A_latest"
+        );
+        assert_eq!(
+            escape_for_ref("registry:quay.io/coreos/fedora:latest"),
+            "registry_3A_quay_2E_io/coreos/fedora_3A_latest"
+        );
+        for unchanged in ["foo", "foo/bar/baz-blah/foo"] {
+            assert_eq!(escape_for_ref(unchanged), unchanged);
+        }
+        // `//`, a leading and a trailing `/`, `_` and a non-ASCII character.
+        assert_eq!(escape_for_ref("/a//b/"), "_2F_a/_2F_b_2F_");
+        assert_eq!(escape_for_ref("a_b\u{e9}"), "a__b_E9_");
+        // The signature policy is not part of the ref; the registry transport prints as docker://.
+        assert_eq!(
+            image_ref("ostree-unverified-registry:quay.io/x/os@sha256:ab"),
+            "ostree/container/image/docker_3A__2F__2F_quay_2E_io/x/os_40_sha256_3A_ab"
+        );
+        assert_eq!(
+            image_ref("ostree-remote-image:fedora:docker://quay.io/x/os:1"),
+            "ostree/container/image/docker_3A__2F__2F_quay_2E_io/x/os_3A_1"
         );
     }
 }
