@@ -4,7 +4,8 @@
 //! bugs, checked against small reference matchers written from the grammars (not from the
 //! parsers) or against the model a generated input was rendered from. Case counts keep the whole
 //! file well under 30 s in the debug profile on a 2-core machine; failure persistence is off so
-//! nothing is written into the repository.
+//! nothing is written into the repository. `STREAMD_FUZZ_SCALE=N` multiplies every case count
+//! for a longer local soak (`STREAMD_FUZZ_SCALE=50 cargo test --test fuzz_parsers`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write as _;
@@ -33,8 +34,12 @@ use streamd::registry::{EXTENSIONS_DIR, rpms_in_layer};
 use streamd::rpmostree::Deployment;
 
 fn config(cases: u32) -> ProptestConfig {
+    let scale = std::env::var("STREAMD_FUZZ_SCALE")
+        .ok()
+        .and_then(|s| s.parse::<u32>().ok())
+        .unwrap_or(1);
     ProptestConfig {
-        cases,
+        cases: cases.saturating_mul(scale.max(1)),
         failure_persistence: None,
         ..ProptestConfig::default()
     }

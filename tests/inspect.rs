@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use streamd::imageref::ImageRef;
 use streamd::pullsecret::PullSecret;
 use streamd::registry::{InspectError, Inspector};
-use testbed::registry::{Registry, RegistryConfig};
+use testbed::registry::{Registry, RegistryConfig, stored_blob};
 
 fn dir(name: &str) -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
@@ -352,27 +352,6 @@ async fn bearer_token_challenge_is_followed() {
     assert_eq!(e, InspectError::Unauthorized(front.host.clone()), "{e}");
 }
 
-/// The file holding blob `digest` under the registry's storage in `root`.
-fn stored_blob(root: &std::path::Path, digest: &str) -> PathBuf {
-    let hex = digest.trim_start_matches("sha256:");
-    let rel = PathBuf::from("docker/registry/v2/blobs/sha256")
-        .join(&hex[..2])
-        .join(hex)
-        .join("data");
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        if d.join(&rel).is_file() {
-            return d.join(rel);
-        }
-        for e in std::fs::read_dir(&d).expect("dir").flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) && e.file_name() != "docker" {
-                stack.push(e.path());
-            }
-        }
-    }
-    panic!("blob {digest} not stored under {}", root.display())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_layer_that_does_not_match_its_digest_is_refused_not_retried() {
     let root = dir("tampered");
@@ -383,12 +362,13 @@ async fn a_layer_that_does_not_match_its_digest_is_refused_not_retried() {
         .find(|e| e.stream == "rhel-10")
         .expect("rhel-10 extensions");
     let x86 = &ext.platforms[0];
+    let stored = |digest: &str| stored_blob(&root, digest).expect("blob stored");
     let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(stored_blob(&root, &x86.digest)).expect("read"))
+        serde_json::from_slice(&std::fs::read(stored(&x86.digest)).expect("read"))
             .expect("manifest");
     let layer = manifest["layers"][0]["digest"].as_str().expect("a layer");
     // Bytes after the gzip member: the RPMs still read, only the digest tells.
-    let file = stored_blob(&root, layer);
+    let file = stored(layer);
     let mut bytes = std::fs::read(&file).expect("read layer");
     bytes.extend_from_slice(&[0u8; 1024]);
     std::fs::write(&file, bytes).expect("write layer");

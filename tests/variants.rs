@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{Value, json};
+use testbed::registry::stored_blob;
 
 fn started(txns: &[Value]) -> Vec<&Value> {
     txns.iter()
@@ -470,32 +471,10 @@ async fn unreachable_registry_is_retried_not_refused() {
     assert_eq!(started(&env.transactions().await).len(), 1);
 }
 
-/// The stored blob of `digest` in the testbed registry's filesystem storage.
-fn blob_file(root: &std::path::Path, digest: &str) -> Option<std::path::PathBuf> {
-    let hex = digest.strip_prefix("sha256:")?;
-    let tail = std::path::Path::new("blobs/sha256")
-        .join(hex.get(..2)?)
-        .join(hex)
-        .join("data");
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let candidate = d.join("docker/registry/v2").join(&tail);
-        if candidate.is_file() {
-            return Some(candidate);
-        }
-        for e in std::fs::read_dir(&d).ok()?.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) && e.file_name() != "docker" {
-                stack.push(e.path());
-            }
-        }
-    }
-    None
-}
-
 /// The layer digests of every platform image of the index `pullspec`, read from storage.
 fn layers_of(root: &std::path::Path, pullspec: &str) -> Vec<String> {
     let read = |digest: &str| -> Value {
-        let f = blob_file(root, digest).unwrap_or_else(|| panic!("blob {digest} stored"));
+        let f = stored_blob(root, digest).unwrap_or_else(|| panic!("blob {digest} stored"));
         serde_json::from_slice(&std::fs::read(f).expect("blob")).expect("manifest JSON")
     };
     let (_, index) = pullspec.split_once('@').expect("pinned");
@@ -550,10 +529,11 @@ async fn an_extensions_image_is_read_once_and_only_the_current_one_is_kept() {
     let hex = |img: &str| img.rsplit_once("sha256:").expect("pinned").1.to_string();
     assert_eq!(extraction_dirs(&env), vec![hex(&ext)]);
     // Without its layers in the registry, the image can only be checked from what was kept.
-    let layers = layers_of(&env.dir, &ext);
+    let registry = env.dir.join("registry");
+    let layers = layers_of(&registry, &ext);
     assert!(!layers.is_empty());
     for l in &layers {
-        let f = blob_file(&env.dir, l).expect("layer stored");
+        let f = stored_blob(&registry, l).expect("layer stored");
         std::fs::remove_file(f).expect("remove layer");
     }
     let out = preflight(&ext);

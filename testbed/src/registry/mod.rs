@@ -147,6 +147,19 @@ pub struct Registry {
     stats: StartStats,
 }
 
+/// Where the registry started with work directory `dir` ([`RegistryConfig::dir`]) keeps blob
+/// `digest` (`sha256:…`) in its filesystem storage, if it has it: tests remove or alter it to
+/// see what a client does when the registry no longer serves it or serves other bytes.
+pub fn stored_blob(dir: &Path, digest: &str) -> Option<PathBuf> {
+    let hex = digest.strip_prefix("sha256:")?;
+    let path = dir
+        .join("registry/storage/docker/registry/v2/blobs/sha256")
+        .join(hex.get(..2)?)
+        .join(hex)
+        .join("data");
+    path.is_file().then_some(path)
+}
+
 fn platforms(host: &str, index: &Index) -> Vec<PlatformImage> {
     index
         .images
