@@ -156,38 +156,43 @@ impl Gatherer {
         let booted_major = self.host.os_release().ok().and_then(|r| r.major());
         let secret = self.secret();
         let inspector = secret.as_ref().ok().map(|s| self.inspector(s));
-        let os_image = match (&inspector, &secret) {
-            (Some(i), _) => match i.os_image(&desired.os_image, &facts.arch).await {
-                Ok(info) => Ok(info),
-                Err(e) => split(e)?,
-            },
-            (None, Err(e)) => Err(format!("pull secret unreadable: {e}")),
-            (None, Ok(_)) => Err("no inspector".into()),
-        };
         let layered: Vec<String> = preflight::layered_packages_of(booted, variant)
             .iter()
             .map(|p| preflight::package_name(p).to_string())
             .collect();
         let mut wanted: Vec<String> = variant.packages().iter().map(|p| p.to_string()).collect();
         wanted.extend(layered.iter().cloned());
-        let mut extracted = Vec::new();
-        let extensions = match (&desired.extensions_image, &inspector) {
-            (None, _) => None,
-            (Some(_), None) => Some(Err("pull secret unreadable".to_string())),
-            (Some(img), Some(i)) => {
-                let found = self.extensions(i, img, &facts.arch, &wanted).await;
-                Some(match found {
-                    Ok((info, files)) => {
-                        extracted = files;
-                        Ok(info)
-                    }
-                    Err(e) => split(e)?,
-                })
+        // The two images are independent: read them side by side.
+        let os_image = async {
+            match (&inspector, &secret) {
+                (Some(i), _) => match i.os_image(&desired.os_image, &facts.arch).await {
+                    Ok(info) => Ok(Ok(info)),
+                    Err(e) => split(e),
+                },
+                (None, Err(e)) => Ok(Err(format!("pull secret unreadable: {e}"))),
+                (None, Ok(_)) => Ok(Err("no inspector".into())),
             }
         };
-        if desired.extensions_image.is_none() {
-            self.cache().prune(None);
-        }
+        let extensions = async {
+            match (&desired.extensions_image, &inspector) {
+                (None, _) => {
+                    self.cache().prune(None);
+                    Ok(None)
+                }
+                (Some(_), None) => Ok(Some(Err("pull secret unreadable".to_string()))),
+                (Some(img), Some(i)) => match self.extensions(i, img, &facts.arch, &wanted).await {
+                    Ok(found) => Ok(Some(Ok(found))),
+                    Err(e) => split(e).map(Some),
+                },
+            }
+        };
+        let (os_image, extensions) = tokio::join!(os_image, extensions);
+        let os_image = os_image?;
+        let (extensions, extracted) = match extensions? {
+            None => (None, Vec::new()),
+            Some(Ok((info, files))) => (Some(Ok(info)), files),
+            Some(Err(e)) => (Some(Err(e)), Vec::new()),
+        };
         let checks = preflight::run(&Input {
             desired,
             booted,
