@@ -42,6 +42,15 @@ impl BackendError {
             BackendError::Bootc(e) => e.is_transient(),
         }
     }
+
+    /// A staging that failed on the network (see [`RpmOstreeError::is_network_failure`]);
+    /// bootc's unit result does not say why it failed, so it never qualifies.
+    pub fn is_network_failure(&self) -> bool {
+        match self {
+            BackendError::RpmOstree(e) => e.is_network_failure(),
+            BackendError::Bootc(_) => false,
+        }
+    }
 }
 
 impl Backend {

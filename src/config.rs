@@ -30,6 +30,8 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/streamd";
 pub const DEFAULT_BOOTC_PATH: &str = "/usr/bin/bootc";
 /// Default number of reboots into the same request before streamd gives up on it.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 2;
+/// Default number of new stagings after a transaction failed on the network.
+pub const DEFAULT_PULL_RETRIES: u32 = 3;
 
 /// Which OS update backend to drive.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -117,6 +119,8 @@ pub struct Fragment {
     pub reboot: Option<RebootPolicy>,
     /// Reboots into one request before it is refused.
     pub max_attempts: Option<std::num::NonZeroU32>,
+    /// New stagings after a transaction failed on the network.
+    pub pull_retries: Option<u32>,
     /// Replace a staged deployment streamd did not create.
     pub replace_foreign_staged: Option<bool>,
     /// Resolve `desired-stream` through the cluster's OSImageStream.
@@ -150,6 +154,8 @@ pub struct Config {
     pub reboot: RebootPolicy,
     /// Reboots into one request before it is refused (at least 1).
     pub max_attempts: u32,
+    /// New stagings of one request after its transaction failed on the network (0: none).
+    pub pull_retries: u32,
     /// Resolve `desired-stream` through the cluster's OSImageStream when no image is given.
     pub resolve_streams: bool,
     /// The files that were read, in order (for `streamctl config check` and logs).
@@ -171,6 +177,7 @@ impl Default for Config {
             bootc_path: PathBuf::from(DEFAULT_BOOTC_PATH),
             reboot: RebootPolicy::default(),
             max_attempts: DEFAULT_MAX_ATTEMPTS,
+            pull_retries: DEFAULT_PULL_RETRIES,
             resolve_streams: false,
             sources: Vec::new(),
         }
@@ -221,6 +228,9 @@ impl Config {
         }
         if let Some(v) = f.max_attempts {
             self.max_attempts = v.get();
+        }
+        if let Some(v) = f.pull_retries {
+            self.pull_retries = v;
         }
         if let Some(v) = f.replace_foreign_staged {
             self.policy.replace_foreign_staged = v;
@@ -361,7 +371,7 @@ mod tests {
     fn lifecycle_keys_parse_and_reject_bad_values() {
         let f = parse_fragment(
             Path::new("a.toml"),
-            "reboot = \"never\"\nbackend = \"bootc\"\nmax-attempts = 3\nreplace-foreign-staged = true\nresolve-streams = true\nstate-dir = \"/s\"\nbootc-path = \"/b\"\n",
+            "reboot = \"never\"\nbackend = \"bootc\"\nmax-attempts = 3\npull-retries = 0\nreplace-foreign-staged = true\nresolve-streams = true\nstate-dir = \"/s\"\nbootc-path = \"/b\"\n",
         )
         .expect("parses");
         let mut cfg = Config::default();
@@ -369,11 +379,13 @@ mod tests {
         assert_eq!(cfg.reboot, RebootPolicy::Never);
         assert_eq!(cfg.backend, BackendChoice::Bootc);
         assert_eq!(cfg.max_attempts, 3);
+        assert_eq!(cfg.pull_retries, 0);
         assert!(cfg.policy.replace_foreign_staged && cfg.resolve_streams);
         assert_eq!(cfg.state_dir, PathBuf::from("/s"));
         assert_eq!(cfg.bootc_path, PathBuf::from("/b"));
         for (text, col) in [
             ("max-attempts = 0", 16),
+            ("pull-retries = -1", 16),
             ("reboot = \"sometimes\"", 10),
             ("backend = \"dnf\"", 11),
         ] {

@@ -51,6 +51,8 @@ pub struct Settings {
     pub policy: RebootPolicy,
     /// Reboots into one request before it is refused.
     pub max_attempts: u32,
+    /// New stagings of one request after its transaction failed on the network.
+    pub pull_retries: u32,
     /// Where the attempt record lives.
     pub state_dir: std::path::PathBuf,
     /// Resolve a stream-only request through the cluster's OSImageStream.
@@ -79,6 +81,8 @@ pub struct Agent {
     reboot: Settings,
     /// The request for which "Old and new refs are equal" was already taken as "staged meanwhile".
     refs_equal_seen: Option<String>,
+    /// The request whose transactions failed on the network, and how many times.
+    pull_failures: Option<(String, u32)>,
     /// The node's input annotations as written (before stream resolution).
     raw_inputs: Inputs,
     /// The cluster's streams, once read (resolution mode only).
@@ -131,6 +135,7 @@ impl Agent {
             patch_backoff: MIN_BACKOFF,
             ready: false,
             refs_equal_seen: None,
+            pull_failures: None,
             raw_inputs: Inputs::default(),
             catalog: None,
             unresolved: None,
@@ -451,6 +456,11 @@ impl Agent {
     async fn transient_failure(&mut self, reason: String) {
         let delay = self.backoff;
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        self.retry_in(reason, delay).await;
+    }
+
+    /// Reports `Degraded` with `reason` and decides again after `delay`.
+    async fn retry_in(&mut self, reason: String, delay: Duration) {
         self.retry_at = Some(Instant::now() + delay);
         warn!(%reason, retry_in = ?delay, "transient failure");
         self.set_state(

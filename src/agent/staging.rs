@@ -199,6 +199,7 @@ impl Agent {
             Ok(()) => {
                 info!("transaction finished");
                 self.backoff = MIN_BACKOFF;
+                self.pull_failures = None;
                 if let Some(expect) = done.expect
                     && let Err(reason) = self.verify(expect).await
                 {
@@ -218,6 +219,29 @@ impl Agent {
                 info!("the target was staged meanwhile by an earlier transaction; deciding again");
                 self.refs_equal_seen = Some(done.hash.clone());
                 self.reconcile().await;
+            }
+            Err(e) if e.is_network_failure() => {
+                // A fetch that broke on the way gets a few spaced retries; past them it is
+                // treated like any failure.
+                let failures = match self.pull_failures.take() {
+                    Some((hash, n)) if hash == done.hash => n.saturating_add(1),
+                    _ => 1,
+                };
+                self.pull_failures = Some((done.hash.clone(), failures));
+                let retries = self.reboot.pull_retries;
+                if failures <= retries {
+                    let delay = pull_retry_delay(failures);
+                    let reason = format!(
+                        "staging failed on the network (retry {failures} of {retries}): {e}"
+                    );
+                    self.retry_in(reason, delay).await;
+                } else {
+                    self.set_state(
+                        State::Degraded,
+                        format!("staging failed on the network {failures} time(s), no retries left: {e}"),
+                    )
+                    .await;
+                }
             }
             Err(e) => {
                 // A failed transaction is not retried for the same request: retrying a broken
@@ -345,5 +369,27 @@ pub(super) async fn staging_event(staging: &mut Option<Staging>) -> StagingEvent
             Ok(r) => r,
             Err(e) => Err(RpmOstreeError::Protocol(format!("staging task failed: {e}")).into()),
         }),
+    }
+}
+
+/// The wait before retry `n` (from 1) of a staging that failed on the network: 10 s, doubling,
+/// at most 5 minutes — long enough for a registry or DNS blip to pass.
+fn pull_retry_delay(n: u32) -> std::time::Duration {
+    let base = super::REGISTRY_MIN_BACKOFF;
+    base.saturating_mul(1u32 << n.saturating_sub(1).min(8))
+        .min(super::REGISTRY_MAX_BACKOFF)
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::pull_retry_delay;
+    use std::time::Duration;
+
+    #[test]
+    fn pull_retries_are_spaced_and_capped() {
+        let secs: Vec<u64> = (1..=7).map(|n| pull_retry_delay(n).as_secs()).collect();
+        assert_eq!(secs, [10, 20, 40, 80, 160, 300, 300]);
+        assert_eq!(pull_retry_delay(u32::MAX), Duration::from_secs(300));
     }
 }

@@ -109,6 +109,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let reboot = streamd::agent::Settings {
         policy: cfg.reboot,
         max_attempts: cfg.max_attempts,
+        pull_retries: cfg.pull_retries,
         state_dir: cfg.state_dir.clone(),
         resolve_streams: cfg.resolve_streams,
     };

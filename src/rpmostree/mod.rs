@@ -72,7 +72,53 @@ pub enum RpmOstreeError {
     },
 }
 
+/// Phrases of the Go and Rust network stacks under rpm-ostree (skopeo / containers-image,
+/// ostree-ext) that say a fetch failed on the way, not that the image is wrong.
+const NETWORK_PHRASES: &[&str] = &[
+    "connection reset by peer",
+    "connection refused",
+    "broken pipe",
+    "i/o timeout",
+    "tls handshake timeout",
+    "context deadline exceeded",
+    "client.timeout exceeded",
+    "request canceled",
+    "no such host",
+    "temporary failure in name resolution",
+    "network is unreachable",
+    "unexpected eof",
+    "502 bad gateway",
+    "503 service unavailable",
+    "504 gateway timeout",
+    "429 too many requests",
+    "toomanyrequests",
+];
+
+/// Phrases that say the image or the host is at fault even when a network phrase is present.
+const PERMANENT_PHRASES: &[&str] = &[
+    "unauthorized",
+    "authentication required",
+    "denied",
+    "manifest unknown",
+    "no space left on device",
+    "min-free-space",
+];
+
+/// Whether a failed transaction's `message` reads as a network failure while fetching the
+/// image (see [`RpmOstreeError::is_network_failure`]).
+pub fn network_failure(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    NETWORK_PHRASES.iter().any(|p| m.contains(p)) && !PERMANENT_PHRASES.iter().any(|p| m.contains(p))
+}
+
 impl RpmOstreeError {
+    /// A transaction that failed because the image could not be fetched over the network (a
+    /// reset connection, a timeout, DNS, a registry 5xx or 429): the same request may well
+    /// succeed later, unlike a broken image or a failed depsolve, so it gets a few retries.
+    pub fn is_network_failure(&self) -> bool {
+        matches!(self, RpmOstreeError::Failed(m) if network_failure(m))
+    }
+
     /// Transient errors are retried with backoff instead of ending in `Degraded`.
     pub fn is_transient(&self) -> bool {
         matches!(
@@ -399,5 +445,65 @@ impl Client {
             .await
             .map_err(|e| RpmOstreeError::from_call("UpdateDeployment", e))?;
         transaction::run(&address, events, cancel).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn network_failures_are_told_from_broken_images() {
+        let cases = [
+            (
+                r#"Creating importer: failed to invoke method OpenImage: pinging container registry quay.io: Get "https://quay.io/v2/": dial tcp: lookup quay.io on 10.0.0.10:53: no such host"#,
+                true,
+            ),
+            (
+                r#"Importing: Unable to pull base image: reading blob sha256:ab: Get "https://cdn.quay.io/x": net/http: TLS handshake timeout"#,
+                true,
+            ),
+            (
+                "Importing: reading blob sha256:ab: read tcp 10.0.0.2:4711->1.2.3.4:443: read: connection reset by peer",
+                true,
+            ),
+            (
+                "fetching blob: received unexpected HTTP status: 503 Service Unavailable",
+                true,
+            ),
+            ("reading manifest: toomanyrequests: Rate exceeded", true),
+            (
+                "reading manifest sha256:ab in quay.io/x: unauthorized: access to the requested resource is not authorized",
+                false,
+            ),
+            (
+                "reading manifest sha256:ab in quay.io/x: manifest unknown",
+                false,
+            ),
+            (
+                "Could not depsolve transaction; 1 problem detected: package kernel-rt-core requires kernel-rt-modules",
+                false,
+            ),
+            (
+                "Writing content object: min-free-space-percent '3%' would be exceeded, at least 13.6 kB requested",
+                false,
+            ),
+            (
+                "Writing content object: No space left on device (connection reset by peer earlier)",
+                false,
+            ),
+            ("Old and new refs are equal: ostree-unverified-registry:x", false),
+            ("", false),
+        ];
+        for (message, network) in cases {
+            assert_eq!(network_failure(message), network, "{message}");
+            assert_eq!(
+                RpmOstreeError::Failed(message.into()).is_network_failure(),
+                network,
+                "{message}"
+            );
+        }
+        // Only a failed transaction qualifies: other errors have their own handling.
+        assert!(!RpmOstreeError::Busy("connection reset by peer".into()).is_network_failure());
     }
 }
