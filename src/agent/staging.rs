@@ -238,7 +238,9 @@ impl Agent {
                 } else {
                     self.set_state(
                         State::Degraded,
-                        format!("staging failed on the network {failures} time(s), no retries left: {e}"),
+                        format!(
+                            "staging failed on the network {failures} time(s), no retries left: {e}"
+                        ),
                     )
                     .await;
                 }
@@ -379,7 +381,6 @@ fn pull_retry_delay(n: u32) -> std::time::Duration {
     base.saturating_mul(1u32 << n.saturating_sub(1).min(8))
         .min(super::REGISTRY_MAX_BACKOFF)
 }
-
 
 #[cfg(test)]
 mod tests {
