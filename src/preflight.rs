@@ -642,6 +642,7 @@ mod tests {
         foreign: Option<Deployment>,
         backend: crate::hostfacts::Backend,
         policy: Policy,
+        nic_persisted: bool,
     }
 
     fn base() -> Case {
@@ -671,6 +672,7 @@ mod tests {
             foreign: None,
             backend: crate::hostfacts::Backend::RpmOstree,
             policy: Policy::default(),
+            nic_persisted: true,
         }
     }
 
@@ -706,7 +708,7 @@ mod tests {
             os_image: &c.os,
             extensions: c.ext.as_ref(),
             disk: c.disk,
-            nic_names_persisted: true,
+            nic_names_persisted: c.nic_persisted,
             foreign_staged: c.foreign.as_ref(),
             backend: c.backend,
             policy: &c.policy,
@@ -719,6 +721,29 @@ mod tests {
             .filter(|r| r.result == Outcome::Fail)
             .map(|r| r.id)
             .collect()
+    }
+
+    /// Field failure: NIC names change between majors unless persisted first. A warning, not a
+    /// refusal (the admin may know the names are stable), and only when the major changes.
+    #[test]
+    fn unpersisted_nic_names_warn_only_across_a_major() {
+        let nic = |c: &Case| {
+            check(c)
+                .into_iter()
+                .find(|r| r.id == "nic-names")
+                .map(|r| r.result)
+        };
+        let mut c = base();
+        assert_eq!(nic(&c), Some(Outcome::Pass));
+        c.nic_persisted = false;
+        assert_eq!(nic(&c), Some(Outcome::Warn));
+        assert_eq!(failed(&c), Vec::<&str>::new(), "a warning does not refuse");
+        c.booted_major = Some(10);
+        assert_eq!(
+            nic(&c),
+            Some(Outcome::Pass),
+            "same major: nothing to persist"
+        );
     }
 
     #[test]
