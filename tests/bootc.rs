@@ -2,14 +2,17 @@
 //! transient units of the fake systemd, the fake bootc stages on the real ostree sysroot, and
 //! reboots go through the fake logind.
 
+mod common;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use common::{bus_connection, scratch_dir, start_testbed};
 use serde_json::json;
 use streamd::bootc::{BootcError, Client, parse_status, refusal, rpm_ostreed_available};
 use streamd::hostfacts::KernelVariant;
 use streamd::rpmostree::Deployment;
-use testbed::{Backend, Options, Testbed};
+use testbed::{Backend, Testbed};
 
 /// A bootc testbed on `host`, a bus connection and a client; the directory goes on drop.
 struct Env {
@@ -27,21 +30,9 @@ impl Drop for Env {
 
 impl Env {
     async fn new(name: &str, host: &str) -> Env {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("bootc-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let tb = Testbed::start(Options {
-            host: host.into(),
-            backend: Backend::Bootc,
-            ..Options::new(dir.clone())
-        })
-        .await
-        .expect("testbed starts");
-        let conn = zbus::connection::Builder::address(tb.bus().address())
-            .expect("bus address")
-            .build()
-            .await
-            .expect("connect to the bus");
+        let dir = scratch_dir("bootc", name);
+        let tb = start_testbed(&dir, host, Backend::Bootc).await;
+        let conn = bus_connection(&tb).await;
         let client = Client::new(conn.clone(), &tb.env()["TESTBED_BOOTC"], dir.join("run"));
         Env {
             tb,

@@ -5,26 +5,16 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bootc_host_stages_only_after_approval_then_reboots_into_rhel10() {
     let mut env = Env::with_backend("bootc-agent", "default", testbed::Backend::Bootc).await;
     env.start_streamd();
     let idle = env.wait_state("Idle").await;
-    let host: serde_json::Value = serde_json::from_str(&idle[HOST]).expect("host JSON");
+    let host = host_facts(&idle);
     assert_eq!(host["backend"], "bootc");
     env.request_rhel10();
-    let waiting = env
-        .wait_for(
-            "a reboot request before staging",
-            Duration::from_secs(90),
-            |a| {
-                a.get(STATE).map(String::as_str) == Some("Staged")
-                    && a.contains_key(REBOOT_REQUESTED)
-            },
-        )
-        .await;
+    let waiting = env.wait_reboot_request().await;
     assert!(
         !waiting.contains_key(STAGED_OS_IMAGE),
         "nothing is staged before the approval: {waiting:?}"
@@ -43,11 +33,7 @@ async fn bootc_host_stages_only_after_approval_then_reboots_into_rhel10() {
         )),
         "{text}"
     );
-    let units = env
-        .tb
-        .control(&json!({"target": "systemd", "cmd": "units"}))
-        .await
-        .expect("units");
+    let units = env.systemd_units().await;
     assert!(
         !units.to_string().contains("switch"),
         "no bootc switch before approval: {units}"
@@ -59,21 +45,12 @@ async fn bootc_host_stages_only_after_approval_then_reboots_into_rhel10() {
         env.reboot_initiated()
     })
     .await;
-    let units = env
-        .tb
-        .control(&json!({"target": "systemd", "cmd": "units"}))
-        .await
-        .expect("units");
+    let units = env.systemd_units().await;
     assert!(
         units.to_string().contains("switch"),
         "the switch ran in a unit once approved: {units}"
     );
-    let out = env.reboot(false).await;
-    assert_eq!(out["applied"], json!(true), "{out}");
-    env.start_streamd();
-    let done = env.wait_state("Done").await;
-    assert_eq!(done[CURRENT_OS_IMAGE], env.rhel10());
-    assert_eq!(done[CURRENT_STREAM], "rhel-10");
+    env.reboot_into_rhel10().await;
     assert!(env.event_reasons().iter().any(|r| r == "Applied"));
 }
 
@@ -84,9 +61,8 @@ async fn bootc_refuses_hosts_with_package_overrides() {
             Env::with_backend(&format!("bootc-{host}"), host, testbed::Backend::Bootc).await;
         env.start_streamd();
         env.wait_state("Idle").await;
-        let ext = env.vars()["TESTBED_RHEL10_EXTENSIONS_IMAGE"].clone();
         env.request_rhel10();
-        env.annotate(&[&format!("{DESIRED_EXTENSIONS_IMAGE}={ext}")]);
+        env.request_rhel10_extensions();
         let refused = env.wait_state("Refused").await;
         assert!(
             refused[REASON].contains("package overrides"),

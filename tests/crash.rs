@@ -191,10 +191,7 @@ async fn migrate(env: &mut Env, target: &'static str, image: &str, plan: Plan) -
     let applied_before = applied_events(env);
     let digest = digest_of(image).to_string();
     let start = Instant::now();
-    env.annotate(&[
-        &format!("{DESIRED_STREAM}={target}"),
-        &format!("{DESIRED_OS_IMAGE}={image}"),
-    ]);
+    env.request(target, image, None);
     let mut out = Outcome {
         target,
         plan,

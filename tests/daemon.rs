@@ -97,13 +97,7 @@ async fn dbus_properties_and_changed_signals() {
     // Reconciling a staged node changes nothing and stages nothing again.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(proxy.state().await.expect("State"), "Staged");
-    let started = env
-        .transactions()
-        .await
-        .iter()
-        .filter(|t| t["started"] == serde_json::json!(true))
-        .count();
-    assert_eq!(started, 1);
+    assert_eq!(started(&env.transactions().await).len(), 1);
 }
 
 #[test]

@@ -7,10 +7,6 @@ use std::time::Duration;
 use common::*;
 use serde_json::json;
 
-fn started(txns: &[serde_json::Value]) -> usize {
-    txns.iter().filter(|t| t["started"] == json!(true)).count()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn happy_path_stages_rhel10_with_progress() {
     let mut env = Env::new("happy").await;
@@ -20,7 +16,7 @@ async fn happy_path_stages_rhel10_with_progress() {
     let idle = env.wait_state("Idle").await;
     assert_eq!(idle.get(CURRENT_STREAM).map(String::as_str), Some("rhel-9"));
     assert_eq!(idle.get(CURRENT_OS_IMAGE), Some(&env.rhel9()));
-    let host: serde_json::Value = serde_json::from_str(&idle[HOST]).expect("host is JSON");
+    let host = host_facts(&idle);
     assert_eq!(host["backend"], "rpm-ostree");
     assert_eq!(host["arch"], "x86_64");
 
@@ -60,7 +56,7 @@ async fn happy_path_stages_rhel10_with_progress() {
     );
 
     let txns = env.transactions().await;
-    assert_eq!(started(&txns), 1, "{txns:#?}");
+    assert_eq!(started(&txns).len(), 1, "{txns:#?}");
     let t = &txns[0];
     assert_eq!(t["method"], "UpdateDeployment");
     assert_eq!(
@@ -119,20 +115,16 @@ async fn identical_request_is_not_staged_twice() {
     env.start_streamd();
     env.wait_state("Staged").await;
     let txns = env.transactions().await;
-    assert_eq!(started(&txns), 1, "{txns:#?}");
+    assert_eq!(started(&txns).len(), 1, "{txns:#?}");
     // Removing the request removes the stage (nothing stale is left for a reboot); asking
     // again stages again.
-    env.annotate(&[
-        &format!("{DESIRED_STREAM}-"),
-        &format!("{DESIRED_OS_IMAGE}-"),
-    ]);
+    env.withdraw_request();
     env.wait_state("Idle").await;
     env.request_rhel10();
     env.wait_state("Staged").await;
     let txns = env.transactions().await;
-    let methods: Vec<&str> = txns
-        .iter()
-        .filter(|t| t["started"] == json!(true))
+    let methods: Vec<&str> = started(&txns)
+        .into_iter()
         .filter_map(|t| t["method"].as_str())
         .collect();
     assert_eq!(
@@ -204,10 +196,7 @@ async fn invalid_annotations_are_refused_without_transactions() {
     ];
     assert!(cases.len() >= 15);
     for (stream, image, key) in &cases {
-        env.annotate(&[
-            &format!("{DESIRED_STREAM}={stream}"),
-            &format!("{DESIRED_OS_IMAGE}={image}"),
-        ]);
+        env.request(stream, image, None);
         let a = env
             .wait_for(
                 &format!("refusal of {stream:?} / {image:?}"),
@@ -222,18 +211,11 @@ async fn invalid_annotations_are_refused_without_transactions() {
             .await;
         assert!(a[REASON].chars().count() <= 1024);
         // Back to Idle between cases, so each refusal is a fresh one.
-        env.annotate(&[
-            &format!("{DESIRED_STREAM}-"),
-            &format!("{DESIRED_OS_IMAGE}-"),
-        ]);
+        env.withdraw_request();
         env.wait_state("Idle").await;
     }
     // An extensions image that is not pinned is refused too.
-    env.annotate(&[
-        &format!("{DESIRED_STREAM}=rhel-10"),
-        &format!("{DESIRED_OS_IMAGE}={good}"),
-        &format!("{DESIRED_EXTENSIONS_IMAGE}={repo}:ext"),
-    ]);
+    env.request("rhel-10", &good, Some(&format!("{repo}:ext")));
     env.wait_for("extensions refusal", Duration::from_secs(15), |a| {
         a.get(REASON)
             .is_some_and(|r| r.contains("desired-extensions-image"))
@@ -263,7 +245,7 @@ async fn busy_rpm_ostreed_is_waited_for() {
     env.rpmostreed(json!({"cmd": "hold-foreign", "on": false}))
         .await;
     env.wait_state("Staged").await;
-    assert_eq!(started(&env.transactions().await), 1);
+    assert_eq!(started(&env.transactions().await).len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -296,10 +278,7 @@ async fn unknown_image_is_refused_before_rpm_ostree() {
         .unwrap_or_default()
         .to_string();
     let img = format!("{repo}@sha256:{}", "e".repeat(64));
-    env.annotate(&[
-        &format!("{DESIRED_STREAM}=rhel-10"),
-        &format!("{DESIRED_OS_IMAGE}={img}"),
-    ]);
+    env.request("rhel-10", &img, None);
     let a = env.wait_state("Refused").await;
     assert!(
         a[REASON].contains("preflight check os-image failed"),
@@ -337,10 +316,7 @@ async fn removing_the_request_returns_to_idle() {
     env.wait_state("Idle").await;
     env.request_rhel10();
     env.wait_state("Staged").await;
-    env.annotate(&[
-        &format!("{DESIRED_STREAM}-"),
-        &format!("{DESIRED_OS_IMAGE}-"),
-    ]);
+    env.withdraw_request();
     let a = env.wait_state("Idle").await;
     assert_eq!(a.get(REASON).map(String::as_str), Some(""));
     assert!(!a.contains_key(OBSERVED_DESIRED));
@@ -378,10 +354,7 @@ async fn removing_the_request_mid_staging_cancels_it() {
     env.wait_state("Staging").await;
     // Let the transaction start before the request goes away.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    env.annotate(&[
-        &format!("{DESIRED_STREAM}-"),
-        &format!("{DESIRED_OS_IMAGE}-"),
-    ]);
+    env.withdraw_request();
     let a = env.wait_state("Idle").await;
     assert!(!a.contains_key(STAGED_OS_IMAGE), "nothing staged: {a:#?}");
     let txns = env.transactions().await;

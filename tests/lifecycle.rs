@@ -8,8 +8,8 @@ use common::*;
 use serde_json::{Value, json};
 
 fn methods(txns: &[Value]) -> Vec<String> {
-    txns.iter()
-        .filter(|t| t["started"] == json!(true))
+    started(txns)
+        .into_iter()
         .map(|t| t["method"].as_str().unwrap_or_default().to_string())
         .collect()
 }
@@ -20,8 +20,9 @@ fn count(txns: &[Value], method: &str) -> usize {
 
 /// The UpdateDeployment transactions that were started, in order.
 fn started_updates(txns: &[Value]) -> Vec<&Value> {
-    txns.iter()
-        .filter(|t| t["method"] == "UpdateDeployment" && t["started"] == json!(true))
+    started(txns)
+        .into_iter()
+        .filter(|t| t["method"] == "UpdateDeployment")
         .collect()
 }
 
@@ -36,16 +37,7 @@ async fn approved_migration_reboots_into_rhel10_and_reports_done() {
     env.start_streamd();
     env.wait_state("Idle").await;
     env.request_rhel10();
-    let staged = env
-        .wait_for(
-            "staged with a reboot request",
-            Duration::from_secs(90),
-            |a| {
-                a.get(STATE).map(String::as_str) == Some("Staged")
-                    && a.contains_key(REBOOT_REQUESTED)
-            },
-        )
-        .await;
+    let staged = env.wait_reboot_request().await;
     let token = staged[REBOOT_REQUESTED].clone();
     assert!(
         token.starts_with(&staged[OBSERVED_DESIRED]),
@@ -104,12 +96,7 @@ async fn approved_migration_reboots_into_rhel10_and_reports_done() {
     let record = attempt_record(&env).expect("attempt record written before the reboot");
     assert_eq!(record["attempt"]["attempts"], 1);
 
-    let out = env.reboot(false).await;
-    assert_eq!(out["applied"], json!(true), "{out}");
-    env.start_streamd();
-    let done = env.wait_state("Done").await;
-    assert_eq!(done[CURRENT_OS_IMAGE], env.rhel10());
-    assert_eq!(done[CURRENT_STREAM], "rhel-10");
+    let done = env.reboot_into_rhel10().await;
     assert!(!done.contains_key(REBOOT_REQUESTED), "{done:?}");
     assert!(!done.contains_key(STAGED_OS_IMAGE), "{done:?}");
     let reasons = env.event_reasons();
@@ -226,8 +213,7 @@ async fn failed_finalization_rolls_back_retries_then_refuses() {
     assert_eq!(count(&txns, "FinalizeDeployment"), 2, "{txns:#?}");
     assert_eq!(env.annotations().await[STATE], "Refused");
     // A new request (here: the same image with its extensions image) starts from zero.
-    let ext = env.vars()["TESTBED_RHEL10_EXTENSIONS_IMAGE"].clone();
-    env.annotate(&[&format!("{DESIRED_EXTENSIONS_IMAGE}={ext}")]);
+    env.request_rhel10_extensions();
     env.wait_reboot_request().await;
 }
 
@@ -267,10 +253,7 @@ async fn removing_the_request_after_staging_cleans_up() {
         a.contains_key(REBOOT_REQUESTED)
     })
     .await;
-    env.annotate(&[
-        &format!("{DESIRED_STREAM}-"),
-        &format!("{DESIRED_OS_IMAGE}-"),
-    ]);
+    env.withdraw_request();
     let idle = env
         .wait_for("idle with nothing staged", Duration::from_secs(60), |a| {
             a.get(STATE).map(String::as_str) == Some("Idle") && !a.contains_key(STAGED_OS_IMAGE)
@@ -297,8 +280,7 @@ async fn changed_request_mid_staging_cancels_and_stages_the_new_one() {
     env.start_streamd();
     env.request_rhel10();
     env.wait_state("Staging").await;
-    let ext = env.vars()["TESTBED_RHEL10_EXTENSIONS_IMAGE"].clone();
-    env.annotate(&[&format!("{DESIRED_EXTENSIONS_IMAGE}={ext}")]);
+    env.request_rhel10_extensions();
     env.rpmostreed(json!({"cmd": "slow", "ms": 0})).await;
     let a = env.wait_reboot_request().await;
     let txns = env.transactions().await;
@@ -415,9 +397,8 @@ async fn fips_realtime_node_keeps_both_across_the_reboot_and_is_checked_after_bo
     let mut env = Env::with_host("fips-rt", "fips-realtime").await;
     env.start_streamd();
     env.wait_state("Idle").await;
-    let ext = env.vars()["TESTBED_RHEL10_EXTENSIONS_IMAGE"].clone();
     env.request_rhel10();
-    env.annotate(&[&format!("{DESIRED_EXTENSIONS_IMAGE}={ext}")]);
+    env.request_rhel10_extensions();
     env.approve_reboot().await;
     env.wait_for("the reboot", Duration::from_secs(60), |_| {
         env.reboot_initiated()
@@ -435,7 +416,7 @@ async fn fips_realtime_node_keeps_both_across_the_reboot_and_is_checked_after_bo
     );
     env.start_streamd();
     let done = env.wait_state("Done").await;
-    let host: Value = serde_json::from_str(&done[HOST]).expect("host JSON");
+    let host = host_facts(&done);
     assert_eq!(host["kernel"], "realtime");
     assert_eq!(host["fips"], "enabled");
 

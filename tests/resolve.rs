@@ -31,7 +31,7 @@ async fn a_stream_only_request_takes_the_clusters_images() {
     assert_eq!(doc["desiredOsImage"], json!(env.rhel10()));
     assert_eq!(
         doc["desiredExtensionsImage"],
-        json!(env.vars()["TESTBED_RHEL10_EXTENSIONS_IMAGE"])
+        json!(env.rhel10_extensions())
     );
 }
 

@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 use common::*;
 
 fn tmp(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("streamctl-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
+    let d = scratch_dir("streamctl", name);
     std::fs::create_dir_all(&d).expect("mkdir");
     d
 }

@@ -56,7 +56,7 @@ async fn watch_resolves_follows_a_digest_change_and_sees_deletion() {
     assert_eq!(resolved.os_image, Some(env.rhel10()));
     assert_eq!(
         resolved.extensions_image.as_deref(),
-        Some(env.vars()["TESTBED_RHEL10_EXTENSIONS_IMAGE"].as_str())
+        Some(env.rhel10_extensions().as_str())
     );
     assert!(resolved.desired().expect("valid").is_some());
     let resolved9 = streams::resolve(&stream_only("rhel-9"), Some(&catalog)).expect("resolves");

@@ -11,35 +11,13 @@ use common::*;
 use serde_json::{Value, json};
 use testbed::registry::stored_blob;
 
-fn started(txns: &[Value]) -> Vec<&Value> {
-    txns.iter()
-        .filter(|t| t["started"] == json!(true))
-        .collect()
-}
-
-fn request(env: &Env, stream: &str, os: &str, ext: Option<&str>) {
-    let mut pairs = vec![
-        format!("{DESIRED_STREAM}={stream}"),
-        format!("{DESIRED_OS_IMAGE}={os}"),
-    ];
-    if let Some(e) = ext {
-        pairs.push(format!("{DESIRED_EXTENSIONS_IMAGE}={e}"));
-    }
-    let refs: Vec<&str> = pairs.iter().map(String::as_str).collect();
-    env.annotate(&refs);
-}
-
-fn ext10(env: &Env) -> String {
-    env.vars()["TESTBED_RHEL10_EXTENSIONS_IMAGE"].clone()
-}
-
 /// Stages rhel-10 (with the extensions image) on `host` and returns the one transaction.
 async fn stage_on(host: &str) -> (Env, Value) {
     let mut env = Env::with_host(&format!("variant-{host}"), host).await;
     env.start_streamd();
     env.wait_state("Idle").await;
-    let (os, ext) = (env.rhel10(), ext10(&env));
-    request(&env, "rhel-10", &os, Some(&ext));
+    let (os, ext) = (env.rhel10(), env.rhel10_extensions());
+    env.request("rhel-10", &os, Some(&ext));
     env.wait_state("Staged").await;
     let txns = env.transactions().await;
     let s = started(&txns);
@@ -66,7 +44,7 @@ async fn default_and_fips_hosts_stage_a_plain_rebase() {
         let (env, t) = stage_on(host).await;
         let mods = t["modifiers"].as_object().expect("modifiers");
         assert_eq!(mods.len(), 1, "{host}: only set-refspec: {mods:?}");
-        let host_json: Value = serde_json::from_str(&env.annotations().await[HOST]).expect("host");
+        let host_json = host_facts(&env.annotations().await);
         assert_eq!(
             host_json["fips"],
             if host == "fips" {
@@ -104,7 +82,7 @@ async fn realtime_hosts_carry_kernel_rt_in_one_transaction() {
                 .iter()
                 .any(|l| l.starts_with("kernel-rt-kvm") || l.starts_with("kernel-rt-6"))
         );
-        let host_json: Value = serde_json::from_str(&env.annotations().await[HOST]).expect("host");
+        let host_json = host_facts(&env.annotations().await);
         assert_eq!(host_json["kernel"], "realtime");
     }
 }
@@ -162,8 +140,8 @@ async fn refusal_on(host: &str, check: &str, with_ext: bool) -> (Env, String) {
     let mut env = Env::with_host(&format!("refuse-{host}-{check}"), host).await;
     env.start_streamd();
     env.wait_state("Idle").await;
-    let (os, ext) = (env.rhel10(), ext10(&env));
-    request(&env, "rhel-10", &os, with_ext.then_some(ext.as_str()));
+    let (os, ext) = (env.rhel10(), env.rhel10_extensions());
+    env.request("rhel-10", &os, with_ext.then_some(ext.as_str()));
     let r = refused(&env, check).await;
     (env, r)
 }
@@ -187,7 +165,7 @@ async fn inconsistent_fips_is_refused() {
     env.start_streamd();
     env.wait_state("Idle").await;
     let os = env.rhel10();
-    request(&env, "rhel-10", &os, None);
+    env.request("rhel-10", &os, None);
     let r = refused(&env, "fips").await;
     assert!(r.contains("inconsistent"), "{r}");
 }
@@ -209,65 +187,79 @@ async fn push_os(env: &Env, tag: &str, labels: &[(&str, &str)]) -> String {
     pullspec
 }
 
+/// Pushes an image (see `push_os`) as `tag` with `labels`, requests it for `stream` and expects
+/// the refusal by `check` (see `refused`); returns the reason.
+async fn refused_image(
+    env: &Env,
+    stream: &str,
+    tag: &str,
+    labels: &[(&str, &str)],
+    check: &str,
+) -> String {
+    let image = push_os(env, tag, labels).await;
+    env.request(stream, &image, None);
+    refused(env, check).await
+}
+
+/// Removes the whole request (stream, OS and extensions images) and waits for `Idle`.
+async fn withdraw_all(env: &Env) {
+    env.annotate(&[
+        &format!("{DESIRED_STREAM}-"),
+        &format!("{DESIRED_OS_IMAGE}-"),
+        &format!("{DESIRED_EXTENSIONS_IMAGE}-"),
+    ]);
+    env.wait_state("Idle").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn image_refusals() {
     let mut env = Env::new("refuse-images").await;
     env.start_streamd();
     env.wait_state("Idle").await;
-    let next = |env: &Env| {
-        env.annotate(&[
-            &format!("{DESIRED_STREAM}-"),
-            &format!("{DESIRED_OS_IMAGE}-"),
-            &format!("{DESIRED_EXTENSIONS_IMAGE}-"),
-        ]);
-    };
 
     // Stream class mismatch: a rhel-9 image for stream rhel-10 (the booted image is rhel-9 too,
     // so use the rhel-9 extensions image's stream check instead on a rhel-10 OS image below).
-    let custom9 = push_os(
+    let r = refused_image(
         &env,
+        "rhel-10",
         "labelled-rhel-9",
         &[
             ("containers.bootc", "1"),
             ("io.openshift.os.streamclass", "rhel-9"),
             ("ostree.linux", "6.12.0-124.8.1.el10_1.x86_64"),
         ],
+        "os-image",
     )
     .await;
-    request(&env, "rhel-10", &custom9, None);
-    let r = refused(&env, "os-image").await;
     assert!(r.contains("stream class"), "{r}");
-    next(&env);
-    env.wait_state("Idle").await;
+    withdraw_all(&env).await;
 
     // Not bootable.
-    let plain = push_os(
+    let r = refused_image(
         &env,
+        "rhel-10",
         "not-bootable",
         &[("io.openshift.os.streamclass", "rhel-10")],
+        "os-image",
     )
     .await;
-    request(&env, "rhel-10", &plain, None);
-    let r = refused(&env, "os-image").await;
     assert!(r.contains("not a bootable"), "{r}");
-    next(&env);
-    env.wait_state("Idle").await;
+    withdraw_all(&env).await;
 
     // Downgrade: a bootable image of an older major.
-    let old = push_os(
+    let r = refused_image(
         &env,
+        "rhel-8",
         "rhel-8",
         &[
             ("containers.bootc", "1"),
             ("io.openshift.os.streamclass", "rhel-8"),
         ],
+        "direction",
     )
     .await;
-    request(&env, "rhel-8", &old, None);
-    let r = refused(&env, "direction").await;
     assert!(r.contains("downgrade"), "{r}");
-    next(&env);
-    env.wait_state("Idle").await;
+    withdraw_all(&env).await;
 
     // The registry rejects the pull secret.
     let secret = env.vars()["TESTBED_PULL_SECRET"].clone();
@@ -278,7 +270,7 @@ async fn image_refusals() {
     );
     std::fs::write(&secret, &bad).expect("write");
     let os = env.rhel10();
-    request(&env, "rhel-10", &os, None);
+    env.request("rhel-10", &os, None);
     let r = refused(&env, "os-image").await;
     assert!(r.contains("pull secret rejected by"), "{r}");
     assert!(!r.contains("wrong-password-value"));
@@ -315,7 +307,7 @@ async fn extensions_image_without_the_variant_is_refused() {
         .await
         .expect("push");
     let os = env.rhel10();
-    request(&env, "rhel-10", &os, Some(&ext));
+    env.request("rhel-10", &os, Some(&ext));
     let r = refused(&env, "kernel-variant").await;
     assert!(r.contains("kernel-rt-core"), "{r}");
 }
@@ -326,8 +318,8 @@ async fn staged_tree_without_rt_fails_verification_and_is_cleaned_up() {
     env.rpmostreed(json!({"cmd": "drop-variant-next"})).await;
     env.start_streamd();
     env.wait_state("Idle").await;
-    let (os, ext) = (env.rhel10(), ext10(&env));
-    request(&env, "rhel-10", &os, Some(&ext));
+    let (os, ext) = (env.rhel10(), env.rhel10_extensions());
+    env.request("rhel-10", &os, Some(&ext));
     let a = env.wait_state("Degraded").await;
     let reason = &a[REASON];
     assert!(reason.contains("+rt"), "{reason}");
@@ -363,7 +355,7 @@ async fn streamctl_preflight_and_plan_change_nothing() {
     let mut env = Env::with_host("streamctl-preflight", "realtime").await;
     env.start_streamd();
     env.wait_state("Idle").await;
-    let (os, ext) = (env.rhel10(), ext10(&env));
+    let (os, ext) = (env.rhel10(), env.rhel10_extensions());
     // A request that passes: table, exit 0, and the plan carries kernel-rt.
     let out = env.streamctl(&[
         "preflight",
@@ -456,7 +448,7 @@ async fn unreachable_registry_is_retried_not_refused() {
         .unwrap_or_default()
         .to_string();
     let gone = format!("127.0.0.1:1/openshift/rhcos@{digest}");
-    request(&env, "rhel-10", &gone, None);
+    env.request("rhel-10", &gone, None);
     let a = env
         .wait_for("a retried preflight", Duration::from_secs(60), |a| {
             a.get(STATE).map(String::as_str) == Some("Preflight")
@@ -466,7 +458,7 @@ async fn unreachable_registry_is_retried_not_refused() {
     assert!(a[REASON].contains("127.0.0.1:1"), "{}", a[REASON]);
     // A new request replaces the failing one at once.
     let os = env.rhel10();
-    request(&env, "rhel-10", &os, None);
+    env.request("rhel-10", &os, None);
     env.wait_state("Staged").await;
     assert_eq!(started(&env.transactions().await).len(), 1);
 }
@@ -505,7 +497,7 @@ async fn an_extensions_image_is_read_once_and_only_the_current_one_is_kept() {
     let mut env = Env::with_host("ext-cache", "realtime").await;
     env.start_streamd();
     env.wait_state("Idle").await;
-    let (os, ext) = (env.rhel10(), ext10(&env));
+    let (os, ext) = (env.rhel10(), env.rhel10_extensions());
     let ext9 = env.vars()["TESTBED_RHEL9_EXTENSIONS_IMAGE"].clone();
     let preflight = |ext: &str| {
         env.streamctl(&[

@@ -1,17 +1,20 @@
 //! `verify_staged` against the testbed's real ostree sysroot: deployments are staged through
 //! the fake rpm-ostreed over D-Bus, read back as `Deployments`, and verified on disk.
 
+mod common;
+
 use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use common::{bus_connection, scratch_dir, start_testbed};
 use futures::StreamExt;
 use streamd::hostfacts::KernelVariant;
 use streamd::rpmostree::Deployment;
 use streamd::verify::{Expectation, VerifyError, verify_staged};
 use testbed::images::TestImage;
-use testbed::{Options, Testbed};
+use testbed::{Backend, Testbed};
 use zbus::zvariant::{self, OwnedValue, Value};
 use zbus::{Connection, MessageStream};
 
@@ -46,20 +49,9 @@ impl Drop for Env {
 impl Env {
     /// A testbed in `target/tmp/verify-<name>-<pid>` on the host fixture `host`.
     async fn new(name: &str, host: &str) -> Env {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("verify-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let tb = Testbed::start(Options {
-            host: host.into(),
-            ..Options::new(dir.clone())
-        })
-        .await
-        .expect("testbed starts");
-        let client = zbus::connection::Builder::address(tb.bus().address())
-            .expect("bus address")
-            .build()
-            .await
-            .expect("connect to the bus");
+        let dir = scratch_dir("verify", name);
+        let tb = start_testbed(&dir, host, Backend::default()).await;
+        let client = bus_connection(&tb).await;
         Env { tb, client, dir }
     }
 

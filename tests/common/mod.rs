@@ -4,7 +4,7 @@
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,44 @@ pub const OBSERVED_DESIRED: &str = "osstream.openshift.io/observed-desired";
 pub const HOST: &str = "osstream.openshift.io/host";
 pub const REBOOT_REQUESTED: &str = "osstream.openshift.io/reboot-requested";
 pub const REBOOT_APPROVED: &str = "osstream.openshift.io/reboot-approved";
+
+/// An empty scratch path `target/tmp/<prefix>-<name>-<pid>` (a leftover of an earlier run is
+/// removed; the directory itself is not created).
+pub fn scratch_dir(prefix: &str, name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{prefix}-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Starts a testbed in `dir` on host fixture `host` whose update tool is `backend`.
+pub async fn start_testbed(dir: &Path, host: &str, backend: testbed::Backend) -> Testbed {
+    let mut opts = Options::new(dir.to_path_buf());
+    opts.host = host.to_string();
+    opts.backend = backend;
+    Testbed::start(opts).await.expect("testbed starts")
+}
+
+/// A client connection to the testbed's system bus.
+pub async fn bus_connection(tb: &Testbed) -> zbus::Connection {
+    zbus::connection::Builder::address(tb.bus().address())
+        .expect("bus address")
+        .build()
+        .await
+        .expect("connect to the bus")
+}
+
+/// The transactions the fake rpm-ostreed recorded as started (`Start()` was called).
+pub fn started(txns: &[Value]) -> Vec<&Value> {
+    txns.iter()
+        .filter(|t| t["started"] == json!(true))
+        .collect()
+}
+
+/// The `host` annotation (the facts streamd reports about the node) parsed as JSON.
+pub fn host_facts(annotations: &BTreeMap<String, String>) -> Value {
+    serde_json::from_str(&annotations[HOST]).expect("the host annotation is JSON")
+}
 
 /// One testbed plus (optionally) a running streamd.
 pub struct Env {
@@ -45,13 +83,8 @@ impl Env {
 
     /// A fresh testbed on host fixture `host` whose update tool is `backend`.
     pub async fn with_backend(name: &str, host: &str, backend: testbed::Backend) -> Env {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("e2e-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let mut opts = Options::new(dir.clone());
-        opts.host = host.to_string();
-        opts.backend = backend;
-        let tb = Testbed::start(opts).await.expect("testbed starts");
+        let dir = scratch_dir("e2e", name);
+        let tb = start_testbed(&dir, host, backend).await;
         Env {
             tb,
             dir,
@@ -70,6 +103,11 @@ impl Env {
 
     pub fn rhel10(&self) -> String {
         self.vars()["TESTBED_RHEL10_IMAGE"].clone()
+    }
+
+    /// The rhel-10 extensions image (`TESTBED_RHEL10_EXTENSIONS_IMAGE`).
+    pub fn rhel10_extensions(&self) -> String {
+        self.vars()["TESTBED_RHEL10_EXTENSIONS_IMAGE"].clone()
     }
 
     fn command(&self, program: &str) -> Command {
@@ -228,13 +266,45 @@ impl Env {
         v.as_array().cloned().expect("transactions is a list")
     }
 
+    /// Requests `stream` with OS image `os` and, if given, extensions image `ext`, in one
+    /// annotate.
+    pub fn request(&self, stream: &str, os: &str, ext: Option<&str>) {
+        let mut pairs = vec![
+            format!("{DESIRED_STREAM}={stream}"),
+            format!("{DESIRED_OS_IMAGE}={os}"),
+        ];
+        if let Some(e) = ext {
+            pairs.push(format!("{DESIRED_EXTENSIONS_IMAGE}={e}"));
+        }
+        let refs: Vec<&str> = pairs.iter().map(String::as_str).collect();
+        self.annotate(&refs);
+    }
+
     /// Requests the rhel-10 image.
     pub fn request_rhel10(&self) {
-        let img = self.rhel10();
+        self.request("rhel-10", &self.rhel10(), None);
+    }
+
+    /// Adds the rhel-10 extensions image to the request (an annotate of its own).
+    pub fn request_rhel10_extensions(&self) {
+        let ext = self.rhel10_extensions();
+        self.annotate(&[&format!("{DESIRED_EXTENSIONS_IMAGE}={ext}")]);
+    }
+
+    /// Withdraws the request: removes the desired stream and OS image annotations.
+    pub fn withdraw_request(&self) {
         self.annotate(&[
-            &format!("{DESIRED_STREAM}=rhel-10"),
-            &format!("{DESIRED_OS_IMAGE}={img}"),
+            &format!("{DESIRED_STREAM}-"),
+            &format!("{DESIRED_OS_IMAGE}-"),
         ]);
+    }
+
+    /// The fake systemd's units (what ran in transient units so far).
+    pub async fn systemd_units(&self) -> Value {
+        self.tb
+            .control(&json!({"target": "systemd", "cmd": "units"}))
+            .await
+            .expect("units")
     }
 }
 
@@ -280,6 +350,18 @@ impl Env {
             .reboot(fail_finalize)
             .await
             .expect("simulated reboot")
+    }
+
+    /// Reboots applying the staged deployment, starts streamd again and waits for `Done` on
+    /// rhel-10 (current image and stream checked); returns the annotations.
+    pub async fn reboot_into_rhel10(&mut self) -> BTreeMap<String, String> {
+        let out = self.reboot(false).await;
+        assert_eq!(out["applied"], json!(true), "{out}");
+        self.start_streamd();
+        let done = self.wait_state("Done").await;
+        assert_eq!(done[CURRENT_OS_IMAGE], self.rhel10());
+        assert_eq!(done[CURRENT_STREAM], "rhel-10");
+        done
     }
 
     /// Whether the fake rpm-ostreed was asked to reboot (`FinalizeDeployment` succeeded).
