@@ -233,6 +233,16 @@ fn registry_ref(image: &TestImage) -> String {
     format!("ostree-unverified-registry:{}", image.pullspec)
 }
 
+/// Modifiers that rebase to `image` in the registry: `set-refspec` alone.
+fn rebase_to(image: &TestImage) -> Dict {
+    dict(&[("set-refspec", Value::from(registry_ref(image)))])
+}
+
+/// `files` as `ah` handles (borrowing their descriptors).
+fn handles(files: &[std::fs::File]) -> Vec<zvariant::Fd<'_>> {
+    files.iter().map(|f| f.as_fd().into()).collect()
+}
+
 async fn prop(conn: &Connection, path: &str, iface: &str, name: &str) -> OwnedValue {
     conn.call_method(
         Some(BUS_NAME),
@@ -614,12 +624,7 @@ async fn introspection_matches_the_reference_interface() {
             &introspect(&env.client, Some(BUS_NAME), path).await,
         ));
     }
-    let addr = os_call(&env.client, "Cleanup", &(Vec::<String>::new(),))
-        .await
-        .expect("Cleanup")
-        .body()
-        .deserialize::<String>()
-        .expect("address");
+    let addr = env.cleanup_address(&[]).await;
     let peer = Peer::connect(&addr).await;
     exported.extend(parse_interfaces(&introspect(&peer.conn, None, "/").await));
 
@@ -766,7 +771,7 @@ async fn rebase_transaction_stages_a_locked_deployment() {
         .expect("match rule");
 
     // Create the transaction.
-    let modifiers = dict(&[("set-refspec", Value::from(registry_ref(env.rhel10())))]);
+    let modifiers = rebase_to(env.rhel10());
     let options = dict(&[
         ("lock-finalization", Value::from(true)),
         ("initiating-command-line", Value::from("streamd rebase")),
@@ -884,10 +889,7 @@ async fn rebase_transaction_stages_a_locked_deployment() {
         env.rhel10().digest
     );
     assert_eq!(json[0]["finalization-locked"], true);
-    let on_disk: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(env.dir.0.join("state/state.json")).expect("state.json"),
-    )
-    .expect("state json");
+    let on_disk = env.state_on_disk();
     assert_eq!(on_disk["deployments"][0]["staged"], true);
 }
 
@@ -897,7 +899,7 @@ async fn busy_error_and_joining() {
     env.control(json!({"cmd": "hold-foreign", "on": true}))
         .await;
     assert_eq!(env.active_transaction().await.0, "Upgrade");
-    let modifiers = dict(&[("set-refspec", Value::from(registry_ref(env.rhel10())))]);
+    let modifiers = rebase_to(env.rhel10());
     let options = Dict::new();
     let (name, message) = dbus_error(update_deployment(&env.client, &modifiers, &options).await);
     assert_eq!(name, GIO_BUSY);
@@ -968,7 +970,7 @@ async fn busy_error_and_joining() {
 async fn caller_leaving_before_start_drops_the_transaction() {
     let env = Env::new().await;
     let caller = connect(&env.bus.address).await;
-    let modifiers = dict(&[("set-refspec", Value::from(registry_ref(env.rhel10())))]);
+    let modifiers = rebase_to(env.rhel10());
     update_deployment(&caller, &modifiers, &Dict::new())
         .await
         .expect("UpdateDeployment");
@@ -1038,7 +1040,7 @@ async fn method_argument_errors() {
         std::fs::File::open("/dev/null").expect("/dev/null"),
         std::fs::File::open("/dev/null").expect("/dev/null"),
     ];
-    let handles: Vec<zvariant::Fd<'_>> = files.iter().map(|f| f.as_fd().into()).collect();
+    let handles = handles(&files);
     let modifiers: HashMap<&str, Value<'_>> =
         HashMap::from([("install-local-packages", Value::from(handles))]);
     let body = (modifiers, HashMap::<&str, Value<'_>>::new());
@@ -1143,7 +1145,7 @@ async fn daemon_crash_mid_transaction() {
         .await
         .expect("owner");
     env.control(json!({"cmd": "exit-mid-transaction"})).await;
-    let modifiers = dict(&[("set-refspec", Value::from(registry_ref(env.rhel10())))]);
+    let modifiers = rebase_to(env.rhel10());
     let addr = update_deployment(&env.client, &modifiers, &Dict::new())
         .await
         .expect("UpdateDeployment");
@@ -1192,28 +1194,14 @@ async fn cleanup_cancel_and_restart() {
     assert_eq!(deployments.len(), 2);
     assert!(bool_of(&deployments[0], "staged"));
 
-    let addr = os_call(&env.client, "Cleanup", &(vec!["pending-deploy"],))
-        .await
-        .expect("Cleanup")
-        .body()
-        .deserialize::<String>()
-        .expect("address");
-    let mut peer = Peer::connect(&addr).await;
-    assert!(peer.start().await);
-    assert_eq!(
-        peer.until_finished().await.finished,
-        Some((true, String::new()))
-    );
-    drop(peer);
-    env.wait_idle().await;
+    env.cleanup_pending().await;
     let deployments = env.deployments().await;
     assert_eq!(deployments.len(), 1);
     assert!(bool_of(&deployments[0], "booted"));
 
     // Reload() picks up an edit of state.json made behind the daemon's back.
     let state_file = env.dir.0.join("state/state.json");
-    let mut on_disk: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&state_file).expect("read")).expect("json");
+    let mut on_disk = env.state_on_disk();
     on_disk["deployments"][0]["pinned"] = json!(true);
     std::fs::write(&state_file, on_disk.to_string()).expect("write");
     assert!(!bool_of(&env.deployments().await[0], "pinned"));
@@ -1225,7 +1213,7 @@ async fn cleanup_cancel_and_restart() {
 
     // Cancel stops a running transaction before it stages anything.
     env.control(json!({"cmd": "slow", "ms": 5000})).await;
-    let modifiers = dict(&[("set-refspec", Value::from(registry_ref(env.rhel10())))]);
+    let modifiers = rebase_to(env.rhel10());
     let addr = update_deployment(&env.client, &modifiers, &Dict::new())
         .await
         .expect("UpdateDeployment");
@@ -1260,6 +1248,8 @@ async fn finalize_deployment_checks_and_reboots() {
             Ok::<_, zbus::Error>(finished.expect("finished"))
         }
     };
+    // FinalizeDeployment's options: the base checksum the caller expects to be staged.
+    let expect_checksum = |checksum: &str| dict(&[("checksum", Value::from(checksum))]);
     let digest = env.rhel10().digest.clone();
     // rpm-ostreed asks logind for inhibitors before it reboots.
     let logind = testbed::logind::FakeLogind::start(&env.bus.address, Box::new(|| Ok(())))
@@ -1267,17 +1257,13 @@ async fn finalize_deployment_checks_and_reboots() {
         .expect("fake logind");
 
     assert_eq!(
-        finalize(dict(&[("checksum", Value::from(digest.as_str()))]))
-            .await
-            .expect("finalize"),
+        finalize(expect_checksum(&digest)).await.expect("finalize"),
         (false, "No pending staged deployment found".to_string())
     );
     env.wait_idle().await;
     env.rebase(&registry_ref(env.rhel10()), &Dict::new()).await;
     assert_eq!(
-        finalize(dict(&[("checksum", Value::from(digest.as_str()))]))
-            .await
-            .expect("finalize"),
+        finalize(expect_checksum(&digest)).await.expect("finalize"),
         (false, "Staged deployment already unlocked".to_string())
     );
     env.wait_idle().await;
@@ -1290,7 +1276,7 @@ async fn finalize_deployment_checks_and_reboots() {
         Some((true, String::new()))
     );
     assert_eq!(
-        finalize(dict(&[("checksum", Value::from("sha256:wrong"))]))
+        finalize(expect_checksum("sha256:wrong"))
             .await
             .expect("finalize"),
         (
@@ -1313,7 +1299,7 @@ async fn finalize_deployment_checks_and_reboots() {
             .expect("inhibit");
     }
     assert_eq!(
-        finalize(dict(&[("checksum", Value::from(digest.as_str()))]))
+        finalize(expect_checksum(&digest))
             .await
             .expect("finalize"),
         (
@@ -1328,9 +1314,7 @@ async fn finalize_deployment_checks_and_reboots() {
         .await
         .expect("release");
     assert_eq!(
-        finalize(dict(&[("checksum", Value::from(digest.as_str()))]))
-            .await
-            .expect("finalize"),
+        finalize(expect_checksum(&digest)).await.expect("finalize"),
         (true, String::new())
     );
     env.wait_idle().await;
@@ -1338,13 +1322,9 @@ async fn finalize_deployment_checks_and_reboots() {
     let staged = &env.deployments().await[0];
     assert!(bool_of(staged, "staged"));
     assert!(!staged.contains_key("finalization-locked"), "unlocked");
-    let on_disk: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(env.dir.0.join("state/state.json")).expect("state.json"),
-    )
-    .expect("json");
+    let on_disk = env.state_on_disk();
     assert_eq!(on_disk["reboot_requested"], true);
-    let records = env.control(json!({"cmd": "transactions"})).await;
-    let last = records.as_array().and_then(|r| r.last()).expect("records");
+    let last = env.last_record().await;
     assert_eq!(last["method"], "FinalizeDeployment");
     assert_eq!(last["reboot_requested"], true);
     // A reboot is pending: the daemon takes no new transactions.
@@ -1361,7 +1341,7 @@ async fn progress_at_a_thousand_signals_per_second() {
     let env = Env::new().await;
     env.control(json!({"cmd": "progress", "signals": 1000, "per-second": 1000}))
         .await;
-    let modifiers = dict(&[("set-refspec", Value::from(registry_ref(env.rhel10())))]);
+    let modifiers = rebase_to(env.rhel10());
     let addr = update_deployment(&env.client, &modifiers, &Dict::new())
         .await
         .expect("UpdateDeployment");
@@ -1406,6 +1386,16 @@ fn ostree_status(sysroot: &Path) -> Vec<(String, i32)> {
             (csum.to_string(), serial.parse().expect("serial"))
         })
         .collect()
+}
+
+/// `ostree --repo=<sysroot>/ostree/repo <args>`: its standard output, trimmed.
+fn ostree_repo(sysroot: &Path, args: &[&str]) -> String {
+    let out = Command::new("ostree")
+        .arg(format!("--repo={}", sysroot.join("ostree/repo").display()))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("ostree {args:?}: {e}"));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// The bootloader entry options of the deployment `(checksum, serial)`.
@@ -1478,13 +1468,37 @@ impl Env {
         finished
     }
 
-    async fn cleanup_pending(&self) {
-        let addr = os_call(&self.client, "Cleanup", &(vec!["pending-deploy"],))
+    /// `Cleanup(kinds)`: the address of its transaction.
+    async fn cleanup_address(&self, kinds: &[&str]) -> String {
+        os_call(&self.client, "Cleanup", &(kinds,))
             .await
             .expect("Cleanup")
             .body()
             .deserialize::<String>()
-            .expect("address");
+            .expect("address")
+    }
+
+    /// `GetDeploymentBootConfig(index, false)`: the boot configuration of a deployment.
+    async fn boot_config(&self, index: &str) -> Dict {
+        os_call(&self.client, "GetDeploymentBootConfig", &(index, false))
+            .await
+            .expect("boot config")
+            .body()
+            .deserialize()
+            .expect("a{sv}")
+    }
+
+    /// The fake's `state/state.json` as it is on disk.
+    fn state_on_disk(&self) -> serde_json::Value {
+        serde_json::from_slice(
+            &std::fs::read(self.dir.0.join("state/state.json")).expect("state.json"),
+        )
+        .expect("state json")
+    }
+
+    /// `Cleanup(["pending-deploy"])` run to a successful end.
+    async fn cleanup_pending(&self) {
+        let addr = self.cleanup_address(&["pending-deploy"]).await;
         let mut peer = Peer::connect(&addr).await;
         assert!(peer.start().await);
         assert_eq!(
@@ -1524,12 +1538,7 @@ async fn deployments_are_real_ostree_deployments() {
     let os = std::fs::read_to_string(booted_root.join("usr/lib/os-release")).expect("os-release");
     assert!(os.contains("RHEL_VERSION=9.6"), "{os}");
     // GetDeploymentBootConfig reports the real entry.
-    let config: Dict = os_call(&env.client, "GetDeploymentBootConfig", &("0", false))
-        .await
-        .expect("boot config")
-        .body()
-        .deserialize()
-        .expect("a{sv}");
+    let config = env.boot_config("0").await;
     assert_eq!(string_of(&config, "options"), booted_options);
     assert!(
         string_of(&config, "linux").ends_with("/vmlinuz-5.14.0-570.60.1.el9_6.x86_64"),
@@ -1565,13 +1574,11 @@ async fn deployments_are_real_ostree_deployments() {
         user_kargs(&booted_options)
     );
     // The commit carries the image's manifest digest, as an ostree-ext import does.
-    let out = Command::new("ostree")
-        .arg(format!("--repo={}", sysroot.join("ostree/repo").display()))
-        .args(["show", "--print-metadata-key=ostree.manifest-digest", &csum])
-        .output()
-        .expect("ostree show");
     assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
+        ostree_repo(
+            &sysroot,
+            &["show", "--print-metadata-key=ostree.manifest-digest", &csum]
+        ),
         format!("'{}'", env.rhel10().digest)
     );
 
@@ -1628,7 +1635,7 @@ async fn realtime_hosts_carry_el9_kernel_overrides_until_replaced() {
         "kernel-rt-modules-extra-6.12.0-124.8.1.el10_1.x86_64",
     ];
     let files = rpm_files(&env.dir.0, &el10);
-    let fds: Vec<zvariant::Fd<'_>> = files.iter().map(|f| f.as_fd().into()).collect();
+    let fds = handles(&files);
     let modifiers = dict(&[
         set_refspec,
         (
@@ -1667,12 +1674,10 @@ async fn realtime_hosts_carry_el9_kernel_overrides_until_replaced() {
     assert_eq!(user_kargs(&options), user_kargs(&booted_options));
     // The layered commit sits on the image's commit.
     let base = string_of(staged, "base-checksum");
-    let out = Command::new("ostree")
-        .arg(format!("--repo={}", sysroot.join("ostree/repo").display()))
-        .args(["rev-parse", &format!("{csum}^")])
-        .output()
-        .expect("ostree rev-parse");
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), base);
+    assert_eq!(
+        ostree_repo(&sysroot, &["rev-parse", &format!("{csum}^")]),
+        base
+    );
     // The record shows the NEVRAs read from the descriptors.
     let record = env.last_record().await;
     assert_eq!(record["fds"], 3);
@@ -1694,7 +1699,7 @@ async fn package_failures_of_the_real_daemon() {
 
     // An el9 RPM onto an el10 target.
     let files = rpm_files(&env.dir.0, &["usbguard-1.1.3-1.el9.x86_64"]);
-    let fds: Vec<zvariant::Fd<'_>> = files.iter().map(|f| f.as_fd().into()).collect();
+    let fds = handles(&files);
     let (ok, message) = env
         .deploy(&dict(&[
             set_refspec.clone(),
@@ -1713,7 +1718,7 @@ async fn package_failures_of_the_real_daemon() {
     );
     // The same RPM built for el10 is fine.
     let files = rpm_files(&env.dir.0, &["usbguard-1.1.3-1.el10.x86_64"]);
-    let fds: Vec<zvariant::Fd<'_>> = files.iter().map(|f| f.as_fd().into()).collect();
+    let fds = handles(&files);
     let (ok, message) = env
         .deploy(&dict(&[
             set_refspec.clone(),
@@ -1750,12 +1755,7 @@ async fn package_failures_of_the_real_daemon() {
 #[tokio::test]
 async fn old_cpu_fails_the_el10_sanity_check() {
     let env = Env::with_host("old-cpu").await;
-    let (ok, message) = env
-        .deploy(&dict(&[(
-            "set-refspec",
-            Value::from(registry_ref(env.rhel10())),
-        )]))
-        .await;
+    let (ok, message) = env.deploy(&rebase_to(env.rhel10())).await;
     assert_eq!(
         (ok, message.as_str()),
         (
@@ -1771,24 +1771,14 @@ async fn old_cpu_fails_the_el10_sanity_check() {
     // An x86-64-v3 CPU passes (the host root is what the fake reads).
     let v3 = fixtures::fixture("default").expect("default").cpuinfo();
     std::fs::write(env.dir.0.join("host/proc/cpuinfo"), v3).expect("cpuinfo");
-    let (ok, message) = env
-        .deploy(&dict(&[(
-            "set-refspec",
-            Value::from(registry_ref(env.rhel10())),
-        )]))
-        .await;
+    let (ok, message) = env.deploy(&rebase_to(env.rhel10())).await;
     assert!(ok, "{message}");
 }
 
 #[tokio::test]
 async fn low_disk_fails_the_import() {
     let env = Env::with_host("low-disk").await;
-    let (ok, message) = env
-        .deploy(&dict(&[(
-            "set-refspec",
-            Value::from(registry_ref(env.rhel10())),
-        )]))
-        .await;
+    let (ok, message) = env.deploy(&rebase_to(env.rhel10())).await;
     assert!(!ok);
     assert!(
         message.starts_with("Importing: Unencapsulating base: Layer sha256:"),
@@ -1802,12 +1792,7 @@ async fn low_disk_fails_the_import() {
     );
     assert_eq!(ostree_status(&env.sysroot()).len(), 1, "nothing staged");
     std::fs::remove_file(env.dir.0.join("host/run/testbed/low-disk")).expect("marker");
-    let (ok, message) = env
-        .deploy(&dict(&[(
-            "set-refspec",
-            Value::from(registry_ref(env.rhel10())),
-        )]))
-        .await;
+    let (ok, message) = env.deploy(&rebase_to(env.rhel10())).await;
     assert!(ok, "{message}");
 }
 
@@ -1816,12 +1801,7 @@ async fn layered_packages_are_carried() {
     let env = Env::with_host("layered").await;
     let booted = &env.deployments().await[0];
     assert_eq!(strv_of(booted, "requested-packages"), ["usbguard"]);
-    let (ok, message) = env
-        .deploy(&dict(&[(
-            "set-refspec",
-            Value::from(registry_ref(env.rhel10())),
-        )]))
-        .await;
+    let (ok, message) = env.deploy(&rebase_to(env.rhel10())).await;
     assert!(ok, "{message}");
     let staged = &env.deployments().await[0];
     assert_eq!(strv_of(staged, "requested-packages"), ["usbguard"]);
@@ -1845,12 +1825,7 @@ async fn every_fixture_starts() {
         let f = fixtures::fixture(name).expect("fixture");
         let booted = &env.deployments().await[0];
         assert!(bool_of(booted, "booted"), "{name}");
-        let config: Dict = os_call(&env.client, "GetDeploymentBootConfig", &("", false))
-            .await
-            .expect("boot config")
-            .body()
-            .deserialize()
-            .expect("a{sv}");
+        let config = env.boot_config("").await;
         let release = std::fs::read_to_string(env.dir.0.join("host/proc/sys/kernel/osrelease"))
             .expect("osrelease");
         assert!(
