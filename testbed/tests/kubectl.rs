@@ -1,34 +1,27 @@
 //! The fake API server driven by the real `kubectl` (and by raw HTTPS where status codes
 //! and headers matter). Every test starts its own server in a fresh directory.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use common::{NODE, Out, Watch, run_kubectl, start_apiserver};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::{Value, json};
-use testbed::apiserver::{ApiServer, ApiServerConfig};
+use testbed::apiserver::ApiServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::process::Command;
 use tokio_rustls::TlsConnector;
 
-const NODE: &str = "worker-0";
 const NODE_USER: &str = "system:node:worker-0";
 const STREAM_KEY: &str = "osstream.openshift.io/desired-stream";
 
 struct Env {
     dir: PathBuf,
     server: ApiServer,
-}
-
-struct Out {
-    ok: bool,
-    stdout: String,
-    stderr: String,
 }
 
 /// A raw HTTP response.
@@ -59,23 +52,9 @@ enum Identity {
     Anonymous,
 }
 
-static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
-
 impl Env {
     async fn start(test: &str) -> Env {
-        let dir = std::env::temp_dir().join(format!(
-            "testbed-kubectl-{}-{}-{test}",
-            std::process::id(),
-            NEXT_DIR.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create test dir");
-        let server = ApiServer::start(ApiServerConfig {
-            dir: dir.clone(),
-            node_name: NODE.into(),
-        })
-        .await
-        .expect("start apiserver");
+        let (dir, server) = start_apiserver("kubectl", test).await;
         Env { dir, server }
     }
 
@@ -83,30 +62,8 @@ impl Env {
         self.dir.join(name)
     }
 
-    fn command(&self, kubeconfig: &Path, args: &[&str]) -> Command {
-        let mut cmd = Command::new("kubectl");
-        cmd.args(args)
-            .env("KUBECONFIG", kubeconfig)
-            .env("KUBECACHEDIR", self.path("kube-cache"))
-            .env("HOME", &self.dir)
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
-        cmd
-    }
-
     async fn run(&self, kubeconfig: &Path, args: &[&str]) -> Out {
-        let out = tokio::time::timeout(
-            Duration::from_secs(60),
-            self.command(kubeconfig, args).output(),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("kubectl {args:?} timed out"))
-        .expect("run kubectl");
-        Out {
-            ok: out.status.success(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        run_kubectl(&self.dir, kubeconfig, args).await
     }
 
     /// `kubectl` as `admin` (bearer token), asserting success.
@@ -395,35 +352,25 @@ async fn annotate_overwrite_and_remove() {
 #[tokio::test]
 async fn watch_sees_annotation_from_node_identity() {
     let env = Env::start("watch").await;
-    let mut child = env
-        .command(
-            &env.path("kubeconfig-admin"),
-            &[
-                "get",
-                "node",
-                NODE,
-                "-w",
-                "-o",
-                "json",
-                "--output-watch-events",
-            ],
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn kubectl -w");
-    let mut stdout = child.stdout.take().expect("stdout");
-    let mut seen = String::new();
+    let mut watch = Watch::spawn(
+        &env.dir,
+        &env.path("kubeconfig-admin"),
+        &[
+            "get",
+            "node",
+            NODE,
+            "-w",
+            "-o",
+            "json",
+            "--output-watch-events",
+        ],
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut annotated = false;
-    let mut buf = vec![0u8; 64 * 1024];
     let found = loop {
-        let events: Vec<Value> = serde_json::Deserializer::from_str(&seen)
-            .into_iter::<Value>()
-            .map_while(Result::ok)
-            .collect();
+        let events = watch.events();
         if !annotated && !events.is_empty() {
-            assert_eq!(events[0]["type"], "ADDED", "{seen}");
+            assert_eq!(events[0]["type"], "ADDED", "{}", watch.seen);
             let set = format!("{STREAM_KEY}=rhel-10");
             env.kubectl_as_node(&["annotate", "node", NODE, &set]).await;
             annotated = true;
@@ -435,16 +382,15 @@ async fn watch_sees_annotation_from_node_identity() {
             break ev.clone();
         }
         let left = deadline.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "no change seen; output so far: {seen}");
-        match tokio::time::timeout(left, stdout.read(&mut buf)).await {
-            Ok(Ok(0)) => panic!("kubectl -w exited; output: {seen}"),
-            Ok(Ok(n)) => seen.push_str(&String::from_utf8_lossy(&buf[..n])),
-            Ok(Err(e)) => panic!("reading kubectl output: {e}"),
-            Err(_) => panic!("no change within 30s; output: {seen}"),
-        }
+        assert!(
+            !left.is_zero(),
+            "no change seen; output so far: {}",
+            watch.seen
+        );
+        watch.read_more(deadline).await;
     };
     assert_eq!(found["type"], "MODIFIED");
-    let _ = child.kill().await;
+    let _ = watch.child.kill().await;
 
     let stats = env.control(json!({"cmd": "stats"})).await;
     assert_eq!(stats["by_user"]["admin"]["watch"], 1, "{stats}");

@@ -2,17 +2,14 @@
 //! RBAC manifests in `docs/deploy/` applied with it and shown to grant the node exactly what
 //! streamd needs.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use common::{NODE, Out, Watch, run_kubectl, start_apiserver};
 use serde_json::{Value, json};
-use testbed::apiserver::{ApiServer, ApiServerConfig, StreamImages};
-use tokio::io::AsyncReadExt;
-use tokio::process::Command;
-
-const NODE: &str = "worker-0";
+use testbed::apiserver::{ApiServer, StreamImages};
 
 fn digest(fill: char) -> String {
     format!("sha256:{}", fill.to_string().repeat(64))
@@ -42,30 +39,10 @@ struct Env {
     _server: ApiServer,
 }
 
-struct Out {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-}
-
-static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
-
 impl Env {
     /// A bare API server (no RBAC objects); with `streams` the OSImageStream `cluster` too.
     async fn start(test: &str, streams: bool) -> Env {
-        let dir = std::env::temp_dir().join(format!(
-            "testbed-osis-{}-{}-{test}",
-            std::process::id(),
-            NEXT_DIR.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create test dir");
-        let server = ApiServer::start(ApiServerConfig {
-            dir: dir.clone(),
-            node_name: NODE.into(),
-        })
-        .await
-        .expect("start apiserver");
+        let (dir, server) = start_apiserver("osis", test).await;
         if streams {
             server
                 .create_os_image_stream(
@@ -99,31 +76,9 @@ impl Env {
         })
     }
 
-    fn command(&self, kubeconfig: &Path, args: &[&str]) -> Command {
-        let mut cmd = Command::new("kubectl");
-        cmd.args(args)
-            .env("KUBECONFIG", kubeconfig)
-            .env("KUBECACHEDIR", self.dir.join("kube-cache"))
-            .env("HOME", &self.dir)
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
-        cmd
-    }
-
     /// `kubectl` as the admin (`node: false`) or the node's certificate, with a timeout.
     async fn run(&self, node: bool, args: &[&str]) -> Out {
-        let out = tokio::time::timeout(
-            Duration::from_secs(60),
-            self.command(&self.kubeconfig(node), args).output(),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("kubectl {args:?} timed out"))
-        .expect("run kubectl");
-        Out {
-            ok: out.status.success(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        run_kubectl(&self.dir, &self.kubeconfig(node), args).await
     }
 
     async fn ok(&self, node: bool, args: &[&str]) -> String {
@@ -210,24 +165,19 @@ async fn kubectl_gets_watches_and_patches_os_image_streams() {
     assert_eq!(jsonpath, image('e'));
 
     // A watch (field selector, as streamd's) sees a digest changed through the status subresource.
-    let mut child = env
-        .command(
-            &env.kubeconfig(false),
-            &[
-                "get",
-                "osimagestreams",
-                "--field-selector=metadata.name=cluster",
-                "-w",
-                "-o",
-                "json",
-                "--output-watch-events",
-            ],
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn kubectl -w");
-    let mut stdout = child.stdout.take().expect("stdout");
+    let mut watch = Watch::spawn(
+        &env.dir,
+        &env.kubeconfig(false),
+        &[
+            "get",
+            "osimagestreams",
+            "--field-selector=metadata.name=cluster",
+            "-w",
+            "-o",
+            "json",
+            "--output-watch-events",
+        ],
+    );
     let new_image = image('b');
     let patch = json!({"status": {"availableStreams": [
         {"name": "rhel-9", "osImage": image('9'), "osExtensionsImage": image('e')},
@@ -236,16 +186,11 @@ async fn kubectl_gets_watches_and_patches_os_image_streams() {
     .to_string();
     let started = Instant::now();
     let deadline = started + Duration::from_secs(30);
-    let mut seen = String::new();
     let mut patched = false;
-    let mut buf = vec![0u8; 64 * 1024];
     let modified = loop {
-        let events: Vec<Value> = serde_json::Deserializer::from_str(&seen)
-            .into_iter::<Value>()
-            .map_while(Result::ok)
-            .collect();
+        let events = watch.events();
         if !patched && !events.is_empty() {
-            assert_eq!(events[0]["type"], "ADDED", "{seen}");
+            assert_eq!(events[0]["type"], "ADDED", "{}", watch.seen);
             env.ok(false, &status_patch(&patch)).await;
             patched = true;
         }
@@ -255,20 +200,14 @@ async fn kubectl_gets_watches_and_patches_os_image_streams() {
         {
             break ev.clone();
         }
-        let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, stdout.read(&mut buf)).await {
-            Ok(Ok(0)) => panic!("kubectl -w exited; output: {seen}"),
-            Ok(Ok(n)) => seen.push_str(&String::from_utf8_lossy(&buf[..n])),
-            Ok(Err(e)) => panic!("reading kubectl output: {e}"),
-            Err(_) => panic!("no change within 30s; output: {seen}"),
-        }
+        watch.read_more(deadline).await;
     };
     println!(
         "watch: ADDED, status patch, MODIFIED seen in {:?}",
         started.elapsed()
     );
     assert_eq!(modified["type"], "MODIFIED");
-    let _ = child.kill().await;
+    let _ = watch.child.kill().await;
     assert_eq!(
         os_image_of(&env.object().await, "rhel-10"),
         Some(new_image.clone())
