@@ -108,7 +108,8 @@ const PERMANENT_PHRASES: &[&str] = &[
 /// image (see [`RpmOstreeError::is_network_failure`]).
 pub fn network_failure(message: &str) -> bool {
     let m = message.to_ascii_lowercase();
-    NETWORK_PHRASES.iter().any(|p| m.contains(p)) && !PERMANENT_PHRASES.iter().any(|p| m.contains(p))
+    NETWORK_PHRASES.iter().any(|p| m.contains(p))
+        && !PERMANENT_PHRASES.iter().any(|p| m.contains(p))
 }
 
 impl RpmOstreeError {
@@ -492,7 +493,10 @@ mod tests {
                 "Writing content object: No space left on device (connection reset by peer earlier)",
                 false,
             ),
-            ("Old and new refs are equal: ostree-unverified-registry:x", false),
+            (
+                "Old and new refs are equal: ostree-unverified-registry:x",
+                false,
+            ),
             ("", false),
         ];
         for (message, network) in cases {
