@@ -251,7 +251,8 @@ async fn busy_rpm_ostreed_is_waited_for() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_transaction_degrades_with_the_daemon_message() {
     let mut env = Env::new("fail").await;
-    let msg = "error: Importing: Unable to pull layer: connection reset by peer";
+    let msg =
+        "error: Could not depsolve transaction; 1 problem detected: nothing provides libfoo.so.2";
     env.rpmostreed(json!({"cmd": "fail-next", "message": msg}))
         .await;
     env.start_streamd();
@@ -259,11 +260,60 @@ async fn failed_transaction_degrades_with_the_daemon_message() {
     env.request_rhel10();
     let a = env.wait_state("Degraded").await;
     assert!(
-        a[REASON].contains("connection reset by peer"),
+        a[REASON].contains("nothing provides libfoo.so.2"),
         "{}",
         a[REASON]
     );
     assert!(!a.contains_key(STAGED_OS_IMAGE));
+    // No flapping: a broken request stays Degraded, with no second transaction, past the
+    // first delay any retry would have used.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let later = env.annotations().await;
+    assert_eq!(later.get(STATE).map(String::as_str), Some("Degraded"));
+    assert_eq!(later[REASON], a[REASON]);
+    assert_eq!(started(&env.transactions().await).len(), 1);
+}
+
+/// Field failure: the registry drops the connection while rpm-ostree pulls. The same request is
+/// staged again after a pause instead of waiting for someone to notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_failure_while_pulling_is_staged_again() {
+    let mut env = Env::new("pull-retry").await;
+    let msg = "Importing: reading blob sha256:ab: read tcp 10.0.0.2:4711->10.0.0.1:443: read: connection reset by peer";
+    env.rpmostreed(json!({"cmd": "fail-next", "message": msg}))
+        .await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    let a = env.wait_state("Degraded").await;
+    assert!(
+        a[REASON].contains("retry 1 of 3") && a[REASON].contains("connection reset by peer"),
+        "{}",
+        a[REASON]
+    );
+    let staged = env.wait_state("Staged").await;
+    assert_eq!(staged[STAGED_OS_IMAGE], env.rhel10());
+    assert_eq!(started(&env.transactions().await).len(), 2);
+}
+
+/// With `pull-retries = 0` a network failure is left like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_retries_zero_leaves_a_network_failure_degraded() {
+    let mut env = Env::new("pull-retry-0").await;
+    env.config("60-retries.toml", "pull-retries = 0\n");
+    env.rpmostreed(json!({"cmd": "fail-next", "message": "fetching blob: received unexpected HTTP status: 503 Service Unavailable"}))
+        .await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    let a = env.wait_state("Degraded").await;
+    assert!(a[REASON].contains("no retries left"), "{}", a[REASON]);
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(
+        env.annotations().await.get(STATE).map(String::as_str),
+        Some("Degraded")
+    );
+    assert_eq!(started(&env.transactions().await).len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
