@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::*;
@@ -248,17 +249,23 @@ async fn busy_rpm_ostreed_is_waited_for() {
     assert_eq!(started(&env.transactions().await).len(), 1);
 }
 
+/// Starts streamd with the fake's next transaction failing with `message`, asks for rhel-10 and
+/// returns the annotations once the node is `Degraded`.
+async fn first_staging_fails(env: &mut Env, message: &str) -> BTreeMap<String, String> {
+    env.rpmostreed(json!({"cmd": "fail-next", "message": message}))
+        .await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    env.wait_state("Degraded").await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_transaction_degrades_with_the_daemon_message() {
     let mut env = Env::new("fail").await;
     let msg =
         "error: Could not depsolve transaction; 1 problem detected: nothing provides libfoo.so.2";
-    env.rpmostreed(json!({"cmd": "fail-next", "message": msg}))
-        .await;
-    env.start_streamd();
-    env.wait_state("Idle").await;
-    env.request_rhel10();
-    let a = env.wait_state("Degraded").await;
+    let a = first_staging_fails(&mut env, msg).await;
     assert!(
         a[REASON].contains("nothing provides libfoo.so.2"),
         "{}",
@@ -280,12 +287,7 @@ async fn failed_transaction_degrades_with_the_daemon_message() {
 async fn network_failure_while_pulling_is_staged_again() {
     let mut env = Env::new("pull-retry").await;
     let msg = "Importing: reading blob sha256:ab: read tcp 10.0.0.2:4711->10.0.0.1:443: read: connection reset by peer";
-    env.rpmostreed(json!({"cmd": "fail-next", "message": msg}))
-        .await;
-    env.start_streamd();
-    env.wait_state("Idle").await;
-    env.request_rhel10();
-    let a = env.wait_state("Degraded").await;
+    let a = first_staging_fails(&mut env, msg).await;
     assert!(
         a[REASON].contains("retry 1 of 3") && a[REASON].contains("connection reset by peer"),
         "{}",
@@ -301,12 +303,11 @@ async fn network_failure_while_pulling_is_staged_again() {
 async fn pull_retries_zero_leaves_a_network_failure_degraded() {
     let mut env = Env::new("pull-retry-0").await;
     env.config("60-retries.toml", "pull-retries = 0\n");
-    env.rpmostreed(json!({"cmd": "fail-next", "message": "fetching blob: received unexpected HTTP status: 503 Service Unavailable"}))
-        .await;
-    env.start_streamd();
-    env.wait_state("Idle").await;
-    env.request_rhel10();
-    let a = env.wait_state("Degraded").await;
+    let a = first_staging_fails(
+        &mut env,
+        "fetching blob: received unexpected HTTP status: 503 Service Unavailable",
+    )
+    .await;
     assert!(a[REASON].contains("no retries left"), "{}", a[REASON]);
     tokio::time::sleep(Duration::from_secs(12)).await;
     assert_eq!(
