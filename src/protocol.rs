@@ -332,14 +332,20 @@ pub fn quote(value: &str) -> String {
 
 /// Trims a reason to one line of at most [`MAX_REASON_CHARS`] characters.
 pub fn one_line_reason(reason: &str) -> String {
-    let line: String = reason
+    one_line(reason, MAX_REASON_CHARS)
+}
+
+/// Joins the non-empty lines of `text` with `; ` and cuts the result to at most `max_chars`
+/// characters (the last one `…` when cut).
+pub fn one_line(text: &str, max_chars: usize) -> String {
+    let line: String = text
         .split(['\n', '\r'])
         .map(str::trim)
         .filter(|l| !l.is_empty())
         .collect::<Vec<_>>()
         .join("; ");
-    if line.chars().count() > MAX_REASON_CHARS {
-        let mut cut: String = line.chars().take(MAX_REASON_CHARS - 1).collect();
+    if line.chars().count() > max_chars {
+        let mut cut: String = line.chars().take(max_chars.saturating_sub(1)).collect();
         cut.push('…');
         cut
     } else {

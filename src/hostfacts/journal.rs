@@ -44,22 +44,11 @@ pub async fn finalize_failure(root: &HostRoot) -> Option<String> {
     summarize(&String::from_utf8_lossy(&out.stdout))
 }
 
-/// One line from journal output: non-empty lines joined with `; `, shortened.
+/// One line from journal output: non-empty lines joined with `; `, shortened; `None` when
+/// there are none.
 fn summarize(text: &str) -> Option<String> {
-    let joined = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ");
-    if joined.is_empty() {
-        return None;
-    }
-    if joined.chars().count() > MAX_CHARS {
-        let head: String = joined.chars().take(MAX_CHARS).collect();
-        return Some(format!("{head}…"));
-    }
-    Some(joined)
+    let line = crate::protocol::one_line(text, MAX_CHARS);
+    (!line.is_empty()).then_some(line)
 }
 
 #[cfg(test)]
@@ -77,7 +66,8 @@ mod tests {
         );
         let long = "x".repeat(1000);
         let s = summarize(&long).expect("some");
-        assert_eq!(s.chars().count(), MAX_CHARS + 1);
+        assert_eq!(s.chars().count(), MAX_CHARS);
+        assert!(s.ends_with('…'));
     }
 
     #[tokio::test]
