@@ -111,6 +111,33 @@ fn decode_args(mut s: &str) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
+/// One command-line word as clap splits it: `--flag=value` is the flag and an inline value.
+fn split_flag(arg: &str) -> (&str, Option<&str>) {
+    match arg.split_once('=') {
+        Some((flag, value)) if flag.starts_with("--") => (flag, Some(value)),
+        _ => (arg, None),
+    }
+}
+
+/// The value of the option `name` (`--flag <VALUE>`): the inline one, else the next word; clap's
+/// usage error when there is none.
+fn flag_value<'a>(
+    inline: Option<&str>,
+    rest: &mut impl Iterator<Item = &'a String>,
+    name: &str,
+    usage: &str,
+) -> Result<String, Outcome> {
+    inline
+        .map(str::to_string)
+        .or_else(|| rest.next().cloned())
+        .ok_or_else(|| {
+            Outcome::usage(
+                &format!("a value is required for '{name}' but none was supplied"),
+                usage,
+            )
+        })
+}
+
 /// Lets any user call the fake (the script runs as its caller).
 const POLICY: &str = r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
  "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
@@ -293,23 +320,23 @@ impl BootcIface {
         let mut booted_only = false;
         let mut it = args.iter();
         while let Some(a) = it.next() {
-            let (flag, inline) = match a.split_once('=') {
-                Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-                _ => (a.as_str(), None),
-            };
+            let (flag, inline) = split_flag(a);
             match flag {
-                "--format" => match inline.or_else(|| it.next().cloned()) {
-                    Some(v) => format = Some(v),
-                    None => {
-                        return Outcome::usage(
-                            "a value is required for '--format <FORMAT>' but none was supplied",
-                            USAGE,
-                        );
-                    }
+                "--format" => match flag_value(inline, &mut it, "--format <FORMAT>", USAGE) {
+                    Ok(v) => format = Some(v),
+                    Err(usage) => return usage,
                 },
                 "--json" => format = Some("json".into()),
                 "--format-version" => {
-                    let v = inline.or_else(|| it.next().cloned()).unwrap_or_default();
+                    let v = match flag_value(
+                        inline,
+                        &mut it,
+                        "--format-version <FORMAT_VERSION>",
+                        USAGE,
+                    ) {
+                        Ok(v) => v,
+                        Err(usage) => return usage,
+                    };
                     if v != "0" && v != "1" {
                         return Outcome::error(format!("Status: Unsupported format version: {v}"));
                     }
@@ -358,21 +385,14 @@ impl BootcIface {
         let mut target = None;
         let mut it = args.iter();
         while let Some(a) = it.next() {
-            let (flag, inline) = match a.split_once('=') {
-                Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-                _ => (a.as_str(), None),
-            };
+            let (flag, inline) = split_flag(a);
             match flag {
-                "--transport" => match inline.or_else(|| it.next().cloned()) {
-                    Some(t) => transport = t,
-                    None => {
-                        return Outcome::usage(
-                            "a value is required for '--transport <TRANSPORT>' but none was \
-                             supplied",
-                            USAGE,
-                        );
+                "--transport" => {
+                    match flag_value(inline, &mut it, "--transport <TRANSPORT>", USAGE) {
+                        Ok(t) => transport = t,
+                        Err(usage) => return usage,
                     }
-                },
+                }
                 "--enforce-container-sigpolicy" => signed = true,
                 // Accepted and without effect here: no ostree refspec origin to prune, no
                 // progress bars to hide, and the deprecated no-op.
