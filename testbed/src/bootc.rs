@@ -18,6 +18,7 @@ use zbus::fdo::DBusProxy;
 use zbus::message::Header;
 use zbus::{Connection, interface};
 
+use crate::apiserver::clock::format_rfc3339;
 use crate::bus::Bus;
 use crate::rpmostreed::FakeRpmOstreed;
 use crate::rpmostreed::host::{Host, HostDeployment, ImageRef, SigVerify, StageError, Transport};
@@ -499,24 +500,7 @@ fn oci_arch(rpm_arch: &str) -> &str {
 
 /// RFC 3339 UTC time of `secs` since the epoch.
 fn rfc3339(secs: u64) -> String {
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    format_rfc3339(i64::try_from(secs).unwrap_or(i64::MAX))
 }
 
 fn boot_entry(d: &HostDeployment, arch: &str) -> Json {

@@ -7,7 +7,7 @@
 
 mod auth;
 mod authz;
-mod clock;
+pub(crate) mod clock;
 mod discovery;
 mod faults;
 mod patch;
