@@ -329,8 +329,7 @@ impl Agent {
             .await;
         match decision {
             Decision::Stage(base) => {
-                self.preflight_and_stage(&inputs, d, &deployments, &obs, &record, base)
-                    .await;
+                self.preflight_and_stage(&obs, base).await;
             }
             Decision::CleanupStale => self.cleanup_stale(record).await,
             Decision::RolledBack { attempts, retry } => {

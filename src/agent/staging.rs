@@ -11,29 +11,21 @@ use super::{
     Agent, BUSY_MAX_BACKOFF, MIN_BACKOFF, REFS_EQUAL, REGISTRY_MAX_BACKOFF, REGISTRY_MIN_BACKOFF,
     jittered,
 };
-use crate::attempt::{self, Record};
+use crate::attempt;
 use crate::backend::{Backend, BackendError};
 use crate::config::RebootPolicy;
 use crate::gather::Transient;
 use crate::planner::{Observation, StagePlan};
-use crate::protocol::{Desired, Inputs, State};
-use crate::rpmostree::{Deployment, RpmOstreeError, TxnEvent, UpdateDeploymentCall};
+use crate::protocol::State;
+use crate::rpmostree::{RpmOstreeError, TxnEvent, UpdateDeploymentCall};
 
 impl Agent {
     /// Runs preflight for `desired` and, when every check passes, stages it (on a backend
     /// without a finalization lock: once the reboot is approved).
-    pub(super) async fn preflight_and_stage(
-        &mut self,
-        inputs: &Inputs,
-        d: Option<&Desired>,
-        deployments: &[Deployment],
-        obs: &Observation<'_>,
-        record: &Record,
-        base: StagePlan,
-    ) {
+    pub(super) async fn preflight_and_stage(&mut self, obs: &Observation<'_>, base: StagePlan) {
         let (Some(d), Some(booted), Some(facts)) = (
-            d,
-            deployments.iter().find(|d| d.booted),
+            obs.desired.as_ref().ok().and_then(Option::as_ref),
+            obs.booted(),
             self.status.host.clone(),
         ) else {
             return;
@@ -68,7 +60,7 @@ impl Agent {
                         let token = d.reboot_token(&self.boot_id);
                         if !self.backend.locks()
                             && self.reboot.policy == RebootPolicy::OnApproval
-                            && inputs.reboot_approved.as_deref() != Some(token.as_str())
+                            && obs.lifecycle.approved != Some(token.as_str())
                         {
                             self.request_reboot(Some(token.clone()), None).await;
                             self.set_state(
@@ -102,16 +94,13 @@ impl Agent {
                         }
                         // Remember the staging before it starts: a staged deployment
                         // found after a crash is then known to be ours.
-                        let mut rec = record.clone();
+                        let hash = d.observed_hash();
+                        let mut rec = obs.lifecycle.record.clone();
                         rec.staged = Some(attempt::Staged {
-                            request: d.observed_hash(),
+                            request: hash.clone(),
                             os_image: plan.os_image.to_string(),
                         });
-                        if rec
-                            .attempt
-                            .as_ref()
-                            .is_some_and(|a| a.request != d.observed_hash())
-                        {
+                        if rec.attempt.as_ref().is_some_and(|a| a.request != hash) {
                             rec.attempt = None;
                         }
                         if let Err(e) = self.store.save(&rec) {
@@ -119,7 +108,6 @@ impl Agent {
                             return;
                         }
                         info!(call = %serde_json::to_string(&UpdateDeploymentCall::for_plan(&plan)).unwrap_or_default(), backend = self.backend.kind().as_str(), "staging");
-                        let hash = self.status.observed_desired.clone().unwrap_or_default();
                         let expect = prepared
                             .expect
                             .map(|e| (e, plan.os_image.digest().to_string()));
