@@ -437,6 +437,18 @@ mod tests {
         Decision::Stage(plan)
     }
 
+    /// The reboot side the tests share: on-approval, two attempts, this boot, nothing approved.
+    fn life(record: &Record) -> Lifecycle<'_> {
+        Lifecycle {
+            policy: RebootPolicy::OnApproval,
+            max_attempts: 2,
+            boot_id: BOOT,
+            record,
+            approved: None,
+            locks: true,
+        }
+    }
+
     #[test]
     fn decisions_by_table() {
         let invalid: Result<Option<Desired>, ProtocolError> = Err(ProtocolError {
@@ -701,11 +713,9 @@ mod tests {
                 allow_downgrade: false,
                 lifecycle: Lifecycle {
                     policy: c.policy,
-                    max_attempts: 2,
-                    boot_id: BOOT,
-                    record: &c.record,
                     approved: c.approved.as_deref(),
                     locks: c.locks,
+                    ..life(&c.record)
                 },
             };
             assert_eq!(decide(&obs), c.expected, "{}", c.name);
@@ -721,14 +731,7 @@ mod tests {
             desired: &desired,
             deployments: &deps,
             allow_downgrade: false,
-            lifecycle: Lifecycle {
-                policy: RebootPolicy::OnApproval,
-                max_attempts: 2,
-                boot_id: BOOT,
-                record: &record,
-                approved: None,
-                locks: true,
-            },
+            lifecycle: life(&record),
         };
         assert!(matches!(decide(&obs), Decision::Refuse(r) if r.contains("2 time(s)")));
     }
@@ -743,14 +746,7 @@ mod tests {
                 desired: &desired,
                 deployments: &deps,
                 allow_downgrade: allow,
-                lifecycle: Lifecycle {
-                    policy: RebootPolicy::OnApproval,
-                    max_attempts: 2,
-                    boot_id: BOOT,
-                    record: &record,
-                    approved: None,
-                    locks: true,
-                },
+                lifecycle: life(&record),
             };
             assert!(matches!(decide(&obs), Decision::Stage(p) if p.allow_downgrade == allow));
         }
@@ -765,14 +761,7 @@ mod tests {
             desired: &desired,
             deployments: &deps,
             allow_downgrade: false,
-            lifecycle: Lifecycle {
-                policy: RebootPolicy::OnApproval,
-                max_attempts: 2,
-                boot_id: BOOT,
-                record: &record,
-                approved: None,
-                locks: true,
-            },
+            lifecycle: life(&record),
         };
         assert!(matches!(decide(&obs), Decision::Refuse(r) if r.contains("no booted")));
     }
