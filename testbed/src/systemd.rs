@@ -548,28 +548,25 @@ impl Shared {
         })
     }
 
-    async fn emit_job_new(&self, id: u32, unit: &str) {
+    /// The manager's emitter and job `id`'s path, while some client is subscribed (systemd
+    /// sends `JobNew`/`JobRemoved` only then).
+    fn job_signal(&self, id: u32) -> Option<(SignalEmitter<'_>, ObjectPath<'static>)> {
         if !self.subscribed() {
-            return;
+            return None;
         }
-        let Ok(emitter) = SignalEmitter::new(&self.conn, MANAGER_PATH) else {
-            return;
-        };
-        let path = job_path(id);
-        if let Ok(job) = ObjectPath::try_from(path.as_str()) {
+        let emitter = SignalEmitter::new(&self.conn, MANAGER_PATH).ok()?;
+        let job = ObjectPath::try_from(job_path(id)).ok()?;
+        Some((emitter, job))
+    }
+
+    async fn emit_job_new(&self, id: u32, unit: &str) {
+        if let Some((emitter, job)) = self.job_signal(id) {
             log_emit(ManagerIface::job_new(&emitter, id, job, unit).await);
         }
     }
 
     async fn emit_job_removed(&self, id: u32, unit: &str, result: &str) {
-        if !self.subscribed() {
-            return;
-        }
-        let Ok(emitter) = SignalEmitter::new(&self.conn, MANAGER_PATH) else {
-            return;
-        };
-        let path = job_path(id);
-        if let Ok(job) = ObjectPath::try_from(path.as_str()) {
+        if let Some((emitter, job)) = self.job_signal(id) {
             log_emit(ManagerIface::job_removed(&emitter, id, job, unit, result).await);
         }
     }
