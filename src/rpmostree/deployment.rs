@@ -141,7 +141,12 @@ impl Deployment {
     pub fn image_digest(&self) -> Option<&str> {
         self.container_image_reference_digest
             .as_deref()
-            .or_else(|| self.pullspec()?.split_once('@').map(|(_, d)| d))
+            .or_else(|| self.pinned_digest())
+    }
+
+    /// The digest pinned in the reference (`…@sha256:…`), if any.
+    fn pinned_digest(&self) -> Option<&str> {
+        self.pullspec()?.split_once('@').map(|(_, d)| d)
     }
 
     /// Every package this deployment layers or swaps in, by name or NEVRA.
@@ -157,11 +162,7 @@ impl Deployment {
     pub fn carries_digest(&self, digest: &str) -> bool {
         // The pullspec may pin an index while rpm-ostree reports the platform manifest.
         self.container_image_reference_digest.as_deref() == Some(digest)
-            || self
-                .pullspec()
-                .and_then(|p| p.split_once('@'))
-                .map(|(_, d)| d)
-                == Some(digest)
+            || self.pinned_digest() == Some(digest)
     }
 }
 
