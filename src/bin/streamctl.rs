@@ -274,16 +274,18 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
 fn config_check(paths: &[std::path::PathBuf]) -> ExitCode {
     use streamd::config;
     let mut bad = 0;
-    // A path that is neither a file nor a directory is a mistake, not an empty configuration.
-    for p in paths.iter().filter(|p| !p.is_file() && !p.is_dir()) {
-        bad += 1;
-        eprintln!("{}: no such file or directory", p.display());
+    let (mut files, mut dirs) = (Vec::new(), Vec::new());
+    for p in paths {
+        if p.is_file() {
+            files.push(p.clone());
+        } else if p.is_dir() {
+            dirs.push(p.clone());
+        } else {
+            // Neither a file nor a directory is a mistake, not an empty configuration.
+            bad += 1;
+            eprintln!("{}: no such file or directory", p.display());
+        }
     }
-    let (files, dirs): (Vec<_>, Vec<_>) = paths
-        .iter()
-        .filter(|p| p.is_file() || p.is_dir())
-        .cloned()
-        .partition(|p| p.is_file());
     let dirs = if paths.is_empty() {
         config::DEFAULT_DIRS
             .iter()
