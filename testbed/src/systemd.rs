@@ -445,10 +445,6 @@ impl Shared {
             if outcome != (CLD_EXITED, 0) {
                 break;
             }
-            if !oneshot {
-                // A simple service has one ExecStart; its start job ended when it was forked.
-                break;
-            }
         }
         let (code, status) = outcome;
         let result = match (code, status) {
@@ -651,9 +647,12 @@ impl ManagerIface {
         for (key, value) in &properties {
             spec.set(key, value)?;
         }
-        if spec.exec_start.is_empty() {
-            // service_verify() fails the load ("has no ExecStart=…"), and the start job is
-            // refused by bus_unit_validate_load_state().
+        if spec.exec_start.is_empty()
+            || (spec.exec_start.len() > 1 && spec.service_type != "oneshot")
+        {
+            // service_verify() fails the load ("has no ExecStart=…", or "has more than one
+            // ExecStart= setting, which is only allowed for Type=oneshot services"), and the
+            // start job is refused by bus_unit_validate_load_state().
             return Err(NamedError::new(
                 BAD_UNIT_SETTING,
                 format!("Unit {name} has a bad unit file setting."),
