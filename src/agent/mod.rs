@@ -396,7 +396,6 @@ impl Agent {
         &mut self,
         given: &std::collections::HashMap<String, String>,
     ) -> serde_json::Value {
-        use crate::protocol::Inputs;
         let inputs = if given.is_empty() {
             self.inputs.clone().unwrap_or_default()
         } else {
@@ -431,7 +430,7 @@ impl Agent {
         ) else {
             return serde_json::json!({"error": "rpm-ostree reports no booted deployment"});
         };
-        let base = crate::planner::StagePlan::rebase(
+        let base = planner::StagePlan::rebase(
             &desired.stream,
             &desired.os_image,
             self.gatherer.policy.allow_downgrade,

@@ -136,7 +136,7 @@ impl Agent {
 
     pub(super) async fn start_staging(
         &mut self,
-        plan: crate::planner::StagePlan,
+        plan: StagePlan,
         hash: String,
         expect: Option<(crate::verify::Expectation, String)>,
     ) {
@@ -314,7 +314,7 @@ pub(super) struct Staging {
 
 async fn stage_with_busy_retry(
     backend: Backend,
-    plan: crate::planner::StagePlan,
+    plan: StagePlan,
     progress: mpsc::Sender<TxnEvent>,
     mut cancelled: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), BackendError> {
