@@ -534,14 +534,28 @@ fn boot_entry(d: &HostDeployment, arch: &str) -> Json {
 fn host_document(deps: &[HostDeployment], arch: &str, booted_only: bool) -> Json {
     let booted_at = deps.iter().position(|d| d.booted);
     let booted = booted_at.map(|i| &deps[i]);
-    let staged = deps.iter().find(|d| d.staged).filter(|_| !booted_only);
-    let rollback = booted_at
-        .and_then(|b| {
-            deps.iter()
-                .skip(b + 1)
-                .find(|d| Some(&d.osname) == booted.map(|x| &x.osname))
+    let staged = deps.iter().find(|d| d.staged);
+    let rollback = booted_at.and_then(|b| {
+        deps.iter()
+            .skip(b + 1)
+            .find(|d| Some(&d.osname) == booted.map(|x| &x.osname))
+    });
+    let listed = [staged, booted, rollback];
+    let others: Vec<Json> = deps
+        .iter()
+        .filter(|d| {
+            !listed
+                .iter()
+                .any(|l| l.is_some_and(|l| std::ptr::eq(l, *d)))
         })
-        .filter(|_| !booted_only);
+        .map(|d| boot_entry(d, arch))
+        .collect();
+    // `--booted` is `filter_to_slot(Slot::Booted)`: it drops staged and rollback only.
+    let (staged, rollback) = if booted_only {
+        (None, None)
+    } else {
+        (staged, rollback)
+    };
     let booted_entry = booted.map(|d| boot_entry(d, arch));
     let booted_has_image = booted.and_then(image_of).is_some();
     let mut status = json!({
@@ -553,17 +567,6 @@ fn host_document(deps: &[HostDeployment], arch: &str, booted_only: bool) -> Json
         "usrOverlay": null,
         "readOnly": false,
     });
-    let listed = [staged, booted, rollback];
-    let others: Vec<Json> = deps
-        .iter()
-        .filter(|d| {
-            !booted_only
-                && !listed
-                    .iter()
-                    .any(|l| l.is_some_and(|l| std::ptr::eq(l, *d)))
-        })
-        .map(|d| boot_entry(d, arch))
-        .collect();
     if !others.is_empty() {
         status["otherDeployments"] = Json::Array(others);
     }
