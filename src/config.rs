@@ -59,6 +59,30 @@ pub enum RebootPolicy {
     Immediate,
 }
 
+/// Admin policy that changes what passes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Allow moving to an older major.
+    pub allow_downgrade: bool,
+    /// Extra free bytes required on the sysroot beyond the image size.
+    pub min_free_sysroot: u64,
+    /// Free bytes required on `/boot` (a kernel and initramfs).
+    pub min_free_boot: u64,
+    /// Replace a staged deployment streamd did not create instead of refusing.
+    pub replace_foreign_staged: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            allow_downgrade: false,
+            min_free_sysroot: 1 << 30,
+            min_free_boot: 150 << 20,
+            replace_foreign_staged: false,
+        }
+    }
+}
+
 /// An invalid configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -143,7 +167,7 @@ pub struct Config {
     /// Registries spoken to over plain HTTP (`host:port`).
     pub insecure_registries: Vec<String>,
     /// Preflight policy (downgrades, disk minimums).
-    pub policy: crate::preflight::Policy,
+    pub policy: Policy,
     /// State directory (the reboot attempt record).
     pub state_dir: PathBuf,
     /// Update backend.
@@ -171,7 +195,7 @@ impl Default for Config {
             pull_secret: PathBuf::from(DEFAULT_PULL_SECRET),
             runtime_dir: PathBuf::from(DEFAULT_RUNTIME_DIR),
             insecure_registries: Vec::new(),
-            policy: crate::preflight::Policy::default(),
+            policy: Policy::default(),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             backend: BackendChoice::default(),
             bootc_path: PathBuf::from(DEFAULT_BOOTC_PATH),

@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use zbus::object_server::SignalEmitter;
 use zbus::zvariant::Value;
 
-use crate::status::{SCHEMA_VERSION, Status, StatusDocument};
+use crate::cluster::status::{SCHEMA_VERSION, Status, StatusDocument};
 
 /// Well-known bus name.
 pub const BUS_NAME: &str = "io.openshift.OSStream1";

@@ -1,29 +1,32 @@
 //! streamd: moves an image-based Linux node between OS image streams.
 //!
-//! Modules by concern: [`protocol`] (node annotations), [`imageref`] (pinned image references),
-//! [`config`], [`hostfacts`], [`planner`] (pure decisions), [`rpmostree`] (the D-Bus client),
-//! [`kubeclient`] (the Node and its Events), [`report`] (annotation patches), [`status`] (the
-//! typed status), [`dbus_api`] (streamd's own D-Bus API) and [`agent`] (the loop).
+//! The crate is grouped by concern, and each group uses only the groups listed before it:
+//!
+//! - [`text`] and [`config`]: bounded text from outside, the configuration;
+//! - [`image`]: image references, the registry, the extensions image, the pull secret, RPM names;
+//! - [`backend`]: the backend-neutral deployment model and plan, and the rpm-ostree and bootc
+//!   clients that read and stage deployments;
+//! - [`host`]: host facts, the on-disk verification of a staged deployment, the attempt record;
+//! - [`cluster`]: the annotation protocol, the Node client, OSImageStream, the typed status and
+//!   its reporting;
+//! - [`dbus_api`] and [`logging`]: what the host's admin sees (streamctl, the journal);
+//! - [`agent`]: the loop, the planner (pure decisions), preflight, staging and the reboot.
+//!
+//! `tests/layout.rs` keeps the dependencies pointing that one way.
+
+pub mod text;
+
+pub mod config;
+
+pub mod image;
+
+pub mod backend;
+
+pub mod host;
+
+pub mod cluster;
+
+pub mod dbus_api;
+pub mod logging;
 
 pub mod agent;
-pub mod attempt;
-pub mod backend;
-pub mod bootc;
-pub mod config;
-pub mod dbus_api;
-pub mod extensions;
-pub mod gather;
-pub mod hostfacts;
-pub mod imageref;
-pub mod kubeclient;
-pub mod logging;
-pub mod planner;
-pub mod preflight;
-pub mod protocol;
-pub mod pullsecret;
-pub mod registry;
-pub mod report;
-pub mod rpmostree;
-pub mod status;
-pub mod streams;
-pub mod verify;

@@ -19,7 +19,7 @@ use tracing_journald::{Priority, PriorityMappings};
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::prelude::*;
 
-use crate::protocol::State;
+use crate::cluster::protocol::State;
 
 /// The filter used when `STREAMD_LOG` is unset or invalid.
 const DEFAULT_FILTER: &str = "info";

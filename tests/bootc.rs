@@ -1,4 +1,4 @@
-//! The bootc backend (`streamd::bootc`) against the testbed on a bootc host: bootc runs in
+//! The bootc backend (`streamd::backend::bootc`) against the testbed on a bootc host: bootc runs in
 //! transient units of the fake systemd, the fake bootc stages on the real ostree sysroot, and
 //! reboots go through the fake logind.
 
@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use common::{bus_connection, scratch_dir, start_testbed};
 use serde_json::json;
-use streamd::bootc::{BootcError, Client, parse_status, refusal, rpm_ostreed_available};
-use streamd::hostfacts::KernelVariant;
-use streamd::rpmostree::Deployment;
+use streamd::backend::Deployment;
+use streamd::backend::KernelVariant;
+use streamd::backend::bootc::{BootcError, Client, parse_status, refusal, rpm_ostreed_available};
 use testbed::{Backend, Testbed};
 
 /// A bootc testbed on `host`, a bus connection and a client; the directory goes on drop.

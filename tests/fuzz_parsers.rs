@@ -20,18 +20,18 @@ use proptest::sample::{Index, select};
 use proptest::test_runner::TestCaseError;
 use zbus::zvariant::{Array, Dict, ObjectPath, OwnedValue, Signature, StructureBuilder, Value};
 
+use streamd::agent::preflight::stream_major;
+use streamd::backend::Deployment;
+use streamd::backend::kernel::{KernelVariant, checked_variant};
+use streamd::cluster::protocol::{self, INPUT_KEYS, Inputs, MAX_REASON_CHARS, validate_stream};
 use streamd::config::{ConfigError, parse_fragment};
-use streamd::hostfacts::fips::{Fips, fips};
-use streamd::hostfacts::kernel::{KernelVariant, checked_variant, names_package};
-use streamd::hostfacts::{OsRelease, cpu, crio};
-use streamd::imageref::{ImageRef, MAX_LEN};
-use streamd::preflight::{el_major, package_name, stream_major};
-use streamd::protocol::{
-    self, INPUT_KEYS, Inputs, MAX_REASON_CHARS, one_line_reason, quote, validate_stream,
-};
-use streamd::pullsecret::{Credentials, PullSecret};
-use streamd::registry::{EXTENSIONS_DIR, rpms_in_layer};
-use streamd::rpmostree::Deployment;
+use streamd::host::facts::fips::{Fips, fips};
+use streamd::host::facts::{OsRelease, cpu, crio};
+use streamd::image::pullsecret::{Credentials, PullSecret};
+use streamd::image::reference::{ImageRef, MAX_LEN};
+use streamd::image::registry::{EXTENSIONS_DIR, rpms_in_layer};
+use streamd::image::rpm::{el_major, names_package, package_name};
+use streamd::text::{one_line_reason, quote};
 
 fn config(cases: u32) -> ProptestConfig {
     let scale = std::env::var("STREAMD_FUZZ_SCALE")
@@ -2192,11 +2192,11 @@ proptest! {
         let doc = bootc_doc(staged.as_deref(), booted.as_deref());
         // A host not booted through ostree (booted: null) is refused, never guessed at.
         if booted.is_none() {
-            prop_assert!(streamd::bootc::parse_status(&doc).is_err());
+            prop_assert!(streamd::backend::bootc::parse_status(&doc).is_err());
             return Ok(());
         }
         // Unmutated: parsed exactly as the model says.
-        match streamd::bootc::parse_status(&doc) {
+        match streamd::backend::bootc::parse_status(&doc) {
             Ok(deps) => {
                 prop_assert_eq!(deps.iter().filter(|d| d.booted).count(), usize::from(booted.is_some()));
                 prop_assert_eq!(deps.iter().filter(|d| d.staged).count(), usize::from(staged.is_some()));
@@ -2208,7 +2208,7 @@ proptest! {
             Err(e) => return Err(fail(format!("a well-formed document was refused: {e}\n{doc}"))),
         }
         // Mutated: any answer but a panic; an error is one clear line.
-        if let Err(e) = streamd::bootc::parse_status(&apply_edits(&doc, &edits)) {
+        if let Err(e) = streamd::backend::bootc::parse_status(&apply_edits(&doc, &edits)) {
             prop_assert!(!e.to_string().is_empty());
         }
     }
@@ -2227,13 +2227,13 @@ proptest! {
             N.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir).map_err(|e| fail(e.to_string()))?;
-        let store = streamd::attempt::Store::new(&dir);
+        let store = streamd::host::attempt::Store::new(&dir);
         std::fs::write(store.path(), &text).map_err(|e| fail(e.to_string()))?;
         let loaded = store.load();
         let _ = std::fs::remove_dir_all(&dir);
         match loaded {
-            Ok(r) => prop_assert_eq!(r.version, streamd::attempt::VERSION),
-            Err(e) => prop_assert!(e.to_string().contains(streamd::attempt::FILE_NAME), "{}", e),
+            Ok(r) => prop_assert_eq!(r.version, streamd::host::attempt::VERSION),
+            Err(e) => prop_assert!(e.to_string().contains(streamd::host::attempt::FILE_NAME), "{}", e),
         }
     }
 
@@ -2243,7 +2243,7 @@ proptest! {
         names in vec(stream_like(), 0..4),
         images in vec(image_like(), 0..4),
     ) {
-        use streamd::streams::{Catalog, StreamImages, resolve};
+        use streamd::cluster::streams::{Catalog, StreamImages, resolve};
         let entries: Vec<StreamImages> = names
             .iter()
             .zip(images.iter().chain(std::iter::repeat(&String::new())))

@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use streamd::imageref::ImageRef;
-use streamd::pullsecret::PullSecret;
-use streamd::registry::{InspectError, Inspector};
+use streamd::image::pullsecret::PullSecret;
+use streamd::image::reference::ImageRef;
+use streamd::image::registry::{InspectError, Inspector};
 use testbed::registry::{Registry, RegistryConfig, stored_blob};
 
 fn dir(name: &str) -> PathBuf {

@@ -8,8 +8,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use streamd::cluster::protocol::State;
 use streamd::logging;
-use streamd::protocol::State;
 
 const SOCKET: &str = "/run/systemd/journal/socket";
 const CHILD: &str = "STREAMD_JOURNAL_TEST_CHILD";
@@ -92,7 +92,7 @@ fn child_main(mode: &str) {
         NODE,
     );
     let json = format!(r#"{{"auths":{{"quay.io":{{"username":"bot","password":"{PASSWORD}"}}}}}}"#);
-    let secret = streamd::pullsecret::PullSecret::parse(&json).unwrap();
+    let secret = streamd::image::pullsecret::PullSecret::parse(&json).unwrap();
     let creds = secret.for_registry("quay.io").unwrap();
     tracing::info!(?creds, "credentials");
 }

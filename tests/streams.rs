@@ -1,4 +1,4 @@
-//! The OSImageStream watcher (`streamd::streams::watch`) against the testbed's fake API server,
+//! The OSImageStream watcher (`streamd::cluster::streams::watch`) against the testbed's fake API server,
 //! as the node identity (so the testbed's copy of docs/deploy/rbac.yaml is what lets it read),
 //! with the real `kubectl` changing the object the way an operator or admin would.
 
@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use common::Env;
 use futures::{Stream, StreamExt};
 use serde_json::json;
-use streamd::kubeclient::NodeClient;
-use streamd::protocol::Inputs;
-use streamd::streams::{self, Catalog, ResolveError, StreamsUpdate};
+use streamd::cluster::node::NodeClient;
+use streamd::cluster::protocol::Inputs;
+use streamd::cluster::streams::{self, Catalog, ResolveError, StreamsUpdate};
 
 /// The next catalog the watch yields (watch errors are printed and skipped); prints the time
 /// since `since` (just before the change was made).

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use common::{bus_connection, scratch_dir, start_testbed};
 use futures::StreamExt;
-use streamd::hostfacts::KernelVariant;
-use streamd::rpmostree::Deployment;
-use streamd::verify::{Expectation, VerifyError, verify_staged};
+use streamd::backend::Deployment;
+use streamd::backend::KernelVariant;
+use streamd::host::verify::{Expectation, VerifyError, verify_staged};
 use testbed::images::TestImage;
 use testbed::{Backend, Testbed};
 use zbus::zvariant::{self, OwnedValue, Value};

@@ -5,6 +5,9 @@
 //! running transaction, to retry timers and to `streamctl reconcile`. Preflight and the staging
 //! transaction are in `staging.rs`, the reboot handshake and the after-boot outcome in `reboot.rs`.
 
+pub mod gather;
+pub mod planner;
+pub mod preflight;
 mod reboot;
 mod staging;
 
@@ -16,19 +19,20 @@ use tokio::sync::mpsc;
 use tokio::time::sleep_until;
 use tracing::{debug, info, warn};
 
-use crate::attempt;
 use crate::backend::Backend;
+use crate::backend::Deployment;
+use crate::backend::rpmostree::UpdateDeploymentCall;
+use crate::cluster::node::{EventType, NodeClient, NodeUpdate};
+use crate::cluster::protocol::{Inputs, State};
+use crate::cluster::report::Reporter;
+use crate::cluster::status::Status;
+use crate::cluster::streams::{Catalog, ResolveError, StreamsUpdate};
 use crate::config::RebootPolicy;
 use crate::dbus_api::{self, Request};
-use crate::gather::{Gatherer, Transient};
-use crate::hostfacts::{self, HostRoot};
-use crate::kubeclient::{EventType, NodeClient, NodeUpdate};
-use crate::planner::{self, Decision, Lifecycle, Observation};
-use crate::protocol::{Inputs, State};
-use crate::report::Reporter;
-use crate::rpmostree::{Deployment, UpdateDeploymentCall};
-use crate::status::Status;
-use crate::streams::{Catalog, ResolveError, StreamsUpdate};
+use crate::host::attempt;
+use crate::host::facts::{self, HostRoot};
+use gather::{Gatherer, Transient};
+use planner::{Decision, Lifecycle, Observation};
 use staging::{Staging, StagingEvent, staging_event};
 
 /// How rpm-ostree refuses a rebase onto the refspec the pending deployment already has.
@@ -110,7 +114,7 @@ impl Agent {
         let (req_tx, requests) = mpsc::channel(1);
         let status = Status {
             node: node.name().to_string(),
-            host: Some(hostfacts::gather(&host, backend.kind(), None)),
+            host: Some(facts::gather(&host, backend.kind(), None)),
             last_change: unix_now(),
             ..Status::default()
         };
@@ -154,7 +158,7 @@ impl Agent {
         let mut streams = self
             .reboot
             .resolve_streams
-            .then(|| Box::pin(crate::streams::watch(self.node.client())));
+            .then(|| Box::pin(crate::cluster::streams::watch(self.node.client())));
         let mut shutdown = pin!(shutdown);
         // WATCHDOG=1 comes from this loop itself, so a wedged loop is restarted by systemd.
         let mut watchdog = watchdog_interval().map(tokio::time::interval);
@@ -222,7 +226,7 @@ impl Agent {
     /// Acts on the effective request when the node's inputs or the cluster's streams change.
     async fn inputs_changed(&mut self) {
         let resolved = if self.reboot.resolve_streams {
-            crate::streams::resolve(&self.raw_inputs, self.catalog.as_ref())
+            crate::cluster::streams::resolve(&self.raw_inputs, self.catalog.as_ref())
         } else {
             Ok(self.raw_inputs.clone())
         };
@@ -382,7 +386,7 @@ impl Agent {
         // Only the kernel variant can change without a reboot (a staged override is not booted,
         // but a restart after one is); the rest was gathered at start.
         if let Some(host) = self.status.host.as_mut() {
-            host.kernel = booted.and_then(|b| hostfacts::kernel_variant(&self.host, b).ok());
+            host.kernel = booted.and_then(|b| facts::kernel_variant(&self.host, b).ok());
         }
         self.status.staged_os_image = deployments
             .iter()
@@ -430,7 +434,7 @@ impl Agent {
         ) else {
             return serde_json::json!({"error": "rpm-ostree reports no booted deployment"});
         };
-        let base = planner::StagePlan::rebase(
+        let base = crate::backend::StagePlan::rebase(
             &desired.stream,
             &desired.os_image,
             self.gatherer.policy.allow_downgrade,
@@ -550,10 +554,10 @@ impl Agent {
             }
             Err(e) => {
                 // Whatever is pending then goes out, not this patch: the latest status wins.
-                let delay = crate::report::patch_retry_delay(
+                let delay = crate::cluster::report::patch_retry_delay(
                     self.patch_backoff,
                     &e,
-                    crate::report::jitter(),
+                    crate::cluster::report::jitter(),
                 );
                 if e.is_transient() {
                     warn!(
@@ -572,7 +576,8 @@ impl Agent {
                     );
                 }
                 self.patch_retry_at = Some(Instant::now() + delay);
-                self.patch_backoff = (self.patch_backoff * 2).min(crate::report::PATCH_MAX_BACKOFF);
+                self.patch_backoff =
+                    (self.patch_backoff * 2).min(crate::cluster::report::PATCH_MAX_BACKOFF);
             }
         }
     }
@@ -595,7 +600,7 @@ fn event_for(state: State) -> Option<(EventType, &'static str)> {
 fn spawn_event_sender(node: NodeClient) -> mpsc::Sender<(EventType, &'static str, String)> {
     let (tx, mut rx) = mpsc::channel::<(EventType, &'static str, String)>(16);
     tokio::spawn(async move {
-        let mut limiter = crate::report::EventLimiter::default();
+        let mut limiter = crate::cluster::report::EventLimiter::default();
         while let Some((kind, reason, message)) = rx.recv().await {
             if !limiter.allow(Instant::now(), reason, &message) {
                 debug!(reason, "event dropped by the rate limit");
@@ -641,7 +646,7 @@ async fn sleep_opt(at: Option<Instant>) {
 
 /// `d` plus up to a quarter of it, so a fleet does not retry in lockstep.
 fn jittered(d: Duration) -> Duration {
-    d.mul_f64(1.0 + crate::report::jitter() / 4.0)
+    d.mul_f64(1.0 + crate::cluster::report::jitter() / 4.0)
 }
 
 fn unix_now() -> u64 {

@@ -6,13 +6,13 @@ use std::time::Instant;
 use tracing::{info, warn};
 
 use super::{Agent, MIN_BACKOFF};
-use crate::attempt::{Attempt, Record};
+use crate::agent::planner::Decision;
 use crate::backend::BackendError;
+use crate::backend::rpmostree::RpmOstreeError;
+use crate::cluster::node::EventType;
+use crate::cluster::protocol::State;
 use crate::config::RebootPolicy;
-use crate::kubeclient::EventType;
-use crate::planner::Decision;
-use crate::protocol::State;
-use crate::rpmostree::RpmOstreeError;
+use crate::host::attempt::{Attempt, Record};
 
 impl Agent {
     /// The target booted: check what had to come along, then report `Done`.
@@ -23,7 +23,7 @@ impl Agent {
             self.status
                 .host
                 .as_ref()
-                .map_or(Ok(()), |facts| crate::verify::after_boot(a, facts))
+                .map_or(Ok(()), |facts| crate::host::verify::after_boot(a, facts))
         });
         if let Some(Err(problem)) = checked {
             warn!(%problem, "the new boot does not match the node before the update");
@@ -63,7 +63,7 @@ impl Agent {
     pub(super) async fn observe_handshake(
         &mut self,
         decision: &Decision,
-        desired: Option<&crate::protocol::Desired>,
+        desired: Option<&crate::cluster::protocol::Desired>,
         record: &Record,
         approved: Option<&str>,
     ) {
@@ -137,7 +137,7 @@ impl Agent {
     pub(super) async fn rolled_back(&mut self, mut record: Record, attempts: u32, retry: bool) {
         let image = self.status.desired_os_image.clone().unwrap_or_default();
         let booted = self.status.current_os_image.clone();
-        let journal = crate::hostfacts::finalize_failure(&self.host).await;
+        let journal = crate::host::facts::finalize_failure(&self.host).await;
         let mut reason = format!(
             "rebooted to apply {image} (attempt {attempts} of {}) but the node came up on {booted}: finalization failed or the node rolled back",
             self.reboot.max_attempts
@@ -170,7 +170,7 @@ impl Agent {
     /// Records the attempt, reports `Rebooting` and asks rpm-ostreed to finalize and reboot.
     pub(super) async fn finalize(
         &mut self,
-        desired: &crate::protocol::Desired,
+        desired: &crate::cluster::protocol::Desired,
         record: Record,
         digest: String,
         attempt: u32,
@@ -217,9 +217,9 @@ impl Agent {
                     BackendError::RpmOstree(RpmOstreeError::Inhibited(m)) => {
                         format!("the reboot is blocked: {m}")
                     }
-                    BackendError::Bootc(b @ crate::bootc::BootcError::Inhibited { .. }) => {
-                        b.to_string()
-                    }
+                    BackendError::Bootc(
+                        b @ crate::backend::bootc::BootcError::Inhibited { .. },
+                    ) => b.to_string(),
                     other => format!("applying the staged deployment failed: {other}"),
                 };
                 self.transient_failure(what).await;

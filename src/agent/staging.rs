@@ -11,13 +11,14 @@ use super::{
     Agent, BUSY_MAX_BACKOFF, MIN_BACKOFF, REFS_EQUAL, REGISTRY_MAX_BACKOFF, REGISTRY_MIN_BACKOFF,
     jittered,
 };
-use crate::attempt;
+use crate::agent::gather::Transient;
+use crate::agent::planner::Observation;
+use crate::backend::StagePlan;
+use crate::backend::rpmostree::{RpmOstreeError, TxnEvent, UpdateDeploymentCall};
 use crate::backend::{Backend, BackendError};
+use crate::cluster::protocol::State;
 use crate::config::RebootPolicy;
-use crate::gather::Transient;
-use crate::planner::{Observation, StagePlan};
-use crate::protocol::State;
-use crate::rpmostree::{RpmOstreeError, TxnEvent, UpdateDeploymentCall};
+use crate::host::attempt;
 
 impl Agent {
     /// Runs preflight for `desired` and, when every check passes, stages it (on a backend
@@ -53,7 +54,7 @@ impl Agent {
                 }
                 match (
                     prepared.plan,
-                    crate::preflight::first_failure(&prepared.checks),
+                    crate::agent::preflight::first_failure(&prepared.checks),
                 ) {
                     (Some(plan), _) => {
                         // Without a finalization lock, staging waits for the approval.
@@ -138,7 +139,7 @@ impl Agent {
         &mut self,
         plan: StagePlan,
         hash: String,
-        expect: Option<(crate::verify::Expectation, String)>,
+        expect: Option<(crate::host::verify::Expectation, String)>,
     ) {
         let image = plan.os_image.to_string();
         let (tx, rx) = mpsc::channel(64);
@@ -246,7 +247,7 @@ impl Agent {
     /// Checks the staged deployment on disk; on a mismatch removes it and says what differed.
     pub(super) async fn verify(
         &mut self,
-        (mut exp, pinned): (crate::verify::Expectation, String),
+        (mut exp, pinned): (crate::host::verify::Expectation, String),
     ) -> Result<(), String> {
         let deployments = self
             .backend
@@ -272,14 +273,14 @@ impl Agent {
         };
         let helper = std::env::current_exe()
             .map_err(|e| format!("locating the verification helper: {e}"))?
-            .with_file_name(crate::verify::HELPER);
-        let req = crate::verify::Request {
+            .with_file_name(crate::host::verify::HELPER);
+        let req = crate::host::verify::Request {
             sysroot,
             staged,
             booted,
             expect: exp,
         };
-        match crate::verify::in_helper(&helper, &req).await {
+        match crate::host::verify::in_helper(&helper, &req).await {
             Ok(()) => {
                 info!("staged deployment verified");
                 Ok(())
@@ -305,7 +306,7 @@ pub(super) struct Staging {
     /// The request it stages (observed-desired hash).
     pub(super) hash: String,
     /// What the staged deployment must look like, and the digest the request pins.
-    pub(super) expect: Option<(crate::verify::Expectation, String)>,
+    pub(super) expect: Option<(crate::host::verify::Expectation, String)>,
     pub(super) task: JoinHandle<Result<(), BackendError>>,
     pub(super) progress: mpsc::Receiver<TxnEvent>,
     /// Set to true to cancel the transaction.

@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use streamd::cluster::status::{Status, StatusDocument};
 use streamd::dbus_api::BUS_NAME;
-use streamd::status::{Status, StatusDocument};
 
 /// Shows and steers streamd on this host.
 ///
@@ -248,7 +248,7 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
                     "bootc switch --transport registry {} in a transient unit, once the reboot is approved (then logind Reboot)",
                     plan["modifiers"]["set-refspec"]
                         .as_str()
-                        .and_then(streamd::rpmostree::deployment::pullspec_of_refspec)
+                        .and_then(streamd::backend::deployment::pullspec_of_refspec)
                         .unwrap_or_default()
                 );
             } else {
@@ -449,9 +449,9 @@ fn render(s: &Status) -> String {
     line("Backend:", &format!("{backend} ({arch})"));
     if let Some(h) = &s.host {
         let fips = match h.fips {
-            streamd::hostfacts::Fips::Enabled => "enabled",
-            streamd::hostfacts::Fips::Disabled => "disabled",
-            streamd::hostfacts::Fips::Inconsistent => "INCONSISTENT",
+            streamd::host::facts::Fips::Enabled => "enabled",
+            streamd::host::facts::Fips::Disabled => "disabled",
+            streamd::host::facts::Fips::Inconsistent => "INCONSISTENT",
         };
         let kernel = h
             .kernel
@@ -474,7 +474,7 @@ fn render(s: &Status) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use streamd::protocol::State;
+    use streamd::cluster::protocol::State;
 
     #[test]
     fn render_shows_every_field() {
@@ -487,11 +487,11 @@ mod tests {
             desired_stream: Some("rhel-10".into()),
             desired_os_image: Some("r/a@sha256:2".into()),
             last_change: 0,
-            host: Some(streamd::hostfacts::HostFacts {
+            host: Some(streamd::host::facts::HostFacts {
                 arch: "x86_64".into(),
-                backend: streamd::hostfacts::Backend::RpmOstree,
-                fips: streamd::hostfacts::Fips::Enabled,
-                kernel: Some(streamd::hostfacts::KernelVariant::Realtime),
+                backend: streamd::backend::BackendKind::RpmOstree,
+                fips: streamd::host::facts::Fips::Enabled,
+                kernel: Some(streamd::backend::KernelVariant::Realtime),
                 x86_64_level: Some(3),
             }),
             last_error: Some("preflight check cpu-level failed: old".into()),

@@ -1,6 +1,6 @@
 //! `streamd-verify`: checks a staged deployment on disk through libostree, for `streamd`.
 //!
-//! Reads one JSON request (`streamd::verify::Request`) on stdin and prints the verdict as JSON
+//! Reads one JSON request (`streamd::host::verify::Request`) on stdin and prints the verdict as JSON
 //! (`{"Ok":null}` or `{"Err":…}`) on stdout. It runs as a short-lived child of the daemon so
 //! that libostree, glib and their libraries are never resident in it. Exit codes: 0 a verdict
 //! was printed, 2 the request was unreadable.
@@ -14,7 +14,7 @@ fn main() -> ExitCode {
         eprintln!("streamd-verify: reading the request: {e}");
         return ExitCode::from(2);
     }
-    let req: streamd::verify::Request = match serde_json::from_str(&input) {
+    let req: streamd::host::verify::Request = match serde_json::from_str(&input) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("streamd-verify: not a verification request: {e}");
@@ -22,7 +22,7 @@ fn main() -> ExitCode {
         }
     };
     let verdict =
-        streamd::verify::verify_staged(&req.sysroot, &req.staged, &req.booted, &req.expect);
+        streamd::host::verify::verify_staged(&req.sysroot, &req.staged, &req.booted, &req.expect);
     match serde_json::to_string(&verdict) {
         Ok(json) => {
             println!("{json}");

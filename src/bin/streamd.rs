@@ -9,9 +9,9 @@ use tracing::{error, info};
 
 use streamd::agent::Agent;
 use streamd::backend::Backend;
+use streamd::cluster::node::NodeClient;
 use streamd::config::{self, Config};
-use streamd::hostfacts::HostRoot;
-use streamd::kubeclient::NodeClient;
+use streamd::host::facts::HostRoot;
 
 /// Moves this node between OS image streams as its Node annotations request.
 ///
@@ -98,7 +98,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let node = NodeClient::new(&cfg.kubeconfig, &node_name).await?;
     let backend = Backend::connect(cfg.backend, &cfg.bootc_path, &cfg.runtime_dir).await?;
     info!(backend = backend.kind().as_str(), "update backend");
-    let gatherer = streamd::gather::Gatherer {
+    let gatherer = streamd::agent::gather::Gatherer {
         host,
         pull_secret: cfg.pull_secret.clone(),
         insecure_registries: cfg.insecure_registries.clone(),

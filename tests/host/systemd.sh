@@ -104,7 +104,7 @@ else
     ro_note="ro-connect skipped"
 fi
 
-# The journal (journalctl --boot=-1 in src/hostfacts/journal.rs) is read with
+# The journal (journalctl --boot=-1 in src/host/facts/journal.rs) is read with
 # an empty capability bounding set and PrivateUsers=yes, without
 # SupplementaryGroups=systemd-journal. That works only because the files are
 # root's own: systemd's tmpfiles.d/systemd.conf makes /var/log/journal and

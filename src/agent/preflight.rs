@@ -6,9 +6,13 @@
 
 use serde::Serialize;
 
-use crate::hostfacts::{Fips, KernelVariant};
-use crate::protocol::Desired;
-use crate::rpmostree::Deployment;
+use crate::backend::Deployment;
+use crate::backend::KernelVariant;
+use crate::cluster::protocol::Desired;
+use crate::config::Policy;
+use crate::host::facts::Fips;
+use crate::image::registry::{ExtensionsInfo, OsImageInfo};
+use crate::image::rpm::{el_major, names_package, package_name};
 
 /// Outcome of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -33,37 +37,6 @@ pub struct CheckResult {
     pub message: String,
 }
 
-/// What the registry says about the OS image (from its manifest and config).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct OsImageInfo {
-    /// `containers.bootc` is `1` or `true`.
-    pub bootable: bool,
-    /// `io.openshift.os.streamclass`, if present.
-    pub stream_class: Option<String>,
-    /// Config architecture in kernel terms (`x86_64`, `aarch64`).
-    pub arch: String,
-    /// `ostree.linux`: the target's default kernel release.
-    pub kernel_release: Option<String>,
-    /// Version label.
-    pub version: Option<String>,
-    /// Sum of the layer sizes, bytes.
-    pub size: u64,
-    /// Digest of the platform manifest (differs from the pullspec's when that names an index).
-    pub manifest_digest: String,
-}
-
-/// What the registry says about the extensions image.
-#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ExtensionsInfo {
-    /// `io.openshift.os.extensions` is `true`.
-    pub is_extensions: bool,
-    /// `io.openshift.os.streamclass`, if present.
-    pub stream_class: Option<String>,
-    /// RPMs it carries, as `name-version-release.arch`.
-    pub rpms: Vec<String>,
-}
-
 /// Free space, bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DiskFree {
@@ -71,30 +44,6 @@ pub struct DiskFree {
     pub sysroot: u64,
     /// Free on `/boot`.
     pub boot: u64,
-}
-
-/// Admin policy that changes what passes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Policy {
-    /// Allow moving to an older major.
-    pub allow_downgrade: bool,
-    /// Extra free bytes required on the sysroot beyond the image size.
-    pub min_free_sysroot: u64,
-    /// Free bytes required on `/boot` (a kernel and initramfs).
-    pub min_free_boot: u64,
-    /// Replace a staged deployment streamd did not create instead of refusing.
-    pub replace_foreign_staged: bool,
-}
-
-impl Default for Policy {
-    fn default() -> Self {
-        Policy {
-            allow_downgrade: false,
-            min_free_sysroot: 1 << 30,
-            min_free_boot: 150 << 20,
-            replace_foreign_staged: false,
-        }
-    }
 }
 
 /// Everything the checks look at.
@@ -127,7 +76,7 @@ pub struct Input<'a> {
     /// A staged deployment streamd did not create, if any.
     pub foreign_staged: Option<&'a Deployment>,
     /// The update backend that would stage.
-    pub backend: crate::hostfacts::Backend,
+    pub backend: crate::backend::BackendKind,
     /// Policy.
     pub policy: &'a Policy,
 }
@@ -135,14 +84,6 @@ pub struct Input<'a> {
 /// The major a stream name targets (`rhel-10` → 10), if it ends in one.
 pub fn stream_major(stream: &str) -> Option<u32> {
     stream.rsplit('-').next()?.split('.').next()?.parse().ok()
-}
-
-/// The `el<N>` major of a kernel release or NEVRA (`…el10_1.x86_64` → 10).
-pub fn el_major(release: &str) -> Option<u32> {
-    release.split(['.', '-', '_', '+']).find_map(|part| {
-        let digits = part.strip_prefix("el")?;
-        digits.parse().ok()
-    })
 }
 
 /// Runs every check, in a fixed order.
@@ -236,10 +177,10 @@ fn pending_deployment(i: &Input<'_>) -> CheckResult {
 fn backend(i: &Input<'_>) -> CheckResult {
     let id = "backend";
     match i.backend {
-        crate::hostfacts::Backend::RpmOstree => pass(id, "rpm-ostree"),
-        crate::hostfacts::Backend::Bootc => {
+        crate::backend::BackendKind::RpmOstree => pass(id, "rpm-ostree"),
+        crate::backend::BackendKind::Bootc => {
             let kernel = i.kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
-            match crate::bootc::refusal(kernel, i.booted) {
+            match crate::backend::bootc::refusal(kernel, i.booted) {
                 Some(reason) => fail(id, reason),
                 None => pass(id, "bootc (staged only after the reboot is approved)"),
             }
@@ -401,7 +342,7 @@ fn variant_rpms(ext: &ExtensionsInfo, variant: KernelVariant) -> Vec<&str> {
         .filter_map(|p| {
             ext.rpms
                 .iter()
-                .find(|r| crate::hostfacts::kernel::names_package(r, p))
+                .find(|r| names_package(r, p))
                 .map(String::as_str)
         })
         .collect()
@@ -434,11 +375,7 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
         .packages()
         .iter()
         .copied()
-        .filter(|p| {
-            !found
-                .iter()
-                .any(|r| crate::hostfacts::kernel::names_package(r, p))
-        })
+        .filter(|p| !found.iter().any(|r| names_package(r, p)))
         .collect();
     if !missing.is_empty() {
         return fail(
@@ -529,12 +466,7 @@ pub fn layered_packages_of(booted: &Deployment, variant: KernelVariant) -> Vec<S
         .requested_packages
         .iter()
         .chain(&booted.requested_local_packages)
-        .filter(|p| {
-            !variant
-                .packages()
-                .iter()
-                .any(|v| crate::hostfacts::kernel::names_package(p, v))
-        })
+        .filter(|p| !variant.packages().iter().any(|v| names_package(p, v)))
         .cloned()
         .collect()
 }
@@ -542,21 +474,6 @@ pub fn layered_packages_of(booted: &Deployment, variant: KernelVariant) -> Vec<S
 fn layered(i: &Input<'_>) -> Vec<String> {
     let variant = i.kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
     layered_packages_of(i.booted, variant)
-}
-
-/// The package name of a name-or-NEVRA (`name-version-release.arch`).
-pub fn package_name(spec: &str) -> &str {
-    let mut parts = spec.rsplitn(3, '-');
-    match (parts.next(), parts.next(), parts.next()) {
-        // A NEVRA's release carries the arch after a dot and its version starts with a digit;
-        // a plain name such as `kernel-64k-core` has neither.
-        (Some(release), Some(version), Some(name))
-            if release.contains('.') && version.starts_with(|c: char| c.is_ascii_digit()) =>
-        {
-            name
-        }
-        _ => spec,
-    }
 }
 
 fn layered_packages(i: &Input<'_>) -> CheckResult {
@@ -576,7 +493,7 @@ fn layered_packages(i: &Input<'_>) -> CheckResult {
         .filter(|name| {
             !provided
                 .iter()
-                .any(|r| crate::hostfacts::kernel::names_package(r, name) && el_major(r) == target)
+                .any(|r| names_package(r, name) && el_major(r) == target)
         })
         .collect();
     if missing.is_empty() {
@@ -614,7 +531,7 @@ fn nic_names(i: &Input<'_>) -> CheckResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::Inputs;
+    use crate::cluster::protocol::Inputs;
 
     fn desired(stream: &str) -> Desired {
         Inputs {
@@ -640,7 +557,7 @@ mod tests {
         ext: Option<Result<ExtensionsInfo, String>>,
         disk: DiskFree,
         foreign: Option<Deployment>,
-        backend: crate::hostfacts::Backend,
+        backend: crate::backend::BackendKind,
         policy: Policy,
         nic_persisted: bool,
     }
@@ -670,7 +587,7 @@ mod tests {
                 boot: 500 << 20,
             },
             foreign: None,
-            backend: crate::hostfacts::Backend::RpmOstree,
+            backend: crate::backend::BackendKind::RpmOstree,
             policy: Policy::default(),
             nic_persisted: true,
         }
@@ -833,12 +750,12 @@ mod tests {
         });
         cases.push(("pending-deployment", c));
         let mut c = base();
-        c.backend = crate::hostfacts::Backend::Bootc;
+        c.backend = crate::backend::BackendKind::Bootc;
         c.kernel = Ok(KernelVariant::Realtime);
         c.ext = Some(Ok(rt_ext(10)));
         cases.push(("backend", c));
         let mut c = base();
-        c.backend = crate::hostfacts::Backend::Bootc;
+        c.backend = crate::backend::BackendKind::Bootc;
         c.booted.requested_packages = vec!["usbguard".into()];
         cases.push(("backend", c));
         for (want, case) in cases {

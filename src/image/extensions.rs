@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
-use crate::imageref::ImageRef;
-use crate::preflight::ExtensionsInfo;
+use crate::image::reference::ImageRef;
+use crate::image::registry::ExtensionsInfo;
 
 /// The record written last into an extraction directory.
 pub const RECORD: &str = "extracted.json";

@@ -96,7 +96,7 @@ impl FromStr for ImageRef {
         if s.starts_with('-') {
             return Err(ImageRefError::LeadingDash);
         }
-        let quoted = crate::protocol::quote(s);
+        let quoted = crate::text::quote(s);
         let Some((name, digest)) = s.split_once('@') else {
             return Err(ImageRefError::NotPinned(quoted));
         };
@@ -119,7 +119,7 @@ impl FromStr for ImageRef {
                 c
             };
             if !valid_path_component(c) {
-                return Err(ImageRefError::BadRepository(crate::protocol::quote(c)));
+                return Err(ImageRefError::BadRepository(crate::text::quote(c)));
             }
         }
         Ok(ImageRef {
@@ -136,7 +136,7 @@ fn validate_digest(digest: &str) -> Result<(), ImageRefError> {
         Some(h) if h.len() == 64 && h.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) => {
             Ok(())
         }
-        _ => Err(ImageRefError::BadDigest(crate::protocol::quote(digest))),
+        _ => Err(ImageRefError::BadDigest(crate::text::quote(digest))),
     }
 }
 

@@ -1,9 +1,8 @@
 //! The rpm-ostree client: `rpm-ostreed` on the system bus, transactions over its peer-to-peer socket.
 //!
-//! This is an edge: it turns D-Bus replies into typed values ([`deployment`]) and typed errors
+//! This is an edge: it turns D-Bus replies into typed values ([`crate::backend::deployment`]) and typed errors
 //! ([`RpmOstreeError`]) and holds no policy. What to stage is decided by the planner.
 
-pub mod deployment;
 mod transaction;
 
 use std::collections::{BTreeMap, HashMap};
@@ -12,10 +11,9 @@ use std::time::Duration;
 use serde::Serialize;
 use zbus::zvariant::{OwnedObjectPath, OwnedValue, Value};
 
-pub use deployment::{Deployment, DeploymentError};
 pub use transaction::TxnEvent;
 
-use crate::planner::StagePlan;
+use crate::backend::{Deployment, StagePlan};
 
 /// Well-known bus name of rpm-ostreed.
 pub const BUS_NAME: &str = "org.projectatomic.rpmostree1";
@@ -132,15 +130,11 @@ impl RpmOstreeError {
         if let zbus::Error::MethodError(name, msg, _) = &e {
             let msg = msg.clone().unwrap_or_default();
             if name.as_str() == BUSY_ERROR {
-                return RpmOstreeError::Busy(crate::protocol::one_line_reason(&msg));
+                return RpmOstreeError::Busy(crate::text::one_line_reason(&msg));
             }
             return RpmOstreeError::Call {
                 call,
-                message: format!(
-                    "{} ({})",
-                    crate::protocol::one_line_reason(&msg),
-                    name.as_str()
-                ),
+                message: format!("{} ({})", crate::text::one_line_reason(&msg), name.as_str()),
             };
         }
         RpmOstreeError::Call {
@@ -424,9 +418,9 @@ impl Client {
             .map_err(|e| RpmOstreeError::from_call("FinalizeDeployment", e))?;
         let (tx, _rx) = tokio::sync::mpsc::channel(1);
         match transaction::run(&address, &tx, None).await {
-            Err(RpmOstreeError::Failed(m)) if m.starts_with(INHIBITED_PREFIX) => Err(
-                RpmOstreeError::Inhibited(crate::protocol::one_line_reason(&m)),
-            ),
+            Err(RpmOstreeError::Failed(m)) if m.starts_with(INHIBITED_PREFIX) => {
+                Err(RpmOstreeError::Inhibited(crate::text::one_line_reason(&m)))
+            }
             other => other,
         }
     }

@@ -14,8 +14,8 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use serde::Deserialize;
 
-use crate::imageref::{ImageRef, ImageRefError};
-use crate::protocol::{self, DESIRED_STREAM, Inputs, ProtocolError};
+use crate::cluster::protocol::{self, DESIRED_STREAM, Inputs, ProtocolError};
+use crate::image::reference::{ImageRef, ImageRefError};
 
 /// API group of `OSImageStream`.
 pub const GROUP: &str = "machineconfiguration.openshift.io";
@@ -134,7 +134,7 @@ pub enum ResolveError {
     #[error(transparent)]
     Protocol(#[from] ProtocolError),
     /// The node names a stream the cluster does not offer.
-    #[error("stream {} is not available; available streams: {}", protocol::quote(.name), quote_all(.available))]
+    #[error("stream {} is not available; available streams: {}", crate::text::quote(.name), quote_all(.available))]
     UnknownStream {
         /// The requested name.
         name: String,
@@ -142,7 +142,7 @@ pub enum ResolveError {
         available: Vec<String>,
     },
     /// The stream's image is not a valid digest-pinned reference.
-    #[error("OSImageStream {NAME:?} stream {} {field}: {source}", protocol::quote(.stream))]
+    #[error("OSImageStream {NAME:?} stream {} {field}: {source}", crate::text::quote(.stream))]
     BadImage {
         /// The stream name.
         stream: String,
@@ -161,7 +161,7 @@ fn quote_all(names: &[String]) -> String {
     }
     names
         .iter()
-        .map(|n| protocol::quote(n))
+        .map(|n| crate::text::quote(n))
         .collect::<Vec<_>>()
         .join(", ")
 }

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 
-use crate::kubeclient::PatchError;
-use crate::protocol;
-use crate::status::Status;
+use crate::cluster::node::PatchError;
+use crate::cluster::protocol;
+use crate::cluster::status::Status;
 
 /// Minimum time between two patches that only move progress.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
@@ -179,7 +179,7 @@ impl Reporter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::State;
+    use crate::cluster::protocol::State;
 
     fn status(state: State, progress: Option<u8>) -> Status {
         Status {

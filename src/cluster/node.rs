@@ -195,7 +195,7 @@ impl NodeClient {
         })
     }
 
-    /// The underlying client, for watches of other objects (e.g. [`crate::streams::watch`]).
+    /// The underlying client, for watches of other objects (e.g. [`crate::cluster::streams::watch`]).
     pub fn client(&self) -> kube::Client {
         self.nodes.clone().into()
     }
@@ -301,7 +301,7 @@ impl NodeClient {
                 "uid": self.uid.get(),
             },
             "reason": reason,
-            "message": crate::protocol::one_line_reason(message),
+            "message": crate::text::one_line_reason(message),
             "type": match kind { EventType::Normal => "Normal", EventType::Warning => "Warning" },
             "source": { "component": FIELD_MANAGER, "host": self.name },
             "reportingComponent": FIELD_MANAGER,

@@ -1,21 +1,25 @@
 //! Gathering for preflight: host facts, CRI-O, disk, the images over the registry.
 //!
-//! The I/O half of preflight; the checks themselves are the pure [`crate::preflight::run`], and
+//! The I/O half of preflight; the checks themselves are the pure [`crate::agent::preflight::run`], and
 //! the plan is completed by the pure [`StagePlan::carry`].
 
 use std::path::PathBuf;
 
 use tracing::warn;
 
-use crate::extensions;
-use crate::hostfacts::{self, HostFacts, HostRoot, KernelVariant};
-use crate::imageref::ImageRef;
-use crate::planner::StagePlan;
-use crate::preflight::{self, CheckResult, DiskFree, ExtensionsInfo, Input, Policy};
-use crate::protocol::Desired;
-use crate::pullsecret::PullSecret;
-use crate::registry::{InspectError, Inspector};
-use crate::rpmostree::Deployment;
+use crate::agent::preflight::{self, CheckResult, DiskFree, Input};
+use crate::backend::Deployment;
+use crate::backend::KernelVariant;
+use crate::backend::StagePlan;
+use crate::cluster::protocol::Desired;
+use crate::config::Policy;
+use crate::host::facts::{self, HostFacts, HostRoot};
+use crate::image::extensions;
+use crate::image::pullsecret::PullSecret;
+use crate::image::reference::ImageRef;
+use crate::image::registry::ExtensionsInfo;
+use crate::image::registry::{InspectError, Inspector};
+use crate::image::rpm::{el_major, package_name};
 
 /// What the gatherer needs from the configuration.
 #[derive(Debug, Clone)]
@@ -43,7 +47,7 @@ pub struct Prepared {
     /// The complete plan, when no check failed.
     pub plan: Option<StagePlan>,
     /// What the staged deployment must look like (with `plan`).
-    pub expect: Option<crate::verify::Expectation>,
+    pub expect: Option<crate::host::verify::Expectation>,
 }
 
 /// A preflight that could not finish and will be retried.
@@ -150,15 +154,15 @@ impl Gatherer {
         foreign_staged: Option<&Deployment>,
         base: StagePlan,
     ) -> Result<Prepared, Transient> {
-        let kernel = hostfacts::kernel_variant(&self.host, booted);
+        let kernel = facts::kernel_variant(&self.host, booted);
         let variant = kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
-        let crio = hostfacts::crio_default_runtime(&self.host).map_err(|e| e.to_string());
+        let crio = facts::crio_default_runtime(&self.host).map_err(|e| e.to_string());
         let booted_major = self.host.os_release().ok().and_then(|r| r.major());
         let secret = self.secret();
         let inspector = secret.as_ref().ok().map(|s| self.inspector(s));
         let layered: Vec<String> = preflight::layered_packages_of(booted, variant)
             .iter()
-            .map(|p| preflight::package_name(p).to_string())
+            .map(|p| package_name(p).to_string())
             .collect();
         let mut wanted: Vec<String> = variant.packages().iter().map(|p| p.to_string()).collect();
         wanted.extend(layered.iter().cloned());
@@ -213,11 +217,11 @@ impl Gatherer {
         // One answer for the checks, the verification and the RPM choice.
         let target = preflight::target_major(desired, &os_image);
         let expect = match (&os_image, target) {
-            (Ok(info), Some(major)) => Some(crate::verify::Expectation {
+            (Ok(info), Some(major)) => Some(crate::host::verify::Expectation {
                 image_digest: info.manifest_digest.clone(),
                 target_major: major,
                 kernel: variant,
-                fips: facts.fips == hostfacts::Fips::Enabled,
+                fips: facts.fips == crate::host::facts::Fips::Enabled,
             }),
             _ => None,
         };
@@ -228,7 +232,7 @@ impl Gatherer {
                 .filter(|p| {
                     p.file_name()
                         .and_then(|n| n.to_str())
-                        .is_some_and(|n| preflight::el_major(n) == target)
+                        .is_some_and(|n| el_major(n) == target)
                 })
                 .collect();
             base.carry(booted, variant, &layered, &rpms)

@@ -47,7 +47,7 @@ pub async fn finalize_failure(root: &HostRoot) -> Option<String> {
 /// One line from journal output: non-empty lines joined with `; `, shortened; `None` when
 /// there are none.
 fn summarize(text: &str) -> Option<String> {
-    let line = crate::protocol::one_line(text, MAX_CHARS);
+    let line = crate::text::one_line(text, MAX_CHARS);
     (!line.is_empty()).then_some(line)
 }
 

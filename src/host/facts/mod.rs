@@ -4,7 +4,6 @@ pub mod cpu;
 pub mod crio;
 pub mod fips;
 pub mod journal;
-pub mod kernel;
 pub mod osrelease;
 
 pub use journal::finalize_failure;
@@ -14,30 +13,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use fips::Fips;
-pub use kernel::KernelVariant;
 pub use osrelease::OsRelease;
 
-use crate::rpmostree::Deployment;
-
-/// Which service stages deployments on this host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Backend {
-    /// rpm-ostreed over D-Bus.
-    RpmOstree,
-    /// bootc in transient systemd units.
-    Bootc,
-}
-
-impl Backend {
-    /// The name used in annotations and status.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Backend::RpmOstree => "rpm-ostree",
-            Backend::Bootc => "bootc",
-        }
-    }
-}
+use crate::backend::{BackendKind, Deployment, KernelVariant, kernel};
 
 /// Facts published in the `host` annotation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,7 +23,7 @@ pub struct HostFacts {
     /// Kernel architecture name (`x86_64`, `aarch64`).
     pub arch: String,
     /// Staging backend.
-    pub backend: Backend,
+    pub backend: BackendKind,
     /// FIPS mode.
     pub fips: Fips,
     /// Kernel variant of the booted deployment; `None` when it could not be determined
@@ -107,7 +85,7 @@ impl HostRoot {
         if id.len() < 8 || !id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
-                format!("boot id {} is not a UUID", crate::protocol::quote(&id)),
+                format!("boot id {} is not a UUID", crate::text::quote(&id)),
             ));
         }
         Ok(id)
@@ -129,7 +107,7 @@ impl HostRoot {
 }
 
 /// Gathers the facts streamd publishes; `booted` is the booted deployment, if known.
-pub fn gather(root: &HostRoot, backend: Backend, booted: Option<&Deployment>) -> HostFacts {
+pub fn gather(root: &HostRoot, backend: BackendKind, booted: Option<&Deployment>) -> HostFacts {
     let arch = root.arch();
     let fips = fips::fips(
         root.read("/proc/sys/crypto/fips_enabled").ok().as_deref(),
@@ -216,7 +194,7 @@ mod tests {
             requested_packages: vec!["kernel-64k-core".into()],
             ..Deployment::default()
         };
-        let facts = gather(&root, Backend::RpmOstree, Some(&booted));
+        let facts = gather(&root, BackendKind::RpmOstree, Some(&booted));
         assert_eq!(facts.arch, "aarch64");
         assert_eq!(
             facts.to_json(),

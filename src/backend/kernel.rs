@@ -6,7 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::rpmostree::Deployment;
+use crate::backend::Deployment;
+use crate::image::rpm::names_package;
 
 /// Kernel variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -68,20 +69,6 @@ pub const DEFAULT_KERNEL_PACKAGES: [&str; 5] = [
     "kernel-modules-core",
     "kernel-modules-extra",
 ];
-
-/// Whether `spec` (a name or a NEVRA) names package `name`.
-pub fn names_package(spec: &str, name: &str) -> bool {
-    match spec.strip_prefix(name) {
-        Some("") => true,
-        // NEVRA: name-version-release.arch. Neither version nor release holds a '-', so what
-        // follows the name has exactly one, and the version starts with a digit (or an epoch);
-        // `kernel-64k-core-…` therefore does not name `kernel`.
-        Some(rest) => rest.strip_prefix('-').is_some_and(|vr| {
-            vr.matches('-').count() == 1 && vr.starts_with(|c: char| c.is_ascii_digit())
-        }),
-        None => false,
-    }
-}
 
 /// The variant the deployment's overrides describe.
 pub fn variant_of(dep: &Deployment) -> KernelVariant {

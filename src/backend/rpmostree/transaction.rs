@@ -101,9 +101,7 @@ async fn wait_finished(
                 return if ok {
                     Ok(())
                 } else {
-                    Err(RpmOstreeError::Failed(crate::protocol::one_line_reason(
-                        &text,
-                    )))
+                    Err(RpmOstreeError::Failed(crate::text::one_line_reason(&text)))
                 };
             }
             "PercentProgress" => {

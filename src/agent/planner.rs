@@ -3,15 +3,11 @@
 //! No I/O happens here; the agent gathers an [`Observation`], asks [`decide`], and carries out the
 //! [`Decision`]. Every rule is covered by the table tests below.
 
-use std::path::PathBuf;
-
-use crate::attempt::Record;
+use crate::backend::Deployment;
+use crate::backend::StagePlan;
+use crate::cluster::protocol::{Desired, ProtocolError, State};
 use crate::config::RebootPolicy;
-use crate::hostfacts::KernelVariant;
-use crate::hostfacts::kernel::{DEFAULT_KERNEL_PACKAGES, names_package};
-use crate::imageref::ImageRef;
-use crate::protocol::{Desired, ProtocolError, State};
-use crate::rpmostree::Deployment;
+use crate::host::attempt::Record;
 
 /// What the agent knows when it decides.
 #[derive(Debug, Clone, Copy)]
@@ -84,79 +80,6 @@ pub fn foreign_staged<'a>(
         .iter()
         .find(|d| d.staged)
         .filter(|s| !is_ours(s, record))
-}
-
-/// Everything needed to stage a target: backend-neutral, shown by `streamctl plan`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StagePlan {
-    /// Target stream.
-    pub stream: String,
-    /// Target OS image.
-    pub os_image: ImageRef,
-    /// Whether an older base may be deployed.
-    pub allow_downgrade: bool,
-    /// Kernel variant carried to the target.
-    pub kernel: KernelVariant,
-    /// Packages of the booted origin that are replaced by target builds (uninstalled in the
-    /// same transaction): old-major variant kernels and layered packages.
-    pub uninstall: Vec<String>,
-    /// Default-kernel packages to remove from the new base (those not yet removed in the origin).
-    pub override_remove: Vec<String>,
-    /// Target RPMs installed from files (passed as file descriptors).
-    pub local_rpms: Vec<PathBuf>,
-    /// Stage finalization-locked, so only an approved `FinalizeDeployment` applies it.
-    pub lock_finalization: bool,
-}
-
-impl StagePlan {
-    /// A plain rebase: nothing carried.
-    pub fn rebase(stream: &str, os_image: &ImageRef, allow_downgrade: bool) -> Self {
-        StagePlan {
-            stream: stream.to_string(),
-            os_image: os_image.clone(),
-            allow_downgrade,
-            kernel: KernelVariant::Default,
-            uninstall: Vec::new(),
-            override_remove: Vec::new(),
-            local_rpms: Vec::new(),
-            lock_finalization: true,
-        }
-    }
-
-    /// Completes a rebase so one transaction produces the whole target: the booted variant
-    /// kernel and layered packages (`carried`, package names) are replaced by the target builds
-    /// in `rpms` (extracted from the target's extensions image). A node must never be staged on
-    /// the default kernel when it runs a variant, so this is all or nothing.
-    pub fn carry(
-        mut self,
-        booted: &crate::rpmostree::Deployment,
-        kernel: KernelVariant,
-        carried: &[String],
-        rpms: &[PathBuf],
-    ) -> Self {
-        self.kernel = kernel;
-        let replaced = |spec: &str| {
-            kernel.packages().iter().any(|p| names_package(spec, p))
-                || carried.iter().any(|p| names_package(spec, p))
-        };
-        self.uninstall = booted
-            .requested_packages
-            .iter()
-            .chain(&booted.requested_local_packages)
-            .filter(|p| replaced(p))
-            .cloned()
-            .collect();
-        if kernel != KernelVariant::Default {
-            self.override_remove = DEFAULT_KERNEL_PACKAGES
-                .iter()
-                .filter(|p| !booted.requested_base_removals.iter().any(|r| r == *p))
-                .map(|p| p.to_string())
-                .collect();
-        }
-        self.local_rpms = rpms.to_vec();
-        self.local_rpms.sort();
-        self
-    }
 }
 
 /// The planner's answer.
@@ -318,9 +241,13 @@ pub fn decide(obs: &Observation<'_>) -> Decision {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
-    use crate::attempt::{Attempt, Staged};
-    use crate::protocol::{DESIRED_OS_IMAGE, Inputs};
+    use crate::backend::KernelVariant;
+    use crate::backend::kernel::DEFAULT_KERNEL_PACKAGES;
+    use crate::cluster::protocol::{DESIRED_OS_IMAGE, Inputs};
+    use crate::host::attempt::{Attempt, Staged};
 
     const D9: &str = "sha256:9999999999999999999999999999999999999999999999999999999999999999";
     const D10: &str = "sha256:1010101010101010101010101010101010101010101010101010101010101010";

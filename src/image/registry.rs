@@ -15,9 +15,39 @@ use oci_client::{Client, Reference};
 use sha2::{Digest, Sha256};
 use tokio_util::io::{StreamReader, SyncIoBridge};
 
-use crate::imageref::ImageRef;
-use crate::preflight::{ExtensionsInfo, OsImageInfo};
-use crate::pullsecret::{Credentials, PullSecret};
+use crate::image::pullsecret::{Credentials, PullSecret};
+use crate::image::reference::ImageRef;
+
+/// What the registry says about the OS image (from its manifest and config).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct OsImageInfo {
+    /// `containers.bootc` is `1` or `true`.
+    pub bootable: bool,
+    /// `io.openshift.os.streamclass`, if present.
+    pub stream_class: Option<String>,
+    /// Config architecture in kernel terms (`x86_64`, `aarch64`).
+    pub arch: String,
+    /// `ostree.linux`: the target's default kernel release.
+    pub kernel_release: Option<String>,
+    /// Version label.
+    pub version: Option<String>,
+    /// Sum of the layer sizes, bytes.
+    pub size: u64,
+    /// Digest of the platform manifest (differs from the pullspec's when that names an index).
+    pub manifest_digest: String,
+}
+
+/// What the registry says about the extensions image.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExtensionsInfo {
+    /// `io.openshift.os.extensions` is `true`.
+    pub is_extensions: bool,
+    /// `io.openshift.os.streamclass`, if present.
+    pub stream_class: Option<String>,
+    /// RPMs it carries, as `name-version-release.arch`.
+    pub rpms: Vec<String>,
+}
 
 /// Where real extensions images keep their RPM repository.
 pub const EXTENSIONS_DIR: &str = "usr/share/rpm-ostree/extensions/";
@@ -445,7 +475,7 @@ pub fn rpms_in_layer<R: Read>(
         let nevra = file.trim_end_matches(".rpm").to_string();
         let want = wanted
             .iter()
-            .any(|w| crate::hostfacts::kernel::names_package(&nevra, w));
+            .any(|w| crate::image::rpm::names_package(&nevra, w));
         if want {
             // Only the file name is used: a path in the archive can never escape `dest`.
             let out = dest.join(file);

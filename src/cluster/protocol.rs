@@ -11,7 +11,8 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::imageref::{ImageRef, ImageRefError};
+use crate::image::reference::{ImageRef, ImageRefError};
+use crate::text::quote;
 
 /// Prefix of every annotation streamd reads or writes.
 pub const PREFIX: &str = "osstream.openshift.io/";
@@ -66,7 +67,7 @@ pub const OUTPUT_KEYS: [&str; 9] = [
 ];
 
 /// Longest `reason` value streamd writes, in characters.
-pub const MAX_REASON_CHARS: usize = 1024;
+pub use crate::text::MAX_REASON_CHARS;
 /// Longest stream name (RFC 1123 subdomain).
 pub const MAX_STREAM_LEN: usize = 253;
 /// Longest reboot token accepted.
@@ -319,40 +320,6 @@ fn validate_token(value: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Quotes a value for a reason message, shortened so a huge value cannot flood the annotation.
-pub fn quote(value: &str) -> String {
-    const MAX: usize = 80;
-    if value.chars().count() > MAX {
-        let head: String = value.chars().take(MAX).collect();
-        format!("{head:?}…")
-    } else {
-        format!("{value:?}")
-    }
-}
-
-/// Trims a reason to one line of at most [`MAX_REASON_CHARS`] characters.
-pub fn one_line_reason(reason: &str) -> String {
-    one_line(reason, MAX_REASON_CHARS)
-}
-
-/// Joins the non-empty lines of `text` with `; ` and cuts the result to at most `max_chars`
-/// characters (the last one `…` when cut).
-pub fn one_line(text: &str, max_chars: usize) -> String {
-    let line: String = text
-        .split(['\n', '\r'])
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ");
-    if line.chars().count() > max_chars {
-        let mut cut: String = line.chars().take(max_chars.saturating_sub(1)).collect();
-        cut.push('…');
-        cut
-    } else {
-        line
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -450,20 +417,5 @@ mod tests {
         let mut i = inputs(None, None, None);
         i.reboot_approved = Some("a b".into());
         assert_eq!(i.desired().expect_err("bad").key, REBOOT_APPROVED);
-    }
-
-    #[test]
-    fn reason_is_one_bounded_line() {
-        assert_eq!(one_line_reason("a\n b \n\nc"), "a; b; c");
-        let long = "x".repeat(5000);
-        let r = one_line_reason(&long);
-        assert_eq!(r.chars().count(), MAX_REASON_CHARS);
-        assert!(r.ends_with('…'));
-    }
-
-    #[test]
-    fn quote_shortens() {
-        assert_eq!(quote("ab"), "\"ab\"");
-        assert!(quote(&"z".repeat(300)).ends_with('…'));
     }
 }

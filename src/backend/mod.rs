@@ -6,13 +6,42 @@
 //! such lock, so any reboot applies what it staged. The agent therefore stages on bootc only
 //! after the reboot is approved, right before it reboots through logind ([`Backend::locks`]).
 
+pub mod bootc;
+pub mod deployment;
+pub mod kernel;
+pub mod plan;
+pub mod rpmostree;
+
+use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
-use crate::bootc::{self, BootcError};
+pub use deployment::{Deployment, DeploymentError};
+pub use kernel::KernelVariant;
+pub use plan::StagePlan;
+
 use crate::config::BackendChoice;
-use crate::hostfacts;
-use crate::planner::StagePlan;
-use crate::rpmostree::{self, Deployment, RpmOstreeError, TxnEvent, UpdateDeploymentCall};
+use bootc::BootcError;
+use rpmostree::{RpmOstreeError, TxnEvent, UpdateDeploymentCall};
+
+/// Which service stages deployments on this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendKind {
+    /// rpm-ostreed over D-Bus.
+    RpmOstree,
+    /// bootc in transient systemd units.
+    Bootc,
+}
+
+impl BackendKind {
+    /// The name used in annotations and status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::RpmOstree => "rpm-ostree",
+            BackendKind::Bootc => "bootc",
+        }
+    }
+}
 
 /// The backend in use.
 #[derive(Clone)]
@@ -84,10 +113,10 @@ impl Backend {
     }
 
     /// Which backend this is, for host facts and status.
-    pub fn kind(&self) -> hostfacts::Backend {
+    pub fn kind(&self) -> BackendKind {
         match self {
-            Backend::RpmOstree(_) => hostfacts::Backend::RpmOstree,
-            Backend::Bootc(_) => hostfacts::Backend::Bootc,
+            Backend::RpmOstree(_) => BackendKind::RpmOstree,
+            Backend::Bootc(_) => BackendKind::Bootc,
         }
     }
 

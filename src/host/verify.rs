@@ -18,8 +18,9 @@ use std::path::{Component, Path, PathBuf};
 use ostree::gio;
 use ostree::gio::prelude::FileExt as _;
 
-use crate::hostfacts::{KernelVariant, OsRelease};
-use crate::rpmostree::Deployment;
+use crate::backend::Deployment;
+use crate::backend::KernelVariant;
+use crate::host::facts::OsRelease;
 
 /// What the staged deployment must look like.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -92,7 +93,7 @@ pub async fn in_helper(helper: &Path, req: &Request) -> Result<(), VerifyError> 
         _ => Err(fail(format!(
             "{}: {}",
             out.status,
-            crate::protocol::one_line_reason(&String::from_utf8_lossy(&out.stderr))
+            crate::text::one_line_reason(&String::from_utf8_lossy(&out.stderr))
         ))),
     }
 }
@@ -101,8 +102,8 @@ pub async fn in_helper(helper: &Path, req: &Request) -> Result<(), VerifyError> 
 /// mode it had when the reboot was approved must have come along (`facts` are this boot's).
 /// Every difference is one sentence.
 pub fn after_boot(
-    attempt: &crate::attempt::Attempt,
-    facts: &crate::hostfacts::HostFacts,
+    attempt: &crate::host::attempt::Attempt,
+    facts: &crate::host::facts::HostFacts,
 ) -> Result<(), String> {
     let mut problems = Vec::new();
     if let Some(want) = attempt.kernel
@@ -680,8 +681,9 @@ mod tests {
 
     #[test]
     fn after_boot_checks_kernel_and_fips() {
-        use crate::hostfacts::{Backend, Fips, HostFacts};
-        let attempt = crate::attempt::Attempt {
+        use crate::backend::BackendKind as Backend;
+        use crate::host::facts::{Fips, HostFacts};
+        let attempt = crate::host::attempt::Attempt {
             request: "r".into(),
             os_image: "i".into(),
             digest: "d".into(),
@@ -723,7 +725,7 @@ mod tests {
             err.contains("does not match its overrides") && err.contains("inconsistent"),
             "{err}"
         );
-        let unknown = crate::attempt::Attempt {
+        let unknown = crate::host::attempt::Attempt {
             kernel: None,
             fips: None,
             ..attempt

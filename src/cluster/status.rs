@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::hostfacts::HostFacts;
-use crate::protocol::{self, State};
+use crate::cluster::protocol::{self, State};
+use crate::host::facts::HostFacts;
 
 /// Version of the JSON shape printed by `streamctl status --json` (docs/protocol.md).
 pub const SCHEMA_VERSION: u32 = 1;
@@ -78,7 +78,7 @@ impl Status {
         let reason = if self.state.clears_reason() {
             String::new()
         } else {
-            protocol::one_line_reason(&self.reason)
+            crate::text::one_line_reason(&self.reason)
         };
         let progress = match self.state {
             State::Staging => self.progress.map(|p| p.min(100).to_string()),

@@ -13,7 +13,7 @@
 //! [`Client::reboot`] right after it. bootc cannot carry rpm-ostree package overrides either;
 //! [`refusal`] says which hosts cannot use this backend.
 //!
-//! Like [`crate::rpmostree`], this is an edge: replies become typed values and typed errors;
+//! Like [`crate::backend::rpmostree`], this is an edge: replies become typed values and typed errors;
 //! no policy lives here.
 
 use std::path::{Path, PathBuf};
@@ -26,8 +26,8 @@ use serde::Deserialize;
 use tracing::{debug, info, warn};
 use zbus::zvariant::{OwnedObjectPath, Value};
 
-use crate::hostfacts::KernelVariant;
-use crate::rpmostree::Deployment;
+use crate::backend::Deployment;
+use crate::backend::KernelVariant;
 
 /// How long `bootc status` may take.
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(120);
@@ -105,7 +105,7 @@ impl BootcError {
         let message = match &e {
             zbus::Error::MethodError(name, msg, _) => format!(
                 "{} ({})",
-                crate::protocol::one_line_reason(msg.as_deref().unwrap_or_default()),
+                crate::text::one_line_reason(msg.as_deref().unwrap_or_default()),
                 name.as_str()
             ),
             other => other.to_string(),
@@ -186,7 +186,7 @@ pub async fn rpm_ostreed_available(conn: &zbus::Connection) -> Result<bool, Boot
     let dbus = zbus::fdo::DBusProxy::new(conn)
         .await
         .map_err(call("proxy"))?;
-    let name = zbus::names::BusName::try_from(crate::rpmostree::BUS_NAME)
+    let name = zbus::names::BusName::try_from(crate::backend::rpmostree::BUS_NAME)
         .map_err(|e| call("NameHasOwner")(e.into()))?;
     if dbus
         .name_has_owner(name)
@@ -201,7 +201,7 @@ pub async fn rpm_ostreed_available(conn: &zbus::Connection) -> Result<bool, Boot
         .map_err(|e| call("ListActivatableNames")(e.into()))?;
     Ok(activatable
         .iter()
-        .any(|n| n.as_str() == crate::rpmostree::BUS_NAME))
+        .any(|n| n.as_str() == crate::backend::rpmostree::BUS_NAME))
 }
 
 /// What makes a host unable to use this backend for a rebase, as a reason for the `Refused`
@@ -319,7 +319,7 @@ impl Client {
             // An inhibitor taken between the two calls.
             Err(e) if error_name(&e) == Some(BLOCKED_BY_INHIBITOR) => Err(BootcError::Inhibited {
                 who: "unknown".into(),
-                why: crate::protocol::one_line_reason(&e.to_string()),
+                why: crate::text::one_line_reason(&e.to_string()),
             }),
             Err(e) => Err(BootcError::call("logind", "Reboot", e)),
         }
@@ -651,7 +651,7 @@ mod tests {
             assert_eq!(reference.ostree_refspec(), want);
             if reference.transport == "registry" {
                 assert_eq!(
-                    crate::rpmostree::deployment::pullspec_of_refspec(want),
+                    crate::backend::deployment::pullspec_of_refspec(want),
                     Some("q.io/a/b@sha256:00"),
                     "{want}"
                 );

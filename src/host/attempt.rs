@@ -57,7 +57,7 @@ pub struct Attempt {
     pub reported_boot: Option<String>,
     /// The kernel variant the node ran when the reboot was approved; the new boot must run it.
     #[serde(default)]
-    pub kernel: Option<crate::hostfacts::KernelVariant>,
+    pub kernel: Option<crate::backend::KernelVariant>,
     /// Whether the node was in FIPS mode then; the new boot must be too (never toggled).
     #[serde(default)]
     pub fips: Option<bool>,
@@ -180,7 +180,7 @@ mod tests {
                 boot_id: "b1".into(),
                 attempts: 1,
                 reported_boot: None,
-                kernel: Some(crate::hostfacts::KernelVariant::Realtime),
+                kernel: Some(crate::backend::KernelVariant::Realtime),
                 fips: Some(true),
             }),
         };

@@ -1,0 +1,8 @@
+//! The cluster side: the node annotation protocol, the Node client and its Events, the cluster's
+//! OSImageStream, the typed status and the patches that report it.
+
+pub mod node;
+pub mod protocol;
+pub mod report;
+pub mod status;
+pub mod streams;

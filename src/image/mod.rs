@@ -1,0 +1,8 @@
+//! Images: digest-pinned references, what a registry says about an image, the extensions
+//! image's RPMs, the pull secret and RPM names.
+
+pub mod extensions;
+pub mod pullsecret;
+pub mod reference;
+pub mod registry;
+pub mod rpm;
