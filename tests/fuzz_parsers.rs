@@ -2159,7 +2159,7 @@ proptest! {
 
 // ---- bootc status, the attempt record, stream resolution -------------------------------------
 
-/// A well-formed `bootc status --format=json` document (the shape of ../shared/reference/bootc.md)
+/// A well-formed `bootc status --format=json` document (the shape of bootc-dev/bootc:crates/lib/src/spec.rs `Host`)
 /// with the given entries (`None`: null).
 fn bootc_doc(staged: Option<&str>, booted: Option<&str>) -> String {
     let entry = |digest: &str| {

@@ -3,7 +3,7 @@
 //! the testbed host and answers with the output and exit status the script then reproduces.
 //!
 //! Modelled: `bootc status --format=json` (the `org.containers.bootc/v1` `BootcHost` document of
-//! `../shared/reference/bootc.md`) and `bootc switch [--transport T]
+//! bootc-dev/bootc:crates/lib/src/spec.rs `Host`) and `bootc switch [--transport T]
 //! [--enforce-container-sigpolicy] [--retain] [--quiet] TARGET`, which stages through the fake
 //! rpm-ostreed's host model (one sysroot, one `state.json`) without a finalization lock. Both
 //! need uid 0, as the real commands do. Unknown commands and flags fail the way clap reports

@@ -590,7 +590,7 @@ fn reference_xml() -> String {
     let path = std::env::var("RPMOSTREE_REFERENCE_XML").unwrap_or_else(|_| {
         concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/reference/rpm-ostree/org.projectatomic.rpmostree1.xml"
+            "/tests/data/rpm-ostree/org.projectatomic.rpmostree1.xml"
         )
         .to_string()
     });
