@@ -15,6 +15,7 @@ use std::pin::pin;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
+use futures::stream::LocalBoxStream;
 use tokio::sync::mpsc;
 use tokio::time::sleep_until;
 use tracing::{debug, info, warn};
@@ -22,7 +23,9 @@ use tracing::{debug, info, warn};
 use crate::backend::Backend;
 use crate::backend::Deployment;
 use crate::backend::rpmostree::UpdateDeploymentCall;
-use crate::cluster::node::{EventType, NodeClient, NodeUpdate};
+use crate::cluster::node::{
+    CREDENTIALS_CHECK, CredentialsError, EventType, NodeClient, NodeUpdate, PatchError,
+};
 use crate::cluster::protocol::{Inputs, State};
 use crate::cluster::report::Reporter;
 use crate::cluster::status::Status;
@@ -47,6 +50,8 @@ const BUSY_MAX_BACKOFF: Duration = Duration::from_secs(30);
 const REGISTRY_MIN_BACKOFF: Duration = Duration::from_secs(10);
 /// Longest delay between preflight retries.
 const REGISTRY_MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// How often the credential files are looked for while there are none.
+const CREDENTIALS_WAIT: Duration = Duration::from_secs(5);
 
 /// The agent's part of the configuration.
 #[derive(Debug, Clone)]
@@ -81,7 +86,12 @@ pub struct Agent {
     registry_backoff: Duration,
     patch_retry_at: Option<Instant>,
     patch_backoff: Duration,
-    ready: bool,
+    /// The Node object was read at least once.
+    node_seen: bool,
+    /// When to look at the credential files next.
+    credentials_at: Instant,
+    /// A client was built once (later loads are rotations).
+    credentials_loaded: bool,
     reboot: Settings,
     /// The request for which "Old and new refs are equal" was already taken as "staged meanwhile".
     refs_equal_seen: Option<String>,
@@ -137,7 +147,9 @@ impl Agent {
             registry_backoff: REGISTRY_MIN_BACKOFF,
             patch_retry_at: None,
             patch_backoff: MIN_BACKOFF,
-            ready: false,
+            node_seen: false,
+            credentials_at: Instant::now(),
+            credentials_loaded: false,
             refs_equal_seen: None,
             pull_failures: None,
             raw_inputs: Inputs::default(),
@@ -150,25 +162,58 @@ impl Agent {
     }
 
     /// Runs until `shutdown` resolves.
+    ///
+    /// Ready (`READY=1`) as soon as the local set-up is done: waiting for the kubeconfig, the API
+    /// server or the Node object is a reported state (journal, `STATUS=`, `streamctl status`),
+    /// never an exit, so an unreachable cluster cannot use up systemd's start limit.
     pub async fn run(
         mut self,
         shutdown: impl std::future::Future<Output = ()>,
     ) -> anyhow::Result<()> {
-        let mut watch = pin!(self.node.watch());
-        let mut streams = self
-            .reboot
-            .resolve_streams
-            .then(|| Box::pin(crate::cluster::streams::watch(self.node.client())));
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+        let mut watch: Option<LocalBoxStream<'static, NodeUpdate>> = None;
+        let mut streams: Option<LocalBoxStream<'static, StreamsUpdate>> = None;
         let mut shutdown = pin!(shutdown);
         // WATCHDOG=1 comes from this loop itself, so a wedged loop is restarted by systemd.
         let mut watchdog = watchdog_interval().map(tokio::time::interval);
         loop {
             let flush_at = self.flush_at();
             tokio::select! {
-                upd = watch.next() => match upd {
+                _ = sleep_until(self.credentials_at.into()) => {
+                    if self.load_credentials().await {
+                        // A new client: the watches must use it, and a patch refused with the
+                        // old credentials need not wait for its slow retry.
+                        self.patch_retry_at = None;
+                        watch = self.node.watch().map(StreamExt::boxed_local);
+                        streams = self
+                            .reboot
+                            .resolve_streams
+                            .then(|| self.node.client())
+                            .flatten()
+                            .map(|c| crate::cluster::streams::watch(c).boxed_local());
+                    }
+                }
+                upd = next_opt(&mut watch) => match upd {
                     Some(NodeUpdate::Annotations(a)) => self.on_node(&a).await,
                     Some(NodeUpdate::Deleted) => warn!(node = self.node.name(), "node object deleted"),
-                    Some(NodeUpdate::Error(e)) => warn!(error = %e, "node watch failed; retrying"),
+                    Some(NodeUpdate::Absent) => {
+                        let reason = format!(
+                            "waiting for the Node {}: the API server has no Node of that name (node-name, or the host name when it is not set, must name this node's Node object)",
+                            self.node.name()
+                        );
+                        self.waiting(reason).await;
+                    }
+                    Some(NodeUpdate::Error { message, unauthorized }) => {
+                        warn!(error = %message, "node watch failed; retrying");
+                        if unauthorized {
+                            // The kubelet may have rotated the client certificate.
+                            self.credentials_at = Instant::now();
+                        }
+                        if !self.node_seen {
+                            self.waiting(format!("waiting for the Kubernetes API server: {message}"))
+                                .await;
+                        }
+                    }
                     None => anyhow::bail!("the node watch ended"),
                 },
                 upd = next_opt(&mut streams) => match upd {
@@ -212,12 +257,69 @@ impl Agent {
         Ok(())
     }
 
+    /// Loads or reloads the cluster credentials; true when a new client was built. Schedules
+    /// the next look at the files.
+    async fn load_credentials(&mut self) -> bool {
+        let result = self.node.load().await;
+        let loaded = self.node.client().is_some();
+        self.credentials_at = Instant::now()
+            + if loaded {
+                CREDENTIALS_CHECK
+            } else {
+                CREDENTIALS_WAIT
+            };
+        match result {
+            Ok(true) => {
+                info!(
+                    reload = self.credentials_loaded,
+                    "cluster credentials loaded"
+                );
+                self.credentials_loaded = true;
+                true
+            }
+            Ok(false) => false,
+            Err(e) if loaded => {
+                // Keep the working client: a rotation may be half-written.
+                warn!(error = %e, "reloading cluster credentials failed; keeping the loaded ones");
+                false
+            }
+            Err(e) => {
+                let reason = match &e {
+                    CredentialsError::Missing(_) => format!("waiting for the kubeconfig: {e}"),
+                    CredentialsError::Invalid(_) => format!("waiting for a usable kubeconfig: {e}"),
+                };
+                self.waiting(reason).await;
+                false
+            }
+        }
+    }
+
+    /// Reports why streamd is not (yet) acting on its Node, before the Node was read: on
+    /// D-Bus, in `STATUS=` and in the journal. The annotations are not touched (they cannot be
+    /// written, and the state before the first read would overwrite the node's real one).
+    async fn waiting(&mut self, reason: String) {
+        if self.status.reason == reason {
+            return;
+        }
+        warn!(%reason, "not acting on the node yet");
+        let _ = sd_notify::notify(
+            false,
+            &[sd_notify::NotifyState::Status(&format!(
+                "{}: {reason}",
+                self.status.state
+            ))],
+        );
+        self.status.reason = reason;
+        if let Err(e) = self.api.publish(&self.status).await {
+            warn!(error = %e, "publishing status on d-bus failed");
+        }
+    }
+
     async fn on_node(&mut self, annotations: &std::collections::BTreeMap<String, String>) {
         self.reporter.observe_node(annotations);
         self.raw_inputs = Inputs::from_annotations(annotations);
-        if !self.ready {
-            self.ready = true;
-            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+        if !self.node_seen {
+            self.node_seen = true;
             info!(node = self.node.name(), "watching node");
         }
         self.inputs_changed().await;
@@ -487,6 +589,14 @@ impl Agent {
         if let Some(ev) = event {
             let _ = self.events.try_send(ev);
         }
+        if self.status.state != state || self.status.reason != reason {
+            let _ = sd_notify::notify(
+                false,
+                &[sd_notify::NotifyState::Status(&format!(
+                    "{state}: {reason}"
+                ))],
+            );
+        }
         if self.status.state != state {
             self.status.last_change = unix_now();
             crate::logging::log_state(
@@ -501,12 +611,6 @@ impl Agent {
                     .as_deref()
                     .unwrap_or(&self.status.current_os_image),
                 self.node.name(),
-            );
-            let _ = sd_notify::notify(
-                false,
-                &[sd_notify::NotifyState::Status(&format!(
-                    "{state}: {reason}"
-                ))],
             );
             if let Some((kind, name)) = event_for(state).filter(|_| !explicit) {
                 let _ = self.events.try_send((kind, name, reason.clone()));
@@ -568,6 +672,10 @@ impl Agent {
                         "patching node annotations failed; will retry"
                     );
                 } else {
+                    if matches!(e, PatchError::Rejected { status: 401, .. }) {
+                        // The kubelet may have rotated the client certificate.
+                        self.credentials_at = Instant::now();
+                    }
                     tracing::error!(
                         error = %e,
                         status = e.status(),
