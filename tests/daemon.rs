@@ -463,3 +463,108 @@ async fn rotated_client_certificate_is_reloaded() {
         env.log()
     );
 }
+
+/// A registry that accepts connections and never answers: holds every connection until dropped.
+struct StalledRegistry {
+    addr: std::net::SocketAddr,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl StalledRegistry {
+    fn start() -> StalledRegistry {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for conn in listener.incoming().flatten() {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                held.push(conn);
+            }
+        });
+        StalledRegistry { addr, accepted }
+    }
+
+    fn image(&self) -> String {
+        format!("{}/openshift/rhcos@sha256:{}", self.addr, "5".repeat(64))
+    }
+}
+
+/// How long the registry stalls under observation: several watchdog intervals.
+const STALL: Duration = Duration::from_secs(12);
+
+/// Preflight reads a registry that accepts and never answers, for longer than the watchdog
+/// interval: the loop still pings the watchdog, reports `Preflight`, answers `streamctl
+/// status`, takes a new request at once and stops at once on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_registry_does_not_stall_the_loop() {
+    let mut env = Env::new("stall").await;
+    let registry = StalledRegistry::start();
+    let sock_path = env.dir.join("notify.sock");
+    let notes = Notifications::listen(&sock_path);
+    env.start_streamd_with(&[
+        ("NOTIFY_SOCKET", sock_path.to_str().expect("utf-8")),
+        // WatchdogSec=2s: pings every second.
+        ("WATCHDOG_USEC", "2000000"),
+    ]);
+    env.wait_state("Idle").await;
+    env.request("rhel-10", &registry.image(), None);
+    let requested = Instant::now();
+    env.wait_for("Preflight reported", Duration::from_secs(5), |a| {
+        a.get(STATE).map(String::as_str) == Some("Preflight")
+    })
+    .await;
+    println!(
+        "Preflight reported {:?} after the request",
+        requested.elapsed()
+    );
+    // Observe the stall: the registry has the connection and answers nothing.
+    let mut status_times = Vec::new();
+    while requested.elapsed() < STALL {
+        let t = Instant::now();
+        let out = env.streamctl(&["status"]);
+        assert!(out.status.success(), "{out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("State:        Preflight"),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        status_times.push(t.elapsed());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let accepted = registry.accepted.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        accepted >= 1,
+        "preflight never reached the stalled registry"
+    );
+    let window = (requested + Duration::from_secs(2), Instant::now());
+    let pings = notes
+        .all()
+        .iter()
+        .filter(|(at, m)| m.contains("WATCHDOG=1") && *at >= window.0 && *at <= window.1)
+        .count();
+    let span = window.1 - window.0;
+    println!(
+        "during a {span:?} stall: {pings} WATCHDOG=1, {} streamctl status answered (slowest {:?}), {accepted} registry connection(s)",
+        status_times.len(),
+        status_times.iter().max()
+    );
+    assert!(
+        pings as u64 >= span.as_secs() - 2,
+        "{pings} pings in {span:?}\n{}",
+        env.log()
+    );
+    // A new request is taken at once: the stalled preflight is dropped.
+    let changed = Instant::now();
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    println!("Staged {:?} after the request changed", changed.elapsed());
+    assert_eq!(started_txns(&env).await, 1);
+    // Stalled again, SIGTERM stops it at once.
+    env.request("rhel-10", &registry.image(), None);
+    env.wait_state("Preflight").await;
+    let term = Instant::now();
+    env.stop_streamd();
+    println!("stopped {:?} after SIGTERM mid-preflight", term.elapsed());
+}

@@ -3,13 +3,16 @@
 //! All policy lives in the planner; this loop only gathers observations, runs the decision, and
 //! reports. It reacts to changes of the input annotations (its own writes do not wake it), to the
 //! running transaction, to retry timers and to `streamctl reconcile`. Preflight and the staging
-//! transaction are in `staging.rs`, the reboot handshake and the after-boot outcome in `reboot.rs`.
+//! transaction are in `staging.rs`, the reboot handshake and the after-boot outcome in `reboot.rs`;
+//! everything that can take long (reading deployments, preflight, verification, removing a
+//! stage, finalizing) runs in a task and comes back as an event (`work.rs`).
 
 pub mod gather;
 pub mod planner;
 pub mod preflight;
 mod reboot;
 mod staging;
+mod work;
 
 use std::pin::pin;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -37,6 +40,7 @@ use crate::host::facts::{self, HostRoot};
 use gather::{Gatherer, Transient};
 use planner::{Decision, Lifecycle, Observation};
 use staging::{Staging, StagingEvent, staging_event};
+use work::{Kind, Outcome, Work};
 
 /// How rpm-ostree refuses a rebase onto the refspec the pending deployment already has.
 const REFS_EQUAL: &str = "Old and new refs are equal";
@@ -50,6 +54,8 @@ const BUSY_MAX_BACKOFF: Duration = Duration::from_secs(30);
 const REGISTRY_MIN_BACKOFF: Duration = Duration::from_secs(10);
 /// Longest delay between preflight retries.
 const REGISTRY_MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// Longest wait for the last status patch when stopping.
+const STOP_FLUSH: Duration = Duration::from_secs(5);
 /// How often the credential files are looked for while there are none.
 const CREDENTIALS_WAIT: Duration = Duration::from_secs(5);
 
@@ -81,6 +87,10 @@ pub struct Agent {
     reporter: Reporter,
     inputs: Option<Inputs>,
     staging: Option<Staging>,
+    /// Long work running beside the loop (see `work.rs`).
+    work: Option<Work>,
+    /// A reconcile was asked for while work ran: run it once the work is done.
+    reconcile_again: bool,
     retry_at: Option<Instant>,
     backoff: Duration,
     registry_backoff: Duration,
@@ -142,6 +152,8 @@ impl Agent {
             reporter: Reporter::default(),
             inputs: None,
             staging: None,
+            work: None,
+            reconcile_again: false,
             retry_at: None,
             backoff: MIN_BACKOFF,
             registry_backoff: REGISTRY_MIN_BACKOFF,
@@ -229,6 +241,15 @@ impl Agent {
                     StagingEvent::Progress(ev) => self.on_progress(ev).await,
                     StagingEvent::Finished(res) => self.on_staged(res).await,
                 },
+                done = work::finished(&mut self.work) => {
+                    match done {
+                        Ok(outcome) => self.on_work(outcome).await,
+                        Err(e) => self.transient_failure(e).await,
+                    }
+                    if self.work.is_none() && std::mem::take(&mut self.reconcile_again) {
+                        self.reconcile().await;
+                    }
+                }
                 _ = sleep_opt(self.retry_at) => {
                     self.retry_at = None;
                     self.reconcile().await;
@@ -240,8 +261,11 @@ impl Agent {
                         self.reconcile().await;
                     }
                     Request::Preflight { inputs, reply } => {
-                        let answer = self.dry_run(&inputs).await;
-                        let _ = reply.send(answer.to_string());
+                        // Registry reads can take minutes: answered from a task of its own.
+                        let run = self.dry_run(inputs);
+                        tokio::spawn(async move {
+                            let _ = reply.send(run.await.to_string());
+                        });
                     }
                 },
                 _ = tick(&mut watchdog) => {
@@ -252,8 +276,15 @@ impl Agent {
         }
         info!("stopping");
         let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
-        // A running transaction keeps running in rpm-ostreed; the next start reads its result.
-        self.flush().await;
+        // A running transaction keeps running in rpm-ostreed, and work in its task is dropped
+        // (nothing it does is left half-done by that: see `work.rs`); the next start reads the
+        // result. The last status gets a short chance to go out, inside TimeoutStopSec.
+        if tokio::time::timeout(STOP_FLUSH, self.flush())
+            .await
+            .is_err()
+        {
+            warn!("the last status patch did not finish before stopping");
+        }
         Ok(())
     }
 
@@ -397,14 +428,48 @@ impl Agent {
             self.publish().await;
             return;
         }
-        let deployments = match self.backend.deployments().await {
-            Ok(d) => d,
-            Err(e) => {
-                self.transient_failure(format!("reading deployments: {e}"))
-                    .await;
+        if let Some(w) = &self.work {
+            // A preflight for a request no longer wanted changes nothing: drop it. Other work
+            // ends first; this reconcile runs after it.
+            if w.kind == Kind::Preflight
+                && w.request.as_deref() != self.status.observed_desired.as_deref()
+            {
+                info!("request changed during preflight; dropping it");
+                if let Some(w) = self.work.take() {
+                    w.abort();
+                }
+            } else {
+                self.reconcile_again = true;
                 return;
             }
-        };
+        }
+        let backend = self.backend.clone();
+        self.work = Some(Work::spawn(Kind::Observe, None, async move {
+            Outcome::Observed(backend.deployments().await)
+        }));
+    }
+
+    /// Carries on with what a piece of work found.
+    async fn on_work(&mut self, outcome: Outcome) {
+        match outcome {
+            Outcome::Observed(Ok(deployments)) => self.decide(deployments).await,
+            Outcome::Observed(Err(e)) => {
+                self.transient_failure(format!("reading deployments: {e}"))
+                    .await;
+            }
+            Outcome::Prepared(run, result) => self.on_prepared(*run, result).await,
+            Outcome::ForeignRemoved(start, result) => self.on_foreign_removed(*start, result).await,
+            Outcome::Verified(Ok(())) => self.reconcile().await,
+            Outcome::Verified(Err(reason)) => self.set_state(State::Degraded, reason).await,
+            Outcome::CleanedUp(record, result) => self.on_cleaned_up(record, result).await,
+            Outcome::Applied(applying, result) => self.on_applied(*applying, result).await,
+        }
+    }
+
+    /// Decides on freshly read deployments and acts.
+    async fn decide(&mut self, deployments: Vec<Deployment>) {
+        let inputs = self.inputs.clone().unwrap_or_default();
+        let desired = inputs.desired();
         self.observe_deployments(&deployments);
         let record = match self.store.load() {
             Ok(r) => r,
@@ -497,63 +562,69 @@ impl Agent {
     }
 
     /// Preflight and plan for a request, without acting: what `streamctl preflight` and
-    /// `streamctl plan` show.
-    async fn dry_run(
-        &mut self,
-        given: &std::collections::HashMap<String, String>,
-    ) -> serde_json::Value {
-        let inputs = if given.is_empty() {
-            self.inputs.clone().unwrap_or_default()
-        } else {
-            let unknown: Vec<&String> = given
-                .keys()
-                .filter(|k| !["stream", "os-image", "extensions-image"].contains(&k.as_str()))
-                .collect();
-            if !unknown.is_empty() {
-                return serde_json::json!({"error": format!("unknown keys {unknown:?}: use stream, os-image, extensions-image")});
+    /// `streamctl plan` show. The returned future owns what it needs, so it runs in a task of
+    /// its own.
+    fn dry_run(
+        &self,
+        given: std::collections::HashMap<String, String>,
+    ) -> impl std::future::Future<Output = serde_json::Value> + Send + 'static {
+        let current = self.inputs.clone().unwrap_or_default();
+        let backend = self.backend.clone();
+        let gatherer = self.gatherer.clone();
+        let facts = self.status.host.clone();
+        let store = self.store.clone();
+        async move {
+            let inputs = if given.is_empty() {
+                current
+            } else {
+                let unknown: Vec<&String> = given
+                    .keys()
+                    .filter(|k| !["stream", "os-image", "extensions-image"].contains(&k.as_str()))
+                    .collect();
+                if !unknown.is_empty() {
+                    return serde_json::json!({"error": format!("unknown keys {unknown:?}: use stream, os-image, extensions-image")});
+                }
+                Inputs {
+                    stream: given.get("stream").cloned(),
+                    os_image: given.get("os-image").cloned(),
+                    extensions_image: given.get("extensions-image").cloned(),
+                    reboot_approved: None,
+                }
+            };
+            let desired = match inputs.desired() {
+                Ok(Some(d)) => d,
+                Ok(None) => {
+                    return serde_json::json!({"error": "no request: give a stream and an OS image"});
+                }
+                Err(e) => return serde_json::json!({"error": e.to_string()}),
+            };
+            let deployments = match backend.deployments().await {
+                Ok(d) => d,
+                Err(e) => {
+                    return serde_json::json!({"error": format!("reading deployments: {e}")});
+                }
+            };
+            let (Some(booted), Some(facts)) = (deployments.iter().find(|d| d.booted), facts) else {
+                return serde_json::json!({"error": "rpm-ostree reports no booted deployment"});
+            };
+            let base = crate::backend::StagePlan::rebase(
+                &desired.stream,
+                &desired.os_image,
+                gatherer.policy.allow_downgrade,
+            );
+            let record = store.load().unwrap_or_default();
+            let foreign = planner::foreign_staged(&deployments, &record);
+            match gatherer
+                .prepare(&facts, &desired, booted, foreign, base)
+                .await
+            {
+                Err(Transient(e)) => serde_json::json!({"error": e}),
+                Ok(p) => serde_json::json!({
+                    "backend": backend.kind().as_str(),
+                    "checks": p.checks,
+                    "plan": p.plan.as_ref().map(UpdateDeploymentCall::for_plan),
+                }),
             }
-            Inputs {
-                stream: given.get("stream").cloned(),
-                os_image: given.get("os-image").cloned(),
-                extensions_image: given.get("extensions-image").cloned(),
-                reboot_approved: None,
-            }
-        };
-        let desired = match inputs.desired() {
-            Ok(Some(d)) => d,
-            Ok(None) => {
-                return serde_json::json!({"error": "no request: give a stream and an OS image"});
-            }
-            Err(e) => return serde_json::json!({"error": e.to_string()}),
-        };
-        let deployments = match self.backend.deployments().await {
-            Ok(d) => d,
-            Err(e) => return serde_json::json!({"error": format!("reading deployments: {e}")}),
-        };
-        let (Some(booted), Some(facts)) = (
-            deployments.iter().find(|d| d.booted),
-            self.status.host.clone(),
-        ) else {
-            return serde_json::json!({"error": "rpm-ostree reports no booted deployment"});
-        };
-        let base = crate::backend::StagePlan::rebase(
-            &desired.stream,
-            &desired.os_image,
-            self.gatherer.policy.allow_downgrade,
-        );
-        let record = self.store.load().unwrap_or_default();
-        let foreign = planner::foreign_staged(&deployments, &record);
-        match self
-            .gatherer
-            .prepare(&facts, &desired, booted, foreign, base)
-            .await
-        {
-            Err(Transient(e)) => serde_json::json!({"error": e}),
-            Ok(p) => serde_json::json!({
-                "backend": self.backend.kind().as_str(),
-                "checks": p.checks,
-                "plan": p.plan.as_ref().map(UpdateDeploymentCall::for_plan),
-            }),
         }
     }
 
