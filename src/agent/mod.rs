@@ -459,8 +459,7 @@ impl Agent {
             }
             Outcome::Prepared(run, result) => self.on_prepared(*run, result).await,
             Outcome::ForeignRemoved(start, result) => self.on_foreign_removed(*start, result).await,
-            Outcome::Verified(Ok(())) => self.reconcile().await,
-            Outcome::Verified(Err(reason)) => self.set_state(State::Degraded, reason).await,
+            Outcome::Verified(result) => self.on_verified(result).await,
             Outcome::CleanedUp(record, result) => self.on_cleaned_up(record, result).await,
             Outcome::Applied(applying, result) => self.on_applied(*applying, result).await,
         }
@@ -503,6 +502,7 @@ impl Agent {
                 self.preflight_and_stage(&obs, base).await;
             }
             Decision::CleanupStale => self.cleanup_stale(record).await,
+            Decision::Verify => self.verify_recorded(&record).await,
             Decision::RolledBack { attempts, retry } => {
                 self.rolled_back(record, attempts, retry).await;
             }

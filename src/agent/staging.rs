@@ -79,6 +79,15 @@ impl Agent {
                     prepared.plan,
                     crate::agent::preflight::first_failure(&prepared.checks),
                 ) {
+                    // Approval and finalization need a passed on-disk check: never stage what
+                    // cannot be checked.
+                    (Some(_), _) if prepared.expect.is_none() => {
+                        self.set_state(
+                            State::Refused,
+                            "preflight could not tell what the staged deployment must look like (image digest or target major unknown); not staging what cannot be checked".into(),
+                        )
+                        .await;
+                    }
                     (Some(plan), _) => {
                         // Without a finalization lock, staging waits for the approval.
                         let token = d.reboot_token(&self.boot_id);
@@ -180,6 +189,9 @@ impl Agent {
         record.staged = Some(attempt::Staged {
             request: hash.clone(),
             os_image: plan.os_image.to_string(),
+            expect: expect.as_ref().map(|(e, _)| e.clone()),
+            pinned: expect.as_ref().map(|(_, p)| p.clone()),
+            verified: None,
         });
         if record.attempt.as_ref().is_some_and(|a| a.request != hash) {
             record.attempt = None;
@@ -190,6 +202,67 @@ impl Agent {
         }
         info!(call = %serde_json::to_string(&UpdateDeploymentCall::for_plan(&plan)).unwrap_or_default(), backend = self.backend.kind().as_str(), "staging");
         self.start_staging(plan, hash, expect).await;
+    }
+
+    /// Checks the staged deployment on disk, in a task (the helper may take minutes on a slow
+    /// disk); [`Self::on_verified`] records the result.
+    fn start_verify(&mut self, hash: String, expect: (crate::host::verify::Expectation, String)) {
+        let check = verify(
+            self.backend.clone(),
+            self.host.root().to_path_buf(),
+            self.status.current_os_image.clone(),
+            expect,
+        );
+        self.work = Some(Work::spawn(Kind::Verify, Some(hash), async move {
+            Outcome::Verified(check.await)
+        }));
+    }
+
+    /// Checks a staged deployment of streamd's that was never checked (the planner's
+    /// `Verify`), against what the attempt record says it must look like.
+    pub(super) async fn verify_recorded(&mut self, record: &attempt::Record) {
+        let Some(staged) = record.staged.as_ref() else {
+            return;
+        };
+        let Some(expect) = staged.expect.clone() else {
+            return;
+        };
+        let pinned = staged
+            .pinned
+            .clone()
+            .unwrap_or_else(|| expect.image_digest.clone());
+        info!(staged = %staged.os_image, "checking a staged deployment that was never checked on disk");
+        self.status.reason = format!(
+            "checking the staged deployment of {} on disk",
+            staged.os_image
+        );
+        self.publish().await;
+        self.start_verify(staged.request.clone(), (expect, pinned));
+    }
+
+    /// Records a passed check durably (approval and finalization need it), or reports the
+    /// failure.
+    pub(super) async fn on_verified(&mut self, result: Result<String, String>) {
+        match result {
+            Ok(checksum) => {
+                let mut record = match self.store.load() {
+                    Ok(r) => r,
+                    Err(e) => {
+                        self.set_state(State::Degraded, e.to_string()).await;
+                        return;
+                    }
+                };
+                if let Some(staged) = record.staged.as_mut() {
+                    staged.verified = Some(checksum);
+                }
+                if let Err(e) = self.store.save(&record) {
+                    self.set_state(State::Degraded, e.to_string()).await;
+                    return;
+                }
+                self.reconcile().await;
+            }
+            Err(reason) => self.set_state(State::Degraded, reason).await,
+        }
     }
 
     pub(super) async fn start_staging(
@@ -247,20 +320,7 @@ impl Agent {
                 self.backoff = MIN_BACKOFF;
                 self.pull_failures = None;
                 match done.expect {
-                    // The helper may take minutes on a slow disk: in a task.
-                    Some(expect) => {
-                        let check = verify(
-                            self.backend.clone(),
-                            self.host.root().to_path_buf(),
-                            self.status.current_os_image.clone(),
-                            expect,
-                        );
-                        self.work = Some(Work::spawn(
-                            Kind::Verify,
-                            Some(done.hash.clone()),
-                            async move { Outcome::Verified(check.await) },
-                        ));
-                    }
+                    Some(expect) => self.start_verify(done.hash, expect),
                     None => self.reconcile().await,
                 }
             }
@@ -320,7 +380,7 @@ async fn verify(
     root: std::path::PathBuf,
     booted_image: String,
     (mut exp, pinned): (crate::host::verify::Expectation, String),
-) -> Result<(), String> {
+) -> Result<String, String> {
     let deployments = backend
         .deployments()
         .await
@@ -344,6 +404,7 @@ async fn verify(
     let helper = std::env::current_exe()
         .map_err(|e| format!("locating the verification helper: {e}"))?
         .with_file_name(crate::host::verify::HELPER);
+    let checksum = staged.checksum.clone();
     let req = crate::host::verify::Request {
         sysroot,
         staged,
@@ -352,8 +413,8 @@ async fn verify(
     };
     match crate::host::verify::in_helper(&helper, &req).await {
         Ok(()) => {
-            info!("staged deployment verified");
-            Ok(())
+            info!(%checksum, "staged deployment verified");
+            Ok(checksum)
         }
         Err(e) => {
             warn!(error = %e, "staged deployment failed verification; removing it");

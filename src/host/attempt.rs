@@ -14,12 +14,19 @@ use serde::{Deserialize, Serialize};
 
 /// File name below the state directory.
 pub const FILE_NAME: &str = "attempt.json";
-/// Version of the record's shape.
-pub const VERSION: u32 = 1;
+/// Version of the record's shape this streamd writes.
+///
+/// The record crosses OS versions (the old OS writes it before the reboot, the new one reads it
+/// after), so the shape only grows: fields are added with a default, never renamed or given a new
+/// meaning, and unknown fields are ignored. A record of any version is read: an older one lacks
+/// the newer fields (they take their defaults), a newer one has fields this streamd ignores (and
+/// drops when it writes the record again).
+/// Version 1 had no `id`, `expect`, `pinned` or `verified` in `staged`.
+pub const VERSION: u32 = 2;
 
 /// What streamd remembers.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Record {
     /// [`VERSION`].
     pub version: u32,
@@ -31,17 +38,28 @@ pub struct Record {
 
 /// A staging streamd started.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Staged {
     /// Hash of the request (`observed-desired`).
     pub request: String,
     /// The digest-pinned OS image asked for.
     pub os_image: String,
+    /// What the staged deployment must look like (from preflight), for the on-disk check; absent
+    /// in records of version 1.
+    #[serde(default)]
+    pub expect: Option<crate::host::verify::Expectation>,
+    /// The digest the request pins (an index digest may stand for the platform manifest's).
+    #[serde(default)]
+    pub pinned: Option<String>,
+    /// The checksum of the staged deployment that passed the on-disk check. No approval is
+    /// asked for and nothing is finalized unless the staged deployment has this checksum.
+    #[serde(default)]
+    pub verified: Option<String>,
 }
 
 /// Reboots into one request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Attempt {
     /// Hash of the request (`observed-desired`).
     pub request: String,
@@ -115,10 +133,10 @@ impl Store {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        if record.version != VERSION {
+        if record.version == 0 {
             return Err(RecordError::Corrupt {
                 path,
-                message: format!("version {} (expected {VERSION})", record.version),
+                message: "version 0".into(),
             });
         }
         Ok(record)
@@ -172,6 +190,9 @@ mod tests {
             staged: Some(Staged {
                 request: "abc".into(),
                 os_image: "r/x@sha256:1".into(),
+                expect: None,
+                pinned: Some("sha256:1".into()),
+                verified: Some("c0ffee".into()),
             }),
             attempt: Some(Attempt {
                 request: "abc".into(),
@@ -203,12 +224,50 @@ mod tests {
         for text in [
             "{",
             "[]",
-            r#"{"version": 7}"#,
-            r#"{"version": 1, "extra": true}"#,
+            r#"{"version": 0}"#,
+            r#"{"version": 1, "staged": 5}"#,
         ] {
             std::fs::write(store.path(), text).expect("write");
             let err = store.load().expect_err(text).to_string();
             assert!(err.contains(FILE_NAME), "{text}: {err}");
         }
+    }
+
+    /// A record as streamd 1 wrote it (version 1: no expectation or verification in `staged`)
+    /// is read, and one of a newer streamd with fields this one does not know is too.
+    #[test]
+    fn records_of_other_versions_are_read() {
+        let d = dir("versions");
+        std::fs::create_dir_all(&d).expect("mkdir");
+        let store = Store::new(&d);
+        let v1 = r#"{
+  "version": 1,
+  "staged": { "request": "abc", "osImage": "r/x@sha256:1" },
+  "attempt": {
+    "request": "abc", "osImage": "r/x@sha256:1", "digest": "sha256:2",
+    "bootId": "b1", "attempts": 1, "reportedBoot": null
+  }
+}"#;
+        std::fs::write(store.path(), v1).expect("write");
+        let rec = store.load().expect("a version 1 record is read");
+        let staged = rec.staged.expect("staged");
+        assert_eq!(staged.os_image, "r/x@sha256:1");
+        assert_eq!(
+            staged.verified, None,
+            "never verified by a version 1 streamd"
+        );
+        let attempt = rec.attempt.expect("attempt");
+        assert_eq!(
+            (attempt.attempts, attempt.kernel, attempt.fips),
+            (1, None, None)
+        );
+        let newer = r#"{
+  "version": 9,
+  "staged": { "request": "abc", "osImage": "r/x@sha256:1", "verified": "c1", "laterField": [1] },
+  "somethingNew": { "a": 1 }
+}"#;
+        std::fs::write(store.path(), newer).expect("write");
+        let rec = store.load().expect("a newer record is read");
+        assert_eq!(rec.staged.and_then(|s| s.verified).as_deref(), Some("c1"));
     }
 }
