@@ -523,3 +523,46 @@ async fn a_stage_never_checked_is_checked_after_a_restart_before_any_approval() 
         a[REASON]
     );
 }
+
+/// A → B → A in one boot: the approval the cluster wrote for the first staging of A (late, or
+/// left over) must not finalize the second staging of A.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_is_not_replayed_onto_a_later_staging_of_the_same_request() {
+    let mut env = Env::new("replay").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let (os, ext) = (env.rhel10(), env.rhel10_extensions());
+    env.request("rhel-10", &os, Some(&ext));
+    let first = env.wait_reboot_request().await[REBOOT_REQUESTED].clone();
+    // B: the same image without the extensions image.
+    env.annotate(&[&format!("{DESIRED_EXTENSIONS_IMAGE}-")]);
+    env.wait_for("B staged", Duration::from_secs(90), |a| {
+        a.get(STATE).map(String::as_str) == Some("Staged")
+            && a.get(REBOOT_REQUESTED).is_some_and(|t| *t != first)
+    })
+    .await;
+    // Back to A, with the approval of A's first staging.
+    env.annotate(&[
+        &format!("{DESIRED_EXTENSIONS_IMAGE}={ext}"),
+        &format!("{REBOOT_APPROVED}={first}"),
+    ]);
+    let a = env
+        .wait_for("A staged again", Duration::from_secs(90), |a| {
+            a.get(STATE).map(String::as_str) == Some("Rebooting")
+                || (a.get(STATE).map(String::as_str) == Some("Staged")
+                    && a.get(REBOOT_REQUESTED)
+                        .is_some_and(|t| t.starts_with(&first[..16])))
+        })
+        .await;
+    assert_eq!(a[STATE], "Staged", "{a:#?}");
+    assert_ne!(a[REBOOT_REQUESTED], first, "the same token again");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!env.reboot_initiated(), "finalized on a replayed approval");
+    let finalized = env
+        .transactions()
+        .await
+        .iter()
+        .filter(|t| t["method"] == "FinalizeDeployment")
+        .count();
+    assert_eq!(finalized, 0);
+}

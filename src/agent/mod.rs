@@ -470,7 +470,7 @@ impl Agent {
         let inputs = self.inputs.clone().unwrap_or_default();
         let desired = inputs.desired();
         self.observe_deployments(&deployments);
-        let record = match self.store.load() {
+        let mut record = match self.store.load() {
             Ok(r) => r,
             Err(e) => {
                 // Without the record streamd cannot count reboots: stage nothing, reboot nothing.
@@ -478,6 +478,20 @@ impl Agent {
                 return;
             }
         };
+        // A stage kept for a new request that wants the same image (A → B with equal OS images)
+        // becomes that request's staging, with a new id: no approval of the earlier request
+        // fits it, nor, after B → A, one of A's before.
+        if let (Ok(Some(d)), Some(staged)) = (&desired, record.staged.as_mut()) {
+            let hash = d.observed_hash();
+            if staged.request != hash && staged.os_image == d.os_image.to_string() {
+                staged.request = hash;
+                staged.id = Some(attempt::new_id());
+                if let Err(e) = self.store.save(&record) {
+                    self.set_state(State::Degraded, e.to_string()).await;
+                    return;
+                }
+            }
+        }
         let boot_id = self.boot_id.clone();
         let obs = Observation {
             desired: &desired,

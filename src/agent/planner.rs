@@ -146,6 +146,31 @@ impl Decision {
     }
 }
 
+/// The `reboot-requested` token for `desired` in the boot `boot_id`: the request, the boot and
+/// the staging it is for (or, before a bootc staging, the approval ask), so an approval is never
+/// replayed onto another boot, request or staging — not even after A → B → A in one boot. A
+/// record of version 1 has no id: the token is then the request's and the boot's only.
+pub fn reboot_token(desired: &Desired, boot_id: &str, record: &Record) -> String {
+    let base = desired.reboot_token(boot_id);
+    let hash = desired.observed_hash();
+    let id = record
+        .staged
+        .as_ref()
+        .filter(|s| s.request == hash)
+        .and_then(|s| s.id.as_deref())
+        .or_else(|| {
+            record
+                .approval
+                .as_ref()
+                .filter(|a| a.request == hash)
+                .map(|a| a.id.as_str())
+        });
+    match id {
+        Some(id) => format!("{base}.{id}"),
+        None => base,
+    }
+}
+
 /// Decides what to do.
 pub fn decide(obs: &Observation<'_>) -> Decision {
     let life = &obs.lifecycle;
@@ -248,12 +273,18 @@ pub fn decide(obs: &Observation<'_>) -> Decision {
             attempt: next_attempt,
         },
         RebootPolicy::OnApproval => {
-            let token = desired.reboot_token(life.boot_id);
-            if this_boot.is_some() || life.approved == Some(token.as_str()) {
+            // Also a finalization interrupted in this boot is started again only on the
+            // approval that still stands.
+            let token = reboot_token(desired, life.boot_id, life.record);
+            if life.approved == Some(token.as_str()) {
                 Decision::Reboot {
                     digest: staged_digest,
                     attempt: next_attempt,
                 }
+            } else if !life.locks {
+                // Unlocked (bootc): any reboot would apply it, so without the approval (it was
+                // withdrawn) it must not stay.
+                Decision::CleanupStale
             } else {
                 Decision::AwaitApproval { token }
             }
@@ -316,9 +347,10 @@ mod tests {
         }
     }
 
+    /// The token of the staging `ours(digest)` records.
     fn token(digest: &str) -> String {
         match want(digest) {
-            Ok(Some(d)) => d.reboot_token(BOOT),
+            Ok(Some(d)) => reboot_token(&d, BOOT, &ours(digest)),
             _ => panic!("valid"),
         }
     }
@@ -341,6 +373,7 @@ mod tests {
             staged: Some(Staged {
                 request: hash(digest),
                 os_image: format!("quay.io/openshift/rhcos@{digest}"),
+                id: Some(format!("id{}", &digest[7..17])),
                 expect: Some(crate::host::verify::Expectation {
                     image_digest: digest.into(),
                     target_major: 10,
@@ -522,11 +555,37 @@ mod tests {
             },
             Case {
                 record: tried(D10, 1, BOOT, None),
+                approved: Some(token(D10)),
                 ..case(
-                    "finalize failed in this boot: same attempt again, no new approval",
+                    "finalize failed in this boot, approval stands: same attempt again",
                     want(D10),
                     staged10.clone(),
                     reboot(1),
+                )
+            },
+            Case {
+                record: tried(D10, 1, BOOT, None),
+                ..case(
+                    "finalize interrupted in this boot, approval withdrawn: ask again",
+                    want(D10),
+                    staged10.clone(),
+                    Decision::AwaitApproval { token: token(D10) },
+                )
+            },
+            Case {
+                record: ours(D10),
+                approved: Some(format!(
+                    "{}.0123456789ab",
+                    match want(D10) {
+                        Ok(Some(d)) => d.reboot_token(BOOT),
+                        _ => panic!("valid"),
+                    }
+                )),
+                ..case(
+                    "approval of an earlier staging of the same request (A, B, A): ask again",
+                    want(D10),
+                    staged10.clone(),
+                    Decision::AwaitApproval { token: token(D10) },
                 )
             },
             Case {
@@ -665,10 +724,10 @@ mod tests {
                 locks: false,
                 record: ours(D10),
                 ..case(
-                    "bootc: staged but not approved (approval withdrawn)",
+                    "bootc: staged but the approval was withdrawn: an unlocked stage must not stay",
                     want(D10),
                     vec![unlocked(dep(D10, false, true)), dep(D9, true, false)],
-                    Decision::AwaitApproval { token: token(D10) },
+                    Decision::CleanupStale,
                 )
             },
             case(

@@ -89,8 +89,23 @@ impl Agent {
                         .await;
                     }
                     (Some(plan), _) => {
-                        // Without a finalization lock, staging waits for the approval.
-                        let token = d.reboot_token(&self.boot_id);
+                        // Without a finalization lock, staging waits for the approval, asked
+                        // for with an id of its own (kept while the request stays).
+                        let mut record = run.record;
+                        let hash = d.observed_hash();
+                        if !self.backend.locks()
+                            && record.approval.as_ref().is_none_or(|a| a.request != hash)
+                        {
+                            record.approval = Some(attempt::ApprovalAsk {
+                                request: hash,
+                                id: attempt::new_id(),
+                            });
+                            if let Err(e) = self.store.save(&record) {
+                                self.set_state(State::Degraded, e.to_string()).await;
+                                return;
+                            }
+                        }
+                        let token = crate::agent::planner::reboot_token(d, &self.boot_id, &record);
                         if !self.backend.locks()
                             && self.reboot.policy == RebootPolicy::OnApproval
                             && run.approved.as_deref() != Some(token.as_str())
@@ -114,7 +129,7 @@ impl Agent {
                             plan,
                             hash: d.observed_hash(),
                             expect,
-                            record: run.record,
+                            record,
                         };
                         // Allowed by replace-foreign-staged: remove it first, because
                         // rpm-ostree refuses a rebase onto the refspec the pending
@@ -186,9 +201,17 @@ impl Agent {
             self.reconcile_again = true;
             return;
         }
+        // A new id per staging (so no earlier approval fits it), except the staging a bootc
+        // approval was asked for: that approval is for it.
+        let id = record
+            .approval
+            .as_ref()
+            .filter(|a| a.request == hash)
+            .map_or_else(attempt::new_id, |a| a.id.clone());
         record.staged = Some(attempt::Staged {
             request: hash.clone(),
             os_image: plan.os_image.to_string(),
+            id: Some(id),
             expect: expect.as_ref().map(|(e, _)| e.clone()),
             pinned: expect.as_ref().map(|(_, p)| p.clone()),
             verified: None,

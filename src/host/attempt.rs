@@ -34,6 +34,37 @@ pub struct Record {
     pub staged: Option<Staged>,
     /// The reboot attempts into one request.
     pub attempt: Option<Attempt>,
+    /// On a backend that cannot lock a stage (bootc) the approval comes before the staging:
+    /// the request it is asked for and the random id of that ask, part of the token.
+    #[serde(default)]
+    pub approval: Option<ApprovalAsk>,
+}
+
+/// An approval asked for before staging (bootc).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalAsk {
+    /// Hash of the request (`observed-desired`).
+    pub request: String,
+    /// Random id, part of the token.
+    pub id: String,
+}
+
+/// A new random id for a staging or an approval ask (12 hex digits).
+pub fn new_id() -> String {
+    let mut bytes = [0u8; 6];
+    // The id only has to differ from earlier ones; the clock is the fallback.
+    if rustls::crypto::ring::default_provider()
+        .secure_random
+        .fill(&mut bytes)
+        .is_err()
+    {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        bytes.copy_from_slice(&nanos.to_le_bytes()[..6]);
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A staging streamd started.
@@ -44,6 +75,11 @@ pub struct Staged {
     pub request: String,
     /// The digest-pinned OS image asked for.
     pub os_image: String,
+    /// Random id of this staging, part of the `reboot-requested` token, so an approval of an
+    /// earlier staging of the same request (A → B → A) is not one of this staging's; absent in
+    /// records of version 1.
+    #[serde(default)]
+    pub id: Option<String>,
     /// What the staged deployment must look like (from preflight), for the on-disk check; absent
     /// in records of version 1.
     #[serde(default)]
@@ -190,6 +226,7 @@ mod tests {
             staged: Some(Staged {
                 request: "abc".into(),
                 os_image: "r/x@sha256:1".into(),
+                id: Some(new_id()),
                 expect: None,
                 pinned: Some("sha256:1".into()),
                 verified: Some("c0ffee".into()),
@@ -204,6 +241,7 @@ mod tests {
                 kernel: Some(crate::backend::KernelVariant::Realtime),
                 fips: Some(true),
             }),
+            approval: None,
         };
         store.save(&rec).expect("save");
         let back = store.load().expect("load");
