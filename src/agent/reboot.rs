@@ -119,7 +119,7 @@ impl Agent {
         let booted = self.status.current_os_image.clone();
         self.work = Some(Work::spawn(Kind::Cleanup, None, async move {
             let result = backend.cleanup_pending(&booted).await;
-            Outcome::CleanedUp(record, result)
+            Outcome::CleanedUp(Box::new(record), result)
         }));
     }
 

@@ -42,10 +42,12 @@ impl Agent {
         self.set_state(State::Preflight, "running preflight checks".into())
             .await;
         let gatherer = self.gatherer.clone();
+        let lock = self.preflight_lock.clone();
         self.work = Some(Work::spawn(
             Kind::Preflight,
             Some(d.observed_hash()),
             async move {
+                let _one_at_a_time = lock.lock().await;
                 let result = gatherer
                     .prepare(&facts, &run.desired, &booted, run.foreign.as_ref(), base)
                     .await;
@@ -227,6 +229,44 @@ impl Agent {
         self.start_staging(plan, hash, expect).await;
     }
 
+    /// Updates what the attempt record remembers about failures of the request `hash` (starting
+    /// afresh for another request) and returns it. A record that cannot be written is logged:
+    /// the failure is then remembered until the next restart only.
+    fn remember_failure(
+        &mut self,
+        hash: &str,
+        update: impl FnOnce(&mut attempt::Failure),
+    ) -> attempt::Failure {
+        let mut record = self.store.load().unwrap_or_default();
+        let mut failure = record
+            .failure
+            .take()
+            .filter(|f| f.request == hash)
+            .unwrap_or_else(|| attempt::Failure {
+                request: hash.to_string(),
+                ..attempt::Failure::default()
+            });
+        update(&mut failure);
+        record.failure = Some(failure.clone());
+        if let Err(e) = self.store.save(&record) {
+            warn!(error = %e, "remembering the staging failure failed");
+        }
+        failure
+    }
+
+    /// Forgets staging failures (a staging succeeded, or `streamctl reconcile` asks to try
+    /// again).
+    pub(super) fn forget_failure(&mut self) {
+        let Ok(mut record) = self.store.load() else {
+            return;
+        };
+        if record.failure.take().is_some()
+            && let Err(e) = self.store.save(&record)
+        {
+            warn!(error = %e, "forgetting the staging failure failed");
+        }
+    }
+
     /// Checks the staged deployment on disk, in a task (the helper may take minutes on a slow
     /// disk); [`Self::on_verified`] records the result.
     fn start_verify(&mut self, hash: String, expect: (crate::host::verify::Expectation, String)) {
@@ -341,7 +381,7 @@ impl Agent {
             Ok(()) => {
                 info!("transaction finished");
                 self.backoff = MIN_BACKOFF;
-                self.pull_failures = None;
+                self.forget_failure();
                 match done.expect {
                     Some(expect) => self.start_verify(done.hash, expect),
                     None => self.reconcile().await,
@@ -362,11 +402,11 @@ impl Agent {
             Err(e) if e.is_network_failure() => {
                 // A fetch that broke on the way gets a few spaced retries; past them it is
                 // treated like any failure.
-                let failures = match self.pull_failures.take() {
-                    Some((hash, n)) if hash == done.hash => n.saturating_add(1),
-                    _ => 1,
-                };
-                self.pull_failures = Some((done.hash.clone(), failures));
+                let failures = self
+                    .remember_failure(&done.hash, |f| {
+                        f.pull_failures = f.pull_failures.saturating_add(1);
+                    })
+                    .pull_failures;
                 let retries = self.reboot.pull_retries;
                 if failures <= retries {
                     let delay = pull_retry_delay(failures);
@@ -375,21 +415,21 @@ impl Agent {
                     );
                     self.retry_in(reason, delay).await;
                 } else {
-                    self.set_state(
-                        State::Degraded,
-                        format!(
-                            "staging failed on the network {failures} time(s), no retries left: {e}"
-                        ),
-                    )
-                    .await;
+                    let reason = format!(
+                        "staging failed on the network {failures} time(s), no retries left: {e}"
+                    );
+                    self.remember_failure(&done.hash, |f| f.gave_up = Some(reason.clone()));
+                    self.set_state(State::Degraded, reason).await;
                 }
             }
             Err(e) => {
                 // A failed transaction is not retried for the same request: retrying a broken
                 // image would flap the node between Staging and Degraded. A new request, or
-                // `streamctl reconcile`, tries again.
-                self.set_state(State::Degraded, format!("staging failed: {e}"))
-                    .await;
+                // `streamctl reconcile`, tries again — also after a restart (the record
+                // remembers it).
+                let reason = format!("staging failed: {e}");
+                self.remember_failure(&done.hash, |f| f.gave_up = Some(reason.clone()));
+                self.set_state(State::Degraded, reason).await;
             }
         }
     }

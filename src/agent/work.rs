@@ -92,7 +92,7 @@ pub(super) enum Outcome {
     ForeignRemoved(Box<StageStart>, Result<(), BackendError>),
     /// The checksum of the staged deployment that passed the on-disk check, or why not.
     Verified(Result<String, String>),
-    CleanedUp(Record, Result<(), BackendError>),
+    CleanedUp(Box<Record>, Result<(), BackendError>),
     Applied(Box<Applying>, Result<(), BackendError>),
 }
 

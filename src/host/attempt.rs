@@ -38,6 +38,24 @@ pub struct Record {
     /// the request it is asked for and the random id of that ask, part of the token.
     #[serde(default)]
     pub approval: Option<ApprovalAsk>,
+    /// What went wrong staging one request, so a restart does not forget it.
+    #[serde(default)]
+    pub failure: Option<Failure>,
+}
+
+/// What went wrong staging one request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Failure {
+    /// Hash of the request (`observed-desired`).
+    pub request: String,
+    /// Its transactions that failed on the network so far (counted against `pull-retries`).
+    #[serde(default)]
+    pub pull_failures: u32,
+    /// The reason its staging failed for good: it is not staged again until the request
+    /// changes or `streamctl reconcile` asks for it.
+    #[serde(default)]
+    pub gave_up: Option<String>,
 }
 
 /// An approval asked for before staging (bootc).
@@ -242,12 +260,18 @@ mod tests {
                 fips: Some(true),
             }),
             approval: None,
+            failure: Some(Failure {
+                request: "abc".into(),
+                pull_failures: 2,
+                gave_up: None,
+            }),
         };
         store.save(&rec).expect("save");
         let back = store.load().expect("load");
         assert_eq!(back.version, VERSION, "save stamps the version");
         assert_eq!(back.attempt, rec.attempt);
         assert_eq!(back.staged, rec.staged);
+        assert_eq!(back.failure, rec.failure);
         assert!(
             !store.dir.join(format!(".{FILE_NAME}.tmp")).exists(),
             "no temporary file is left behind"
