@@ -504,9 +504,9 @@ impl Agent {
             );
             let _ = sd_notify::notify(
                 false,
-                &[sd_notify::NotifyState::Status(&format!(
-                    "{state}: {reason}"
-                ))],
+                &[sd_notify::NotifyState::Status(
+                    &crate::text::one_line_reason(&format!("{state}: {reason}")),
+                )],
             );
             if let Some((kind, name)) = event_for(state).filter(|_| !explicit) {
                 let _ = self.events.try_send((kind, name, reason.clone()));
