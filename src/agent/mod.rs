@@ -336,13 +336,7 @@ impl Agent {
             return;
         }
         warn!(%reason, "not acting on the node yet");
-        let _ = sd_notify::notify(
-            false,
-            &[sd_notify::NotifyState::Status(&format!(
-                "{}: {reason}",
-                self.status.state
-            ))],
-        );
+        notify_status(self.status.state, &reason);
         self.status.reason = reason;
         if let Err(e) = self.api.publish(&self.status).await {
             warn!(error = %e, "publishing status on d-bus failed");
@@ -689,12 +683,7 @@ impl Agent {
             let _ = self.events.try_send(ev);
         }
         if self.status.state != state || self.status.reason != reason {
-            let _ = sd_notify::notify(
-                false,
-                &[sd_notify::NotifyState::Status(&format!(
-                    "{state}: {reason}"
-                ))],
-            );
+            notify_status(state, &reason);
         }
         if self.status.state != state {
             self.status.last_change = unix_now();
@@ -819,6 +808,13 @@ fn spawn_event_sender(node: NodeClient) -> mpsc::Sender<(EventType, &'static str
         }
     });
     tx
+}
+
+/// Sends `STATUS=<state>: <reason>` to systemd as one bounded line: sd_notify splits at
+/// newlines, so a reason carrying registry text could otherwise inject `WATCHDOG=trigger`.
+fn notify_status(state: State, reason: &str) {
+    let line = crate::text::one_line_reason(&format!("{state}: {reason}"));
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&line)]);
 }
 
 /// Half the watchdog timeout systemd asked for (`WATCHDOG_USEC`), if any.
