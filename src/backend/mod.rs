@@ -84,11 +84,12 @@ impl BackendError {
 
 impl Backend {
     /// Connects to the backend `choice` names; `auto` takes rpm-ostree when rpm-ostreed is on
-    /// the bus (owned or activatable), else bootc.
+    /// the bus (owned or activatable), else bootc. `host_root` is the host's `/`.
     pub async fn connect(
         choice: BackendChoice,
         bootc_path: &std::path::Path,
         runtime_dir: &std::path::Path,
+        host_root: &std::path::Path,
     ) -> anyhow::Result<Backend> {
         use anyhow::Context as _;
         let conn = rpmostree::system_bus()
@@ -103,7 +104,7 @@ impl Backend {
         };
         Ok(if use_rpm {
             Backend::RpmOstree(
-                rpmostree::Client::with_connection(conn)
+                rpmostree::Client::with_connection(conn, host_root)
                     .await
                     .context("connecting to rpm-ostreed")?,
             )

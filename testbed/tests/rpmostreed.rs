@@ -830,13 +830,28 @@ async fn rebase_transaction_stages_a_locked_deployment() {
     let staged = &deployments[0];
     assert!(bool_of(staged, "staged"));
     assert!(!bool_of(staged, "booted"));
-    assert!(bool_of(staged, "finalization-locked"));
     assert_eq!(
         string_of(staged, "container-image-reference-digest"),
         env.rhel10().digest
     );
     assert_eq!(string_of(staged, "container-image-reference"), imgref);
     assert_eq!(string_of(staged, "version"), env.rhel10().version);
+    // rpm-ostree >= v2024.6 reports no `finalization-locked`: the lock is only libostree's
+    // `locked` key in /run/ostree/staged-deployment, and no legacy lock file exists.
+    assert!(!staged.contains_key("finalization-locked"), "{staged:?}");
+    let record = env.staged_record().expect("/run/ostree/staged-deployment");
+    assert_eq!(record.get("locked").map(|v| &**v), Some(&Value::Bool(true)));
+    let target = Dict::try_from(record["target"].try_clone().expect("clone")).expect("a{sv}");
+    assert_eq!(
+        string_of(&target, "name"),
+        format!(
+            "{}.{}",
+            string_of(staged, "checksum"),
+            i32::try_from(&*staged["serial"]).expect("i")
+        )
+    );
+    assert_eq!(string_of(&target, "osname"), "rhcos");
+    assert!(!env.legacy_lock_file().exists());
     assert!(bool_of(&deployments[1], "booted"));
     let default =
         Dict::try_from(prop(&env.client, OS_PATH, OS, "DefaultDeployment").await).expect("a{sv}");
@@ -888,7 +903,7 @@ async fn rebase_transaction_stages_a_locked_deployment() {
         json[0]["container-image-reference-digest"],
         env.rhel10().digest
     );
-    assert_eq!(json[0]["finalization-locked"], true);
+    assert_eq!(json[0].get("finalization-locked"), None);
     let on_disk = env.state_on_disk();
     assert_eq!(on_disk["deployments"][0]["staged"], true);
 }
@@ -1322,6 +1337,9 @@ async fn finalize_deployment_checks_and_reboots() {
     let staged = &env.deployments().await[0];
     assert!(bool_of(staged, "staged"));
     assert!(!staged.contains_key("finalization-locked"), "unlocked");
+    // ostree_sysroot_change_finalization rewrote the record unlocked.
+    let record = env.staged_record().expect("/run/ostree/staged-deployment");
+    assert_ne!(record.get("locked").map(|v| &**v), Some(&Value::Bool(true)));
     let on_disk = env.state_on_disk();
     assert_eq!(on_disk["reboot_requested"], true);
     let last = env.last_record().await;
@@ -1486,6 +1504,23 @@ impl Env {
             .body()
             .deserialize()
             .expect("a{sv}")
+    }
+
+    /// libostree's `/run/ostree/staged-deployment` below the host root, decoded.
+    fn staged_record(&self) -> Option<HashMap<String, OwnedValue>> {
+        let bytes = std::fs::read(self.dir.0.join("host/run/ostree/staged-deployment")).ok()?;
+        let ctxt = zvariant::serialized::Context::new(
+            zvariant::serialized::Format::GVariant,
+            zvariant::NATIVE_ENDIAN,
+            0,
+        );
+        let data = zvariant::serialized::Data::new(bytes, ctxt);
+        Some(data.deserialize().expect("a{sv} GVariant").0)
+    }
+
+    /// The legacy `/run/ostree/staged-deployment-locked` below the host root.
+    fn legacy_lock_file(&self) -> PathBuf {
+        self.dir.0.join("host/run/ostree/staged-deployment-locked")
     }
 
     /// The fake's `state/state.json` as it is on disk.
@@ -1876,4 +1911,34 @@ async fn testbed_start_takes_the_host_fixture() {
         .await
         .is_err()
     );
+}
+
+/// rpm-ostree before v2024.6 (the `legacy-lock-file` knob): the lock is the legacy file,
+/// `Deployments` says `finalization-locked`, and unlocking or cleaning up removes the file.
+#[tokio::test]
+async fn legacy_lock_file_mode_reports_the_lock_on_dbus() {
+    let env = Env::new().await;
+    env.control(json!({"cmd": "legacy-lock-file", "on": true}))
+        .await;
+    let options = dict(&[("lock-finalization", Value::from(true))]);
+    let addr = update_deployment(&env.client, &rebase_to(env.rhel10()), &options)
+        .await
+        .expect("UpdateDeployment");
+    let mut peer = Peer::connect(&addr).await;
+    assert!(peer.start().await);
+    assert_eq!(
+        peer.until_finished().await.finished,
+        Some((true, String::new()))
+    );
+    drop(peer);
+    env.wait_idle().await;
+    let staged = &env.deployments().await[0];
+    assert!(bool_of(staged, "finalization-locked"));
+    assert!(env.legacy_lock_file().exists());
+    let record = env.staged_record().expect("/run/ostree/staged-deployment");
+    assert_eq!(record.get("locked"), None, "older libostree wrote no key");
+    env.cleanup_pending().await;
+    assert!(!env.legacy_lock_file().exists());
+    assert!(env.staged_record().is_none());
+    assert!(!env.deployments().await[0].contains_key("finalization-locked"));
 }

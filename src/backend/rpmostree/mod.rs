@@ -3,6 +3,7 @@
 //! This is an edge: it turns D-Bus replies into typed values ([`crate::backend::deployment`]) and typed errors
 //! ([`RpmOstreeError`]) and holds no policy. What to stage is decided by the planner.
 
+mod runstate;
 mod transaction;
 
 use std::collections::{BTreeMap, HashMap};
@@ -303,20 +304,17 @@ pub struct Client {
     sysroot: SysrootProxy<'static>,
     /// The booted OS object, looked up once: the stateroot does not change under a running agent.
     os: std::sync::Arc<tokio::sync::OnceCell<OSProxy<'static>>>,
+    /// The host's root, where libostree's `run/ostree/staged-deployment` records the lock.
+    host_root: std::path::PathBuf,
 }
 
 impl Client {
-    /// Connects to the system bus (`DBUS_SYSTEM_BUS_ADDRESS` is honoured) and registers as a
-    /// client, so the daemon does not idle-exit while streamd cares about it.
-    pub async fn connect() -> Result<Self, RpmOstreeError> {
-        let conn = system_bus()
-            .await
-            .map_err(|e| RpmOstreeError::from_call("connect", e))?;
-        Self::with_connection(conn).await
-    }
-
-    /// Registers with rpm-ostreed over an existing system bus connection.
-    pub async fn with_connection(conn: zbus::Connection) -> Result<Self, RpmOstreeError> {
+    /// Registers with rpm-ostreed over an existing system bus connection, so the daemon does
+    /// not idle-exit while streamd cares about it; `host_root` is where the host's `/run` is.
+    pub async fn with_connection(
+        conn: zbus::Connection,
+        host_root: &std::path::Path,
+    ) -> Result<Self, RpmOstreeError> {
         let sysroot = SysrootProxy::builder(&conn)
             // Always read fresh values: the cache can lag behind a just-finished transaction.
             .cache_properties(zbus::proxy::CacheProperties::No)
@@ -327,6 +325,7 @@ impl Client {
             conn,
             sysroot,
             os: Default::default(),
+            host_root: host_root.to_path_buf(),
         };
         client.register().await?;
         Ok(client)
@@ -375,7 +374,9 @@ impl Client {
         }
     }
 
-    /// Reloads the sysroot and reads every deployment (boot order: staged first).
+    /// Reloads the sysroot and reads every deployment (boot order: staged first). The staged
+    /// deployment's lock is the D-Bus key (hosts before rpm-ostree v2024.6) or libostree's
+    /// record in `/run` (every later host, where the key is never set; see [`runstate`]).
     pub async fn deployments(&self) -> Result<Vec<Deployment>, RpmOstreeError> {
         let sysroot = &self.sysroot;
         sysroot
@@ -386,7 +387,16 @@ impl Client {
             .deployments()
             .await
             .map_err(|e| RpmOstreeError::from_call("Deployments", e))?;
-        Deployment::parse_all(&raw).map_err(|e| RpmOstreeError::Protocol(e.to_string()))
+        let mut all =
+            Deployment::parse_all(&raw).map_err(|e| RpmOstreeError::Protocol(e.to_string()))?;
+        for d in all
+            .iter_mut()
+            .filter(|d| d.staged && !d.finalization_locked)
+        {
+            d.finalization_locked = runstate::staged_locked(&self.host_root, d)
+                .map_err(|e| RpmOstreeError::Protocol(e.to_string()))?;
+        }
+        Ok(all)
     }
 
     /// Removes the pending (staged) deployment: `Cleanup(["pending-deploy"])`.

@@ -27,6 +27,10 @@ pub(crate) struct Knobs {
     /// The next staged tree gets the default kernel even when a variant kernel was layered:
     /// a broken daemon, for testing that clients verify what was staged.
     pub(crate) drop_variant_next: bool,
+    /// Record a finalization lock the way rpm-ostree before v2024.6 did: the legacy
+    /// `/run/ostree/staged-deployment-locked` file, which makes `Deployments` report
+    /// `finalization-locked` (see `runstate`). Off: as current rpm-ostree, no key at all.
+    pub(crate) legacy_lock_file: bool,
 }
 
 impl Default for Knobs {
@@ -38,6 +42,7 @@ impl Default for Knobs {
             progress_per_second: 500,
             slow: Duration::ZERO,
             drop_variant_next: false,
+            legacy_lock_file: false,
         }
     }
 }
@@ -157,6 +162,14 @@ impl Daemon {
             "drop-variant-next" => {
                 lock(&self.knobs).drop_variant_next = true;
                 Ok(serde_json::json!({}))
+            }
+            "legacy-lock-file" => {
+                let on = cmd
+                    .get("on")
+                    .and_then(Value::as_bool)
+                    .context("\"on\" must be a boolean")?;
+                lock(&self.knobs).legacy_lock_file = on;
+                Ok(json!({}))
             }
             "exit-mid-transaction" => {
                 lock(&self.knobs).exit_mid_transaction = true;

@@ -158,8 +158,12 @@ impl Deployment {
     }
 
     /// The deployment dictionary (`a{sv}`) with the keys and types the real daemon produces
-    /// for a container deployment, layered or not.
-    pub(crate) fn to_dict(&self) -> zbus::zvariant::Result<HashMap<String, OwnedValue>> {
+    /// for a container deployment, layered or not; `legacy_lock_file`: whether
+    /// `/run/ostree/staged-deployment-locked` exists on the host.
+    pub(crate) fn to_dict(
+        &self,
+        legacy_lock_file: bool,
+    ) -> zbus::zvariant::Result<HashMap<String, OwnedValue>> {
         let strv = |v: &[String]| OwnedValue::try_from(Value::from(v.to_vec()));
         let mut d: HashMap<String, OwnedValue> = HashMap::new();
         d.insert(
@@ -250,8 +254,11 @@ impl Deployment {
             "container-image-reference-digest".into(),
             str_value(&self.container_image_reference_digest),
         );
-        // The real daemon only ever adds this key as `true`, and only for a staged deployment.
-        if self.staged && self.finalization_locked {
+        // The real daemon only ever adds this key as `true`, only for a staged deployment, and
+        // only when the legacy lock file exists, which rpm-ostree >= v2024.6 never creates
+        // (coreos/rpm-ostree:rust/src/daemon.rs `deployment_populate_variant`, its "XXX"
+        // comment): the lock itself lives in `/run/ostree/staged-deployment` (`runstate`).
+        if self.staged && legacy_lock_file {
             d.insert("finalization-locked".into(), OwnedValue::from(true));
         }
         Ok(d)

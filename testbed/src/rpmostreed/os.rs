@@ -32,7 +32,10 @@ impl OsIface {
     ) -> fdo::Result<HashMap<String, OwnedValue>> {
         let deployment = pick(&lock(&self.daemon.state));
         match deployment {
-            Some(d) => d.to_dict().map_err(|e| fdo::Error::Failed(e.to_string())),
+            Some(d) => self
+                .daemon
+                .dict_of(&d)
+                .map_err(|e| fdo::Error::Failed(e.to_string())),
             None => Ok(HashMap::new()),
         }
     }
@@ -375,7 +378,7 @@ pub(crate) fn deployments_json(daemon: &Daemon) -> anyhow::Result<serde_json::Va
     let state = lock(&daemon.state);
     let mut out = Vec::new();
     for d in &state.deployments {
-        let dict = d.to_dict()?;
+        let dict = daemon.dict_of(d)?;
         let mut obj = serde_json::Map::new();
         for (k, v) in &dict {
             obj.insert(k.clone(), value_to_json(v));

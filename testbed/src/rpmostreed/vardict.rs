@@ -195,5 +195,9 @@ pub(crate) fn value_to_json(v: &Value<'_>) -> serde_json::Value {
         ),
         Value::Structure(s) => J::Array(s.fields().iter().map(value_to_json).collect()),
         Value::Fd(_) => J::from("<fd>"),
+        // GVariant only (never on D-Bus; deprecated with zvariant's GVariant support, which the
+        // workspace enables for libostree's /run/ostree/staged-deployment): value or null.
+        #[allow(deprecated)]
+        Value::Maybe(m) => m.inner().as_ref().map_or(J::Null, value_to_json),
     }
 }

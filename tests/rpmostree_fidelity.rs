@@ -1,0 +1,56 @@
+//! The agent against rpm-ostree's real behaviours that differ from what a kind fake would do
+//! (issue 9): each test runs the real streamd on a testbed whose fake rpm-ostreed behaves like
+//! the real daemon of a given version.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+
+/// Stages rhel-10 and checks the agent stays `Staged` on its one locked stage: no
+/// `Cleanup`, no second `UpdateDeployment` (each would be a full image download on a node).
+async fn locked_stage_stays_staged(name: &str, legacy_lock_file: bool) {
+    let mut env = Env::new(name).await;
+    env.rpmostreed(json!({"cmd": "legacy-lock-file", "on": legacy_lock_file}))
+        .await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    let deployments = env.rpmostreed(json!({"cmd": "deployments"})).await;
+    // What rpm-ostreed reports depends on its version; the lock is real either way.
+    assert_eq!(
+        deployments[0].get("finalization-locked").is_some(),
+        legacy_lock_file,
+        "{deployments:#?}"
+    );
+    assert_eq!(
+        env.dir
+            .join("host/run/ostree/staged-deployment-locked")
+            .exists(),
+        legacy_lock_file
+    );
+    assert!(env.dir.join("host/run/ostree/staged-deployment").exists());
+    // A planner that misread the lock cleans up and stages again within a second or two.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let a = env.annotations().await;
+    assert_eq!(a.get(STATE).map(String::as_str), Some("Staged"), "{a:#?}");
+    let txns = env.transactions().await;
+    let methods: Vec<&str> = txns.iter().filter_map(|t| t["method"].as_str()).collect();
+    assert_eq!(methods, ["UpdateDeployment"], "{txns:#?}\n{}", env.log());
+    env.stop_streamd();
+}
+
+/// rpm-ostree >= v2024.6: the lock is only the `locked` key of `/run/ostree/staged-deployment`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locked_stage_is_kept_on_current_rpm_ostree() {
+    locked_stage_stays_staged("lock-current", false).await;
+}
+
+/// rpm-ostree before v2024.6: the legacy lock file, and `finalization-locked` on D-Bus.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locked_stage_is_kept_on_legacy_rpm_ostree() {
+    locked_stage_stays_staged("lock-legacy", true).await;
+}
