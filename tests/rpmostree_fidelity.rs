@@ -54,3 +54,28 @@ async fn locked_stage_is_kept_on_current_rpm_ostree() {
 async fn locked_stage_is_kept_on_legacy_rpm_ostree() {
     locked_stage_stays_staged("lock-legacy", true).await;
 }
+
+/// The booted rhel-9 image is a later build than the rhel-10 one (as often in the field):
+/// rpm-ostree refuses the rebase as "chronologically older" when the client sends
+/// `allow-downgrade: false`, so streamd leaves the option out (its own `direction` check is
+/// what stops an older major).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebase_to_an_older_build_of_a_newer_major_is_staged() {
+    let mut env = Env::new("older-build").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    let a = env
+        .wait_for("Staged or Degraded", Duration::from_secs(90), |a| {
+            matches!(
+                a.get(STATE).map(String::as_str),
+                Some("Staged" | "Degraded")
+            )
+        })
+        .await;
+    assert_eq!(a.get(STATE).map(String::as_str), Some("Staged"), "{a:#?}");
+    let txns = env.transactions().await;
+    assert_eq!(txns[0]["method"], "UpdateDeployment");
+    assert_eq!(txns[0]["options"].get("allow-downgrade"), None, "{txns:#?}");
+    env.stop_streamd();
+}

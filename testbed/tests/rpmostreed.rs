@@ -1942,3 +1942,50 @@ async fn legacy_lock_file_mode_reports_the_lock_on_dbus() {
     assert!(env.staged_record().is_none());
     assert!(!env.deployments().await[0].contains_key("finalization-locked"));
 }
+
+/// rpm-ostree's build-time check: with `allow-downgrade: false` a rebase to an image built
+/// before the booted one fails with libostree's message; without the option (a rebase allows
+/// older bases by default) or with true it is staged.
+#[tokio::test]
+async fn allow_downgrade_false_checks_build_timestamps() {
+    let env = Env::new().await;
+    assert!(env.rhel10().created_unix() < env.rhel9().created_unix());
+    let run = |options: Dict| {
+        let env = &env;
+        async move {
+            let addr = update_deployment(&env.client, &rebase_to(env.rhel10()), &options)
+                .await
+                .expect("UpdateDeployment");
+            let mut peer = Peer::connect(&addr).await;
+            assert!(peer.start().await);
+            let finished = peer.until_finished().await.finished.expect("Finished");
+            drop(peer);
+            env.wait_idle().await;
+            finished
+        }
+    };
+    let (ok, message) = run(dict(&[("allow-downgrade", Value::from(false))])).await;
+    assert!(!ok);
+    assert!(
+        message
+            .starts_with("While checking against deployment timestamp: Upgrade target revision '"),
+        "{message}"
+    );
+    assert!(
+        message.contains("' with timestamp 'Sun Nov 15 00:00:00 2026' is chronologically older than current revision '"),
+        "{message}"
+    );
+    assert!(
+        message.ends_with(
+            "' with timestamp 'Fri Nov 20 00:00:00 2026'; use --allow-downgrade to permit"
+        ),
+        "{message}"
+    );
+    assert_eq!(env.deployments().await.len(), 1, "nothing staged");
+    assert_eq!(run(dict(&[])).await, (true, String::new()));
+    env.cleanup_pending().await;
+    assert_eq!(
+        run(dict(&[("allow-downgrade", Value::from(true))])).await,
+        (true, String::new())
+    );
+}

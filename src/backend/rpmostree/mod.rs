@@ -252,7 +252,16 @@ impl UpdateDeploymentCall {
         // Locked: an unplanned reboot must not apply a major change nobody approved.
         options.insert("lock-finalization", CallValue::Bool(plan.lock_finalization));
         options.insert("reboot", CallValue::Bool(false));
-        options.insert("allow-downgrade", CallValue::Bool(plan.allow_downgrade));
+        // Absent, rpm-ostree allows an older base for a rebase; `false` would turn on its
+        // build-time check (coreos/rpm-ostree:src/daemon/rpmostreed-transaction-types.cxx
+        // `deploy_transaction_execute`, src/daemon/rpmostree-sysroot-upgrader.cxx
+        // `rpmostree_sysroot_upgrader_pull_base`), which refuses a newer major built before
+        // the booted image (a later z-stream of the old major). streamd's own `direction`
+        // check is what keeps older majors out, so the key is sent only when the admin allows
+        // a downgrade, to say so in the daemon's journal.
+        if plan.allow_downgrade {
+            options.insert("allow-downgrade", CallValue::Bool(true));
+        }
         options.insert(
             "initiating-command-line",
             CallValue::Str(format!("streamd rebase to stream {}", plan.stream)),

@@ -111,7 +111,7 @@ impl Deployment {
             container_image_reference: refspec.to_string(),
             container_image_reference_digest: image.digest.clone(),
             version: image.version.clone(),
-            timestamp: version_timestamp(&image.version),
+            timestamp: image.created_unix(),
             kernel: image.kernel.clone(),
             image_config: image.config_json(),
             base_checksum: None,
@@ -267,31 +267,6 @@ impl Deployment {
 
 fn str_value(s: &str) -> OwnedValue {
     OwnedValue::from(zbus::zvariant::Str::from(s.to_string()))
-}
-
-/// Commit timestamp from a version like `9.6.20261101-0` (midnight UTC of that day).
-pub(crate) fn version_timestamp(version: &str) -> u64 {
-    let date = version
-        .split('.')
-        .find(|part| part.len() >= 8 && part.as_bytes()[..8].iter().all(u8::is_ascii_digit))
-        .map(|part| &part[..8]);
-    let Some(date) = date else {
-        return 1;
-    };
-    let num = |r: std::ops::Range<usize>| date[r].parse::<i64>().unwrap_or(1);
-    let days = days_from_civil(num(0..4), num(4..6), num(6..8));
-    u64::try_from(days * 86_400).unwrap_or(1)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 /// The deployments (boot order, as on disk) with their side-file data.
@@ -746,6 +721,5 @@ mod tests {
         assert_eq!(s.default_for("rhcos").map(|d| d.staged), Some(true));
         assert_eq!(s.deployments[1].kargs(), ["rw"]);
         assert!(s.reboot_requested);
-        assert_eq!(version_timestamp("9.6.20261101-0"), 1_793_491_200);
     }
 }

@@ -105,10 +105,15 @@ fn deploy_work(modifiers: &VarDict, options: &VarDict, fds: u32) -> Result<Work,
         no_overrides,
         idempotent: options.bool_or("idempotent-layering", false)?,
     };
+    let rebase_or_deploy = refspec.is_some() || revision.is_some();
     Ok(Work::Deploy(DeployPlan {
         changes,
         refspec,
         revision,
+        // Allowed by default for a rebase or deploy, checked only when the client says false
+        // (coreos/rpm-ostree:src/daemon/rpmostreed-transaction-types.cxx
+        // `deploy_transaction_execute`: `vardict_lookup_bool (…, refspec_or_revision)`).
+        allow_downgrade: options.bool_or("allow-downgrade", rebase_or_deploy)?,
         lock_finalization: options.bool_or("lock-finalization", false)?,
         reboot: options.bool_or("reboot", false)?,
         command_line: options.str("initiating-command-line")?,

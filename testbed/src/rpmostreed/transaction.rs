@@ -21,12 +21,13 @@ use zbus::{Connection, interface};
 
 use super::control::TxnRecord;
 use super::deploy::{
-    NewDeployment, PackageChanges, apply_changes, depsolve, low_disk, resolve_removals,
-    sanity_check, write_deployment,
+    NewDeployment, PackageChanges, apply_changes, commit_image, depsolve, low_disk,
+    resolve_removals, sanity_check, write_deployment,
 };
 use super::errors::DaemonError;
 use super::model::{CHUNK_BYTES, CHUNK_COUNT, Refspec};
 use super::{Daemon, address_escape, lock, ostree};
+use crate::images::TestImage;
 
 /// The real daemon's `FORCE_CLOSE_TXN_TIMEOUT_SECS`.
 const FORCE_CLOSE_AFTER: Duration = Duration::from_secs(30);
@@ -43,6 +44,8 @@ pub(crate) struct DeployPlan {
     pub(crate) changes: PackageChanges,
     pub(crate) refspec: Option<String>,
     pub(crate) revision: Option<String>,
+    /// Skip the base's build-time check (`RPMOSTREE_SYSROOT_UPGRADER_FLAGS_ALLOW_OLDER`).
+    pub(crate) allow_downgrade: bool,
     pub(crate) lock_finalization: bool,
     pub(crate) reboot: bool,
     pub(crate) command_line: Option<String>,
@@ -508,6 +511,9 @@ impl Daemon {
             self.pull_layers(txn, &imgref.to_string(), &image.digest)
                 .await?;
         }
+        if !plan.allow_downgrade {
+            self.check_timestamps(&refspec, image).await?;
+        }
         self.report_progress(txn).await?;
         let slow = lock(&self.knobs).slow;
         txn.pause(slow).await?;
@@ -633,6 +639,45 @@ impl Daemon {
             txn.emit(Signal::TaskEnd("done")).await;
         }
         Ok(())
+    }
+
+    /// `ostree_sysroot_upgrader_check_timestamps` as `rpmostree_sysroot_upgrader_pull_base`
+    /// runs it for a container refspec without `ALLOW_OLDER`: the imported image commit (whose
+    /// timestamp is the image's `created`) against the merge deployment's base commit, when
+    /// they differ (ostreedev/ostree:src/libostree/ostree-core.c `_ostree_compare_timestamps`).
+    async fn check_timestamps(&self, refspec: &str, image: &TestImage) -> Result<(), String> {
+        let current = lock(&self.state).default_for(&self.osname).map(|d| {
+            (
+                d.base_checksum
+                    .clone()
+                    .unwrap_or_else(|| d.checksum.clone()),
+                d.timestamp,
+            )
+        });
+        let Some((current_rev, current_ts)) = current else {
+            return Ok(());
+        };
+        // The import is what gives the new base commit its checksum.
+        let new_rev = commit_image(
+            &self.sysroot,
+            &self.state_dir.join("scratch"),
+            refspec,
+            image,
+            &self.arch,
+        )
+        .await
+        .map_err(|e| format!("{e:#}"))?;
+        let new_ts = image.created_unix();
+        if new_rev == current_rev || new_ts >= current_ts {
+            return Ok(());
+        }
+        Err(format!(
+            "While checking against deployment timestamp: Upgrade target revision '{new_rev}' \
+             with timestamp '{}' is chronologically older than current revision \
+             '{current_rev}' with timestamp '{}'; use --allow-downgrade to permit",
+            c_locale_time(new_ts),
+            c_locale_time(current_ts)
+        ))
     }
 
     /// `PercentProgress` as the `progress` knob asks, then `ProgressEnd`.
@@ -1035,6 +1080,28 @@ impl TxnIface {
     /// Progress signals are done.
     #[zbus(signal)]
     async fn progress_end(emitter: &SignalEmitter<'_>) -> zbus::Result<()>;
+}
+
+/// `g_date_time_format (dt, "%c")` in the C locale, as the daemon formats it:
+/// `Sun Nov 15 00:00:00 2026`.
+fn c_locale_time(secs: u64) -> String {
+    const DAYS: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let secs = i64::try_from(secs).unwrap_or(0);
+    let days = secs.div_euclid(86_400);
+    let t = secs.rem_euclid(86_400);
+    let (y, m, d) = crate::images::civil_from_days(days);
+    // 1970-01-01 was a Thursday.
+    let weekday = DAYS[usize::try_from((days + 4).rem_euclid(7)).unwrap_or(0)];
+    let month = MONTHS[usize::try_from(m - 1).unwrap_or(0).min(11)];
+    format!(
+        "{weekday} {month} {d:>2} {:02}:{:02}:{:02} {y}",
+        t / 3600,
+        t % 3600 / 60,
+        t % 60
+    )
 }
 
 #[cfg(test)]
