@@ -79,3 +79,34 @@ async fn rebase_to_an_older_build_of_a_newer_major_is_staged() {
     assert_eq!(txns[0]["options"].get("allow-downgrade"), None, "{txns:#?}");
     env.stop_streamd();
 }
+
+/// An error reply of rpm-ostreed's own (here polkit's `AccessDenied`) is its answer to this
+/// request: streamd goes `Degraded` once and does not call again with a full preflight every
+/// minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_call_degrades_once() {
+    let mut env = Env::new("refused").await;
+    env.rpmostreed(json!({"cmd": "deny-calls", "on": true}))
+        .await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    let a = env
+        .wait_for("Degraded", Duration::from_secs(30), |a| {
+            a.get(STATE).map(String::as_str) == Some("Degraded")
+        })
+        .await;
+    assert!(a[REASON].contains("not allowed for user"), "{}", a[REASON]);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let txns = env.transactions().await;
+    assert_eq!(txns.len(), 1, "{txns:#?}");
+    assert!(
+        txns[0]["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("org.freedesktop.DBus.Error.AccessDenied")),
+        "{txns:#?}"
+    );
+    let a = env.annotations().await;
+    assert_eq!(a.get(STATE).map(String::as_str), Some("Degraded"));
+    env.stop_streamd();
+}

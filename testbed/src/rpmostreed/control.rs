@@ -31,6 +31,8 @@ pub(crate) struct Knobs {
     /// `/run/ostree/staged-deployment-locked` file, which makes `Deployments` report
     /// `finalization-locked` (see `runstate`). Off: as current rpm-ostree, no key at all.
     pub(crate) legacy_lock_file: bool,
+    /// polkit denies every transaction method (`AccessDenied`), e.g. a broken policy.
+    pub(crate) deny_calls: bool,
 }
 
 impl Default for Knobs {
@@ -43,6 +45,7 @@ impl Default for Knobs {
             slow: Duration::ZERO,
             drop_variant_next: false,
             legacy_lock_file: false,
+            deny_calls: false,
         }
     }
 }
@@ -169,6 +172,14 @@ impl Daemon {
                     .and_then(Value::as_bool)
                     .context("\"on\" must be a boolean")?;
                 lock(&self.knobs).legacy_lock_file = on;
+                Ok(json!({}))
+            }
+            "deny-calls" => {
+                let on = cmd
+                    .get("on")
+                    .and_then(Value::as_bool)
+                    .context("\"on\" must be a boolean")?;
+                lock(&self.knobs).deny_calls = on;
                 Ok(json!({}))
             }
             "exit-mid-transaction" => {

@@ -56,7 +56,14 @@ fn sender_of(hdr: &Header<'_>) -> String {
     hdr.sender().map(|s| s.to_string()).unwrap_or_default()
 }
 
-/// Validate a deploy request the way `rpmostreed_transaction_new_deploy` does, in its order.
+/// The work of a deploy request: its plan, or its refusal once started.
+fn begin_deploy(modifiers: &VarDict, options: &VarDict, fds: u32) -> Work {
+    deploy_work(modifiers, options, fds).unwrap_or_else(|e| Work::Invalid(e.to_string()))
+}
+
+/// Validate a deploy request the way `deploy_transaction_execute` does, in its order: only once
+/// the transaction runs, so a refusal is `Finished(false, message)`, never a method error
+/// (`begin_deploy`).
 fn deploy_work(modifiers: &VarDict, options: &VarDict, fds: u32) -> Result<Work, DaemonError> {
     let refspec = modifiers.str("set-refspec")?;
     let revision = modifiers.str("set-revision")?;
@@ -165,7 +172,7 @@ impl OsIface {
             fds,
         };
         self.daemon
-            .begin_txn(req, |_| deploy_work(&modifiers, &options, fds))
+            .begin_txn(req, |_| Ok(begin_deploy(&modifiers, &options, fds)))
             .await
     }
 
@@ -201,7 +208,7 @@ impl OsIface {
             fds,
         };
         self.daemon
-            .begin_txn(req, |_| deploy_work(&modifiers, &options, fds))
+            .begin_txn(req, |_| Ok(begin_deploy(&modifiers, &options, fds)))
             .await
     }
 

@@ -66,6 +66,9 @@ pub(crate) enum Work {
         rollback: bool,
     },
     Finalize(FinalizePlan),
+    /// A deploy request `deploy_transaction_execute` refuses: it fails with this message once
+    /// started, as the real daemon validates only then.
+    Invalid(String),
     /// Another client's transaction (`hold-foreign`): already started, runs until released.
     Foreign,
 }
@@ -259,6 +262,14 @@ impl Daemon {
         req: &TxnRequest,
         prepare: impl FnOnce(&Daemon) -> Result<Work, DaemonError>,
     ) -> Result<String, DaemonError> {
+        if lock(&self.knobs).deny_calls {
+            // polkit said no (coreos/rpm-ostree:src/daemon/rpmostreed-os.cxx
+            // `os_authorize_method`): the same answer for every retry.
+            return Err(DaemonError::AccessDenied(format!(
+                "rpmostreed OS operation {} not allowed for user",
+                req.method
+            )));
+        }
         if self.rebooting.load(Ordering::SeqCst) {
             return Err(DaemonError::GioFailed(
                 "Reboot initiated, cannot start new transaction".into(),
@@ -423,6 +434,7 @@ impl Daemon {
                     self.run_cleanup(&txn, *pending, *rollback).await
                 }
                 Work::Finalize(plan) => self.run_finalize(&txn, plan).await,
+                Work::Invalid(message) => Err(message.clone()),
                 Work::Foreign => return,
             },
         };
