@@ -1299,6 +1299,28 @@ async fn finalize_deployment_checks_and_reboots() {
         (false, "Staged deployment already unlocked".to_string())
     );
     env.wait_idle().await;
+    // Checksum, then inhibitors, then the lock (finalize_deployment_transaction_execute):
+    // a block inhibitor is reported even for an unlocked deployment.
+    logind
+        .control(
+            &json!({"cmd": "inhibit", "what": "shutdown", "who": "early",
+            "why": "first", "mode": "block"}),
+        )
+        .await
+        .expect("inhibit");
+    assert_eq!(
+        finalize(expect_checksum(&digest)).await.expect("finalize"),
+        (
+            false,
+            "Reboot blocked by a systemd inhibitor lock in `block` mode\nHeld by: early\nReason: first"
+                .to_string()
+        )
+    );
+    env.wait_idle().await;
+    logind
+        .control(&json!({"cmd": "release", "who": "early"}))
+        .await
+        .expect("release");
 
     // Another spelling of the same image is a different ref, so it can be staged (locked).
     let docker_ref = format!("ostree-unverified-image:docker://{}", env.rhel10().pullspec);

@@ -774,16 +774,18 @@ impl Daemon {
                 }
                 _ => {}
             }
+        }
+        // Inhibitors before the lock, as upstream: "Check for inhibitor locks before unlocking
+        // staged deployment" comes first in `finalize_deployment_transaction_execute`.
+        self.check_inhibitors().await?;
+        {
+            let mut state = lock(&self.state);
             let Some(staged) = state.staged() else {
                 return Err("No pending staged deployment found".into());
             };
             if !staged.finalization_locked && !plan.allow_unlocked {
                 return Err("Staged deployment already unlocked".into());
             }
-        }
-        self.check_inhibitors().await?;
-        {
-            let mut state = lock(&self.state);
             let Some(staged) = state.staged_mut() else {
                 return Err("No pending staged deployment found".into());
             };
