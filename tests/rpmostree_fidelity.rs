@@ -110,3 +110,25 @@ async fn a_refused_call_degrades_once() {
     assert_eq!(a.get(STATE).map(String::as_str), Some("Degraded"));
     env.stop_streamd();
 }
+
+/// A real container pull reports progress only as layer tasks "[n/N] Fetching ostree chunk …"
+/// (no `PercentProgress`): streamd turns them into `progress`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_tasks_are_reported_as_progress() {
+    let mut env = Env::new("layer-progress").await;
+    env.rpmostreed(json!({"cmd": "slow", "ms": 4000})).await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    let a = env
+        .wait_for("progress from layer tasks", Duration::from_secs(30), |a| {
+            a.get(STATE).map(String::as_str) == Some("Staging")
+                && a.get(PROGRESS)
+                    .and_then(|p| p.parse::<u8>().ok())
+                    .is_some_and(|p| p > 0)
+        })
+        .await;
+    assert!(a[REASON].contains("Fetching ostree chunk"), "{a:#?}");
+    env.wait_state("Staged").await;
+    env.stop_streamd();
+}

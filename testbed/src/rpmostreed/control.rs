@@ -40,7 +40,9 @@ impl Default for Knobs {
         Knobs {
             fail_next: None,
             exit_mid_transaction: false,
-            progress_signals: 10,
+            // A container pull reports layer tasks, not PercentProgress
+            // (coreos/rpm-ostree:rust/src/sysroot_upgrade.rs `layer_progress_print`).
+            progress_signals: 0,
             progress_per_second: 500,
             slow: Duration::ZERO,
             drop_variant_next: false,

@@ -630,8 +630,10 @@ impl Daemon {
         .await;
         for i in 0..CHUNK_COUNT {
             let layer = format!("{:x}", Sha256::digest(format!("{digest}/chunk/{i}")));
+            // 1-based, as `layer_progress_print` counts a layer once it starts.
             txn.emit(Signal::TaskBegin(&format!(
-                "[{i}/{CHUNK_COUNT}] Fetching ostree chunk sha256:{} ({})",
+                "[{}/{CHUNK_COUNT}] Fetching ostree chunk sha256:{} ({})",
+                i + 1,
                 &layer[..12],
                 format_size(CHUNK_BYTES)
             )))
