@@ -132,3 +132,42 @@ async fn layer_tasks_are_reported_as_progress() {
     env.wait_state("Staged").await;
     env.stop_streamd();
 }
+
+/// rpm-ostreed unlocks, queues the reboot and then goes down before streamd reads `Finished`:
+/// the reboot is committed, so streamd keeps the attempt (it stays `Rebooting`, touches
+/// nothing) and the next boot is checked as that attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupted_finalization_is_possibly_applied() {
+    let mut env = Env::new("finalize-dropped").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    env.wait_reboot_request().await;
+    env.rpmostreed(json!({"cmd": "drop-after-unlock"})).await;
+    env.approve_reboot().await;
+    env.wait_for("a reboot initiated", Duration::from_secs(30), |_| {
+        env.reboot_initiated()
+    })
+    .await;
+    // Whatever streamd does now must not be Degraded, nor another transaction.
+    let deadline = std::time::Instant::now() + Duration::from_secs(6);
+    while std::time::Instant::now() < deadline {
+        let a = env.annotations().await;
+        assert_eq!(
+            a.get(STATE).map(String::as_str),
+            Some("Rebooting"),
+            "{a:#?}\n{}",
+            env.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let txns = env.transactions().await;
+    let methods: Vec<&str> = txns.iter().filter_map(|t| t["method"].as_str()).collect();
+    assert_eq!(
+        methods,
+        ["UpdateDeployment", "FinalizeDeployment"],
+        "{txns:#?}"
+    );
+    assert_eq!(txns[1]["crashed"], true);
+    env.reboot_into_rhel10().await;
+}

@@ -72,6 +72,13 @@ impl BackendError {
         }
     }
 
+    /// An `apply` that may have taken effect although it reported an error: the
+    /// `FinalizeDeployment` connection closed without a result after `Start()` (the daemon may
+    /// have unlocked and queued the reboot first).
+    pub fn possibly_applied(&self) -> bool {
+        matches!(self, BackendError::RpmOstree(RpmOstreeError::Interrupted))
+    }
+
     /// A staging that failed on the network (see [`RpmOstreeError::is_network_failure`]);
     /// bootc's unit result does not say why it failed, so it never qualifies.
     pub fn is_network_failure(&self) -> bool {

@@ -31,6 +31,9 @@ pub(crate) struct Knobs {
     /// `/run/ostree/staged-deployment-locked` file, which makes `Deployments` report
     /// `finalization-locked` (see `runstate`). Off: as current rpm-ostree, no key at all.
     pub(crate) legacy_lock_file: bool,
+    /// The next `FinalizeDeployment` closes its peers right after unlocking and queueing the
+    /// reboot, without `Finished`.
+    pub(crate) drop_after_unlock: bool,
     /// polkit denies every transaction method (`AccessDenied`), e.g. a broken policy.
     pub(crate) deny_calls: bool,
 }
@@ -48,6 +51,7 @@ impl Default for Knobs {
             drop_variant_next: false,
             legacy_lock_file: false,
             deny_calls: false,
+            drop_after_unlock: false,
         }
     }
 }
@@ -182,6 +186,10 @@ impl Daemon {
                     .and_then(Value::as_bool)
                     .context("\"on\" must be a boolean")?;
                 lock(&self.knobs).deny_calls = on;
+                Ok(json!({}))
+            }
+            "drop-after-unlock" => {
+                lock(&self.knobs).drop_after_unlock = true;
                 Ok(json!({}))
             }
             "exit-mid-transaction" => {

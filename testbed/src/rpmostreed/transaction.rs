@@ -748,7 +748,11 @@ impl Daemon {
     }
 
     /// The checks of the real `finalize_deployment_transaction_execute`, in its order.
-    async fn run_finalize(&self, txn: &Txn, plan: &FinalizePlan) -> Result<(), String> {
+    async fn run_finalize(
+        self: &Arc<Self>,
+        txn: &Arc<Txn>,
+        plan: &FinalizePlan,
+    ) -> Result<(), String> {
         self.injected_failure(txn).await?;
         {
             let state = lock(&self.state);
@@ -798,6 +802,26 @@ impl Daemon {
         }
         self.request_reboot()?;
         self.update_record(txn.id, |r| r.reboot_requested = true);
+        if std::mem::take(&mut lock(&self.knobs).drop_after_unlock) {
+            // The reboot is queued and the host goes down (rpm-ostreed with it) before the
+            // client reads `Finished`: its peer connection just closes.
+            warn!(
+                txn = txn.id,
+                "dropping the finalize transaction's peers after unlocking"
+            );
+            self.update_record(txn.id, |r| r.crashed = true);
+            let peers = self.detach(txn);
+            let daemon = self.clone();
+            tokio::spawn(async move {
+                for peer in peers {
+                    let _ = peer.close().await;
+                }
+                daemon.notify_deployments().await;
+                daemon.notify_active_txn().await;
+            });
+            // Detaching aborted this run's task, which ends here: no `Finished`, no result.
+            std::future::pending::<()>().await;
+        }
         self.notify_deployments().await;
         Ok(())
     }
