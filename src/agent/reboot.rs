@@ -248,6 +248,19 @@ impl Agent {
         } = applying;
         match result {
             Ok(()) => info!(%digest, attempt, "reboot initiated"),
+            Err(e) if e.possibly_applied() => {
+                // rpm-ostreed unlocks, says Finished and queues the reboot; the connection can
+                // drop in between. Keep the attempt (the after-boot check and the attempts
+                // bound) and re-read the deployments: unlocked, the reboot is pending; still
+                // locked, the planner finalizes again as this same attempt.
+                warn!(error = %e, %digest, attempt, "finalization interrupted; it may have been applied");
+                self.status.reason = format!(
+                    "applying {} (attempt {attempt} of {}): rpm-ostreed closed the finalization without a result, re-reading the deployments",
+                    desired.os_image, self.reboot.max_attempts
+                );
+                self.publish().await;
+                self.retry_at = Some(Instant::now() + MIN_BACKOFF);
+            }
             Err(e) => {
                 // Nothing was applied: this boot's attempt did not happen.
                 if let Err(s) = self.store.save(&record) {

@@ -97,7 +97,13 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     info!(node = %node_name, sources = ?cfg.sources, "starting");
     // Credentials are loaded by the agent loop: waiting for them is a reported state.
     let node = NodeClient::unloaded(&cfg.kubeconfig, &node_name);
-    let backend = Backend::connect(cfg.backend, &cfg.bootc_path, &cfg.runtime_dir).await?;
+    let backend = Backend::connect(
+        cfg.backend,
+        &cfg.bootc_path,
+        &cfg.runtime_dir,
+        &cfg.host_root,
+    )
+    .await?;
     info!(backend = backend.kind().as_str(), "update backend");
     let gatherer = streamd::agent::gather::Gatherer {
         host,
