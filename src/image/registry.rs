@@ -47,6 +47,10 @@ pub struct ExtensionsInfo {
     pub stream_class: Option<String>,
     /// RPMs it carries, as `name-version-release.arch`.
     pub rpms: Vec<String>,
+    /// The headers of those RPMs that could be read (Requires/Provides for the dependency
+    /// closure, src/image/rpm.rs). No default: an extraction record from before it existed
+    /// is read again.
+    pub headers: Vec<crate::image::rpm::RpmHeader>,
 }
 
 /// Where real extensions images keep their RPM repository.
@@ -299,14 +303,16 @@ impl Inspector {
         let (labels, _) = self.labels(image, &reference, &m).await?;
         let mut rpms = Vec::new();
         let mut extracted = Vec::new();
+        let mut headers = Vec::new();
         std::fs::create_dir_all(dest)
             .map_err(|e| InspectError::Invalid(format!("creating {}: {e}", dest.display())))?;
         for layer in &m.layers {
-            let (names, files) = self
+            let (names, files, read) = self
                 .layer_rpms(image, &reference, layer, wanted, dest)
                 .await?;
             rpms.extend(names);
             extracted.extend(files);
+            headers.extend(read);
         }
         rpms.sort();
         rpms.dedup();
@@ -317,6 +323,7 @@ impl Inspector {
                     .as_str()
                     .map(String::from),
                 rpms,
+                headers,
             },
             extracted,
         ))
@@ -334,7 +341,7 @@ impl Inspector {
         layer: &OciDescriptor,
         wanted: &[String],
         dest: &Path,
-    ) -> Result<(Vec<String>, Vec<PathBuf>), InspectError> {
+    ) -> Result<LayerRpms, InspectError> {
         let sized = self
             .client
             .pull_blob_stream(reference, layer)
@@ -441,14 +448,19 @@ fn verify(bytes: &[u8], digest: &str, what: &str) -> Result<(), InspectError> {
     }
 }
 
-/// Lists the RPMs under [`EXTENSIONS_DIR`] in a (gzip'd or plain) tar layer and writes the
-/// wanted ones into `dest`. Names are `name-version-release.arch` (the file name without `.rpm`).
+/// What one layer holds under [`EXTENSIONS_DIR`]: the RPM names, the extracted files and the
+/// headers that could be read.
+pub type LayerRpms = (Vec<String>, Vec<PathBuf>, Vec<crate::image::rpm::RpmHeader>);
+
+/// Lists the RPMs under [`EXTENSIONS_DIR`] in a (gzip'd or plain) tar layer, reads every RPM's
+/// header and writes the wanted ones into `dest`. Names are `name-version-release.arch` (the
+/// file name without `.rpm`).
 pub fn rpms_in_layer<R: Read>(
     layer: R,
     media_type: &str,
     wanted: &[String],
     dest: &Path,
-) -> std::io::Result<(Vec<String>, Vec<PathBuf>)> {
+) -> std::io::Result<LayerRpms> {
     let mut layer = std::io::BufReader::new(layer);
     let gzip = media_type.contains("gzip") || layer.fill_buf()?.starts_with(&[0x1f, 0x8b]);
     let reader: Box<dyn Read> = if gzip {
@@ -459,6 +471,7 @@ pub fn rpms_in_layer<R: Read>(
     let mut archive = tar::Archive::new(reader);
     let mut names = Vec::new();
     let mut files = Vec::new();
+    let mut headers = Vec::new();
     for entry in archive.entries()? {
         let mut entry = entry?;
         let path = entry
@@ -476,15 +489,26 @@ pub fn rpms_in_layer<R: Read>(
         let want = wanted
             .iter()
             .any(|w| crate::image::rpm::names_package(&nevra, w));
-        if want {
+        // The header is the first few KiB of the file: read from the stream for every RPM
+        // (the dependency closure needs all of them), from the written file for wanted ones.
+        let header = if want {
             // Only the file name is used: a path in the archive can never escape `dest`.
             let out = dest.join(file);
             std::io::copy(&mut entry, &mut std::fs::File::create(&out)?)?;
+            let header = crate::image::rpm::RpmHeader::read_file(&out);
             files.push(out);
+            header
+        } else {
+            crate::image::rpm::RpmHeader::read(&mut entry, file)
+        };
+        match header {
+            Ok(h) => headers.push(h),
+            // Not a candidate for the closure; a wanted one missing from it is refused there.
+            Err(e) => tracing::debug!(file, error = %e, "unreadable rpm header"),
         }
         names.push(nevra);
     }
-    Ok((names, files))
+    Ok((names, files, headers))
 }
 
 #[cfg(test)]
@@ -519,7 +543,7 @@ mod tests {
         ]);
         let dest = std::env::temp_dir().join(format!("streamd-rpms-{}", std::process::id()));
         std::fs::create_dir_all(&dest).expect("mkdir");
-        let (names, files) = rpms_in_layer(
+        let (names, files, _) = rpms_in_layer(
             &layer[..],
             "application/vnd.oci.image.layer.v1.tar",
             &["kernel-rt-core".to_string()],
