@@ -256,7 +256,8 @@ impl Agent {
                 warn!(error = %e, %digest, attempt, "finalization interrupted; it may have been applied");
                 self.status.reason = format!(
                     "applying {} (attempt {attempt} of {}): rpm-ostreed closed the finalization without a result, re-reading the deployments",
-                    desired.os_image, self.reboot.max_attempts
+                    self.status.desired_os_image.as_deref().unwrap_or_default(),
+                    self.reboot.max_attempts
                 );
                 self.publish().await;
                 self.retry_at = Some(Instant::now() + MIN_BACKOFF);
