@@ -40,7 +40,8 @@ async fn watch_as_node(env: &Env) -> std::pin::Pin<Box<impl Stream<Item = Stream
     let client = NodeClient::new(&env.dir.join("kubeconfig"), testbed::NODE_NAME)
         .await
         .expect("client")
-        .client();
+        .client()
+        .expect("credentials loaded");
     Box::pin(streams::watch(client))
 }
 
