@@ -72,6 +72,8 @@ pub struct Settings {
     pub state_dir: std::path::PathBuf,
     /// Resolve a stream-only request through the cluster's OSImageStream.
     pub resolve_streams: bool,
+    /// Longest delay before staging a digest change of the node's stream.
+    pub resolve_spread: Duration,
 }
 
 /// Everything the agent needs from outside.
@@ -114,6 +116,10 @@ pub struct Agent {
     catalog: Option<Catalog>,
     /// Why the request cannot be resolved right now, if it cannot.
     unresolved: Option<String>,
+    /// The annotations `inputs` was resolved from.
+    resolved_from: Inputs,
+    /// After a digest refresh of the node's stream: no staging before then (and why).
+    spread_until: Option<(Instant, String)>,
     store: attempt::Store,
     boot_id: String,
 }
@@ -168,6 +174,8 @@ impl Agent {
             raw_inputs: Inputs::default(),
             catalog: None,
             unresolved: None,
+            resolved_from: Inputs::default(),
+            spread_until: None,
             store: attempt::Store::new(&reboot.state_dir),
             reboot,
             boot_id,
@@ -369,6 +377,28 @@ impl Agent {
                     return;
                 }
                 debug!(?inputs, "request changed");
+                let previous = self.inputs.as_ref().map(|i| (&self.resolved_from, i));
+                self.spread_until = crate::cluster::streams::catalog_refresh(
+                    previous.filter(|_| self.unresolved.is_none()),
+                    &self.raw_inputs,
+                    &inputs,
+                )
+                .then(|| {
+                    let delay = crate::cluster::streams::spread_delay(
+                        self.reboot.resolve_spread,
+                        self.node.name(),
+                        &inputs,
+                    );
+                    info!(delay_s = delay.as_secs(), "the cluster changed the stream's images; spreading the staging");
+                    let reason = format!(
+                        "the cluster's OSImageStream changed the images of stream {}; staging in {} s (this node's share of resolve-spread-seconds = {}, so the fleet does not pull at once)",
+                        crate::text::quote(inputs.stream.as_deref().unwrap_or_default()),
+                        delay.as_secs(),
+                        self.reboot.resolve_spread.as_secs()
+                    );
+                    (Instant::now() + delay, reason)
+                });
+                self.resolved_from = self.raw_inputs.clone();
                 self.unresolved = None;
                 self.inputs = Some(inputs);
                 self.backoff = MIN_BACKOFF;
@@ -424,6 +454,16 @@ impl Agent {
             let _ = st.cancel.send(true);
             self.publish().await;
             return;
+        }
+        if let Some((until, reason)) = self.spread_until.clone() {
+            if Instant::now() < until {
+                self.retry_at = Some(until);
+                // A request for the old images must not be approved meanwhile.
+                self.request_reboot(None, None).await;
+                self.set_state(State::Preflight, reason).await;
+                return;
+            }
+            self.spread_until = None;
         }
         if let Some(w) = &self.work {
             // A preflight for a request no longer wanted changes nothing: drop it. Other work
