@@ -504,9 +504,14 @@ impl Agent {
 
     /// Decides on freshly read deployments and acts.
     async fn decide(&mut self, deployments: Vec<Deployment>) {
+        self.observe_deployments(&deployments);
+        if self.unresolved.is_some() {
+            // The request became unresolvable while the deployments were read: that is what
+            // the node reports (set when it was found), not a decision on an empty request.
+            return;
+        }
         let inputs = self.inputs.clone().unwrap_or_default();
         let desired = inputs.desired();
-        self.observe_deployments(&deployments);
         let mut record = match self.store.load() {
             Ok(r) => r,
             Err(e) => {
