@@ -17,6 +17,7 @@
 
 pub mod client;
 pub mod content;
+pub mod hostile;
 pub mod oci;
 mod process;
 pub mod rpm;
