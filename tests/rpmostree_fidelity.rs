@@ -171,3 +171,26 @@ async fn interrupted_finalization_is_possibly_applied() {
     assert_eq!(txns[1]["crashed"], true);
     env.reboot_into_rhel10().await;
 }
+
+/// A restarted rpm-ostreed (crash, update, idle exit and D-Bus activation) knows no clients:
+/// streamd registers again, or the new daemon could idle-exit under it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_daemon_is_registered_with_again() {
+    let mut env = Env::new("reregister").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    assert_eq!(
+        env.rpmostreed(json!({"cmd": "clients"})).await,
+        json!(["streamd"])
+    );
+    env.rpmostreed(json!({"cmd": "exit-mid-transaction"})).await;
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    assert_eq!(
+        env.rpmostreed(json!({"cmd": "clients"})).await,
+        json!(["streamd"]),
+        "{}",
+        env.log()
+    );
+    env.stop_streamd();
+}

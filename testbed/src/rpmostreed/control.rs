@@ -197,6 +197,15 @@ impl Daemon {
                 Ok(json!({}))
             }
             "transactions" => Ok(serde_json::to_value(&*lock(&self.records))?),
+            "clients" => {
+                let clients = lock(&self.clients);
+                let mut ids: Vec<&str> = clients
+                    .values()
+                    .map(|id| id.as_deref().unwrap_or(""))
+                    .collect();
+                ids.sort_unstable();
+                Ok(json!(ids))
+            }
             "deployments" => os::deployments_json(self),
             "reset-transactions" => {
                 lock(&self.records).clear();
