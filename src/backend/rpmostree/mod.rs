@@ -420,6 +420,34 @@ impl Client {
         }
     }
 
+    /// The OS object on a bus connection of its own, for one transaction method call. The
+    /// daemon drops a transaction that never started only when its caller leaves the bus; on
+    /// the shared connection an unstarted one (its socket unreachable, `Start()` failed) would
+    /// block every rpm-ostree client (the MCO too) until streamd exits, and a retry with the
+    /// same parameters would join it. Closing this connection drops it.
+    async fn transaction_os(&self) -> Result<(zbus::Connection, OSProxy<'static>), RpmOstreeError> {
+        let path = self.os().await?.inner().path().to_owned();
+        let conn = system_bus()
+            .await
+            .map_err(|e| RpmOstreeError::from_call("connect", e))?;
+        let os = OSProxy::builder(&conn)
+            .path(path)
+            .map_err(|e| RpmOstreeError::from_call("proxy", e))?
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| RpmOstreeError::from_call("proxy", e))?;
+        // Registered too, so the daemon's journal names streamd as the initiating client.
+        let sysroot = SysrootProxy::new(&conn)
+            .await
+            .map_err(|e| RpmOstreeError::from_call("proxy", e))?;
+        sysroot
+            .register_client(HashMap::from([("id", Value::from(CLIENT_ID))]))
+            .await
+            .map_err(|e| RpmOstreeError::from_call("RegisterClient", e))?;
+        Ok((conn, os))
+    }
+
     /// The unique name that owns rpm-ostreed's well-known name now, if any.
     async fn daemon_owner(&self) -> Option<String> {
         let dbus = zbus::fdo::DBusProxy::new(&self.conn).await.ok()?;
@@ -516,14 +544,16 @@ impl Client {
         events: &tokio::sync::mpsc::Sender<TxnEvent>,
         cancel: Option<tokio::sync::watch::Receiver<bool>>,
     ) -> Result<(), RpmOstreeError> {
-        let os = self.os().await?;
+        let (conn, os) = self.transaction_os().await?;
         let fds = call.open_files()?;
         let (modifiers, options) = call.dicts(&fds);
-        let address = os
-            .update_deployment(modifiers, options)
-            .await
-            .map_err(|e| RpmOstreeError::from_call("UpdateDeployment", e))?;
-        transaction::run(&address, events, cancel).await
+        let result = match os.update_deployment(modifiers, options).await {
+            Ok(address) => transaction::run(&address, events, cancel).await,
+            Err(e) => Err(RpmOstreeError::from_call("UpdateDeployment", e)),
+        };
+        // Leaving the bus drops the transaction if it never started.
+        let _ = conn.close().await;
+        result
     }
 }
 

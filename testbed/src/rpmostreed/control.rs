@@ -34,6 +34,8 @@ pub(crate) struct Knobs {
     /// The next `FinalizeDeployment` closes its peers right after unlocking and queueing the
     /// reboot, without `Finished`.
     pub(crate) drop_after_unlock: bool,
+    /// The next peer connecting to a transaction socket is closed before authentication.
+    pub(crate) drop_peer_next: bool,
     /// polkit denies every transaction method (`AccessDenied`), e.g. a broken policy.
     pub(crate) deny_calls: bool,
 }
@@ -52,6 +54,7 @@ impl Default for Knobs {
             legacy_lock_file: false,
             deny_calls: false,
             drop_after_unlock: false,
+            drop_peer_next: false,
         }
     }
 }
@@ -186,6 +189,10 @@ impl Daemon {
                     .and_then(Value::as_bool)
                     .context("\"on\" must be a boolean")?;
                 lock(&self.knobs).deny_calls = on;
+                Ok(json!({}))
+            }
+            "drop-peer-next" => {
+                lock(&self.knobs).drop_peer_next = true;
                 Ok(json!({}))
             }
             "drop-after-unlock" => {
