@@ -32,6 +32,9 @@ pub const DEFAULT_BOOTC_PATH: &str = "/usr/bin/bootc";
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 2;
 /// Default number of new stagings after a transaction failed on the network.
 pub const DEFAULT_PULL_RETRIES: u32 = 3;
+/// Default spread, in seconds, of the staging that follows a digest change of the node's
+/// stream in the cluster's OSImageStream.
+pub const DEFAULT_RESOLVE_SPREAD_SECONDS: u64 = 600;
 
 /// Which OS update backend to drive.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -111,6 +114,38 @@ pub enum ConfigError {
     },
 }
 
+/// Where a key was set: `file:line:column`, and the file's place in the application order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Location {
+    order: usize,
+    path: PathBuf,
+    line: usize,
+    column: usize,
+}
+
+impl Location {
+    fn of<T>(order: usize, path: &Path, text: &str, value: &toml::Spanned<T>) -> Location {
+        let (line, column) = line_col(text, value.span().start);
+        Location {
+            order,
+            path: path.to_path_buf(),
+            line,
+            column,
+        }
+    }
+
+    /// Sort key: later files, then later positions, were applied later.
+    fn applied(&self) -> (usize, usize, usize) {
+        (self.order, self.line, self.column)
+    }
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}:{}", self.path.display(), self.line, self.column)
+    }
+}
+
 /// One drop-in as written: every key optional, nothing unknown.
 #[derive(Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -139,16 +174,18 @@ pub struct Fragment {
     pub backend: Option<BackendChoice>,
     /// Path of bootc on the host.
     pub bootc_path: Option<PathBuf>,
-    /// Reboot policy.
-    pub reboot: Option<RebootPolicy>,
+    /// Reboot policy (with its position, for errors that involve another key).
+    pub reboot: Option<toml::Spanned<RebootPolicy>>,
     /// Reboots into one request before it is refused.
     pub max_attempts: Option<std::num::NonZeroU32>,
     /// New stagings after a transaction failed on the network.
     pub pull_retries: Option<u32>,
     /// Replace a staged deployment streamd did not create.
     pub replace_foreign_staged: Option<bool>,
-    /// Resolve `desired-stream` through the cluster's OSImageStream.
-    pub resolve_streams: Option<bool>,
+    /// Resolve `desired-stream` through the cluster's OSImageStream (with its position).
+    pub resolve_streams: Option<toml::Spanned<bool>>,
+    /// Longest delay, in seconds, before staging a digest change of the node's stream.
+    pub resolve_spread_seconds: Option<u64>,
 }
 
 /// The effective configuration.
@@ -182,6 +219,9 @@ pub struct Config {
     pub pull_retries: u32,
     /// Resolve `desired-stream` through the cluster's OSImageStream when no image is given.
     pub resolve_streams: bool,
+    /// Longest delay before staging a digest change of the node's stream (each node waits its
+    /// own share of it, so a fleet does not pull at once).
+    pub resolve_spread: std::time::Duration,
     /// The files that were read, in order (for `streamctl config check` and logs).
     pub sources: Vec<PathBuf>,
 }
@@ -203,6 +243,7 @@ impl Default for Config {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             pull_retries: DEFAULT_PULL_RETRIES,
             resolve_streams: false,
+            resolve_spread: std::time::Duration::from_secs(DEFAULT_RESOLVE_SPREAD_SECONDS),
             sources: Vec::new(),
         }
     }
@@ -248,7 +289,7 @@ impl Config {
             self.bootc_path = v;
         }
         if let Some(v) = f.reboot {
-            self.reboot = v;
+            self.reboot = v.into_inner();
         }
         if let Some(v) = f.max_attempts {
             self.max_attempts = v.get();
@@ -260,7 +301,10 @@ impl Config {
             self.policy.replace_foreign_staged = v;
         }
         if let Some(v) = f.resolve_streams {
-            self.resolve_streams = v;
+            self.resolve_streams = v.into_inner();
+        }
+        if let Some(v) = f.resolve_spread_seconds {
+            self.resolve_spread = std::time::Duration::from_secs(v);
         }
     }
 }
@@ -327,15 +371,56 @@ fn is_masked(path: &Path) -> bool {
 /// Loads the configuration from `dirs`.
 pub fn load(dirs: &[PathBuf]) -> Result<Config, ConfigError> {
     let mut cfg = Config::default();
-    for path in effective_files(dirs)? {
+    // Where the effective `reboot` and `resolve-streams` were set, for the error that
+    // involves both.
+    let (mut reboot_at, mut resolve_at) = (None, None);
+    for (order, path) in effective_files(dirs)?.into_iter().enumerate() {
         let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Io {
             path: path.clone(),
             source,
         })?;
-        cfg.apply(parse_fragment(&path, &text)?);
+        let fragment = parse_fragment(&path, &text)?;
+        if let Some(v) = &fragment.reboot {
+            reboot_at = Some(Location::of(order, &path, &text, v));
+        }
+        if let Some(v) = &fragment.resolve_streams {
+            resolve_at = Some(Location::of(order, &path, &text, v));
+        }
+        cfg.apply(fragment);
         cfg.sources.push(path);
     }
+    check_combination(&cfg, reboot_at, resolve_at)?;
     Ok(cfg)
+}
+
+/// Refuses `resolve-streams = true` with `reboot = "immediate"`: a digest refresh of a stream
+/// in the OSImageStream re-targets every node of that stream at once, and with immediate
+/// reboots the whole fleet would reboot together, where the machine-config operator rolls
+/// a pool out `maxUnavailable` nodes at a time. The error names the key set last.
+fn check_combination(
+    cfg: &Config,
+    reboot_at: Option<Location>,
+    resolve_at: Option<Location>,
+) -> Result<(), ConfigError> {
+    if !(cfg.resolve_streams && cfg.reboot == RebootPolicy::Immediate) {
+        return Ok(());
+    }
+    let (at, other) = match (reboot_at, resolve_at) {
+        (Some(r), Some(s)) if r.applied() >= s.applied() => (r, Some(s)),
+        (r, Some(s)) => (s, r),
+        (Some(r), None) => (r, None),
+        // Both set means both were read from a file.
+        (None, None) => return Ok(()),
+    };
+    let other = other.map_or(String::new(), |o| format!(" (the other key is set at {o})"));
+    Err(ConfigError::Invalid {
+        path: at.path,
+        line: at.line,
+        column: at.column,
+        message: format!(
+            "resolve-streams = true cannot be combined with reboot = \"immediate\"{other}: a digest change of a stream in the cluster's OSImageStream would reboot every node of that stream at once; use reboot = \"on-approval\" or \"never\""
+        ),
+    })
 }
 
 #[cfg(test)]
@@ -419,6 +504,50 @@ mod tests {
                 "{text}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn resolving_streams_with_immediate_reboots_is_an_error_at_the_later_key() {
+        let base = tmpdir("immediate");
+        let (usr, etc) = (base.join("usr"), base.join("etc"));
+        std::fs::create_dir_all(&usr).expect("mkdir");
+        std::fs::create_dir_all(&etc).expect("mkdir");
+        std::fs::write(usr.join("10-reboot.toml"), "reboot = \"immediate\"\n").expect("write");
+        std::fs::write(etc.join("50-resolve.toml"), "\nresolve-streams = true\n").expect("write");
+        let err = load(&[usr.clone(), etc.clone()]).expect_err("conflict");
+        let msg = err.to_string();
+        let want = format!(
+            "{}:2:19: resolve-streams = true cannot be combined",
+            etc.join("50-resolve.toml").display()
+        );
+        assert!(msg.starts_with(&want), "{msg}");
+        assert!(
+            msg.contains(&format!("{}:1:10", usr.join("10-reboot.toml").display())),
+            "{msg}"
+        );
+        // The later key is the one named: here `reboot`, in the later file.
+        std::fs::write(usr.join("10-reboot.toml"), "resolve-streams = true\n").expect("write");
+        std::fs::write(etc.join("50-resolve.toml"), "reboot = \"immediate\"\n").expect("write");
+        let msg = load(&[usr.clone(), etc.clone()])
+            .expect_err("conflict")
+            .to_string();
+        assert!(
+            msg.starts_with(&format!("{}:1:10: ", etc.join("50-resolve.toml").display())),
+            "{msg}"
+        );
+        // Either key alone, or resolving with approved reboots, is fine.
+        std::fs::write(
+            etc.join("50-resolve.toml"),
+            "reboot = \"on-approval\"\nresolve-spread-seconds = 0\n",
+        )
+        .expect("write");
+        let cfg = load(&[usr, etc]).expect("valid");
+        assert!(cfg.resolve_streams);
+        assert_eq!(cfg.resolve_spread, std::time::Duration::ZERO);
+        assert_eq!(
+            Config::default().resolve_spread,
+            std::time::Duration::from_secs(DEFAULT_RESOLVE_SPREAD_SECONDS)
+        );
     }
 
     #[test]

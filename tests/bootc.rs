@@ -87,7 +87,10 @@ async fn switch_stages_and_reboot_is_recorded() {
     assert!(leftovers.is_empty(), "{leftovers:?}");
 
     let t = Instant::now();
-    env.client.switch(&rhel10.pullspec).await.expect("switch");
+    env.client
+        .switch(&rhel10.pullspec, false)
+        .await
+        .expect("switch");
     println!(
         "bootc switch through a transient unit: {} ms",
         ms(t.elapsed())
@@ -184,29 +187,70 @@ async fn failing_units_name_the_unit() {
         env.tb.registry().host(),
         "0".repeat(64)
     );
-    match env.client.switch(&missing).await {
+    match env.client.switch(&missing, false).await {
         Err(e @ BootcError::UnitFailed { .. }) => {
             let BootcError::UnitFailed {
                 unit,
                 result,
                 status,
+                stderr,
             } = &e
             else {
                 unreachable!()
             };
             assert!(unit.starts_with("streamd-bootc-switch-"), "{unit}");
             assert_eq!((result.as_str(), *status), ("exit-code", 1));
+            // bootc's own error chain, read from the unit's stderr file.
             assert!(
-                e.to_string().contains(&format!("journalctl -u {unit}")),
+                stderr.starts_with("error: Switching: Pulling: ")
+                    && stderr.contains("manifest unknown"),
+                "{stderr}"
+            );
+            assert!(
+                e.to_string()
+                    .contains(&format!("): {stderr}; see `journalctl -u {unit}`")),
                 "{e}"
             );
             assert!(!e.is_transient());
+            assert!(
+                !e.is_network_failure(),
+                "a missing manifest is not the network"
+            );
         }
         other => panic!("expected UnitFailed, got {other:?}"),
     }
     let units = env.ctl(json!({"target": "systemd", "cmd": "units"})).await;
-    let journal = units[0]["journal"].as_str().unwrap_or_default().to_string();
-    assert!(journal.contains("manifest unknown"), "{journal}");
+    assert!(
+        units[0]["spec"]["stderr"]["path"]
+            .as_str()
+            .is_some_and(|p| p.contains("bootc-switch-")),
+        "{units}"
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(env.dir.join("run"))
+        .expect("run dir")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".stderr"))
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "the stderr file was only a channel: {leftovers:?}"
+    );
+
+    // A pull that broke on the network reads as one, in bootc's words.
+    env.ctl(json!({"target": "bootc", "cmd": "fail-next-switch",
+                   "message": "Creating importer: failed to invoke method OpenImage: pinging container registry quay.io: Get \"https://quay.io/v2/\": dial tcp: lookup quay.io: no such host"}))
+        .await;
+    let rhel10 = &env.tb.images()[1];
+    match env.client.switch(&rhel10.pullspec, false).await {
+        Err(e @ BootcError::UnitFailed { .. }) => {
+            assert!(e.is_network_failure(), "{e}");
+            assert!(
+                e.to_string().contains("lookup quay.io: no such host"),
+                "{e}"
+            );
+        }
+        other => panic!("expected UnitFailed, got {other:?}"),
+    }
     // Nothing was staged.
     assert_eq!(env.client.deployments().await.expect("status").len(), 1);
 
@@ -289,6 +333,16 @@ fn status_documents_parse_and_malformed_ones_are_errors() {
         Some("ostree-remote-registry:rhel:q.io/x/os@sha256:aa")
     );
 
+    // bootc before v1.3.0 (and v1alpha1 before v1.1.0): no stateroot; known by checksum.serial.
+    let mut old = entry();
+    old["ostree"]
+        .as_object_mut()
+        .expect("object")
+        .remove("stateroot");
+    let d =
+        &parse_status(&host_json(old).replace("bootc/v1", "bootc/v1alpha1")).expect("old shape")[0];
+    assert_eq!((d.id.as_str(), d.osname.as_str()), ("c0ffee.2", ""));
+
     let mut serial = entry();
     serial["ostree"]["deploySerial"] = json!(u64::from(u32::MAX));
     let mut composefs = entry();
@@ -366,4 +420,117 @@ fn refusal_table() {
             _ => panic!("{kernel:?} {dep:?}: got {got:?}, want {want:?}"),
         }
     }
+}
+
+/// `bootc status --json` as each bootc release printed it, from the fake at that version.
+#[tokio::test]
+async fn every_status_shape_since_json_output_parses() {
+    let env = Env::new("shapes", "default").await;
+    let rhel9 = &env.tb.images()[0];
+    for (version, id_has_stateroot) in [
+        ("0.1.12", false),
+        ("0.1.13", false),
+        ("1.1.0", false),
+        ("1.2.0", false),
+        ("1.3.0", true),
+        ("1.11.0", true),
+        ("1.12.0", true),
+        ("1.16.9", true),
+    ] {
+        env.ctl(json!({"target": "bootc", "cmd": "version", "version": version}))
+            .await;
+        let deps = env
+            .client
+            .deployments()
+            .await
+            .unwrap_or_else(|e| panic!("bootc {version}: {e}"));
+        let booted = &deps[0];
+        assert!(booted.booted, "{version}");
+        assert_eq!(
+            booted.pullspec(),
+            Some(rhel9.pullspec.as_str()),
+            "{version}"
+        );
+        assert_eq!(
+            booted.id,
+            if id_has_stateroot {
+                format!("rhcos-{}.0", booted.checksum)
+            } else {
+                format!("{}.0", booted.checksum)
+            },
+            "{version}"
+        );
+    }
+    // The legacy flag is what streamd runs: it works on every release.
+    let units = env.ctl(json!({"target": "systemd", "cmd": "units"})).await;
+    assert!(
+        units
+            .as_array()
+            .expect("units")
+            .iter()
+            .all(|u| u["spec"]["exec_start"][0][1][2] == "--json"),
+        "{units}"
+    );
+}
+
+#[tokio::test]
+async fn signed_hosts_keep_enforcing_the_signature_policy() {
+    use streamd::backend::{Backend, StagePlan};
+    let env = Env::new("signed", "default").await;
+    let rhel9 = env.tb.images()[0].clone();
+    let rhel10 = env.tb.images()[1].clone();
+    // Boot the host from its image with signature enforcement, as a signed install is.
+    env.client
+        .switch(&rhel9.pullspec, true)
+        .await
+        .expect("signed switch");
+    env.ctl(json!({"target": "testbed", "cmd": "reboot"})).await;
+    let deps = env.client.deployments().await.expect("status");
+    let booted = deps.iter().find(|d| d.booted).expect("booted");
+    assert_eq!(
+        booted.container_image_reference.as_deref(),
+        Some(format!("ostree-image-signed:docker://{}", rhel9.pullspec).as_str())
+    );
+
+    let backend = Backend::Bootc(env.client.clone());
+    let target: streamd::image::reference::ImageRef = rhel10.pullspec.parse().expect("pinned");
+    let plan = StagePlan::rebase("rhel-10", &target, false);
+    let (tx, _rx) = tokio::sync::mpsc::channel(16);
+    let (_cancel, cancelled) = tokio::sync::watch::channel(false);
+    backend.stage(&plan, &tx, cancelled).await.expect("stage");
+    let staged_ref = |deps: &[Deployment]| {
+        deps.iter()
+            .find(|d| d.staged)
+            .and_then(|d| d.container_image_reference.clone())
+    };
+    let deps = env.client.deployments().await.expect("status");
+    assert_eq!(
+        staged_ref(&deps),
+        Some(format!("ostree-image-signed:docker://{}", rhel10.pullspec)),
+        "the target stays under the signature policy"
+    );
+    // Clearing the stale stage (bootc: staging the booted image again) keeps it too.
+    backend
+        .cleanup_pending(&rhel9.pullspec)
+        .await
+        .expect("cleanup");
+    let deps = env.client.deployments().await.expect("status");
+    assert_eq!(
+        staged_ref(&deps),
+        Some(format!("ostree-image-signed:docker://{}", rhel9.pullspec))
+    );
+    let units = env.ctl(json!({"target": "systemd", "cmd": "units"})).await;
+    let switches: Vec<&serde_json::Value> = units
+        .as_array()
+        .expect("units")
+        .iter()
+        .filter(|u| u["unit"].as_str().is_some_and(|n| n.contains("-switch-")))
+        .collect();
+    assert_eq!(switches.len(), 3, "{units}");
+    assert!(
+        switches.iter().all(|u| u["spec"]["exec_start"][0][1]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|w| w == "--enforce-container-sigpolicy"))),
+        "{units}"
+    );
 }

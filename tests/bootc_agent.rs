@@ -72,3 +72,115 @@ async fn bootc_refuses_hosts_with_package_overrides() {
         assert!(!refused.contains_key(REBOOT_REQUESTED), "{host}");
     }
 }
+
+/// Approves the reboot request and waits until logind is asked to reboot.
+async fn approve_and_reboot(env: &Env) {
+    env.approve_reboot().await;
+    rebooting(env).await;
+}
+
+/// Waits for `Rebooting` and logind's reboot.
+async fn rebooting(env: &Env) {
+    env.wait_state("Rebooting").await;
+    env.wait_for("logind reboots", Duration::from_secs(60), |_| {
+        env.reboot_initiated()
+    })
+    .await;
+}
+
+/// A control command to the fake bootc.
+async fn bootc(env: &Env, cmd: serde_json::Value) -> serde_json::Value {
+    let mut cmd = cmd;
+    cmd["target"] = serde_json::json!("bootc");
+    env.tb.control(&cmd).await.expect("bootc control")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootc_from_before_format_and_stateroot_is_driven_all_the_way() {
+    let mut env = Env::with_backend("bootc-old", "default", testbed::Backend::Bootc).await;
+    // bootc v0.1.12: only `--json`, `org.containers.bootc/v1alpha1`, no `ostree.stateroot`.
+    bootc(
+        &env,
+        serde_json::json!({"cmd": "version", "version": "0.1.12"}),
+    )
+    .await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    env.wait_reboot_request().await;
+    approve_and_reboot(&env).await;
+    env.reboot_into_rhel10().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootc_switch_broken_by_the_network_is_retried_with_bootcs_words() {
+    let mut env = Env::with_backend("bootc-netfail", "default", testbed::Backend::Bootc).await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    bootc(
+        &env,
+        serde_json::json!({"cmd": "fail-next-switch", "message":
+            "Creating importer: failed to invoke method OpenImage: pinging container registry quay.io: Get \"https://quay.io/v2/\": dial tcp: lookup quay.io: no such host"}),
+    )
+    .await;
+    env.request_rhel10();
+    env.wait_reboot_request().await;
+    env.approve_reboot().await;
+    let degraded = env
+        .wait_for("a network retry", Duration::from_secs(60), |a| {
+            a.get(REASON).is_some_and(|r| r.contains("retry 1 of 3"))
+        })
+        .await;
+    assert_eq!(degraded[STATE], "Degraded");
+    assert!(
+        degraded[REASON].starts_with("staging failed on the network (retry 1 of 3): bootc failed in unit streamd-bootc-switch-")
+            && degraded[REASON].contains("error: Switching: Pulling: Creating importer")
+            && degraded[REASON].contains("lookup quay.io: no such host"),
+        "{}",
+        degraded[REASON]
+    );
+    // The retry pulls again and the approved reboot goes ahead.
+    rebooting(&env).await;
+    env.reboot_into_rhel10().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_booted_from_a_signed_image_switches_under_the_signature_policy() {
+    let mut env = Env::with_backend("bootc-signed", "default", testbed::Backend::Bootc).await;
+    // Install-time state of a signed host: its image deployed with the policy enforced.
+    let out = std::process::Command::new(&env.vars()["TESTBED_BOOTC"])
+        .args(["switch", "--enforce-container-sigpolicy", &env.rhel9()])
+        .output()
+        .expect("fake bootc runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rebooted = env.reboot(false).await;
+    assert_eq!(rebooted["applied"], serde_json::json!(true), "{rebooted}");
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    env.wait_reboot_request().await;
+    approve_and_reboot(&env).await;
+    let units = env.systemd_units().await;
+    let switch = units
+        .as_array()
+        .expect("units")
+        .iter()
+        .find(|u| u["unit"].as_str().is_some_and(|n| n.contains("-switch-")))
+        .expect("a switch unit")
+        .clone();
+    assert_eq!(
+        switch["spec"]["exec_start"][0][1],
+        serde_json::json!([
+            env.vars()["TESTBED_BOOTC"],
+            "switch",
+            "--transport",
+            "registry",
+            "--enforce-container-sigpolicy",
+            env.rhel10()
+        ])
+    );
+}

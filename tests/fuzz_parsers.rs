@@ -2022,7 +2022,7 @@ fn candidate_nevra(name: &[u8]) -> String {
     file.trim_end_matches(".rpm").to_string()
 }
 
-type LayerResult = std::io::Result<(Vec<String>, Vec<PathBuf>)>;
+type LayerResult = std::io::Result<streamd::image::registry::LayerRpms>;
 
 /// Runs `rpms_in_layer` in a scratch directory and checks that nothing landed outside `dest`
 /// and that `dest` holds only the regular `*.rpm` files it reported; returns the result and what
@@ -2061,7 +2061,7 @@ fn run_layer(
     let _ = std::fs::remove_dir_all(&root);
     prop_assert!(outside.is_empty(), "escaped dest: {:?}", outside);
     prop_assert!(bad.is_empty(), "not regular *.rpm files: {:?}", bad);
-    if let Ok((_, files)) = &res {
+    if let Ok((_, files, _)) = &res {
         for f in files {
             prop_assert_eq!(f.parent(), Some(dest.as_path()));
         }
@@ -2107,7 +2107,7 @@ proptest! {
             }
         }
         let (res, extracted) = run_layer(&blob, media, &wanted)?;
-        let (names, _) = res.map_err(|e| fail(e.to_string()))?;
+        let (names, _, _) = res.map_err(|e| fail(e.to_string()))?;
         prop_assert_eq!(names, rpms.iter().map(|(n, _)| n.to_string()).collect::<Vec<_>>());
         // Last one of a name wins, as a later layer entry overwrites an earlier one.
         let mut want_files: BTreeMap<String, Vec<u8>> = BTreeMap::new();

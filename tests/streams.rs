@@ -13,16 +13,17 @@ use streamd::cluster::node::NodeClient;
 use streamd::cluster::protocol::Inputs;
 use streamd::cluster::streams::{self, Catalog, ResolveError, StreamsUpdate};
 
-/// The next catalog the watch yields (watch errors are printed and skipped); prints the time
-/// since `since` (just before the change was made).
+/// The next catalog the watch yields within 30 s (watch errors are printed and skipped);
+/// prints the time since `since` (just before the change was made).
 async fn next_catalog(
     updates: &mut (impl Stream<Item = StreamsUpdate> + Unpin),
     since: Instant,
 ) -> Catalog {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let next = tokio::time::timeout(Duration::from_secs(30), updates.next())
+        let next = tokio::time::timeout_at(deadline, updates.next())
             .await
-            .expect("a streams update within 30s")
+            .expect("a catalog within 30s")
             .expect("the watch stream does not end");
         match next {
             StreamsUpdate::Catalog(c) => {
@@ -32,6 +33,16 @@ async fn next_catalog(
             StreamsUpdate::Error(e) => println!("watch error (retried): {e}"),
         }
     }
+}
+
+/// The stream watch as streamd runs it: with the node's identity.
+async fn watch_as_node(env: &Env) -> std::pin::Pin<Box<impl Stream<Item = StreamsUpdate> + use<>>> {
+    let client = NodeClient::new(&env.dir.join("kubeconfig"), testbed::NODE_NAME)
+        .await
+        .expect("client")
+        .client()
+        .expect("credentials loaded");
+    Box::pin(streams::watch(client))
 }
 
 fn stream_only(name: &str) -> Inputs {
@@ -44,12 +55,7 @@ fn stream_only(name: &str) -> Inputs {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_resolves_follows_a_digest_change_and_sees_deletion() {
     let env = Env::new("streams").await;
-    let client = NodeClient::new(&env.dir.join("kubeconfig"), testbed::NODE_NAME)
-        .await
-        .expect("client")
-        .client()
-        .expect("credentials loaded");
-    let mut updates = Box::pin(streams::watch(client));
+    let mut updates = watch_as_node(&env).await;
 
     // The testbed's object: both streams, resolving a stream-only request to its images.
     let catalog = next_catalog(&mut updates, Instant::now()).await;
@@ -140,4 +146,89 @@ async fn watch_resolves_follows_a_digest_change_and_sees_deletion() {
     let catalog = next_catalog(&mut updates, since).await;
     let resolved = streams::resolve(&stream_only("rhel-10"), Some(&catalog)).expect("resolves");
     assert_eq!(resolved.os_image, Some(rhel10));
+}
+
+/// Merge-patches the status as the operator would, through whichever version is served.
+fn patch_status(env: &Env, version: &str, rhel10_image: &str) {
+    let v = env.vars();
+    let patch = json!({"status": {"availableStreams": [
+        {"name": "rhel-9", "osImage": env.rhel9(), "osExtensionsImage": v["TESTBED_RHEL9_EXTENSIONS_IMAGE"]},
+        {"name": "rhel-10", "osImage": rhel10_image, "osExtensionsImage": v["TESTBED_RHEL10_EXTENSIONS_IMAGE"]},
+    ]}})
+    .to_string();
+    let resource = format!("osimagestreams.{version}.machineconfiguration.openshift.io");
+    env.kubectl_ok(&[
+        "patch",
+        &resource,
+        "cluster",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &patch,
+    ]);
+}
+
+fn rhel10_of(catalog: &Catalog) -> Option<String> {
+    streams::resolve(&stream_only("rhel-10"), Some(catalog))
+        .ok()
+        .and_then(|i| i.os_image)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_reads_the_served_version_and_says_when_it_cannot() {
+    let env = Env::new("streams-versions").await;
+    // OpenShift 4.21/4.22 with TechPreviewNoUpgrade: only v1alpha1 is served.
+    env.apiserver(json!({"cmd": "serve-osimagestreams", "version": "v1alpha1"}))
+        .await;
+    let mut updates = watch_as_node(&env).await;
+    let catalog = next_catalog(&mut updates, Instant::now()).await;
+    assert_eq!(rhel10_of(&catalog), Some(env.rhel10()), "{catalog:?}");
+
+    // The cluster is upgraded to 4.23: v1alpha1 goes away, v1 is served; a change made
+    // through v1 arrives.
+    let rhel10 = env.rhel10();
+    let (repo, _) = rhel10.split_once('@').expect("pinned");
+    let retarget = format!("{repo}@sha256:{}", "c".repeat(64));
+    env.apiserver(json!({"cmd": "serve-osimagestreams", "version": "v1"}))
+        .await;
+    let since = Instant::now();
+    patch_status(&env, "v1", &retarget);
+    let catalog = next_catalog(&mut updates, since).await;
+    assert_eq!(rhel10_of(&catalog), Some(retarget.clone()), "{catalog:?}");
+
+    // No served version at all (the CRD is gone): said, not silent.
+    let since = Instant::now();
+    env.apiserver(json!({"cmd": "serve-osimagestreams", "version": null}))
+        .await;
+    let unserved = next_catalog(&mut updates, since).await;
+    let err = streams::resolve(&stream_only("rhel-10"), Some(&unserved)).expect_err("unserved");
+    assert!(!err.refuses(), "waits for the API, like a missing object");
+    assert!(
+        err.to_string().starts_with("the cluster serves no OSImageStream API (osimagestreams.machineconfiguration.openshift.io in v1 or v1alpha1)"),
+        "{err}"
+    );
+
+    // Served again: found on the next discovery.
+    let since = Instant::now();
+    env.apiserver(json!({"cmd": "serve-osimagestreams", "version": "v1"}))
+        .await;
+    let catalog = next_catalog(&mut updates, since).await;
+    assert_eq!(rhel10_of(&catalog), Some(retarget), "{catalog:?}");
+
+    // The node's identity loses its RBAC grant: 403 is reported with the server's words.
+    env.kubectl_ok(&["delete", "clusterrolebinding", "streamd-node"]);
+    let since = Instant::now();
+    env.apiserver(json!({"cmd": "fault", "kind": "gone", "count": 1}))
+        .await;
+    env.apiserver(json!({"cmd": "fault", "kind": "drop-watches"}))
+        .await;
+    let forbidden = next_catalog(&mut updates, since).await;
+    let reason = streams::resolve(&stream_only("rhel-10"), Some(&forbidden))
+        .expect_err("forbidden")
+        .to_string();
+    assert!(
+        reason.starts_with("reading OSImageStream \"cluster\" (machineconfiguration.openshift.io/v1) is forbidden (osimagestreams.machineconfiguration.openshift.io is forbidden: User \"system:node:worker-0\" cannot "),
+        "{reason}"
+    );
+    assert!(reason.ends_with("(docs/deploy/rbac.yaml)"), "{reason}");
 }

@@ -62,15 +62,18 @@ async fn default_and_fips_hosts_stage_a_plain_rebase() {
 async fn realtime_hosts_carry_kernel_rt_in_one_transaction() {
     for host in ["realtime", "fips-realtime"] {
         let (env, t) = stage_on(host).await;
+        // The booted el9.6 set, -modules-core included, goes; the el10 set closed under
+        // Requires (-modules-core from the headers) comes in.
         let uninstall = strings(&t["modifiers"]["uninstall-packages"]);
-        assert_eq!(uninstall.len(), 3, "{host}: {t:#}");
+        assert_eq!(uninstall.len(), 4, "{host}: {t:#}");
         assert!(uninstall.iter().all(|p| p.contains("el9")), "{uninstall:?}");
         let local = strings(&t["modifiers"]["install-local-packages"]);
-        assert_eq!(t["fds"], json!(3), "{t:#}");
+        assert_eq!(t["fds"], json!(4), "{t:#}");
         for p in [
-            "kernel-rt-core",
-            "kernel-rt-modules",
-            "kernel-rt-modules-extra",
+            "kernel-rt-core-",
+            "kernel-rt-modules-",
+            "kernel-rt-modules-core-",
+            "kernel-rt-modules-extra-",
         ] {
             assert!(
                 local.iter().any(|l| l.starts_with(p) && l.contains("el10")),
@@ -96,6 +99,12 @@ async fn aarch64_64k_host_carries_kernel_64k() {
         local
             .iter()
             .all(|l| l.starts_with("kernel-64k-") && l.contains("el10") && l.ends_with("aarch64")),
+        "{local:?}"
+    );
+    assert!(
+        local
+            .iter()
+            .any(|l| l.starts_with("kernel-64k-modules-core-")),
         "{local:?}"
     );
 }
@@ -281,20 +290,19 @@ async fn image_refusals() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn extensions_image_without_the_variant_is_refused() {
-    let mut env = Env::with_host("refuse-ext", "realtime").await;
-    env.start_streamd();
-    env.wait_state("Idle").await;
+/// Pushes a rhel-10 extensions image (x86_64) holding the stream's RPMs that `keep` keeps.
+async fn push_rhel10_extensions(
+    env: &Env,
+    tag: &str,
+    keep: impl Fn(&testbed::registry::Rpm) -> bool,
+) -> String {
     let reg = env.tb.registry();
     let files = reg
-        .extensions_files("rhel-10", testbed::registry::Arch::Amd64, |r| {
-            r.name == "usbguard"
-        })
+        .extensions_files("rhel-10", testbed::registry::Arch::Amd64, keep)
         .expect("files");
     let (ext, _) = reg
         .push_custom(
-            "ext-without-rt",
+            tag,
             BTreeMap::from([
                 ("io.openshift.os.extensions".to_string(), "true".to_string()),
                 (
@@ -306,10 +314,40 @@ async fn extensions_image_without_the_variant_is_refused() {
         )
         .await
         .expect("push");
+    ext
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extensions_image_without_the_variant_is_refused() {
+    let mut env = Env::with_host("refuse-ext", "realtime").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let ext = push_rhel10_extensions(&env, "ext-without-rt", |r| r.name == "usbguard").await;
     let os = env.rhel10();
     env.request("rhel-10", &os, Some(&ext));
     let r = refused(&env, "kernel-variant").await;
     assert!(r.contains("kernel-rt-core"), "{r}");
+}
+
+/// An extensions image whose kernel-rt lacks `-modules-core`: the RPMs streamd would pass are
+/// not dependency-closed, which rpm-ostree would only find after pulling the OS image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extensions_image_missing_a_dependency_is_refused_before_any_transaction() {
+    let mut env = Env::with_host("refuse-ext-deps", "realtime").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let ext = push_rhel10_extensions(&env, "ext-without-modules-core", |r| {
+        r.name != "kernel-rt-modules-core"
+    })
+    .await;
+    let os = env.rhel10();
+    env.request("rhel-10", &os, Some(&ext));
+    let r = refused(&env, "rpm-dependencies").await;
+    assert!(
+        r.contains("nothing provides kernel-rt-modules-core-uname-r = 6.12.0-")
+            && r.contains("+rt needed by kernel-rt-core-6.12.0-"),
+        "the reason names the package and the missing requirement: {r}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -342,7 +380,7 @@ async fn staged_tree_without_rt_fails_verification_and_is_cleaned_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fips_realtime_staging_is_verified() {
     let (env, t) = stage_on("fips-realtime").await;
-    assert_eq!(t["fds"], json!(3));
+    assert_eq!(t["fds"], json!(4));
     assert!(
         env.log().contains("staged deployment verified"),
         "{}",
@@ -396,12 +434,12 @@ async fn streamctl_preflight_and_plan_change_nothing() {
     assert_eq!(out.status.code(), Some(0));
     let plan: Value = serde_json::from_slice(&out.stdout).expect("plan JSON");
     assert_eq!(plan["options"]["lock-finalization"], json!(true));
-    assert_eq!(strings(&plan["modifiers"]["uninstall-packages"]).len(), 3);
+    assert_eq!(strings(&plan["modifiers"]["uninstall-packages"]).len(), 4);
     assert_eq!(
         plan["modifiers"]["install-local-packages"]
             .as_array()
             .map(Vec::len),
-        Some(3)
+        Some(4)
     );
     // Without the extensions image: a failing check, exit 1, no plan.
     let out = env.streamctl(&[

@@ -25,9 +25,10 @@ const SYSROOT: &str = "org.projectatomic.rpmostree1.Sysroot";
 const OS: &str = "org.projectatomic.rpmostree1.OS";
 const TXN: &str = "org.projectatomic.rpmostree1.Transaction";
 const WAIT: Duration = Duration::from_secs(30);
-const KERNEL_RT: [&str; 3] = [
+const KERNEL_RT: [&str; 4] = [
     "kernel-rt-core",
     "kernel-rt-modules",
+    "kernel-rt-modules-core",
     "kernel-rt-modules-extra",
 ];
 

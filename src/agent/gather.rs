@@ -19,7 +19,7 @@ use crate::image::pullsecret::PullSecret;
 use crate::image::reference::ImageRef;
 use crate::image::registry::ExtensionsInfo;
 use crate::image::registry::{InspectError, Inspector};
-use crate::image::rpm::{el_major, package_name};
+use crate::image::rpm::{RpmHeader, close, el_major, package_name};
 
 /// What the gatherer needs from the configuration.
 #[derive(Debug, Clone)]
@@ -192,11 +192,45 @@ impl Gatherer {
         };
         let (os_image, extensions) = tokio::join!(os_image, extensions);
         let os_image = os_image?;
-        let (extensions, extracted) = match extensions? {
+        // One answer for the checks, the verification and the RPM choice.
+        let target = preflight::target_major(desired, &os_image);
+        let (mut extensions, mut extracted) = match extensions? {
             None => (None, Vec::new()),
             Some(Ok((info, files))) => (Some(Ok(info)), files),
             Some(Err(e)) => (Some(Err(e)), Vec::new()),
         };
+        // The wanted packages closed under Requires over the image's RPMs that fit the target.
+        let closure = match &extensions {
+            Some(Ok(info)) if !wanted.is_empty() => {
+                let fitting: Vec<RpmHeader> = info
+                    .headers
+                    .iter()
+                    .filter(|h| h.arch == facts.arch || h.arch == "noarch")
+                    .filter(|h| el_major(&h.release).is_none_or(|m| Some(m) == target))
+                    .cloned()
+                    .collect();
+                Some(close(&fitting, &wanted, &|d| variant.owns_requirement(d)))
+            }
+            _ => None,
+        };
+        // Providers the closure added are extracted now; the cache then serves the wanted
+        // packages from the larger extraction.
+        if let (Some(c), Some(img), Some(i)) = (&closure, &desired.extensions_image, &inspector) {
+            let have = |file: &str| {
+                extracted
+                    .iter()
+                    .any(|p| p.file_name().and_then(|n| n.to_str()) == Some(file))
+            };
+            if !c.files().all(have) {
+                let mut more = wanted.clone();
+                more.extend(c.packages.iter().map(|p| p.name.clone()));
+                more.dedup();
+                match self.extensions(i, img, &facts.arch, &more).await {
+                    Ok((_, files)) => extracted = files,
+                    Err(e) => extensions = Some(Err(split::<()>(e)?.err().unwrap_or_default())),
+                }
+            }
+        }
         let checks = preflight::run(&Input {
             desired,
             booted,
@@ -208,14 +242,13 @@ impl Gatherer {
             crio_runtime: &crio,
             os_image: &os_image,
             extensions: extensions.as_ref(),
+            closure: closure.as_ref(),
             disk: self.disk(),
             nic_names_persisted: self.nic_names_persisted(),
             foreign_staged,
             backend: facts.backend,
             policy: &self.policy,
         });
-        // One answer for the checks, the verification and the RPM choice.
-        let target = preflight::target_major(desired, &os_image);
         let expect = match (&os_image, target) {
             (Ok(info), Some(major)) => Some(crate::host::verify::Expectation {
                 image_digest: info.manifest_digest.clone(),
@@ -226,13 +259,14 @@ impl Gatherer {
             _ => None,
         };
         let plan = preflight::first_failure(&checks).is_none().then(|| {
-            // Only the RPMs of the target major are passed: preflight made sure they exist.
+            // Exactly the closure is passed: preflight made sure it is complete.
             let rpms: Vec<PathBuf> = extracted
                 .into_iter()
                 .filter(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| el_major(n) == target)
+                    let name = p.file_name().and_then(|n| n.to_str());
+                    closure
+                        .as_ref()
+                        .is_some_and(|c| c.files().any(|f| Some(f) == name))
                 })
                 .collect();
             base.carry(booted, variant, &layered, &rpms)

@@ -72,6 +72,8 @@ pub struct Settings {
     pub state_dir: std::path::PathBuf,
     /// Resolve a stream-only request through the cluster's OSImageStream.
     pub resolve_streams: bool,
+    /// Longest delay before staging a digest change of the node's stream.
+    pub resolve_spread: Duration,
 }
 
 /// Everything the agent needs from outside.
@@ -91,6 +93,9 @@ pub struct Agent {
     work: Option<Work>,
     /// A reconcile was asked for while work ran: run it once the work is done.
     reconcile_again: bool,
+    /// Held by every preflight run, the agent's and `streamctl preflight`'s: they share the
+    /// extraction directory, whose other images' RPMs a run removes.
+    preflight_lock: std::sync::Arc<tokio::sync::Mutex<()>>,
     retry_at: Option<Instant>,
     backoff: Duration,
     registry_backoff: Duration,
@@ -105,14 +110,16 @@ pub struct Agent {
     reboot: Settings,
     /// The request for which "Old and new refs are equal" was already taken as "staged meanwhile".
     refs_equal_seen: Option<String>,
-    /// The request whose transactions failed on the network, and how many times.
-    pull_failures: Option<(String, u32)>,
     /// The node's input annotations as written (before stream resolution).
     raw_inputs: Inputs,
     /// The cluster's streams, once read (resolution mode only).
     catalog: Option<Catalog>,
     /// Why the request cannot be resolved right now, if it cannot.
     unresolved: Option<String>,
+    /// The annotations `inputs` was resolved from.
+    resolved_from: Inputs,
+    /// After a digest refresh of the node's stream: no staging before then (and why).
+    spread_until: Option<(Instant, String)>,
     store: attempt::Store,
     boot_id: String,
 }
@@ -154,6 +161,7 @@ impl Agent {
             staging: None,
             work: None,
             reconcile_again: false,
+            preflight_lock: std::sync::Arc::default(),
             retry_at: None,
             backoff: MIN_BACKOFF,
             registry_backoff: REGISTRY_MIN_BACKOFF,
@@ -163,10 +171,11 @@ impl Agent {
             credentials_at: Instant::now(),
             credentials_loaded: false,
             refs_equal_seen: None,
-            pull_failures: None,
             raw_inputs: Inputs::default(),
             catalog: None,
             unresolved: None,
+            resolved_from: Inputs::default(),
+            spread_until: None,
             store: attempt::Store::new(&reboot.state_dir),
             reboot,
             boot_id,
@@ -258,6 +267,8 @@ impl Agent {
                 Some(req) = self.requests.recv() => match req {
                     Request::Reconcile => {
                         info!("reconcile requested over d-bus");
+                        // Also a request whose staging failed is tried again.
+                        self.forget_failure();
                         self.reconcile().await;
                     }
                     Request::Preflight { inputs, reply } => {
@@ -366,6 +377,28 @@ impl Agent {
                     return;
                 }
                 debug!(?inputs, "request changed");
+                let previous = self.inputs.as_ref().map(|i| (&self.resolved_from, i));
+                self.spread_until = crate::cluster::streams::catalog_refresh(
+                    previous.filter(|_| self.unresolved.is_none()),
+                    &self.raw_inputs,
+                    &inputs,
+                )
+                .then(|| {
+                    let delay = crate::cluster::streams::spread_delay(
+                        self.reboot.resolve_spread,
+                        self.node.name(),
+                        &inputs,
+                    );
+                    info!(delay_s = delay.as_secs(), "the cluster changed the stream's images; spreading the staging");
+                    let reason = format!(
+                        "the cluster's OSImageStream changed the images of stream {}; staging in {} s (this node's share of resolve-spread-seconds = {}, so the fleet does not pull at once)",
+                        crate::text::quote(inputs.stream.as_deref().unwrap_or_default()),
+                        delay.as_secs(),
+                        self.reboot.resolve_spread.as_secs()
+                    );
+                    (Instant::now() + delay, reason)
+                });
+                self.resolved_from = self.raw_inputs.clone();
                 self.unresolved = None;
                 self.inputs = Some(inputs);
                 self.backoff = MIN_BACKOFF;
@@ -422,6 +455,16 @@ impl Agent {
             self.publish().await;
             return;
         }
+        if let Some((until, reason)) = self.spread_until.clone() {
+            if Instant::now() < until {
+                self.retry_at = Some(until);
+                // A request for the old images must not be approved meanwhile.
+                self.request_reboot(None, None).await;
+                self.set_state(State::Preflight, reason).await;
+                return;
+            }
+            self.spread_until = None;
+        }
         if let Some(w) = &self.work {
             // A preflight for a request no longer wanted changes nothing: drop it. Other work
             // ends first; this reconcile runs after it.
@@ -453,9 +496,8 @@ impl Agent {
             }
             Outcome::Prepared(run, result) => self.on_prepared(*run, result).await,
             Outcome::ForeignRemoved(start, result) => self.on_foreign_removed(*start, result).await,
-            Outcome::Verified(Ok(())) => self.reconcile().await,
-            Outcome::Verified(Err(reason)) => self.set_state(State::Degraded, reason).await,
-            Outcome::CleanedUp(record, result) => self.on_cleaned_up(record, result).await,
+            Outcome::Verified(result) => self.on_verified(result).await,
+            Outcome::CleanedUp(record, result) => self.on_cleaned_up(*record, result).await,
             Outcome::Applied(applying, result) => self.on_applied(*applying, result).await,
         }
     }
@@ -465,7 +507,7 @@ impl Agent {
         let inputs = self.inputs.clone().unwrap_or_default();
         let desired = inputs.desired();
         self.observe_deployments(&deployments);
-        let record = match self.store.load() {
+        let mut record = match self.store.load() {
             Ok(r) => r,
             Err(e) => {
                 // Without the record streamd cannot count reboots: stage nothing, reboot nothing.
@@ -473,6 +515,20 @@ impl Agent {
                 return;
             }
         };
+        // A stage kept for a new request that wants the same image (A → B with equal OS images)
+        // becomes that request's staging, with a new id: no approval of the earlier request
+        // fits it, nor, after B → A, one of A's before.
+        if let (Ok(Some(d)), Some(staged)) = (&desired, record.staged.as_mut()) {
+            let hash = d.observed_hash();
+            if staged.request != hash && staged.os_image == d.os_image.to_string() {
+                staged.request = hash;
+                staged.id = Some(attempt::new_id());
+                if let Err(e) = self.store.save(&record) {
+                    self.set_state(State::Degraded, e.to_string()).await;
+                    return;
+                }
+            }
+        }
         let boot_id = self.boot_id.clone();
         let obs = Observation {
             desired: &desired,
@@ -494,9 +550,19 @@ impl Agent {
             .await;
         match decision {
             Decision::Stage(base) => {
-                self.preflight_and_stage(&obs, base).await;
+                let gave_up = record
+                    .failure
+                    .as_ref()
+                    .filter(|f| Some(f.request.as_str()) == self.status.observed_desired.as_deref())
+                    .and_then(|f| f.gave_up.clone());
+                match gave_up {
+                    // Failed for good before (maybe before a restart): not pulled again.
+                    Some(reason) => self.set_state(State::Degraded, reason).await,
+                    None => self.preflight_and_stage(&obs, base).await,
+                }
             }
             Decision::CleanupStale => self.cleanup_stale(record).await,
+            Decision::Verify => self.verify_recorded(&record).await,
             Decision::RolledBack { attempts, retry } => {
                 self.rolled_back(record, attempts, retry).await;
             }
@@ -567,7 +633,9 @@ impl Agent {
         let gatherer = self.gatherer.clone();
         let facts = self.status.host.clone();
         let store = self.store.clone();
+        let lock = self.preflight_lock.clone();
         async move {
+            let _one_at_a_time = lock.lock().await;
             let inputs = if given.is_empty() {
                 current
             } else {

@@ -12,7 +12,7 @@ use crate::cluster::protocol::Desired;
 use crate::config::Policy;
 use crate::host::facts::Fips;
 use crate::image::registry::{ExtensionsInfo, OsImageInfo};
-use crate::image::rpm::{el_major, names_package, package_name};
+use crate::image::rpm::{Closure, el_major, names_package, package_name};
 
 /// Outcome of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -69,6 +69,9 @@ pub struct Input<'a> {
     pub os_image: &'a Result<OsImageInfo, String>,
     /// The extensions image, if requested, or why it could not be inspected.
     pub extensions: Option<&'a Result<ExtensionsInfo, String>>,
+    /// The RPMs to pass, closed under Requires over the extensions image's RPMs (when there
+    /// are RPMs to pass and the image was read).
+    pub closure: Option<&'a Closure>,
     /// Free disk space.
     pub disk: DiskFree,
     /// Whether NIC names are persisted (`/etc/systemd/network/*.link` written by nmstate).
@@ -102,6 +105,7 @@ pub fn run(i: &Input<'_>) -> Vec<CheckResult> {
         container_runtime(i),
         disk_space(i),
         layered_packages(i),
+        rpm_dependencies(i),
         nic_names(i),
         pending_deployment(i),
     ]
@@ -466,7 +470,7 @@ pub fn layered_packages_of(booted: &Deployment, variant: KernelVariant) -> Vec<S
         .requested_packages
         .iter()
         .chain(&booted.requested_local_packages)
-        .filter(|p| !variant.packages().iter().any(|v| names_package(p, v)))
+        .filter(|p| !variant.owns(p))
         .cloned()
         .collect()
 }
@@ -515,6 +519,50 @@ fn layered_packages(i: &Input<'_>) -> CheckResult {
     }
 }
 
+/// The RPMs passed must be closed under Requires: rpm-ostree adds them to the sack as
+/// `@commandline` packages and depsolves against the new base plus them alone (RHCOS enables
+/// no repositories), so a dependency the image lacks fails the transaction after the image
+/// is pulled. A requirement of the variant kernel's own family is missing for certain (no
+/// base carries it); anything else the image does not provide is left to the new base,
+/// whose package list cannot be read before it is pulled.
+fn rpm_dependencies(i: &Input<'_>) -> CheckResult {
+    let id = "rpm-dependencies";
+    let Some(closure) = i.closure else {
+        return pass(id, "no RPMs to pass");
+    };
+    if !closure.missing.is_empty() {
+        let what: Vec<String> = closure
+            .missing
+            .iter()
+            .map(|u| format!("nothing provides {u}"))
+            .collect();
+        return fail(
+            id,
+            format!(
+                "the extensions image's RPMs are not dependency-closed: {}; rpm-ostree would fail the depsolve",
+                what.join("; ")
+            ),
+        );
+    }
+    let left = if closure.from_base.is_empty() {
+        String::new()
+    } else {
+        let names: Vec<String> = closure
+            .from_base
+            .iter()
+            .map(|u| u.requirement.to_string())
+            .collect();
+        format!("; left to the base: {}", names.join(", "))
+    };
+    pass(
+        id,
+        format!(
+            "{} RPMs closed under Requires{left}",
+            closure.packages.len()
+        ),
+    )
+}
+
 fn nic_names(i: &Input<'_>) -> CheckResult {
     let id = "nic-names";
     let crosses = matches!((i.booted_major, target_major(i.desired, i.os_image)), (Some(a), Some(b)) if a != b);
@@ -555,6 +603,7 @@ mod tests {
         crio: Result<String, String>,
         os: Result<OsImageInfo, String>,
         ext: Option<Result<ExtensionsInfo, String>>,
+        closure: Option<Closure>,
         disk: DiskFree,
         foreign: Option<Deployment>,
         backend: crate::backend::BackendKind,
@@ -582,6 +631,7 @@ mod tests {
                 manifest_digest: format!("sha256:{}", "b".repeat(64)),
             }),
             ext: None,
+            closure: None,
             disk: DiskFree {
                 sysroot: 20 << 30,
                 boot: 500 << 20,
@@ -608,6 +658,7 @@ mod tests {
                 format!("kernel-rt-modules-extra-{rel}.x86_64"),
                 format!("usbguard-1.1.3-3.el{el}.x86_64"),
             ],
+            headers: Vec::new(),
         }
     }
 
@@ -624,6 +675,7 @@ mod tests {
             crio_runtime: &c.crio,
             os_image: &c.os,
             extensions: c.ext.as_ref(),
+            closure: c.closure.as_ref(),
             disk: c.disk,
             nic_names_persisted: c.nic_persisted,
             foreign_staged: c.foreign.as_ref(),
@@ -667,7 +719,7 @@ mod tests {
     fn default_host_passes() {
         assert_eq!(failed(&base()), Vec::<&str>::new());
         let ids: Vec<_> = check(&base()).into_iter().map(|c| c.id).collect();
-        assert_eq!(ids.len(), 13);
+        assert_eq!(ids.len(), 14);
     }
 
     #[test]
@@ -734,6 +786,7 @@ mod tests {
             is_extensions: true,
             stream_class: Some("rhel-10".into()),
             rpms: vec![],
+            headers: Vec::new(),
         }));
         cases.push(("layered-packages", c));
         let mut c = base();
@@ -749,6 +802,21 @@ mod tests {
             ..Deployment::default()
         });
         cases.push(("pending-deployment", c));
+        let mut c = base();
+        c.kernel = Ok(KernelVariant::Realtime);
+        c.ext = Some(Ok(rt_ext(10)));
+        c.closure = Some(Closure {
+            missing: vec![crate::image::rpm::Unresolved {
+                package: "kernel-rt-core-6.12.0-124.8.1.el10_1.x86_64".into(),
+                requirement: crate::image::rpm::Dep::versioned(
+                    "kernel-rt-modules-core-uname-r",
+                    crate::image::rpm::Op::Eq,
+                    "6.12.0-124.8.1.el10_1.x86_64+rt",
+                ),
+            }],
+            ..Closure::default()
+        });
+        cases.push(("rpm-dependencies", c));
         let mut c = base();
         c.backend = crate::backend::BackendKind::Bootc;
         c.kernel = Ok(KernelVariant::Realtime);

@@ -42,6 +42,7 @@ impl Agent {
             let rec = Record {
                 attempt: None,
                 staged: None,
+                approval: None,
                 ..record
             };
             if let Err(e) = self.store.save(&rec) {
@@ -78,7 +79,11 @@ impl Agent {
                 Decision::AwaitApproval { .. } | Decision::Reboot { .. } | Decision::RebootPending,
                 Some(d),
                 RebootPolicy::OnApproval,
-            ) => Some(d.reboot_token(&self.boot_id)),
+            ) => Some(crate::agent::planner::reboot_token(
+                d,
+                &self.boot_id,
+                record,
+            )),
             // Without a lock the request is made after preflight, before staging (see Stage).
             (Decision::Stage(_), _, _) if !self.backend.locks() => return,
             _ => None,
@@ -114,7 +119,7 @@ impl Agent {
         let booted = self.status.current_os_image.clone();
         self.work = Some(Work::spawn(Kind::Cleanup, None, async move {
             let result = backend.cleanup_pending(&booted).await;
-            Outcome::CleanedUp(record, result)
+            Outcome::CleanedUp(Box::new(record), result)
         }));
     }
 
@@ -250,7 +255,8 @@ impl Agent {
                 // locked, the planner finalizes again as this same attempt.
                 warn!(error = %e, %digest, attempt, "finalization interrupted; it may have been applied");
                 self.status.reason = format!(
-                    "applying {digest} (attempt {attempt} of {}): rpm-ostreed closed the finalization without a result, re-reading the deployments",
+                    "applying {} (attempt {attempt} of {}): rpm-ostreed closed the finalization without a result, re-reading the deployments",
+                    self.status.desired_os_image.as_deref().unwrap_or_default(),
                     self.reboot.max_attempts
                 );
                 self.publish().await;

@@ -90,8 +90,9 @@ pub(super) enum Outcome {
     Observed(Result<Vec<Deployment>, BackendError>),
     Prepared(Box<PreflightRun>, Result<Prepared, Transient>),
     ForeignRemoved(Box<StageStart>, Result<(), BackendError>),
-    Verified(Result<(), String>),
-    CleanedUp(Record, Result<(), BackendError>),
+    /// The checksum of the staged deployment that passed the on-disk check, or why not.
+    Verified(Result<String, String>),
+    CleanedUp(Box<Record>, Result<(), BackendError>),
     Applied(Box<Applying>, Result<(), BackendError>),
 }
 

@@ -4,9 +4,15 @@
 //! bootc has no D-Bus API and needs uid 0 with `CAP_SYS_ADMIN`, which the sandboxed daemon does
 //! not have. So every bootc command runs as a **transient systemd unit** started over systemd's
 //! D-Bus API (`StartTransientUnit`, then `JobRemoved`, then the unit's `Result`): `bootc status
-//! --format=json` with its stdout in a file of streamd's runtime directory, and `bootc switch
-//! --transport registry <image>`. Reboots go through logind's `Reboot`, after checking its
-//! inhibitors.
+//! --json` with its stdout in a file of streamd's runtime directory, and `bootc switch
+//! --transport registry [--enforce-container-sigpolicy] <image>`; each unit's stderr goes to
+//! another file, so a failure carries bootc's own words. Reboots go through logind's `Reboot`,
+//! after checking its inhibitors.
+//!
+//! `bootc status --json` is the hidden legacy flag every bootc with JSON output accepts (since
+//! v0.1; `--format=json` only since v0.1.13), as the machine-config daemon uses it; the
+//! document is parsed in every shape bootc has printed (`org.containers.bootc/v1alpha1` before
+//! v1.1.0, no `ostree.stateroot` before v1.3.0: bootc-dev/bootc:crates/lib/src/spec.rs).
 //!
 //! bootc has no finalization lock: a staged deployment is applied by any reboot, planned or
 //! not. The agent must therefore call [`Client::switch`] only once the reboot is approved, and
@@ -53,7 +59,8 @@ pub enum BootcError {
     },
     /// The bootc unit ran and failed.
     #[error(
-        "bootc failed in unit {unit} (result {result}, exit status {status}); see `journalctl -u {unit}`"
+        "bootc failed in unit {unit} (result {result}, exit status {status}): {}; see `journalctl -u {unit}`",
+        if .stderr.is_empty() { "no error output" } else { .stderr.as_str() }
     )]
     UnitFailed {
         /// The transient unit.
@@ -62,6 +69,8 @@ pub enum BootcError {
         result: String,
         /// `ExecMainStatus`: the exit code, or the signal number.
         status: i32,
+        /// What bootc wrote to stderr (its `error: …` chain), on one bounded line.
+        stderr: String,
     },
     /// The bootc unit did not finish in time; it is left running.
     #[error("bootc unit {unit} did not finish within {secs} s; see `journalctl -u {unit}`")]
@@ -71,7 +80,7 @@ pub enum BootcError {
         /// The limit.
         secs: u64,
     },
-    /// `bootc status --format=json` printed something that is not the documented document.
+    /// `bootc status --json` printed something that is not the documented document.
     #[error("unexpected bootc status output: {0}")]
     Status(String),
     /// The status output file could not be read.
@@ -99,6 +108,14 @@ impl BootcError {
             self,
             BootcError::Call { .. } | BootcError::Timeout { .. } | BootcError::Inhibited { .. }
         )
+    }
+
+    /// A `bootc switch` that failed on the network while pulling (bootc's error text reads as
+    /// one, judged like an rpm-ostree transaction's message), so the same request may succeed
+    /// later and is retried.
+    pub fn is_network_failure(&self) -> bool {
+        matches!(self, BootcError::UnitFailed { stderr, .. }
+            if crate::backend::rpmostree::network_failure(stderr))
     }
 
     fn call(service: &'static str, call: &'static str, e: zbus::Error) -> Self {
@@ -270,7 +287,7 @@ impl Client {
         let n = self.next();
         let output = self.runtime_dir.join(format!("bootc-status-{n}.json"));
         let path = self.bootc.to_string_lossy().into_owned();
-        let argv = [path.as_str(), "status", "--format=json"];
+        let argv = [path.as_str(), "status", "--json"];
         let out = output.to_string_lossy().into_owned();
         let run = self
             .run_unit(
@@ -288,10 +305,17 @@ impl Client {
     }
 
     /// Stages `pullspec` with `bootc switch --transport registry <pullspec>`. Not locked: any
-    /// reboot applies it, so call this only once the reboot is approved.
-    pub async fn switch(&self, pullspec: &str) -> Result<(), BootcError> {
+    /// reboot applies it, so call this only once the reboot is approved. With
+    /// `enforce_sigpolicy` (the host runs a signed image) `--enforce-container-sigpolicy` keeps
+    /// the target under the host's `policy.json`: without it bootc would record the new image
+    /// as unverified and signature enforcement would be silently dropped.
+    pub async fn switch(&self, pullspec: &str, enforce_sigpolicy: bool) -> Result<(), BootcError> {
         let path = self.bootc.to_string_lossy().into_owned();
-        let argv = [path.as_str(), "switch", "--transport", "registry", pullspec];
+        let mut argv = vec![path.as_str(), "switch", "--transport", "registry"];
+        if enforce_sigpolicy {
+            argv.push("--enforce-container-sigpolicy");
+        }
+        argv.push(pullspec);
         self.run_unit("switch", &argv, &[], SWITCH_TIMEOUT).await
     }
 
@@ -351,6 +375,10 @@ impl Client {
             Err(e) => return Err(call("Subscribe")(e)),
         }
         let exec: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+        let stderr_file = self
+            .runtime_dir
+            .join(format!("bootc-{verb}-{}.stderr", self.next()));
+        let stderr_path = stderr_file.to_string_lossy().into_owned();
         let started = Instant::now();
         let (unit, job) = loop {
             let unit = format!(
@@ -370,6 +398,12 @@ impl Client {
                 // (the journal keeps its output).
                 ("AddRef", Value::from(true)),
                 ("CollectMode", Value::from("inactive-or-failed")),
+                // bootc's error chain, for the reason; the journal keeps a copy only when
+                // stderr goes there, so the file is the one place it is read from.
+                (
+                    "StandardErrorFileToTruncate",
+                    Value::from(stderr_path.as_str()),
+                ),
             ];
             props.extend(extra.iter().map(|(k, v)| (*k, v.clone())));
             match manager
@@ -410,6 +444,7 @@ impl Client {
             Ok(Some(r)) => r,
         };
         let (result, status) = self.unit_result(&unit).await;
+        let stderr = read_stderr(&stderr_file);
         let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         debug!(unit = %unit, job_result = %job_result, result = ?result, status = ?status, elapsed_ms, "bootc unit finished");
         match (job_result.as_str(), result.as_deref()) {
@@ -418,11 +453,13 @@ impl Client {
                 unit,
                 result: r.to_string(),
                 status: status.unwrap_or(-1),
+                stderr,
             }),
             (job, _) => Err(BootcError::UnitFailed {
                 unit,
                 result: job.to_string(),
                 status: status.unwrap_or(-1),
+                stderr,
             }),
         }
     }
@@ -456,6 +493,18 @@ impl Client {
     }
 }
 
+/// Longest part of bootc's stderr kept for a reason (its last lines: the error chain).
+const STDERR_KEEP: usize = 8 * 1024;
+
+/// What a unit wrote to stderr, on one line (the file then goes); empty when there is none.
+fn read_stderr(path: &Path) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    let _ = std::fs::remove_file(path);
+    // Progress output comes first; the `error: …` chain is at the end.
+    let tail = &text[text.len().saturating_sub(STDERR_KEEP)..];
+    crate::text::one_line(&String::from_utf8_lossy(tail), 600)
+}
+
 fn read_output(path: &Path) -> Result<String, BootcError> {
     std::fs::read_to_string(path).map_err(|e| BootcError::Output {
         path: path.to_path_buf(),
@@ -463,7 +512,8 @@ fn read_output(path: &Path) -> Result<String, BootcError> {
     })
 }
 
-/// `bootc status --format=json` (schema `org.containers.bootc/v1`, `BootcHost`).
+/// `bootc status --json` (`BootcHost` of `org.containers.bootc/v1`, or `v1alpha1` before
+/// bootc v1.1.0).
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Host {
@@ -520,7 +570,9 @@ enum Signature {
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct BootEntryOstree {
-    stateroot: String,
+    /// Printed since bootc v1.3.0.
+    #[serde(default)]
+    stateroot: Option<String>,
     checksum: String,
     deploy_serial: u32,
 }
@@ -563,9 +615,17 @@ impl BootEntry {
                 ostree.deploy_serial
             ))
         })?;
+        // Before v1.3.0 bootc does not say the stateroot: the deployment is then known by its
+        // checksum and serial (unique within a stateroot) and `osname` stays empty.
+        let osname = ostree.stateroot.clone().unwrap_or_default();
+        let id = if osname.is_empty() {
+            format!("{}.{}", ostree.checksum, serial)
+        } else {
+            format!("{osname}-{}.{}", ostree.checksum, serial)
+        };
         Ok(Deployment {
-            id: format!("{}-{}.{}", ostree.stateroot, ostree.checksum, serial),
-            osname: ostree.stateroot.clone(),
+            id,
+            osname,
             serial,
             checksum: ostree.checksum.clone(),
             booted,
@@ -581,7 +641,7 @@ impl BootEntry {
     }
 }
 
-/// Parses `bootc status --format=json` into deployments: staged, booted, rollback, others.
+/// Parses `bootc status --json` into deployments: staged, booted, rollback, others.
 pub fn parse_status(json: &str) -> Result<Vec<Deployment>, BootcError> {
     let host: Host = serde_json::from_str(json)
         .map_err(|e| BootcError::Status(format!("not a bootc host document: {e}")))?;

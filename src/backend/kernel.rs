@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Deployment;
-use crate::image::rpm::names_package;
+use crate::image::rpm::{Dep, names_package, package_name};
 
 /// Kernel variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -41,8 +41,11 @@ impl KernelVariant {
         }
     }
 
-    /// The packages that make up the variant on the target (never the `kernel-rt` meta-package,
-    /// nor `kernel-rt-kvm`, which RHEL 9.7+ and 10 no longer ship).
+    /// The packages requested for the variant, as the MCO requests them from the extensions
+    /// repository (openshift/machine-config-operator:pkg/daemon/update.go): never the
+    /// `kernel-rt` meta-package, nor `kernel-rt-kvm`, which RHEL 9.7+ and 10 no longer ship.
+    /// What they require (`-modules-core`, split out for every variant since RHEL 9.2 and in
+    /// RHEL 10) is added from the RPM headers by [`crate::image::rpm::close`].
     pub fn packages(self) -> &'static [&'static str] {
         match self {
             KernelVariant::Default => &[],
@@ -54,10 +57,42 @@ impl KernelVariant {
             KernelVariant::SixtyFourK => &[
                 "kernel-64k-core",
                 "kernel-64k-modules",
-                "kernel-64k-modules-core",
                 "kernel-64k-modules-extra",
             ],
         }
+    }
+
+    /// The name every package of the variant's kernel starts with (`kernel-rt-…`), as the MCO
+    /// recognises a variant's layered packages (`queueRevertKernelSwap`).
+    fn family(self) -> Option<&'static str> {
+        match self {
+            KernelVariant::Default => None,
+            KernelVariant::Realtime => Some("kernel-rt-"),
+            KernelVariant::SixtyFourK => Some("kernel-64k-"),
+        }
+    }
+
+    /// Whether `spec` (a name or a NEVRA) is one of the variant kernel's packages, whichever
+    /// subpackage it is (`kernel-rt-modules-core`, an old `kernel-rt-kvm`).
+    pub fn owns(self, spec: &str) -> bool {
+        self.family()
+            .is_some_and(|f| package_name(spec).starts_with(f))
+    }
+
+    /// Whether requirement `dep` can only be met by the variant kernel's own packages: a
+    /// capability of its family (`kernel-rt-modules-core-uname-r`) or of its release
+    /// (`kernel-uname-r = 6.12.0-….x86_64+rt`). No base image carries those (it carries the
+    /// default kernel, which the variant removes), so an extensions image that lacks them
+    /// cannot be installed.
+    pub fn owns_requirement(self, dep: &Dep) -> bool {
+        let Some(family) = self.family() else {
+            return false;
+        };
+        dep.name.starts_with(family)
+            || dep
+                .version
+                .as_ref()
+                .is_some_and(|(_, evr)| evr.ends_with(self.release_suffix()))
     }
 }
 
@@ -112,6 +147,7 @@ pub fn checked_variant(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::image::rpm::Op;
 
     fn dep(removals: &[&str], packages: &[&str], local: &[&str]) -> Deployment {
         let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect();
@@ -186,5 +222,41 @@ mod tests {
                 .packages()
                 .contains(&"kernel-rt-kvm")
         );
+    }
+
+    #[test]
+    fn a_variant_owns_its_family_and_its_release() {
+        let rt = KernelVariant::Realtime;
+        assert!(rt.owns("kernel-rt-modules-core-6.12.0-124.8.1.el10_1.x86_64"));
+        assert!(rt.owns("kernel-rt-kvm"));
+        assert!(!rt.owns("kernel-core"));
+        assert!(!rt.owns("kernel-64k-core"));
+        assert!(!KernelVariant::Default.owns("kernel-rt-core"));
+        let rel = "6.12.0-124.8.1.el10_1.x86_64";
+        for (dep, want) in [
+            (
+                Dep::versioned(
+                    "kernel-rt-modules-core-uname-r",
+                    Op::Eq,
+                    format!("{rel}+rt"),
+                ),
+                true,
+            ),
+            (
+                Dep::versioned("kernel-uname-r", Op::Eq, format!("{rel}+rt")),
+                true,
+            ),
+            (Dep::versioned("kernel-uname-r", Op::Eq, rel), false),
+            (Dep::any("/bin/sh"), false),
+            (Dep::versioned("systemd", Op::Ge, "200"), false),
+        ] {
+            assert_eq!(rt.owns_requirement(&dep), want, "{dep}");
+            assert!(!KernelVariant::Default.owns_requirement(&dep));
+        }
+        assert!(KernelVariant::SixtyFourK.owns_requirement(&Dep::versioned(
+            "kernel-uname-r",
+            Op::Eq,
+            "6.12.0-124.8.1.el10_1.aarch64+64k"
+        )));
     }
 }

@@ -79,14 +79,26 @@ impl BackendError {
         matches!(self, BackendError::RpmOstree(RpmOstreeError::Interrupted))
     }
 
-    /// A staging that failed on the network (see [`RpmOstreeError::is_network_failure`]);
-    /// bootc's unit result does not say why it failed, so it never qualifies.
+    /// A staging that failed on the network (see [`RpmOstreeError::is_network_failure`] and
+    /// [`BootcError::is_network_failure`]).
     pub fn is_network_failure(&self) -> bool {
         match self {
             BackendError::RpmOstree(e) => e.is_network_failure(),
-            BackendError::Bootc(_) => false,
+            BackendError::Bootc(e) => e.is_network_failure(),
         }
     }
+}
+
+/// Whether the booted deployment was deployed from a signed image (`containerPolicy`, the
+/// `ostree-image-signed:` origin): every switch away from it then enforces the host's
+/// signature policy too.
+async fn booted_signed(c: &bootc::Client) -> Result<bool, BootcError> {
+    Ok(c.deployments().await?.iter().any(|d| {
+        d.booted
+            && d.container_image_reference
+                .as_deref()
+                .is_some_and(|r| r.starts_with("ostree-image-signed:"))
+    }))
 }
 
 impl Backend {
@@ -159,7 +171,7 @@ impl Backend {
             Backend::Bootc(_) if booted.is_empty() => {
                 Err(BootcError::Status("no booted container image to return to".into()).into())
             }
-            Backend::Bootc(c) => Ok(c.switch(booted).await?),
+            Backend::Bootc(c) => Ok(c.switch(booted, booted_signed(c).await?).await?),
         }
     }
 
@@ -176,11 +188,17 @@ impl Backend {
                 .update_deployment(&UpdateDeploymentCall::for_plan(plan), events, Some(cancel))
                 .await?),
             Backend::Bootc(c) => {
+                let signed = booted_signed(c).await?;
                 let _ = events.try_send(TxnEvent::Message(format!(
-                    "bootc switch --transport registry {}",
+                    "bootc switch --transport registry {}{}",
+                    if signed {
+                        "--enforce-container-sigpolicy "
+                    } else {
+                        ""
+                    },
                     plan.os_image
                 )));
-                Ok(c.switch(&plan.os_image.to_string()).await?)
+                Ok(c.switch(&plan.os_image.to_string(), signed).await?)
             }
         }
     }

@@ -57,10 +57,8 @@ impl StagePlan {
         rpms: &[PathBuf],
     ) -> Self {
         self.kernel = kernel;
-        let replaced = |spec: &str| {
-            kernel.packages().iter().any(|p| names_package(spec, p))
-                || carried.iter().any(|p| names_package(spec, p))
-        };
+        let replaced =
+            |spec: &str| kernel.owns(spec) || carried.iter().any(|p| names_package(spec, p));
         self.uninstall = booted
             .requested_packages
             .iter()

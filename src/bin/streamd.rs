@@ -119,6 +119,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         pull_retries: cfg.pull_retries,
         state_dir: cfg.state_dir.clone(),
         resolve_streams: cfg.resolve_streams,
+        resolve_spread: cfg.resolve_spread,
     };
     let agent = Agent::new(node, backend, gatherer, reboot).await?;
     agent.run(shutdown_signal()).await

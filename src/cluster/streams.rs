@@ -1,26 +1,35 @@
 //! Stream resolution: the cluster's `OSImageStream` named `cluster`
-//! (`machineconfiguration.openshift.io/v1`, cluster scoped) lists each stream's digest-pinned
-//! OS and extensions images in `status.availableStreams`. With `resolve-streams = true` a node
-//! that names only `desired-stream` gets that stream's images from there.
+//! (`machineconfiguration.openshift.io`, `v1` or `v1alpha1`, cluster scoped) lists each
+//! stream's digest-pinned OS and extensions images in `status.availableStreams`. With
+//! `resolve-streams = true` a node that names only `desired-stream` gets that stream's images
+//! from there.
 //!
-//! [`resolve`] is pure (table tests below); [`watch`] follows the object and yields a
+//! [`resolve`], [`served_version`], [`catalog_refresh`] and [`spread_delay`] are pure (table
+//! tests below); [`watch`] discovers the served version, follows the object and yields a
 //! [`Catalog`] whenever what streamd reads of it changes.
 
 use std::borrow::Cow;
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIGroupList, APIResourceList, ObjectMeta};
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use tracing::{info, warn};
 
 use crate::cluster::protocol::{self, DESIRED_STREAM, Inputs, ProtocolError};
 use crate::image::reference::{ImageRef, ImageRefError};
 
 /// API group of `OSImageStream`.
 pub const GROUP: &str = "machineconfiguration.openshift.io";
-/// API version of `OSImageStream` streamd reads.
-pub const VERSION: &str = "v1";
+/// The API versions of `OSImageStream` streamd reads, preferred first. openshift/api serves
+/// exactly one of them: `v1alpha1` on 4.21 (TechPreviewNoUpgrade, DevPreviewNoUpgrade,
+/// CustomNoUpgrade) and 4.22 (the same feature sets), `v1` from 4.23 (Default on self-managed
+/// clusters), and none before 4.21 (payload-manifests/crds/0000_80_machine-config_01_osimagestreams*.crd.yaml
+/// on each release branch).
+pub const VERSIONS: [&str; 2] = ["v1", "v1alpha1"];
 /// Kind.
 pub const KIND: &str = "OSImageStream";
 /// Resource (plural) name.
@@ -63,23 +72,25 @@ pub struct StreamImages {
     pub os_extensions_image: String,
 }
 
+/// The object's shape is the same in `v1alpha1` and `v1` for every field streamd reads, so one
+/// type serves both; the version is the one discovery found served.
 impl kube::Resource for OsImageStream {
-    type DynamicType = ();
+    type DynamicType = &'static str;
     type Scope = k8s_openapi::ClusterResourceScope;
 
-    fn kind(_: &()) -> Cow<'_, str> {
+    fn kind(_: &Self::DynamicType) -> Cow<'_, str> {
         Cow::Borrowed(KIND)
     }
 
-    fn group(_: &()) -> Cow<'_, str> {
+    fn group(_: &Self::DynamicType) -> Cow<'_, str> {
         Cow::Borrowed(GROUP)
     }
 
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(VERSION)
+    fn version(version: &Self::DynamicType) -> Cow<'_, str> {
+        Cow::Borrowed(version)
     }
 
-    fn plural(_: &()) -> Cow<'_, str> {
+    fn plural(_: &Self::DynamicType) -> Cow<'_, str> {
         Cow::Borrowed(PLURAL)
     }
 
@@ -101,6 +112,9 @@ pub enum Catalog {
     Unreconciled,
     /// The streams in `status.availableStreams`, in the object's order.
     Available(Vec<StreamImages>),
+    /// The cluster does not let streamd read the object: it serves no `OSImageStream` API, or
+    /// refuses the node's identity (403). The reason says which.
+    Unreadable(String),
 }
 
 impl Catalog {
@@ -130,6 +144,9 @@ pub enum ResolveError {
     /// The object has no `status.availableStreams` yet.
     #[error("OSImageStream {NAME:?} has no status.availableStreams yet (not reconciled)")]
     Unreconciled,
+    /// The object cannot be read (no served API version, or forbidden).
+    #[error("{0}")]
+    Unreadable(String),
     /// The node's stream name is malformed.
     #[error(transparent)]
     Protocol(#[from] ProtocolError),
@@ -174,7 +191,10 @@ impl ResolveError {
             ResolveError::Protocol(_)
             | ResolveError::UnknownStream { .. }
             | ResolveError::BadImage { .. } => true,
-            ResolveError::Pending | ResolveError::Missing | ResolveError::Unreconciled => false,
+            ResolveError::Pending
+            | ResolveError::Missing
+            | ResolveError::Unreconciled
+            | ResolveError::Unreadable(_) => false,
         }
     }
 }
@@ -199,6 +219,7 @@ pub fn resolve(inputs: &Inputs, catalog: Option<&Catalog>) -> Result<Inputs, Res
         None => return Err(ResolveError::Pending),
         Some(Catalog::Missing) => return Err(ResolveError::Missing),
         Some(Catalog::Unreconciled) => return Err(ResolveError::Unreconciled),
+        Some(Catalog::Unreadable(reason)) => return Err(ResolveError::Unreadable(reason.clone())),
         Some(Catalog::Available(entries)) => entries,
     };
     let Some(entry) = entries.iter().find(|e| e.name == *stream) else {
@@ -232,12 +253,112 @@ pub fn resolve(inputs: &Inputs, catalog: Option<&Catalog>) -> Result<Inputs, Res
     })
 }
 
+/// Whether a newly resolved request differs from the previous one only because the cluster's
+/// catalog changed (the node's annotations are the same): a digest refresh of the node's
+/// stream, which every node of that stream sees at once. `previous` is the (annotations,
+/// resolved request) pair acted on last.
+pub fn catalog_refresh(
+    previous: Option<(&Inputs, &Inputs)>,
+    raw: &Inputs,
+    resolved: &Inputs,
+) -> bool {
+    previous.is_some_and(|(prev_raw, prev_resolved)| prev_raw == raw && prev_resolved != resolved)
+}
+
+/// This node's share of `spread`: a fraction of it fixed by the node's name and the request,
+/// so a fleet's nodes start their pulls spread evenly over `spread`, and a restart of streamd
+/// does not draw a new delay.
+pub fn spread_delay(spread: Duration, node: &str, resolved: &Inputs) -> Duration {
+    let mut h = Sha256::new();
+    for part in [
+        Some(node),
+        resolved.os_image.as_deref(),
+        resolved.extensions_image.as_deref(),
+    ] {
+        h.update(part.unwrap_or_default().as_bytes());
+        h.update([0]);
+    }
+    let digest = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    // 53 bits are all an f64 holds; the fraction is in [0, 1).
+    let fraction = (u64::from_be_bytes(first) >> 11) as f64 / (1u64 << 53) as f64;
+    spread.mul_f64(fraction)
+}
+
+/// The first of [`VERSIONS`] whose discovery document (`GET /apis/<group>/<version>`) lists
+/// `osimagestreams`. A group can be served without it (the machine-config operator's other
+/// types on OpenShift before 4.21, or without the feature set).
+pub fn served_version(lists: &[APIResourceList]) -> Option<&'static str> {
+    VERSIONS.into_iter().find(|v| {
+        lists.iter().any(|l| {
+            l.group_version == format!("{GROUP}/{v}")
+                && l.resources.iter().any(|r| r.name == PLURAL)
+        })
+    })
+}
+
+/// The versions of [`GROUP`] the group list names, among [`VERSIONS`].
+fn listed_versions(groups: &APIGroupList) -> Vec<&'static str> {
+    let Some(group) = groups.groups.iter().find(|g| g.name == GROUP) else {
+        return Vec::new();
+    };
+    VERSIONS
+        .into_iter()
+        .filter(|v| group.versions.iter().any(|gv| gv.version == *v))
+        .collect()
+}
+
+/// The reason reported when no version is served.
+fn not_served() -> String {
+    format!(
+        "the cluster serves no OSImageStream API ({PLURAL}.{GROUP} in {}): OpenShift serves v1 from 4.23 and v1alpha1 on 4.21 and 4.22 only with the TechPreviewNoUpgrade or DevPreviewNoUpgrade feature set; set desired-os-image on the node instead",
+        VERSIONS.join(" or ")
+    )
+}
+
+/// How a request to the API failed, as far as the stream watch cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Failure {
+    /// 404: the version (or the whole CRD) is not served (any more).
+    NotServed,
+    /// 403: the node's identity may not read the object.
+    Forbidden(String),
+    /// Anything else (connection, 5xx, 410): retried, the last catalog holds.
+    Other(String),
+}
+
+fn classify(err: &kube::Error) -> Failure {
+    match err {
+        kube::Error::Api(s) if s.code == 404 => Failure::NotServed,
+        kube::Error::Api(s) if s.code == 403 => Failure::Forbidden(s.message.clone()),
+        other => Failure::Other(other.to_string()),
+    }
+}
+
+fn classify_watch(err: &watcher::Error) -> Failure {
+    match err {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => classify(e),
+        other => Failure::Other(other.to_string()),
+    }
+}
+
+fn forbidden(version: &str, message: &str) -> String {
+    format!(
+        "reading OSImageStream {NAME:?} ({GROUP}/{version}) is forbidden ({}); the node's identity needs get, list and watch on {PLURAL} (docs/deploy/rbac.yaml)",
+        // The server's own words, kept to one bounded line.
+        crate::text::one_line(message, 400)
+    )
+}
+
 /// What the stream watch yields.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StreamsUpdate {
     /// The catalog changed (the first one after start is always delivered).
     Catalog(Catalog),
-    /// The watch failed; kube-rs retries with backoff and the last catalog still holds.
+    /// A transient failure; it is retried with backoff and the last catalog still holds.
     Error(String),
 }
 
@@ -251,45 +372,135 @@ struct Tracker {
 }
 
 impl Tracker {
-    fn on_event(
-        &mut self,
-        ev: Result<watcher::Event<OsImageStream>, watcher::Error>,
-    ) -> Option<StreamsUpdate> {
+    fn on_event(&mut self, ev: watcher::Event<OsImageStream>) -> Option<StreamsUpdate> {
         let catalog = match ev {
-            Ok(watcher::Event::Init) => {
+            watcher::Event::Init => {
                 self.listing = Some(None);
                 return None;
             }
-            Ok(watcher::Event::InitApply(o)) => {
+            watcher::Event::InitApply(o) => {
                 self.listing = Some(Some(o));
                 return None;
             }
-            Ok(watcher::Event::InitDone) => {
+            watcher::Event::InitDone => {
                 Catalog::from_object(self.listing.take().flatten().as_ref())
             }
-            Ok(watcher::Event::Apply(o)) => Catalog::from_object(Some(&o)),
-            Ok(watcher::Event::Delete(_)) => Catalog::Missing,
-            Err(e) => return Some(StreamsUpdate::Error(e.to_string())),
+            watcher::Event::Apply(o) => Catalog::from_object(Some(&o)),
+            watcher::Event::Delete(_) => Catalog::Missing,
         };
+        self.report(catalog)
+    }
+
+    /// The update for `catalog`, unless it is the one reported last.
+    fn report(&mut self, catalog: Catalog) -> Option<StreamsUpdate> {
         if self.last.as_ref() == Some(&catalog) {
             return None;
         }
         self.last = Some(catalog.clone());
         Some(StreamsUpdate::Catalog(catalog))
     }
+
+    /// What a failure means: not served (`None`: discover again), forbidden (a catalog the
+    /// node reports), anything else (retried).
+    fn on_failure(&mut self, version: &str, failure: Failure) -> Option<StreamsUpdate> {
+        match failure {
+            Failure::NotServed => None,
+            Failure::Forbidden(m) => self.report(Catalog::Unreadable(forbidden(version, &m))),
+            Failure::Other(m) => Some(StreamsUpdate::Error(m)),
+        }
+    }
 }
 
-/// Watches the `OSImageStream` named `cluster` (field selector), resuming from
-/// resourceVersion and relisting on 410 Gone like the node watch.
+/// First delay before discovering the served version again; doubles up to [`REDISCOVER_MAX`].
+const REDISCOVER_MIN: Duration = Duration::from_secs(1);
+/// Longest delay between discoveries.
+const REDISCOVER_MAX: Duration = Duration::from_secs(300);
+
+/// Discovers which version of `OSImageStream` the cluster serves (`None`: none).
+async fn discover(client: &kube::Client) -> Result<Option<&'static str>, kube::Error> {
+    let groups = client.list_api_groups().await?;
+    let mut lists = Vec::new();
+    for v in listed_versions(&groups) {
+        match client
+            .list_api_group_resources(&format!("{GROUP}/{v}"))
+            .await
+        {
+            Ok(list) => lists.push(list),
+            // Removed between the two requests: as if not listed.
+            Err(e) if classify(&e) == Failure::NotServed => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(served_version(&lists))
+}
+
+/// Watches the `OSImageStream` named `cluster` (field selector) in the version the cluster
+/// serves, found by API discovery, resuming from resourceVersion and relisting on 410 Gone
+/// like the node watch. A 404 (the version is no longer served, e.g. after an upgrade from
+/// 4.22 to 4.23) discovers again; no served version and 403 are reported as
+/// [`Catalog::Unreadable`], so the node says why it cannot resolve.
 ///
 /// The node identity needs `get`, `list` and `watch` on `osimagestreams` (docs/deploy/).
 pub fn watch(client: kube::Client) -> impl Stream<Item = StreamsUpdate> + Send + 'static {
-    let api: Api<OsImageStream> = Api::all(client);
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={NAME}"));
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let closed = tx.clone();
+    // Ends with the stream, also while the watch is quiet.
+    tokio::spawn(async move {
+        tokio::select! {
+            () = follow(client, tx) => {}
+            () = closed.closed() => {}
+        }
+    });
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|u| (u, rx)) })
+}
+
+/// The task behind [`watch`]; ends when the stream is dropped.
+async fn follow(client: kube::Client, tx: tokio::sync::mpsc::Sender<StreamsUpdate>) {
     let mut tracker = Tracker::default();
-    watcher(api, cfg)
-        .default_backoff()
-        .filter_map(move |ev| std::future::ready(tracker.on_event(ev)))
+    let mut backoff = REDISCOVER_MIN;
+    loop {
+        let update = match discover(&client).await {
+            Ok(Some(version)) => {
+                info!(version, "reading osimagestreams");
+                let api: Api<OsImageStream> = Api::all_with(client.clone(), &version);
+                let cfg = watcher::Config::default().fields(&format!("metadata.name={NAME}"));
+                let mut events = std::pin::pin!(watcher(api, cfg).default_backoff());
+                while let Some(ev) = events.next().await {
+                    let update = match ev {
+                        Ok(ev) => {
+                            backoff = REDISCOVER_MIN;
+                            tracker.on_event(ev)
+                        }
+                        Err(e) => match classify_watch(&e) {
+                            Failure::NotServed => {
+                                warn!(
+                                    version,
+                                    "osimagestreams no longer served in this version; discovering again"
+                                );
+                                break;
+                            }
+                            failure => tracker.on_failure(version, failure),
+                        },
+                    };
+                    if let Some(u) = update
+                        && tx.send(u).await.is_err()
+                    {
+                        return;
+                    }
+                }
+                None
+            }
+            Ok(None) => tracker.report(Catalog::Unreadable(not_served())),
+            Err(e) => tracker.on_failure(VERSIONS[0], classify(&e)),
+        };
+        if let Some(u) = update
+            && tx.send(u).await.is_err()
+        {
+            return;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(REDISCOVER_MAX);
+    }
 }
 
 #[cfg(test)]
@@ -534,30 +745,198 @@ mod tests {
             StreamsUpdate::Catalog(Catalog::Available(vec![entry("rhel-10", &img(d), "")]))
         };
         // A list with the object: reported once the list is complete.
-        assert_eq!(t.on_event(Ok(watcher::Event::Init)), None);
-        assert_eq!(t.on_event(Ok(watcher::Event::InitApply(object(D9)))), None);
-        assert_eq!(t.on_event(Ok(watcher::Event::InitDone)), Some(avail(D9)));
+        assert_eq!(t.on_event(watcher::Event::Init), None);
+        assert_eq!(t.on_event(watcher::Event::InitApply(object(D9))), None);
+        assert_eq!(t.on_event(watcher::Event::InitDone), Some(avail(D9)));
         // The same status again (a relist, a metadata-only change): nothing.
-        assert_eq!(t.on_event(Ok(watcher::Event::Apply(object(D9)))), None);
+        assert_eq!(t.on_event(watcher::Event::Apply(object(D9))), None);
         assert_eq!(
-            t.on_event(Ok(watcher::Event::Apply(object(D10)))),
+            t.on_event(watcher::Event::Apply(object(D10))),
             Some(avail(D10))
         );
         assert_eq!(
-            t.on_event(Ok(watcher::Event::Delete(object(D10)))),
+            t.on_event(watcher::Event::Delete(object(D10))),
             Some(StreamsUpdate::Catalog(Catalog::Missing))
         );
         // A relist that finds nothing after the object came back: missing again.
         assert_eq!(
-            t.on_event(Ok(watcher::Event::Apply(object(D9)))),
+            t.on_event(watcher::Event::Apply(object(D9))),
             Some(avail(D9))
         );
-        assert_eq!(t.on_event(Ok(watcher::Event::Init)), None);
+        assert_eq!(t.on_event(watcher::Event::Init), None);
         assert_eq!(
-            t.on_event(Ok(watcher::Event::InitDone)),
+            t.on_event(watcher::Event::InitDone),
             Some(StreamsUpdate::Catalog(Catalog::Missing))
         );
-        let err = t.on_event(Err(watcher::Error::NoResourceVersion));
-        assert!(matches!(err, Some(StreamsUpdate::Error(_))), "{err:?}");
+        // A 403 is reported once as a catalog the node shows; a 404 asks for discovery; the
+        // rest is retried.
+        let forbidden = t.on_failure("v1alpha1", Failure::Forbidden("nope".into()));
+        match &forbidden {
+            Some(StreamsUpdate::Catalog(Catalog::Unreadable(r))) => assert!(
+                r.starts_with("reading OSImageStream \"cluster\" (machineconfiguration.openshift.io/v1alpha1) is forbidden (nope); "),
+                "{r}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            t.on_failure("v1alpha1", Failure::Forbidden("nope".into())),
+            None
+        );
+        assert_eq!(t.on_failure("v1", Failure::NotServed), None);
+        assert_eq!(
+            t.on_failure("v1", Failure::Other("reset".into())),
+            Some(StreamsUpdate::Error("reset".into()))
+        );
+        // Readable again: the same catalog as before the refusal is news.
+        assert_eq!(t.on_event(watcher::Event::Init), None);
+        assert_eq!(t.on_event(watcher::Event::InitApply(object(D9))), None);
+        assert_eq!(t.on_event(watcher::Event::InitDone), Some(avail(D9)));
+    }
+
+    #[test]
+    fn failures_are_classified_by_status_code() {
+        let api = |code: u16| {
+            kube::Error::Api(
+                kube::core::Status::failure("m", "r")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        assert_eq!(classify(&api(404)), Failure::NotServed);
+        assert_eq!(classify(&api(403)), Failure::Forbidden("m".into()));
+        assert!(matches!(classify(&api(500)), Failure::Other(_)));
+        assert_eq!(
+            classify_watch(&watcher::Error::InitialListFailed(api(404))),
+            Failure::NotServed
+        );
+        assert!(matches!(
+            classify_watch(&watcher::Error::NoResourceVersion),
+            Failure::Other(_)
+        ));
+    }
+
+    fn resource_list(group_version: &str, plurals: &[&str]) -> APIResourceList {
+        serde_json::from_value(serde_json::json!({
+            "groupVersion": group_version,
+            "resources": plurals.iter().map(|p| serde_json::json!({
+                "name": p, "singularName": "", "namespaced": false, "kind": "K", "verbs": ["get"],
+            })).collect::<Vec<_>>(),
+        }))
+        .expect("parses")
+    }
+
+    #[test]
+    fn served_version_table() {
+        let v1 = resource_list(
+            "machineconfiguration.openshift.io/v1",
+            &["machineconfigs", "osimagestreams", "osimagestreams/status"],
+        );
+        let v1_without = resource_list(
+            "machineconfiguration.openshift.io/v1",
+            &["machineconfigs", "machineconfigpools"],
+        );
+        let alpha = resource_list(
+            "machineconfiguration.openshift.io/v1alpha1",
+            &["osimagestreams"],
+        );
+        let other_group = resource_list("example.com/v1", &["osimagestreams"]);
+        let cases: Vec<(&str, Vec<APIResourceList>, Option<&str>)> = vec![
+            ("4.23: v1", vec![v1.clone()], Some("v1")),
+            (
+                "4.21/4.22 with the feature set: v1alpha1 beside v1's other types",
+                vec![v1_without.clone(), alpha.clone()],
+                Some("v1alpha1"),
+            ),
+            (
+                "both (not shipped): the stable one",
+                vec![alpha, v1],
+                Some("v1"),
+            ),
+            (
+                "4.20, or 4.22 without the feature set",
+                vec![v1_without],
+                None,
+            ),
+            ("no group", vec![], None),
+            ("another group's osimagestreams", vec![other_group], None),
+        ];
+        for (case, lists, want) in cases {
+            assert_eq!(served_version(&lists), want, "{case}");
+        }
+        let groups: APIGroupList = serde_json::from_value(serde_json::json!({"groups": [
+            {"name": "machineconfiguration.openshift.io", "versions": [
+                {"groupVersion": "machineconfiguration.openshift.io/v1", "version": "v1"},
+                {"groupVersion": "machineconfiguration.openshift.io/v1alpha1", "version": "v1alpha1"},
+                {"groupVersion": "machineconfiguration.openshift.io/v2", "version": "v2"},
+            ]},
+        ]}))
+        .expect("parses");
+        assert_eq!(listed_versions(&groups), vec!["v1", "v1alpha1"]);
+        assert!(listed_versions(&APIGroupList::default()).is_empty());
+    }
+
+    #[test]
+    fn unreadable_catalog_waits_with_its_reason() {
+        let reason = not_served();
+        let err = resolve(
+            &inputs(Some("rhel-9"), None, None),
+            Some(&Catalog::Unreadable(reason.clone())),
+        )
+        .expect_err("unreadable");
+        assert!(!err.refuses());
+        assert_eq!(err.to_string(), reason);
+        assert!(
+            reason.contains("osimagestreams.machineconfiguration.openshift.io in v1 or v1alpha1"),
+            "{reason}"
+        );
+    }
+
+    #[test]
+    fn a_refresh_is_a_changed_resolution_of_unchanged_annotations() {
+        let raw = inputs(Some("rhel-10"), None, None);
+        let old = inputs(Some("rhel-10"), Some(&img(D9)), None);
+        let new = inputs(Some("rhel-10"), Some(&img(D10)), None);
+        let other_raw = inputs(Some("rhel-9"), None, None);
+        assert!(catalog_refresh(Some((&raw, &old)), &raw, &new));
+        assert!(
+            !catalog_refresh(Some((&raw, &old)), &raw, &old),
+            "nothing changed"
+        );
+        assert!(
+            !catalog_refresh(Some((&other_raw, &old)), &raw, &new),
+            "the admin changed the node"
+        );
+        assert!(!catalog_refresh(None, &raw, &new), "the first resolution");
+    }
+
+    #[test]
+    fn spread_delays_are_stable_per_node_and_cover_the_spread() {
+        let spread = Duration::from_secs(600);
+        let req = inputs(Some("rhel-10"), Some(&img(D10)), None);
+        assert_eq!(
+            spread_delay(spread, "worker-0", &req),
+            spread_delay(spread, "worker-0", &req)
+        );
+        assert_eq!(
+            spread_delay(Duration::ZERO, "worker-0", &req),
+            Duration::ZERO
+        );
+        let delays: Vec<Duration> = (0..200)
+            .map(|i| spread_delay(spread, &format!("worker-{i}"), &req))
+            .collect();
+        assert!(delays.iter().all(|d| *d < spread));
+        // Spread over the whole window, not bunched: each tenth of it gets some nodes.
+        for tenth in 0..10u32 {
+            let (lo, hi) = (spread * tenth / 10, spread * (tenth + 1) / 10);
+            assert!(
+                delays.iter().any(|d| *d >= lo && *d < hi),
+                "nothing in tenth {tenth}"
+            );
+        }
+        let other = inputs(Some("rhel-10"), Some(&img(D9)), None);
+        assert_ne!(
+            spread_delay(spread, "worker-0", &req),
+            spread_delay(spread, "worker-0", &other)
+        );
     }
 }

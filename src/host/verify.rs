@@ -175,7 +175,8 @@ pub fn verify_staged(
         on_disk
             .iter()
             .find(|o| {
-                o.osname() == d.osname.as_str()
+                // An empty osname: bootc before v1.3.0 does not say the stateroot.
+                (d.osname.is_empty() || o.osname() == d.osname.as_str())
                     && o.csum() == d.checksum.as_str()
                     && o.deployserial() == d.serial
             })

@@ -52,8 +52,9 @@ impl Cache {
         self.root.join(hex)
     }
 
-    /// The stored extraction for exactly this image, architecture and package set, with the
-    /// paths of its files; `None` when any of them differs or a file is missing or changed.
+    /// The stored extraction for exactly this image and architecture that holds every wanted
+    /// package (it may hold more), with the paths of its files; `None` when any of them
+    /// differs or a file is missing or changed.
     pub fn get(
         &self,
         image: &ImageRef,
@@ -69,7 +70,12 @@ impl Cache {
                 return None;
             }
         };
-        if record.image != image.to_string() || record.arch != arch || record.wanted != wanted {
+        // A superset serves too: after the dependency closure added providers (gather), the
+        // next preflight asks for the wanted packages alone.
+        if record.image != image.to_string()
+            || record.arch != arch
+            || !wanted.iter().all(|w| record.wanted.contains(w))
+        {
             return None;
         }
         let mut paths = Vec::with_capacity(record.files.len());
@@ -192,6 +198,7 @@ mod tests {
             is_extensions: true,
             stream_class: Some("rhel-10".into()),
             rpms: vec!["kernel-rt-core-6.12.0-1.el10.x86_64".into()],
+            headers: Vec::new(),
         }
     }
 
@@ -213,7 +220,11 @@ mod tests {
         assert_eq!(cache.get(&a, "x86_64", &wanted), Some((info(), files)));
         assert!(cache.get(&b, "x86_64", &wanted).is_none(), "another image");
         assert!(cache.get(&a, "aarch64", &wanted).is_none(), "another arch");
-        assert!(cache.get(&a, "x86_64", &[]).is_none(), "other packages");
+        assert!(
+            cache.get(&a, "x86_64", &["usbguard".to_string()]).is_none(),
+            "other packages"
+        );
+        assert!(cache.get(&a, "x86_64", &[]).is_some(), "a subset is served");
         std::fs::remove_dir_all(cache.root()).ok();
     }
 

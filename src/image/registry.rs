@@ -45,6 +45,10 @@ pub struct ExtensionsInfo {
     pub stream_class: Option<String>,
     /// RPMs it carries, as `name-version-release.arch`.
     pub rpms: Vec<String>,
+    /// The headers of those RPMs that could be read (Requires/Provides for the dependency
+    /// closure, src/image/rpm.rs). No default: an extraction record from before it existed
+    /// is read again.
+    pub headers: Vec<crate::image::rpm::RpmHeader>,
 }
 
 /// Where real extensions images keep their RPM repository.
@@ -716,14 +720,16 @@ impl Inspector {
             let (labels, _) = self.labels(image, &m).await?;
             let mut rpms = Vec::new();
             let mut extracted = Vec::new();
+            let mut headers = Vec::new();
             let mut budget = ExtractBudget::new(EXTRACT_LIMITS);
             for layer in &m.layers {
-                let (names, files, left) = self
+                let ((names, files, read), left) = self
                     .layer_rpms(image, layer, wanted, partial.path(), budget)
                     .await?;
                 budget = left;
                 rpms.extend(names);
                 extracted.extend(files);
+                headers.extend(read);
             }
             rpms.sort();
             rpms.dedup();
@@ -734,6 +740,7 @@ impl Inspector {
                         .as_str()
                         .map(String::from),
                     rpms,
+                    headers,
                 },
                 extracted,
             ))
@@ -763,7 +770,7 @@ impl Inspector {
         wanted: &[String],
         dest: &Path,
         mut budget: ExtractBudget,
-    ) -> Result<(Vec<String>, Vec<PathBuf>, ExtractBudget), InspectError> {
+    ) -> Result<(LayerRpms, ExtractBudget), InspectError> {
         let size = Self::descriptor_size(image, layer, u64::MAX)?;
         let resp = self
             .blob_response(image, layer, size, self.extensions_deadline)
@@ -795,13 +802,13 @@ impl Inspector {
                 "{what}: larger than the {size} bytes its descriptor says"
             )));
         }
-        let (names, files) = found.map_err(|e| InspectError::Invalid(format!("{what}: {e}")))?;
+        let found = found.map_err(|e| InspectError::Invalid(format!("{what}: {e}")))?;
         if got != digest {
             return Err(InspectError::Invalid(format!(
                 "{what}: digest mismatch (got {got})"
             )));
         }
-        Ok((names, files, budget))
+        Ok((found, budget))
     }
 }
 
@@ -949,8 +956,12 @@ fn too_big(what: String) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, what)
 }
 
-/// Lists the RPMs under [`EXTENSIONS_DIR`] in a (gzip'd or plain) tar layer and writes the
-/// wanted ones into `dest`. Names are `name-version-release.arch` (the file name without `.rpm`).
+/// What one layer holds under [`EXTENSIONS_DIR`]: the RPM names, the extracted files and the
+/// headers that could be read.
+pub type LayerRpms = (Vec<String>, Vec<PathBuf>, Vec<crate::image::rpm::RpmHeader>);
+
+/// Lists the RPMs under [`EXTENSIONS_DIR`] in a (gzip'd or plain) tar layer, reads every RPM's
+/// header and writes the wanted ones into `dest`. Names are `name-version-release.arch` (the file name without `.rpm`).
 ///
 /// Entries are read raw, so GNU long names and PAX records are read here, each at most
 /// [`ExtractLimits::max_header`] bytes, instead of whole by the tar reader; the files written,
@@ -962,7 +973,7 @@ pub fn rpms_in_layer<R: Read>(
     wanted: &[String],
     dest: &Path,
     budget: &mut ExtractBudget,
-) -> std::io::Result<(Vec<String>, Vec<PathBuf>)> {
+) -> std::io::Result<LayerRpms> {
     let mut layer = std::io::BufReader::new(layer);
     let gzip = media_type.contains("gzip") || layer.fill_buf()?.starts_with(&[0x1f, 0x8b]);
     let reader: Box<dyn Read> = if gzip {
@@ -973,6 +984,7 @@ pub fn rpms_in_layer<R: Read>(
     let mut archive = tar::Archive::new(reader);
     let mut names = Vec::new();
     let mut files = Vec::new();
+    let mut headers = Vec::new();
     let limits = budget.limits;
     // The path a GNU long name or PAX record gave the next entry.
     let mut long_path: Option<Vec<u8>> = None;
@@ -1035,7 +1047,9 @@ pub fn rpms_in_layer<R: Read>(
         let want = wanted
             .iter()
             .any(|w| crate::image::rpm::names_package(&nevra, w));
-        if want {
+        // The header is the first few KiB of the file: read from the stream for every RPM
+        // (the dependency closure needs all of them), from the written file for wanted ones.
+        let header = if want {
             if size > limits.max_file {
                 return Err(too_big(format!(
                     "{file} is {size} bytes (at most {} per RPM)",
@@ -1053,11 +1067,20 @@ pub fn rpms_in_layer<R: Read>(
             let out = dest.join(file);
             std::io::copy(&mut entry, &mut std::fs::File::create(&out)?)?;
             budget.written = total;
+            let header = crate::image::rpm::RpmHeader::read_file(&out);
             files.push(out);
+            header
+        } else {
+            crate::image::rpm::RpmHeader::read(&mut entry, file)
+        };
+        match header {
+            Ok(h) => headers.push(h),
+            // Not a candidate for the closure; a wanted one missing from it is refused there.
+            Err(e) => tracing::debug!(file, error = %e, "unreadable rpm header"),
         }
         names.push(nevra);
     }
-    Ok((names, files))
+    Ok((names, files, headers))
 }
 
 #[cfg(test)]
@@ -1092,7 +1115,7 @@ mod tests {
         ]);
         let dest = std::env::temp_dir().join(format!("streamd-rpms-{}", std::process::id()));
         std::fs::create_dir_all(&dest).expect("mkdir");
-        let (names, files) = rpms_in_layer(
+        let (names, files, _) = rpms_in_layer(
             &layer[..],
             "application/vnd.oci.image.layer.v1.tar",
             &["kernel-rt-core".to_string()],
@@ -1248,7 +1271,7 @@ mod tests {
         );
         let layer = tar_with(&[(&long, b"rt")]);
         let dest = scratch("long");
-        let (names, files) = rpms_in_layer(
+        let (names, files, _) = rpms_in_layer(
             &layer[..],
             "application/vnd.oci.image.layer.v1.tar",
             &["kernel-rt-core".to_string()],

@@ -2,14 +2,16 @@
 //! the testbed process over the private bus (with `dbus-send`), which runs the command against
 //! the testbed host and answers with the output and exit status the script then reproduces.
 //!
-//! Modelled: `bootc status --format=json` (the `org.containers.bootc/v1` `BootcHost` document of
-//! bootc-dev/bootc:crates/lib/src/spec.rs `Host`) and `bootc switch [--transport T]
+//! Modelled: `bootc status --format=json` and the hidden legacy `--json` (the
+//! `org.containers.bootc/v1` `BootcHost` document of bootc-dev/bootc:crates/lib/src/spec.rs
+//! `Host`, in the shape of the configured bootc version: see [`Version`]) and `bootc switch [--transport T]
 //! [--enforce-container-sigpolicy] [--retain] [--quiet] TARGET`, which stages through the fake
 //! rpm-ostreed's host model (one sysroot, one `state.json`) without a finalization lock. Both
 //! need uid 0, as the real commands do. Unknown commands and flags fail the way clap reports
 //! them (exit 2); real but unmodelled ones say so (exit 2).
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
 use serde_json::{Value as Json, json};
@@ -29,6 +31,33 @@ const PATH: &str = "/org/streamd/Testbed1/Bootc";
 const INTERFACE: &str = "org.streamd.Testbed1.Bootc";
 /// How long the script waits for a reply (a staging takes seconds on the testbed).
 const REPLY_TIMEOUT_MS: u32 = 600_000;
+
+/// The bootc release the fake behaves as (default 1.16.9). What changed, from bootc-dev/bootc's
+/// tags (`git log -S` on lib/src/spec.rs, crates/lib/src/spec.rs and cli.rs):
+/// `--format` since v0.1.13 (the hidden `--json` since v0.1), `store` since v0.1.14,
+/// `apiVersion` `org.containers.bootc/v1` since v1.1.0 (`v1alpha1` before), `architecture`
+/// since v1.2.0, `ostree.stateroot` and `otherDeployments` since v1.3.0, `softRebootCapable`
+/// since v1.7.0, `composefs` since v1.9.0, `downloadOnly` since v1.12.0, `usrOverlay` since
+/// v1.14.0, `readOnly` since v1.16.7.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Version(pub u32, pub u32, pub u32);
+
+impl Version {
+    /// The newest release the fake models.
+    pub const CURRENT: Version = Version(1, 16, 9);
+
+    fn parse(s: &str) -> Option<Version> {
+        let mut it = s.trim_start_matches('v').split('.').map(|p| p.parse().ok());
+        let v = Version(it.next()??, it.next()??, it.next()??);
+        it.next().is_none().then_some(v)
+    }
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.0, self.1, self.2)
+    }
+}
 
 /// What one command printed and how it ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -180,6 +209,8 @@ eval "$reply"
 pub struct FakeBootc {
     conn: Connection,
     program: PathBuf,
+    version: Arc<Mutex<Version>>,
+    fail_next_switch: Arc<Mutex<Option<String>>>,
 }
 
 impl FakeBootc {
@@ -195,8 +226,15 @@ impl FakeBootc {
         std::fs::write(&policy, POLICY).with_context(|| format!("writing {}", policy.display()))?;
         bus.reload()?;
         let bus_address = bus.address();
+        let version = Arc::new(Mutex::new(Version::CURRENT));
+        let fail_next_switch = Arc::new(Mutex::new(None));
+        let iface = BootcIface {
+            host: host.host(),
+            version: version.clone(),
+            fail_next_switch: fail_next_switch.clone(),
+        };
         let conn = zbus::connection::Builder::address(bus_address)?
-            .serve_at(PATH, BootcIface { host: host.host() })?
+            .serve_at(PATH, iface)?
             .name(BUS_NAME)?
             .build()
             .await
@@ -213,12 +251,44 @@ impl FakeBootc {
         Ok(FakeBootc {
             conn,
             program: program.to_path_buf(),
+            version,
+            fail_next_switch,
         })
     }
 
     /// The script's path.
     pub fn program(&self) -> &Path {
         &self.program
+    }
+
+    /// Control commands: `{"cmd":"version","version":"1.2.0"}` makes the fake behave as that
+    /// release (flags and JSON shape) → `{"version":…}`; `{"cmd":"version"}` only reads it.
+    /// `{"cmd":"fail-next-switch","message":M}`: the next `bootc switch` fails while pulling,
+    /// as bootc reports it (`error: Switching: Pulling: M` on stderr, exit 1) → `{}`.
+    pub fn control(&self, cmd: &Json) -> anyhow::Result<Json> {
+        match cmd.get("cmd").and_then(Json::as_str) {
+            Some("version") => {
+                let mut current = self.version.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(v) = cmd.get("version") {
+                    let text = v.as_str().context("\"version\" must be a string")?;
+                    *current = Version::parse(text)
+                        .with_context(|| format!("bootc version {text:?} is not X.Y.Z"))?;
+                }
+                Ok(json!({ "version": current.to_string() }))
+            }
+            Some("fail-next-switch") => {
+                let message = cmd
+                    .get("message")
+                    .and_then(Json::as_str)
+                    .context("\"message\" must be a string")?;
+                *self
+                    .fail_next_switch
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(message.to_string());
+                Ok(json!({}))
+            }
+            other => anyhow::bail!("unknown bootc command {other:?} (version, fail-next-switch)"),
+        }
     }
 }
 
@@ -235,6 +305,8 @@ impl Drop for FakeBootc {
 
 struct BootcIface {
     host: Host,
+    version: Arc<Mutex<Version>>,
+    fail_next_switch: Arc<Mutex<Option<String>>>,
 }
 
 #[interface(name = "org.streamd.Testbed1.Bootc")]
@@ -280,6 +352,10 @@ const KNOWN_COMMANDS: [&str; 12] = [
 ];
 
 impl BootcIface {
+    fn version(&self) -> Version {
+        *self.version.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     async fn dispatch(&self, argv: &[String], uid: Option<u32>) -> Outcome {
         let Some(command) = argv.first() else {
             return Outcome::usage(
@@ -291,7 +367,7 @@ impl BootcIface {
         let context = match command.as_str() {
             "status" => "Status",
             "switch" => "Switching",
-            "--version" | "-V" => return Outcome::ok("bootc 1.16.9\n"),
+            "--version" | "-V" => return Outcome::ok(format!("bootc {}\n", self.version())),
             other if KNOWN_COMMANDS.contains(&other) || other.starts_with('-') => {
                 return Outcome::unmodelled(&format!("`bootc {other}`"));
             }
@@ -317,12 +393,17 @@ impl BootcIface {
 
     fn status(&self, args: &[String]) -> Outcome {
         const USAGE: &str = "bootc status [OPTIONS]";
+        let version = self.version();
         let mut format = None;
         let mut booted_only = false;
         let mut it = args.iter();
         while let Some(a) = it.next() {
             let (flag, inline) = split_flag(a);
             match flag {
+                // Before v0.1.13 clap knows only the (now hidden) `--json`.
+                "--format" | "--format-version" if version < Version(0, 1, 13) => {
+                    return Outcome::usage(&format!("unexpected argument '{flag}' found"), USAGE);
+                }
                 "--format" => match flag_value(inline, &mut it, "--format <FORMAT>", USAGE) {
                     Ok(v) => format = Some(v),
                     Err(usage) => return usage,
@@ -372,7 +453,7 @@ impl BootcIface {
             .and_then(|deps| Ok((deps, self.host.arch()?)));
         match read {
             Ok((deps, arch)) => {
-                let doc = host_document(&deps, &arch, booted_only);
+                let doc = host_document(&deps, &arch, booted_only, version);
                 Outcome::ok(format!("{doc}\n"))
             }
             Err(e) => Outcome::error(format!("Status: {e}")),
@@ -439,6 +520,14 @@ impl BootcIface {
         if spec_image(&deps).as_ref() == Some(&wanted) {
             return Outcome::ok("Image specification is unchanged.\n");
         }
+        let injected = self
+            .fail_next_switch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(message) = injected {
+            return Outcome::error(format!("Switching: Pulling: {message}"));
+        }
         match self.host.stage_unlocked(&wanted.to_string()).await {
             Ok(staged) => Outcome::ok(format!(
                 "Queued for next boot: {}\n  Version: {}\n  Digest: {}\n",
@@ -503,17 +592,36 @@ fn rfc3339(secs: u64) -> String {
     format_rfc3339(i64::try_from(secs).unwrap_or(i64::MAX))
 }
 
-fn boot_entry(d: &HostDeployment, arch: &str) -> Json {
+/// Removes the keys `version` does not print yet.
+fn since(v: &mut Json, version: Version, fields: &[(&str, Version)]) {
+    if let Some(map) = v.as_object_mut() {
+        for (key, first) in fields {
+            if version < *first {
+                map.remove(*key);
+            }
+        }
+    }
+}
+
+fn boot_entry(d: &HostDeployment, arch: &str, version: Version) -> Json {
     let image = image_of(d).map(|r| {
-        json!({
+        let mut image = json!({
             "image": image_reference_json(&r),
             "version": d.version,
             "timestamp": rfc3339(d.timestamp),
             "imageDigest": d.digest,
             "architecture": oci_arch(arch),
-        })
+        });
+        since(&mut image, version, &[("architecture", Version(1, 2, 0))]);
+        image
     });
-    json!({
+    let mut ostree = json!({
+        "stateroot": d.osname,
+        "checksum": d.checksum,
+        "deploySerial": d.serial,
+    });
+    since(&mut ostree, version, &[("stateroot", Version(1, 3, 0))]);
+    let mut entry = json!({
         "image": image,
         "cachedUpdate": null,
         "incompatible": d.layered,
@@ -521,17 +629,24 @@ fn boot_entry(d: &HostDeployment, arch: &str) -> Json {
         "softRebootCapable": false,
         "downloadOnly": d.staged && d.finalization_locked,
         "store": "ostreeContainer",
-        "ostree": {
-            "stateroot": d.osname,
-            "checksum": d.checksum,
-            "deploySerial": d.serial,
-        },
+        "ostree": ostree,
         "composefs": null,
-    })
+    });
+    since(
+        &mut entry,
+        version,
+        &[
+            ("store", Version(0, 1, 14)),
+            ("softRebootCapable", Version(1, 7, 0)),
+            ("composefs", Version(1, 9, 0)),
+            ("downloadOnly", Version(1, 12, 0)),
+        ],
+    );
+    entry
 }
 
 /// The `BootcHost` document `bootc status --format=json` prints.
-fn host_document(deps: &[HostDeployment], arch: &str, booted_only: bool) -> Json {
+fn host_document(deps: &[HostDeployment], arch: &str, booted_only: bool, version: Version) -> Json {
     let booted_at = deps.iter().position(|d| d.booted);
     let booted = booted_at.map(|i| &deps[i]);
     let staged = deps.iter().find(|d| d.staged);
@@ -548,7 +663,7 @@ fn host_document(deps: &[HostDeployment], arch: &str, booted_only: bool) -> Json
                 .iter()
                 .any(|l| l.is_some_and(|l| std::ptr::eq(l, *d)))
         })
-        .map(|d| boot_entry(d, arch))
+        .map(|d| boot_entry(d, arch, version))
         .collect();
     // `--booted` is `filter_to_slot(Slot::Booted)`: it drops staged and rollback only.
     let (staged, rollback) = if booted_only {
@@ -556,22 +671,34 @@ fn host_document(deps: &[HostDeployment], arch: &str, booted_only: bool) -> Json
     } else {
         (staged, rollback)
     };
-    let booted_entry = booted.map(|d| boot_entry(d, arch));
+    let booted_entry = booted.map(|d| boot_entry(d, arch, version));
     let booted_has_image = booted.and_then(image_of).is_some();
     let mut status = json!({
-        "staged": staged.map(|d| boot_entry(d, arch)),
+        "staged": staged.map(|d| boot_entry(d, arch, version)),
         "booted": booted_entry,
-        "rollback": rollback.map(|d| boot_entry(d, arch)),
+        "rollback": rollback.map(|d| boot_entry(d, arch, version)),
         "rollbackQueued": false,
         "type": if booted_has_image { json!("bootcHost") } else { Json::Null },
         "usrOverlay": null,
         "readOnly": false,
     });
-    if !others.is_empty() {
+    if !others.is_empty() && version >= Version(1, 3, 0) {
         status["otherDeployments"] = Json::Array(others);
     }
+    since(
+        &mut status,
+        version,
+        &[
+            ("usrOverlay", Version(1, 14, 0)),
+            ("readOnly", Version(1, 16, 7)),
+        ],
+    );
     json!({
-        "apiVersion": "org.containers.bootc/v1",
+        "apiVersion": if version >= Version(1, 1, 0) {
+            "org.containers.bootc/v1"
+        } else {
+            "org.containers.bootc/v1alpha1"
+        },
         "kind": "BootcHost",
         "metadata": { "name": "host" },
         "spec": {

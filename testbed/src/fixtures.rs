@@ -64,13 +64,15 @@ impl Kernel {
         }
     }
 
-    /// The packages that make up the variant (what the MCO layers; never the meta-package).
+    /// The packages that make up the variant on RHEL 9.2+ and 10 (never the meta-package):
+    /// what the MCO requests plus `-modules-core`, which they require (kernel.spec).
     pub fn packages(self) -> &'static [&'static str] {
         match self {
             Kernel::Default => &[],
             Kernel::Realtime => &[
                 "kernel-rt-core",
                 "kernel-rt-modules",
+                "kernel-rt-modules-core",
                 "kernel-rt-modules-extra",
             ],
             Kernel::SixtyFourK => &[
@@ -411,9 +413,10 @@ pub fn base_packages(image: &TestImage, arch: &str) -> Vec<Nevra> {
 
 /// The packages the fake resolves by name from the target's extensions repository
 /// (`install-packages`): the kernel variants and the usual OpenShift extensions.
-pub const EXTENSION_PACKAGES: [&str; 11] = [
+pub const EXTENSION_PACKAGES: [&str; 12] = [
     "kernel-rt-core",
     "kernel-rt-modules",
+    "kernel-rt-modules-core",
     "kernel-rt-modules-extra",
     "kernel-64k-core",
     "kernel-64k-modules",
@@ -425,27 +428,126 @@ pub const EXTENSION_PACKAGES: [&str; 11] = [
     "NetworkManager-libreswan",
 ];
 
+/// One dependency line of a spec: its kind (`Provides`, `Requires`, `Requires(pre)`,
+/// `Requires(preun)`) and `name [op evr]`.
+pub type SpecDep = (&'static str, String);
+
+/// The Provides/Requires RHEL's kernel.spec gives subpackage `sub` (`core`, `modules-core`,
+/// `modules`, `modules-extra`) of variant `flavor` (`rt`, `64k`) for the kernel release
+/// `kver` (`KVERREL+rt`), as built since `-modules-core` was split out (RHEL 9.2, and RHEL
+/// 10): `kernel_variant_package` + `kernel_reqprovconf` for `-core`,
+/// `kernel_modules_core_package`, `kernel_modules_package`, `kernel_modules_extra_package`
+/// (mkuron/almalinux-kernel:redhat/kernel.spec.template, the CentOS Stream 10 kernel's).
+/// Left out: `Provides: kernel-<arch> = …` aliases nothing requires, and
+/// `Requires(pre): ((linux-firmware >= …) if linux-firmware)`, a rich dependency the fake
+/// daemon does not evaluate. Used by the rpmbuild specs and by [`fake_rpm`].
+pub fn kernel_subpackage_deps(flavor: &str, sub: &str, kver: &str) -> Vec<SpecDep> {
+    let uname = |s: &str| format!("kernel-{flavor}-{s}-uname-r = {kver}");
+    let mut deps = vec![("Provides", uname(sub))];
+    match sub {
+        "core" => deps.extend([
+            ("Provides", "installonlypkg(kernel)".to_string()),
+            ("Provides", format!("kernel-uname-r = {kver}")),
+            ("Requires", uname("modules-core")),
+            ("Requires(pre)", "coreutils".into()),
+            ("Requires(pre)", "systemd >= 203-2".into()),
+            ("Requires(pre)", "/usr/bin/kernel-install".into()),
+            ("Requires(pre)", "dracut >= 027".into()),
+            ("Requires(preun)", "systemd >= 200".into()),
+        ]),
+        "modules-core" => deps.extend([
+            ("Provides", "installonlypkg(kernel-module)".to_string()),
+            ("Requires", format!("kernel-uname-r = {kver}")),
+        ]),
+        "modules" => deps.extend([
+            ("Provides", "installonlypkg(kernel-module)".to_string()),
+            ("Requires", format!("kernel-uname-r = {kver}")),
+            ("Requires", uname("modules-core")),
+        ]),
+        _ => deps.extend([
+            ("Provides", "installonlypkg(kernel-module)".to_string()),
+            ("Requires", format!("kernel-uname-r = {kver}")),
+            ("Requires", uname("modules")),
+            ("Requires", uname("modules-core")),
+        ]),
+    }
+    deps
+}
+
+/// The kernel.spec dependencies of `nevra` when it is a kernel variant's subpackage.
+fn kernel_deps_of(nevra: &Nevra) -> Vec<SpecDep> {
+    for flavor in ["rt", "64k"] {
+        if let Some(sub) = nevra.name.strip_prefix(&format!("kernel-{flavor}-")) {
+            let kver = format!(
+                "{}-{}.{}+{flavor}",
+                nevra.version, nevra.release, nevra.arch
+            );
+            return kernel_subpackage_deps(flavor, sub, &kver);
+        }
+    }
+    Vec::new()
+}
+
 /// A minimal but well-formed binary RPM (lead, a signature header and a main header, each
-/// an immutable region as rpm requires; NAME, VERSION, RELEASE, EPOCH, OS and ARCH; no
-/// payload): enough for anything that reads the header, as `rpm -qp` and the fake's
-/// `install-local-packages` do.
+/// an immutable region as rpm requires; NAME, VERSION, RELEASE, EPOCH, OS and ARCH, and for
+/// a kernel variant's subpackage kernel.spec's Provides/Requires; no payload): enough for
+/// anything that reads the header, as `rpm -qp` and the fake's `install-local-packages` do.
 pub fn fake_rpm(nevra: &Nevra) -> Vec<u8> {
-    // Tag numbers and types from rpm's rpmtag.h.
+    // Tag numbers, types and sense flags from rpm's rpmtag.h / rpmds.h.
     const STRING: u32 = 6;
     const INT32: u32 = 4;
-    let mut tags: Vec<(u32, u32, Vec<u8>)> = vec![
-        (1000, STRING, cstr(&nevra.name)),
-        (1001, STRING, cstr(&nevra.version)),
-        (1002, STRING, cstr(&nevra.release)),
+    const STRING_ARRAY: u32 = 8;
+    let mut tags: Vec<(u32, u32, Vec<u8>, u32)> = vec![
+        (1000, STRING, cstr(&nevra.name), 1),
+        (1001, STRING, cstr(&nevra.version), 1),
+        (1002, STRING, cstr(&nevra.release), 1),
     ];
     if nevra.epoch > 0 {
         let epoch = u32::try_from(nevra.epoch).unwrap_or(u32::MAX);
-        tags.push((1003, INT32, epoch.to_be_bytes().to_vec()));
+        tags.push((1003, INT32, epoch.to_be_bytes().to_vec(), 1));
     }
-    tags.push((1021, STRING, cstr("linux")));
-    tags.push((1022, STRING, cstr(&nevra.arch)));
+    tags.push((1021, STRING, cstr("linux"), 1));
+    tags.push((1022, STRING, cstr(&nevra.arch), 1));
+    let deps = kernel_deps_of(nevra);
+    // (names, flags, versions) tags of PROVIDE* and REQUIRE*.
+    for (kinds, (names, flags, versions)) in [
+        (&["Provides"][..], (1047, 1112, 1113)),
+        (
+            &["Requires", "Requires(pre)", "Requires(preun)"][..],
+            (1049, 1048, 1050),
+        ),
+    ] {
+        let mine: Vec<(String, u32, String)> = deps
+            .iter()
+            .filter(|(k, _)| kinds.contains(k))
+            .map(|(_, d)| {
+                let mut parts = d.splitn(3, ' ');
+                let name = parts.next().unwrap_or_default().to_string();
+                let sense = match parts.next() {
+                    Some("=") => 8,
+                    Some(">=") => 12,
+                    _ => 0,
+                };
+                (name, sense, parts.next().unwrap_or_default().to_string())
+            })
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let count = u32::try_from(mine.len()).unwrap_or(u32::MAX);
+        let strings = |f: &dyn Fn(&(String, u32, String)) -> &str| -> Vec<u8> {
+            mine.iter().flat_map(|d| cstr(f(d))).collect()
+        };
+        tags.push((names, STRING_ARRAY, strings(&|d| &d.0), count));
+        tags.push((
+            flags,
+            INT32,
+            mine.iter().flat_map(|d| d.1.to_be_bytes()).collect(),
+            count,
+        ));
+        tags.push((versions, STRING_ARRAY, strings(&|d| &d.2), count));
+    }
     tags.sort_by_key(|t| t.0);
-
     let mut out = Vec::new();
     // Lead: magic, version 3.0, type 0 (binary), archnum, 66-byte name, osnum 1, signature type 5.
     out.extend_from_slice(&[0xed, 0xab, 0xee, 0xdb, 3, 0, 0, 0, 0, 1]);
@@ -473,7 +575,7 @@ fn cstr(s: &str) -> Vec<u8> {
 /// An RPM header structure (magic, index, data store) whose entries all lie in the
 /// immutable region `region`: the region tag comes first in the index and points at a
 /// trailer at the end of the data, whose negative offset covers the whole index.
-fn header(region: u32, tags: &[(u32, u32, Vec<u8>)]) -> Vec<u8> {
+fn header(region: u32, tags: &[(u32, u32, Vec<u8>, u32)]) -> Vec<u8> {
     const BIN: u32 = 7;
     let entry = |tag: u32, ty: u32, offset: u32, count: u32| {
         let mut e = Vec::with_capacity(16);
@@ -484,12 +586,12 @@ fn header(region: u32, tags: &[(u32, u32, Vec<u8>)]) -> Vec<u8> {
     };
     let mut index = Vec::new();
     let mut data: Vec<u8> = Vec::new();
-    for (tag, ty, bytes) in tags {
+    for (tag, ty, bytes, count) in tags {
         if *ty == 4 {
             data.resize(data.len().div_ceil(4) * 4, 0);
         }
         let offset = u32::try_from(data.len()).unwrap_or(u32::MAX);
-        index.extend_from_slice(&entry(*tag, *ty, offset, 1));
+        index.extend_from_slice(&entry(*tag, *ty, offset, *count));
         data.extend_from_slice(bytes);
     }
     let count = u32::try_from(tags.len() + 1).unwrap_or(u32::MAX);
@@ -553,6 +655,7 @@ mod tests {
             [
                 "kernel-rt-core-5.14.0-570.60.1.el9_6.x86_64",
                 "kernel-rt-modules-5.14.0-570.60.1.el9_6.x86_64",
+                "kernel-rt-modules-core-5.14.0-570.60.1.el9_6.x86_64",
                 "kernel-rt-modules-extra-5.14.0-570.60.1.el9_6.x86_64"
             ]
         );
@@ -589,6 +692,18 @@ mod tests {
                 String::from_utf8_lossy(&out.stderr)
             );
             assert_eq!(String::from_utf8_lossy(&out.stdout), nevra.to_string());
+            let out = std::process::Command::new("rpm")
+                .args(["-qp", "--nosignature", "--nodigest", "--requires"])
+                .arg(&path)
+                .output()
+                .expect("rpm --requires");
+            let requires = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                requires
+                    .contains("kernel-rt-modules-core-uname-r = 5.14.0-570.60.1.el9_6.x86_64+rt\n")
+                    && requires.contains("systemd >= 203-2\n"),
+                "{requires}"
+            );
         }
         std::fs::remove_dir_all(&dir).ok();
     }

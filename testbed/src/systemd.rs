@@ -84,7 +84,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Where a unit's standard output goes.
+/// Where a unit's standard output (or error) goes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case", tag = "kind", content = "path")]
 enum Output {
@@ -111,7 +111,29 @@ struct ServiceSpec {
     /// `CollectMode=inactive-or-failed`: a failed unit is unloaded too.
     collect_failed: bool,
     stdout: Output,
+    /// `StandardError*=`: the journal unless redirected.
+    stderr: Output,
     environment: Vec<String>,
+}
+
+/// The file (or pipe, standing in for the journal) an output setting names.
+fn stdio(output: &Output) -> std::io::Result<Stdio> {
+    Ok(match output {
+        Output::Journal => Stdio::piped(),
+        Output::Null => Stdio::null(),
+        Output::File(p) => std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(p)?
+            .into(),
+        Output::Truncate(p) => std::fs::File::create(p)?.into(),
+        Output::Append(p) => std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(p)?
+            .into(),
+    })
 }
 
 impl ServiceSpec {
@@ -124,6 +146,7 @@ impl ServiceSpec {
             remain_after_exit: false,
             collect_failed: false,
             stdout: Output::Journal,
+            stderr: Output::Journal,
             environment: Vec::new(),
         }
     }
@@ -219,6 +242,9 @@ impl ServiceSpec {
             "StandardOutputFile" => self.stdout = Output::File(absolute(string()?)?),
             "StandardOutputFileToTruncate" => self.stdout = Output::Truncate(absolute(string()?)?),
             "StandardOutputFileToAppend" => self.stdout = Output::Append(absolute(string()?)?),
+            "StandardErrorFile" => self.stderr = Output::File(absolute(string()?)?),
+            "StandardErrorFileToTruncate" => self.stderr = Output::Truncate(absolute(string()?)?),
+            "StandardErrorFileToAppend" => self.stderr = Output::Append(absolute(string()?)?),
             other => {
                 return Err(NamedError::new(
                     PROPERTY_READ_ONLY,
@@ -494,22 +520,8 @@ impl Shared {
         journal: &mut String,
     ) -> std::io::Result<(i32, i32)> {
         use std::os::unix::process::CommandExt as _;
-        let stdout = match &spec.stdout {
-            Output::Journal => Stdio::piped(),
-            Output::Null => Stdio::null(),
-            Output::File(p) => std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(p)?
-                .into(),
-            Output::Truncate(p) => std::fs::File::create(p)?.into(),
-            Output::Append(p) => std::fs::OpenOptions::new()
-                .append(true)
-                .create(true)
-                .open(p)?
-                .into(),
-        };
+        let stdout = stdio(&spec.stdout)?;
+        let stderr = stdio(&spec.stderr)?;
         let mut cmd = std::process::Command::new(path);
         if let Some(arg0) = argv.first() {
             cmd.arg0(arg0);
@@ -520,7 +532,7 @@ impl Shared {
             .current_dir("/")
             .stdin(Stdio::null())
             .stdout(stdout)
-            .stderr(Stdio::piped());
+            .stderr(stderr);
         for kv in &spec.environment {
             if let Some((k, v)) = kv.split_once('=') {
                 cmd.env(k, v);

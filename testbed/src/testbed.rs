@@ -74,7 +74,7 @@ struct Components {
     /// systemd, logind and bootc; bootc acts on the fake rpm-ostreed's host model.
     systemd: FakeSystemd,
     logind: FakeLogind,
-    _bootc: FakeBootc,
+    bootc: FakeBootc,
     /// The host root and fixture, rewritten by a simulated reboot.
     host: HostModel,
 }
@@ -261,7 +261,7 @@ impl Testbed {
             apiserver,
             systemd,
             logind,
-            _bootc: bootc,
+            bootc,
             host: HostModel {
                 root: dir.join("host"),
                 fixture,
@@ -368,8 +368,9 @@ async fn dispatch(c: &Components, cmd: &Value) -> anyhow::Result<Value> {
         Some("apiserver") => c.apiserver.control(cmd).await,
         Some("systemd") => c.systemd.control(cmd).await,
         Some("logind") => c.logind.control(cmd).await,
+        Some("bootc") => c.bootc.control(cmd),
         Some(other) => bail!(
-            "unknown control target {other:?} (testbed, rpmostreed, apiserver, systemd, logind)"
+            "unknown control target {other:?} (testbed, rpmostreed, apiserver, systemd, logind, bootc)"
         ),
         None => bail!("control command without \"target\""),
     }

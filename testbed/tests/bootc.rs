@@ -596,3 +596,40 @@ async fn fake_bootc_prints_the_real_shape_and_stages() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn fake_bootc_prints_the_shape_of_older_releases() {
+    let env = Env::new("bootc-versions").await;
+    let set = |v: &str| json!({"target": "bootc", "cmd": "version", "version": v});
+    // v0.1.12: `--format` did not exist yet (clap's error, exit 2); `--json` did.
+    env.tb.control(&set("0.1.12")).await.expect("version");
+    let (code, _, err) = env.bootc(&["status", "--format=json"]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.starts_with("error: unexpected argument '--format' found"),
+        "{err}"
+    );
+    let (code, out, err) = env.bootc(&["status", "--json"]).await;
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(doc["apiVersion"], "org.containers.bootc/v1alpha1");
+    let booted = &doc["status"]["booted"];
+    assert!(booted["ostree"].get("stateroot").is_none(), "{booted}");
+    assert!(booted["ostree"]["checksum"].is_string(), "{booted}");
+    for key in ["store", "softRebootCapable", "downloadOnly", "composefs"] {
+        assert!(booted.get(key).is_none(), "{key} in {booted}");
+    }
+    assert!(booted["image"].get("architecture").is_none(), "{booted}");
+    // v1.3.0: v1, stateroot, architecture; not yet downloadOnly.
+    env.tb.control(&set("1.3.0")).await.expect("version");
+    let (_, out, _) = env.bootc(&["status", "--format=json"]).await;
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(doc["apiVersion"], "org.containers.bootc/v1");
+    let booted = &doc["status"]["booted"];
+    assert_eq!(booted["ostree"]["stateroot"], "rhcos");
+    assert_eq!(booted["image"]["architecture"], "amd64");
+    assert!(booted.get("downloadOnly").is_none(), "{booted}");
+    let (_, version, _) = env.bootc(&["--version"]).await;
+    assert_eq!(version, "bootc 1.3.0\n");
+    assert!(env.tb.control(&set("1.x")).await.is_err());
+}

@@ -292,6 +292,7 @@ fn expected_rpms(stream: &str, arch: &str) -> Vec<String> {
         "x86_64" => [
             "kernel-rt-core",
             "kernel-rt-modules",
+            "kernel-rt-modules-core",
             "kernel-rt-modules-extra",
         ]
         .iter()
@@ -671,7 +672,7 @@ async fn digests_are_stable_and_a_second_start_reuses_the_cache() {
         "a fresh dir builds every spec"
     );
     assert_eq!(cold_stats.rpm_specs_total, 6);
-    assert_eq!(cold.rpms().len(), 16);
+    assert_eq!(cold.rpms().len(), 18);
     assert!(cold_stats.blobs_uploaded > 0);
     cold.stop().await.unwrap();
 

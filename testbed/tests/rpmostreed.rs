@@ -1678,6 +1678,7 @@ async fn realtime_hosts_carry_el9_kernel_overrides_until_replaced() {
         [
             "kernel-rt-core-5.14.0-570.60.1.el9_6.x86_64",
             "kernel-rt-modules-5.14.0-570.60.1.el9_6.x86_64",
+            "kernel-rt-modules-core-5.14.0-570.60.1.el9_6.x86_64",
             "kernel-rt-modules-extra-5.14.0-570.60.1.el9_6.x86_64"
         ]
     );
@@ -1705,24 +1706,56 @@ async fn realtime_hosts_carry_el9_kernel_overrides_until_replaced() {
     );
     assert_eq!(ostree_status(&sysroot).len(), 1, "nothing staged");
 
-    // Replacing them with el10 builds in the same transaction works and boots +rt.
+    let uninstall = Value::from(vec![
+        "kernel-rt-core",
+        "kernel-rt-modules",
+        "kernel-rt-modules-core",
+        "kernel-rt-modules-extra",
+    ]);
+    // The el10 RPMs without -modules-core are not dependency-closed: the local packages
+    // depsolve against the el10 base (its kernel removed) and each other, as the real daemon
+    // does (testbed/src/rpmostreed/depsolve.rs), and fail before anything is staged.
+    let open = [
+        "kernel-rt-core-6.12.0-124.8.1.el10_1.x86_64",
+        "kernel-rt-modules-6.12.0-124.8.1.el10_1.x86_64",
+        "kernel-rt-modules-extra-6.12.0-124.8.1.el10_1.x86_64",
+    ];
+    let files = rpm_files(&env.dir.0, &open);
+    let modifiers = dict(&[
+        set_refspec.clone(),
+        ("uninstall-packages", uninstall.clone()),
+        ("install-local-packages", Value::from(handles(&files))),
+    ]);
+    let (ok, message) = env.deploy(&modifiers).await;
+    assert!(!ok);
+    let need = "kernel-rt-modules-core-uname-r = 6.12.0-124.8.1.el10_1.x86_64+rt";
+    assert_eq!(
+        message,
+        format!(
+            "Could not depsolve transaction; 3 problems detected:\n \
+             Problem 1: conflicting requests\n  \
+             - nothing provides {need} needed by {} from @commandline\n \
+             Problem 2: conflicting requests\n  \
+             - nothing provides {need} needed by {} from @commandline\n \
+             Problem 3: conflicting requests\n  \
+             - nothing provides {need} needed by {} from @commandline",
+            open[0], open[1], open[2]
+        )
+    );
+    assert_eq!(ostree_status(&sysroot).len(), 1, "nothing staged");
+
+    // Replacing them with the closed el10 set in the same transaction works and boots +rt.
     let el10 = [
         "kernel-rt-core-6.12.0-124.8.1.el10_1.x86_64",
         "kernel-rt-modules-6.12.0-124.8.1.el10_1.x86_64",
+        "kernel-rt-modules-core-6.12.0-124.8.1.el10_1.x86_64",
         "kernel-rt-modules-extra-6.12.0-124.8.1.el10_1.x86_64",
     ];
     let files = rpm_files(&env.dir.0, &el10);
     let fds = handles(&files);
     let modifiers = dict(&[
         set_refspec,
-        (
-            "uninstall-packages",
-            Value::from(vec![
-                "kernel-rt-core",
-                "kernel-rt-modules",
-                "kernel-rt-modules-extra",
-            ]),
-        ),
+        ("uninstall-packages", uninstall),
         ("install-local-packages", Value::from(fds)),
     ]);
     assert_eq!(env.deploy(&modifiers).await, (true, String::new()));
@@ -1757,13 +1790,14 @@ async fn realtime_hosts_carry_el9_kernel_overrides_until_replaced() {
     );
     // The record shows the NEVRAs read from the descriptors.
     let record = env.last_record().await;
-    assert_eq!(record["fds"], 3);
+    assert_eq!(record["fds"], 4);
     assert_eq!(record["modifiers"]["install-local-packages"], json!(el10));
     assert_eq!(
         record["modifiers"]["uninstall-packages"],
         json!([
             "kernel-rt-core",
             "kernel-rt-modules",
+            "kernel-rt-modules-core",
             "kernel-rt-modules-extra"
         ])
     );

@@ -109,8 +109,11 @@ const CRUD_VERBS: &[&str] = &[
 ];
 
 /// The cluster's OS image streams (an OpenShift CRD; its status is written by the
-/// machine-config operator through the `status` subresource).
-pub(crate) static OSIMAGESTREAMS: ResourceDef = ResourceDef {
+/// machine-config operator through the `status` subresource), as OpenShift 4.23 and later
+/// serve it.
+pub(crate) static OSIMAGESTREAMS: ResourceDef = OSIMAGESTREAMS_V1;
+
+const OSIMAGESTREAMS_V1: ResourceDef = ResourceDef {
     group: "machineconfiguration.openshift.io",
     version: "v1",
     plural: "osimagestreams",
@@ -122,6 +125,61 @@ pub(crate) static OSIMAGESTREAMS: ResourceDef = ResourceDef {
     status_subresource: true,
     custom: true,
 };
+
+/// The same CRD as OpenShift 4.21 and 4.22 serve it (TechPreviewNoUpgrade and the other
+/// no-upgrade feature sets): `v1alpha1` only (openshift/api release-4.21, release-4.22:
+/// payload-manifests/crds/0000_80_machine-config_01_osimagestreams*.crd.yaml).
+pub(crate) static OSIMAGESTREAMS_V1ALPHA1: ResourceDef = ResourceDef {
+    version: "v1alpha1",
+    ..OSIMAGESTREAMS_V1
+};
+
+/// Which version of the OSImageStream CRD the server serves: each OpenShift release serves
+/// exactly one (v1alpha1 on 4.21/4.22, v1 from 4.23) and none before 4.21. The stored object
+/// is the same in every version, as a CRD's storage is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Served {
+    osimagestreams: Option<&'static ResourceDef>,
+}
+
+impl Default for Served {
+    fn default() -> Self {
+        Served {
+            osimagestreams: Some(&OSIMAGESTREAMS),
+        }
+    }
+}
+
+impl Served {
+    /// `"v1"`, `"v1alpha1"` or `None` (the CRD is not installed).
+    pub(crate) fn new(version: Option<&str>) -> Result<Served, String> {
+        let osimagestreams = match version {
+            Some("v1") => Some(&OSIMAGESTREAMS),
+            Some("v1alpha1") => Some(&OSIMAGESTREAMS_V1ALPHA1),
+            None => None,
+            Some(other) => {
+                return Err(format!(
+                    "osimagestreams are served as v1, v1alpha1 or not at all, not {other:?}"
+                ));
+            }
+        };
+        Ok(Served { osimagestreams })
+    }
+
+    /// The served OSImageStream definition, if any.
+    pub(crate) fn osimagestreams(&self) -> Option<&'static ResourceDef> {
+        self.osimagestreams
+    }
+
+    /// Whether `def` is served.
+    pub(crate) fn serves(&self, def: &ResourceDef) -> bool {
+        def.kind != OSIMAGESTREAMS.kind || self.osimagestreams.is_some_and(|d| std::ptr::eq(d, def))
+    }
+
+    fn resources(self) -> impl Iterator<Item = &'static ResourceDef> {
+        RESOURCES.iter().copied().filter(move |d| self.serves(d))
+    }
+}
 
 /// RBAC roles: stored and evaluated by the authorizer (`authz.rs`).
 pub(crate) static CLUSTERROLES: ResourceDef = ResourceDef {
@@ -151,30 +209,38 @@ pub(crate) static CLUSTERROLEBINDINGS: ResourceDef = ResourceDef {
     custom: false,
 };
 
-/// Every served resource, core group first.
+/// Every resource the server knows, core group first; [`Served`] says which are served.
 pub(crate) static RESOURCES: &[&ResourceDef] = &[
     &NODES,
     &EVENTS,
     &NAMESPACES,
     &PODS,
     &OSIMAGESTREAMS,
+    &OSIMAGESTREAMS_V1ALPHA1,
     &CLUSTERROLES,
     &CLUSTERROLEBINDINGS,
 ];
 
-/// The resource `plural` in `group/version`.
-pub(crate) fn find(group: &str, version: &str, plural: &str) -> Option<&'static ResourceDef> {
-    RESOURCES
-        .iter()
-        .copied()
+/// The served resource `plural` in `group/version`.
+pub(crate) fn find(
+    served: Served,
+    group: &str,
+    version: &str,
+    plural: &str,
+) -> Option<&'static ResourceDef> {
+    served
+        .resources()
         .find(|d| d.group == group && d.version == version && d.plural == plural)
 }
 
-/// The resource whose objects have `apiVersion` and `kind`.
-pub(crate) fn find_kind(api_version: &str, kind: &str) -> Option<&'static ResourceDef> {
-    RESOURCES
-        .iter()
-        .copied()
+/// The served resource whose objects have `apiVersion` and `kind`.
+pub(crate) fn find_kind(
+    served: Served,
+    api_version: &str,
+    kind: &str,
+) -> Option<&'static ResourceDef> {
+    served
+        .resources()
         .find(|d| d.api_version() == api_version && d.kind == kind)
 }
 
@@ -203,9 +269,9 @@ pub(crate) fn api_versions(server_addr: &str) -> Value {
 }
 
 /// Distinct `(group, version)` pairs of the named API groups, in table order.
-fn group_versions() -> Vec<(&'static str, &'static str)> {
+fn group_versions(served: Served) -> Vec<(&'static str, &'static str)> {
     let mut out: Vec<(&'static str, &'static str)> = Vec::new();
-    for d in RESOURCES.iter().filter(|d| !d.group.is_empty()) {
+    for d in served.resources().filter(|d| !d.group.is_empty()) {
         if !out.contains(&(d.group, d.version)) {
             out.push((d.group, d.version));
         }
@@ -227,8 +293,8 @@ fn api_group(group: &str, versions: &[&str]) -> Value {
     })
 }
 
-fn versions_of(group: &str) -> Vec<&'static str> {
-    group_versions()
+fn versions_of(served: Served, group: &str) -> Vec<&'static str> {
+    group_versions(served)
         .into_iter()
         .filter(|(g, _)| *g == group)
         .map(|(_, v)| v)
@@ -236,9 +302,9 @@ fn versions_of(group: &str) -> Vec<&'static str> {
 }
 
 /// `GET /apis`.
-pub(crate) fn api_group_list() -> Value {
+pub(crate) fn api_group_list(served: Served) -> Value {
     let mut groups: Vec<&str> = Vec::new();
-    for (g, _) in group_versions() {
+    for (g, _) in group_versions(served) {
         if !groups.contains(&g) {
             groups.push(g);
         }
@@ -246,7 +312,7 @@ pub(crate) fn api_group_list() -> Value {
     let groups: Vec<Value> = groups
         .iter()
         .map(|g| {
-            let mut doc = api_group(g, &versions_of(g));
+            let mut doc = api_group(g, &versions_of(served, g));
             if let Some(obj) = doc.as_object_mut() {
                 obj.remove("kind");
                 obj.remove("apiVersion");
@@ -258,16 +324,15 @@ pub(crate) fn api_group_list() -> Value {
 }
 
 /// `GET /apis/<group>`, if the group is served.
-pub(crate) fn api_group_doc(group: &str) -> Option<Value> {
-    let versions = versions_of(group);
+pub(crate) fn api_group_doc(served: Served, group: &str) -> Option<Value> {
+    let versions = versions_of(served, group);
     (!versions.is_empty()).then(|| api_group(group, &versions))
 }
 
 /// `GET /api/v1` or `GET /apis/<group>/<version>`, if served.
-pub(crate) fn api_resource_list(group: &str, version: &str) -> Option<Value> {
-    let defs: Vec<&ResourceDef> = RESOURCES
-        .iter()
-        .copied()
+pub(crate) fn api_resource_list(served: Served, group: &str, version: &str) -> Option<Value> {
+    let defs: Vec<&ResourceDef> = served
+        .resources()
         .filter(|d| d.group == group && d.version == version)
         .collect();
     if defs.is_empty() {
@@ -316,12 +381,12 @@ fn openapi_key(group: &str, version: &str) -> String {
 }
 
 /// `GET /openapi/v3`: one entry per served group-version, addressed by content hash.
-pub(crate) fn openapi_root() -> Value {
+pub(crate) fn openapi_root(served: Served) -> Value {
     let mut gvs = vec![("", "v1")];
-    gvs.extend(group_versions());
+    gvs.extend(group_versions(served));
     let mut paths = serde_json::Map::new();
     for (g, v) in gvs {
-        if let Some(doc) = openapi_group_version(g, v) {
+        if let Some(doc) = openapi_group_version(served, g, v) {
             let hash = format!("{:X}", Sha256::digest(doc.to_string().as_bytes()));
             let key = openapi_key(g, v);
             paths.insert(
@@ -336,15 +401,14 @@ pub(crate) fn openapi_root() -> Value {
 /// `GET /openapi/v3/<key>`. Only PATCH operations with their group-version-kind and the
 /// `fieldValidation` parameter are described: that is what kubectl probes before it
 /// sends a create with server-side field validation instead of downloading schemas.
-pub(crate) fn openapi_group_version(group: &str, version: &str) -> Option<Value> {
+pub(crate) fn openapi_group_version(served: Served, group: &str, version: &str) -> Option<Value> {
     let prefix = if group.is_empty() {
         format!("/api/{version}")
     } else {
         format!("/apis/{group}/{version}")
     };
-    let defs: Vec<&ResourceDef> = RESOURCES
-        .iter()
-        .copied()
+    let defs: Vec<&ResourceDef> = served
+        .resources()
         .filter(|d| d.group == group && d.version == version)
         .collect();
     if defs.is_empty() {
@@ -374,4 +438,43 @@ pub(crate) fn openapi_group_version(group: &str, version: &str) -> Option<Value>
         "paths": paths,
         "components": { "schemas": {} },
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GROUP: &str = "machineconfiguration.openshift.io";
+
+    #[test]
+    fn one_osimagestream_version_is_served_at_a_time() {
+        let v1 = Served::default();
+        let alpha = Served::new(Some("v1alpha1")).expect("known");
+        let none = Served::new(None).expect("known");
+        assert!(Served::new(Some("v2")).is_err());
+        assert!(find(v1, GROUP, "v1", "osimagestreams").is_some());
+        assert!(find(v1, GROUP, "v1alpha1", "osimagestreams").is_none());
+        assert!(find(alpha, GROUP, "v1alpha1", "osimagestreams").is_some());
+        assert!(find(alpha, GROUP, "v1", "osimagestreams").is_none());
+        assert!(find(none, GROUP, "v1", "osimagestreams").is_none());
+        assert!(
+            find(none, "", "v1", "nodes").is_some(),
+            "the rest is always served"
+        );
+        let versions = |s: Served| api_group_doc(s, GROUP).map(|d| d["versions"].clone());
+        assert_eq!(
+            versions(alpha),
+            Some(json!([{"groupVersion": format!("{GROUP}/v1alpha1"), "version": "v1alpha1"}]))
+        );
+        assert_eq!(versions(none), None);
+        assert!(api_resource_list(alpha, GROUP, "v1").is_none());
+        assert!(
+            !api_group_list(none).to_string().contains(GROUP),
+            "no CRD, no group"
+        );
+        assert_eq!(
+            find_kind(alpha, &format!("{GROUP}/v1alpha1"), "OSImageStream").map(|d| d.version),
+            Some("v1alpha1")
+        );
+    }
 }

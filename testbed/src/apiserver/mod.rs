@@ -36,7 +36,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
-use discovery::{NODES, OSIMAGESTREAMS};
+use discovery::{NODES, Served};
 use faults::Faults;
 use stats::Stats;
 use store::{Scope, Store};
@@ -72,6 +72,8 @@ pub(crate) struct Shared {
     pub(crate) admin_token: String,
     /// `127.0.0.1:<port>`, for `/api`'s `serverAddressByClientCIDRs`.
     pub(crate) server_addr: String,
+    /// The OSImageStream version served (`v1` unless changed).
+    pub(crate) served: tokio::sync::watch::Sender<Served>,
     /// Whether the port is open; the accept loop publishes it so `refuse` can wait for it.
     listening: tokio::sync::watch::Sender<bool>,
     /// Verifies client certificate chains against the current client CA (per request, as
@@ -142,6 +144,7 @@ impl ApiServer {
             faults: Faults::new(),
             admin_token: pki.admin_token.clone(),
             server_addr: addr.to_string(),
+            served: tokio::sync::watch::Sender::new(Served::default()),
             listening: tokio::sync::watch::Sender::new(true),
             client_verifier: std::sync::RwLock::new(pki::client_verifier(pki.ca_der.clone())?),
             client_generation: std::sync::atomic::AtomicU64::new(0),
@@ -176,6 +179,11 @@ impl ApiServer {
     ///   `delay` (`ms`, 0 to stop), `refuse` (`on`: the port is closed and open connections
     ///   are cut; returns once that is so) or `clear`. `throttle`, `error` and `delay` apply
     ///   to the requests of anyone, or only to those of `user` and/or `verb` if given.
+    /// - `{"cmd":"serve-osimagestreams","version":V}` with `V` `"v1"` (OpenShift 4.23 and
+    ///   later, the default), `"v1alpha1"` (4.21 and 4.22 with a no-upgrade feature set) or
+    ///   `null` (before 4.21, or without the feature set): discovery, the resource paths and
+    ///   the objects' `apiVersion` follow; open watches on a version no longer served end
+    ///   (as when a CRD version is removed); the stored object is kept → `{}`
     /// - `{"cmd":"get-node"}` → the Node; `{"cmd":"node-annotations"}` → its annotations
     pub async fn control(&self, cmd: &Value) -> anyhow::Result<Value> {
         let name = cmd
@@ -210,6 +218,15 @@ impl ApiServer {
                 }
                 Ok(state)
             }
+            "serve-osimagestreams" => {
+                let version = match cmd.get("version") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(v)) => Some(v.as_str()),
+                    Some(other) => bail!("serve-osimagestreams: version {other} is not a string"),
+                };
+                self.serve_os_image_streams(version)?;
+                Ok(json!({}))
+            }
             "rotate-client-ca" => {
                 let shared = &self.shared;
                 let generation = shared
@@ -234,6 +251,14 @@ impl ApiServer {
         }
     }
 
+    /// Serves the OSImageStream CRD as `version` (`"v1"`, `"v1alpha1"`) or not at all (`None`);
+    /// see the `serve-osimagestreams` control command.
+    pub fn serve_os_image_streams(&self, version: Option<&str>) -> anyhow::Result<()> {
+        let served = Served::new(version).map_err(|e| anyhow!(e))?;
+        self.shared.served.send_replace(served);
+        Ok(())
+    }
+
     /// Creates the OSImageStream `cluster` with `spec.defaultStream` and then, through the
     /// status subresource as the machine-config operator does, its `status` (the default
     /// stream and `streams`). Validation is the CRD's, so a malformed entry is an error.
@@ -244,9 +269,15 @@ impl ApiServer {
     ) -> anyhow::Result<()> {
         let store = &self.shared.store;
         let api = |err: status::ApiError| anyhow!("OSImageStream cluster: {}", err.message);
+        let def = self
+            .shared
+            .served
+            .borrow()
+            .osimagestreams()
+            .ok_or_else(|| anyhow!("OSImageStreams are not served"))?;
         store
             .create(
-                &OSIMAGESTREAMS,
+                def,
                 None,
                 json!({
                     "metadata": { "name": "cluster" },
@@ -265,7 +296,7 @@ impl ApiServer {
             })
             .collect();
         store
-            .update(&OSIMAGESTREAMS, None, "cluster", Scope::Status, |_| {
+            .update(def, None, "cluster", Scope::Status, |_| {
                 Ok(json!({ "status": {
                     "defaultStream": default_stream,
                     "availableStreams": available,
@@ -283,7 +314,7 @@ impl ApiServer {
         for doc in docs.into_iter().filter(|d| !d.is_null()) {
             let api_version = doc["apiVersion"].as_str().unwrap_or_default();
             let kind = doc["kind"].as_str().unwrap_or_default().to_string();
-            let def = discovery::find_kind(api_version, &kind)
+            let def = discovery::find_kind(*self.shared.served.borrow(), api_version, &kind)
                 .filter(|d| !d.namespaced)
                 .ok_or_else(|| {
                     anyhow!("{api_version} {kind} is not a served cluster-scoped type")

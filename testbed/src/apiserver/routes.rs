@@ -57,7 +57,7 @@ enum Target {
 }
 
 impl Target {
-    fn parse(path: &str) -> Target {
+    fn parse(served: discovery::Served, path: &str) -> Target {
         let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
         let own = |s: &str| s.to_string();
         match segs.as_slice() {
@@ -75,24 +75,25 @@ impl Target {
             ["openapi", "v3", "apis", g, v] => {
                 Target::NonResource(NonResource::OpenApiGroupVersion(own(g), own(v)))
             }
-            ["api", v, rest @ ..] => Self::resource("", v, rest),
-            ["apis", g, v, rest @ ..] => Self::resource(g, v, rest),
+            ["api", v, rest @ ..] => Self::resource(served, "", v, rest),
+            ["apis", g, v, rest @ ..] => Self::resource(served, g, v, rest),
             _ => Target::Unknown,
         }
     }
 
-    fn resource(group: &str, version: &str, rest: &[&str]) -> Target {
+    fn resource(served: discovery::Served, group: &str, version: &str, rest: &[&str]) -> Target {
         let (def, namespace, tail) = match rest {
             ["namespaces", ns, plural, tail @ ..]
-                if discovery::find(group, version, plural).is_some_and(|d| d.namespaced) =>
+                if discovery::find(served, group, version, plural)
+                    .is_some_and(|d| d.namespaced) =>
             {
                 (
-                    discovery::find(group, version, plural),
+                    discovery::find(served, group, version, plural),
                     Some(ns.to_string()),
                     tail,
                 )
             }
-            [plural, tail @ ..] => (discovery::find(group, version, plural), None, tail),
+            [plural, tail @ ..] => (discovery::find(served, group, version, plural), None, tail),
             [] => (None, None, rest),
         };
         let Some(def) = def else {
@@ -247,7 +248,8 @@ pub(crate) async fn handle(
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = Query::parse(req.uri().query());
-    let target = Target::parse(&path);
+    let served = *shared.served.borrow();
+    let target = Target::parse(served, &path);
     let verb = target.verb(&method, query.as_ref().is_ok_and(|q| q.watch));
     let user = auth::authenticate(cert_user.as_deref(), req.headers(), &shared.admin_token);
     let user_name = user.as_deref().unwrap_or(auth::ANONYMOUS);
@@ -304,6 +306,7 @@ async fn serve(
 }
 
 fn non_resource(shared: &Shared, doc: NonResource) -> Result<Response<Body>, ApiError> {
+    let served = *shared.served.borrow();
     let doc = match doc {
         NonResource::Health => {
             return Ok(respond(
@@ -314,11 +317,11 @@ fn non_resource(shared: &Shared, doc: NonResource) -> Result<Response<Body>, Api
         }
         NonResource::Version => Some(discovery::version()),
         NonResource::ApiVersions => Some(discovery::api_versions(&shared.server_addr)),
-        NonResource::GroupList => Some(discovery::api_group_list()),
-        NonResource::Group(g) => discovery::api_group_doc(&g),
-        NonResource::ResourceList(g, v) => discovery::api_resource_list(&g, &v),
-        NonResource::OpenApiRoot => Some(discovery::openapi_root()),
-        NonResource::OpenApiGroupVersion(g, v) => discovery::openapi_group_version(&g, &v),
+        NonResource::GroupList => Some(discovery::api_group_list(served)),
+        NonResource::Group(g) => discovery::api_group_doc(served, &g),
+        NonResource::ResourceList(g, v) => discovery::api_resource_list(served, &g, &v),
+        NonResource::OpenApiRoot => Some(discovery::openapi_root(served)),
+        NonResource::OpenApiGroupVersion(g, v) => discovery::openapi_group_version(served, &g, &v),
     };
     // Legacy documents with a plain `application/json` content type: clients that asked
     // for aggregated discovery (kubectl does) fall back to these.
@@ -359,7 +362,7 @@ struct List<'a> {
     kind: String,
     api_version: String,
     metadata: Value,
-    items: Vec<&'a Value>,
+    items: Vec<std::borrow::Cow<'a, Value>>,
 }
 
 async fn resource(
@@ -413,7 +416,7 @@ async fn resource(
             status,
             &table::table(def, std::slice::from_ref(obj), None, opts),
         ),
-        None => json_response(status, &**obj),
+        None => json_response(status, &*watch::as_version(def, obj)),
     };
     let name_or_405 = || name.as_deref().ok_or_else(ApiError::method_not_allowed);
 
@@ -437,7 +440,7 @@ async fn resource(
                     kind: format!("{}List", def.kind),
                     api_version: def.api_version(),
                     metadata: serde_json::json!({ "resourceVersion": rv.to_string() }),
-                    items: items.iter().map(|o| &**o).collect(),
+                    items: items.iter().map(|o| watch::as_version(def, o)).collect(),
                 },
             ))
         }
@@ -464,7 +467,7 @@ async fn resource(
                 bookmarks: query.bookmarks,
                 table: table_opts,
             };
-            let lines = watch::lines(store, &shared.faults, request)
+            let lines = watch::lines(store, &shared.faults, shared.served.subscribe(), request)
                 .map(|line| Ok::<_, Infallible>(Frame::data(line)));
             Ok(respond(
                 StatusCode::OK,
@@ -549,34 +552,45 @@ mod tests {
 
     #[test]
     fn paths_resolve_to_resources() {
-        let Target::Resource(r) = Target::parse("/api/v1/namespaces/default/events/e1") else {
+        let Target::Resource(r) = Target::parse(
+            discovery::Served::default(),
+            "/api/v1/namespaces/default/events/e1",
+        ) else {
             panic!("events path");
         };
         assert_eq!(
             (r.def.plural, r.namespace.as_deref(), r.name.as_deref()),
             ("events", Some("default"), Some("e1"))
         );
-        let Target::Resource(r) = Target::parse("/api/v1/namespaces/default") else {
+        let Target::Resource(r) =
+            Target::parse(discovery::Served::default(), "/api/v1/namespaces/default")
+        else {
             panic!("namespace path");
         };
         assert_eq!(
             (r.def.plural, r.name.as_deref()),
             ("namespaces", Some("default"))
         );
-        let Target::Resource(r) = Target::parse("/api/v1/nodes/w0/status") else {
+        let Target::Resource(r) =
+            Target::parse(discovery::Served::default(), "/api/v1/nodes/w0/status")
+        else {
             panic!("status path");
         };
         assert_eq!(r.subresource.as_deref(), Some("status"));
-        assert!(matches!(Target::parse("/api/v1/secrets"), Target::Unknown));
         assert!(matches!(
-            Target::parse("/api/v1/nodes/a/b/c"),
+            Target::parse(discovery::Served::default(), "/api/v1/secrets"),
             Target::Unknown
         ));
         assert!(matches!(
-            Target::parse("/apis"),
+            Target::parse(discovery::Served::default(), "/api/v1/nodes/a/b/c"),
+            Target::Unknown
+        ));
+        assert!(matches!(
+            Target::parse(discovery::Served::default(), "/apis"),
             Target::NonResource(NonResource::GroupList)
         ));
-        let watch = Target::parse("/api/v1/nodes").verb(&Method::GET, true);
+        let watch =
+            Target::parse(discovery::Served::default(), "/api/v1/nodes").verb(&Method::GET, true);
         assert_eq!(watch, "watch");
     }
 

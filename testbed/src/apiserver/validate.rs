@@ -63,7 +63,7 @@ pub(crate) fn object(def: &ResourceDef, name: &str, obj: &Value) -> Result<(), A
             ));
         }
     }
-    if std::ptr::eq(def, &OSIMAGESTREAMS) {
+    if def.group == OSIMAGESTREAMS.group && def.plural == OSIMAGESTREAMS.plural {
         os_image_stream(name, obj, &mut causes);
     }
     if causes.is_empty() {

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast, watch};
 use tokio::time::{Instant, sleep_until};
 
-use super::discovery::ResourceDef;
+use super::discovery::{ResourceDef, Served};
 use super::faults::Faults;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::ApiError;
@@ -55,7 +55,7 @@ impl WatchRequest {
                 opts,
             )
             .to_string(),
-            None => event.object.to_string(),
+            None => as_version(self.def, &event.object).to_string(),
         };
         Bytes::from(format!(
             "{{\"type\":\"{}\",\"object\":{object}}}\n",
@@ -71,6 +71,19 @@ impl WatchRequest {
         });
         Bytes::from(format!("{{\"type\":\"BOOKMARK\",\"object\":{object}}}\n"))
     }
+}
+
+/// `obj` as `def`'s version serves it. A CRD's stored object is the same in every version
+/// (the OSImageStream CRD has one served version at a time and no conversion webhook), so
+/// only `apiVersion` differs, as with the API server's `None` conversion strategy.
+pub(crate) fn as_version<'a>(def: &ResourceDef, obj: &'a Value) -> std::borrow::Cow<'a, Value> {
+    let api_version = def.api_version();
+    if !def.custom || obj.get("apiVersion").and_then(Value::as_str) == Some(&api_version) {
+        return std::borrow::Cow::Borrowed(obj);
+    }
+    let mut converted = obj.clone();
+    converted["apiVersion"] = json!(api_version);
+    std::borrow::Cow::Owned(converted)
 }
 
 fn error_line(err: &ApiError) -> Bytes {
@@ -89,6 +102,8 @@ struct State {
     deadline: Option<Instant>,
     next_bookmark: Instant,
     drops: watch::Receiver<u64>,
+    /// Which CRD versions are served: a watch on a version that stops being served ends.
+    served: watch::Receiver<Served>,
     done: bool,
 }
 
@@ -116,6 +131,12 @@ async fn next_line(mut st: State) -> Option<(Bytes, State)> {
             _ = st.drops.changed() => {
                 tracing::debug!(resource = st.req.def.plural, "apiserver watch dropped by fault");
                 return None;
+            }
+            changed = st.served.changed() => {
+                if changed.is_err() || !st.served.borrow_and_update().serves(st.req.def) {
+                    tracing::debug!(resource = st.req.def.plural, "apiserver watch ended: version no longer served");
+                    return None;
+                }
             }
             received = st.rx.recv() => match received {
                 Ok(event) => {
@@ -152,6 +173,7 @@ async fn next_line(mut st: State) -> Option<(Bytes, State)> {
 pub(crate) fn lines(
     store: &Store,
     faults: &Faults,
+    served: watch::Receiver<Served>,
     req: WatchRequest,
 ) -> impl Stream<Item = Bytes> + Send + 'static {
     let expired = |err: ApiError| -> BoxStream<'static, Bytes> {
@@ -176,6 +198,7 @@ pub(crate) fn lines(
                 rx,
                 last_rv: rv,
                 drops: faults.watch_drops(),
+                served,
                 done: false,
             };
             stream::unfold(state, next_line).boxed()

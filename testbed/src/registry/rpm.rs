@@ -17,7 +17,7 @@ use super::oci::SOURCE_DATE_EPOCH;
 /// How long one `rpmbuild` may take before it is killed.
 const RPMBUILD_TIMEOUT: Duration = Duration::from_secs(120);
 /// Bumped when the way specs are turned into RPMs changes, to invalidate old caches.
-const CACHE_SCHEMA: &str = "testbed-rpms-v1";
+const CACHE_SCHEMA: &str = "testbed-rpms-v2";
 
 /// One built RPM file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,6 +79,17 @@ fn split_evr(evr: &str) -> anyhow::Result<(&str, &str)> {
         .with_context(|| format!("{evr:?} is not VERSION-RELEASE"))
 }
 
+/// The spec lines of subpackage `sub` of `kernel-<flavor>`: kernel.spec's dependencies
+/// ([`crate::fixtures::kernel_subpackage_deps`]) and, as there, `AutoReq: no`.
+fn kernel_deps(flavor: &str, sub: &str, kver: &str) -> String {
+    let mut out: String = crate::fixtures::kernel_subpackage_deps(flavor, sub, kver)
+        .iter()
+        .map(|(kind, dep)| format!("{kind}: {dep}\n"))
+        .collect();
+    out.push_str("AutoReq: no\n");
+    out
+}
+
 /// The `kernel-<flavor>` spec: only subpackages have `%files`, so rpmbuild produces no
 /// `kernel-<flavor>` meta-package (nothing should install it).
 fn kernel_spec(
@@ -107,13 +118,7 @@ fn kernel_spec(
     for sub in subs {
         let pkg = format!("{name}-{sub}");
         text.push_str(&format!("\n%package {sub}\nSummary: {pkg} (placeholder)\n"));
-        if *sub == "core" {
-            text.push_str(&format!(
-                "Provides: {name}-core-uname-r = {kver}\nProvides: installonlypkg(kernel)\n"
-            ));
-        } else {
-            text.push_str(&format!("Requires: {name}-core-uname-r = {kver}\n"));
-        }
+        text.push_str(&kernel_deps(flavor, sub, &kver));
         text.push_str(&format!(
             "\n%description {sub}\nPlaceholder {pkg} for {kver}.\n"
         ));
@@ -180,7 +185,7 @@ fn specs(streams: &[StreamRpms]) -> anyhow::Result<Vec<Spec>> {
             s,
             "rt",
             "x86_64",
-            &["core", "modules", "modules-extra"],
+            &["core", "modules", "modules-core", "modules-extra"],
         )?);
         out.push(kernel_spec(
             s,
@@ -426,6 +431,7 @@ mod tests {
             [
                 "kernel-rt-core.x86_64",
                 "kernel-rt-modules.x86_64",
+                "kernel-rt-modules-core.x86_64",
                 "kernel-rt-modules-extra.x86_64",
                 "kernel-64k-core.aarch64",
                 "kernel-64k-modules.aarch64",
@@ -438,5 +444,15 @@ mod tests {
         assert!(rt.contains("/usr/lib/modules/5.14.0-570.60.1.el9_6.x86_64+rt/vmlinuz"));
         assert!(!rt.contains("\n%files\n"), "no files for the meta-package");
         assert!(!rt.contains("kernel-rt-kvm"));
+        let kver = "5.14.0-570.60.1.el9_6.x86_64+rt";
+        for line in [
+            format!("Provides: kernel-uname-r = {kver}"),
+            format!("Requires: kernel-rt-modules-core-uname-r = {kver}"),
+            format!("Provides: kernel-rt-modules-core-uname-r = {kver}"),
+            format!("Requires: kernel-rt-modules-uname-r = {kver}"),
+            "Requires(pre): /usr/bin/kernel-install".to_string(),
+        ] {
+            assert!(rt.contains(&line), "{line} in\n{rt}");
+        }
     }
 }

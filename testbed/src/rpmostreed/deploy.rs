@@ -169,7 +169,8 @@ pub(crate) fn depsolve(l: &Layering, target: &TestImage) -> Result<(), String> {
              - nothing provides system-release(releasever) = {other} needed by {nevra} from @commandline"
         ));
     }
-    Ok(())
+    // The local packages' Requires against the new base plus themselves (rpms engineer).
+    super::depsolve::local_packages(l, target)
 }
 
 /// The kernel a deployment with layering `l` of `target` boots: the variant whose `-core`
@@ -480,6 +481,7 @@ mod tests {
         let el10: Vec<LocalRpm> = [
             "kernel-rt-core",
             "kernel-rt-modules",
+            "kernel-rt-modules-core",
             "kernel-rt-modules-extra",
         ]
         .iter()
@@ -489,6 +491,7 @@ mod tests {
             uninstall_packages: vec![
                 "kernel-rt-core".into(),
                 "kernel-rt-modules".into(),
+                "kernel-rt-modules-core".into(),
                 "kernel-rt-modules-extra".into(),
             ],
             install_local: el10,

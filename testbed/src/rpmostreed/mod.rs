@@ -6,6 +6,7 @@
 
 mod control;
 mod deploy;
+mod depsolve;
 mod errors;
 pub(crate) mod host;
 mod model;
