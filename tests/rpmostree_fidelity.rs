@@ -171,3 +171,49 @@ async fn interrupted_finalization_is_possibly_applied() {
     assert_eq!(txns[1]["crashed"], true);
     env.reboot_into_rhel10().await;
 }
+
+/// A restarted rpm-ostreed (crash, update, idle exit and D-Bus activation) knows no clients:
+/// streamd registers again, or the new daemon could idle-exit under it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_daemon_is_registered_with_again() {
+    let mut env = Env::new("reregister").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    assert_eq!(
+        env.rpmostreed(json!({"cmd": "clients"})).await,
+        json!(["streamd"])
+    );
+    env.rpmostreed(json!({"cmd": "exit-mid-transaction"})).await;
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    assert_eq!(
+        env.rpmostreed(json!({"cmd": "clients"})).await,
+        json!(["streamd"]),
+        "{}",
+        env.log()
+    );
+    env.stop_streamd();
+}
+
+/// The transaction socket could not be reached: the unstarted transaction must not stay
+/// (it would block every rpm-ostree client) nor be joined by the retry. streamd's
+/// transaction connection leaves the bus, so the daemon drops it; the retry creates a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unstarted_transaction_is_dropped_not_joined() {
+    let mut env = Env::new("wedged").await;
+    env.rpmostreed(json!({"cmd": "drop-peer-next"})).await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    let txns = env.transactions().await;
+    let deploys: Vec<&serde_json::Value> = txns
+        .iter()
+        .filter(|t| t["method"] == "UpdateDeployment")
+        .collect();
+    assert_eq!(deploys.len(), 2, "{txns:#?}");
+    assert_eq!(deploys[0]["dropped"], true, "{txns:#?}");
+    assert_eq!(deploys[0]["joined"], 0, "{txns:#?}");
+    assert_eq!(deploys[1]["started"], true, "{txns:#?}");
+    env.stop_streamd();
+}

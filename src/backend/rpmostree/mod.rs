@@ -342,6 +342,8 @@ pub struct Client {
     os: std::sync::Arc<tokio::sync::OnceCell<OSProxy<'static>>>,
     /// The host's root, where libostree's `run/ostree/staged-deployment` records the lock.
     host_root: std::path::PathBuf,
+    /// The unique bus name of the rpm-ostreed that streamd last registered with.
+    registered_with: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl Client {
@@ -362,6 +364,7 @@ impl Client {
             sysroot,
             os: Default::default(),
             host_root: host_root.to_path_buf(),
+            registered_with: Default::default(),
         };
         client.register().await?;
         Ok(client)
@@ -397,7 +400,14 @@ impl Client {
         loop {
             let opts = HashMap::from([("id", Value::from(CLIENT_ID))]);
             match sysroot.register_client(opts).await {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    let owner = self.daemon_owner().await;
+                    *self
+                        .registered_with
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = owner;
+                    return Ok(());
+                }
                 // The daemon was exiting for idleness when the call arrived; activation restarts it.
                 Err(zbus::Error::MethodError(name, _, _))
                     if name.as_str() == NO_REPLY_ERROR && attempt < 3 =>
@@ -410,6 +420,60 @@ impl Client {
         }
     }
 
+    /// The OS object on a bus connection of its own, for one transaction method call. The
+    /// daemon drops a transaction that never started only when its caller leaves the bus; on
+    /// the shared connection an unstarted one (its socket unreachable, `Start()` failed) would
+    /// block every rpm-ostree client (the MCO too) until streamd exits, and a retry with the
+    /// same parameters would join it. Closing this connection drops it.
+    async fn transaction_os(&self) -> Result<(zbus::Connection, OSProxy<'static>), RpmOstreeError> {
+        let path = self.os().await?.inner().path().to_owned();
+        let conn = system_bus()
+            .await
+            .map_err(|e| RpmOstreeError::from_call("connect", e))?;
+        let os = OSProxy::builder(&conn)
+            .path(path)
+            .map_err(|e| RpmOstreeError::from_call("proxy", e))?
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| RpmOstreeError::from_call("proxy", e))?;
+        // Registered too, so the daemon's journal names streamd as the initiating client.
+        let sysroot = SysrootProxy::new(&conn)
+            .await
+            .map_err(|e| RpmOstreeError::from_call("proxy", e))?;
+        sysroot
+            .register_client(HashMap::from([("id", Value::from(CLIENT_ID))]))
+            .await
+            .map_err(|e| RpmOstreeError::from_call("RegisterClient", e))?;
+        Ok((conn, os))
+    }
+
+    /// The unique name that owns rpm-ostreed's well-known name now, if any.
+    async fn daemon_owner(&self) -> Option<String> {
+        let dbus = zbus::fdo::DBusProxy::new(&self.conn).await.ok()?;
+        let name = zbus::names::BusName::try_from(BUS_NAME).ok()?;
+        dbus.get_name_owner(name).await.ok().map(|o| o.to_string())
+    }
+
+    /// Registers again when another rpm-ostreed owns the name than the one registered with:
+    /// the daemon idle-exits (then D-Bus activates a new one) or is restarted, and a new
+    /// daemon knows no clients, so it could idle-exit under streamd.
+    async fn register_if_restarted(&self) -> Result<(), RpmOstreeError> {
+        let Some(owner) = self.daemon_owner().await else {
+            return Ok(());
+        };
+        let known = self
+            .registered_with
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if known.as_deref() == Some(owner.as_str()) {
+            return Ok(());
+        }
+        tracing::info!(owner = %owner, "rpm-ostreed was restarted; registering again");
+        self.register().await
+    }
+
     /// Reloads the sysroot and reads every deployment (boot order: staged first). The staged
     /// deployment's lock is the D-Bus key (hosts before rpm-ostree v2024.6) or libostree's
     /// record in `/run` (every later host, where the key is never set; see [`runstate`]).
@@ -419,6 +483,8 @@ impl Client {
             .reload()
             .await
             .map_err(|e| RpmOstreeError::from_call("Reload", e))?;
+        // Reload activated the daemon if it had exited: the owner is current now.
+        self.register_if_restarted().await?;
         let raw = sysroot
             .deployments()
             .await
@@ -478,14 +544,16 @@ impl Client {
         events: &tokio::sync::mpsc::Sender<TxnEvent>,
         cancel: Option<tokio::sync::watch::Receiver<bool>>,
     ) -> Result<(), RpmOstreeError> {
-        let os = self.os().await?;
+        let (conn, os) = self.transaction_os().await?;
         let fds = call.open_files()?;
         let (modifiers, options) = call.dicts(&fds);
-        let address = os
-            .update_deployment(modifiers, options)
-            .await
-            .map_err(|e| RpmOstreeError::from_call("UpdateDeployment", e))?;
-        transaction::run(&address, events, cancel).await
+        let result = match os.update_deployment(modifiers, options).await {
+            Ok(address) => transaction::run(&address, events, cancel).await,
+            Err(e) => Err(RpmOstreeError::from_call("UpdateDeployment", e)),
+        };
+        // Leaving the bus drops the transaction if it never started.
+        let _ = conn.close().await;
+        result
     }
 }
 

@@ -34,6 +34,8 @@ pub(crate) struct Knobs {
     /// The next `FinalizeDeployment` closes its peers right after unlocking and queueing the
     /// reboot, without `Finished`.
     pub(crate) drop_after_unlock: bool,
+    /// The next peer connecting to a transaction socket is closed before authentication.
+    pub(crate) drop_peer_next: bool,
     /// polkit denies every transaction method (`AccessDenied`), e.g. a broken policy.
     pub(crate) deny_calls: bool,
 }
@@ -52,6 +54,7 @@ impl Default for Knobs {
             legacy_lock_file: false,
             deny_calls: false,
             drop_after_unlock: false,
+            drop_peer_next: false,
         }
     }
 }
@@ -188,6 +191,10 @@ impl Daemon {
                 lock(&self.knobs).deny_calls = on;
                 Ok(json!({}))
             }
+            "drop-peer-next" => {
+                lock(&self.knobs).drop_peer_next = true;
+                Ok(json!({}))
+            }
             "drop-after-unlock" => {
                 lock(&self.knobs).drop_after_unlock = true;
                 Ok(json!({}))
@@ -197,6 +204,15 @@ impl Daemon {
                 Ok(json!({}))
             }
             "transactions" => Ok(serde_json::to_value(&*lock(&self.records))?),
+            "clients" => {
+                let clients = lock(&self.clients);
+                let mut ids: Vec<&str> = clients
+                    .values()
+                    .map(|id| id.as_deref().unwrap_or(""))
+                    .collect();
+                ids.sort_unstable();
+                Ok(json!(ids))
+            }
             "deployments" => os::deployments_json(self),
             "reset-transactions" => {
                 lock(&self.records).clear();

@@ -963,6 +963,14 @@ async fn accept_peers(daemon: Arc<Daemon>, txn: Arc<Txn>, listener: UnixListener
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
+                if std::mem::take(&mut lock(&daemon.knobs).drop_peer_next) {
+                    warn!(
+                        txn = txn.id,
+                        "closing a transaction peer before authentication"
+                    );
+                    drop(stream);
+                    continue;
+                }
                 let peer = {
                     let mut inner = lock(&txn.inner);
                     inner.next_peer += 1;
