@@ -190,6 +190,16 @@ for f in /usr/libexec/streamd /usr/libexec/streamd-verify; do
     grep -qx "$f" <<<"$listed" || die "no $f in the RPMs"
 done
 
+# Where SELinux policy is installed the module is required, not recommended
+# (without it streamd runs unconfined there), and from the same build.
+main_rpm="$(printf '%s\n' "${rpms[@]}" | grep -E '/streamd-[0-9][^/]*\.(x86_64|aarch64|ppc64le|s390x)\.rpm$' | head -1)"
+[[ -n "$main_rpm" ]] || die "no main streamd RPM among: ${rpms[*]}"
+evr="$(rpm -qp --queryformat '%{VERSION}-%{RELEASE}' "$main_rpm")"
+want="(streamd-selinux = $evr if selinux-policy-targeted)"
+rpm -qp --requires "$main_rpm" | grep -qxF "$want" ||
+    die "$(basename "$main_rpm") does not require $want: $(rpm -qp --requires --recommends "$main_rpm" | tr '\n' ' ')"
+log "requires $want"
+
 # --- 6. rpmlint -------------------------------------------------------------
 lint_out="$(rpmlint -r "$REPO_ROOT/packaging/streamd.rpmlintrc" "${rpms[@]}" 2>&1)" || lint_rc=$?
 printf '%s\n' "$lint_out"

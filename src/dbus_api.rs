@@ -10,6 +10,7 @@ use zbus::object_server::SignalEmitter;
 use zbus::zvariant::Value;
 
 use crate::cluster::status::{SCHEMA_VERSION, Status, StatusDocument};
+use crate::text::one_line_reason;
 
 /// Well-known bus name.
 pub const BUS_NAME: &str = "io.openshift.OSStream1";
@@ -48,7 +49,7 @@ fn properties(s: &Status) -> Vec<(&'static str, Value<'static>)> {
     vec![
         ("Node", Value::from(s.node.clone())),
         ("State", Value::from(s.state.to_string())),
-        ("Reason", Value::from(s.reason.clone())),
+        ("Reason", Value::from(one_line_reason(&s.reason))),
         ("Progress", Value::U32(s.progress_value())),
         ("CurrentStream", Value::from(s.current_stream.clone())),
         ("CurrentOsImage", Value::from(s.current_os_image.clone())),
@@ -65,10 +66,16 @@ fn properties(s: &Status) -> Vec<(&'static str, Value<'static>)> {
 }
 
 /// The `streamctl status --json` document for `s`.
+///
+/// The reason and last error come from outside (registries, rpm-ostreed, bootc): they go out
+/// as one inert line, as everywhere else ([`crate::text::one_line`]).
 pub fn status_json(s: &Status) -> String {
+    let mut status = s.clone();
+    status.reason = one_line_reason(&s.reason);
+    status.last_error = s.last_error.as_deref().map(one_line_reason);
     serde_json::to_string(&StatusDocument {
         schema_version: SCHEMA_VERSION,
-        status: s.clone(),
+        status,
     })
     .unwrap_or_default()
 }
@@ -116,7 +123,7 @@ impl OSStream1 {
     /// One-line reason.
     #[zbus(property)]
     fn reason(&self) -> String {
-        self.status.reason.clone()
+        one_line_reason(&self.status.reason)
     }
     /// Staging progress, 0 unless `Staging`.
     #[zbus(property)]
@@ -229,5 +236,30 @@ impl Api {
             Default::default(),
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reason_and_status_go_out_as_one_inert_line() {
+        let s = Status {
+            reason: "refused: HTTP 400\nWATCHDOG=trigger\n\u{1b}[31mred\u{1b}[0m".into(),
+            last_error: Some("x\r\nREADY=1".into()),
+            ..Status::default()
+        };
+        let reason = properties(&s)
+            .into_iter()
+            .find(|(k, _)| *k == "Reason")
+            .map(|(_, v)| v);
+        assert_eq!(
+            reason,
+            Some(Value::from("refused: HTTP 400; WATCHDOG=trigger; red"))
+        );
+        let doc: serde_json::Value = serde_json::from_str(&status_json(&s)).expect("json");
+        assert_eq!(doc["reason"], "refused: HTTP 400; WATCHDOG=trigger; red");
+        assert_eq!(doc["lastError"], "x; READY=1");
     }
 }

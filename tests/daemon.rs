@@ -273,3 +273,298 @@ fn the_daemon_does_not_link_libostree() {
         "the helper is where libostree is"
     );
 }
+
+/// Collects sd_notify datagrams on `path` in a thread until the returned handle is dropped.
+struct Notifications {
+    messages: std::sync::Arc<std::sync::Mutex<Vec<(Instant, String)>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Notifications {
+    fn listen(path: &std::path::Path) -> Notifications {
+        let sock = UnixDatagram::bind(path).expect("notify socket");
+        sock.set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("timeout");
+        let messages = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (m, s) = (messages.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(n) = sock.recv(&mut buf) {
+                    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                    m.lock().expect("lock").push((Instant::now(), text));
+                }
+            }
+        });
+        Notifications { messages, stop }
+    }
+
+    fn all(&self) -> Vec<(Instant, String)> {
+        self.messages.lock().expect("lock").clone()
+    }
+
+    /// Waits until a message contains `text`; returns when it came.
+    async fn wait_for(&self, env: &Env, text: &str, timeout: Duration) -> Instant {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some((at, _)) = self.all().into_iter().find(|(_, m)| m.contains(text)) {
+                return at;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no notification with {text:?} within {timeout:?}: {:?}\n{}",
+                self.all(),
+                env.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Notifications {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// `streamctl status`'s `Reason:` line.
+fn status_reason(env: &Env) -> String {
+    let out = env.streamctl(&["status"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix("Reason:"))
+        .map(|r| r.trim().to_string())
+        .unwrap_or_else(|| panic!("no Reason line: {text}"))
+}
+
+/// How long the API server stays unreachable after the start: longer than systemd's default
+/// start-limit window (`DefaultStartLimitIntervalSec=10s`) and than a few of the unit's
+/// `RestartSec=10s` cycles would take to use up its burst at test scale.
+const START_OUTAGE: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outage_at_start_is_a_reported_wait_then_converges() {
+    let mut env = Env::new("outage-start").await;
+    let sock_path = env.dir.join("notify.sock");
+    let notes = Notifications::listen(&sock_path);
+    // A new node: the kubelet's kubeconfig does not exist yet, and the API server is down.
+    let kubeconfig = env.dir.join("kubelet").join("kubeconfig");
+    env.apiserver(serde_json::json!({"cmd": "fault", "kind": "refuse", "on": true}))
+        .await;
+    let started = Instant::now();
+    env.start_streamd_with(&[
+        ("NOTIFY_SOCKET", sock_path.to_str().expect("utf-8")),
+        ("WATCHDOG_USEC", "2000000"),
+        ("STREAMD_KUBECONFIG", kubeconfig.to_str().expect("utf-8")),
+    ]);
+    let ready = notes
+        .wait_for(&env, "READY=1", Duration::from_secs(10))
+        .await;
+    println!("READY=1 {:?} after the start", ready - started);
+    notes
+        .wait_for(&env, "waiting for the kubeconfig", Duration::from_secs(10))
+        .await;
+    assert!(
+        status_reason(&env).contains("waiting for the kubeconfig"),
+        "{}",
+        status_reason(&env)
+    );
+    // The kubelet writes its kubeconfig (its CSR was approved); the API server is still down.
+    std::fs::create_dir_all(kubeconfig.parent().expect("parent")).expect("mkdir");
+    std::fs::copy(env.dir.join("kubeconfig"), &kubeconfig).expect("kubeconfig");
+    notes
+        .wait_for(
+            &env,
+            "waiting for the Kubernetes API server",
+            Duration::from_secs(30),
+        )
+        .await;
+    assert!(
+        status_reason(&env).contains("waiting for the Kubernetes API server"),
+        "{}",
+        status_reason(&env)
+    );
+    tokio::time::sleep(START_OUTAGE.saturating_sub(started.elapsed())).await;
+    assert!(
+        env.streamd_running(),
+        "streamd exited during the outage\n{}",
+        env.log()
+    );
+    env.apiserver(serde_json::json!({"cmd": "fault", "kind": "clear"}))
+        .await;
+    let up = Instant::now();
+    env.wait_state("Idle").await;
+    let idle = up.elapsed();
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    println!(
+        "outage at start {:?}: Idle {idle:?} after the API server came back, Staged {:?} after",
+        up - started,
+        up.elapsed()
+    );
+    // Not killed by its own watchdog while waiting: pings all along.
+    let pings = notes
+        .all()
+        .iter()
+        .filter(|(_, m)| m.contains("WATCHDOG=1"))
+        .count();
+    assert!(pings >= 10, "watchdog pings: {pings}");
+    assert_eq!(started_txns(&env).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_name_without_a_node_is_reported() {
+    let mut env = Env::new("no-node").await;
+    let sock_path = env.dir.join("notify.sock");
+    let notes = Notifications::listen(&sock_path);
+    env.start_streamd_with(&[
+        ("NOTIFY_SOCKET", sock_path.to_str().expect("utf-8")),
+        ("STREAMD_NODE_NAME", "worker-9"),
+    ]);
+    notes
+        .wait_for(&env, "READY=1", Duration::from_secs(10))
+        .await;
+    notes
+        .wait_for(
+            &env,
+            "waiting for the Node worker-9",
+            Duration::from_secs(30),
+        )
+        .await;
+    let reason = status_reason(&env);
+    assert!(reason.contains("no Node of that name"), "{reason}");
+    assert!(env.streamd_running(), "{}", env.log());
+}
+
+async fn started_txns(env: &Env) -> usize {
+    started(&env.transactions().await).len()
+}
+
+/// The kubelet rotates its client certificate onto a new client CA; the old one is refused with
+/// 401. streamd reloads the credentials (on the 401, or when the files change) and keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotated_client_certificate_is_reloaded() {
+    let mut env = Env::new("rotate").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let rotated = env
+        .apiserver(serde_json::json!({"cmd": "rotate-client-ca"}))
+        .await;
+    assert_eq!(rotated["generation"], 1);
+    let at = Instant::now();
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    println!("Staged {:?} after the rotation", at.elapsed());
+    assert_eq!(started_txns(&env).await, 1);
+    assert!(
+        env.log().contains("cluster credentials loaded"),
+        "{}",
+        env.log()
+    );
+}
+
+/// A registry that accepts connections and never answers: holds every connection until dropped.
+struct StalledRegistry {
+    addr: std::net::SocketAddr,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl StalledRegistry {
+    fn start() -> StalledRegistry {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for conn in listener.incoming().flatten() {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                held.push(conn);
+            }
+        });
+        StalledRegistry { addr, accepted }
+    }
+
+    fn image(&self) -> String {
+        format!("{}/openshift/rhcos@sha256:{}", self.addr, "5".repeat(64))
+    }
+}
+
+/// How long the registry stalls under observation: several watchdog intervals.
+const STALL: Duration = Duration::from_secs(12);
+
+/// Preflight reads a registry that accepts and never answers, for longer than the watchdog
+/// interval: the loop still pings the watchdog, reports `Preflight`, answers `streamctl
+/// status`, takes a new request at once and stops at once on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_registry_does_not_stall_the_loop() {
+    let mut env = Env::new("stall").await;
+    let registry = StalledRegistry::start();
+    let sock_path = env.dir.join("notify.sock");
+    let notes = Notifications::listen(&sock_path);
+    env.start_streamd_with(&[
+        ("NOTIFY_SOCKET", sock_path.to_str().expect("utf-8")),
+        // WatchdogSec=2s: pings every second.
+        ("WATCHDOG_USEC", "2000000"),
+    ]);
+    env.wait_state("Idle").await;
+    env.request("rhel-10", &registry.image(), None);
+    let requested = Instant::now();
+    env.wait_for("Preflight reported", Duration::from_secs(5), |a| {
+        a.get(STATE).map(String::as_str) == Some("Preflight")
+    })
+    .await;
+    println!(
+        "Preflight reported {:?} after the request",
+        requested.elapsed()
+    );
+    // Observe the stall: the registry has the connection and answers nothing.
+    let mut status_times = Vec::new();
+    while requested.elapsed() < STALL {
+        let t = Instant::now();
+        let out = env.streamctl(&["status"]);
+        assert!(out.status.success(), "{out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("State:        Preflight"),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        status_times.push(t.elapsed());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let accepted = registry.accepted.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        accepted >= 1,
+        "preflight never reached the stalled registry"
+    );
+    let window = (requested + Duration::from_secs(2), Instant::now());
+    let pings = notes
+        .all()
+        .iter()
+        .filter(|(at, m)| m.contains("WATCHDOG=1") && *at >= window.0 && *at <= window.1)
+        .count();
+    let span = window.1 - window.0;
+    println!(
+        "during a {span:?} stall: {pings} WATCHDOG=1, {} streamctl status answered (slowest {:?}), {accepted} registry connection(s)",
+        status_times.len(),
+        status_times.iter().max()
+    );
+    assert!(
+        pings as u64 >= span.as_secs() - 2,
+        "{pings} pings in {span:?}\n{}",
+        env.log()
+    );
+    // A new request is taken at once: the stalled preflight is dropped.
+    let changed = Instant::now();
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    println!("Staged {:?} after the request changed", changed.elapsed());
+    assert_eq!(started_txns(&env).await, 1);
+    // Stalled again, SIGTERM stops it at once.
+    env.request("rhel-10", &registry.image(), None);
+    env.wait_state("Preflight").await;
+    let term = Instant::now();
+    env.stop_streamd();
+    println!("stopped {:?} after SIGTERM mid-preflight", term.elapsed());
+}

@@ -418,3 +418,72 @@ async fn removing_the_request_mid_staging_cancels_it() {
         "{deps:#}"
     );
 }
+
+/// A request whose staging failed for good is remembered across a restart: the restarted
+/// streamd reports the same failure and pulls nothing again, until `streamctl reconcile`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_request_is_not_staged_again_after_a_restart() {
+    let mut env = Env::new("fail-restart").await;
+    let msg =
+        "error: Could not depsolve transaction; 1 problem detected: nothing provides libfoo.so.2";
+    let a = first_staging_fails(&mut env, msg).await;
+    env.kill_streamd();
+    env.start_streamd();
+    // Past the restarted streamd's first decision (a new staging would have started by now).
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let later = env.annotations().await;
+    assert_eq!(later.get(STATE).map(String::as_str), Some("Degraded"));
+    assert_eq!(later[REASON], a[REASON]);
+    assert_eq!(
+        started(&env.transactions().await).len(),
+        1,
+        "staged again after the restart\n{}",
+        env.log()
+    );
+    // Asked for explicitly, it is tried again.
+    let out = env.streamctl(&["reconcile"]);
+    assert!(out.status.success(), "{out:?}");
+    env.wait_state("Staged").await;
+    assert_eq!(started(&env.transactions().await).len(), 2);
+}
+
+/// The count of network failures of a request survives a restart: the retry after a restart
+/// is the next one, not the first again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pull_retry_count_survives_a_restart() {
+    let mut env = Env::new("pull-retry-restart").await;
+    let msg = "Importing: reading blob sha256:ab: read tcp 10.0.0.2:4711->10.0.0.1:443: read: connection reset by peer";
+    let a = first_staging_fails(&mut env, msg).await;
+    assert!(a[REASON].contains("retry 1 of 3"), "{}", a[REASON]);
+    env.kill_streamd();
+    env.rpmostreed(json!({"cmd": "fail-next", "message": msg}))
+        .await;
+    env.start_streamd();
+    // The restarted streamd stages again (the retry's wait does not survive a restart) and the
+    // transaction fails on the network once more.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let txns = env.transactions().await;
+        let done = started(&txns)
+            .iter()
+            .filter(|t| !t["result"].is_null())
+            .count();
+        if done >= 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no second transaction\n{}",
+            env.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let b = env
+        .wait_for(
+            "the second failure reported",
+            Duration::from_secs(10),
+            |b| b.get(REASON).is_some_and(|r| r.contains("retry 2 of 3")),
+        )
+        .await;
+    assert_eq!(b[STATE], "Degraded");
+}

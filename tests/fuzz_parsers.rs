@@ -29,7 +29,7 @@ use streamd::host::facts::fips::{Fips, fips};
 use streamd::host::facts::{OsRelease, cpu, crio};
 use streamd::image::pullsecret::{Credentials, PullSecret};
 use streamd::image::reference::{ImageRef, MAX_LEN};
-use streamd::image::registry::{EXTENSIONS_DIR, rpms_in_layer};
+use streamd::image::registry::{EXTENSIONS_DIR, EXTRACT_LIMITS, ExtractBudget, rpms_in_layer};
 use streamd::image::rpm::{el_major, names_package, package_name};
 use streamd::text::{one_line_reason, quote};
 
@@ -410,13 +410,18 @@ proptest! {
     ) {
         let r = one_line_reason(&s);
         prop_assert!(one_line(&r), "{:?}", r);
+        prop_assert!(!r.chars().any(char::is_control), "{:?}", r);
         prop_assert!(r.chars().count() <= MAX_REASON_CHARS);
         prop_assert_eq!(one_line_reason(&r), r.clone(), "idempotent");
-        if one_line(&s) && s.trim() == s && s.chars().count() <= MAX_REASON_CHARS {
-            prop_assert_eq!(&r, &s, "a short single line is kept as is");
+        // Text without control characters (tabs become spaces) is kept, line by line.
+        let plain = !s.chars().any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
+            && !s.chars().any(|c| matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{2028}' | '\u{2029}'));
+        let spaced = s.replace('\t', " ");
+        if plain && one_line(&s) && spaced.trim() == spaced && s.chars().count() <= MAX_REASON_CHARS {
+            prop_assert_eq!(&r, &spaced, "a short single line is kept as is");
         }
-        if r.chars().count() < MAX_REASON_CHARS {
-            for line in s.split(['\n', '\r']).map(str::trim).filter(|l| !l.is_empty()) {
+        if plain && r.chars().count() < MAX_REASON_CHARS {
+            for line in spaced.split(['\n', '\r']).map(str::trim).filter(|l| !l.is_empty()) {
                 prop_assert!(r.contains(line), "{:?} lost {:?}", r, line);
             }
         }
@@ -634,7 +639,16 @@ proptest! {
     ) {
         let json = format!(r#"{{"auths":{{{}:{{"username":"u","password":"p"}}}}}}"#, json_str(&format!("{scheme}{host}{path}")));
         let p = PullSecret::parse(&json).map_err(|e| fail(format!("{json}: {e}")))?;
-        prop_assert!(p.for_registry(&host).is_some(), "{} not found in {}", host, json);
+        // A URL names its host; a plain key with a path names a namespace, which covers only
+        // the repositories below it (containers/image's normalizeAuthFileKey, authKeysForKey).
+        if scheme.is_empty() && path.len() > 1 {
+            let ns = path.trim_matches('/');
+            prop_assert!(p.for_registry(&host).is_none(), "{} matched {}", host, json);
+            prop_assert!(p.for_repository(&host, &format!("{ns}/app")).is_some(), "{}/{}/app not found in {}", host, ns, json);
+        } else {
+            prop_assert!(p.for_registry(&host).is_some(), "{} not found in {}", host, json);
+            prop_assert!(p.for_repository(&host, "any/app").is_some(), "{} not found in {}", host, json);
+        }
     }
 
     #[test]
@@ -2020,7 +2034,13 @@ fn run_layer(
 ) -> Result<(LayerResult, BTreeMap<String, Vec<u8>>), TestCaseError> {
     let root = scratch();
     let dest = root.join("dest");
-    let res = rpms_in_layer(blob, media_type, wanted, &dest);
+    let res = rpms_in_layer(
+        blob,
+        media_type,
+        wanted,
+        &dest,
+        &mut ExtractBudget::new(EXTRACT_LIMITS),
+    );
     let outside: Vec<_> = std::fs::read_dir(&root)
         .expect("read root")
         .map(|e| e.expect("entry").file_name())

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use streamd::image::pullsecret::PullSecret;
 use streamd::image::reference::ImageRef;
 use streamd::image::registry::{InspectError, Inspector};
-use testbed::registry::{Registry, RegistryConfig, stored_blob};
+use testbed::registry::{Registry, RegistryConfig, hostile, stored_blob};
 
 fn dir(name: &str) -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
@@ -367,7 +367,9 @@ async fn a_layer_that_does_not_match_its_digest_is_refused_not_retried() {
         serde_json::from_slice(&std::fs::read(stored(&x86.digest)).expect("read"))
             .expect("manifest");
     let layer = manifest["layers"][0]["digest"].as_str().expect("a layer");
-    // Bytes after the gzip member: the RPMs still read, only the digest tells.
+    // Bytes after the gzip member: the RPMs would still read; the size the registry announces
+    // differs from the descriptor's, which refuses the layer before a byte is read (a tamper
+    // of the same size is refused by the digest: a_refused_extraction_leaves_nothing_behind).
     let file = stored(layer);
     let mut bytes = std::fs::read(&file).expect("read layer");
     bytes.extend_from_slice(&[0u8; 1024]);
@@ -384,5 +386,326 @@ async fn a_layer_that_does_not_match_its_digest_is_refused_not_retried() {
         .expect_err("a tampered layer is refused");
     assert!(!err.is_transient(), "{err:?}");
     assert!(err.to_string().contains(layer), "{err}");
-    assert!(err.to_string().to_lowercase().contains("digest"), "{err}");
+    assert!(err.to_string().contains("its descriptor says"), "{err}");
+    assert!(walk(&out).is_empty(), "{:?}", walk(&out));
+}
+
+fn hostile_image(host: &str, manifest: &[u8]) -> ImageRef {
+    image(&format!(
+        "{host}/openshift/rhcos@{}",
+        hostile::sha(manifest)
+    ))
+}
+
+fn hostile_inspector(host: &str) -> Inspector {
+    Inspector::new(PullSecret::default(), &[host.to_string()])
+}
+
+/// Serves `manifest` and `blobs` (by digest); everything else is 404.
+async fn serve(manifest: Vec<u8>, blobs: Vec<Vec<u8>>) -> hostile::Server {
+    let m = manifest.clone();
+    hostile::start(move |path| {
+        if path.contains("/manifests/") {
+            return hostile::ok(m.clone());
+        }
+        for b in &blobs {
+            if path.ends_with(&hostile::sha(b)) {
+                return hostile::ok(b.clone());
+            }
+        }
+        hostile::status(
+            404,
+            br#"{"errors":[{"code":"BLOB_UNKNOWN","message":"blob unknown"}]}"#.to_vec(),
+        )
+    })
+    .await
+    .expect("hostile registry")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_manifest_is_refused_unread() {
+    let config = hostile::config(0);
+    // A valid manifest padded to 5 MiB, pinned by its real digest.
+    let mut manifest = hostile::manifest(&config, config.len() as i64, vec![]);
+    manifest.pop();
+    manifest.extend(std::iter::repeat_n(b' ', 5 << 20));
+    manifest.push(b'}');
+    let server = serve(manifest.clone(), vec![config]).await;
+    let e = hostile_inspector(&server.host)
+        .os_image(&hostile_image(&server.host, &manifest), "x86_64")
+        .await
+        .expect_err("refused");
+    assert!(!e.is_transient(), "{e}");
+    assert!(e.to_string().contains("larger than 4194304 bytes"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_larger_than_its_descriptor_is_refused() {
+    let config = hostile::config(2 << 20);
+    // The descriptor says 100 bytes; the registry sends 2 MiB (its digest is right).
+    let manifest = hostile::manifest(&config, 100, vec![]);
+    let server = serve(manifest.clone(), vec![config.clone()]).await;
+    let insp = hostile_inspector(&server.host);
+    let img = hostile_image(&server.host, &manifest);
+    let e = insp.os_image(&img, "x86_64").await.expect_err("refused");
+    assert!(e.to_string().contains("its descriptor says 100"), "{e}");
+    // Without a Content-Length, reading stops at the descriptor's size.
+    let m = manifest.clone();
+    let eof = hostile::start(move |path| {
+        if path.contains("/manifests/") {
+            hostile::ok(m.clone())
+        } else {
+            hostile::Answer::Full {
+                status: 200,
+                headers: Vec::new(),
+                body: config.clone(),
+                eof_delimited: true,
+            }
+        }
+    })
+    .await
+    .expect("hostile registry");
+    let e = hostile_inspector(&eof.host)
+        .os_image(&hostile_image(&eof.host, &manifest), "x86_64")
+        .await
+        .expect_err("refused");
+    assert!(e.to_string().contains("larger than 100 bytes"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_error_body_becomes_a_short_inert_reason() {
+    let mut body = b"\nWATCHDOG=trigger\n\x1b[31mdenied\x1b[0m\r\n".to_vec();
+    body.extend(std::iter::repeat_n(b'x', 32 << 20));
+    let server = hostile::start(move |_| hostile::status(400, body.clone()))
+        .await
+        .expect("hostile registry");
+    let img = image(&format!(
+        "{}/openshift/rhcos@sha256:{}",
+        server.host,
+        "a".repeat(64)
+    ));
+    let e = hostile_inspector(&server.host)
+        .os_image(&img, "x86_64")
+        .await
+        .expect_err("refused");
+    let text = e.to_string();
+    assert!(!e.is_transient(), "{text}");
+    assert!(text.len() < 1024, "{} bytes", text.len());
+    assert!(!text.chars().any(char::is_control), "{text:?}");
+    assert!(text.contains("HTTP 400"), "{text}");
+    assert!(text.contains("\"WATCHDOG=trigger; denied; xxx"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_registry_is_a_transient_error_within_the_deadline() {
+    let server = hostile::start(|_| hostile::Answer::Trickle)
+        .await
+        .expect("hostile registry");
+    let img = image(&format!(
+        "{}/openshift/rhcos@sha256:{}",
+        server.host,
+        "a".repeat(64)
+    ));
+    let insp = hostile_inspector(&server.host).with_deadlines(
+        std::time::Duration::from_secs(2),
+        std::time::Duration::from_secs(2),
+    );
+    let start = std::time::Instant::now();
+    let e = insp.os_image(&img, "x86_64").await.expect_err("stalled");
+    assert!(e.is_transient(), "{e}");
+    assert!(e.to_string().contains("within 2 s"), "{e}");
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(4),
+        "{:?}",
+        start.elapsed()
+    );
+    let out = dir("stalled-out");
+    let start = std::time::Instant::now();
+    let e = insp
+        .extensions(&img, "x86_64", &[], &out)
+        .await
+        .expect_err("stalled");
+    assert!(e.is_transient(), "{e}");
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(4),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_token_answer_is_refused() {
+    let host = std::sync::Arc::new(std::sync::OnceLock::<String>::new());
+    let me = host.clone();
+    let server = hostile::start(move |path| {
+        if path.starts_with("/token") {
+            let token = format!(r#"{{"token":"{}"}}"#, "t".repeat(2 << 20));
+            return hostile::ok(token.into_bytes());
+        }
+        hostile::Answer::Full {
+            status: 401,
+            headers: vec![(
+                "WWW-Authenticate".into(),
+                format!(
+                    r#"Bearer realm="http://{}/token",service="hostile""#,
+                    me.get().map(String::as_str).unwrap_or_default()
+                ),
+            )],
+            body: Vec::new(),
+            eof_delimited: false,
+        }
+    })
+    .await
+    .expect("hostile registry");
+    host.set(server.host.clone()).expect("once");
+    let img = image(&format!(
+        "{}/openshift/rhcos@sha256:{}",
+        server.host,
+        "a".repeat(64)
+    ));
+    let e = hostile_inspector(&server.host)
+        .os_image(&img, "x86_64")
+        .await
+        .expect_err("refused");
+    assert!(
+        e.to_string()
+            .contains("token answer is larger than 1048576"),
+        "{e}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_sizes_that_would_wrap_are_refused() {
+    let config = hostile::config(0);
+    let layer = |d: char| {
+        serde_json::json!({
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": format!("sha256:{}", d.to_string().repeat(64)),
+            "size": i64::MAX,
+        })
+    };
+    let manifest = hostile::manifest(
+        &config,
+        config.len() as i64,
+        vec![layer('1'), layer('2'), layer('3')],
+    );
+    let server = serve(manifest.clone(), vec![config]).await;
+    let e = hostile_inspector(&server.host)
+        .os_image(&hostile_image(&server.host, &manifest), "x86_64")
+        .await
+        .expect_err("refused");
+    assert!(e.to_string().contains("layer sizes do not add up"), "{e}");
+}
+
+/// A gzip'd tar layer with one RPM in the extensions directory.
+fn rpm_layer(name: &str, data: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(data.len() as u64);
+    h.set_mode(0o644);
+    h.set_cksum();
+    b.append_data(
+        &mut h,
+        format!("usr/share/rpm-ostree/extensions/{name}"),
+        data,
+    )
+    .expect("append");
+    let tar = b.into_inner().expect("tar");
+    let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    z.write_all(&tar).expect("gzip");
+    z.finish().expect("gzip")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_urls_are_never_followed() {
+    let layer = rpm_layer("kernel-rt-core-6.12.0-1.el10.x86_64.rpm", b"foreign");
+    let evil = {
+        let layer = layer.clone();
+        hostile::start(move |_| hostile::ok(layer.clone()))
+            .await
+            .expect("hostile registry")
+    };
+    let config = hostile::config(0);
+    let manifest = hostile::manifest(
+        &config,
+        config.len() as i64,
+        vec![serde_json::json!({
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": hostile::sha(&layer),
+            "size": layer.len(),
+            "urls": [format!("http://{}/elsewhere.tar.gz", evil.host)],
+        })],
+    );
+    // The registry has the manifest and config but not the layer.
+    let server = serve(manifest.clone(), vec![config]).await;
+    let out = dir("urls-out");
+    std::fs::create_dir_all(&out).expect("mkdir");
+    let e = hostile_inspector(&server.host)
+        .extensions(
+            &hostile_image(&server.host, &manifest),
+            "x86_64",
+            &["kernel-rt-core".into()],
+            &out,
+        )
+        .await
+        .expect_err("the layer is not in the registry");
+    assert!(e.to_string().contains("unknown"), "{e}");
+    assert_eq!(evil.hits(), 0, "the descriptor's urls were fetched");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_extraction_leaves_nothing_behind() {
+    let layer = rpm_layer("kernel-rt-core-6.12.0-1.el10.x86_64.rpm", &[7u8; 4096]);
+    let config = hostile::config(0);
+    // The descriptor names other bytes: the RPM is written, then the digest refuses the layer.
+    let manifest = hostile::manifest(
+        &config,
+        config.len() as i64,
+        vec![serde_json::json!({
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": format!("sha256:{}", "b".repeat(64)),
+            "size": layer.len(),
+        })],
+    );
+    let (m, c, l) = (manifest.clone(), config.clone(), layer.clone());
+    let server = hostile::start(move |path| {
+        if path.contains("/manifests/") {
+            hostile::ok(m.clone())
+        } else if path.ends_with(&hostile::sha(&c)) {
+            hostile::ok(c.clone())
+        } else {
+            hostile::ok(l.clone())
+        }
+    })
+    .await
+    .expect("hostile registry");
+    let out = dir("refused-out");
+    std::fs::create_dir_all(&out).expect("mkdir");
+    let e = hostile_inspector(&server.host)
+        .extensions(
+            &hostile_image(&server.host, &manifest),
+            "x86_64",
+            &["kernel-rt-core".into()],
+            &out,
+        )
+        .await
+        .expect_err("digest mismatch");
+    assert!(e.to_string().contains("digest mismatch"), "{e}");
+    let left: Vec<_> = walk(&out);
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// Every file below `dir`.
+fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
 }

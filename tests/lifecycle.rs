@@ -463,3 +463,106 @@ async fn reboot_policy_immediate_finalizes_without_asking() {
     let done = env.wait_state("Done").await;
     assert_eq!(done[CURRENT_STREAM], "rhel-10");
 }
+
+/// streamd dies while rpm-ostreed stages a broken tree (the real-time kernel is lost); the
+/// transaction ends without it. After the restart the stage is its own and carries the desired
+/// image, but was never checked on disk: it is checked (and removed) before any reboot is
+/// requested, never taken as ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_never_checked_is_checked_after_a_restart_before_any_approval() {
+    let mut env = Env::with_host("verify-restart", "realtime").await;
+    env.rpmostreed(json!({"cmd": "slow", "ms": 3000})).await;
+    env.rpmostreed(json!({"cmd": "drop-variant-next"})).await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let (os, ext) = (env.rhel10(), env.rhel10_extensions());
+    env.request("rhel-10", &os, Some(&ext));
+    // Killed once rpm-ostreed runs the transaction (a caller gone before `Start()` drops it).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while started(&env.transactions().await).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no transaction started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    env.kill_streamd();
+    loop {
+        let deps = env.rpmostreed(json!({"cmd": "deployments"})).await;
+        if deps
+            .as_array()
+            .is_some_and(|d| d.iter().any(|d| d["staged"] == json!(true)))
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the orphaned transaction staged nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    env.start_streamd();
+    let a = env
+        .wait_for(
+            "a verdict on the unchecked stage",
+            Duration::from_secs(90),
+            |a| {
+                a.get(STATE).map(String::as_str) == Some("Degraded")
+                    || a.contains_key(REBOOT_REQUESTED)
+            },
+        )
+        .await;
+    assert!(
+        !a.contains_key(REBOOT_REQUESTED),
+        "a reboot was requested for a stage never checked: {a:#?}"
+    );
+    assert!(a[REASON].contains("+rt"), "{}", a[REASON]);
+    assert!(
+        a[REASON].contains("pending deployment was removed"),
+        "{}",
+        a[REASON]
+    );
+}
+
+/// A → B → A in one boot: the approval the cluster wrote for the first staging of A (late, or
+/// left over) must not finalize the second staging of A.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_is_not_replayed_onto_a_later_staging_of_the_same_request() {
+    let mut env = Env::new("replay").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let (os, ext) = (env.rhel10(), env.rhel10_extensions());
+    env.request("rhel-10", &os, Some(&ext));
+    let first = env.wait_reboot_request().await[REBOOT_REQUESTED].clone();
+    // B: the same image without the extensions image.
+    env.annotate(&[&format!("{DESIRED_EXTENSIONS_IMAGE}-")]);
+    env.wait_for("B staged", Duration::from_secs(90), |a| {
+        a.get(STATE).map(String::as_str) == Some("Staged")
+            && a.get(REBOOT_REQUESTED).is_some_and(|t| *t != first)
+    })
+    .await;
+    // Back to A, with the approval of A's first staging.
+    env.annotate(&[
+        &format!("{DESIRED_EXTENSIONS_IMAGE}={ext}"),
+        &format!("{REBOOT_APPROVED}={first}"),
+    ]);
+    let a = env
+        .wait_for("A staged again", Duration::from_secs(90), |a| {
+            a.get(STATE).map(String::as_str) == Some("Rebooting")
+                || (a.get(STATE).map(String::as_str) == Some("Staged")
+                    && a.get(REBOOT_REQUESTED)
+                        .is_some_and(|t| t.starts_with(&first[..16])))
+        })
+        .await;
+    assert_eq!(a[STATE], "Staged", "{a:#?}");
+    assert_ne!(a[REBOOT_REQUESTED], first, "the same token again");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!env.reboot_initiated(), "finalized on a replayed approval");
+    let finalized = env
+        .transactions()
+        .await
+        .iter()
+        .filter(|t| t["method"] == "FinalizeDeployment")
+        .count();
+    assert_eq!(finalized, 0);
+}

@@ -47,7 +47,8 @@ async fn watch_resolves_follows_a_digest_change_and_sees_deletion() {
     let client = NodeClient::new(&env.dir.join("kubeconfig"), testbed::NODE_NAME)
         .await
         .expect("client")
-        .client();
+        .client()
+        .expect("credentials loaded");
     let mut updates = Box::pin(streams::watch(client));
 
     // The testbed's object: both streams, resolving a stream-only request to its images.

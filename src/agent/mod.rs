@@ -3,18 +3,22 @@
 //! All policy lives in the planner; this loop only gathers observations, runs the decision, and
 //! reports. It reacts to changes of the input annotations (its own writes do not wake it), to the
 //! running transaction, to retry timers and to `streamctl reconcile`. Preflight and the staging
-//! transaction are in `staging.rs`, the reboot handshake and the after-boot outcome in `reboot.rs`.
+//! transaction are in `staging.rs`, the reboot handshake and the after-boot outcome in `reboot.rs`;
+//! everything that can take long (reading deployments, preflight, verification, removing a
+//! stage, finalizing) runs in a task and comes back as an event (`work.rs`).
 
 pub mod gather;
 pub mod planner;
 pub mod preflight;
 mod reboot;
 mod staging;
+mod work;
 
 use std::pin::pin;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
+use futures::stream::LocalBoxStream;
 use tokio::sync::mpsc;
 use tokio::time::sleep_until;
 use tracing::{debug, info, warn};
@@ -22,7 +26,9 @@ use tracing::{debug, info, warn};
 use crate::backend::Backend;
 use crate::backend::Deployment;
 use crate::backend::rpmostree::UpdateDeploymentCall;
-use crate::cluster::node::{EventType, NodeClient, NodeUpdate};
+use crate::cluster::node::{
+    CREDENTIALS_CHECK, CredentialsError, EventType, NodeClient, NodeUpdate, PatchError,
+};
 use crate::cluster::protocol::{Inputs, State};
 use crate::cluster::report::Reporter;
 use crate::cluster::status::Status;
@@ -34,6 +40,7 @@ use crate::host::facts::{self, HostRoot};
 use gather::{Gatherer, Transient};
 use planner::{Decision, Lifecycle, Observation};
 use staging::{Staging, StagingEvent, staging_event};
+use work::{Kind, Outcome, Work};
 
 /// How rpm-ostree refuses a rebase onto the refspec the pending deployment already has.
 const REFS_EQUAL: &str = "Old and new refs are equal";
@@ -47,6 +54,10 @@ const BUSY_MAX_BACKOFF: Duration = Duration::from_secs(30);
 const REGISTRY_MIN_BACKOFF: Duration = Duration::from_secs(10);
 /// Longest delay between preflight retries.
 const REGISTRY_MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// Longest wait for the last status patch when stopping.
+const STOP_FLUSH: Duration = Duration::from_secs(5);
+/// How often the credential files are looked for while there are none.
+const CREDENTIALS_WAIT: Duration = Duration::from_secs(5);
 
 /// The agent's part of the configuration.
 #[derive(Debug, Clone)]
@@ -76,17 +87,27 @@ pub struct Agent {
     reporter: Reporter,
     inputs: Option<Inputs>,
     staging: Option<Staging>,
+    /// Long work running beside the loop (see `work.rs`).
+    work: Option<Work>,
+    /// A reconcile was asked for while work ran: run it once the work is done.
+    reconcile_again: bool,
+    /// Held by every preflight run, the agent's and `streamctl preflight`'s: they share the
+    /// extraction directory, whose other images' RPMs a run removes.
+    preflight_lock: std::sync::Arc<tokio::sync::Mutex<()>>,
     retry_at: Option<Instant>,
     backoff: Duration,
     registry_backoff: Duration,
     patch_retry_at: Option<Instant>,
     patch_backoff: Duration,
-    ready: bool,
+    /// The Node object was read at least once.
+    node_seen: bool,
+    /// When to look at the credential files next.
+    credentials_at: Instant,
+    /// A client was built once (later loads are rotations).
+    credentials_loaded: bool,
     reboot: Settings,
     /// The request for which "Old and new refs are equal" was already taken as "staged meanwhile".
     refs_equal_seen: Option<String>,
-    /// The request whose transactions failed on the network, and how many times.
-    pull_failures: Option<(String, u32)>,
     /// The node's input annotations as written (before stream resolution).
     raw_inputs: Inputs,
     /// The cluster's streams, once read (resolution mode only).
@@ -132,14 +153,18 @@ impl Agent {
             reporter: Reporter::default(),
             inputs: None,
             staging: None,
+            work: None,
+            reconcile_again: false,
+            preflight_lock: std::sync::Arc::default(),
             retry_at: None,
             backoff: MIN_BACKOFF,
             registry_backoff: REGISTRY_MIN_BACKOFF,
             patch_retry_at: None,
             patch_backoff: MIN_BACKOFF,
-            ready: false,
+            node_seen: false,
+            credentials_at: Instant::now(),
+            credentials_loaded: false,
             refs_equal_seen: None,
-            pull_failures: None,
             raw_inputs: Inputs::default(),
             catalog: None,
             unresolved: None,
@@ -150,25 +175,58 @@ impl Agent {
     }
 
     /// Runs until `shutdown` resolves.
+    ///
+    /// Ready (`READY=1`) as soon as the local set-up is done: waiting for the kubeconfig, the API
+    /// server or the Node object is a reported state (journal, `STATUS=`, `streamctl status`),
+    /// never an exit, so an unreachable cluster cannot use up systemd's start limit.
     pub async fn run(
         mut self,
         shutdown: impl std::future::Future<Output = ()>,
     ) -> anyhow::Result<()> {
-        let mut watch = pin!(self.node.watch());
-        let mut streams = self
-            .reboot
-            .resolve_streams
-            .then(|| Box::pin(crate::cluster::streams::watch(self.node.client())));
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+        let mut watch: Option<LocalBoxStream<'static, NodeUpdate>> = None;
+        let mut streams: Option<LocalBoxStream<'static, StreamsUpdate>> = None;
         let mut shutdown = pin!(shutdown);
         // WATCHDOG=1 comes from this loop itself, so a wedged loop is restarted by systemd.
         let mut watchdog = watchdog_interval().map(tokio::time::interval);
         loop {
             let flush_at = self.flush_at();
             tokio::select! {
-                upd = watch.next() => match upd {
+                _ = sleep_until(self.credentials_at.into()) => {
+                    if self.load_credentials().await {
+                        // A new client: the watches must use it, and a patch refused with the
+                        // old credentials need not wait for its slow retry.
+                        self.patch_retry_at = None;
+                        watch = self.node.watch().map(StreamExt::boxed_local);
+                        streams = self
+                            .reboot
+                            .resolve_streams
+                            .then(|| self.node.client())
+                            .flatten()
+                            .map(|c| crate::cluster::streams::watch(c).boxed_local());
+                    }
+                }
+                upd = next_opt(&mut watch) => match upd {
                     Some(NodeUpdate::Annotations(a)) => self.on_node(&a).await,
                     Some(NodeUpdate::Deleted) => warn!(node = self.node.name(), "node object deleted"),
-                    Some(NodeUpdate::Error(e)) => warn!(error = %e, "node watch failed; retrying"),
+                    Some(NodeUpdate::Absent) => {
+                        let reason = format!(
+                            "waiting for the Node {}: the API server has no Node of that name (node-name, or the host name when it is not set, must name this node's Node object)",
+                            self.node.name()
+                        );
+                        self.waiting(reason).await;
+                    }
+                    Some(NodeUpdate::Error { message, unauthorized }) => {
+                        warn!(error = %message, "node watch failed; retrying");
+                        if unauthorized {
+                            // The kubelet may have rotated the client certificate.
+                            self.credentials_at = Instant::now();
+                        }
+                        if !self.node_seen {
+                            self.waiting(format!("waiting for the Kubernetes API server: {message}"))
+                                .await;
+                        }
+                    }
                     None => anyhow::bail!("the node watch ended"),
                 },
                 upd = next_opt(&mut streams) => match upd {
@@ -184,6 +242,15 @@ impl Agent {
                     StagingEvent::Progress(ev) => self.on_progress(ev).await,
                     StagingEvent::Finished(res) => self.on_staged(res).await,
                 },
+                done = work::finished(&mut self.work) => {
+                    match done {
+                        Ok(outcome) => self.on_work(outcome).await,
+                        Err(e) => self.transient_failure(e).await,
+                    }
+                    if self.work.is_none() && std::mem::take(&mut self.reconcile_again) {
+                        self.reconcile().await;
+                    }
+                }
                 _ = sleep_opt(self.retry_at) => {
                     self.retry_at = None;
                     self.reconcile().await;
@@ -192,11 +259,16 @@ impl Agent {
                 Some(req) = self.requests.recv() => match req {
                     Request::Reconcile => {
                         info!("reconcile requested over d-bus");
+                        // Also a request whose staging failed is tried again.
+                        self.forget_failure();
                         self.reconcile().await;
                     }
                     Request::Preflight { inputs, reply } => {
-                        let answer = self.dry_run(&inputs).await;
-                        let _ = reply.send(answer.to_string());
+                        // Registry reads can take minutes: answered from a task of its own.
+                        let run = self.dry_run(inputs);
+                        tokio::spawn(async move {
+                            let _ = reply.send(run.await.to_string());
+                        });
                     }
                 },
                 _ = tick(&mut watchdog) => {
@@ -207,17 +279,75 @@ impl Agent {
         }
         info!("stopping");
         let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
-        // A running transaction keeps running in rpm-ostreed; the next start reads its result.
-        self.flush().await;
+        // A running transaction keeps running in rpm-ostreed, and work in its task is dropped
+        // (nothing it does is left half-done by that: see `work.rs`); the next start reads the
+        // result. The last status gets a short chance to go out, inside TimeoutStopSec.
+        if tokio::time::timeout(STOP_FLUSH, self.flush())
+            .await
+            .is_err()
+        {
+            warn!("the last status patch did not finish before stopping");
+        }
         Ok(())
+    }
+
+    /// Loads or reloads the cluster credentials; true when a new client was built. Schedules
+    /// the next look at the files.
+    async fn load_credentials(&mut self) -> bool {
+        let result = self.node.load().await;
+        let loaded = self.node.client().is_some();
+        self.credentials_at = Instant::now()
+            + if loaded {
+                CREDENTIALS_CHECK
+            } else {
+                CREDENTIALS_WAIT
+            };
+        match result {
+            Ok(true) => {
+                info!(
+                    reload = self.credentials_loaded,
+                    "cluster credentials loaded"
+                );
+                self.credentials_loaded = true;
+                true
+            }
+            Ok(false) => false,
+            Err(e) if loaded => {
+                // Keep the working client: a rotation may be half-written.
+                warn!(error = %e, "reloading cluster credentials failed; keeping the loaded ones");
+                false
+            }
+            Err(e) => {
+                let reason = match &e {
+                    CredentialsError::Missing(_) => format!("waiting for the kubeconfig: {e}"),
+                    CredentialsError::Invalid(_) => format!("waiting for a usable kubeconfig: {e}"),
+                };
+                self.waiting(reason).await;
+                false
+            }
+        }
+    }
+
+    /// Reports why streamd is not (yet) acting on its Node, before the Node was read: on
+    /// D-Bus, in `STATUS=` and in the journal. The annotations are not touched (they cannot be
+    /// written, and the state before the first read would overwrite the node's real one).
+    async fn waiting(&mut self, reason: String) {
+        if self.status.reason == reason {
+            return;
+        }
+        warn!(%reason, "not acting on the node yet");
+        notify_status(self.status.state, &reason);
+        self.status.reason = reason;
+        if let Err(e) = self.api.publish(&self.status).await {
+            warn!(error = %e, "publishing status on d-bus failed");
+        }
     }
 
     async fn on_node(&mut self, annotations: &std::collections::BTreeMap<String, String>) {
         self.reporter.observe_node(annotations);
         self.raw_inputs = Inputs::from_annotations(annotations);
-        if !self.ready {
-            self.ready = true;
-            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+        if !self.node_seen {
+            self.node_seen = true;
             info!(node = self.node.name(), "watching node");
         }
         self.inputs_changed().await;
@@ -295,16 +425,49 @@ impl Agent {
             self.publish().await;
             return;
         }
-        let deployments = match self.backend.deployments().await {
-            Ok(d) => d,
-            Err(e) => {
-                self.transient_failure(format!("reading deployments: {e}"))
-                    .await;
+        if let Some(w) = &self.work {
+            // A preflight for a request no longer wanted changes nothing: drop it. Other work
+            // ends first; this reconcile runs after it.
+            if w.kind == Kind::Preflight
+                && w.request.as_deref() != self.status.observed_desired.as_deref()
+            {
+                info!("request changed during preflight; dropping it");
+                if let Some(w) = self.work.take() {
+                    w.abort();
+                }
+            } else {
+                self.reconcile_again = true;
                 return;
             }
-        };
+        }
+        let backend = self.backend.clone();
+        self.work = Some(Work::spawn(Kind::Observe, None, async move {
+            Outcome::Observed(backend.deployments().await)
+        }));
+    }
+
+    /// Carries on with what a piece of work found.
+    async fn on_work(&mut self, outcome: Outcome) {
+        match outcome {
+            Outcome::Observed(Ok(deployments)) => self.decide(deployments).await,
+            Outcome::Observed(Err(e)) => {
+                self.transient_failure(format!("reading deployments: {e}"))
+                    .await;
+            }
+            Outcome::Prepared(run, result) => self.on_prepared(*run, result).await,
+            Outcome::ForeignRemoved(start, result) => self.on_foreign_removed(*start, result).await,
+            Outcome::Verified(result) => self.on_verified(result).await,
+            Outcome::CleanedUp(record, result) => self.on_cleaned_up(*record, result).await,
+            Outcome::Applied(applying, result) => self.on_applied(*applying, result).await,
+        }
+    }
+
+    /// Decides on freshly read deployments and acts.
+    async fn decide(&mut self, deployments: Vec<Deployment>) {
+        let inputs = self.inputs.clone().unwrap_or_default();
+        let desired = inputs.desired();
         self.observe_deployments(&deployments);
-        let record = match self.store.load() {
+        let mut record = match self.store.load() {
             Ok(r) => r,
             Err(e) => {
                 // Without the record streamd cannot count reboots: stage nothing, reboot nothing.
@@ -312,6 +475,20 @@ impl Agent {
                 return;
             }
         };
+        // A stage kept for a new request that wants the same image (A → B with equal OS images)
+        // becomes that request's staging, with a new id: no approval of the earlier request
+        // fits it, nor, after B → A, one of A's before.
+        if let (Ok(Some(d)), Some(staged)) = (&desired, record.staged.as_mut()) {
+            let hash = d.observed_hash();
+            if staged.request != hash && staged.os_image == d.os_image.to_string() {
+                staged.request = hash;
+                staged.id = Some(attempt::new_id());
+                if let Err(e) = self.store.save(&record) {
+                    self.set_state(State::Degraded, e.to_string()).await;
+                    return;
+                }
+            }
+        }
         let boot_id = self.boot_id.clone();
         let obs = Observation {
             desired: &desired,
@@ -333,9 +510,19 @@ impl Agent {
             .await;
         match decision {
             Decision::Stage(base) => {
-                self.preflight_and_stage(&obs, base).await;
+                let gave_up = record
+                    .failure
+                    .as_ref()
+                    .filter(|f| Some(f.request.as_str()) == self.status.observed_desired.as_deref())
+                    .and_then(|f| f.gave_up.clone());
+                match gave_up {
+                    // Failed for good before (maybe before a restart): not pulled again.
+                    Some(reason) => self.set_state(State::Degraded, reason).await,
+                    None => self.preflight_and_stage(&obs, base).await,
+                }
             }
             Decision::CleanupStale => self.cleanup_stale(record).await,
+            Decision::Verify => self.verify_recorded(&record).await,
             Decision::RolledBack { attempts, retry } => {
                 self.rolled_back(record, attempts, retry).await;
             }
@@ -395,63 +582,71 @@ impl Agent {
     }
 
     /// Preflight and plan for a request, without acting: what `streamctl preflight` and
-    /// `streamctl plan` show.
-    async fn dry_run(
-        &mut self,
-        given: &std::collections::HashMap<String, String>,
-    ) -> serde_json::Value {
-        let inputs = if given.is_empty() {
-            self.inputs.clone().unwrap_or_default()
-        } else {
-            let unknown: Vec<&String> = given
-                .keys()
-                .filter(|k| !["stream", "os-image", "extensions-image"].contains(&k.as_str()))
-                .collect();
-            if !unknown.is_empty() {
-                return serde_json::json!({"error": format!("unknown keys {unknown:?}: use stream, os-image, extensions-image")});
+    /// `streamctl plan` show. The returned future owns what it needs, so it runs in a task of
+    /// its own.
+    fn dry_run(
+        &self,
+        given: std::collections::HashMap<String, String>,
+    ) -> impl std::future::Future<Output = serde_json::Value> + Send + 'static {
+        let current = self.inputs.clone().unwrap_or_default();
+        let backend = self.backend.clone();
+        let gatherer = self.gatherer.clone();
+        let facts = self.status.host.clone();
+        let store = self.store.clone();
+        let lock = self.preflight_lock.clone();
+        async move {
+            let _one_at_a_time = lock.lock().await;
+            let inputs = if given.is_empty() {
+                current
+            } else {
+                let unknown: Vec<&String> = given
+                    .keys()
+                    .filter(|k| !["stream", "os-image", "extensions-image"].contains(&k.as_str()))
+                    .collect();
+                if !unknown.is_empty() {
+                    return serde_json::json!({"error": format!("unknown keys {unknown:?}: use stream, os-image, extensions-image")});
+                }
+                Inputs {
+                    stream: given.get("stream").cloned(),
+                    os_image: given.get("os-image").cloned(),
+                    extensions_image: given.get("extensions-image").cloned(),
+                    reboot_approved: None,
+                }
+            };
+            let desired = match inputs.desired() {
+                Ok(Some(d)) => d,
+                Ok(None) => {
+                    return serde_json::json!({"error": "no request: give a stream and an OS image"});
+                }
+                Err(e) => return serde_json::json!({"error": e.to_string()}),
+            };
+            let deployments = match backend.deployments().await {
+                Ok(d) => d,
+                Err(e) => {
+                    return serde_json::json!({"error": format!("reading deployments: {e}")});
+                }
+            };
+            let (Some(booted), Some(facts)) = (deployments.iter().find(|d| d.booted), facts) else {
+                return serde_json::json!({"error": "rpm-ostree reports no booted deployment"});
+            };
+            let base = crate::backend::StagePlan::rebase(
+                &desired.stream,
+                &desired.os_image,
+                gatherer.policy.allow_downgrade,
+            );
+            let record = store.load().unwrap_or_default();
+            let foreign = planner::foreign_staged(&deployments, &record);
+            match gatherer
+                .prepare(&facts, &desired, booted, foreign, base)
+                .await
+            {
+                Err(Transient(e)) => serde_json::json!({"error": e}),
+                Ok(p) => serde_json::json!({
+                    "backend": backend.kind().as_str(),
+                    "checks": p.checks,
+                    "plan": p.plan.as_ref().map(UpdateDeploymentCall::for_plan),
+                }),
             }
-            Inputs {
-                stream: given.get("stream").cloned(),
-                os_image: given.get("os-image").cloned(),
-                extensions_image: given.get("extensions-image").cloned(),
-                reboot_approved: None,
-            }
-        };
-        let desired = match inputs.desired() {
-            Ok(Some(d)) => d,
-            Ok(None) => {
-                return serde_json::json!({"error": "no request: give a stream and an OS image"});
-            }
-            Err(e) => return serde_json::json!({"error": e.to_string()}),
-        };
-        let deployments = match self.backend.deployments().await {
-            Ok(d) => d,
-            Err(e) => return serde_json::json!({"error": format!("reading deployments: {e}")}),
-        };
-        let (Some(booted), Some(facts)) = (
-            deployments.iter().find(|d| d.booted),
-            self.status.host.clone(),
-        ) else {
-            return serde_json::json!({"error": "rpm-ostree reports no booted deployment"});
-        };
-        let base = crate::backend::StagePlan::rebase(
-            &desired.stream,
-            &desired.os_image,
-            self.gatherer.policy.allow_downgrade,
-        );
-        let record = self.store.load().unwrap_or_default();
-        let foreign = planner::foreign_staged(&deployments, &record);
-        match self
-            .gatherer
-            .prepare(&facts, &desired, booted, foreign, base)
-            .await
-        {
-            Err(Transient(e)) => serde_json::json!({"error": e}),
-            Ok(p) => serde_json::json!({
-                "backend": self.backend.kind().as_str(),
-                "checks": p.checks,
-                "plan": p.plan.as_ref().map(UpdateDeploymentCall::for_plan),
-            }),
         }
     }
 
@@ -487,6 +682,9 @@ impl Agent {
         if let Some(ev) = event {
             let _ = self.events.try_send(ev);
         }
+        if self.status.state != state || self.status.reason != reason {
+            notify_status(state, &reason);
+        }
         if self.status.state != state {
             self.status.last_change = unix_now();
             crate::logging::log_state(
@@ -501,12 +699,6 @@ impl Agent {
                     .as_deref()
                     .unwrap_or(&self.status.current_os_image),
                 self.node.name(),
-            );
-            let _ = sd_notify::notify(
-                false,
-                &[sd_notify::NotifyState::Status(&format!(
-                    "{state}: {reason}"
-                ))],
             );
             if let Some((kind, name)) = event_for(state).filter(|_| !explicit) {
                 let _ = self.events.try_send((kind, name, reason.clone()));
@@ -568,6 +760,10 @@ impl Agent {
                         "patching node annotations failed; will retry"
                     );
                 } else {
+                    if matches!(e, PatchError::Rejected { status: 401, .. }) {
+                        // The kubelet may have rotated the client certificate.
+                        self.credentials_at = Instant::now();
+                    }
                     tracing::error!(
                         error = %e,
                         status = e.status(),
@@ -612,6 +808,13 @@ fn spawn_event_sender(node: NodeClient) -> mpsc::Sender<(EventType, &'static str
         }
     });
     tx
+}
+
+/// Sends `STATUS=<state>: <reason>` to systemd as one bounded line: sd_notify splits at
+/// newlines, so a reason carrying registry text could otherwise inject `WATCHDOG=trigger`.
+fn notify_status(state: State, reason: &str) {
+    let line = crate::text::one_line_reason(&format!("{state}: {reason}"));
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&line)]);
 }
 
 /// Half the watchdog timeout systemd asked for (`WATCHDOG_USEC`), if any.

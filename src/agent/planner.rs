@@ -104,6 +104,10 @@ pub enum Decision {
     },
     /// A staged deployment of streamd's no longer matches the request: remove it first.
     CleanupStale,
+    /// A staged deployment of streamd's that was never checked on disk (streamd or rpm-ostreed
+    /// restarted before the check ended, the check failed and so did the removal, or rpm-ostree
+    /// said the target was already staged): check it before anything else.
+    Verify,
     /// Staged and locked; waiting for the cluster to approve `token`.
     AwaitApproval {
         /// The `reboot-requested` token.
@@ -134,10 +138,36 @@ impl Decision {
             Decision::AwaitApproval { .. } | Decision::AlreadyStaged => Some(State::Staged),
             Decision::RebootPending => Some(State::Rebooting),
             Decision::RolledBack { .. }
+            | Decision::Verify
             | Decision::CleanupStale
             | Decision::Reboot { .. }
             | Decision::Stage(_) => None,
         }
+    }
+}
+
+/// The `reboot-requested` token for `desired` in the boot `boot_id`: the request, the boot and
+/// the staging it is for (or, before a bootc staging, the approval ask), so an approval is never
+/// replayed onto another boot, request or staging — not even after A → B → A in one boot. A
+/// record of version 1 has no id: the token is then the request's and the boot's only.
+pub fn reboot_token(desired: &Desired, boot_id: &str, record: &Record) -> String {
+    let base = desired.reboot_token(boot_id);
+    let hash = desired.observed_hash();
+    let id = record
+        .staged
+        .as_ref()
+        .filter(|s| s.request == hash)
+        .and_then(|s| s.id.as_deref())
+        .or_else(|| {
+            record
+                .approval
+                .as_ref()
+                .filter(|a| a.request == hash)
+                .map(|a| a.id.as_str())
+        });
+    match id {
+        Some(id) => format!("{base}.{id}"),
+        None => base,
     }
 }
 
@@ -195,12 +225,19 @@ pub fn decide(obs: &Observation<'_>) -> Decision {
         return Decision::RebootPending;
     }
     let staged = match obs.staged() {
-        Some(s) if s.carries_digest(digest) && s.finalization_locked == want_lock => s,
+        Some(s)
+            if s.carries_digest(digest)
+                && s.finalization_locked == want_lock
+                && obs.staged_is_ours() =>
+        {
+            s
+        }
         // Ours, but for another request (or unlocked by hand while a lock is wanted): it must
         // not wait for a reboot that would apply the wrong thing.
         Some(_) if obs.staged_is_ours() => return Decision::CleanupStale,
-        // Nothing staged, or a foreign deployment (the preflight's pending-deployment check
-        // decides whether it may be replaced).
+        // Nothing staged, or a foreign deployment — even one carrying the desired image is
+        // not adopted unchecked: the preflight's pending-deployment check decides whether it
+        // may be replaced.
         _ => {
             let mut plan =
                 StagePlan::rebase(&desired.stream, &desired.os_image, obs.allow_downgrade);
@@ -208,6 +245,16 @@ pub fn decide(obs: &Observation<'_>) -> Decision {
             return Decision::Stage(plan);
         }
     };
+    // Nothing is approved or finalized that was not checked on disk; without what to check it
+    // against (a record of an older streamd) it is staged again.
+    let ours = life.record.staged.as_ref();
+    if ours.and_then(|o| o.verified.as_deref()) != Some(staged.checksum.as_str()) {
+        return if ours.is_some_and(|o| o.expect.is_some()) {
+            Decision::Verify
+        } else {
+            Decision::CleanupStale
+        };
+    }
     let staged_digest = staged
         .container_image_reference_digest
         .clone()
@@ -226,12 +273,18 @@ pub fn decide(obs: &Observation<'_>) -> Decision {
             attempt: next_attempt,
         },
         RebootPolicy::OnApproval => {
-            let token = desired.reboot_token(life.boot_id);
-            if this_boot.is_some() || life.approved == Some(token.as_str()) {
+            // Also a finalization interrupted in this boot is started again only on the
+            // approval that still stands.
+            let token = reboot_token(desired, life.boot_id, life.record);
+            if life.approved == Some(token.as_str()) {
                 Decision::Reboot {
                     digest: staged_digest,
                     attempt: next_attempt,
                 }
+            } else if !life.locks {
+                // Unlocked (bootc): any reboot would apply it, so without the approval (it was
+                // withdrawn) it must not stay.
+                Decision::CleanupStale
             } else {
                 Decision::AwaitApproval { token }
             }
@@ -257,6 +310,7 @@ mod tests {
         Deployment {
             id: format!("rhcos-{digest}.0"),
             osname: "rhcos".into(),
+            checksum: commit(digest),
             booted,
             staged,
             finalization_locked: staged,
@@ -265,6 +319,11 @@ mod tests {
             )),
             ..Deployment::default()
         }
+    }
+
+    /// The ostree commit of `digest`'s deployment.
+    fn commit(digest: &str) -> String {
+        format!("commit-{}", &digest[7..])
     }
 
     fn unlocked(mut d: Deployment) -> Deployment {
@@ -288,9 +347,10 @@ mod tests {
         }
     }
 
+    /// The token of the staging `ours(digest)` records.
     fn token(digest: &str) -> String {
         match want(digest) {
-            Ok(Some(d)) => d.reboot_token(BOOT),
+            Ok(Some(d)) => reboot_token(&d, BOOT, &ours(digest)),
             _ => panic!("valid"),
         }
     }
@@ -300,10 +360,28 @@ mod tests {
 
     /// The record after staging `digest`.
     fn ours(digest: &str) -> Record {
+        let mut r = unverified(digest);
+        if let Some(s) = r.staged.as_mut() {
+            s.verified = Some(commit(digest));
+        }
+        r
+    }
+
+    /// The record after staging `digest`, before the on-disk check passed.
+    fn unverified(digest: &str) -> Record {
         Record {
             staged: Some(Staged {
                 request: hash(digest),
                 os_image: format!("quay.io/openshift/rhcos@{digest}"),
+                id: Some(format!("id{}", &digest[7..17])),
+                expect: Some(crate::host::verify::Expectation {
+                    image_digest: digest.into(),
+                    target_major: 10,
+                    kernel: KernelVariant::Default,
+                    fips: false,
+                }),
+                pinned: Some(digest.into()),
+                verified: None,
             }),
             ..Record::default()
         }
@@ -477,11 +555,37 @@ mod tests {
             },
             Case {
                 record: tried(D10, 1, BOOT, None),
+                approved: Some(token(D10)),
                 ..case(
-                    "finalize failed in this boot: same attempt again, no new approval",
+                    "finalize failed in this boot, approval stands: same attempt again",
                     want(D10),
                     staged10.clone(),
                     reboot(1),
+                )
+            },
+            Case {
+                record: tried(D10, 1, BOOT, None),
+                ..case(
+                    "finalize interrupted in this boot, approval withdrawn: ask again",
+                    want(D10),
+                    staged10.clone(),
+                    Decision::AwaitApproval { token: token(D10) },
+                )
+            },
+            Case {
+                record: ours(D10),
+                approved: Some(format!(
+                    "{}.0123456789ab",
+                    match want(D10) {
+                        Ok(Some(d)) => d.reboot_token(BOOT),
+                        _ => panic!("valid"),
+                    }
+                )),
+                ..case(
+                    "approval of an earlier staging of the same request (A, B, A): ask again",
+                    want(D10),
+                    staged10.clone(),
+                    Decision::AwaitApproval { token: token(D10) },
                 )
             },
             Case {
@@ -620,10 +724,10 @@ mod tests {
                 locks: false,
                 record: ours(D10),
                 ..case(
-                    "bootc: staged but not approved (approval withdrawn)",
+                    "bootc: staged but the approval was withdrawn: an unlocked stage must not stay",
                     want(D10),
                     vec![unlocked(dep(D10, false, true)), dep(D9, true, false)],
-                    Decision::AwaitApproval { token: token(D10) },
+                    Decision::CleanupStale,
                 )
             },
             case(
@@ -632,6 +736,71 @@ mod tests {
                 vec![dep(DX, false, true), dep(D9, true, false)],
                 stage(D10, true),
             ),
+            case(
+                "foreign locked stage carrying the desired image: not adopted, preflight decides",
+                want(D10),
+                staged10.clone(),
+                stage(D10, true),
+            ),
+            Case {
+                record: unverified(D10),
+                ..case(
+                    "ours, never checked on disk (restart before the check ended, refs equal): check it",
+                    want(D10),
+                    staged10.clone(),
+                    Decision::Verify,
+                )
+            },
+            Case {
+                record: unverified(D10),
+                approved: Some(token(D10)),
+                ..case(
+                    "ours, approved, never checked on disk: check before finalizing",
+                    want(D10),
+                    staged10.clone(),
+                    Decision::Verify,
+                )
+            },
+            Case {
+                record: unverified(D10),
+                policy: RebootPolicy::Immediate,
+                ..case(
+                    "ours, reboot immediate, never checked on disk: check before finalizing",
+                    want(D10),
+                    staged10.clone(),
+                    Decision::Verify,
+                )
+            },
+            Case {
+                record: {
+                    let mut r = ours(D10);
+                    if let Some(s) = r.staged.as_mut() {
+                        s.verified = Some(commit(DX));
+                    }
+                    r
+                },
+                ..case(
+                    "ours, but the check passed for another deployment: check this one",
+                    want(D10),
+                    staged10.clone(),
+                    Decision::Verify,
+                )
+            },
+            Case {
+                record: {
+                    let mut r = unverified(D10);
+                    if let Some(s) = r.staged.as_mut() {
+                        s.expect = None;
+                    }
+                    r
+                },
+                ..case(
+                    "ours from an older streamd, nothing to check against: stage again",
+                    want(D10),
+                    staged10.clone(),
+                    Decision::CleanupStale,
+                )
+            },
         ];
         for c in cases {
             let obs = Observation {

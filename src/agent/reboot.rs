@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use tracing::{info, warn};
 
+use super::work::{Applying, Kind, Outcome, Work};
 use super::{Agent, MIN_BACKOFF};
 use crate::agent::planner::Decision;
 use crate::backend::BackendError;
@@ -41,6 +42,7 @@ impl Agent {
             let rec = Record {
                 attempt: None,
                 staged: None,
+                approval: None,
                 ..record
             };
             if let Err(e) = self.store.save(&rec) {
@@ -77,7 +79,11 @@ impl Agent {
                 Decision::AwaitApproval { .. } | Decision::Reboot { .. } | Decision::RebootPending,
                 Some(d),
                 RebootPolicy::OnApproval,
-            ) => Some(d.reboot_token(&self.boot_id)),
+            ) => Some(crate::agent::planner::reboot_token(
+                d,
+                &self.boot_id,
+                record,
+            )),
             // Without a lock the request is made after preflight, before staging (see Stage).
             (Decision::Stage(_), _, _) if !self.backend.locks() => return,
             _ => None,
@@ -102,17 +108,24 @@ impl Agent {
         }
     }
 
-    /// Removes a staged deployment of streamd's that no longer matches the request.
+    /// Removes a staged deployment of streamd's that no longer matches the request (in a task:
+    /// an rpm-ostree transaction or a bootc unit).
     pub(super) async fn cleanup_stale(&mut self, record: Record) {
         info!(
             staged = self.status.staged_os_image.as_deref().unwrap_or_default(),
             "removing a staged deployment that no longer matches the request"
         );
-        match self
-            .backend
-            .cleanup_pending(&self.status.current_os_image)
-            .await
-        {
+        let backend = self.backend.clone();
+        let booted = self.status.current_os_image.clone();
+        self.work = Some(Work::spawn(Kind::Cleanup, None, async move {
+            let result = backend.cleanup_pending(&booted).await;
+            Outcome::CleanedUp(Box::new(record), result)
+        }));
+    }
+
+    /// Carries on once a stale staged deployment is removed (or could not be).
+    pub(super) async fn on_cleaned_up(&mut self, record: Record, result: Result<(), BackendError>) {
+        match result {
             Ok(()) => {
                 let rec = Record {
                     staged: None,
@@ -205,8 +218,50 @@ impl Agent {
         .await;
         // The cluster must see Rebooting before the node goes down.
         self.flush().await;
-        match self.backend.apply(&digest).await {
+        // FinalizeDeployment, or `bootc switch` in a unit (up to an hour): in a task.
+        let backend = self.backend.clone();
+        let applying = Applying {
+            record,
+            digest,
+            attempt,
+        };
+        self.work = Some(Work::spawn(
+            Kind::Apply,
+            Some(desired.observed_hash()),
+            async move {
+                let result = backend.apply(&applying.digest).await;
+                Outcome::Applied(Box::new(applying), result)
+            },
+        ));
+    }
+
+    /// Carries on once finalization was asked for (or refused).
+    pub(super) async fn on_applied(
+        &mut self,
+        applying: Applying,
+        result: Result<(), BackendError>,
+    ) {
+        let Applying {
+            record,
+            digest,
+            attempt,
+        } = applying;
+        match result {
             Ok(()) => info!(%digest, attempt, "reboot initiated"),
+            Err(e) if e.possibly_applied() => {
+                // rpm-ostreed unlocks, says Finished and queues the reboot; the connection can
+                // drop in between. Keep the attempt (the after-boot check and the attempts
+                // bound) and re-read the deployments: unlocked, the reboot is pending; still
+                // locked, the planner finalizes again as this same attempt.
+                warn!(error = %e, %digest, attempt, "finalization interrupted; it may have been applied");
+                self.status.reason = format!(
+                    "applying {} (attempt {attempt} of {}): rpm-ostreed closed the finalization without a result, re-reading the deployments",
+                    self.status.desired_os_image.as_deref().unwrap_or_default(),
+                    self.reboot.max_attempts
+                );
+                self.publish().await;
+                self.retry_at = Some(Instant::now() + MIN_BACKOFF);
+            }
             Err(e) => {
                 // Nothing was applied: this boot's attempt did not happen.
                 if let Err(s) = self.store.save(&record) {

@@ -7,6 +7,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use super::work::{Kind, Outcome, PreflightRun, StageStart, Work};
 use super::{
     Agent, BUSY_MAX_BACKOFF, MIN_BACKOFF, REFS_EQUAL, REGISTRY_MAX_BACKOFF, REGISTRY_MIN_BACKOFF,
     jittered,
@@ -21,24 +22,48 @@ use crate::config::RebootPolicy;
 use crate::host::attempt;
 
 impl Agent {
-    /// Runs preflight for `desired` and, when every check passes, stages it (on a backend
-    /// without a finalization lock: once the reboot is approved).
+    /// Starts preflight for `desired` (in a task: it reads registries); [`Self::on_prepared`]
+    /// stages it when every check passes (on a backend without a finalization lock: once the
+    /// reboot is approved).
     pub(super) async fn preflight_and_stage(&mut self, obs: &Observation<'_>, base: StagePlan) {
         let (Some(d), Some(booted), Some(facts)) = (
             obs.desired.as_ref().ok().and_then(Option::as_ref),
-            obs.booted(),
+            obs.booted().cloned(),
             self.status.host.clone(),
         ) else {
             return;
         };
-        let foreign = obs.foreign_staged().cloned();
+        let run = PreflightRun {
+            desired: d.clone(),
+            foreign: obs.foreign_staged().cloned(),
+            approved: obs.lifecycle.approved.map(String::from),
+            record: obs.lifecycle.record.clone(),
+        };
         self.set_state(State::Preflight, "running preflight checks".into())
             .await;
-        match self
-            .gatherer
-            .prepare(&facts, d, booted, foreign.as_ref(), base)
-            .await
-        {
+        let gatherer = self.gatherer.clone();
+        let lock = self.preflight_lock.clone();
+        self.work = Some(Work::spawn(
+            Kind::Preflight,
+            Some(d.observed_hash()),
+            async move {
+                let _one_at_a_time = lock.lock().await;
+                let result = gatherer
+                    .prepare(&facts, &run.desired, &booted, run.foreign.as_ref(), base)
+                    .await;
+                Outcome::Prepared(Box::new(run), result)
+            },
+        ));
+    }
+
+    /// Acts on a finished preflight.
+    pub(super) async fn on_prepared(
+        &mut self,
+        run: PreflightRun,
+        result: Result<crate::agent::gather::Prepared, Transient>,
+    ) {
+        let d = &run.desired;
+        match result {
             Err(Transient(msg)) => {
                 let delay = jittered(self.registry_backoff);
                 self.registry_backoff = (self.registry_backoff * 2).min(REGISTRY_MAX_BACKOFF);
@@ -56,12 +81,36 @@ impl Agent {
                     prepared.plan,
                     crate::agent::preflight::first_failure(&prepared.checks),
                 ) {
+                    // Approval and finalization need a passed on-disk check: never stage what
+                    // cannot be checked.
+                    (Some(_), _) if prepared.expect.is_none() => {
+                        self.set_state(
+                            State::Refused,
+                            "preflight could not tell what the staged deployment must look like (image digest or target major unknown); not staging what cannot be checked".into(),
+                        )
+                        .await;
+                    }
                     (Some(plan), _) => {
-                        // Without a finalization lock, staging waits for the approval.
-                        let token = d.reboot_token(&self.boot_id);
+                        // Without a finalization lock, staging waits for the approval, asked
+                        // for with an id of its own (kept while the request stays).
+                        let mut record = run.record;
+                        let hash = d.observed_hash();
+                        if !self.backend.locks()
+                            && record.approval.as_ref().is_none_or(|a| a.request != hash)
+                        {
+                            record.approval = Some(attempt::ApprovalAsk {
+                                request: hash,
+                                id: attempt::new_id(),
+                            });
+                            if let Err(e) = self.store.save(&record) {
+                                self.set_state(State::Degraded, e.to_string()).await;
+                                return;
+                            }
+                        }
+                        let token = crate::agent::planner::reboot_token(d, &self.boot_id, &record);
                         if !self.backend.locks()
                             && self.reboot.policy == RebootPolicy::OnApproval
-                            && obs.lifecycle.approved != Some(token.as_str())
+                            && run.approved.as_deref() != Some(token.as_str())
                         {
                             self.request_reboot(Some(token.clone()), None).await;
                             self.set_state(
@@ -75,44 +124,33 @@ impl Agent {
                             .await;
                             return;
                         }
-                        // Allowed by replace-foreign-staged: remove it first, because
-                        // rpm-ostree refuses a rebase onto the refspec the pending
-                        // deployment already has ("Old and new refs are equal").
-                        if let Some(f) = &foreign {
-                            info!(staged = %f.id, "replacing a staged deployment streamd did not create");
-                            if let Err(e) = self
-                                .backend
-                                .cleanup_pending(&self.status.current_os_image)
-                                .await
-                            {
-                                self.transient_failure(format!(
-                                    "removing the foreign staged deployment {}: {e}",
-                                    f.id
-                                ))
-                                .await;
-                                return;
-                            }
-                        }
-                        // Remember the staging before it starts: a staged deployment
-                        // found after a crash is then known to be ours.
-                        let hash = d.observed_hash();
-                        let mut rec = obs.lifecycle.record.clone();
-                        rec.staged = Some(attempt::Staged {
-                            request: hash.clone(),
-                            os_image: plan.os_image.to_string(),
-                        });
-                        if rec.attempt.as_ref().is_some_and(|a| a.request != hash) {
-                            rec.attempt = None;
-                        }
-                        if let Err(e) = self.store.save(&rec) {
-                            self.set_state(State::Degraded, e.to_string()).await;
-                            return;
-                        }
-                        info!(call = %serde_json::to_string(&UpdateDeploymentCall::for_plan(&plan)).unwrap_or_default(), backend = self.backend.kind().as_str(), "staging");
                         let expect = prepared
                             .expect
                             .map(|e| (e, plan.os_image.digest().to_string()));
-                        self.start_staging(plan, hash, expect).await;
+                        let start = StageStart {
+                            plan,
+                            hash: d.observed_hash(),
+                            expect,
+                            record,
+                        };
+                        // Allowed by replace-foreign-staged: remove it first, because
+                        // rpm-ostree refuses a rebase onto the refspec the pending
+                        // deployment already has ("Old and new refs are equal").
+                        if let Some(f) = &run.foreign {
+                            info!(staged = %f.id, "replacing a staged deployment streamd did not create");
+                            let backend = self.backend.clone();
+                            let booted = self.status.current_os_image.clone();
+                            self.work = Some(Work::spawn(
+                                Kind::Cleanup,
+                                Some(start.hash.clone()),
+                                async move {
+                                    let result = backend.cleanup_pending(&booted).await;
+                                    Outcome::ForeignRemoved(Box::new(start), result)
+                                },
+                            ));
+                            return;
+                        }
+                        self.begin_staging(start).await;
                     }
                     (None, Some(f)) => {
                         crate::logging::log_preflight_failed(
@@ -132,6 +170,161 @@ impl Agent {
                     }
                 }
             }
+        }
+    }
+
+    /// Stages once the foreign staged deployment is removed.
+    pub(super) async fn on_foreign_removed(
+        &mut self,
+        start: StageStart,
+        result: Result<(), BackendError>,
+    ) {
+        match result {
+            Ok(()) => self.begin_staging(start).await,
+            Err(e) => {
+                self.transient_failure(format!("removing the foreign staged deployment: {e}"))
+                    .await;
+            }
+        }
+    }
+
+    /// Records the staging, then starts the transaction.
+    async fn begin_staging(&mut self, start: StageStart) {
+        // Remember the staging before it starts: a staged deployment found after a crash is
+        // then known to be ours.
+        let StageStart {
+            plan,
+            hash,
+            expect,
+            mut record,
+        } = start;
+        if self.status.observed_desired.as_deref() != Some(hash.as_str()) {
+            // The request changed (or became unresolvable) meanwhile: decide again instead.
+            self.reconcile_again = true;
+            return;
+        }
+        // A new id per staging (so no earlier approval fits it), except the staging a bootc
+        // approval was asked for: that approval is for it.
+        let id = record
+            .approval
+            .as_ref()
+            .filter(|a| a.request == hash)
+            .map_or_else(attempt::new_id, |a| a.id.clone());
+        record.staged = Some(attempt::Staged {
+            request: hash.clone(),
+            os_image: plan.os_image.to_string(),
+            id: Some(id),
+            expect: expect.as_ref().map(|(e, _)| e.clone()),
+            pinned: expect.as_ref().map(|(_, p)| p.clone()),
+            verified: None,
+        });
+        if record.attempt.as_ref().is_some_and(|a| a.request != hash) {
+            record.attempt = None;
+        }
+        if let Err(e) = self.store.save(&record) {
+            self.set_state(State::Degraded, e.to_string()).await;
+            return;
+        }
+        info!(call = %serde_json::to_string(&UpdateDeploymentCall::for_plan(&plan)).unwrap_or_default(), backend = self.backend.kind().as_str(), "staging");
+        self.start_staging(plan, hash, expect).await;
+    }
+
+    /// Updates what the attempt record remembers about failures of the request `hash` (starting
+    /// afresh for another request) and returns it. A record that cannot be written is logged:
+    /// the failure is then remembered until the next restart only.
+    fn remember_failure(
+        &mut self,
+        hash: &str,
+        update: impl FnOnce(&mut attempt::Failure),
+    ) -> attempt::Failure {
+        let mut record = self.store.load().unwrap_or_default();
+        let mut failure = record
+            .failure
+            .take()
+            .filter(|f| f.request == hash)
+            .unwrap_or_else(|| attempt::Failure {
+                request: hash.to_string(),
+                ..attempt::Failure::default()
+            });
+        update(&mut failure);
+        record.failure = Some(failure.clone());
+        if let Err(e) = self.store.save(&record) {
+            warn!(error = %e, "remembering the staging failure failed");
+        }
+        failure
+    }
+
+    /// Forgets staging failures (a staging succeeded, or `streamctl reconcile` asks to try
+    /// again).
+    pub(super) fn forget_failure(&mut self) {
+        let Ok(mut record) = self.store.load() else {
+            return;
+        };
+        if record.failure.take().is_some()
+            && let Err(e) = self.store.save(&record)
+        {
+            warn!(error = %e, "forgetting the staging failure failed");
+        }
+    }
+
+    /// Checks the staged deployment on disk, in a task (the helper may take minutes on a slow
+    /// disk); [`Self::on_verified`] records the result.
+    fn start_verify(&mut self, hash: String, expect: (crate::host::verify::Expectation, String)) {
+        let check = verify(
+            self.backend.clone(),
+            self.host.root().to_path_buf(),
+            self.status.current_os_image.clone(),
+            expect,
+        );
+        self.work = Some(Work::spawn(Kind::Verify, Some(hash), async move {
+            Outcome::Verified(check.await)
+        }));
+    }
+
+    /// Checks a staged deployment of streamd's that was never checked (the planner's
+    /// `Verify`), against what the attempt record says it must look like.
+    pub(super) async fn verify_recorded(&mut self, record: &attempt::Record) {
+        let Some(staged) = record.staged.as_ref() else {
+            return;
+        };
+        let Some(expect) = staged.expect.clone() else {
+            return;
+        };
+        let pinned = staged
+            .pinned
+            .clone()
+            .unwrap_or_else(|| expect.image_digest.clone());
+        info!(staged = %staged.os_image, "checking a staged deployment that was never checked on disk");
+        self.status.reason = format!(
+            "checking the staged deployment of {} on disk",
+            staged.os_image
+        );
+        self.publish().await;
+        self.start_verify(staged.request.clone(), (expect, pinned));
+    }
+
+    /// Records a passed check durably (approval and finalization need it), or reports the
+    /// failure.
+    pub(super) async fn on_verified(&mut self, result: Result<String, String>) {
+        match result {
+            Ok(checksum) => {
+                let mut record = match self.store.load() {
+                    Ok(r) => r,
+                    Err(e) => {
+                        self.set_state(State::Degraded, e.to_string()).await;
+                        return;
+                    }
+                };
+                if let Some(staged) = record.staged.as_mut() {
+                    staged.verified = Some(checksum);
+                }
+                if let Err(e) = self.store.save(&record) {
+                    self.set_state(State::Degraded, e.to_string()).await;
+                    return;
+                }
+                self.reconcile().await;
+            }
+            Err(reason) => self.set_state(State::Degraded, reason).await,
         }
     }
 
@@ -188,14 +381,11 @@ impl Agent {
             Ok(()) => {
                 info!("transaction finished");
                 self.backoff = MIN_BACKOFF;
-                self.pull_failures = None;
-                if let Some(expect) = done.expect
-                    && let Err(reason) = self.verify(expect).await
-                {
-                    self.set_state(State::Degraded, reason).await;
-                    return;
+                self.forget_failure();
+                match done.expect {
+                    Some(expect) => self.start_verify(done.hash, expect),
+                    None => self.reconcile().await,
                 }
-                self.reconcile().await;
             }
             Err(e) if e.is_transient() => self.transient_failure(e.to_string()).await,
             // A transaction started before a restart (streamd was killed mid-staging) staged the
@@ -212,11 +402,11 @@ impl Agent {
             Err(e) if e.is_network_failure() => {
                 // A fetch that broke on the way gets a few spaced retries; past them it is
                 // treated like any failure.
-                let failures = match self.pull_failures.take() {
-                    Some((hash, n)) if hash == done.hash => n.saturating_add(1),
-                    _ => 1,
-                };
-                self.pull_failures = Some((done.hash.clone(), failures));
+                let failures = self
+                    .remember_failure(&done.hash, |f| {
+                        f.pull_failures = f.pull_failures.saturating_add(1);
+                    })
+                    .pull_failures;
                 let retries = self.reboot.pull_retries;
                 if failures <= retries {
                     let delay = pull_retry_delay(failures);
@@ -225,78 +415,77 @@ impl Agent {
                     );
                     self.retry_in(reason, delay).await;
                 } else {
-                    self.set_state(
-                        State::Degraded,
-                        format!(
-                            "staging failed on the network {failures} time(s), no retries left: {e}"
-                        ),
-                    )
-                    .await;
+                    let reason = format!(
+                        "staging failed on the network {failures} time(s), no retries left: {e}"
+                    );
+                    self.remember_failure(&done.hash, |f| f.gave_up = Some(reason.clone()));
+                    self.set_state(State::Degraded, reason).await;
                 }
             }
             Err(e) => {
                 // A failed transaction is not retried for the same request: retrying a broken
                 // image would flap the node between Staging and Degraded. A new request, or
-                // `streamctl reconcile`, tries again.
-                self.set_state(State::Degraded, format!("staging failed: {e}"))
-                    .await;
+                // `streamctl reconcile`, tries again — also after a restart (the record
+                // remembers it).
+                let reason = format!("staging failed: {e}");
+                self.remember_failure(&done.hash, |f| f.gave_up = Some(reason.clone()));
+                self.set_state(State::Degraded, reason).await;
             }
         }
     }
+}
 
-    /// Checks the staged deployment on disk; on a mismatch removes it and says what differed.
-    pub(super) async fn verify(
-        &mut self,
-        (mut exp, pinned): (crate::host::verify::Expectation, String),
-    ) -> Result<(), String> {
-        let deployments = self
-            .backend
-            .deployments()
-            .await
-            .map_err(|e| format!("reading deployments after staging: {e}"))?;
-        let (Some(staged), Some(booted)) = (
-            deployments.iter().find(|d| d.staged).cloned(),
-            deployments.iter().find(|d| d.booted).cloned(),
-        ) else {
-            return Err("the transaction succeeded but nothing is staged".into());
-        };
-        // rpm-ostree reports the platform manifest's digest; a pullspec may pin the index.
-        if staged.container_image_reference_digest.as_deref() == Some(pinned.as_str()) {
-            exp.image_digest = pinned;
+/// Checks the staged deployment on disk (in the `streamd-verify` helper); on a mismatch removes
+/// it and says what differed. `root` is the host root, `booted` the booted image (for the
+/// removal).
+async fn verify(
+    backend: Backend,
+    root: std::path::PathBuf,
+    booted_image: String,
+    (mut exp, pinned): (crate::host::verify::Expectation, String),
+) -> Result<String, String> {
+    let deployments = backend
+        .deployments()
+        .await
+        .map_err(|e| format!("reading deployments after staging: {e}"))?;
+    let (Some(staged), Some(booted)) = (
+        deployments.iter().find(|d| d.staged).cloned(),
+        deployments.iter().find(|d| d.booted).cloned(),
+    ) else {
+        return Err("the transaction succeeded but nothing is staged".into());
+    };
+    // rpm-ostree reports the platform manifest's digest; a pullspec may pin the index.
+    if staged.container_image_reference_digest.as_deref() == Some(pinned.as_str()) {
+        exp.image_digest = pinned;
+    }
+    // libostree finds the staged deployment only through the running root.
+    let sysroot = if root == std::path::Path::new("/") {
+        root
+    } else {
+        root.join("sysroot")
+    };
+    let helper = std::env::current_exe()
+        .map_err(|e| format!("locating the verification helper: {e}"))?
+        .with_file_name(crate::host::verify::HELPER);
+    let checksum = staged.checksum.clone();
+    let req = crate::host::verify::Request {
+        sysroot,
+        staged,
+        booted,
+        expect: exp,
+    };
+    match crate::host::verify::in_helper(&helper, &req).await {
+        Ok(()) => {
+            info!(%checksum, "staged deployment verified");
+            Ok(checksum)
         }
-        // libostree finds the staged deployment only through the running root.
-        let root = self.host.root().to_path_buf();
-        let sysroot = if root == std::path::Path::new("/") {
-            root
-        } else {
-            root.join("sysroot")
-        };
-        let helper = std::env::current_exe()
-            .map_err(|e| format!("locating the verification helper: {e}"))?
-            .with_file_name(crate::host::verify::HELPER);
-        let req = crate::host::verify::Request {
-            sysroot,
-            staged,
-            booted,
-            expect: exp,
-        };
-        match crate::host::verify::in_helper(&helper, &req).await {
-            Ok(()) => {
-                info!("staged deployment verified");
-                Ok(())
-            }
-            Err(e) => {
-                warn!(error = %e, "staged deployment failed verification; removing it");
-                let cleaned = match self
-                    .backend
-                    .cleanup_pending(&self.status.current_os_image)
-                    .await
-                {
-                    Ok(()) => "the pending deployment was removed".to_string(),
-                    Err(c) => format!("removing the pending deployment failed too: {c}"),
-                };
-                Err(format!("{e}; {cleaned}"))
-            }
+        Err(e) => {
+            warn!(error = %e, "staged deployment failed verification; removing it");
+            let cleaned = match backend.cleanup_pending(&booted_image).await {
+                Ok(()) => "the pending deployment was removed".to_string(),
+                Err(c) => format!("removing the pending deployment failed too: {c}"),
+            };
+            Err(format!("{e}; {cleaned}"))
         }
     }
 }

@@ -72,6 +72,13 @@ impl BackendError {
         }
     }
 
+    /// An `apply` that may have taken effect although it reported an error: the
+    /// `FinalizeDeployment` connection closed without a result after `Start()` (the daemon may
+    /// have unlocked and queued the reboot first).
+    pub fn possibly_applied(&self) -> bool {
+        matches!(self, BackendError::RpmOstree(RpmOstreeError::Interrupted))
+    }
+
     /// A staging that failed on the network (see [`RpmOstreeError::is_network_failure`]);
     /// bootc's unit result does not say why it failed, so it never qualifies.
     pub fn is_network_failure(&self) -> bool {
@@ -84,11 +91,12 @@ impl BackendError {
 
 impl Backend {
     /// Connects to the backend `choice` names; `auto` takes rpm-ostree when rpm-ostreed is on
-    /// the bus (owned or activatable), else bootc.
+    /// the bus (owned or activatable), else bootc. `host_root` is the host's `/`.
     pub async fn connect(
         choice: BackendChoice,
         bootc_path: &std::path::Path,
         runtime_dir: &std::path::Path,
+        host_root: &std::path::Path,
     ) -> anyhow::Result<Backend> {
         use anyhow::Context as _;
         let conn = rpmostree::system_bus()
@@ -103,7 +111,7 @@ impl Backend {
         };
         Ok(if use_rpm {
             Backend::RpmOstree(
-                rpmostree::Client::with_connection(conn)
+                rpmostree::Client::with_connection(conn, host_root)
                     .await
                     .context("connecting to rpm-ostreed")?,
             )

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 use streamd::cluster::status::{Status, StatusDocument};
 use streamd::dbus_api::BUS_NAME;
+use streamd::text::printable;
 
 /// Shows and steers streamd on this host.
 ///
@@ -153,11 +154,11 @@ fn main() -> ExitCode {
     match rt.block_on(run(args)) {
         Ok(code) => code,
         Err(Failure::Unreachable(msg)) => {
-            eprintln!("streamctl: {msg}");
+            eprintln!("streamctl: {}", printable(&msg));
             ExitCode::from(EXIT_UNREACHABLE)
         }
         Err(Failure::Failed(msg)) => {
-            eprintln!("streamctl: {msg}");
+            eprintln!("streamctl: {}", printable(&msg));
             ExitCode::FAILURE
         }
     }
@@ -205,7 +206,7 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
                 Failure::Failed(format!("streamd sent a status this streamctl cannot read ({e}); are both the same version?"))
             })?;
             if json {
-                println!("{raw}");
+                println!("{}", printable(&raw));
             } else {
                 print!("{}", render(&doc.status));
             }
@@ -219,7 +220,7 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
         Command::Preflight { request, json } => {
             let answer = dry_run(&p, &request).await?;
             if json {
-                println!("{answer}");
+                println!("{}", printable(&answer.to_string()));
             } else {
                 print!("{}", render_checks(&answer));
             }
@@ -242,14 +243,16 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
                 return Ok(ExitCode::FAILURE);
             }
             if json {
-                println!("{plan}");
+                println!("{}", printable(&plan.to_string()));
             } else if answer["backend"] == "bootc" {
                 println!(
                     "bootc switch --transport registry {} in a transient unit, once the reboot is approved (then logind Reboot)",
-                    plan["modifiers"]["set-refspec"]
-                        .as_str()
-                        .and_then(streamd::backend::deployment::pullspec_of_refspec)
-                        .unwrap_or_default()
+                    printable(
+                        plan["modifiers"]["set-refspec"]
+                            .as_str()
+                            .and_then(streamd::backend::deployment::pullspec_of_refspec)
+                            .unwrap_or_default()
+                    )
                 );
             } else {
                 println!(
@@ -261,7 +264,7 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
                 ] {
                     println!("{section}:");
                     for (k, val) in v.as_object().into_iter().flatten() {
-                        println!("  {k:<26} {val}");
+                        println!("  {:<26} {}", printable(k), printable(&val.to_string()));
                     }
                 }
             }
@@ -369,9 +372,9 @@ fn render_checks(answer: &serde_json::Value) -> String {
     for c in answer["checks"].as_array().into_iter().flatten() {
         out.push_str(&format!(
             "{:<19} {:<6} {}\n",
-            c["id"].as_str().unwrap_or("?"),
-            c["result"].as_str().unwrap_or("?"),
-            c["message"].as_str().unwrap_or("")
+            printable(c["id"].as_str().unwrap_or("?")),
+            printable(c["result"].as_str().unwrap_or("?")),
+            printable(c["message"].as_str().unwrap_or(""))
         ));
     }
     out
@@ -417,7 +420,8 @@ fn render(s: &Status) -> String {
             |t| t.strftime("%Y-%m-%d %H:%M:%S UTC").to_string(),
         );
     let mut out = String::new();
-    let mut line = |k: &str, v: &str| out.push_str(&format!("{k:<14}{v}\n"));
+    // Every value may come from outside (annotations, registries): shown, never acted on.
+    let mut line = |k: &str, v: &str| out.push_str(&format!("{k:<14}{}\n", printable(v)));
     line("Node:", &s.node);
     line("State:", &state);
     line("Reason:", if s.reason.is_empty() { "-" } else { &s.reason });
@@ -518,5 +522,36 @@ mod tests {
             ..s
         };
         assert!(render(&approved).contains("Reboot:       approved (abc.123), attempt 1"));
+    }
+
+    #[test]
+    fn what_comes_from_outside_is_shown_escaped() {
+        let s = Status {
+            reason: "refused\nWATCHDOG=trigger \u{1b}[2J\u{1b}]0;owned\u{07}".into(),
+            desired_stream: Some("rhel-10\u{1b}[8m".into()),
+            last_error: Some("\u{9b}31mred".into()),
+            ..Status::default()
+        };
+        let text = render(&s);
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{9b}') && !text.contains('\u{7}'),
+            "{text:?}"
+        );
+        assert!(
+            text.contains(r"Reason:       refused\nWATCHDOG=trigger \u{1b}[2J\u{1b}]0;owned\u{7}"),
+            "{text}"
+        );
+        assert!(text.contains(r"rhel-10\u{1b}[8m"), "{text}");
+        assert!(text.contains(r"Last error:   \u{9b}31mred"), "{text}");
+        // One printed line per field: a newline inside a value does not add a line.
+        assert_eq!(
+            text.lines().count(),
+            render(&Status::default()).lines().count() + 1
+        );
+        let table = render_checks(&serde_json::json!({"checks": [
+            {"id": "os-image", "result": "fail", "message": "HTTP 400: \u{1b}[31mno\nX"}
+        ]}));
+        assert!(table.contains(r"HTTP 400: \u{1b}[31mno\nX"), "{table}");
+        assert_eq!(table.lines().count(), 2);
     }
 }

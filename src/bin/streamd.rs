@@ -95,8 +95,15 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
             .context("no node-name configured and the host name is unreadable")?,
     };
     info!(node = %node_name, sources = ?cfg.sources, "starting");
-    let node = NodeClient::new(&cfg.kubeconfig, &node_name).await?;
-    let backend = Backend::connect(cfg.backend, &cfg.bootc_path, &cfg.runtime_dir).await?;
+    // Credentials are loaded by the agent loop: waiting for them is a reported state.
+    let node = NodeClient::unloaded(&cfg.kubeconfig, &node_name);
+    let backend = Backend::connect(
+        cfg.backend,
+        &cfg.bootc_path,
+        &cfg.runtime_dir,
+        &cfg.host_root,
+    )
+    .await?;
     info!(backend = backend.kind().as_str(), "update backend");
     let gatherer = streamd::agent::gather::Gatherer {
         host,

@@ -9,8 +9,8 @@
 //! own schedule, honouring `Retry-After`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -133,8 +133,72 @@ pub enum NodeUpdate {
     Annotations(BTreeMap<String, String>),
     /// The Node object was deleted.
     Deleted,
+    /// A (re)list found no Node of this name.
+    Absent,
     /// The watch failed; kube-rs retries with backoff.
-    Error(String),
+    Error {
+        /// What failed.
+        message: String,
+        /// The API server answered 401: the credentials may have been rotated.
+        unauthorized: bool,
+    },
+}
+
+/// Whether the API server refused the watch's credentials (401).
+fn is_unauthorized(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(k)
+        | watcher::Error::WatchStartFailed(k)
+        | watcher::Error::WatchFailed(k) => {
+            matches!(k, kube::Error::Api(s) if s.code == 401)
+        }
+        watcher::Error::WatchError(s) => s.code == 401,
+        watcher::Error::NoResourceVersion => false,
+    }
+}
+
+/// The kubeconfig's bytes and those of every file its current context names (CA bundle, client
+/// certificate and key, token file), in a fixed order.
+fn read_sources(kubeconfig: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>, CredentialsError> {
+    let read = |path: &Path| match std::fs::read(path) {
+        Ok(b) => Ok(b),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(CredentialsError::Missing(path.to_path_buf()))
+        }
+        Err(e) => Err(CredentialsError::Invalid(format!(
+            "reading {}: {e}",
+            path.display()
+        ))),
+    };
+    let mut sources = vec![(kubeconfig.to_path_buf(), read(kubeconfig)?)];
+    // Relative paths in it are resolved against its directory by `read_from`.
+    let kc = Kubeconfig::read_from(kubeconfig).map_err(|e| {
+        CredentialsError::Invalid(format!("reading kubeconfig {}: {e}", kubeconfig.display()))
+    })?;
+    let context = kc
+        .current_context
+        .as_ref()
+        .and_then(|name| kc.contexts.iter().find(|c| &c.name == name))
+        .and_then(|c| c.context.as_ref());
+    let cluster = context
+        .and_then(|c| kc.clusters.iter().find(|n| n.name == c.cluster))
+        .and_then(|n| n.cluster.as_ref());
+    let user = context
+        .and_then(|c| c.user.as_ref())
+        .and_then(|u| kc.auth_infos.iter().find(|n| &n.name == u))
+        .and_then(|n| n.auth_info.as_ref());
+    let files = [
+        cluster.and_then(|c| c.certificate_authority.as_ref()),
+        user.and_then(|u| u.client_certificate.as_ref()),
+        user.and_then(|u| u.client_key.as_ref()),
+        user.and_then(|u| u.token_file.as_ref()),
+    ];
+    for f in files.into_iter().flatten() {
+        let path = PathBuf::from(f);
+        let bytes = read(&path)?;
+        sources.push((path, bytes));
+    }
+    Ok(sources)
 }
 
 /// Severity of an Event.
@@ -146,12 +210,16 @@ pub enum EventType {
     Warning,
 }
 
+/// One watch event as the agent sees it; `listed` tracks whether the current (re)list found the
+/// node, so a list without it is reported as [`NodeUpdate::Absent`].
 fn to_update(
     ev: Result<watcher::Event<Node>, watcher::Error>,
     uid: &OnceLock<String>,
+    listed: &mut bool,
 ) -> Option<NodeUpdate> {
     match ev {
         Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => {
+            *listed = true;
             if let Some(u) = &n.metadata.uid {
                 let _ = uid.set(u.clone());
             }
@@ -160,44 +228,119 @@ fn to_update(
             ))
         }
         Ok(watcher::Event::Delete(_)) => Some(NodeUpdate::Deleted),
-        Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
-        Err(e) => Some(NodeUpdate::Error(e.to_string())),
+        Ok(watcher::Event::Init) => {
+            *listed = false;
+            None
+        }
+        Ok(watcher::Event::InitDone) => (!*listed).then_some(NodeUpdate::Absent),
+        Err(e) => Some(NodeUpdate::Error {
+            unauthorized: is_unauthorized(&e),
+            message: e.to_string(),
+        }),
     }
 }
 
 /// Client for one node.
+///
+/// The credentials (the kubeconfig and the files it names: the CA bundle, the client certificate
+/// and key, a token file) are loaded by [`NodeClient::load`], which the agent calls at start, every
+/// [`CREDENTIALS_CHECK`] and after a 401: the kubelet rotates its client certificate
+/// (`kubelet-client-current.pem`) and kube-rs reads it only when a client is built, so a changed
+/// file means a new client. Until the first load succeeds every call fails with "no credentials".
 #[derive(Clone)]
 pub struct NodeClient {
-    nodes: Api<Node>,
-    events: Api<Event>,
+    kubeconfig: PathBuf,
     name: String,
     /// The node's uid, learnt from the watch; Events carry it so `kubectl describe node`
     /// shows them.
     uid: Arc<OnceLock<String>>,
+    loaded: Arc<RwLock<Option<Loaded>>>,
+}
+
+/// A client built from one version of the credential files.
+struct Loaded {
+    client: kube::Client,
+    /// The files' contents it was built from, to tell a rotation from an unchanged file.
+    sources: Vec<(PathBuf, Vec<u8>)>,
+}
+
+/// How often the agent looks at the credential files while it has a client.
+pub const CREDENTIALS_CHECK: Duration = Duration::from_secs(60);
+
+/// Why the credentials could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialsError {
+    /// The kubeconfig, or a file it names, does not exist (yet): a new node before its kubelet
+    /// got its client certificate, for example.
+    #[error("{} does not exist yet", .0.display())]
+    Missing(PathBuf),
+    /// The files exist but do not make a client.
+    #[error("{0}")]
+    Invalid(String),
 }
 
 impl NodeClient {
+    /// A client for `node` whose credentials come from `kubeconfig` once [`Self::load`]
+    /// succeeds; reads nothing yet.
+    pub fn unloaded(kubeconfig: &Path, node: &str) -> Self {
+        NodeClient {
+            kubeconfig: kubeconfig.to_path_buf(),
+            name: node.to_string(),
+            uid: Arc::default(),
+            loaded: Arc::default(),
+        }
+    }
+
     /// Reads the kubeconfig (client certificates and bearer tokens both work) and builds a client.
     /// kube-rs' built-in request retries are off (see the module documentation).
     pub async fn new(kubeconfig: &Path, node: &str) -> anyhow::Result<Self> {
-        let kc = Kubeconfig::read_from(kubeconfig)
-            .with_context(|| format!("reading kubeconfig {}", kubeconfig.display()))?;
-        let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-            .await
-            .with_context(|| format!("loading kubeconfig {}", kubeconfig.display()))?;
-        config.default_retry = false;
-        let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
-        Ok(NodeClient {
-            nodes: Api::all(client.clone()),
-            events: Api::namespaced(client, EVENT_NAMESPACE),
-            name: node.to_string(),
-            uid: Arc::default(),
-        })
+        let client = Self::unloaded(kubeconfig, node);
+        client.load().await?;
+        Ok(client)
     }
 
-    /// The underlying client, for watches of other objects (e.g. [`crate::cluster::streams::watch`]).
-    pub fn client(&self) -> kube::Client {
-        self.nodes.clone().into()
+    /// (Re)builds the client when the credential files differ from those the current client was
+    /// built from; `Ok(true)` when a new client was built (watches must then be started again).
+    pub async fn load(&self) -> Result<bool, CredentialsError> {
+        let sources = read_sources(&self.kubeconfig)?;
+        let unchanged = self
+            .loaded
+            .read()
+            .map_err(|_| CredentialsError::Invalid("credential lock poisoned".into()))?
+            .as_ref()
+            .is_some_and(|l| l.sources == sources);
+        if unchanged {
+            return Ok(false);
+        }
+        let shown = self.kubeconfig.display();
+        let kc = Kubeconfig::read_from(&self.kubeconfig)
+            .map_err(|e| CredentialsError::Invalid(format!("reading kubeconfig {shown}: {e}")))?;
+        let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| CredentialsError::Invalid(format!("loading kubeconfig {shown}: {e}")))?;
+        config.default_retry = false;
+        let client = kube::Client::try_from(config).map_err(|e| {
+            CredentialsError::Invalid(format!("building the Kubernetes client from {shown}: {e}"))
+        })?;
+        let mut slot = self
+            .loaded
+            .write()
+            .map_err(|_| CredentialsError::Invalid("credential lock poisoned".into()))?;
+        *slot = Some(Loaded { client, sources });
+        Ok(true)
+    }
+
+    /// The current client, once credentials are loaded (also for watches of other objects,
+    /// e.g. [`crate::cluster::streams::watch`]).
+    pub fn client(&self) -> Option<kube::Client> {
+        self.loaded
+            .read()
+            .ok()
+            .and_then(|l| l.as_ref().map(|l| l.client.clone()))
+    }
+
+    fn nodes(&self) -> Option<Api<Node>> {
+        self.client().map(Api::all)
     }
 
     /// The node name.
@@ -211,12 +354,17 @@ impl NodeClient {
     /// `default_backoff` (as client-go's reflector) waits 0.8 s doubling to 30 s, each wait
     /// stretched by a random 0–100 % (so never 60 s or more), and starts over after a success or
     /// 120 s without failures. A watch the server ends cleanly is resumed at once.
-    pub fn watch(&self) -> impl Stream<Item = NodeUpdate> + Send + 'static {
+    ///
+    /// `None` until credentials are loaded; a reload needs a new watch.
+    pub fn watch(&self) -> Option<impl Stream<Item = NodeUpdate> + Send + 'static> {
         let cfg = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
         let uid = self.uid.clone();
-        watcher(self.nodes.clone(), cfg)
-            .default_backoff()
-            .filter_map(move |ev| std::future::ready(to_update(ev, &uid)))
+        let mut listed = false;
+        Some(
+            watcher(self.nodes()?, cfg)
+                .default_backoff()
+                .filter_map(move |ev| std::future::ready(to_update(ev, &uid, &mut listed))),
+        )
     }
 
     /// Merge-patches the node once (no retries, at most [`PATCH_TIMEOUT`]) and returns its
@@ -233,7 +381,11 @@ impl NodeClient {
         let req = kube::core::Request::new(url).patch(&self.name, &params, &Patch::Merge(patch))?;
         // Sent raw rather than through `Api::patch`, which drops the response headers and so
         // `Retry-After`.
-        let client = self.client();
+        let client = self.client().ok_or_else(|| PatchError::Transient {
+            message: "no credentials loaded yet".into(),
+            status: None,
+            retry_after: None,
+        })?;
         let exchange = async {
             let res =
                 client
@@ -311,7 +463,8 @@ impl NodeClient {
             "lastTimestamp": stamp,
         }))
         .context("building an event")?;
-        self.events
+        let client = self.client().context("no credentials loaded yet")?;
+        Api::<Event>::namespaced(client, EVENT_NAMESPACE)
             .create(&PostParams::default(), &ev)
             .await
             .with_context(|| format!("posting event {reason}"))?;

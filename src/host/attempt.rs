@@ -14,12 +14,19 @@ use serde::{Deserialize, Serialize};
 
 /// File name below the state directory.
 pub const FILE_NAME: &str = "attempt.json";
-/// Version of the record's shape.
-pub const VERSION: u32 = 1;
+/// Version of the record's shape this streamd writes.
+///
+/// The record crosses OS versions (the old OS writes it before the reboot, the new one reads it
+/// after), so the shape only grows: fields are added with a default, never renamed or given a new
+/// meaning, and unknown fields are ignored. A record of any version is read: an older one lacks
+/// the newer fields (they take their defaults), a newer one has fields this streamd ignores (and
+/// drops when it writes the record again).
+/// Version 1 had no `id`, `expect`, `pinned` or `verified` in `staged`.
+pub const VERSION: u32 = 2;
 
 /// What streamd remembers.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Record {
     /// [`VERSION`].
     pub version: u32,
@@ -27,21 +34,86 @@ pub struct Record {
     pub staged: Option<Staged>,
     /// The reboot attempts into one request.
     pub attempt: Option<Attempt>,
+    /// On a backend that cannot lock a stage (bootc) the approval comes before the staging:
+    /// the request it is asked for and the random id of that ask, part of the token.
+    #[serde(default)]
+    pub approval: Option<ApprovalAsk>,
+    /// What went wrong staging one request, so a restart does not forget it.
+    #[serde(default)]
+    pub failure: Option<Failure>,
+}
+
+/// What went wrong staging one request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Failure {
+    /// Hash of the request (`observed-desired`).
+    pub request: String,
+    /// Its transactions that failed on the network so far (counted against `pull-retries`).
+    #[serde(default)]
+    pub pull_failures: u32,
+    /// The reason its staging failed for good: it is not staged again until the request
+    /// changes or `streamctl reconcile` asks for it.
+    #[serde(default)]
+    pub gave_up: Option<String>,
+}
+
+/// An approval asked for before staging (bootc).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalAsk {
+    /// Hash of the request (`observed-desired`).
+    pub request: String,
+    /// Random id, part of the token.
+    pub id: String,
+}
+
+/// A new random id for a staging or an approval ask (12 hex digits).
+pub fn new_id() -> String {
+    let mut bytes = [0u8; 6];
+    // The id only has to differ from earlier ones; the clock is the fallback.
+    if rustls::crypto::ring::default_provider()
+        .secure_random
+        .fill(&mut bytes)
+        .is_err()
+    {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        bytes.copy_from_slice(&nanos.to_le_bytes()[..6]);
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A staging streamd started.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Staged {
     /// Hash of the request (`observed-desired`).
     pub request: String,
     /// The digest-pinned OS image asked for.
     pub os_image: String,
+    /// Random id of this staging, part of the `reboot-requested` token, so an approval of an
+    /// earlier staging of the same request (A → B → A) is not one of this staging's; absent in
+    /// records of version 1.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// What the staged deployment must look like (from preflight), for the on-disk check; absent
+    /// in records of version 1.
+    #[serde(default)]
+    pub expect: Option<crate::host::verify::Expectation>,
+    /// The digest the request pins (an index digest may stand for the platform manifest's).
+    #[serde(default)]
+    pub pinned: Option<String>,
+    /// The checksum of the staged deployment that passed the on-disk check. No approval is
+    /// asked for and nothing is finalized unless the staged deployment has this checksum.
+    #[serde(default)]
+    pub verified: Option<String>,
 }
 
 /// Reboots into one request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Attempt {
     /// Hash of the request (`observed-desired`).
     pub request: String,
@@ -115,10 +187,10 @@ impl Store {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        if record.version != VERSION {
+        if record.version == 0 {
             return Err(RecordError::Corrupt {
                 path,
-                message: format!("version {} (expected {VERSION})", record.version),
+                message: "version 0".into(),
             });
         }
         Ok(record)
@@ -172,6 +244,10 @@ mod tests {
             staged: Some(Staged {
                 request: "abc".into(),
                 os_image: "r/x@sha256:1".into(),
+                id: Some(new_id()),
+                expect: None,
+                pinned: Some("sha256:1".into()),
+                verified: Some("c0ffee".into()),
             }),
             attempt: Some(Attempt {
                 request: "abc".into(),
@@ -183,12 +259,19 @@ mod tests {
                 kernel: Some(crate::backend::KernelVariant::Realtime),
                 fips: Some(true),
             }),
+            approval: None,
+            failure: Some(Failure {
+                request: "abc".into(),
+                pull_failures: 2,
+                gave_up: None,
+            }),
         };
         store.save(&rec).expect("save");
         let back = store.load().expect("load");
         assert_eq!(back.version, VERSION, "save stamps the version");
         assert_eq!(back.attempt, rec.attempt);
         assert_eq!(back.staged, rec.staged);
+        assert_eq!(back.failure, rec.failure);
         assert!(
             !store.dir.join(format!(".{FILE_NAME}.tmp")).exists(),
             "no temporary file is left behind"
@@ -203,12 +286,50 @@ mod tests {
         for text in [
             "{",
             "[]",
-            r#"{"version": 7}"#,
-            r#"{"version": 1, "extra": true}"#,
+            r#"{"version": 0}"#,
+            r#"{"version": 1, "staged": 5}"#,
         ] {
             std::fs::write(store.path(), text).expect("write");
             let err = store.load().expect_err(text).to_string();
             assert!(err.contains(FILE_NAME), "{text}: {err}");
         }
+    }
+
+    /// A record as streamd 1 wrote it (version 1: no expectation or verification in `staged`)
+    /// is read, and one of a newer streamd with fields this one does not know is too.
+    #[test]
+    fn records_of_other_versions_are_read() {
+        let d = dir("versions");
+        std::fs::create_dir_all(&d).expect("mkdir");
+        let store = Store::new(&d);
+        let v1 = r#"{
+  "version": 1,
+  "staged": { "request": "abc", "osImage": "r/x@sha256:1" },
+  "attempt": {
+    "request": "abc", "osImage": "r/x@sha256:1", "digest": "sha256:2",
+    "bootId": "b1", "attempts": 1, "reportedBoot": null
+  }
+}"#;
+        std::fs::write(store.path(), v1).expect("write");
+        let rec = store.load().expect("a version 1 record is read");
+        let staged = rec.staged.expect("staged");
+        assert_eq!(staged.os_image, "r/x@sha256:1");
+        assert_eq!(
+            staged.verified, None,
+            "never verified by a version 1 streamd"
+        );
+        let attempt = rec.attempt.expect("attempt");
+        assert_eq!(
+            (attempt.attempts, attempt.kernel, attempt.fips),
+            (1, None, None)
+        );
+        let newer = r#"{
+  "version": 9,
+  "staged": { "request": "abc", "osImage": "r/x@sha256:1", "verified": "c1", "laterField": [1] },
+  "somethingNew": { "a": 1 }
+}"#;
+        std::fs::write(store.path(), newer).expect("write");
+        let rec = store.load().expect("a newer record is read");
+        assert_eq!(rec.staged.and_then(|s| s.verified).as_deref(), Some("c1"));
     }
 }

@@ -2,6 +2,10 @@
 //!
 //! Credentials never leave this module in printable form: [`Credentials`] has a redacting `Debug`
 //! and no `Display`, and errors name the file and the registry, never a value.
+//!
+//! Keys may name a namespace or repository (`mirror:5000/ns`): an image takes the entry with the
+//! longest matching path prefix, then the host's, as containers/image does
+//! (containers/image:pkg/docker/config/config.go `findCredentialsInFile`, `authKeysForKey`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -62,7 +66,7 @@ struct AuthEntry {
     identitytoken: Option<String>,
 }
 
-/// Parsed pull secret: registry host → credentials.
+/// Parsed pull secret: key (`host[:port]` or `host[:port]/namespace…`) → credentials.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PullSecret(BTreeMap<String, Credentials>);
 
@@ -74,7 +78,11 @@ impl PullSecret {
             PullSecretError::Format(format!("line {} column {}", e.line(), e.column()))
         })?;
         let mut out = BTreeMap::new();
-        for (key, entry) in cfg.auths {
+        // A key written as the plain name beats a URL that normalizes to the same one, as in
+        // containers/image (exact keys are looked up before normalized URLs).
+        let mut auths: Vec<_> = cfg.auths.into_iter().collect();
+        auths.sort_by_key(|(k, _)| !k.contains("://"));
+        for (key, entry) in auths {
             let host = normalize(&key);
             let creds = if let Some(tok) = entry.identitytoken.filter(|t| !t.is_empty()) {
                 Credentials::Bearer(tok)
@@ -113,9 +121,24 @@ impl PullSecret {
         Ok(PullSecret(out))
     }
 
-    /// Credentials for `registry` (`host[:port]`), if any.
+    /// Credentials for the whole of `registry` (`host[:port]`), if any: only a key naming the
+    /// host alone, never one that names a namespace in it.
     pub fn for_registry(&self, registry: &str) -> Option<&Credentials> {
         self.0.get(&normalize(registry))
+    }
+
+    /// Credentials for `repository` on `registry`: the key with the longest matching path
+    /// (`host/a/b`, then `host/a`, then `host`), as containers/image's `authKeysForKey` orders
+    /// them. Path segments match whole (`host/ns` never covers `host/nsx`).
+    pub fn for_repository(&self, registry: &str, repository: &str) -> Option<&Credentials> {
+        let mut key = normalize(&format!("{registry}/{repository}"));
+        loop {
+            if let Some(c) = self.0.get(&key) {
+                return Some(c);
+            }
+            let cut = key.rfind('/')?;
+            key.truncate(cut);
+        }
     }
 
     /// Registries with credentials.
@@ -124,17 +147,29 @@ impl PullSecret {
     }
 }
 
-/// `https://quay.io/v1/` and `quay.io` name the same registry.
+/// The lookup form of a key: `https://quay.io/v1/` (a URL: the host only, as containers/image's
+/// `normalizeAuthFileKey`) and `quay.io` name the same registry, `quay.io/ns/` the namespace
+/// `quay.io/ns`. Host names are case-insensitive, paths are not.
 fn normalize(key: &str) -> String {
-    let k = key
-        .trim()
-        .trim_start_matches("https://")
-        .trim_start_matches("http://");
-    let host = k.split('/').next().unwrap_or(k).to_ascii_lowercase();
-    match host.as_str() {
+    let k = key.trim();
+    let (url, rest) = match k
+        .strip_prefix("https://")
+        .or_else(|| k.strip_prefix("http://"))
+    {
+        Some(rest) => (true, rest),
+        None => (false, k),
+    };
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let host = match host.to_ascii_lowercase().as_str() {
         // Docker Hub's historical keys.
-        "index.docker.io" | "registry-1.docker.io" => "docker.io".into(),
-        _ => host,
+        "index.docker.io" | "registry-1.docker.io" => "docker.io".to_string(),
+        h => h.to_string(),
+    };
+    let path = path.trim_matches('/');
+    if url || path.is_empty() {
+        host
+    } else {
+        format!("{host}/{path}")
     }
 }
 
@@ -173,6 +208,57 @@ mod tests {
             Some(&Credentials::Bearer("tok".into()))
         );
         assert_eq!(s.for_registry("docker.io"), None);
+    }
+
+    #[test]
+    fn namespaced_keys_match_by_longest_prefix() {
+        let json = format!(
+            r#"{{"auths":{{
+              "mirror:5000":{{"auth":"{}"}},
+              "mirror:5000/ns":{{"auth":"{}"}},
+              "mirror:5000/ns/team/":{{"auth":"{}"}},
+              "https://other.example/v1/":{{"auth":"{}"}},
+              "other.example":{{"auth":"{}"}}
+            }}}}"#,
+            b64("host:h"),
+            b64("ns:n"),
+            b64("team:t"),
+            b64("url:u"),
+            b64("plain:p"),
+        );
+        let s = PullSecret::parse(&json).expect("parse");
+        let user = |c: Option<&Credentials>| match c {
+            Some(Credentials::Basic { username, .. }) => username.clone(),
+            other => format!("{other:?}"),
+        };
+        // (registry, repository, the entry containers/image picks)
+        let table = [
+            ("mirror:5000", "ns/app", "ns"),
+            ("mirror:5000", "ns/team/app", "team"),
+            ("mirror:5000", "ns/team", "team"),
+            ("mirror:5000", "ns", "ns"),
+            ("mirror:5000", "nsx/app", "host"),
+            ("mirror:5000", "other/app", "host"),
+            ("MIRROR:5000", "ns/app", "ns"),
+            ("mirror:5000", "NS/app", "host"),
+            ("other.example", "x/y", "plain"),
+        ];
+        for (registry, repository, want) in table {
+            assert_eq!(
+                user(s.for_repository(registry, repository)),
+                want,
+                "{registry}/{repository}"
+            );
+        }
+        assert_eq!(user(s.for_registry("mirror:5000")), "host");
+        assert_eq!(s.for_repository("elsewhere.example", "ns/app"), None);
+        let only_ns = PullSecret::parse(&format!(
+            r#"{{"auths":{{"mirror:5000/ns":{{"auth":"{}"}}}}}}"#,
+            b64("ns:n")
+        ))
+        .expect("parse");
+        assert_eq!(only_ns.for_repository("mirror:5000", "other/app"), None);
+        assert_eq!(only_ns.for_registry("mirror:5000"), None);
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub struct TestImage {
     pub repository: String,
     /// `sha256:<64 hex>` manifest digest.
     pub digest: String,
-    /// Image version label, e.g. `9.6.20261101-0`.
+    /// Image version label, e.g. `9.6.20261120-0`.
     pub version: String,
     /// `RHEL_VERSION` of the image's os-release, e.g. `9.6`.
     pub rhel_version: String,
@@ -60,6 +60,36 @@ impl TestImage {
         )
     }
 
+    /// When the image was built, in Unix seconds: midnight UTC of the date in its version
+    /// (`9.6.20261120-0` → 2026-11-20). It is the config's `created`, which ostree-ext makes
+    /// the imported commit's timestamp, which rpm-ostree's downgrade check compares.
+    pub fn created_unix(&self) -> u64 {
+        let date = self
+            .version
+            .split('.')
+            .find(|part| part.len() >= 8 && part.as_bytes()[..8].iter().all(u8::is_ascii_digit))
+            .map(|part| &part[..8]);
+        let Some(date) = date else {
+            return 1;
+        };
+        let num = |r: std::ops::Range<usize>| date[r].parse::<i64>().unwrap_or(1);
+        let days = days_from_civil(num(0..4), num(4..6), num(6..8));
+        u64::try_from(days * 86_400).unwrap_or(1)
+    }
+
+    /// [`Self::created_unix`] as the RFC 3339 `created` of the image config.
+    pub fn created(&self) -> String {
+        let secs = i64::try_from(self.created_unix()).unwrap_or(0);
+        let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
+        let t = secs.rem_euclid(86_400);
+        format!(
+            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+            t / 3600,
+            t % 3600 / 60,
+            t % 60
+        )
+    }
+
     /// The image config JSON (`ostree.container.image-config` in commit metadata).
     pub fn config_json(&self) -> String {
         serde_json::json!({
@@ -76,14 +106,42 @@ impl TestImage {
     }
 }
 
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The date (year, month, day) of a day count since 1970-01-01 (the inverse of
+/// [`days_from_civil`], same algorithm).
+pub fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
 /// The images served by a testbed whose registry is `registry`: `rhel-9` first, then `rhel-10`.
+/// The rhel-9 image is a later z-stream build than the rhel-10 one (built 2026-11-20 against
+/// 2026-11-15), as is common in the field: rpm-ostree's build-time check would refuse that
+/// rebase unless the client allows a downgrade (or leaves the option out).
 pub fn catalog(registry: &str) -> Vec<TestImage> {
     vec![
         TestImage::new(
             registry,
             "rhel-9",
             "9.6",
-            "9.6.20261101-0",
+            "9.6.20261120-0",
             "5.14.0-570.60.1.el9_6.x86_64",
         ),
         TestImage::new(
@@ -116,5 +174,9 @@ mod tests {
             assert!(img.pullspec.ends_with(&img.digest));
         }
         assert!(a[1].os_release().contains("RHEL_VERSION=10.1"));
+        assert_eq!(a[0].created(), "2026-11-20T00:00:00Z");
+        assert_eq!(a[1].created_unix(), 1_794_700_800);
+        // Built before the booted rhel-9 image, like a field rhel-10 image often is.
+        assert!(a[1].created_unix() < a[0].created_unix());
     }
 }

@@ -812,12 +812,15 @@ async fn rebase_transaction_stages_a_locked_deployment() {
     let tasks = signals.strings("TaskBegin");
     assert_eq!(tasks.len(), 13, "{tasks:?}");
     assert!(
-        tasks[0].starts_with("[0/12] Fetching ostree chunk sha256:"),
+        tasks[0].starts_with("[1/12] Fetching ostree chunk sha256:"),
         "{tasks:?}"
     );
     assert!(tasks[0].ends_with(" (100.0 MB)"), "{tasks:?}");
     assert_eq!(tasks[12], "Staging deployment");
-    assert_eq!(signals.percents().last(), Some(&100));
+    assert!(
+        signals.percents().is_empty(),
+        "a container pull reports layer tasks only"
+    );
     assert_eq!(signals.count("ProgressEnd"), 1);
     assert_eq!(
         signals.all.last().map(|(m, _)| m.as_str()),
@@ -830,13 +833,28 @@ async fn rebase_transaction_stages_a_locked_deployment() {
     let staged = &deployments[0];
     assert!(bool_of(staged, "staged"));
     assert!(!bool_of(staged, "booted"));
-    assert!(bool_of(staged, "finalization-locked"));
     assert_eq!(
         string_of(staged, "container-image-reference-digest"),
         env.rhel10().digest
     );
     assert_eq!(string_of(staged, "container-image-reference"), imgref);
     assert_eq!(string_of(staged, "version"), env.rhel10().version);
+    // rpm-ostree >= v2024.6 reports no `finalization-locked`: the lock is only libostree's
+    // `locked` key in /run/ostree/staged-deployment, and no legacy lock file exists.
+    assert!(!staged.contains_key("finalization-locked"), "{staged:?}");
+    let record = env.staged_record().expect("/run/ostree/staged-deployment");
+    assert_eq!(record.get("locked").map(|v| &**v), Some(&Value::Bool(true)));
+    let target = Dict::try_from(record["target"].try_clone().expect("clone")).expect("a{sv}");
+    assert_eq!(
+        string_of(&target, "name"),
+        format!(
+            "{}.{}",
+            string_of(staged, "checksum"),
+            i32::try_from(&*staged["serial"]).expect("i")
+        )
+    );
+    assert_eq!(string_of(&target, "osname"), "rhcos");
+    assert!(!env.legacy_lock_file().exists());
     assert!(bool_of(&deployments[1], "booted"));
     let default =
         Dict::try_from(prop(&env.client, OS_PATH, OS, "DefaultDeployment").await).expect("a{sv}");
@@ -888,7 +906,7 @@ async fn rebase_transaction_stages_a_locked_deployment() {
         json[0]["container-image-reference-digest"],
         env.rhel10().digest
     );
-    assert_eq!(json[0]["finalization-locked"], true);
+    assert_eq!(json[0].get("finalization-locked"), None);
     let on_disk = env.state_on_disk();
     assert_eq!(on_disk["deployments"][0]["staged"], true);
 }
@@ -1075,24 +1093,35 @@ async fn method_argument_errors() {
     })
     .await
     .expect("reply in time");
-    let header = reply.header();
-    assert_eq!(header.error_name().map(|n| n.as_str()), Some(GIO_FAILED));
+    // The real daemon validates in `deploy_transaction_execute`, after Start().
+    assert_eq!(reply.header().error_name(), None, "{reply:?}");
+    let addr = reply.body().deserialize::<String>().expect("address");
+    let mut peer = Peer::connect(&addr).await;
+    assert!(peer.start().await);
     assert_eq!(
-        reply.body().deserialize::<String>().expect("message"),
-        "Expected 2 fds but received 1"
+        peer.until_finished().await.finished,
+        Some((false, "Expected 2 fds but received 1".to_string()))
     );
+    drop(peer);
+    env.wait_idle().await;
 
-    // A wrongly typed modifier is an argument error, not a crash.
-    let (name, message) = dbus_error(
-        update_deployment(
-            &env.client,
-            &dict(&[("set-refspec", Value::from(5u32))]),
-            &Dict::new(),
-        )
-        .await,
+    // A wrongly typed option is ignored (g_variant_dict_lookup with a mismatched type): a
+    // `lock-finalization` sent as a string stages unlocked.
+    let options = dict(&[("lock-finalization", Value::from("true"))]);
+    let addr = update_deployment(&env.client, &rebase_to(env.rhel10()), &options)
+        .await
+        .expect("a mistyped option is no argument error");
+    let mut peer = Peer::connect(&addr).await;
+    assert!(peer.start().await);
+    assert_eq!(
+        peer.until_finished().await.finished,
+        Some((true, String::new()))
     );
-    assert_eq!(name, "org.freedesktop.DBus.Error.InvalidArgs");
-    assert!(message.contains("set-refspec"), "{message}");
+    drop(peer);
+    env.wait_idle().await;
+    let record = env.staged_record().expect("/run/ostree/staged-deployment");
+    assert_eq!(record.get("locked"), None, "staged unlocked");
+    env.cleanup_pending().await;
 
     let (name, message) = dbus_error(os_call(&env.client, "Cleanup", &(vec!["bogus"],)).await);
     assert_eq!(
@@ -1129,10 +1158,16 @@ async fn method_argument_errors() {
         dbus_error(os_call(&env.client, "GetDeploymentBootConfig", &("7", false)).await);
     assert_eq!(name, "org.projectatomic.rpmostreed.Error.Failed");
     assert_eq!(message, "Out of range deployment index 7, expected < 1");
+    let records = env.control(json!({"cmd": "transactions"})).await;
+    let refused: Vec<&str> = records
+        .as_array()
+        .expect("records")
+        .iter()
+        .filter_map(|r| r["error"].as_str())
+        .collect();
     assert!(
-        env.control(json!({"cmd": "transactions"})).await[0]["error"]
-            .as_str()
-            .is_some_and(|e| e.starts_with(GIO_FAILED))
+        refused.iter().any(|e| e.starts_with(GIO_FAILED)),
+        "{refused:?}"
     );
 }
 
@@ -1267,6 +1302,28 @@ async fn finalize_deployment_checks_and_reboots() {
         (false, "Staged deployment already unlocked".to_string())
     );
     env.wait_idle().await;
+    // Checksum, then inhibitors, then the lock (finalize_deployment_transaction_execute):
+    // a block inhibitor is reported even for an unlocked deployment.
+    logind
+        .control(
+            &json!({"cmd": "inhibit", "what": "shutdown", "who": "early",
+            "why": "first", "mode": "block"}),
+        )
+        .await
+        .expect("inhibit");
+    assert_eq!(
+        finalize(expect_checksum(&digest)).await.expect("finalize"),
+        (
+            false,
+            "Reboot blocked by a systemd inhibitor lock in `block` mode\nHeld by: early\nReason: first"
+                .to_string()
+        )
+    );
+    env.wait_idle().await;
+    logind
+        .control(&json!({"cmd": "release", "who": "early"}))
+        .await
+        .expect("release");
 
     // Another spelling of the same image is a different ref, so it can be staged (locked).
     let docker_ref = format!("ostree-unverified-image:docker://{}", env.rhel10().pullspec);
@@ -1322,6 +1379,9 @@ async fn finalize_deployment_checks_and_reboots() {
     let staged = &env.deployments().await[0];
     assert!(bool_of(staged, "staged"));
     assert!(!staged.contains_key("finalization-locked"), "unlocked");
+    // ostree_sysroot_change_finalization rewrote the record unlocked.
+    let record = env.staged_record().expect("/run/ostree/staged-deployment");
+    assert_ne!(record.get("locked").map(|v| &**v), Some(&Value::Bool(true)));
     let on_disk = env.state_on_disk();
     assert_eq!(on_disk["reboot_requested"], true);
     let last = env.last_record().await;
@@ -1486,6 +1546,23 @@ impl Env {
             .body()
             .deserialize()
             .expect("a{sv}")
+    }
+
+    /// libostree's `/run/ostree/staged-deployment` below the host root, decoded.
+    fn staged_record(&self) -> Option<HashMap<String, OwnedValue>> {
+        let bytes = std::fs::read(self.dir.0.join("host/run/ostree/staged-deployment")).ok()?;
+        let ctxt = zvariant::serialized::Context::new(
+            zvariant::serialized::Format::GVariant,
+            zvariant::NATIVE_ENDIAN,
+            0,
+        );
+        let data = zvariant::serialized::Data::new(bytes, ctxt);
+        Some(data.deserialize().expect("a{sv} GVariant").0)
+    }
+
+    /// The legacy `/run/ostree/staged-deployment-locked` below the host root.
+    fn legacy_lock_file(&self) -> PathBuf {
+        self.dir.0.join("host/run/ostree/staged-deployment-locked")
     }
 
     /// The fake's `state/state.json` as it is on disk.
@@ -1909,5 +1986,82 @@ async fn testbed_start_takes_the_host_fixture() {
         })
         .await
         .is_err()
+    );
+}
+
+/// rpm-ostree before v2024.6 (the `legacy-lock-file` knob): the lock is the legacy file,
+/// `Deployments` says `finalization-locked`, and unlocking or cleaning up removes the file.
+#[tokio::test]
+async fn legacy_lock_file_mode_reports_the_lock_on_dbus() {
+    let env = Env::new().await;
+    env.control(json!({"cmd": "legacy-lock-file", "on": true}))
+        .await;
+    let options = dict(&[("lock-finalization", Value::from(true))]);
+    let addr = update_deployment(&env.client, &rebase_to(env.rhel10()), &options)
+        .await
+        .expect("UpdateDeployment");
+    let mut peer = Peer::connect(&addr).await;
+    assert!(peer.start().await);
+    assert_eq!(
+        peer.until_finished().await.finished,
+        Some((true, String::new()))
+    );
+    drop(peer);
+    env.wait_idle().await;
+    let staged = &env.deployments().await[0];
+    assert!(bool_of(staged, "finalization-locked"));
+    assert!(env.legacy_lock_file().exists());
+    let record = env.staged_record().expect("/run/ostree/staged-deployment");
+    assert_eq!(record.get("locked"), None, "older libostree wrote no key");
+    env.cleanup_pending().await;
+    assert!(!env.legacy_lock_file().exists());
+    assert!(env.staged_record().is_none());
+    assert!(!env.deployments().await[0].contains_key("finalization-locked"));
+}
+
+/// rpm-ostree's build-time check: with `allow-downgrade: false` a rebase to an image built
+/// before the booted one fails with libostree's message; without the option (a rebase allows
+/// older bases by default) or with true it is staged.
+#[tokio::test]
+async fn allow_downgrade_false_checks_build_timestamps() {
+    let env = Env::new().await;
+    assert!(env.rhel10().created_unix() < env.rhel9().created_unix());
+    let run = |options: Dict| {
+        let env = &env;
+        async move {
+            let addr = update_deployment(&env.client, &rebase_to(env.rhel10()), &options)
+                .await
+                .expect("UpdateDeployment");
+            let mut peer = Peer::connect(&addr).await;
+            assert!(peer.start().await);
+            let finished = peer.until_finished().await.finished.expect("Finished");
+            drop(peer);
+            env.wait_idle().await;
+            finished
+        }
+    };
+    let (ok, message) = run(dict(&[("allow-downgrade", Value::from(false))])).await;
+    assert!(!ok);
+    assert!(
+        message
+            .starts_with("While checking against deployment timestamp: Upgrade target revision '"),
+        "{message}"
+    );
+    assert!(
+        message.contains("' with timestamp 'Sun Nov 15 00:00:00 2026' is chronologically older than current revision '"),
+        "{message}"
+    );
+    assert!(
+        message.ends_with(
+            "' with timestamp 'Fri Nov 20 00:00:00 2026'; use --allow-downgrade to permit"
+        ),
+        "{message}"
+    );
+    assert_eq!(env.deployments().await.len(), 1, "nothing staged");
+    assert_eq!(run(dict(&[])).await, (true, String::new()));
+    env.cleanup_pending().await;
+    assert_eq!(
+        run(dict(&[("allow-downgrade", Value::from(true))])).await,
+        (true, String::new())
     );
 }

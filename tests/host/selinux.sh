@@ -8,8 +8,9 @@
 #     requirements and neverallow violations fail here, which compiling
 #     alone cannot show;
 #  4. on that linked policy: streamd_t has no capabilities, writes only its
-#     own state and runtime directories, starts only transient units (and
-#     never stops or reloads one), and can run journalctl and read the
+#     own state and runtime directories, reads /proc/sys/crypto, starts no
+#     unit unless the streamd_bootc tunable is on and then only transient
+#     units (never stops or reloads one), and can run journalctl and read the
 #     journal; systemd can create the bootc status file in /run/streamd.
 set -euo pipefail
 # shellcheck source=tests/host/lib.sh
@@ -23,6 +24,7 @@ need_cmd semodule_package semodule-utils
 need_cmd semodule_link semodule-utils
 need_cmd semodule_expand semodule-utils
 need_cmd sesearch setools
+need_cmd seinfo setools
 need_cmd bzip2 bzip2
 
 t="$(new_tmpdir)"
@@ -79,10 +81,14 @@ done
 [[ -s "$t/pp/base.pp" ]] || die "no base.pp in selinux-policy-default"
 mods=()
 for f in "$t"/pp/*.pp; do [[ $f == */base.pp ]] || mods+=("$f"); done
-semodule_link -o "$t/all.lnk" "$t/pp/base.pp" "${mods[@]}" "$t/src/streamd.pp" >/dev/null 2>"$t/link.log" ||
-    die "semodule_link failed: $(tail -5 "$t/link.log")"
-semodule_expand "$t/all.lnk" "$t/policy.bin" >"$t/expand.log" 2>&1 ||
-    die "semodule_expand (neverallow check) failed: $(tail -5 "$t/expand.log")"
+# link_policy MODULE OUT: link MODULE with the full policy and expand it into OUT.
+link_policy() {
+    semodule_link -o "$2.lnk" "$t/pp/base.pp" "${mods[@]}" "$1" >/dev/null 2>"$t/link.log" ||
+        die "semodule_link failed: $(tail -5 "$t/link.log")"
+    semodule_expand "$2.lnk" "$2" >"$t/expand.log" 2>&1 ||
+        die "semodule_expand (neverallow check) failed: $(tail -5 "$t/expand.log")"
+}
+link_policy "$t/src/streamd.pp" "$t/policy.bin"
 log "linked with ${#mods[@]} modules of selinux-policy-default and expanded (neverallows hold)"
 
 # 4. What the linked policy really grants.
@@ -106,18 +112,28 @@ done
 # sesearch prints "not a valid type" on stdout and exits 1 for an unknown
 # type, hence the status check.)
 allows() { local out; out="$(sesearch -A "$@" "$pol")" && [[ -n "$out" ]]; }
-# systemd units: status, and start only for transient units (the bootc
-# backend); never stop, reload, enable or disable, nothing on unit files.
+# systemd units. Starting one is behind the streamd_bootc tunable, off by
+# default: with uid 0 and polkit, starting a unit is running any command as
+# root. The expanded policy keeps the tunable as a boolean, so its rules show
+# up marked "[ streamd_bootc ]:True"; none may be unconditional.
+seinfo -x -b streamd_bootc "$pol" | grep -qE '^\s*bool streamd_bootc false;' ||
+    die "streamd_bootc is not a boolean that defaults to false: $(seinfo -x -b streamd_bootc "$pol")"
+starts="$(sesearch -A -s streamd_t -c service -p start "$pol"; sesearch -A -s streamd_t -t init_t -c system -p start "$pol")"
+if grep -v '\[ streamd_bootc \]:True$' <<<"$starts" | grep . >&2; then
+    die "streamd_t may start units without the streamd_bootc boolean"
+fi
+# With it: start only transient units (the bootc backend); never stop,
+# reload, enable or disable, nothing on unit files.
 svc="$(sesearch -A -s streamd_t -c service "$pol")"
-grep -q 'systemd_transient_unit_t:service start;' <<<"$svc" ||
-    die "streamd_t cannot start transient units: $svc"
+grep -q 'systemd_transient_unit_t:service start; \[ streamd_bootc \]:True$' <<<"$svc" ||
+    die "streamd_t cannot start transient units with streamd_bootc on: $svc"
 if grep -E ' (stop|reload|enable|disable)\b|\{[^}]*\b(stop|reload|enable|disable)\b' <<<"$svc" >&2; then
     die "streamd_t may do more than start/status systemd units"
 fi
 start_on="$(sesearch -A -s streamd_t -c service -p start "$pol" | awk '{ split($3, a, ":"); print a[1] }' | sort -u)"
 [[ "$start_on" == systemd_transient_unit_t ]] || die "streamd_t may start units of: $start_on"
-allows -s streamd_t -t init_t -c system -p start ||
-    die "streamd_t lacks system start on init_t (StartTransientUnit)"
+grep -q 'init_t:system start; \[ streamd_bootc \]:True$' <<<"$starts" ||
+    die "streamd_t lacks system start on init_t (StartTransientUnit) with streamd_bootc on"
 allows -s streamd_t -t systemd_transient_unit_t -c service -p status ||
     die "streamd_t cannot read a transient unit's properties (status)"
 # systemd creates the bootc status file in /run/streamd for the transient unit.
@@ -131,6 +147,16 @@ allows -s streamd_t -t bin_t -c file -p execute_no_trans ||
 for p in read map; do
     allows -s streamd_t -t systemd_journal_t -c file -p "$p" ||
         die "streamd_t cannot $p the journal files (systemd_journal_t)"
+done
+# /proc/sys/crypto/fips_enabled (sysctl_crypto_t): without it every FIPS
+# node reads as inconsistent and is refused.
+for p in search; do
+    allows -s streamd_t -t sysctl_crypto_t -c dir -p "$p" ||
+        die "streamd_t cannot $p /proc/sys/crypto (sysctl_crypto_t)"
+done
+for p in open read; do
+    allows -s streamd_t -t sysctl_crypto_t -c file -p "$p" ||
+        die "streamd_t cannot $p /proc/sys/crypto/fips_enabled (sysctl_crypto_t)"
 done
 # The libostree helper streamd-verify (streamd_exec_t) runs in streamd_t.
 allows -s streamd_t -t streamd_exec_t -c file -p execute_no_trans ||
@@ -147,4 +173,4 @@ for ty in rpm_t install_t container_var_lib_t; do
     fi
 done
 log "streamd_t: $n_allow allow rules, no capabilities, writes only:" "$(tr '\n' ' ' <<<"$writes")"
-result "selinux: streamd.pp builds (also DISTRO=redhat), links and expands with Debian's full policy; $n_allow allow rules, 0 capabilities, starts transient units only, reads the journal; optional blocks$opt"
+result "selinux: streamd.pp builds (also DISTRO=redhat), links and expands with Debian's full policy; $n_allow allow rules, 0 capabilities, reads fips_enabled, starts no unit (streamd_bootc off) and transient units only (on), reads the journal; optional blocks$opt"

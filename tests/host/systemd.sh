@@ -63,6 +63,18 @@ grep -E '^✗' <<<"$sec" | sed 's/  */ /g' >&2 || true
 le "$exposure" "$MAX_EXPOSURE" || die "exposure $exposure > $MAX_EXPOSURE"
 log "exposure $exposure (limit $MAX_EXPOSURE)"
 
+# Resources: MemoryMax= must leave room for the largest extraction streamd
+# allows into /run/streamd (tmpfs pages are charged to the writer's cgroup),
+# read from the code so the two cannot drift apart; TasksMax= must be set.
+max_total_mib="$(sed -n 's/^ *max_total: \([0-9]*\) << 20,$/\1/p' "$REPO_ROOT/src/image/registry.rs")"
+[[ -n "$max_total_mib" ]] || die "cannot read EXTRACT_LIMITS.max_total from src/image/registry.rs"
+memory_max="$(sed -n 's/^MemoryMax=\([0-9]*\)M$/\1/p' "$UNIT")"
+[[ -n "$memory_max" ]] || die "the unit has no MemoryMax=<n>M"
+((memory_max >= max_total_mib + 128)) ||
+    die "MemoryMax=${memory_max}M leaves less than 128 MiB beside a ${max_total_mib} MiB extraction"
+grep -qE '^TasksMax=[0-9]+$' "$UNIT" || die "the unit has no TasksMax="
+log "MemoryMax=${memory_max}M (extractions up to ${max_total_mib} MiB), $(grep '^TasksMax=' "$UNIT")"
+
 # Preset: image builds enable the unit through it; check it really does.
 mkdir -p "$root/usr/lib/systemd/system-preset"
 install -m 0644 "$PRESET" "$root/usr/lib/systemd/system-preset/"
@@ -140,4 +152,4 @@ else
 fi
 log "journal readable as uid 0 with no capabilities; foreign 0640 file refused"
 
-result "systemd: verify clean, exposure $exposure (<= $MAX_EXPOSURE), preset ok, $ro_note, $journal_note"
+result "systemd: verify clean, exposure $exposure (<= $MAX_EXPOSURE), MemoryMax=${memory_max}M, preset ok, $ro_note, $journal_note"

@@ -3,6 +3,7 @@
 //! This is an edge: it turns D-Bus replies into typed values ([`crate::backend::deployment`]) and typed errors
 //! ([`RpmOstreeError`]) and holds no policy. What to stage is decided by the planner.
 
+mod runstate;
 mod transaction;
 
 use std::collections::{BTreeMap, HashMap};
@@ -60,7 +61,17 @@ pub enum RpmOstreeError {
     /// A systemd inhibitor lock blocks the reboot; the message names who holds it and why.
     #[error("{0}")]
     Inhibited(String),
-    /// The daemon could not be reached or refused the call.
+    /// rpm-ostreed answered the call with an error of its own (polkit said no, a reboot is
+    /// under way, bad arguments): the same call gets the same answer, so it is not retried.
+    #[error("rpm-ostreed refused {call}: {message}")]
+    Refused {
+        /// The method.
+        call: &'static str,
+        /// What rpm-ostreed said, and the D-Bus error name.
+        message: String,
+    },
+    /// The daemon could not be reached (not running, restarting, exiting for idleness, a
+    /// timeout or a dropped connection).
     #[error("rpm-ostreed call {call} failed: {message}")]
     Call {
         /// The method.
@@ -69,6 +80,22 @@ pub enum RpmOstreeError {
         message: String,
     },
 }
+
+/// D-Bus errors that say the call never reached a working rpm-ostreed: the bus could not
+/// start or reach it, it was exiting, or the reply did not come in time. Any other error reply
+/// is the daemon's own answer to this request.
+const UNREACHED_ERRORS: &[&str] = &[
+    NO_REPLY_ERROR,
+    "org.freedesktop.DBus.Error.ServiceUnknown",
+    "org.freedesktop.DBus.Error.NameHasNoOwner",
+    "org.freedesktop.DBus.Error.Disconnected",
+    "org.freedesktop.DBus.Error.TimedOut",
+    "org.freedesktop.DBus.Error.Timeout",
+    "org.freedesktop.DBus.Error.LimitsExceeded",
+    "org.freedesktop.DBus.Error.NoMemory",
+    "org.freedesktop.DBus.Error.Spawn.ChildExited",
+    "org.freedesktop.DBus.Error.Spawn.Failed",
+];
 
 /// Phrases of the Go and Rust network stacks under rpm-ostree (skopeo / containers-image,
 /// ostree-ext) that say a fetch failed on the way, not that the image is wrong.
@@ -132,10 +159,11 @@ impl RpmOstreeError {
             if name.as_str() == BUSY_ERROR {
                 return RpmOstreeError::Busy(crate::text::one_line_reason(&msg));
             }
-            return RpmOstreeError::Call {
-                call,
-                message: format!("{} ({})", crate::text::one_line_reason(&msg), name.as_str()),
-            };
+            let message = format!("{} ({})", crate::text::one_line_reason(&msg), name.as_str());
+            if UNREACHED_ERRORS.contains(&name.as_str()) {
+                return RpmOstreeError::Call { call, message };
+            }
+            return RpmOstreeError::Refused { call, message };
         }
         RpmOstreeError::Call {
             call,
@@ -251,7 +279,16 @@ impl UpdateDeploymentCall {
         // Locked: an unplanned reboot must not apply a major change nobody approved.
         options.insert("lock-finalization", CallValue::Bool(plan.lock_finalization));
         options.insert("reboot", CallValue::Bool(false));
-        options.insert("allow-downgrade", CallValue::Bool(plan.allow_downgrade));
+        // Absent, rpm-ostree allows an older base for a rebase; `false` would turn on its
+        // build-time check (coreos/rpm-ostree:src/daemon/rpmostreed-transaction-types.cxx
+        // `deploy_transaction_execute`, src/daemon/rpmostree-sysroot-upgrader.cxx
+        // `rpmostree_sysroot_upgrader_pull_base`), which refuses a newer major built before
+        // the booted image (a later z-stream of the old major). streamd's own `direction`
+        // check is what keeps older majors out, so the key is sent only when the admin allows
+        // a downgrade, to say so in the daemon's journal.
+        if plan.allow_downgrade {
+            options.insert("allow-downgrade", CallValue::Bool(true));
+        }
         options.insert(
             "initiating-command-line",
             CallValue::Str(format!("streamd rebase to stream {}", plan.stream)),
@@ -303,20 +340,17 @@ pub struct Client {
     sysroot: SysrootProxy<'static>,
     /// The booted OS object, looked up once: the stateroot does not change under a running agent.
     os: std::sync::Arc<tokio::sync::OnceCell<OSProxy<'static>>>,
+    /// The host's root, where libostree's `run/ostree/staged-deployment` records the lock.
+    host_root: std::path::PathBuf,
 }
 
 impl Client {
-    /// Connects to the system bus (`DBUS_SYSTEM_BUS_ADDRESS` is honoured) and registers as a
-    /// client, so the daemon does not idle-exit while streamd cares about it.
-    pub async fn connect() -> Result<Self, RpmOstreeError> {
-        let conn = system_bus()
-            .await
-            .map_err(|e| RpmOstreeError::from_call("connect", e))?;
-        Self::with_connection(conn).await
-    }
-
-    /// Registers with rpm-ostreed over an existing system bus connection.
-    pub async fn with_connection(conn: zbus::Connection) -> Result<Self, RpmOstreeError> {
+    /// Registers with rpm-ostreed over an existing system bus connection, so the daemon does
+    /// not idle-exit while streamd cares about it; `host_root` is where the host's `/run` is.
+    pub async fn with_connection(
+        conn: zbus::Connection,
+        host_root: &std::path::Path,
+    ) -> Result<Self, RpmOstreeError> {
         let sysroot = SysrootProxy::builder(&conn)
             // Always read fresh values: the cache can lag behind a just-finished transaction.
             .cache_properties(zbus::proxy::CacheProperties::No)
@@ -327,6 +361,7 @@ impl Client {
             conn,
             sysroot,
             os: Default::default(),
+            host_root: host_root.to_path_buf(),
         };
         client.register().await?;
         Ok(client)
@@ -375,7 +410,9 @@ impl Client {
         }
     }
 
-    /// Reloads the sysroot and reads every deployment (boot order: staged first).
+    /// Reloads the sysroot and reads every deployment (boot order: staged first). The staged
+    /// deployment's lock is the D-Bus key (hosts before rpm-ostree v2024.6) or libostree's
+    /// record in `/run` (every later host, where the key is never set; see [`runstate`]).
     pub async fn deployments(&self) -> Result<Vec<Deployment>, RpmOstreeError> {
         let sysroot = &self.sysroot;
         sysroot
@@ -386,7 +423,16 @@ impl Client {
             .deployments()
             .await
             .map_err(|e| RpmOstreeError::from_call("Deployments", e))?;
-        Deployment::parse_all(&raw).map_err(|e| RpmOstreeError::Protocol(e.to_string()))
+        let mut all =
+            Deployment::parse_all(&raw).map_err(|e| RpmOstreeError::Protocol(e.to_string()))?;
+        for d in all
+            .iter_mut()
+            .filter(|d| d.staged && !d.finalization_locked)
+        {
+            d.finalization_locked = runstate::staged_locked(&self.host_root, d)
+                .map_err(|e| RpmOstreeError::Protocol(e.to_string()))?;
+        }
+        Ok(all)
     }
 
     /// Removes the pending (staged) deployment: `Cleanup(["pending-deploy"])`.
@@ -503,5 +549,109 @@ mod tests {
         }
         // Only a failed transaction qualifies: other errors have their own handling.
         assert!(!RpmOstreeError::Busy("connection reset by peer".into()).is_network_failure());
+    }
+
+    fn method_error(name: &str, message: &str) -> zbus::Error {
+        let name = zbus::names::OwnedErrorName::try_from(name).unwrap();
+        let call = zbus::Message::method_call("/", "M")
+            .unwrap()
+            .build(&())
+            .unwrap();
+        let reply = zbus::Message::error(&call.header(), name.clone())
+            .unwrap()
+            .build(&(message,))
+            .unwrap();
+        zbus::Error::MethodError(name, Some(message.into()), reply)
+    }
+
+    #[test]
+    fn the_daemons_own_refusals_are_not_retried() {
+        let denied = RpmOstreeError::from_call(
+            "UpdateDeployment",
+            method_error(
+                "org.freedesktop.DBus.Error.AccessDenied",
+                "rpmostreed OS operation UpdateDeployment not allowed for user",
+            ),
+        );
+        assert!(
+            matches!(denied, RpmOstreeError::Refused { .. }),
+            "{denied:?}"
+        );
+        assert!(!denied.is_transient());
+        let rebooting = RpmOstreeError::from_call(
+            "UpdateDeployment",
+            method_error(
+                "org.gtk.GDBus.UnmappedGError.Quark._g_2dio_2derror_2dquark.Code0",
+                "Reboot initiated, cannot start new transaction",
+            ),
+        );
+        assert!(!rebooting.is_transient());
+        for name in UNREACHED_ERRORS {
+            let e = RpmOstreeError::from_call("UpdateDeployment", method_error(name, "x"));
+            assert!(e.is_transient(), "{name}");
+        }
+        assert!(
+            RpmOstreeError::from_call("UpdateDeployment", method_error(BUSY_ERROR, "b"))
+                .is_transient()
+        );
+        let gone = RpmOstreeError::from_call(
+            "Reload",
+            zbus::Error::InputOutput(std::sync::Arc::new(std::io::Error::from(
+                std::io::ErrorKind::BrokenPipe,
+            ))),
+        );
+        assert!(gone.is_transient());
+    }
+
+    /// The type of every option streamd sends: rpm-ostreed looks each up with an expected type
+    /// and silently ignores a mismatch, so a mistyped `lock-finalization` would stage unlocked.
+    #[test]
+    fn every_option_has_the_type_rpm_ostreed_looks_up() {
+        let image: crate::image::reference::ImageRef =
+            "quay.example/rhcos@sha256:0000000000000000000000000000000000000000000000000000000000000000"
+                .parse()
+                .unwrap();
+        let mut plan = StagePlan::rebase("rhel-10", &image, true);
+        plan.uninstall = vec!["kernel-rt-core".into()];
+        plan.override_remove = vec!["kernel".into()];
+        plan.local_rpms = vec!["/dev/null".into()];
+        let call = UpdateDeploymentCall::for_plan(&plan);
+        let fds = call.open_files().unwrap();
+        let (modifiers, options) = call.dicts(&fds);
+        let types = |d: &BTreeMap<&str, Value<'_>>| -> BTreeMap<String, String> {
+            d.iter()
+                .map(|(k, v)| (k.to_string(), v.value_signature().to_string()))
+                .collect()
+        };
+        // coreos/rpm-ostree:src/daemon/rpmostreed-transaction-types.cxx
+        // (`deploy_transaction_execute`, `vardict_lookup_*`) and the interface XML.
+        let want = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, t)| (k.to_string(), t.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            types(&modifiers),
+            want(&[
+                ("install-local-packages", "ah"),
+                ("override-remove-packages", "as"),
+                ("set-refspec", "s"),
+                ("uninstall-packages", "as"),
+            ])
+        );
+        assert_eq!(
+            types(&options),
+            want(&[
+                ("allow-downgrade", "b"),
+                ("initiating-command-line", "s"),
+                ("lock-finalization", "b"),
+                ("reboot", "b"),
+            ])
+        );
+        // Without the admin's downgrade permission the key is absent (rpm-ostree's default
+        // for a rebase), never `false`.
+        let plain = UpdateDeploymentCall::for_plan(&StagePlan::rebase("rhel-10", &image, false));
+        assert!(!plain.options.contains_key("allow-downgrade"));
     }
 }

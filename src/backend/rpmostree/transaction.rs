@@ -79,6 +79,19 @@ async fn wait_cancel(cancel: Option<tokio::sync::watch::Receiver<bool>>) -> Resu
     }
 }
 
+/// A container pull reports no `PercentProgress`: each layer starts a task
+/// "[n/N] Fetching ostree chunk …" (1-based; coreos/rpm-ostree:rust/src/sysroot_upgrade.rs
+/// `layer_progress_print`). Layer n starting means n - 1 are done.
+fn layer_percent(task: &str) -> Option<u8> {
+    let (counts, _) = task.strip_prefix('[')?.split_once("] ")?;
+    let (n, total) = counts.split_once('/')?;
+    let (n, total) = (n.parse::<u64>().ok()?, total.parse::<u64>().ok()?);
+    if n == 0 || n > total {
+        return None;
+    }
+    u8::try_from((n - 1) * 100 / total).ok()
+}
+
 async fn wait_finished(
     stream: &mut zbus::MessageStream,
     events: &tokio::sync::mpsc::Sender<TxnEvent>,
@@ -115,8 +128,45 @@ async fn wait_finished(
                     let _ = events.try_send(TxnEvent::Message(text));
                 }
             }
+            "TaskBegin" => {
+                if let Ok((text,)) = body.deserialize::<(String,)>() {
+                    let _ = events.try_send(match layer_percent(&text) {
+                        Some(pct) => TxnEvent::Percent(text, pct),
+                        None => TxnEvent::Message(text),
+                    });
+                }
+            }
             _ => {}
         }
     }
     Err(RpmOstreeError::Interrupted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::layer_percent;
+
+    #[test]
+    fn layer_tasks_are_progress() {
+        let task = |s: &str| layer_percent(s);
+        assert_eq!(
+            task("[1/12] Fetching ostree chunk sha256:ab12 (100.0 MB)"),
+            Some(0)
+        );
+        assert_eq!(
+            task("[7/12] Fetching ostree chunk sha256:ab12 (100.0 MB)"),
+            Some(50)
+        );
+        assert_eq!(task("[12/12] Fetching layer sha256:ab12 (5 MB)"), Some(91));
+        for other in [
+            "Staging deployment",
+            "[0/12] x",
+            "[13/12] x",
+            "[a/b] x",
+            "[1/2]x",
+            "",
+        ] {
+            assert_eq!(task(other), None, "{other}");
+        }
+    }
 }

@@ -74,6 +74,36 @@ pub(crate) struct Shared {
     pub(crate) server_addr: String,
     /// Whether the port is open; the accept loop publishes it so `refuse` can wait for it.
     listening: tokio::sync::watch::Sender<bool>,
+    /// Verifies client certificate chains against the current client CA (per request, as
+    /// kube-apiserver's x509 authenticator does); replaced by `rotate-client-ca`.
+    client_verifier: std::sync::RwLock<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+    /// Rotations of the client CA so far.
+    client_generation: std::sync::atomic::AtomicU64,
+    pki_dir: PathBuf,
+    node_name: String,
+}
+
+impl Shared {
+    /// The user a client certificate chain authenticates, if it verifies against the current
+    /// client CA; a chain that does not is no identity (so 401 unless a token is also sent).
+    fn cert_user(
+        &self,
+        chain: Option<&[rustls::pki_types::CertificateDer<'static>]>,
+    ) -> Option<Arc<str>> {
+        let (end_entity, intermediates) = chain?.split_first()?;
+        let verifier = self.client_verifier.read().ok()?.clone();
+        match verifier.verify_client_cert(
+            end_entity,
+            intermediates,
+            rustls::pki_types::UnixTime::now(),
+        ) {
+            Ok(_) => auth::cert_user(chain).map(Arc::from),
+            Err(err) => {
+                tracing::debug!(%err, "apiserver client certificate does not verify");
+                None
+            }
+        }
+    }
 }
 
 /// A running fake API server. Dropping it stops accepting and closes every connection.
@@ -110,9 +140,13 @@ impl ApiServer {
             store,
             stats: Stats::default(),
             faults: Faults::new(),
-            admin_token: pki.admin_token,
+            admin_token: pki.admin_token.clone(),
             server_addr: addr.to_string(),
             listening: tokio::sync::watch::Sender::new(true),
+            client_verifier: std::sync::RwLock::new(pki::client_verifier(pki.ca_der.clone())?),
+            client_generation: std::sync::atomic::AtomicU64::new(0),
+            pki_dir: cfg.dir.join("pki"),
+            node_name: cfg.node_name.clone(),
         });
         let accept = tokio::spawn(accept_loop(listener, tls, shared.clone()));
         tracing::info!(url, node = cfg.node_name, "apiserver listening");
@@ -175,6 +209,20 @@ impl ApiServer {
                     _ => {}
                 }
                 Ok(state)
+            }
+            "rotate-client-ca" => {
+                let shared = &self.shared;
+                let generation = shared
+                    .client_generation
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                    + 1;
+                let verifier =
+                    pki::rotate_client_ca(&shared.pki_dir, &shared.node_name, generation)?;
+                *shared
+                    .client_verifier
+                    .write()
+                    .map_err(|_| anyhow!("client verifier lock poisoned"))? = verifier;
+                Ok(json!({ "generation": generation }))
             }
             "get-node" => Ok((*self.node()?).clone()),
             "node-annotations" => Ok(self
@@ -336,11 +384,14 @@ async fn serve_connection(tcp: TcpStream, tls: TlsAcceptor, shared: Arc<Shared>)
             return;
         }
     };
-    let cert_user: Option<Arc<str>> =
-        auth::cert_user(stream.get_ref().1.peer_certificates()).map(Arc::from);
+    let chain: Option<Arc<[rustls::pki_types::CertificateDer<'static>]>> = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .map(|c| c.iter().map(|d| d.clone().into_owned()).collect());
     let service = service_fn(move |req| {
         let shared = shared.clone();
-        let cert_user = cert_user.clone();
+        let cert_user = shared.cert_user(chain.as_deref());
         async move { Ok::<_, Infallible>(routes::handle(shared, req, cert_user).await) }
     });
     let connection = http1::Builder::new()

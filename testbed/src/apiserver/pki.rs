@@ -13,9 +13,11 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,
 };
-use rustls::RootCertStore;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, UnixTime};
 use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
 
 /// Everything the server and the kubeconfigs need from the PKI.
 pub(crate) struct Pki {
@@ -68,17 +70,7 @@ pub(crate) fn generate(pki_dir: &Path, node_name: &str) -> anyhow::Result<Pki> {
     server_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     let server_cert = server_params.signed_by(&server_key, &issuer)?;
 
-    let client_key = KeyPair::generate()?;
-    let mut client_params = CertificateParams::default();
-    client_params
-        .distinguished_name
-        .push(DnType::CommonName, format!("system:node:{node_name}"));
-    client_params
-        .distinguished_name
-        .push(DnType::OrganizationName, "system:nodes");
-    client_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    client_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    let client_cert = client_params.signed_by(&client_key, &issuer)?;
+    let (client_cert_pem, client_key_pem) = node_client_cert(&issuer, node_name)?;
 
     let mut token = [0u8; 24];
     random_bytes(&mut token)?;
@@ -89,8 +81,8 @@ pub(crate) fn generate(pki_dir: &Path, node_name: &str) -> anyhow::Result<Pki> {
         ca_pem: ca_cert.pem(),
         server_cert: server_cert.der().clone(),
         server_key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(server_key.serialize_der())),
-        client_cert_pem: client_cert.pem(),
-        client_key_pem: client_key.serialize_pem(),
+        client_cert_pem,
+        client_key_pem,
         admin_token,
     };
     write_file(&pki_dir.join("ca.crt"), &pki.ca_pem, false)?;
@@ -103,25 +95,173 @@ pub(crate) fn generate(pki_dir: &Path, node_name: &str) -> anyhow::Result<Pki> {
     )?;
     write_file(&pki_dir.join("node.crt"), &pki.client_cert_pem, false)?;
     write_file(&pki_dir.join("node.key"), &pki.client_key_pem, true)?;
+    install_client_pem(pki_dir, 0, &pki.client_cert_pem, &pki.client_key_pem)?;
     write_file(&pki_dir.join("admin-token"), &pki.admin_token, true)?;
     Ok(pki)
 }
 
-/// The server's TLS configuration: its certificate, and client certificates verified
-/// against the CA but optional, so that bearer-token clients can connect too.
+/// A node client certificate (`system:node:<name>`, group `system:nodes`) signed by `issuer`:
+/// its PEM and its key's PEM.
+fn node_client_cert(
+    issuer: &Issuer<'_, KeyPair>,
+    node_name: &str,
+) -> anyhow::Result<(String, String)> {
+    let client_key = KeyPair::generate()?;
+    let mut client_params = CertificateParams::default();
+    client_params
+        .distinguished_name
+        .push(DnType::CommonName, format!("system:node:{node_name}"));
+    client_params
+        .distinguished_name
+        .push(DnType::OrganizationName, "system:nodes");
+    client_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    client_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    let client_cert = client_params.signed_by(&client_key, issuer)?;
+    Ok((client_cert.pem(), client_key.serialize_pem()))
+}
+
+/// The kubelet's file: `pki/kubelet-client-current.pem` (certificate and key in one file, as
+/// the kubelet's certificate manager writes it) is a symlink to `kubelet-client-<generation>.pem`,
+/// replaced atomically on rotation (kubernetes/client-go: util/certificate/certificate_store.go,
+/// `fileStore.Update`).
+fn install_client_pem(
+    pki_dir: &Path,
+    generation: u64,
+    cert_pem: &str,
+    key_pem: &str,
+) -> anyhow::Result<()> {
+    let name = format!("kubelet-client-{generation}.pem");
+    write_file(&pki_dir.join(&name), &format!("{cert_pem}{key_pem}"), true)?;
+    let tmp = pki_dir.join(".kubelet-client-current.pem.tmp");
+    let _ = fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(&name, &tmp)
+        .with_context(|| format!("linking {}", tmp.display()))?;
+    fs::rename(&tmp, pki_dir.join(CLIENT_PEM)).with_context(|| format!("replacing {CLIENT_PEM}"))
+}
+
+/// The node's client certificate and key file below `pki/`.
+pub(crate) const CLIENT_PEM: &str = "kubelet-client-current.pem";
+
+/// Rotates the node's client credentials onto a new client CA: writes
+/// `kubelet-client-<generation>.pem` signed by a fresh CA, points `kubelet-client-current.pem`
+/// at it, and returns a verifier that accepts only certificates of the new CA.
+pub(crate) fn rotate_client_ca(
+    pki_dir: &Path,
+    node_name: &str,
+    generation: u64,
+) -> anyhow::Result<Arc<dyn ClientCertVerifier>> {
+    let ca_key = KeyPair::generate()?;
+    let mut ca_params = CertificateParams::default();
+    ca_params.distinguished_name.push(
+        DnType::CommonName,
+        format!("streamd-testbed-client-ca-{generation}"),
+    );
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca_params.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca_params, ca_key);
+    let (cert_pem, key_pem) = node_client_cert(&issuer, node_name)?;
+    install_client_pem(pki_dir, generation, &cert_pem, &key_pem)?;
+    client_verifier(ca_cert.der().clone())
+}
+
+/// Verifies client certificate chains against `ca`.
+pub(crate) fn client_verifier(
+    ca: CertificateDer<'static>,
+) -> anyhow::Result<Arc<dyn ClientCertVerifier>> {
+    let mut roots = RootCertStore::empty();
+    roots.add(ca)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            .allow_unauthenticated()
+            .build()?,
+    )
+}
+
+/// The server's TLS configuration: its certificate, and client certificates requested but not
+/// checked against a CA during the handshake. kube-apiserver does the same (`tls.RequestClientCert`)
+/// and verifies the chain per request in its x509 authenticator, so a certificate of an unknown
+/// or rotated-away CA gets `401 Unauthorized`, not a failed handshake
+/// (kubernetes/apiserver: pkg/authentication/request/x509/x509.go, `AuthenticateRequest`).
 pub(crate) fn server_config(pki: &Pki) -> anyhow::Result<rustls::ServerConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = RootCertStore::empty();
-    roots.add(pki.ca_der.clone())?;
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .allow_unauthenticated()
-        .build()?;
+    let verifier = Arc::new(RequestClientCert {
+        provider: provider.clone(),
+    });
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(verifier)
         .with_single_cert(vec![pki.server_cert.clone()], pki.server_key.clone_key())?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
+}
+
+/// Asks for a client certificate and checks only that the client holds its key; the chain is
+/// verified per request (see [`server_config`]).
+#[derive(Debug)]
+struct RequestClientCert {
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl ClientCertVerifier for RequestClientCert {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
 }
 
 /// Writes `dir/kubeconfig` (node client certificate) and `dir/kubeconfig-admin` (bearer token).
@@ -133,15 +273,15 @@ pub(crate) fn write_kubeconfigs(
 ) -> anyhow::Result<()> {
     let ca = base64(pki.ca_pem.as_bytes());
     let node_user = format!("system:node:{node_name}");
+    // As the kubelet writes it: the CA inline, the client certificate and key by path to the
+    // file its certificate manager rotates (kubernetes/kubernetes:
+    // pkg/kubelet/certificate/bootstrap/bootstrap.go, `writeKubeconfigFromBootstrapping`).
+    let pem = quote(&dir.join("pki").join(CLIENT_PEM).to_string_lossy());
     let node = kubeconfig(
         url,
         &ca,
         &node_user,
-        &format!(
-            "client-certificate-data: {}\n    client-key-data: {}",
-            base64(pki.client_cert_pem.as_bytes()),
-            base64(pki.client_key_pem.as_bytes())
-        ),
+        &format!("client-certificate: {pem}\n    client-key: {pem}"),
     );
     write_file(&dir.join("kubeconfig"), &node, true)?;
     let admin = kubeconfig(

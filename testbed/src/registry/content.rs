@@ -119,7 +119,14 @@ pub fn os_files(img: &TestImage, arch: Arch) -> anyhow::Result<Vec<Entry>> {
 pub fn os_index(img: &TestImage) -> anyhow::Result<Index> {
     let images = Arch::ALL
         .iter()
-        .map(|&arch| Image::build(arch, os_labels(img, arch)?, vec![os_files(img, arch)?]))
+        .map(|&arch| {
+            Image::build(
+                arch,
+                &img.created(),
+                os_labels(img, arch)?,
+                vec![os_files(img, arch)?],
+            )
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     Ok(Index::build(images))
 }
@@ -179,7 +186,12 @@ pub fn extensions_index(img: &TestImage, rpms: &[Rpm]) -> anyhow::Result<Index> 
             bail!("no {} rpms for stream {}", arch.rpm(), img.stream);
         }
         let files = extensions_files(&img.stream, arch, &mine)?;
-        images.push(Image::build(arch, extensions_labels(img), vec![files])?);
+        images.push(Image::build(
+            arch,
+            &img.created(),
+            extensions_labels(img),
+            vec![files],
+        )?);
     }
     Ok(Index::build(images))
 }

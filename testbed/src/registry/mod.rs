@@ -17,6 +17,7 @@
 
 pub mod client;
 pub mod content;
+pub mod hostile;
 pub mod oci;
 mod process;
 pub mod rpm;
@@ -358,7 +359,14 @@ impl Registry {
         if !valid_tag(&image.tag) {
             bail!("invalid tag {:?}", image.tag);
         }
-        let build = |arch| Image::build(arch, image.labels.clone(), vec![image.files.clone()]);
+        let build = |arch| {
+            Image::build(
+                arch,
+                oci::CREATED,
+                image.labels.clone(),
+                vec![image.files.clone()],
+            )
+        };
         let top = match image.arches.as_slice() {
             [] => bail!("a custom image needs at least one platform"),
             [arch] => {

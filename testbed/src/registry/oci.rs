@@ -23,7 +23,8 @@ pub const MEDIA_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip"
 /// Timestamp of every file, layer and config (2025-11-01T00:00:00Z); also the RPMs'
 /// `SOURCE_DATE_EPOCH`.
 pub const SOURCE_DATE_EPOCH: u64 = 1_761_955_200;
-const CREATED: &str = "2025-11-01T00:00:00Z";
+/// The `created` of images that are not from the catalog (which carry their own).
+pub const CREATED: &str = "2025-11-01T00:00:00Z";
 
 /// The `sha256:<hex>` digest of `data`.
 pub fn sha256_digest(data: &[u8]) -> String {
@@ -167,6 +168,7 @@ impl Image {
     /// Builds an image with one layer per element of `layers`.
     pub fn build(
         arch: Arch,
+        created: &str,
         labels: BTreeMap<String, String>,
         layers: Vec<Vec<Entry>>,
     ) -> anyhow::Result<Image> {
@@ -178,7 +180,7 @@ impl Image {
             blobs.push(Blob::new(MEDIA_LAYER_GZIP, gzip(&tar)));
         }
         let mut config = json!({
-            "created": CREATED,
+            "created": created,
             "architecture": arch.oci(),
             "os": "linux",
             "config": {
@@ -187,7 +189,7 @@ impl Image {
             },
             "rootfs": { "type": "layers", "diff_ids": diff_ids },
             "history": diff_ids.iter().map(|_| json!({
-                "created": CREATED,
+                "created": created,
                 "created_by": "streamd testbed",
             })).collect::<Vec<_>>(),
         });

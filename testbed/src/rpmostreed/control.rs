@@ -27,6 +27,15 @@ pub(crate) struct Knobs {
     /// The next staged tree gets the default kernel even when a variant kernel was layered:
     /// a broken daemon, for testing that clients verify what was staged.
     pub(crate) drop_variant_next: bool,
+    /// Record a finalization lock the way rpm-ostree before v2024.6 did: the legacy
+    /// `/run/ostree/staged-deployment-locked` file, which makes `Deployments` report
+    /// `finalization-locked` (see `runstate`). Off: as current rpm-ostree, no key at all.
+    pub(crate) legacy_lock_file: bool,
+    /// The next `FinalizeDeployment` closes its peers right after unlocking and queueing the
+    /// reboot, without `Finished`.
+    pub(crate) drop_after_unlock: bool,
+    /// polkit denies every transaction method (`AccessDenied`), e.g. a broken policy.
+    pub(crate) deny_calls: bool,
 }
 
 impl Default for Knobs {
@@ -34,10 +43,15 @@ impl Default for Knobs {
         Knobs {
             fail_next: None,
             exit_mid_transaction: false,
-            progress_signals: 10,
+            // A container pull reports layer tasks, not PercentProgress
+            // (coreos/rpm-ostree:rust/src/sysroot_upgrade.rs `layer_progress_print`).
+            progress_signals: 0,
             progress_per_second: 500,
             slow: Duration::ZERO,
             drop_variant_next: false,
+            legacy_lock_file: false,
+            deny_calls: false,
+            drop_after_unlock: false,
         }
     }
 }
@@ -157,6 +171,26 @@ impl Daemon {
             "drop-variant-next" => {
                 lock(&self.knobs).drop_variant_next = true;
                 Ok(serde_json::json!({}))
+            }
+            "legacy-lock-file" => {
+                let on = cmd
+                    .get("on")
+                    .and_then(Value::as_bool)
+                    .context("\"on\" must be a boolean")?;
+                lock(&self.knobs).legacy_lock_file = on;
+                Ok(json!({}))
+            }
+            "deny-calls" => {
+                let on = cmd
+                    .get("on")
+                    .and_then(Value::as_bool)
+                    .context("\"on\" must be a boolean")?;
+                lock(&self.knobs).deny_calls = on;
+                Ok(json!({}))
+            }
+            "drop-after-unlock" => {
+                lock(&self.knobs).drop_after_unlock = true;
+                Ok(json!({}))
             }
             "exit-mid-transaction" => {
                 lock(&self.knobs).exit_mid_transaction = true;

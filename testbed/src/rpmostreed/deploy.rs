@@ -326,7 +326,7 @@ pub(crate) async fn commit_image(
             branch: Some(&branch),
             parent: None,
             subject: &format!("import {}", image.pullspec),
-            timestamp: super::model::version_timestamp(&image.version),
+            timestamp: image.created_unix(),
             metadata: vec![
                 ("ostree.manifest-digest".into(), image.digest.clone()),
                 ("ostree.container.image-config".into(), image.config_json()),
@@ -371,7 +371,7 @@ pub(crate) async fn write_deployment(
                 branch: None,
                 parent: Some(&base),
                 subject: "rpm-ostree client layer",
-                timestamp: super::model::version_timestamp(&d.image.version),
+                timestamp: d.image.created_unix(),
                 metadata: vec![("version".into(), d.image.version.clone())],
                 variant_metadata: vec![
                     ("rpmostree.clientlayer".into(), "true".into()),

@@ -11,6 +11,7 @@ const GIO_NOT_FOUND: &str = "org.gtk.GDBus.UnmappedGError.Quark._g_2dio_2derror_
 const GIO_BUSY: &str = "org.gtk.GDBus.UnmappedGError.Quark._g_2dio_2derror_2dquark.Code26";
 const RPMOSTREED_FAILED: &str = "org.projectatomic.rpmostreed.Error.Failed";
 const INVALID_ARGS: &str = "org.freedesktop.DBus.Error.InvalidArgs";
+const ACCESS_DENIED: &str = "org.freedesktop.DBus.Error.AccessDenied";
 
 /// An error reply of a daemon method.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -30,6 +31,9 @@ pub(crate) enum DaemonError {
     /// `org.freedesktop.DBus.Error.InvalidArgs`: an argument has the wrong variant type.
     #[error("{0}")]
     InvalidArgs(String),
+    /// `org.freedesktop.DBus.Error.AccessDenied`: polkit refused the method.
+    #[error("{0}")]
+    AccessDenied(String),
 }
 
 impl DaemonError {
@@ -40,6 +44,7 @@ impl DaemonError {
             DaemonError::GioBusy(_) => GIO_BUSY,
             DaemonError::Failed(_) => RPMOSTREED_FAILED,
             DaemonError::InvalidArgs(_) => INVALID_ARGS,
+            DaemonError::AccessDenied(_) => ACCESS_DENIED,
         }
     }
 
@@ -49,7 +54,8 @@ impl DaemonError {
             | DaemonError::GioNotFound(m)
             | DaemonError::GioBusy(m)
             | DaemonError::Failed(m)
-            | DaemonError::InvalidArgs(m) => m,
+            | DaemonError::InvalidArgs(m)
+            | DaemonError::AccessDenied(m) => m,
         }
     }
 

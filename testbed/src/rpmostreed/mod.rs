@@ -14,6 +14,7 @@ mod os;
 mod ostree;
 mod reboot;
 mod rpm;
+mod runstate;
 mod sysroot;
 mod transaction;
 mod vardict;
@@ -305,11 +306,26 @@ impl Daemon {
         s
     }
 
-    /// Persist the side file.
+    /// Persist the side file, and write libostree's runtime record of the staged deployment
+    /// below the host root (see [`runstate`]).
     fn save_state(&self, state: &State) -> Result<(), String> {
         state
             .save(&self.state_dir)
-            .map_err(|e| format!("writing deployment state: {e:#}"))
+            .map_err(|e| format!("writing deployment state: {e:#}"))?;
+        match &self.host_root {
+            Some(root) => runstate::write(root, state, lock(&self.knobs).legacy_lock_file)
+                .map_err(|e| format!("writing the staged deployment record: {e:#}")),
+            None => Ok(()),
+        }
+    }
+
+    /// The deployment dictionary as rpm-ostreed builds it now (the legacy lock file decides
+    /// `finalization-locked`).
+    fn dict_of(
+        &self,
+        d: &model::Deployment,
+    ) -> zbus::zvariant::Result<HashMap<String, zbus::zvariant::OwnedValue>> {
+        d.to_dict(runstate::legacy_lock_exists(self.host_root.as_deref()))
     }
 
     /// Re-read the sysroot and the side file (another tool may have changed either); whether

@@ -111,7 +111,7 @@ impl Deployment {
             container_image_reference: refspec.to_string(),
             container_image_reference_digest: image.digest.clone(),
             version: image.version.clone(),
-            timestamp: version_timestamp(&image.version),
+            timestamp: image.created_unix(),
             kernel: image.kernel.clone(),
             image_config: image.config_json(),
             base_checksum: None,
@@ -158,8 +158,12 @@ impl Deployment {
     }
 
     /// The deployment dictionary (`a{sv}`) with the keys and types the real daemon produces
-    /// for a container deployment, layered or not.
-    pub(crate) fn to_dict(&self) -> zbus::zvariant::Result<HashMap<String, OwnedValue>> {
+    /// for a container deployment, layered or not; `legacy_lock_file`: whether
+    /// `/run/ostree/staged-deployment-locked` exists on the host.
+    pub(crate) fn to_dict(
+        &self,
+        legacy_lock_file: bool,
+    ) -> zbus::zvariant::Result<HashMap<String, OwnedValue>> {
         let strv = |v: &[String]| OwnedValue::try_from(Value::from(v.to_vec()));
         let mut d: HashMap<String, OwnedValue> = HashMap::new();
         d.insert(
@@ -250,8 +254,11 @@ impl Deployment {
             "container-image-reference-digest".into(),
             str_value(&self.container_image_reference_digest),
         );
-        // The real daemon only ever adds this key as `true`, and only for a staged deployment.
-        if self.staged && self.finalization_locked {
+        // The real daemon only ever adds this key as `true`, only for a staged deployment, and
+        // only when the legacy lock file exists, which rpm-ostree >= v2024.6 never creates
+        // (coreos/rpm-ostree:rust/src/daemon.rs `deployment_populate_variant`, its "XXX"
+        // comment): the lock itself lives in `/run/ostree/staged-deployment` (`runstate`).
+        if self.staged && legacy_lock_file {
             d.insert("finalization-locked".into(), OwnedValue::from(true));
         }
         Ok(d)
@@ -260,31 +267,6 @@ impl Deployment {
 
 fn str_value(s: &str) -> OwnedValue {
     OwnedValue::from(zbus::zvariant::Str::from(s.to_string()))
-}
-
-/// Commit timestamp from a version like `9.6.20261101-0` (midnight UTC of that day).
-pub(crate) fn version_timestamp(version: &str) -> u64 {
-    let date = version
-        .split('.')
-        .find(|part| part.len() >= 8 && part.as_bytes()[..8].iter().all(u8::is_ascii_digit))
-        .map(|part| &part[..8]);
-    let Some(date) = date else {
-        return 1;
-    };
-    let num = |r: std::ops::Range<usize>| date[r].parse::<i64>().unwrap_or(1);
-    let days = days_from_civil(num(0..4), num(4..6), num(6..8));
-    u64::try_from(days * 86_400).unwrap_or(1)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 /// The deployments (boot order, as on disk) with their side-file data.
@@ -739,6 +721,5 @@ mod tests {
         assert_eq!(s.default_for("rhcos").map(|d| d.staged), Some(true));
         assert_eq!(s.deployments[1].kargs(), ["rw"]);
         assert!(s.reboot_requested);
-        assert_eq!(version_timestamp("9.6.20261101-0"), 1_793_491_200);
     }
 }

@@ -32,7 +32,10 @@ impl OsIface {
     ) -> fdo::Result<HashMap<String, OwnedValue>> {
         let deployment = pick(&lock(&self.daemon.state));
         match deployment {
-            Some(d) => d.to_dict().map_err(|e| fdo::Error::Failed(e.to_string())),
+            Some(d) => self
+                .daemon
+                .dict_of(&d)
+                .map_err(|e| fdo::Error::Failed(e.to_string())),
             None => Ok(HashMap::new()),
         }
     }
@@ -53,7 +56,14 @@ fn sender_of(hdr: &Header<'_>) -> String {
     hdr.sender().map(|s| s.to_string()).unwrap_or_default()
 }
 
-/// Validate a deploy request the way `rpmostreed_transaction_new_deploy` does, in its order.
+/// The work of a deploy request: its plan, or its refusal once started.
+fn begin_deploy(modifiers: &VarDict, options: &VarDict, fds: u32) -> Work {
+    deploy_work(modifiers, options, fds).unwrap_or_else(|e| Work::Invalid(e.to_string()))
+}
+
+/// Validate a deploy request the way `deploy_transaction_execute` does, in its order: only once
+/// the transaction runs, so a refusal is `Finished(false, message)`, never a method error
+/// (`begin_deploy`).
 fn deploy_work(modifiers: &VarDict, options: &VarDict, fds: u32) -> Result<Work, DaemonError> {
     let refspec = modifiers.str("set-refspec")?;
     let revision = modifiers.str("set-revision")?;
@@ -102,10 +112,15 @@ fn deploy_work(modifiers: &VarDict, options: &VarDict, fds: u32) -> Result<Work,
         no_overrides,
         idempotent: options.bool_or("idempotent-layering", false)?,
     };
+    let rebase_or_deploy = refspec.is_some() || revision.is_some();
     Ok(Work::Deploy(DeployPlan {
         changes,
         refspec,
         revision,
+        // Allowed by default for a rebase or deploy, checked only when the client says false
+        // (coreos/rpm-ostree:src/daemon/rpmostreed-transaction-types.cxx
+        // `deploy_transaction_execute`: `vardict_lookup_bool (…, refspec_or_revision)`).
+        allow_downgrade: options.bool_or("allow-downgrade", rebase_or_deploy)?,
         lock_finalization: options.bool_or("lock-finalization", false)?,
         reboot: options.bool_or("reboot", false)?,
         command_line: options.str("initiating-command-line")?,
@@ -157,7 +172,7 @@ impl OsIface {
             fds,
         };
         self.daemon
-            .begin_txn(req, |_| deploy_work(&modifiers, &options, fds))
+            .begin_txn(req, |_| Ok(begin_deploy(&modifiers, &options, fds)))
             .await
     }
 
@@ -193,7 +208,7 @@ impl OsIface {
             fds,
         };
         self.daemon
-            .begin_txn(req, |_| deploy_work(&modifiers, &options, fds))
+            .begin_txn(req, |_| Ok(begin_deploy(&modifiers, &options, fds)))
             .await
     }
 
@@ -375,7 +390,7 @@ pub(crate) fn deployments_json(daemon: &Daemon) -> anyhow::Result<serde_json::Va
     let state = lock(&daemon.state);
     let mut out = Vec::new();
     for d in &state.deployments {
-        let dict = d.to_dict()?;
+        let dict = daemon.dict_of(d)?;
         let mut obj = serde_json::Map::new();
         for (k, v) in &dict {
             obj.insert(k.clone(), value_to_json(v));

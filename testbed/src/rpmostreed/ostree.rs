@@ -93,6 +93,16 @@ impl DiskDeployment {
         format!("BOOT_IMAGE=(hd0,gpt3){} {}", self.linux, self.options)
     }
 
+    /// The boot checksum: ostree's kernel directory is `/ostree/<osname>-<bootcsum>/`.
+    pub(crate) fn bootcsum(&self) -> &str {
+        self.linux
+            .strip_prefix("/ostree/")
+            .and_then(|rest| rest.strip_prefix(self.osname.as_str()))
+            .and_then(|rest| rest.strip_prefix('-'))
+            .and_then(|rest| rest.split_once('/'))
+            .map_or("", |(csum, _)| csum)
+    }
+
     /// The kernel release the entry boots (from `vmlinuz-<release>`).
     pub(crate) fn kernel_release(&self) -> String {
         self.linux

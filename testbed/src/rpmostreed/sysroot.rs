@@ -125,7 +125,7 @@ impl SysrootIface {
         lock(&self.daemon.state)
             .deployments
             .iter()
-            .map(|d| d.to_dict())
+            .map(|d| self.daemon.dict_of(d))
             .collect::<Result<_, _>>()
             .map_err(|e| fdo::Error::Failed(e.to_string()))
     }

@@ -21,12 +21,13 @@ use zbus::{Connection, interface};
 
 use super::control::TxnRecord;
 use super::deploy::{
-    NewDeployment, PackageChanges, apply_changes, depsolve, low_disk, resolve_removals,
-    sanity_check, write_deployment,
+    NewDeployment, PackageChanges, apply_changes, commit_image, depsolve, low_disk,
+    resolve_removals, sanity_check, write_deployment,
 };
 use super::errors::DaemonError;
 use super::model::{CHUNK_BYTES, CHUNK_COUNT, Refspec};
 use super::{Daemon, address_escape, lock, ostree};
+use crate::images::TestImage;
 
 /// The real daemon's `FORCE_CLOSE_TXN_TIMEOUT_SECS`.
 const FORCE_CLOSE_AFTER: Duration = Duration::from_secs(30);
@@ -43,6 +44,8 @@ pub(crate) struct DeployPlan {
     pub(crate) changes: PackageChanges,
     pub(crate) refspec: Option<String>,
     pub(crate) revision: Option<String>,
+    /// Skip the base's build-time check (`RPMOSTREE_SYSROOT_UPGRADER_FLAGS_ALLOW_OLDER`).
+    pub(crate) allow_downgrade: bool,
     pub(crate) lock_finalization: bool,
     pub(crate) reboot: bool,
     pub(crate) command_line: Option<String>,
@@ -63,6 +66,9 @@ pub(crate) enum Work {
         rollback: bool,
     },
     Finalize(FinalizePlan),
+    /// A deploy request `deploy_transaction_execute` refuses: it fails with this message once
+    /// started, as the real daemon validates only then.
+    Invalid(String),
     /// Another client's transaction (`hold-foreign`): already started, runs until released.
     Foreign,
 }
@@ -256,6 +262,14 @@ impl Daemon {
         req: &TxnRequest,
         prepare: impl FnOnce(&Daemon) -> Result<Work, DaemonError>,
     ) -> Result<String, DaemonError> {
+        if lock(&self.knobs).deny_calls {
+            // polkit said no (coreos/rpm-ostree:src/daemon/rpmostreed-os.cxx
+            // `os_authorize_method`): the same answer for every retry.
+            return Err(DaemonError::AccessDenied(format!(
+                "rpmostreed OS operation {} not allowed for user",
+                req.method
+            )));
+        }
         if self.rebooting.load(Ordering::SeqCst) {
             return Err(DaemonError::GioFailed(
                 "Reboot initiated, cannot start new transaction".into(),
@@ -420,6 +434,7 @@ impl Daemon {
                     self.run_cleanup(&txn, *pending, *rollback).await
                 }
                 Work::Finalize(plan) => self.run_finalize(&txn, plan).await,
+                Work::Invalid(message) => Err(message.clone()),
                 Work::Foreign => return,
             },
         };
@@ -507,6 +522,9 @@ impl Daemon {
         if !already_pulled {
             self.pull_layers(txn, &imgref.to_string(), &image.digest)
                 .await?;
+        }
+        if !plan.allow_downgrade {
+            self.check_timestamps(&refspec, image).await?;
         }
         self.report_progress(txn).await?;
         let slow = lock(&self.knobs).slow;
@@ -612,8 +630,10 @@ impl Daemon {
         .await;
         for i in 0..CHUNK_COUNT {
             let layer = format!("{:x}", Sha256::digest(format!("{digest}/chunk/{i}")));
+            // 1-based, as `layer_progress_print` counts a layer once it starts.
             txn.emit(Signal::TaskBegin(&format!(
-                "[{i}/{CHUNK_COUNT}] Fetching ostree chunk sha256:{} ({})",
+                "[{}/{CHUNK_COUNT}] Fetching ostree chunk sha256:{} ({})",
+                i + 1,
                 &layer[..12],
                 format_size(CHUNK_BYTES)
             )))
@@ -633,6 +653,45 @@ impl Daemon {
             txn.emit(Signal::TaskEnd("done")).await;
         }
         Ok(())
+    }
+
+    /// `ostree_sysroot_upgrader_check_timestamps` as `rpmostree_sysroot_upgrader_pull_base`
+    /// runs it for a container refspec without `ALLOW_OLDER`: the imported image commit (whose
+    /// timestamp is the image's `created`) against the merge deployment's base commit, when
+    /// they differ (ostreedev/ostree:src/libostree/ostree-core.c `_ostree_compare_timestamps`).
+    async fn check_timestamps(&self, refspec: &str, image: &TestImage) -> Result<(), String> {
+        let current = lock(&self.state).default_for(&self.osname).map(|d| {
+            (
+                d.base_checksum
+                    .clone()
+                    .unwrap_or_else(|| d.checksum.clone()),
+                d.timestamp,
+            )
+        });
+        let Some((current_rev, current_ts)) = current else {
+            return Ok(());
+        };
+        // The import is what gives the new base commit its checksum.
+        let new_rev = commit_image(
+            &self.sysroot,
+            &self.state_dir.join("scratch"),
+            refspec,
+            image,
+            &self.arch,
+        )
+        .await
+        .map_err(|e| format!("{e:#}"))?;
+        let new_ts = image.created_unix();
+        if new_rev == current_rev || new_ts >= current_ts {
+            return Ok(());
+        }
+        Err(format!(
+            "While checking against deployment timestamp: Upgrade target revision '{new_rev}' \
+             with timestamp '{}' is chronologically older than current revision \
+             '{current_rev}' with timestamp '{}'; use --allow-downgrade to permit",
+            c_locale_time(new_ts),
+            c_locale_time(current_ts)
+        ))
     }
 
     /// `PercentProgress` as the `progress` knob asks, then `ProgressEnd`.
@@ -689,7 +748,11 @@ impl Daemon {
     }
 
     /// The checks of the real `finalize_deployment_transaction_execute`, in its order.
-    async fn run_finalize(&self, txn: &Txn, plan: &FinalizePlan) -> Result<(), String> {
+    async fn run_finalize(
+        self: &Arc<Self>,
+        txn: &Arc<Txn>,
+        plan: &FinalizePlan,
+    ) -> Result<(), String> {
         self.injected_failure(txn).await?;
         {
             let state = lock(&self.state);
@@ -717,16 +780,18 @@ impl Daemon {
                 }
                 _ => {}
             }
+        }
+        // Inhibitors before the lock, as upstream: "Check for inhibitor locks before unlocking
+        // staged deployment" comes first in `finalize_deployment_transaction_execute`.
+        self.check_inhibitors().await?;
+        {
+            let mut state = lock(&self.state);
             let Some(staged) = state.staged() else {
                 return Err("No pending staged deployment found".into());
             };
             if !staged.finalization_locked && !plan.allow_unlocked {
                 return Err("Staged deployment already unlocked".into());
             }
-        }
-        self.check_inhibitors().await?;
-        {
-            let mut state = lock(&self.state);
             let Some(staged) = state.staged_mut() else {
                 return Err("No pending staged deployment found".into());
             };
@@ -737,6 +802,26 @@ impl Daemon {
         }
         self.request_reboot()?;
         self.update_record(txn.id, |r| r.reboot_requested = true);
+        if std::mem::take(&mut lock(&self.knobs).drop_after_unlock) {
+            // The reboot is queued and the host goes down (rpm-ostreed with it) before the
+            // client reads `Finished`: its peer connection just closes.
+            warn!(
+                txn = txn.id,
+                "dropping the finalize transaction's peers after unlocking"
+            );
+            self.update_record(txn.id, |r| r.crashed = true);
+            let peers = self.detach(txn);
+            let daemon = self.clone();
+            tokio::spawn(async move {
+                for peer in peers {
+                    let _ = peer.close().await;
+                }
+                daemon.notify_deployments().await;
+                daemon.notify_active_txn().await;
+            });
+            // Detaching aborted this run's task, which ends here: no `Finished`, no result.
+            std::future::pending::<()>().await;
+        }
         self.notify_deployments().await;
         Ok(())
     }
@@ -1035,6 +1120,28 @@ impl TxnIface {
     /// Progress signals are done.
     #[zbus(signal)]
     async fn progress_end(emitter: &SignalEmitter<'_>) -> zbus::Result<()>;
+}
+
+/// `g_date_time_format (dt, "%c")` in the C locale, as the daemon formats it:
+/// `Sun Nov 15 00:00:00 2026`.
+fn c_locale_time(secs: u64) -> String {
+    const DAYS: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let secs = i64::try_from(secs).unwrap_or(0);
+    let days = secs.div_euclid(86_400);
+    let t = secs.rem_euclid(86_400);
+    let (y, m, d) = crate::images::civil_from_days(days);
+    // 1970-01-01 was a Thursday.
+    let weekday = DAYS[usize::try_from((days + 4).rem_euclid(7)).unwrap_or(0)];
+    let month = MONTHS[usize::try_from(m - 1).unwrap_or(0).min(11)];
+    format!(
+        "{weekday} {month} {d:>2} {:02}:{:02}:{:02} {y}",
+        t / 3600,
+        t % 3600 / 60,
+        t % 60
+    )
 }
 
 #[cfg(test)]

@@ -52,7 +52,10 @@ impl<'de> Deserialize<'de> for VarDict {
 }
 
 impl VarDict {
-    /// The last value for `key`, like `g_variant_dict_lookup` (later entries win).
+    /// The last value for `key`, like `g_variant_dict_lookup` (later entries win). The typed
+    /// lookups below treat a value of another type as absent, as `g_variant_dict_lookup` and
+    /// `g_variant_dict_lookup_value` with an expected type do: the real daemon silently
+    /// ignores a mistyped option.
     fn get(&self, key: &str) -> Option<&Value<'static>> {
         self.0
             .iter()
@@ -61,19 +64,12 @@ impl VarDict {
             .map(|(_, v)| &**v)
     }
 
-    fn wrong_type(key: &str, want: &str, got: &Value<'_>) -> DaemonError {
-        DaemonError::InvalidArgs(format!(
-            "key \"{key}\" has type '{}', expected '{want}'",
-            got.value_signature()
-        ))
-    }
-
     /// A string value, `None` when absent.
     pub(crate) fn str(&self, key: &str) -> Result<Option<String>, DaemonError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Str(s)) => Ok(Some(s.to_string())),
-            Some(other) => Err(Self::wrong_type(key, "s", other)),
+            Some(_) => Ok(None),
         }
     }
 
@@ -82,7 +78,7 @@ impl VarDict {
         match self.get(key) {
             None => Ok(default),
             Some(Value::Bool(b)) => Ok(*b),
-            Some(other) => Err(Self::wrong_type(key, "b", other)),
+            Some(_) => Ok(default),
         }
     }
 
@@ -91,7 +87,7 @@ impl VarDict {
         match self.get(key) {
             None => Ok(false),
             Some(Value::Array(a)) if a.element_signature() == &Signature::Str => Ok(!a.is_empty()),
-            Some(other) => Err(Self::wrong_type(key, "as", other)),
+            Some(_) => Ok(false),
         }
     }
 
@@ -106,7 +102,7 @@ impl VarDict {
                     _ => None,
                 })
                 .collect()),
-            Some(other) => Err(Self::wrong_type(key, "as", other)),
+            Some(_) => Ok(Vec::new()),
         }
     }
 
@@ -126,7 +122,7 @@ impl VarDict {
                     _ => None,
                 })
                 .collect()),
-            Some(other) => Err(Self::wrong_type(key, "ah", other)),
+            Some(_) => Ok(Vec::new()),
         }
     }
 
@@ -139,7 +135,7 @@ impl VarDict {
                     DaemonError::InvalidArgs(format!("key \"{key}\" has too many handles"))
                 })
             }
-            Some(other) => Err(Self::wrong_type(key, "ah", other)),
+            Some(_) => Ok(0),
         }
     }
 
@@ -148,7 +144,7 @@ impl VarDict {
         match self.get(key) {
             None => Ok(false),
             Some(Value::Fd(_)) => Ok(true),
-            Some(other) => Err(Self::wrong_type(key, "h", other)),
+            Some(_) => Ok(false),
         }
     }
 
@@ -195,5 +191,9 @@ pub(crate) fn value_to_json(v: &Value<'_>) -> serde_json::Value {
         ),
         Value::Structure(s) => J::Array(s.fields().iter().map(value_to_json).collect()),
         Value::Fd(_) => J::from("<fd>"),
+        // GVariant only (never on D-Bus; deprecated with zvariant's GVariant support, which the
+        // workspace enables for libostree's /run/ostree/staged-deployment): value or null.
+        #[allow(deprecated)]
+        Value::Maybe(m) => m.inner().as_ref().map_or(J::Null, value_to_json),
     }
 }

@@ -1,0 +1,173 @@
+//! The agent against rpm-ostree's real behaviours that differ from what a kind fake would do
+//! (issue 9): each test runs the real streamd on a testbed whose fake rpm-ostreed behaves like
+//! the real daemon of a given version.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+
+/// Stages rhel-10 and checks the agent stays `Staged` on its one locked stage: no
+/// `Cleanup`, no second `UpdateDeployment` (each would be a full image download on a node).
+async fn locked_stage_stays_staged(name: &str, legacy_lock_file: bool) {
+    let mut env = Env::new(name).await;
+    env.rpmostreed(json!({"cmd": "legacy-lock-file", "on": legacy_lock_file}))
+        .await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    let deployments = env.rpmostreed(json!({"cmd": "deployments"})).await;
+    // What rpm-ostreed reports depends on its version; the lock is real either way.
+    assert_eq!(
+        deployments[0].get("finalization-locked").is_some(),
+        legacy_lock_file,
+        "{deployments:#?}"
+    );
+    assert_eq!(
+        env.dir
+            .join("host/run/ostree/staged-deployment-locked")
+            .exists(),
+        legacy_lock_file
+    );
+    assert!(env.dir.join("host/run/ostree/staged-deployment").exists());
+    // A planner that misread the lock cleans up and stages again within a second or two.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let a = env.annotations().await;
+    assert_eq!(a.get(STATE).map(String::as_str), Some("Staged"), "{a:#?}");
+    let txns = env.transactions().await;
+    let methods: Vec<&str> = txns.iter().filter_map(|t| t["method"].as_str()).collect();
+    assert_eq!(methods, ["UpdateDeployment"], "{txns:#?}\n{}", env.log());
+    env.stop_streamd();
+}
+
+/// rpm-ostree >= v2024.6: the lock is only the `locked` key of `/run/ostree/staged-deployment`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locked_stage_is_kept_on_current_rpm_ostree() {
+    locked_stage_stays_staged("lock-current", false).await;
+}
+
+/// rpm-ostree before v2024.6: the legacy lock file, and `finalization-locked` on D-Bus.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locked_stage_is_kept_on_legacy_rpm_ostree() {
+    locked_stage_stays_staged("lock-legacy", true).await;
+}
+
+/// The booted rhel-9 image is a later build than the rhel-10 one (as often in the field):
+/// rpm-ostree refuses the rebase as "chronologically older" when the client sends
+/// `allow-downgrade: false`, so streamd leaves the option out (its own `direction` check is
+/// what stops an older major).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebase_to_an_older_build_of_a_newer_major_is_staged() {
+    let mut env = Env::new("older-build").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    let a = env
+        .wait_for("Staged or Degraded", Duration::from_secs(90), |a| {
+            matches!(
+                a.get(STATE).map(String::as_str),
+                Some("Staged" | "Degraded")
+            )
+        })
+        .await;
+    assert_eq!(a.get(STATE).map(String::as_str), Some("Staged"), "{a:#?}");
+    let txns = env.transactions().await;
+    assert_eq!(txns[0]["method"], "UpdateDeployment");
+    assert_eq!(txns[0]["options"].get("allow-downgrade"), None, "{txns:#?}");
+    env.stop_streamd();
+}
+
+/// An error reply of rpm-ostreed's own (here polkit's `AccessDenied`) is its answer to this
+/// request: streamd goes `Degraded` once and does not call again with a full preflight every
+/// minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_call_degrades_once() {
+    let mut env = Env::new("refused").await;
+    env.rpmostreed(json!({"cmd": "deny-calls", "on": true}))
+        .await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    let a = env
+        .wait_for("Degraded", Duration::from_secs(30), |a| {
+            a.get(STATE).map(String::as_str) == Some("Degraded")
+        })
+        .await;
+    assert!(a[REASON].contains("not allowed for user"), "{}", a[REASON]);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let txns = env.transactions().await;
+    assert_eq!(txns.len(), 1, "{txns:#?}");
+    assert!(
+        txns[0]["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("org.freedesktop.DBus.Error.AccessDenied")),
+        "{txns:#?}"
+    );
+    let a = env.annotations().await;
+    assert_eq!(a.get(STATE).map(String::as_str), Some("Degraded"));
+    env.stop_streamd();
+}
+
+/// A real container pull reports progress only as layer tasks "[n/N] Fetching ostree chunk …"
+/// (no `PercentProgress`): streamd turns them into `progress`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_tasks_are_reported_as_progress() {
+    let mut env = Env::new("layer-progress").await;
+    env.rpmostreed(json!({"cmd": "slow", "ms": 4000})).await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    let a = env
+        .wait_for("progress from layer tasks", Duration::from_secs(30), |a| {
+            a.get(STATE).map(String::as_str) == Some("Staging")
+                && a.get(PROGRESS)
+                    .and_then(|p| p.parse::<u8>().ok())
+                    .is_some_and(|p| p > 0)
+        })
+        .await;
+    assert!(a[REASON].contains("Fetching ostree chunk"), "{a:#?}");
+    env.wait_state("Staged").await;
+    env.stop_streamd();
+}
+
+/// rpm-ostreed unlocks, queues the reboot and then goes down before streamd reads `Finished`:
+/// the reboot is committed, so streamd keeps the attempt (it stays `Rebooting`, touches
+/// nothing) and the next boot is checked as that attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupted_finalization_is_possibly_applied() {
+    let mut env = Env::new("finalize-dropped").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    env.wait_reboot_request().await;
+    env.rpmostreed(json!({"cmd": "drop-after-unlock"})).await;
+    env.approve_reboot().await;
+    env.wait_for("a reboot initiated", Duration::from_secs(30), |_| {
+        env.reboot_initiated()
+    })
+    .await;
+    // Whatever streamd does now must not be Degraded, nor another transaction.
+    let deadline = std::time::Instant::now() + Duration::from_secs(6);
+    while std::time::Instant::now() < deadline {
+        let a = env.annotations().await;
+        assert_eq!(
+            a.get(STATE).map(String::as_str),
+            Some("Rebooting"),
+            "{a:#?}\n{}",
+            env.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let txns = env.transactions().await;
+    let methods: Vec<&str> = txns.iter().filter_map(|t| t["method"].as_str()).collect();
+    assert_eq!(
+        methods,
+        ["UpdateDeployment", "FinalizeDeployment"],
+        "{txns:#?}"
+    );
+    assert_eq!(txns[1]["crashed"], true);
+    env.reboot_into_rhel10().await;
+}
