@@ -13,7 +13,13 @@ use testbed::registry::stored_blob;
 
 /// Stages rhel-10 (with the extensions image) on `host` and returns the one transaction.
 async fn stage_on(host: &str) -> (Env, Value) {
-    let mut env = Env::with_host(&format!("variant-{host}"), host).await;
+    stage_named(&format!("variant-{host}"), host).await
+}
+
+/// [`stage_on`] in a testbed directory named after `name`: tests running side by side in
+/// one process must not share one.
+async fn stage_named(name: &str, host: &str) -> (Env, Value) {
+    let mut env = Env::with_host(name, host).await;
     env.start_streamd();
     env.wait_state("Idle").await;
     let (os, ext) = (env.rhel10(), env.rhel10_extensions());
@@ -379,7 +385,7 @@ async fn staged_tree_without_rt_fails_verification_and_is_cleaned_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fips_realtime_staging_is_verified() {
-    let (env, t) = stage_on("fips-realtime").await;
+    let (env, t) = stage_named("verified-fips-realtime", "fips-realtime").await;
     assert_eq!(t["fds"], json!(4));
     assert!(
         env.log().contains("staged deployment verified"),

@@ -223,8 +223,11 @@ impl Gatherer {
             };
             if !c.files().all(have) {
                 let mut more = wanted.clone();
-                more.extend(c.packages.iter().map(|p| p.name.clone()));
-                more.dedup();
+                for p in &c.packages {
+                    if !more.contains(&p.name) {
+                        more.push(p.name.clone());
+                    }
+                }
                 match self.extensions(i, img, &facts.arch, &more).await {
                     Ok((_, files)) => extracted = files,
                     Err(e) => extensions = Some(Err(split::<()>(e)?.err().unwrap_or_default())),

@@ -960,8 +960,8 @@ fn too_big(what: String) -> std::io::Error {
 /// headers that could be read.
 pub type LayerRpms = (Vec<String>, Vec<PathBuf>, Vec<crate::image::rpm::RpmHeader>);
 
-/// Lists the RPMs under [`EXTENSIONS_DIR`] in a (gzip'd or plain) tar layer, reads every RPM's
-/// header and writes the wanted ones into `dest`. Names are `name-version-release.arch` (the file name without `.rpm`).
+/// Lists the RPMs under [`EXTENSIONS_DIR`] in a (gzip'd or plain) tar layer, reads every RPM's header and writes the
+/// wanted ones into `dest`. Names are `name-version-release.arch` (the file name without `.rpm`).
 ///
 /// Entries are read raw, so GNU long names and PAX records are read here, each at most
 /// [`ExtractLimits::max_header`] bytes, instead of whole by the tar reader; the files written,
@@ -1047,9 +1047,7 @@ pub fn rpms_in_layer<R: Read>(
         let want = wanted
             .iter()
             .any(|w| crate::image::rpm::names_package(&nevra, w));
-        // The header is the first few KiB of the file: read from the stream for every RPM
-        // (the dependency closure needs all of them), from the written file for wanted ones.
-        let header = if want {
+        if want {
             if size > limits.max_file {
                 return Err(too_big(format!(
                     "{file} is {size} bytes (at most {} per RPM)",
@@ -1067,19 +1065,23 @@ pub fn rpms_in_layer<R: Read>(
             let out = dest.join(file);
             std::io::copy(&mut entry, &mut std::fs::File::create(&out)?)?;
             budget.written = total;
-            let header = crate::image::rpm::RpmHeader::read_file(&out);
+            headers.push(crate::image::rpm::RpmHeader::read_file(&out));
             files.push(out);
-            header
         } else {
-            crate::image::rpm::RpmHeader::read(&mut entry, file)
-        };
-        match header {
-            Ok(h) => headers.push(h),
-            // Not a candidate for the closure; a wanted one missing from it is refused there.
-            Err(e) => tracing::debug!(file, error = %e, "unreadable rpm header"),
+            // The header is the first few KiB of the file: read from the stream for every RPM,
+            // as the dependency closure needs all of them (each bounded by rpm::MAX_HEADER).
+            headers.push(crate::image::rpm::RpmHeader::read(&mut entry, file));
         }
         names.push(nevra);
     }
+    let headers = headers
+        .into_iter()
+        .filter_map(|h| {
+            // Not a candidate for the closure; a wanted one missing from it is refused there.
+            h.map_err(|e| tracing::debug!(error = %e, "unreadable rpm header"))
+                .ok()
+        })
+        .collect();
     Ok((names, files, headers))
 }
 
