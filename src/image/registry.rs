@@ -1089,6 +1089,18 @@ pub fn rpms_in_layer<R: Read>(
 mod tests {
     use super::*;
 
+    /// Reads an uncompressed `layer` wanting `kernel-rt-core`, with the shipped limits.
+    fn rt_core_from(layer: &[u8], dest: &Path) -> LayerRpms {
+        rpms_in_layer(
+            layer,
+            "application/vnd.oci.image.layer.v1.tar",
+            &["kernel-rt-core".to_string()],
+            dest,
+            &mut ExtractBudget::new(EXTRACT_LIMITS),
+        )
+        .expect("read")
+    }
+
     fn tar_with(files: &[(&str, &[u8])]) -> Vec<u8> {
         let mut b = tar::Builder::new(Vec::new());
         for (path, data) in files {
@@ -1117,14 +1129,7 @@ mod tests {
         ]);
         let dest = std::env::temp_dir().join(format!("streamd-rpms-{}", std::process::id()));
         std::fs::create_dir_all(&dest).expect("mkdir");
-        let (names, files, _) = rpms_in_layer(
-            &layer[..],
-            "application/vnd.oci.image.layer.v1.tar",
-            &["kernel-rt-core".to_string()],
-            &dest,
-            &mut ExtractBudget::new(EXTRACT_LIMITS),
-        )
-        .expect("read");
+        let (names, files, _) = rt_core_from(&layer, &dest);
         assert_eq!(
             names,
             vec![
@@ -1273,14 +1278,7 @@ mod tests {
         );
         let layer = tar_with(&[(&long, b"rt")]);
         let dest = scratch("long");
-        let (names, files, _) = rpms_in_layer(
-            &layer[..],
-            "application/vnd.oci.image.layer.v1.tar",
-            &["kernel-rt-core".to_string()],
-            &dest,
-            &mut ExtractBudget::new(EXTRACT_LIMITS),
-        )
-        .expect("read");
+        let (names, files, _) = rt_core_from(&layer, &dest);
         assert_eq!(
             names,
             vec!["kernel-rt-core-6.12.0-1.el10.x86_64".to_string()]
