@@ -202,7 +202,12 @@ impl Env {
     /// Rebase to `refspec` and run the transaction to its end.
     async fn rebase(&self, refspec: &str, options: &Dict) -> Signals {
         let modifiers = dict(&[("set-refspec", Value::from(refspec))]);
-        let addr = update_deployment(&self.client, &modifiers, options)
+        self.update(&modifiers, options).await
+    }
+
+    /// One `UpdateDeployment` transaction, started and run to its end.
+    async fn update(&self, modifiers: &Dict, options: &Dict) -> Signals {
+        let addr = update_deployment(&self.client, modifiers, options)
             .await
             .expect("UpdateDeployment");
         let mut peer = Peer::connect(&addr).await;
@@ -1108,17 +1113,12 @@ async fn method_argument_errors() {
     // A wrongly typed option is ignored (g_variant_dict_lookup with a mismatched type): a
     // `lock-finalization` sent as a string stages unlocked.
     let options = dict(&[("lock-finalization", Value::from("true"))]);
-    let addr = update_deployment(&env.client, &rebase_to(env.rhel10()), &options)
-        .await
-        .expect("a mistyped option is no argument error");
-    let mut peer = Peer::connect(&addr).await;
-    assert!(peer.start().await);
     assert_eq!(
-        peer.until_finished().await.finished,
+        env.update(&rebase_to(env.rhel10()), &options)
+            .await
+            .finished,
         Some((true, String::new()))
     );
-    drop(peer);
-    env.wait_idle().await;
     let record = env.staged_record().expect("/run/ostree/staged-deployment");
     assert_eq!(record.get("locked"), None, "staged unlocked");
     env.cleanup_pending().await;
@@ -1997,17 +1997,12 @@ async fn legacy_lock_file_mode_reports_the_lock_on_dbus() {
     env.control(json!({"cmd": "legacy-lock-file", "on": true}))
         .await;
     let options = dict(&[("lock-finalization", Value::from(true))]);
-    let addr = update_deployment(&env.client, &rebase_to(env.rhel10()), &options)
-        .await
-        .expect("UpdateDeployment");
-    let mut peer = Peer::connect(&addr).await;
-    assert!(peer.start().await);
     assert_eq!(
-        peer.until_finished().await.finished,
+        env.update(&rebase_to(env.rhel10()), &options)
+            .await
+            .finished,
         Some((true, String::new()))
     );
-    drop(peer);
-    env.wait_idle().await;
     let staged = &env.deployments().await[0];
     assert!(bool_of(staged, "finalization-locked"));
     assert!(env.legacy_lock_file().exists());
