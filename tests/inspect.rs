@@ -641,13 +641,7 @@ async fn layer_urls_are_never_followed() {
     let server = serve(manifest.clone(), vec![config]).await;
     let out = dir("urls-out");
     std::fs::create_dir_all(&out).expect("mkdir");
-    let e = hostile_inspector(&server.host)
-        .extensions(
-            &hostile_image(&server.host, &manifest),
-            "x86_64",
-            &["kernel-rt-core".into()],
-            &out,
-        )
+    let e = rt_core_extensions(&server.host, &manifest, &out)
         .await
         .expect_err("the layer is not in the registry");
     assert!(e.to_string().contains("unknown"), "{e}");
@@ -682,18 +676,29 @@ async fn a_refused_extraction_leaves_nothing_behind() {
     .expect("hostile registry");
     let out = dir("refused-out");
     std::fs::create_dir_all(&out).expect("mkdir");
-    let e = hostile_inspector(&server.host)
-        .extensions(
-            &hostile_image(&server.host, &manifest),
-            "x86_64",
-            &["kernel-rt-core".into()],
-            &out,
-        )
+    let e = rt_core_extensions(&server.host, &manifest, &out)
         .await
         .expect_err("digest mismatch");
     assert!(e.to_string().contains("digest mismatch"), "{e}");
     let left: Vec<_> = walk(&out);
     assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// Reads the extensions image `manifest` names on the hostile registry at `host`, wanting
+/// `kernel-rt-core`, into `out`.
+async fn rt_core_extensions(
+    host: &str,
+    manifest: &[u8],
+    out: &std::path::Path,
+) -> Result<(streamd::image::registry::ExtensionsInfo, Vec<PathBuf>), InspectError> {
+    hostile_inspector(host)
+        .extensions(
+            &hostile_image(host, manifest),
+            "x86_64",
+            &["kernel-rt-core".into()],
+            out,
+        )
+        .await
 }
 
 /// Every file below `dir`.
