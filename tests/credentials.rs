@@ -201,3 +201,36 @@ async fn the_fake_bootc_pulls_with_the_host_auth_file() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anonymous_registry_needs_no_auth_file() {
+    use testbed::registry::{Auth, Registry, RegistryConfig};
+    let dir = scratch_dir("creds", "anonymous");
+    let reg = Registry::start_with(
+        RegistryConfig {
+            dir: dir.join("registry"),
+        },
+        Auth::Anonymous,
+    )
+    .await
+    .expect("anonymous registry starts");
+    let root = dir.join("host");
+    node::write_node_config(&root, "{}").expect("node config");
+    std::fs::remove_file(root.join("etc/ostree/auth.json")).expect("no auth file");
+    let image = reg.images()[1].pullspec.clone();
+    // The fake daemons' pull and streamd's view agree: an anonymous pull works.
+    node::pull_check(&root, &image)
+        .await
+        .expect("the node pulls anonymously");
+    let (view, info) = streamd::host::ospull::inspect(
+        &streamd::host::facts::HostRoot::new(&root),
+        &image.parse().expect("pinned"),
+        "x86_64",
+        &[reg.host().to_string()],
+    )
+    .await
+    .expect("not transient");
+    assert_eq!(view.auth_file, None);
+    assert!(view.pulled().is_some(), "{view:?}");
+    assert!(info.expect("read anonymously").bootable);
+}
