@@ -170,6 +170,23 @@ async fn a_blocked_registry_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_that_rejects_the_registry_is_refused() {
+    let mut env = Env::new("creds-policy").await;
+    let host = env.tb.registry().host().to_string();
+    // What the MCO writes for image.config.openshift.io allowedRegistries without this one.
+    let policy = format!(
+        r#"{{"default":[{{"type":"insecureAcceptAnything"}}],
+            "transports":{{"docker":{{"{host}":[{{"type":"reject"}}]}}}}}}"#
+    );
+    std::fs::write(env.dir.join("host/etc/containers/policy.json"), policy).expect("policy");
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    let a = settled(&env).await;
+    assert_refused_for_credentials(&env, &a, "/etc/containers/policy.json rejects").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fake_bootc_pulls_with_the_host_auth_file() {
     let env = Env::with_backend("creds-bootc", "default", testbed::Backend::Bootc).await;
     let image = env.rhel10();

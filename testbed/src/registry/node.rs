@@ -18,8 +18,15 @@
 //! own error code and message; ostreedev/ostree#3433 shows the chain on a real node). Text from
 //! the registry is cut and made one line.
 //!
+//! - `/etc/containers/policy.json` (else `/usr/share/containers/policy.json`), evaluated once
+//!   an endpoint served the image, as skopeo's proxy does in `OpenImage`
+//!   (containers/skopeo:cmd/skopeo/proxy.go `openImageImpl` → `IsRunningImageAllowed`): a
+//!   `reject` requirement fails "Running image docker://… is rejected by policy."
+//!   (containers/image:signature/policy_eval_simple.go `prReject.isRunningImageAllowed`).
+//!
 //! Not modelled: TLS (the testbed registry speaks plain HTTP, so `insecure` is not needed),
-//! bearer-token challenges (the testbed registry wants basic auth), `policy.json`.
+//! bearer-token challenges (the testbed registry wants basic auth), signature requirements
+//! (`signedBy`, `sigstoreSigned` are taken as satisfied).
 
 use std::collections::BTreeMap;
 use std::io::ErrorKind;
@@ -254,6 +261,69 @@ fn find<'a>(regs: &'a [RegistryEntry], name: &str) -> Option<&'a RegistryEntry> 
         .max_by_key(|r| r.prefix.len())
 }
 
+/// The policy files, in the order containers/image looks for root.
+const POLICY_FILES: [&str; 2] = [
+    "etc/containers/policy.json",
+    "usr/share/containers/policy.json",
+];
+
+/// `Err` when the first policy file rejects `image` (`host/repo@digest`): the most specific
+/// `docker` scope (the reference, its repository, each namespace, the host, `*.` parents of
+/// the host), else the transport's `""`, else `default`.
+fn policy_allows(root: &Path, image: &str) -> Result<(), String> {
+    #[derive(Deserialize)]
+    struct Req {
+        #[serde(rename = "type")]
+        kind: String,
+    }
+    #[derive(Deserialize)]
+    struct Policy {
+        #[serde(default)]
+        default: Vec<Req>,
+        #[serde(default)]
+        transports: BTreeMap<String, BTreeMap<String, Vec<Req>>>,
+    }
+    let Some((rel, text)) = POLICY_FILES
+        .iter()
+        .find_map(|rel| read_below(root, rel).ok().flatten().map(|t| (*rel, t)))
+    else {
+        return Err(format!(
+            "open /{}: no such file or directory",
+            POLICY_FILES[0]
+        ));
+    };
+    let policy: Policy = serde_json::from_str(&text)
+        .map_err(|e| format!("invalid policy in \"/{rel}\": line {}", e.line()))?;
+    let name = image.split('@').next().unwrap_or(image);
+    let mut scopes = vec![image.to_string()];
+    let mut n = name.to_string();
+    loop {
+        scopes.push(n.clone());
+        match n.rfind('/') {
+            Some(i) => n.truncate(i),
+            None => break,
+        }
+    }
+    let host = n.split(':').next().unwrap_or_default().to_string();
+    let mut rest = host.as_str();
+    while let Some((_, parent)) = rest.split_once('.') {
+        scopes.push(format!("*.{parent}"));
+        rest = parent;
+    }
+    scopes.push(String::new());
+    let docker = policy.transports.get("docker");
+    let reqs = scopes
+        .iter()
+        .find_map(|s| docker.and_then(|d| d.get(s)))
+        .unwrap_or(&policy.default);
+    if reqs.is_empty() || reqs.iter().any(|r| r.kind == "reject") {
+        return Err(format!(
+            "Running image docker://{image} is rejected by policy."
+        ));
+    }
+    Ok(())
+}
+
 /// Registry text fit for an error: one line, cut.
 fn inert(text: &str) -> String {
     let one: String = text
@@ -379,7 +449,8 @@ async fn open(root: &Path, image: &str) -> Result<String, String> {
             None => fetch(source, reference, credential_for(&creds, source)).await,
         };
         match outcome {
-            Ok(()) => return Ok(source.clone()),
+            // The policy judges the image as named, not the endpoint that served it.
+            Ok(()) => return policy_allows(root, image).map(|()| source.clone()),
             Err(e) => attempts.push((format!("{source}{sep}{reference}"), e)),
         }
     }
