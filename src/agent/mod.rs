@@ -682,7 +682,14 @@ impl Agent {
             let record = store.load().unwrap_or_default();
             let foreign = planner::foreign_staged(&deployments, &record);
             match gatherer
-                .prepare(&facts, &desired, booted, foreign, base)
+                .prepare(
+                    &facts,
+                    &desired,
+                    booted,
+                    foreign,
+                    base,
+                    crate::agent::gather::Purpose::DryRun,
+                )
                 .await
             {
                 Err(Transient(e)) => serde_json::json!({"error": e}),
