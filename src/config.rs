@@ -502,7 +502,7 @@ mod tests {
     fn lifecycle_keys_parse_and_reject_bad_values() {
         let f = parse_fragment(
             Path::new("a.toml"),
-            "reboot = \"never\"\nbackend = \"bootc\"\nmax-attempts = 3\npull-retries = 0\nreplace-foreign-staged = true\nresolve-streams = true\nstate-dir = \"/s\"\nbootc-path = \"/b\"\n",
+            "reboot = \"never\"\nbackend = \"bootc\"\nmax-attempts = 3\npull-retries = 0\nreplace-foreign-staged = true\nresolve-streams = true\nstate-dir = \"/s\"\nbootc-path = \"/b\"\nmode = \"manage\"\n",
         )
         .expect("parses");
         let mut cfg = Config::default();
@@ -514,7 +514,10 @@ mod tests {
         assert!(cfg.policy.replace_foreign_staged && cfg.resolve_streams);
         assert_eq!(cfg.state_dir, PathBuf::from("/s"));
         assert_eq!(cfg.bootc_path, PathBuf::from("/b"));
+        assert_eq!(cfg.mode, ModeChoice::Manage);
+        assert_eq!(Config::default().mode, ModeChoice::Auto);
         for (text, col) in [
+            ("mode = \"mcd\"", 8),
             ("max-attempts = 0", 16),
             ("pull-retries = -1", 16),
             ("reboot = \"sometimes\"", 10),
