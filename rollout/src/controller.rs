@@ -186,6 +186,10 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
         })?;
     let views: Vec<NodeView> = listed.items.iter().map(NodeView::from_node).collect();
     let catalog = ctx.catalog.borrow().clone();
+    if catalog.is_none() && pool.spec.target.os_image.is_none() {
+        // The first read of OSImageStream is under way; its arrival reconciles every pool.
+        return Ok(Requeue::await_change());
+    }
     let (target, check) = resolve_target(&pool.spec.target, catalog.as_ref());
     let now = now_secs();
     let input = PoolInput {
@@ -214,12 +218,10 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
         ..PatchParams::default()
     };
     let mut blockers = Vec::new();
-    let mut draining = false;
     for action in &plan.actions {
         let node = node_name(action);
         let patch = match (action, &target) {
             (Action::Drain { token, .. }, _) => {
-                draining = true;
                 let pass = drain::pass(&ctx.client, node, settings)
                     .await
                     .map_err(|source| Error::Api {
@@ -283,7 +285,7 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
                 source,
             })?;
     }
-    Ok(if draining || !plan.summary.draining.is_empty() {
+    Ok(if !plan.summary.draining.is_empty() {
         Requeue::requeue(DRAIN_RETRY)
     } else {
         Requeue::await_change()
