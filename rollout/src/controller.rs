@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::controller::{Action as Requeue, Config, Controller};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
@@ -63,6 +63,7 @@ pub enum Error {
 pub struct Context {
     client: kube::Client,
     catalog: watch::Receiver<Option<Catalog>>,
+    pools: Store<StreamPool>,
 }
 
 /// The pool's target as the node protocol's request, resolved through the cluster's
@@ -185,6 +186,20 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
             source,
         })?;
     let views: Vec<NodeView> = listed.items.iter().map(NodeView::from_node).collect();
+    let others: Vec<Arc<StreamPool>> = ctx
+        .pools
+        .state()
+        .into_iter()
+        .filter(|p| p.name_any() != name)
+        .collect();
+    let claimed = listed
+        .items
+        .iter()
+        .filter_map(|n| {
+            let other = pools_selecting(&others, n.labels()).into_iter().next()?;
+            Some((n.name_any(), other.name))
+        })
+        .collect();
     let catalog = ctx.catalog.borrow().clone();
     if catalog.is_none() && pool.spec.target.os_image.is_none() {
         // The first read of OSImageStream is under way; its arrival reconciles every pool.
@@ -207,6 +222,7 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
             .timeout_seconds
             .unwrap_or(DEFAULT_DRAIN_TIMEOUT_SECONDS),
         now,
+        claimed,
     };
     let plan = planner::plan(&input, &views);
     let settings = drain::Settings {
@@ -345,6 +361,7 @@ pub async fn run(client: kube::Client, shutdown: impl Future<Output = ()> + Send
     let ctx = Arc::new(Context {
         client: client.clone(),
         catalog: catalog_rx,
+        pools: store.clone(),
     });
     controller
         .watches(
@@ -363,4 +380,124 @@ pub async fn run(client: kube::Client, shutdown: impl Future<Output = ()> + Send
         })
         .await;
     follow.abort();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target() -> Desired {
+        Inputs {
+            stream: Some("rhel-10".into()),
+            os_image: Some(
+                "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010"
+                    .into(),
+            ),
+            extensions_image: None,
+            reboot_approved: None,
+        }
+        .desired()
+        .expect("valid")
+        .expect("some")
+    }
+
+    #[test]
+    fn patches_write_only_the_controllers_keys() {
+        let t = target();
+        let node = || "w1".to_string();
+        let p = |a: Action| action_patch(&a, &t, None, 1234);
+        assert_eq!(
+            p(Action::Target { node: node() }),
+            Some(json!({"metadata": {"annotations": {
+                "osstream.openshift.io/desired-stream": "rhel-10",
+                "osstream.openshift.io/desired-os-image": "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010",
+                "osstream.openshift.io/desired-extensions-image": null,
+            }}}))
+        );
+        assert_eq!(
+            p(Action::Cordon {
+                node: node(),
+                token: "abc.def.1".into()
+            }),
+            Some(json!({
+                "metadata": {"annotations": {"osstream.openshift.io/rollout-step": "draining:1234:abc.def.1"}},
+                "spec": {"unschedulable": true},
+            }))
+        );
+        assert_eq!(
+            p(Action::Uncordon { node: node() }),
+            Some(json!({
+                "metadata": {"annotations": {
+                    "osstream.openshift.io/rollout-step": null,
+                    "osstream.openshift.io/reboot-approved": null,
+                }},
+                "spec": {"unschedulable": false},
+            }))
+        );
+        assert_eq!(
+            p(Action::Drain {
+                node: node(),
+                token: "x".into()
+            }),
+            None
+        );
+        assert_eq!(
+            approval_patch("abc.def.1"),
+            json!({"metadata": {"annotations": {
+                "osstream.openshift.io/reboot-approved": "abc.def.1",
+                "osstream.openshift.io/rollout-step": "approved:abc.def.1",
+            }}})
+        );
+    }
+
+    #[test]
+    fn targets_resolve_from_the_spec_or_the_catalog() {
+        use streamd::cluster::streams::StreamImages;
+        let os = "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010";
+        let explicit = Target {
+            stream: "rhel-10".into(),
+            os_image: Some(os.into()),
+            extensions_image: None,
+        };
+        let (d, check) = resolve_target(&explicit, None);
+        assert_eq!(d, Ok(target()));
+        assert_eq!(check.expect("check").os_image.as_deref(), Some(os));
+
+        let by_name = Target {
+            stream: "rhel-10".into(),
+            os_image: None,
+            extensions_image: None,
+        };
+        let catalog = Catalog::Available(vec![StreamImages {
+            name: "rhel-10".into(),
+            os_image: os.into(),
+            os_extensions_image: String::new(),
+        }]);
+        assert_eq!(resolve_target(&by_name, Some(&catalog)).0, Ok(target()));
+        let (d, check) = resolve_target(&by_name, Some(&Catalog::Missing));
+        assert!(
+            d.expect_err("missing")
+                .starts_with("spec.target: OSImageStream")
+        );
+        assert_eq!(check.expect("check").os_image, None);
+
+        let tag = Target {
+            os_image: Some("quay.io/openshift/rhcos:4.20".into()),
+            ..explicit
+        };
+        assert!(
+            resolve_target(&tag, None)
+                .0
+                .expect_err("tag")
+                .contains("not pinned by digest")
+        );
+        let bad = Target {
+            stream: "RHEL 10".into(),
+            os_image: None,
+            extensions_image: None,
+        };
+        let (d, check) = resolve_target(&bad, Some(&catalog));
+        assert!(d.is_err());
+        assert!(check.is_none());
+    }
 }

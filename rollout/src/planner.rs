@@ -10,7 +10,7 @@
 //! unavailable when it is not Ready, cordoned (by anyone) or being moved, and a new node is
 //! taken only while fewer than `maxUnavailable` are.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use streamd::cluster::protocol::{Desired, Inputs, State};
@@ -65,6 +65,9 @@ pub struct PoolInput {
     pub drain_timeout_seconds: u64,
     /// Unix seconds now (drain timeouts).
     pub now: u64,
+    /// Nodes another pool selects too (node → that pool): the machine-config operator refuses
+    /// such a node, and so does the controller (neither pool touches it; both are Degraded).
+    pub claimed: BTreeMap<String, String>,
 }
 
 /// One step for one node; the executor does it with one Node patch (a drain pass lists and
@@ -105,8 +108,8 @@ pub enum Action {
 /// Why the pool is Degraded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Degraded {
-    /// CamelCase cause: `TargetUnresolved`, `InvalidSpec`, `NodeDegraded`, `NodeRefused`,
-    /// `DrainTimeout`.
+    /// CamelCase cause: `TargetUnresolved`, `InvalidSpec`, `NodeInSeveralPools`,
+    /// `NodeDegraded`, `NodeRefused`, `DrainTimeout`.
     pub reason: &'static str,
     /// One line for a human.
     pub message: String,
@@ -197,13 +200,31 @@ enum Phase {
 /// Plans the next actions for a pool and its nodes (sorted by name, so candidates are taken in
 /// a stable order across restarts).
 pub fn plan(pool: &PoolInput, nodes: &[NodeView]) -> Plan {
-    let mut nodes: Vec<&NodeView> = nodes.iter().collect();
-    nodes.sort_by(|a, b| a.name.cmp(&b.name));
     let mut summary = Summary {
         machines: nodes.len(),
         mco_managed: nodes.iter().any(|n| n.mco_managed()),
         ..Summary::default()
     };
+    let mut all: Vec<&NodeView> = nodes.iter().collect();
+    all.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut nodes = Vec::with_capacity(all.len());
+    for n in all {
+        match pool.claimed.get(&n.name) {
+            Some(other) => {
+                let message = format!("node {} is also selected by StreamPool {other}", n.name);
+                summary.issues.push(NodeIssue {
+                    name: n.name.clone(),
+                    state: "Conflict".into(),
+                    reason: message.clone(),
+                });
+                summary.degraded.get_or_insert(Degraded {
+                    reason: "NodeInSeveralPools",
+                    message,
+                });
+            }
+            None => nodes.push(n),
+        }
+    }
     let mut actions = Vec::new();
 
     let max = max_unavailable(pool.max_unavailable.as_ref(), nodes.len());
@@ -212,14 +233,14 @@ pub fn plan(pool: &PoolInput, nodes: &[NodeView]) -> Plan {
 
     let target = match (&pool.target, &max) {
         (Err(why), _) => {
-            summary.degraded = Some(Degraded {
+            summary.degraded.get_or_insert(Degraded {
                 reason: "TargetUnresolved",
                 message: why.clone(),
             });
             None
         }
         (Ok(_), Err(e)) => {
-            summary.degraded = Some(Degraded {
+            summary.degraded.get_or_insert(Degraded {
                 reason: "InvalidSpec",
                 message: e.to_string(),
             });
@@ -521,6 +542,7 @@ mod tests {
             paused: false,
             drain_timeout_seconds: 600,
             now: 10_000,
+            claimed: BTreeMap::new(),
         }
     }
 
@@ -712,6 +734,20 @@ mod tests {
         let p = plan(&bad, &[staged("w1", "t1")]);
         assert_eq!(p.summary.degraded.expect("spec").reason, "InvalidSpec");
         assert!(p.actions.is_empty());
+    }
+
+    #[test]
+    fn a_node_of_two_pools_is_left_alone_and_stops_the_pool() {
+        let both = PoolInput {
+            claimed: [("w1".to_string(), "infra".to_string())].into(),
+            ..pool()
+        };
+        let p = plan(&both, &[staged("w1", "t1"), staged("w2", "t2"), node("w3")]);
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        let d = p.summary.degraded.expect("degraded");
+        assert_eq!(d.reason, "NodeInSeveralPools");
+        assert_eq!(d.message, "node w1 is also selected by StreamPool infra");
+        assert_eq!(p.summary.machines, 3);
     }
 
     #[test]

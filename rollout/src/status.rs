@@ -115,3 +115,112 @@ fn cond(type_: &str, status: bool, reason: &str, message: String) -> Condition {
 fn count(n: usize) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::planner::Degraded;
+
+    fn at(secs: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(secs).expect("valid"))
+    }
+
+    fn status_of<'a>(s: &'a StreamPoolStatus, type_: &str) -> (&'a str, &'a str, i64) {
+        let c = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .expect("condition");
+        (
+            c.status.as_str(),
+            c.reason.as_str(),
+            c.last_transition_time
+                .as_ref()
+                .map(|t| t.0.as_second())
+                .unwrap_or_default(),
+        )
+    }
+
+    #[test]
+    fn conditions_follow_the_summary_and_keep_transition_times() {
+        let updating = Summary {
+            machines: 3,
+            updated: 1,
+            unavailable: 1,
+            max_unavailable: 1,
+            ..Summary::default()
+        };
+        let first = build(
+            &updating,
+            Some(2),
+            Some("t".into()),
+            false,
+            None,
+            &[],
+            at(100),
+        );
+        assert_eq!(status_of(&first, "Updating"), ("True", "Updating", 100));
+        assert_eq!(status_of(&first, "Updated"), ("False", "NotUpdated", 100));
+        assert_eq!(status_of(&first, "Degraded"), ("False", "AsExpected", 100));
+        assert_eq!(first.observed_generation, Some(2));
+        assert_eq!(
+            (
+                first.machine_count,
+                first.updated_machine_count,
+                first.unavailable_machine_count
+            ),
+            (3, 1, 1)
+        );
+
+        // A Refused node: Degraded flips (new time), Updating holds (old time).
+        let refused = Summary {
+            degraded: Some(Degraded {
+                reason: "NodeRefused",
+                message: "node w2: preflight check cpu-level failed".into(),
+            }),
+            ..updating.clone()
+        };
+        let second = build(
+            &refused,
+            Some(2),
+            Some("t".into()),
+            false,
+            Some(&first),
+            &[],
+            at(200),
+        );
+        assert_eq!(status_of(&second, "Degraded"), ("True", "NodeRefused", 200));
+        assert_eq!(status_of(&second, "Updating"), ("True", "Updating", 100));
+
+        let paused = build(
+            &updating,
+            Some(3),
+            Some("t".into()),
+            true,
+            Some(&second),
+            &[],
+            at(300),
+        );
+        assert_eq!(status_of(&paused, "Paused"), ("True", "Paused", 300));
+        assert_eq!(status_of(&paused, "Updating"), ("False", "Paused", 300));
+
+        let done = Summary {
+            updated: 3,
+            ready: 3,
+            unavailable: 0,
+            ..updating
+        };
+        let last = build(
+            &done,
+            Some(3),
+            Some("t".into()),
+            false,
+            Some(&paused),
+            &[("w9".into(), "ns/p: eviction refused (429)".into())],
+            at(400),
+        );
+        assert_eq!(status_of(&last, "Updated"), ("True", "Updated", 400));
+        assert_eq!(status_of(&last, "Updating").0, "False");
+        assert_eq!(last.nodes[0].state, "Draining");
+    }
+}
