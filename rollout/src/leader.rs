@@ -5,16 +5,14 @@
 //!
 //! The crate takes a free lease with a server-side apply of `holderIdentity`, so two replicas
 //! cannot both take it (the second apply conflicts on the field the first one owns), and renews
-//! with a strategic-merge patch; the Lease duration (15 s) bounds the time a stopped leader's
+//! with a strategic-merge patch; the Lease duration (default 15 s) bounds the time a stopped leader's
 //! replica keeps the lease.
 
 use kube_lease_manager::{LeaseManagerBuilder, LeaseManagerError};
 use tokio::sync::watch;
 
-/// Lease validity after the last renewal.
+/// Default lease validity after the last renewal.
 pub const LEASE_SECONDS: u64 = 15;
-/// How long before expiry the holder renews.
-pub const GRACE_SECONDS: u64 = 5;
 
 /// Where the lease is and who we are.
 #[derive(Debug, Clone)]
@@ -25,6 +23,9 @@ pub struct Lease {
     pub namespace: String,
     /// This replica's identity (the pod name).
     pub identity: String,
+    /// Validity after the last renewal (the holder renews in the last third); a new leader
+    /// takes over at most this long after the old one stopped renewing.
+    pub seconds: u64,
 }
 
 /// Starts competing for the lease; the receiver says whether this replica holds it.
@@ -35,8 +36,8 @@ pub async fn elect(
     let manager = LeaseManagerBuilder::new(client, &lease.name)
         .with_namespace(&lease.namespace)
         .with_identity(&lease.identity)
-        .with_duration(LEASE_SECONDS)
-        .with_grace(GRACE_SECONDS)
+        .with_duration(lease.seconds)
+        .with_grace((lease.seconds / 3).max(1))
         .with_field_manager(format!("streamd-rollout-{}", lease.identity))
         .build()
         .await?;

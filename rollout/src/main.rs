@@ -28,6 +28,9 @@ enum Command {
         /// This replica's identity in the Lease.
         #[arg(long, env = "POD_NAME")]
         identity: String,
+        /// Lease validity in seconds: how long a new leader waits after the old one stopped.
+        #[arg(long, default_value_t = leader::LEASE_SECONDS, value_parser = clap::value_parser!(u64).range(2..=3600))]
+        lease_seconds: u64,
     },
 }
 
@@ -43,6 +46,7 @@ async fn main() -> anyhow::Result<()> {
             lease_name,
             lease_namespace,
             identity,
+            lease_seconds,
         } => {
             tracing_subscriber::fmt()
                 .with_writer(std::io::stderr)
@@ -54,6 +58,7 @@ async fn main() -> anyhow::Result<()> {
                 name: lease_name,
                 namespace: lease_namespace,
                 identity,
+                seconds: lease_seconds,
             };
             let mut held = leader::elect(client.clone(), &lease)
                 .await
