@@ -238,7 +238,7 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
         let node = node_name(action);
         let patch = match (action, &target) {
             (Action::Drain { token, .. }, _) => {
-                let pass = drain::pass(&ctx.client, node, settings)
+                let pass = drain::pass(&ctx.client, node, settings, true)
                     .await
                     .map_err(|source| Error::Api {
                         what: format!("draining node {node}"),
@@ -271,6 +271,20 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
                 what: format!("patching node {node}"),
                 source,
             })?;
+    }
+    for node in &plan.summary.timed_out {
+        // Read-only: name what is still there for the admin.
+        let left = drain::pass(&ctx.client, node, settings, false)
+            .await
+            .map(|p| p.remaining.join("; "))
+            .unwrap_or_else(|e| format!("listing its pods failed: {e}"));
+        blockers.push((
+            node.clone(),
+            format!(
+                "drain did not finish within {} s; the node stays cordoned; left: {left}",
+                input.drain_timeout_seconds
+            ),
+        ));
     }
     let pools: Api<StreamPool> = Api::all(ctx.client.clone());
     let built = status::build(

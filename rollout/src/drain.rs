@@ -116,8 +116,14 @@ impl Pass {
 }
 
 /// One drain pass over `node`: lists its pods (field selector `spec.nodeName`), evicts those
-/// that may go, and reports what is left.
-pub async fn pass(client: &kube::Client, node: &str, settings: Settings) -> kube::Result<Pass> {
+/// that may go (only when `evict`; otherwise it only reports, as after a drain timed out), and
+/// reports what is left.
+pub async fn pass(
+    client: &kube::Client,
+    node: &str,
+    settings: Settings,
+    evict: bool,
+) -> kube::Result<Pass> {
     let pods: Api<Pod> = Api::all(client.clone());
     let list = pods
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
@@ -131,6 +137,7 @@ pub async fn pass(client: &kube::Client, node: &str, settings: Settings) -> kube
             Verdict::Skip(why) => tracing::debug!(node, pod = %id, why, "drain skips pod"),
             Verdict::Wait => out.remaining.push(format!("{id}: terminating")),
             Verdict::Block(why) => out.remaining.push(format!("{id}: {why}")),
+            Verdict::Evict if !evict => out.remaining.push(format!("{id}: not evicted")),
             Verdict::Evict => {
                 let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
                 let params = EvictParams {

@@ -136,6 +136,8 @@ pub struct Summary {
     pub issues: Vec<NodeIssue>,
     /// Nodes being drained (their blockers are added by the executor).
     pub draining: Vec<String>,
+    /// Nodes whose drain timed out (the executor names the pods still there).
+    pub timed_out: Vec<String>,
     /// The readiness line, e.g. `12 of 14 ready; 2 refuse: cpu-level`.
     pub readiness: Option<String>,
     /// The pool's nodes are the machine-config operator's: readiness only.
@@ -416,14 +418,7 @@ fn in_flight(pool: &PoolInput, n: &NodeView, hash: &str, summary: &mut Summary) 
                 } if draining == token => {
                     let waited = pool.now.saturating_sub(started);
                     if waited > pool.drain_timeout_seconds {
-                        summary.issues.push(NodeIssue {
-                            name: n.name.clone(),
-                            state: "Draining".into(),
-                            reason: format!(
-                                "drain has not finished after {waited} s (timeout {} s); the node stays cordoned",
-                                pool.drain_timeout_seconds
-                            ),
-                        });
+                        summary.timed_out.push(n.name.clone());
                         if summary.degraded.is_none() {
                             summary.degraded = Some(Degraded {
                                 reason: "DrainTimeout",
@@ -714,7 +709,7 @@ mod tests {
 
         let p = plan(&pool(), &[step(staged("w1", "t1"), draining("t1", 1_000))]);
         assert_eq!(p.summary.degraded.expect("timeout").reason, "DrainTimeout");
-        assert_eq!(p.summary.issues[0].state, "Draining");
+        assert_eq!(p.summary.timed_out, vec!["w1".to_string()]);
 
         let bad = PoolInput {
             target: Err("spec.target: no OSImageStream".into()),
