@@ -8,7 +8,7 @@
 //! with a strategic-merge patch; the Lease duration (default 15 s) bounds the time a stopped leader's
 //! replica keeps the lease.
 
-use kube_lease_manager::{LeaseManagerBuilder, LeaseManagerError};
+use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
 use tokio::sync::watch;
 
 /// Default lease validity after the last renewal.
@@ -28,11 +28,15 @@ pub struct Lease {
     pub seconds: u64,
 }
 
+/// The running election: it ends (releasing the lease if held) once every receiver of its
+/// channel is dropped.
+pub type Election = tokio::task::JoinHandle<Result<LeaseManager, LeaseManagerError>>;
+
 /// Starts competing for the lease; the receiver says whether this replica holds it.
 pub async fn elect(
     client: kube::Client,
     lease: &Lease,
-) -> Result<watch::Receiver<bool>, LeaseManagerError> {
+) -> Result<(watch::Receiver<bool>, Election), LeaseManagerError> {
     let manager = LeaseManagerBuilder::new(client, &lease.name)
         .with_namespace(&lease.namespace)
         .with_identity(&lease.identity)
@@ -41,8 +45,7 @@ pub async fn elect(
         .with_field_manager(format!("streamd-rollout-{}", lease.identity))
         .build()
         .await?;
-    let (rx, _task) = manager.watch().await;
-    Ok(rx)
+    Ok(manager.watch().await)
 }
 
 /// Completes when `rx` says the lease is held.

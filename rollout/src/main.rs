@@ -28,6 +28,10 @@ enum Command {
         /// This replica's identity in the Lease.
         #[arg(long, env = "POD_NAME")]
         identity: String,
+        /// Compete for the Lease and run only while holding it (as kube-controller-manager's
+        /// `--leader-elect`); `false` runs at once, for a single replica.
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        leader_elect: bool,
         /// Lease validity in seconds: how long a new leader waits after the old one stopped.
         #[arg(long, default_value_t = leader::LEASE_SECONDS, value_parser = clap::value_parser!(u64).range(2..=3600))]
         lease_seconds: u64,
@@ -46,6 +50,7 @@ async fn main() -> anyhow::Result<()> {
             lease_name,
             lease_namespace,
             identity,
+            leader_elect,
             lease_seconds,
         } => {
             tracing_subscriber::fmt()
@@ -54,13 +59,26 @@ async fn main() -> anyhow::Result<()> {
             let client = kube::Client::try_default()
                 .await
                 .context("connecting to the API server")?;
+            let (stop_tx, stop) = tokio::sync::watch::channel(false);
+            tokio::spawn(async move {
+                signal().await;
+                let _ = stop_tx.send(true);
+            });
+            let stopped = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            if !leader_elect {
+                tracing::info!("running without leader election");
+                rollout::controller::run(client, stopped(stop.clone())).await;
+                return Ok(());
+            }
             let lease = Lease {
                 name: lease_name,
                 namespace: lease_namespace,
                 identity,
                 seconds: lease_seconds,
             };
-            let mut held = leader::elect(client.clone(), &lease)
+            let (mut held, election) = leader::elect(client.clone(), &lease)
                 .await
                 .context("joining the leader election")?;
             tracing::info!(identity = %lease.identity, lease = %lease.name, "waiting for the lease");
@@ -71,13 +89,43 @@ async fn main() -> anyhow::Result<()> {
                             anyhow::bail!("the leader election ended");
                         }
                     }
-                    _ = tokio::signal::ctrl_c() => return Ok(()),
+                    () = stopped(stop.clone()) => break,
                 }
                 tracing::info!(identity = %lease.identity, "leading");
                 let lost = leader::lost(held.clone());
-                rollout::controller::run(client.clone(), lost).await;
+                let stopping = stopped(stop.clone());
+                rollout::controller::run(client.clone(), async move {
+                    tokio::select! { () = lost => {}, () = stopping => {} }
+                })
+                .await;
+                if *stop.borrow() {
+                    break;
+                }
                 tracing::warn!(identity = %lease.identity, "lost the lease; stopped");
             }
+            // Hand the lease over at once rather than after it expires.
+            drop(held);
+            match tokio::time::timeout(std::time::Duration::from_secs(3), election).await {
+                Ok(Ok(Ok(_))) => tracing::info!("released the lease"),
+                _ => tracing::warn!("could not release the lease; it expires by itself"),
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Completes on SIGTERM (the kubelet stopping the pod) or SIGINT.
+async fn signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
         }
     }
 }
