@@ -750,3 +750,62 @@ async fn a_node_rebooted_by_someone_else_mid_rollout() {
     // w3's own reboot plus the node in flight: never a second node taken while w3 was down.
     assert!(c.max_unavailable_seen().await <= 2);
 }
+
+fn leader_of(c: &Cluster) -> Option<String> {
+    let lease = c
+        .api
+        .get(
+            "coordination.k8s.io/v1",
+            "Lease",
+            Some("streamd-rollout"),
+            "streamd-rollout",
+        )
+        .ok()?;
+    lease["spec"]["holderIdentity"].as_str().map(String::from)
+}
+
+/// Two replicas elect a leader on the Lease; the leader is SIGKILLed mid-drain and the other
+/// takes over when the lease expires, continuing the drain without a second approval.
+///
+/// Ignored: kube-lease-manager takes a free Lease with a server-side apply
+/// (`application/apply-patch+yaml`, conflicting on the `holderIdentity` another field manager
+/// owns), which the testbed's API server does not serve yet (415); run it with `--ignored` once
+/// it does.
+#[tokio::test]
+#[ignore = "the testbed API server has no server-side apply, which kube-lease-manager needs"]
+async fn a_leader_change_mid_drain_continues_without_a_second_approval() {
+    let mut c = Cluster::start("leader", 2).await;
+    c.pod("web-a", "w1", ("ReplicaSet", "web"), json!({"app": "web"}));
+    c.api
+        .create(json!({
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": { "name": "web", "namespace": "default" },
+            "spec": { "minAvailable": 1, "selector": { "matchLabels": { "app": "web" } } },
+        }))
+        .expect("pdb");
+    c.create_pool(spec(json!(1), false));
+    c.start_controller("a", &["--lease-seconds", "3"]);
+    c.start_controller("b", &["--lease-seconds", "3"]);
+    c.wait("a leader", 30, |c| leader_of(c).is_some()).await;
+    c.wait("w1 draining", 60, |c| {
+        c.annotation("w1", "rollout-step")
+            .is_some_and(|s| s.starts_with("draining:"))
+    })
+    .await;
+    let first = leader_of(&c).expect("leader");
+    let index = usize::from(first == "b");
+    c.controllers[index].kill().await.expect("kill");
+    c.pod("web-b", "w2", ("ReplicaSet", "web"), json!({"app": "web"}));
+    c.wait("the other replica leads", 30, |c| {
+        leader_of(c).is_some_and(|l| l != first)
+    })
+    .await;
+    c.wait("w1 done", 60, |c| c.done("w1")).await;
+    c.pod("web-c", "w1", ("ReplicaSet", "web"), json!({"app": "web"}));
+    c.wait("w2 done", 60, |c| c.done("w2")).await;
+    let approvals = c.approvals.lock().expect("lock").clone();
+    assert_eq!(approvals.get("w1").map(Vec::len), Some(1), "{approvals:?}");
+    assert_eq!(approvals.get("w2").map(Vec::len), Some(1), "{approvals:?}");
+    assert_eq!(c.max_unavailable_seen().await, 1);
+}
