@@ -379,6 +379,33 @@ async fn agent(
             set_ready(&api, &name, true);
             continue;
         }
+        // The readiness protocol: a dry run of check-* (images given by the pool here).
+        if let (Some(stream), Some(os)) = (get("check-stream"), get("check-os-image")) {
+            let check = Inputs {
+                stream: Some(stream.clone()),
+                os_image: Some(os.clone()),
+                extensions_image: get("check-extensions-image"),
+                reboot_approved: None,
+            };
+            if let Ok(Some(d)) = check.desired() {
+                let refused = refuse.lock().expect("lock").contains(&name);
+                let entry = if refused {
+                    json!({"ready": false, "failed": ["cpu-level"], "reason": "preflight check cpu-level failed: x86-64-v2", "osImage": os, "checked": d.observed_hash()})
+                } else {
+                    json!({"ready": true, "failed": [], "reason": "", "osImage": os, "checked": d.observed_hash()})
+                };
+                let value = json!({ stream: entry }).to_string();
+                if get("readiness").as_deref() != Some(value.as_str()) {
+                    let _ = nodes
+                        .patch(
+                            &name,
+                            &pp,
+                            &Patch::Merge(&patch(json!({ format!("{P}readiness"): value }))),
+                        )
+                        .await;
+                }
+            }
+        }
         let inputs = Inputs {
             reboot_approved: None,
             ..Inputs::from_annotations(&a)
@@ -808,4 +835,43 @@ async fn a_leader_change_mid_drain_continues_without_a_second_approval() {
     assert_eq!(approvals.get("w1").map(Vec::len), Some(1), "{approvals:?}");
     assert_eq!(approvals.get("w2").map(Vec::len), Some(1), "{approvals:?}");
     assert_eq!(c.max_unavailable_seen().await, 1);
+}
+
+/// A pool of nodes the machine-config operator manages (the MCD's `currentConfig` annotation,
+/// streamd in `readiness` mode) gets the dry run only: its readiness summary, never a desired
+/// key, a cordon or an approval.
+#[tokio::test]
+async fn an_mco_pool_gets_the_readiness_summary_only() {
+    let mut c = Cluster::start("mco", 3).await;
+    c.refuse.lock().expect("lock").push("w2".into());
+    for n in ["w1", "w2", "w3"] {
+        c.patch_node(
+            n,
+            json!({"metadata": {"annotations": {
+                "machineconfiguration.openshift.io/currentConfig": "rendered-worker-0123",
+                format!("{P}mode"): "readiness",
+            }}}),
+        )
+        .await;
+    }
+    c.create_pool(spec(json!(1), false));
+    c.start_controller("a", &["--leader-elect=false"]);
+    c.wait("the readiness summary", 30, |c| {
+        c.pool("worker")["status"]["readiness"] == "2 of 3 ready; 1 refuse: cpu-level"
+    })
+    .await;
+    let (status, reason, _) = c.condition("worker", "Updating");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "ManagedByMachineConfigOperator")
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for n in ["w1", "w2", "w3"] {
+        assert_eq!(c.annotation(n, "desired-stream"), None, "{n} targeted");
+        assert_eq!(
+            c.node(n)["spec"]["unschedulable"],
+            Value::Null,
+            "{n} cordoned"
+        );
+    }
 }
