@@ -10,7 +10,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,6 +20,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::{Value, json};
 use streamd::cluster::protocol::{Inputs, State};
 use testbed::apiserver::{ApiServer, ApiServerConfig};
+
+mod common;
 
 const OS9: &str = "quay.io/openshift/rhcos@sha256:0909090909090909090909090909090909090909090909090909090909090909";
 const OS10: &str = "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010";
@@ -35,13 +36,6 @@ fn scratch(name: &str) -> PathBuf {
     ));
     std::fs::create_dir_all(&dir).expect("scratch dir");
     dir
-}
-
-fn manifest(name: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../docs/deploy/rollout")
-        .join(name);
-    std::fs::read_to_string(path).expect("manifest")
 }
 
 /// What the agents saw: every approved token per node, in order.
@@ -95,15 +89,7 @@ impl Cluster {
             api.update_status("v1", "Node", None, &name, |n| n["status"] = status)
                 .expect("node status");
         }
-        api.create_manifests(&manifest("crd.yaml")).expect("crd");
-        // The fake serves no ServiceAccounts; the account is the token user below.
-        let rbac: Vec<Value> = serde_saphyr::from_multiple(&manifest("rbac.yaml")).expect("rbac");
-        for doc in rbac.into_iter().filter(|d| d["kind"] != "ServiceAccount") {
-            api.create(doc).expect("rbac object");
-        }
-        let sa_kubeconfig = api
-            .add_user("system:serviceaccount:streamd-rollout:streamd-rollout")
-            .expect("service account");
+        let sa_kubeconfig = common::install(&api);
         let client = client_for(&dir.join("kubeconfig-admin")).await;
         let cluster = Cluster {
             api,
@@ -149,23 +135,8 @@ impl Cluster {
 
     /// Starts a controller replica (SIGKILLed when the test drops it).
     fn start_controller(&mut self, identity: &str, extra: &[&str]) {
-        let log = std::fs::File::create(self.dir.join(format!("controller-{identity}.log")))
-            .expect("log");
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_streamd-rollout"))
-            .args([
-                "run",
-                "--identity",
-                identity,
-                "--lease-namespace",
-                "streamd-rollout",
-            ])
-            .args(extra)
-            .env("KUBECONFIG", &self.sa_kubeconfig)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("streamd-rollout");
+        let log = self.dir.join(format!("controller-{identity}.log"));
+        let child = common::controller(&self.sa_kubeconfig, identity, extra, &log);
         self.controllers.push(child);
     }
 
