@@ -480,6 +480,15 @@ async fn agent(
     }
 }
 
+/// [`spec`] with one node staging at a time, so that w1 is the first to ask for a reboot
+/// whatever the machine's load.
+fn one_by_one() -> Value {
+    let mut s = spec(json!(1), false);
+    s["maxConcurrentStaging"] = json!(1);
+    s
+}
+
+/// A pool of the worker nodes, target rhel-10 by image.
 fn spec(max_unavailable: Value, paused: bool) -> Value {
     json!({
         "nodeSelector": { "matchLabels": { "node-role.kubernetes.io/worker": "" } },
@@ -515,7 +524,7 @@ async fn a_pool_moves_one_node_at_a_time_past_a_pdb() {
             "spec": { "maxUnavailable": 1, "selector": { "matchLabels": { "app": "web" } } },
         }))
         .expect("pdb");
-    c.create_pool(spec(json!(1), false));
+    c.create_pool(one_by_one());
     c.start_controller("a", &["--leader-elect=false"]);
 
     // w1 is taken first and its web pod's eviction is refused (web-c is not Ready).
@@ -688,7 +697,7 @@ async fn a_controller_killed_mid_drain_continues_without_a_second_approval() {
             "spec": { "minAvailable": 1, "selector": { "matchLabels": { "app": "web" } } },
         }))
         .expect("pdb");
-    c.create_pool(spec(json!(1), false));
+    c.create_pool(one_by_one());
     c.start_controller("a", &["--leader-elect=false"]);
     c.wait("w1 draining", 60, |c| {
         c.annotation("w1", "rollout-step")
@@ -717,7 +726,7 @@ async fn a_controller_killed_mid_drain_continues_without_a_second_approval() {
 #[tokio::test]
 async fn a_node_rebooted_by_someone_else_mid_rollout() {
     let mut c = Cluster::start("reboot", 3).await;
-    c.create_pool(spec(json!(1), false));
+    c.create_pool(one_by_one());
     c.start_controller("a", &["--leader-elect=false"]);
     c.wait("w1 taken", 60, |c| {
         c.annotation("w1", "rollout-step").is_some()
@@ -782,7 +791,7 @@ async fn a_leader_change_mid_drain_continues_without_a_second_approval() {
             "spec": { "minAvailable": 1, "selector": { "matchLabels": { "app": "web" } } },
         }))
         .expect("pdb");
-    c.create_pool(spec(json!(1), false));
+    c.create_pool(one_by_one());
     c.start_controller("a", &["--lease-seconds", "3"]);
     c.start_controller("b", &["--lease-seconds", "3"]);
     c.wait("a leader", 30, |c| leader_of(c).is_some()).await;
