@@ -62,6 +62,8 @@ pub enum Error {
 /// What reconciles share.
 pub struct Context {
     client: kube::Client,
+    /// Without kube's built-in retry of 429 (see [`Clients`]).
+    drain_client: kube::Client,
     catalog: watch::Receiver<Option<Catalog>>,
     pools: Store<StreamPool>,
 }
@@ -238,7 +240,7 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
         let node = node_name(action);
         let patch = match (action, &target) {
             (Action::Drain { token, .. }, _) => {
-                let pass = drain::pass(&ctx.client, node, settings, true)
+                let pass = drain::pass(&ctx.drain_client, node, settings, true)
                     .await
                     .map_err(|source| Error::Api {
                         what: format!("draining node {node}"),
@@ -274,7 +276,7 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
     }
     for node in &plan.summary.timed_out {
         // Read-only: name what is still there for the admin.
-        let left = drain::pass(&ctx.client, node, settings, false)
+        let left = drain::pass(&ctx.drain_client, node, settings, false)
             .await
             .map(|p| p.remaining.join("; "))
             .unwrap_or_else(|e| format!("listing its pods failed: {e}"));
@@ -345,8 +347,34 @@ fn pools_selecting(
         .collect()
 }
 
+/// The controller's API clients.
+#[derive(Clone)]
+pub struct Clients {
+    /// Everything but evictions.
+    pub main: kube::Client,
+    /// Evictions: kube's client retries a 429 by itself by default (up to 15 times, backing
+    /// off to 1000 s: kube-rs/kube:kube-client/src/client/retry.rs `RetryPolicy::server_retry`,
+    /// `Config::default_retry`), which would hold a drain inside one eviction for as long as a
+    /// PodDisruptionBudget refuses it. The drain sees the 429 itself and tries again on its
+    /// next pass, so this client has the retry off.
+    pub drain: kube::Client,
+}
+
+impl Clients {
+    /// Both clients from one configuration.
+    pub fn new(config: kube::Config) -> Result<Clients, kube::Error> {
+        let mut no_retry = config.clone();
+        no_retry.default_retry = false;
+        Ok(Clients {
+            main: kube::Client::try_from(config)?,
+            drain: kube::Client::try_from(no_retry)?,
+        })
+    }
+}
+
 /// Runs the controller until `shutdown` completes (leadership lost, or a signal).
-pub async fn run(client: kube::Client, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+pub async fn run(clients: Clients, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+    let client = clients.main;
     let (catalog_tx, catalog_rx) = watch::channel(None);
     let (trigger_tx, trigger_rx) = tokio::sync::mpsc::channel::<()>(1);
     let mut updates = Box::pin(streams::watch(client.clone()));
@@ -374,6 +402,7 @@ pub async fn run(client: kube::Client, shutdown: impl Future<Output = ()> + Send
     let store = controller.store();
     let ctx = Arc::new(Context {
         client: client.clone(),
+        drain_client: clients.drain,
         catalog: catalog_rx,
         pools: store.clone(),
     });

@@ -56,9 +56,12 @@ async fn main() -> anyhow::Result<()> {
             tracing_subscriber::fmt()
                 .with_writer(std::io::stderr)
                 .init();
-            let client = kube::Client::try_default()
+            let config = kube::Config::infer()
                 .await
-                .context("connecting to the API server")?;
+                .context("reading the API server's configuration")?;
+            let clients =
+                rollout::controller::Clients::new(config).context("building the API clients")?;
+            let client = clients.main.clone();
             let (stop_tx, stop) = tokio::sync::watch::channel(false);
             tokio::spawn(async move {
                 signal().await;
@@ -69,7 +72,7 @@ async fn main() -> anyhow::Result<()> {
             };
             if !leader_elect {
                 tracing::info!("running without leader election");
-                rollout::controller::run(client, stopped(stop.clone())).await;
+                rollout::controller::run(clients, stopped(stop.clone())).await;
                 return Ok(());
             }
             let lease = Lease {
@@ -94,7 +97,7 @@ async fn main() -> anyhow::Result<()> {
                 tracing::info!(identity = %lease.identity, "leading");
                 let lost = leader::lost(held.clone());
                 let stopping = stopped(stop.clone());
-                rollout::controller::run(client.clone(), async move {
+                rollout::controller::run(clients.clone(), async move {
                     tokio::select! { () = lost => {}, () = stopping => {} }
                 })
                 .await;

@@ -10,6 +10,7 @@ pub mod bootc;
 pub mod bus;
 mod dbus_error;
 pub mod fixtures;
+pub mod fleet;
 pub mod host;
 pub mod images;
 pub mod logind;
@@ -18,4 +19,5 @@ pub mod rpmostreed;
 pub mod systemd;
 pub mod testbed;
 
+pub use fleet::{Fleet, FleetOptions};
 pub use testbed::{Backend, NODE_NAME, Options, Testbed};

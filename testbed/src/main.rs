@@ -9,7 +9,7 @@ use std::os::unix::process::CommandExt as _;
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
-use testbed::{Backend, Options, Testbed};
+use testbed::{Backend, Fleet, FleetOptions, Options, Testbed};
 
 /// The streamd testbed: a private dbus-daemon, a fake rpm-ostreed and a fake Kubernetes API
 /// server, for the demo and the end-to-end tests.
@@ -35,6 +35,8 @@ enum Command {
         /// rpm-ostreed; bootc through systemd).
         #[arg(long, value_enum, default_value = "rpm-ostree")]
         backend: Backend,
+        #[command(flatten)]
+        fleet: FleetArgs,
     },
     /// Run a testbed in the foreground until SIGTERM (what `up` starts).
     Serve {
@@ -47,6 +49,8 @@ enum Command {
         /// The host's OS update tool (see `up`).
         #[arg(long, value_enum, default_value = "rpm-ostree")]
         backend: Backend,
+        #[command(flatten)]
+        fleet: FleetArgs,
     },
     /// Stop the testbed started by `up`.
     Down {
@@ -79,9 +83,14 @@ enum Command {
         /// The testbed's directory.
         #[arg(long)]
         dir: PathBuf,
-        /// Make finalization fail at "shutdown": the node boots the old deployment again.
-        #[arg(long)]
+        /// Make finalization fail at "shutdown": the node boots the old deployment again
+        /// (single-node testbed only).
+        #[arg(long, conflicts_with = "node")]
         fail_finalize: bool,
+        /// The fleet node to reboot (a fleet testbed): it goes NotReady, its streamd stops,
+        /// the host boots, the node is Ready again and its streamd restarts.
+        #[arg(long)]
+        node: Option<String>,
     },
     /// Send one control command (JSON) and print the reply.
     Ctl {
@@ -91,6 +100,29 @@ enum Command {
         /// The command, e.g. '{"target":"rpmostreed","cmd":"transactions"}'.
         json: String,
     },
+}
+
+/// A fleet instead of a single node (`up`, `serve`).
+#[derive(Debug, clap::Args)]
+struct FleetArgs {
+    /// Run a fleet of N node hosts (`worker-0` …), each with its own bus, fake rpm-ostreed,
+    /// host root under DIR/nodes/<node> and its own streamd, against one API server and registry.
+    #[arg(long)]
+    nodes: Option<usize>,
+    /// The streamd binary the fleet's nodes run (default: next to this testbed binary).
+    #[arg(long, requires = "nodes")]
+    streamd: Option<PathBuf>,
+}
+
+/// `--streamd`, or the streamd binary next to this one.
+fn streamd_or_default(streamd: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    match streamd {
+        Some(p) => Ok(p),
+        None => Ok(std::env::current_exe()?
+            .parent()
+            .context("no directory for the testbed binary")?
+            .join("streamd")),
+    }
 }
 
 fn main() -> ExitCode {
@@ -124,8 +156,18 @@ fn main() -> ExitCode {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
-        Command::Up { dir, host, backend } => up(&dir, &host, backend).await,
-        Command::Serve { dir, host, backend } => serve(dir, host, backend).await,
+        Command::Up {
+            dir,
+            host,
+            backend,
+            fleet,
+        } => up(&dir, &host, backend, &fleet).await,
+        Command::Serve {
+            dir,
+            host,
+            backend,
+            fleet,
+        } => serve(dir, host, backend, fleet).await,
         Command::Down { dir } => down(&dir).await,
         Command::Bench {
             dir,
@@ -134,13 +176,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             idle_secs,
             storm_secs,
         } => {
-            let streamd = match streamd {
-                Some(p) => p,
-                None => std::env::current_exe()?
-                    .parent()
-                    .context("no directory for the testbed binary")?
-                    .join("streamd"),
-            };
+            let streamd = streamd_or_default(streamd)?;
             let figures = testbed::bench::run(&testbed::bench::BenchOptions {
                 dir: dir.clone(),
                 streamd,
@@ -154,8 +190,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
             println!("{text}");
             Ok(())
         }
-        Command::Reboot { dir, fail_finalize } => {
-            let cmd = serde_json::json!({"target": "testbed", "cmd": "reboot", "fail-finalize": fail_finalize});
+        Command::Reboot {
+            dir,
+            fail_finalize,
+            node,
+        } => {
+            let mut cmd = serde_json::json!({"target": "testbed", "cmd": "reboot", "fail-finalize": fail_finalize});
+            if let Some(node) = node {
+                cmd["node"] = serde_json::json!(node);
+            }
             let reply = testbed::testbed::control_client(&dir, &cmd).await?;
             println!("{}", serde_json::to_string_pretty(&reply)?);
             Ok(())
@@ -170,7 +213,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-async fn up(dir: &Path, host: &str, backend: Backend) -> anyhow::Result<()> {
+async fn up(dir: &Path, host: &str, backend: Backend, fleet: &FleetArgs) -> anyhow::Result<()> {
     // Refuse an unknown fixture here rather than in the background process.
     testbed::fixtures::fixture(host)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -178,11 +221,18 @@ async fn up(dir: &Path, host: &str, backend: Backend) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&env);
     let log = std::fs::File::create(dir.join("serve.log")).context("creating serve.log")?;
     let exe = std::env::current_exe().context("finding the testbed binary")?;
-    let mut child = std::process::Command::new(exe)
+    let mut serve = std::process::Command::new(exe);
+    serve
         .args(["serve", "--dir"])
         .arg(dir)
         .args(["--host", host])
-        .args(["--backend", backend_arg(backend)])
+        .args(["--backend", backend_arg(backend)]);
+    if let Some(nodes) = fleet.nodes {
+        serve
+            .args(["--nodes", &nodes.to_string(), "--streamd"])
+            .arg(streamd_or_default(fleet.streamd.clone())?);
+    }
+    let mut child = serve
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -191,7 +241,9 @@ async fn up(dir: &Path, host: &str, backend: Backend) -> anyhow::Result<()> {
         .spawn()
         .context("starting `testbed serve`")?;
     std::fs::write(dir.join("serve.pid"), format!("{}\n", child.id()))?;
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // Each fleet node sets up its own sysroot.
+    let limit = Duration::from_secs(60 + 10 * fleet.nodes.unwrap_or(0) as u64);
+    let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
         if env.exists() {
             println!("{}", env.display());
@@ -204,7 +256,8 @@ async fn up(dir: &Path, host: &str, backend: Backend) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     bail!(
-        "the testbed did not come up within 60 s; see {}",
+        "the testbed did not come up within {} s; see {}",
+        limit.as_secs(),
         dir.join("serve.log").display()
     )
 }
@@ -217,9 +270,31 @@ fn backend_arg(backend: Backend) -> &'static str {
     }
 }
 
-async fn serve(dir: PathBuf, host: String, backend: Backend) -> anyhow::Result<()> {
-    let tb = Testbed::start(Options { dir, host, backend }).await?;
-    tracing::info!(dir = %tb.dir().display(), "testbed up");
+async fn serve(
+    dir: PathBuf,
+    host: String,
+    backend: Backend,
+    fleet: FleetArgs,
+) -> anyhow::Result<()> {
+    // Either runs until the signal; dropping it stops everything.
+    let running: (PathBuf, Box<dyn std::any::Any>) = match fleet.nodes {
+        Some(nodes) => {
+            let fleet = Fleet::start(FleetOptions {
+                host,
+                backend,
+                streamd: Some(streamd_or_default(fleet.streamd)?),
+                ..FleetOptions::new(dir, nodes)
+            })
+            .await?;
+            tracing::info!(dir = %fleet.dir().display(), nodes, "fleet up");
+            (fleet.dir().to_path_buf(), Box::new(fleet))
+        }
+        None => {
+            let tb = Testbed::start(Options { dir, host, backend }).await?;
+            tracing::info!(dir = %tb.dir().display(), "testbed up");
+            (tb.dir().to_path_buf(), Box::new(tb))
+        }
+    };
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -228,7 +303,8 @@ async fn serve(dir: PathBuf, host: String, backend: Backend) -> anyhow::Result<(
         _ = int.recv() => {}
     }
     tracing::info!("testbed stopping");
-    let _ = std::fs::remove_file(tb.dir().join("env"));
+    let _ = std::fs::remove_file(running.0.join("env"));
+    drop(running.1);
     Ok(())
 }
 

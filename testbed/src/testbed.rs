@@ -61,7 +61,6 @@ impl Options {
 /// A running testbed. Dropping it stops the bus; the fakes live in this process's runtime.
 pub struct Testbed {
     dir: PathBuf,
-    bus: Bus,
     inner: Arc<Components>,
     env: BTreeMap<String, String>,
     images: Vec<TestImage>,
@@ -69,55 +68,52 @@ pub struct Testbed {
 }
 
 struct Components {
-    rpmostreed: FakeRpmOstreed,
     apiserver: ApiServer,
+    host: NodeHost,
+}
+
+/// One node's host: its private system bus, the fake rpm-ostreed (with systemd, logind and bootc
+/// on the same bus), the host root streamd reads and streamd's config, all below one directory.
+/// The single-node testbed has one, a fleet one per node.
+pub(crate) struct NodeHost {
+    node: String,
+    dir: PathBuf,
+    bus: Bus,
+    rpmostreed: FakeRpmOstreed,
     /// systemd, logind and bootc; bootc acts on the fake rpm-ostreed's host model.
     systemd: FakeSystemd,
     logind: FakeLogind,
     bootc: FakeBootc,
-    /// The host root and fixture, rewritten by a simulated reboot.
-    host: HostModel,
-}
-
-/// What a simulated reboot rewrites below the host root.
-struct HostModel {
-    root: PathBuf,
+    /// The host fixture, rewritten for what boots by a simulated reboot.
     fixture: crate::fixtures::Fixture,
     images: Vec<TestImage>,
 }
 
-impl Testbed {
-    /// Starts the bus, the fakes and the control socket, then writes `DIR/env` (last, so its
-    /// presence means the testbed is up).
-    pub async fn start(opts: Options) -> anyhow::Result<Testbed> {
-        let dir = std::path::absolute(&opts.dir)
-            .with_context(|| format!("resolving {}", opts.dir.display()))?;
-        let fixture = crate::fixtures::fixture(&opts.host)?;
+/// What a node host needs from the cluster around it.
+pub(crate) struct HostSetup<'a> {
+    /// The node's name (its Node object and `system:node:<name>` identity).
+    pub(crate) node: &'a str,
+    /// Host fixture name.
+    pub(crate) host: &'a str,
+    pub(crate) backend: Backend,
+    pub(crate) registry: &'a Registry,
+    /// The node identity's kubeconfig (it may be written after the host starts).
+    pub(crate) kubeconfig: &'a Path,
+    pub(crate) pull_secret: &'a Path,
+}
+
+impl NodeHost {
+    /// Starts the bus and the fakes in `dir` and writes the host root (booted on the first
+    /// image, `rhel-9`) and streamd's config.
+    pub(crate) async fn start(dir: &Path, setup: &HostSetup<'_>) -> anyhow::Result<NodeHost> {
+        let fixture = crate::fixtures::fixture(setup.host)?;
         for sub in ["bus", "host", "config.d", "state", "rpmostreed", "run"] {
             std::fs::create_dir_all(dir.join(sub))
                 .with_context(|| format!("creating {}", dir.join(sub).display()))?;
         }
-        let _ = std::fs::remove_file(dir.join("env"));
-        // A real registry holding the OS and extensions images the node is asked to move to.
-        let registry = Registry::start(RegistryConfig {
-            dir: dir.join("registry"),
-        })
-        .await
-        .context("starting the registry")?;
+        let registry = setup.registry;
         let images = registry.images().to_vec();
         let booted = images.first().context("empty image catalog")?.clone();
-        let extensions = |stream: &str| {
-            registry
-                .extensions()
-                .iter()
-                .find(|e| e.stream == stream)
-                .map(|e| e.pullspec.clone())
-                .unwrap_or_default()
-        };
-        let pull_secret = dir.join("pull-secret.json");
-        std::fs::write(&pull_secret, registry.pull_secret_json())
-            .context("writing the pull secret")?;
-
         let bus = Bus::start(&dir.join("bus")).await?;
         let rpmostreed = FakeRpmOstreed::start(RpmOstreedConfig {
             bus_address: bus.address().to_string(),
@@ -132,7 +128,7 @@ impl Testbed {
         })
         .await
         .context("starting the fake rpm-ostreed")?;
-        if opts.backend == Backend::Bootc {
+        if setup.backend == Backend::Bootc {
             // The host model stays; only the daemon's name goes.
             rpmostreed.leave_bus().await?;
         }
@@ -150,32 +146,11 @@ impl Testbed {
         let cmdline = rpmostreed
             .booted_cmdline()
             .context("the fake rpm-ostreed has no booted deployment")?;
-        crate::host::write(&dir.join("host"), NODE_NAME, &booted, &fixture, &cmdline)?;
+        crate::host::write(&dir.join("host"), setup.node, &booted, &fixture, &cmdline)?;
         crate::host::keep_boot_id(&dir.join("host"))?;
         // Hook (creds, issue 11 §3): the node's container stack configuration; the OS daemons
         // pull with the ostree auth file the machine-config daemon would link there.
         crate::registry::node::write_node_config(&dir.join("host"), &registry.pull_secret_json())?;
-        let apiserver = ApiServer::start(ApiServerConfig {
-            dir: dir.clone(),
-            node_name: NODE_NAME.into(),
-        })
-        .await
-        .context("starting the fake API server")?;
-        // A cluster with streamd deployed: its RBAC applied and the two streams published.
-        apiserver.create_manifests(include_str!("../../docs/deploy/rbac.yaml"))?;
-        let stream_images = |i: usize, stream: &str| StreamImages {
-            name: stream.into(),
-            os_image: images
-                .get(i)
-                .map(|i| i.pullspec.clone())
-                .unwrap_or_default(),
-            extensions_image: extensions(stream),
-        };
-        apiserver.create_os_image_stream(
-            "rhel-9",
-            &[stream_images(0, "rhel-9"), stream_images(1, "rhel-10")],
-        )?;
-
         // streamd reads the sysroot and /boot below the host root, as on a node.
         for (link, target) in [
             ("sysroot", dir.join("sysroot")),
@@ -186,15 +161,14 @@ impl Testbed {
             std::os::unix::fs::symlink(&target, &l)
                 .with_context(|| format!("linking {}", l.display()))?;
         }
-        let config_dir = dir.join("config.d");
         let mut config = format!(
             "# written by the testbed\nnode-name = {node:?}\nkubeconfig = {kc:?}\nhost-root = {hr:?}\n\
              pull-secret = {ps:?}\nruntime-dir = {rd:?}\nstate-dir = {sd:?}\nbootc-path = {bc:?}\n\
              insecure-registries = [{reg:?}]\n",
-            node = NODE_NAME,
-            kc = dir.join("kubeconfig").display().to_string(),
+            node = setup.node,
+            kc = setup.kubeconfig.display().to_string(),
             hr = dir.join("host").display().to_string(),
-            ps = pull_secret.display().to_string(),
+            ps = setup.pull_secret.display().to_string(),
             rd = dir.join("run").display().to_string(),
             sd = dir.join("state").display().to_string(),
             bc = dir.join("bin/bootc").display().to_string(),
@@ -205,77 +179,237 @@ impl Testbed {
             // any disk has makes streamd's disk-space check see a "full" sysroot for real.
             config.push_str("min-free-sysroot-mib = 1073741824\n");
         }
-        std::fs::write(config_dir.join("50-testbed.toml"), config)
+        std::fs::write(dir.join("config.d/50-testbed.toml"), config)
             .context("writing the streamd config")?;
+        Ok(NodeHost {
+            node: setup.node.to_string(),
+            dir: dir.to_path_buf(),
+            bus,
+            rpmostreed,
+            systemd,
+            logind,
+            bootc,
+            fixture,
+            images,
+        })
+    }
 
-        let env = BTreeMap::from([
+    /// The environment streamd (and `streamctl`) run with on this host.
+    pub(crate) fn streamd_env(&self, kubeconfig: &Path) -> BTreeMap<String, String> {
+        let path = |p: &str| self.dir.join(p).display().to_string();
+        BTreeMap::from([
+            (
+                "DBUS_SYSTEM_BUS_ADDRESS".to_string(),
+                self.bus.address().to_string(),
+            ),
+            ("STREAMD_NODE_NAME".into(), self.node.clone()),
+            ("STREAMD_CONFIG_DIR".into(), path("config.d")),
+            ("STREAMD_HOST_ROOT".into(), path("host")),
+            ("STREAMD_STATE_DIR".into(), path("state")),
+            (
+                "STREAMD_KUBECONFIG".into(),
+                kubeconfig.display().to_string(),
+            ),
+            (
+                "TESTBED_BOOTC".into(),
+                self.bootc.program().display().to_string(),
+            ),
+        ])
+    }
+
+    /// The private system bus.
+    pub(crate) fn bus(&self) -> &Bus {
+        &self.bus
+    }
+
+    /// Whether a reboot was asked for (`FinalizeDeployment` with reboot, or logind's `Reboot`)
+    /// and not yet performed: the fake's `reboot_requested`, read from its state file.
+    pub(crate) fn reboot_requested(&self) -> bool {
+        std::fs::read_to_string(self.dir.join("rpmostreed/state.json"))
+            .ok()
+            .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+            .is_some_and(|state| state["reboot_requested"] == Value::Bool(true))
+    }
+
+    /// Reboots the host: the fake rpm-ostreed applies an unlocked staged deployment (a locked
+    /// one is discarded), then the host root is rewritten for what booted, with a new boot id.
+    /// streamd is not touched: whoever started it stops it before and starts it after.
+    pub(crate) async fn reboot(&self, fail_finalize: bool) -> anyhow::Result<Value> {
+        let out = self.rpmostreed.simulate_reboot(fail_finalize).await?;
+        let root = self.dir.join("host");
+        let image = self
+            .images
+            .iter()
+            .find(|i| i.digest == out.booted_digest)
+            .with_context(|| format!("booted image {} is not in the catalog", out.booted_digest))?;
+        let previous_boot = crate::host::boot_id(&root)?;
+        crate::host::write(&root, &self.node, image, &self.fixture, &out.cmdline)?;
+        crate::host::boot(&root, &out.booted_kernel)?;
+        if out.finalize_failed {
+            // What ostree-finalize-staged.service leaves in the journal of the boot it failed in.
+            crate::host::journal_finalize_failure(
+                &root,
+                &previous_boot,
+                &crate::host::boot_id(&root)?,
+                FINALIZE_FAILURE,
+            )
+            .await?;
+        }
+        Ok(json!({
+            "applied": out.applied,
+            "discarded": out.discarded,
+            "finalize_failed": out.finalize_failed,
+            "booted": out.booted_digest,
+            "kernel": out.booted_kernel,
+        }))
+    }
+
+    /// The host's current boot id and booted kernel (what its kubelet reports).
+    pub(crate) fn boot_facts(&self) -> anyhow::Result<(String, String)> {
+        let root = self.dir.join("host");
+        let kernel = std::fs::read_to_string(root.join("proc/sys/kernel/osrelease"))
+            .context("reading the host's kernel release")?;
+        Ok((crate::host::boot_id(&root)?, kernel.trim().to_string()))
+    }
+
+    /// Runs a control command for one of the host's fakes (`target` rpmostreed, systemd,
+    /// logind or bootc); `None` for other targets.
+    pub(crate) async fn control(&self, cmd: &Value) -> Option<anyhow::Result<Value>> {
+        Some(match cmd.get("target").and_then(Value::as_str) {
+            Some("rpmostreed") => self.rpmostreed.control(cmd).await,
+            Some("systemd") => self.systemd.control(cmd).await,
+            Some("logind") => self.logind.control(cmd).await,
+            Some("bootc") => self.bootc.control(cmd),
+            _ => return None,
+        })
+    }
+}
+
+/// Applies what a cluster with streamd deployed has: its RBAC and the OSImageStream `cluster`
+/// publishing `rhel-9` (the default) and `rhel-10` with the registry's images.
+pub(crate) fn prepare_cluster(apiserver: &ApiServer, registry: &Registry) -> anyhow::Result<()> {
+    apiserver.create_manifests(include_str!("../../docs/deploy/rbac.yaml"))?;
+    let images = registry.images();
+    let stream_images = |i: usize, stream: &str| StreamImages {
+        name: stream.into(),
+        os_image: images
+            .get(i)
+            .map(|i| i.pullspec.clone())
+            .unwrap_or_default(),
+        extensions_image: extensions_of(registry, stream),
+    };
+    apiserver.create_os_image_stream(
+        "rhel-9",
+        &[stream_images(0, "rhel-9"), stream_images(1, "rhel-10")],
+    )
+}
+
+/// The extensions image of `stream`, or "".
+fn extensions_of(registry: &Registry, stream: &str) -> String {
+    registry
+        .extensions()
+        .iter()
+        .find(|e| e.stream == stream)
+        .map(|e| e.pullspec.clone())
+        .unwrap_or_default()
+}
+
+/// Starts the registry in `dir/registry` and writes `dir/pull-secret.json` for it.
+pub(crate) async fn start_registry(dir: &Path) -> anyhow::Result<(Registry, PathBuf)> {
+    let registry = Registry::start(RegistryConfig {
+        dir: dir.join("registry"),
+    })
+    .await
+    .context("starting the registry")?;
+    let pull_secret = dir.join("pull-secret.json");
+    std::fs::write(&pull_secret, registry.pull_secret_json()).context("writing the pull secret")?;
+    Ok((registry, pull_secret))
+}
+
+/// The `TESTBED_*` image and registry variables of `DIR/env`.
+pub(crate) fn image_env(registry: &Registry, pull_secret: &Path) -> BTreeMap<String, String> {
+    let image = |i: usize| {
+        registry
+            .images()
+            .get(i)
+            .map(|i| i.pullspec.clone())
+            .unwrap_or_default()
+    };
+    BTreeMap::from([
+        ("TESTBED_RHEL9_IMAGE".to_string(), image(0)),
+        ("TESTBED_RHEL10_IMAGE".into(), image(1)),
+        (
+            "TESTBED_RHEL9_EXTENSIONS_IMAGE".into(),
+            extensions_of(registry, "rhel-9"),
+        ),
+        (
+            "TESTBED_RHEL10_EXTENSIONS_IMAGE".into(),
+            extensions_of(registry, "rhel-10"),
+        ),
+        ("TESTBED_REGISTRY".into(), registry.host().to_string()),
+        (
+            "TESTBED_PULL_SECRET".into(),
+            pull_secret.display().to_string(),
+        ),
+    ])
+}
+
+impl Testbed {
+    /// Starts the bus, the fakes and the control socket, then writes `DIR/env` (last, so its
+    /// presence means the testbed is up).
+    pub async fn start(opts: Options) -> anyhow::Result<Testbed> {
+        let dir = std::path::absolute(&opts.dir)
+            .with_context(|| format!("resolving {}", opts.dir.display()))?;
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let _ = std::fs::remove_file(dir.join("env"));
+        // A real registry holding the OS and extensions images the node is asked to move to.
+        let (registry, pull_secret) = start_registry(&dir).await?;
+        let images = registry.images().to_vec();
+        let kubeconfig = dir.join("kubeconfig");
+        let host = NodeHost::start(
+            &dir,
+            &HostSetup {
+                node: NODE_NAME,
+                host: &opts.host,
+                backend: opts.backend,
+                registry: &registry,
+                kubeconfig: &kubeconfig,
+                pull_secret: &pull_secret,
+            },
+        )
+        .await?;
+        let apiserver = ApiServer::start(ApiServerConfig {
+            dir: dir.clone(),
+            node_name: NODE_NAME.into(),
+        })
+        .await
+        .context("starting the fake API server")?;
+        // A cluster with streamd deployed: its RBAC applied and the two streams published.
+        prepare_cluster(&apiserver, &registry)?;
+
+        let mut env = host.streamd_env(&kubeconfig);
+        env.extend(image_env(&registry, &pull_secret));
+        env.extend([
             (
                 "KUBECONFIG".to_string(),
                 dir.join("kubeconfig-admin").display().to_string(),
             ),
-            ("DBUS_SYSTEM_BUS_ADDRESS".into(), bus.address().to_string()),
-            ("STREAMD_NODE_NAME".into(), NODE_NAME.into()),
-            (
-                "STREAMD_CONFIG_DIR".into(),
-                config_dir.display().to_string(),
-            ),
-            (
-                "STREAMD_HOST_ROOT".into(),
-                dir.join("host").display().to_string(),
-            ),
-            (
-                "STREAMD_STATE_DIR".into(),
-                dir.join("state").display().to_string(),
-            ),
-            (
-                "STREAMD_KUBECONFIG".into(),
-                dir.join("kubeconfig").display().to_string(),
-            ),
             ("TESTBED_DIR".into(), dir.display().to_string()),
-            (
-                "TESTBED_BOOTC".into(),
-                bootc.program().display().to_string(),
-            ),
             ("TESTBED_API_URL".into(), apiserver.url().to_string()),
-            ("TESTBED_RHEL9_IMAGE".into(), images[0].pullspec.clone()),
-            (
-                "TESTBED_RHEL9_EXTENSIONS_IMAGE".into(),
-                extensions("rhel-9"),
-            ),
-            (
-                "TESTBED_RHEL10_EXTENSIONS_IMAGE".into(),
-                extensions("rhel-10"),
-            ),
-            ("TESTBED_REGISTRY".into(), registry.host().to_string()),
-            (
-                "TESTBED_PULL_SECRET".into(),
-                pull_secret.display().to_string(),
-            ),
-            (
-                "TESTBED_RHEL10_IMAGE".into(),
-                images
-                    .get(1)
-                    .map(|i| i.pullspec.clone())
-                    .unwrap_or_default(),
-            ),
         ]);
-        let inner = Arc::new(Components {
-            rpmostreed,
-            apiserver,
-            systemd,
-            logind,
-            bootc,
-            host: HostModel {
-                root: dir.join("host"),
-                fixture,
-                images: images.clone(),
-            },
-        });
-        serve_control(&dir.join("control.sock"), inner.clone())?;
+        let inner = Arc::new(Components { apiserver, host });
+        // Weak: dropping the testbed stops its bus and fakes even though the socket task lives on.
+        let control = Arc::downgrade(&inner);
+        serve_control(&dir.join("control.sock"), move |cmd| {
+            let c = control.upgrade();
+            async move {
+                let c = c.context("the testbed has stopped")?;
+                dispatch(&c, &cmd).await
+            }
+        })?;
         write_env(&dir, &env)?;
         Ok(Testbed {
             dir,
-            bus,
             inner,
             env,
             images,
@@ -305,12 +439,12 @@ impl Testbed {
 
     /// The private system bus.
     pub fn bus(&self) -> &Bus {
-        &self.bus
+        self.inner.host.bus()
     }
 
-    /// Simulates a reboot of the host (see [`Components::reboot`]).
+    /// Simulates a reboot of the host (see [`NodeHost::reboot`]).
     pub async fn reboot(&self, fail_finalize: bool) -> anyhow::Result<Value> {
-        self.inner.reboot(fail_finalize).await
+        self.inner.host.reboot(fail_finalize).await
     }
 
     /// Runs one control command (the same JSON as on `DIR/control.sock`).
@@ -319,67 +453,33 @@ impl Testbed {
     }
 }
 
-impl Components {
-    /// Reboots the host: the fake rpm-ostreed applies an unlocked staged deployment (a locked
-    /// one is discarded), then the host root is rewritten for what booted, with a new boot id.
-    /// streamd is not touched: whoever started it stops it before and starts it after.
-    async fn reboot(&self, fail_finalize: bool) -> anyhow::Result<Value> {
-        let out = self.rpmostreed.simulate_reboot(fail_finalize).await?;
-        let h = &self.host;
-        let image = h
-            .images
-            .iter()
-            .find(|i| i.digest == out.booted_digest)
-            .with_context(|| format!("booted image {} is not in the catalog", out.booted_digest))?;
-        let previous_boot = crate::host::boot_id(&h.root)?;
-        crate::host::write(&h.root, NODE_NAME, image, &h.fixture, &out.cmdline)?;
-        crate::host::boot(&h.root, &out.booted_kernel)?;
-        if out.finalize_failed {
-            // What ostree-finalize-staged.service leaves in the journal of the boot it failed in.
-            crate::host::journal_finalize_failure(
-                &h.root,
-                &previous_boot,
-                &crate::host::boot_id(&h.root)?,
-                FINALIZE_FAILURE,
-            )
-            .await?;
-        }
-        Ok(json!({
-            "applied": out.applied,
-            "discarded": out.discarded,
-            "finalize_failed": out.finalize_failed,
-            "booted": out.booted_digest,
-            "kernel": out.booted_kernel,
-        }))
-    }
+/// Reads the `"fail-finalize"` flag of a reboot command.
+pub(crate) fn fail_finalize_flag(cmd: &Value) -> anyhow::Result<bool> {
+    Ok(cmd
+        .get("fail-finalize")
+        .map(|v| v.as_bool().context("\"fail-finalize\" must be a boolean"))
+        .transpose()?
+        .unwrap_or(false))
 }
 
 async fn dispatch(c: &Components, cmd: &Value) -> anyhow::Result<Value> {
     match cmd.get("target").and_then(Value::as_str) {
         Some("testbed") => match cmd.get("cmd").and_then(Value::as_str) {
-            Some("reboot") => {
-                let fail = cmd
-                    .get("fail-finalize")
-                    .map(|v| v.as_bool().context("\"fail-finalize\" must be a boolean"))
-                    .transpose()?
-                    .unwrap_or(false);
-                c.reboot(fail).await
-            }
+            Some("reboot") => c.host.reboot(fail_finalize_flag(cmd)?).await,
             other => bail!("unknown testbed command {other:?} (reboot)"),
         },
-        Some("rpmostreed") => c.rpmostreed.control(cmd).await,
         Some("apiserver") => c.apiserver.control(cmd).await,
-        Some("systemd") => c.systemd.control(cmd).await,
-        Some("logind") => c.logind.control(cmd).await,
-        Some("bootc") => c.bootc.control(cmd),
-        Some(other) => bail!(
-            "unknown control target {other:?} (testbed, rpmostreed, apiserver, systemd, logind, bootc)"
-        ),
+        Some(other) => match c.host.control(cmd).await {
+            Some(result) => result,
+            None => bail!(
+                "unknown control target {other:?} (testbed, rpmostreed, apiserver, systemd, logind, bootc)"
+            ),
+        },
         None => bail!("control command without \"target\""),
     }
 }
 
-fn write_env(dir: &Path, env: &BTreeMap<String, String>) -> anyhow::Result<()> {
+pub(crate) fn write_env(dir: &Path, env: &BTreeMap<String, String>) -> anyhow::Result<()> {
     let mut text = String::from("# written by `testbed up`; source it: . DIR/env\n");
     for (k, v) in env {
         text.push_str(&format!("export {k}='{}'\n", v.replace('\'', r"'\''")));
@@ -390,18 +490,24 @@ fn write_env(dir: &Path, env: &BTreeMap<String, String>) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn serve_control(path: &Path, c: Arc<Components>) -> anyhow::Result<()> {
+/// Serves `DIR/control.sock`: one JSON command per line, answered by `handle`.
+pub(crate) fn serve_control<F, Fut>(path: &Path, handle: F) -> anyhow::Result<()>
+where
+    F: Fn(Value) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<Value>> + Send + 'static,
+{
     let _ = std::fs::remove_file(path);
     let listener =
         UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    let handle = Arc::new(handle);
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
-            let c = c.clone();
+            let handle = handle.clone();
             tokio::spawn(async move {
-                if let Err(e) = control_session(stream, &c).await {
+                if let Err(e) = control_session(stream, &*handle).await {
                     warn!(error = %e, "control session failed");
                 }
             });
@@ -410,12 +516,16 @@ fn serve_control(path: &Path, c: Arc<Components>) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn control_session(stream: UnixStream, c: &Components) -> anyhow::Result<()> {
+async fn control_session<F, Fut>(stream: UnixStream, handle: &F) -> anyhow::Result<()>
+where
+    F: Fn(Value) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Value>>,
+{
     let (r, mut w) = stream.into_split();
     let mut lines = BufReader::new(r).lines();
     while let Some(line) = lines.next_line().await? {
         let reply = match serde_json::from_str::<Value>(&line) {
-            Ok(cmd) => match dispatch(c, &cmd).await {
+            Ok(cmd) => match handle(cmd).await {
                 Ok(result) => json!({ "ok": true, "result": result }),
                 Err(e) => json!({ "ok": false, "error": format!("{e:#}") }),
             },

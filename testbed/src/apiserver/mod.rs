@@ -88,6 +88,9 @@ pub(crate) struct Shared {
     client_generation: std::sync::atomic::AtomicU64,
     pki_dir: PathBuf,
     node_name: String,
+    /// The testbed CA (PEM) and its signer, for the client certificates of added nodes.
+    ca_pem: String,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
     /// Bearer tokens of users added with [`ApiServer::add_user`]: token → user name.
     tokens: std::sync::RwLock<std::collections::HashMap<String, String>>,
     /// How long a gracefully deleted pod's kubelet takes to stop it (at most the grace period).
@@ -213,6 +216,8 @@ impl ApiServer {
             client_generation: std::sync::atomic::AtomicU64::new(0),
             pki_dir: cfg.dir.join("pki"),
             node_name: cfg.node_name.clone(),
+            ca_pem: pki.ca_pem.clone(),
+            issuer: pki.issuer,
             tokens: Default::default(),
             pod_removal_delay_ms: Default::default(),
             availability: Availability::default(),
@@ -489,6 +494,27 @@ impl ApiServer {
             .map_err(|err| anyhow!("updating the status of {kind} {name}: {}", err.message))?;
         routes::after_write(&self.shared, def, namespace);
         Ok((*updated).clone())
+    }
+
+    /// Adds a node to the cluster: its Node object as a freshly registered worker's kubelet
+    /// creates it (unless it exists) and, in `dir`, a client certificate for
+    /// `system:node:<name>` signed by the testbed CA (`dir/pki/kubelet-client-current.pem`) and
+    /// the kubeconfig that uses it (`dir/kubeconfig`, returned).
+    pub fn add_node(&self, name: &str, dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+        if self.shared.store.get(&NODES, None, name).is_err() {
+            self.shared
+                .store
+                .create_node(name)
+                .map_err(|err| anyhow!("creating node {name}: {}", err.message))?;
+        }
+        pki::write_other_node(
+            dir,
+            &self.url,
+            &self.shared.ca_pem,
+            &self.shared.issuer,
+            name,
+        )?;
+        Ok(dir.join("kubeconfig"))
     }
 
     /// Adds a user authenticated by a new bearer token (a service account's

@@ -28,6 +28,8 @@ pub(crate) struct Pki {
     pub(crate) client_cert_pem: String,
     pub(crate) client_key_pem: String,
     pub(crate) admin_token: String,
+    /// Signs the client certificates of further nodes.
+    pub(crate) issuer: Issuer<'static, KeyPair>,
 }
 
 /// Fills `buf` from the system CSPRNG.
@@ -84,6 +86,7 @@ pub(crate) fn generate(pki_dir: &Path, node_name: &str) -> anyhow::Result<Pki> {
         client_cert_pem,
         client_key_pem,
         admin_token,
+        issuer,
     };
     write_file(&pki_dir.join("ca.crt"), &pki.ca_pem, false)?;
     write_file(&pki_dir.join("ca.key"), &ca_key_pem, true)?;
@@ -272,18 +275,7 @@ pub(crate) fn write_kubeconfigs(
     node_name: &str,
 ) -> anyhow::Result<()> {
     let ca = base64(pki.ca_pem.as_bytes());
-    let node_user = format!("system:node:{node_name}");
-    // As the kubelet writes it: the CA inline, the client certificate and key by path to the
-    // file its certificate manager rotates (kubernetes/kubernetes:
-    // pkg/kubelet/certificate/bootstrap/bootstrap.go, `writeKubeconfigFromBootstrapping`).
-    let pem = quote(&dir.join("pki").join(CLIENT_PEM).to_string_lossy());
-    let node = kubeconfig(
-        url,
-        &ca,
-        &node_user,
-        &format!("client-certificate: {pem}\n    client-key: {pem}"),
-    );
-    write_file(&dir.join("kubeconfig"), &node, true)?;
+    write_node_kubeconfig(dir, url, &ca, node_name)?;
     write_token_config(
         &dir.join("kubeconfig-admin"),
         url,
@@ -291,6 +283,43 @@ pub(crate) fn write_kubeconfigs(
         "admin",
         &pki.admin_token,
     )
+}
+
+/// Writes `dir/kubeconfig` for the node identity `system:node:<node_name>`. As the kubelet
+/// writes it: the CA inline, the client certificate and key by path to the file its certificate
+/// manager rotates, `dir/pki/kubelet-client-current.pem` (kubernetes/kubernetes:
+/// pkg/kubelet/certificate/bootstrap/bootstrap.go, `writeKubeconfigFromBootstrapping`).
+fn write_node_kubeconfig(
+    dir: &Path,
+    url: &str,
+    ca_b64: &str,
+    node_name: &str,
+) -> anyhow::Result<()> {
+    let node_user = format!("system:node:{node_name}");
+    let pem = quote(&dir.join("pki").join(CLIENT_PEM).to_string_lossy());
+    let node = kubeconfig(
+        url,
+        ca_b64,
+        &node_user,
+        &format!("client-certificate: {pem}\n    client-key: {pem}"),
+    );
+    write_file(&dir.join("kubeconfig"), &node, true)
+}
+
+/// Issues a client certificate for another node, signed by the testbed CA, into
+/// `dir/pki/kubelet-client-current.pem`, and writes `dir/kubeconfig` for it.
+pub(crate) fn write_other_node(
+    dir: &Path,
+    url: &str,
+    ca_pem: &str,
+    issuer: &Issuer<'static, KeyPair>,
+    node_name: &str,
+) -> anyhow::Result<()> {
+    let pki_dir = dir.join("pki");
+    fs::create_dir_all(&pki_dir).with_context(|| format!("creating {}", pki_dir.display()))?;
+    let (cert_pem, key_pem) = node_client_cert(issuer, node_name)?;
+    install_client_pem(&pki_dir, 0, &cert_pem, &key_pem)?;
+    write_node_kubeconfig(dir, url, &base64(ca_pem.as_bytes()), node_name)
 }
 
 /// Writes a bearer-token kubeconfig for `user` at `path`, trusting the CA in `ca_file`.

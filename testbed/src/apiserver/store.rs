@@ -553,8 +553,13 @@ impl Store {
                 }),
             )?;
         }
-        self.create(&NODES, None, initial_node(node_name))?;
+        self.create_node(node_name)?;
         Ok(())
+    }
+
+    /// Creates the Node `name` as a freshly registered worker's kubelet does.
+    pub(crate) fn create_node(&self, name: &str) -> Result<Arc<Value>, ApiError> {
+        self.create(&NODES, None, initial_node(name))
     }
 }
 

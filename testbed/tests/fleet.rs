@@ -1,0 +1,208 @@
+//! The fleet testbed: several node hosts, each with its own real streamd, against one API
+//! server. The streamd binary is the workspace's (`cargo test --workspace` builds it; alone, run
+//! `cargo build -p streamd` first).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use testbed::{Fleet, FleetOptions};
+
+const PREFIX: &str = "osstream.openshift.io/";
+
+/// `target/<profile>/streamd`, next to this test's `deps/` directory.
+fn streamd_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let bin = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target profile directory")
+        .join("streamd");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p streamd`",
+        bin.display()
+    );
+    bin
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("testbed-fleet-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn annotation(fleet: &Fleet, node: &str, key: &str) -> Option<String> {
+    fleet
+        .annotations(node)
+        .expect("node annotations")
+        .get(format!("{PREFIX}{key}"))
+        .and_then(Value::as_str)
+        .map(String::from)
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `kubectl annotate --overwrite node <node> k=v…` as the admin.
+async fn annotate(fleet: &Fleet, node: &str, pairs: &[String]) {
+    let out = tokio::process::Command::new("kubectl")
+        .args(["annotate", "--overwrite", "node", node])
+        .args(pairs)
+        .env("KUBECONFIG", &fleet.env()["KUBECONFIG"])
+        .env("HOME", fleet.dir())
+        .output()
+        .await
+        .expect("run kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl annotate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn node_ready(fleet: &Fleet, node: &str) -> String {
+    let obj = fleet
+        .apiserver()
+        .get("v1", "Node", None, node)
+        .expect("node");
+    obj["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .and_then(|c| c["status"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn boot_id(fleet: &Fleet, node: &str) -> Value {
+    fleet
+        .apiserver()
+        .get("v1", "Node", None, node)
+        .expect("node")["status"]["nodeInfo"]["bootID"]
+        .clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_node_runs_its_own_streamd_moves_and_reboots_on_its_own() {
+    let dir = scratch("move");
+    let fleet = Fleet::start(FleetOptions {
+        streamd: Some(streamd_bin()),
+        ..FleetOptions::new(&dir, 3)
+    })
+    .await
+    .expect("fleet starts");
+    assert_eq!(fleet.nodes(), ["worker-0", "worker-1", "worker-2"]);
+    for node in fleet.nodes() {
+        wait_until(
+            &format!("{node}'s streamd to report Idle"),
+            Duration::from_secs(60),
+            || annotation(&fleet, &node, "state").as_deref() == Some("Idle"),
+        )
+        .await;
+        assert_eq!(node_ready(&fleet, &node), "True");
+    }
+    // Each agent authenticated as its own node.
+    let stats = fleet
+        .control(&json!({"target": "apiserver", "cmd": "stats"}))
+        .await
+        .expect("stats");
+    for node in fleet.nodes() {
+        assert!(
+            stats["by_user"][format!("system:node:{node}")]["patch"].as_u64() >= Some(1),
+            "{stats}"
+        );
+    }
+    fleet
+        .control(&json!({"target": "apiserver", "cmd": "reset-unavailable"}))
+        .await
+        .expect("reset");
+
+    // worker-1 alone moves to rhel-10: staged, approved, rebooted by its kubelet, Done.
+    let before = boot_id(&fleet, "worker-1");
+    let rhel10 = fleet.env()["TESTBED_RHEL10_IMAGE"].clone();
+    annotate(
+        &fleet,
+        "worker-1",
+        &[
+            format!("{PREFIX}desired-stream=rhel-10"),
+            format!("{PREFIX}desired-os-image={rhel10}"),
+        ],
+    )
+    .await;
+    wait_until(
+        "worker-1's reboot request",
+        Duration::from_secs(120),
+        || annotation(&fleet, "worker-1", "reboot-requested").is_some(),
+    )
+    .await;
+    let token = annotation(&fleet, "worker-1", "reboot-requested").expect("token");
+    annotate(
+        &fleet,
+        "worker-1",
+        &[format!("{PREFIX}reboot-approved={token}")],
+    )
+    .await;
+    wait_until("worker-1 Done on rhel-10", Duration::from_secs(120), || {
+        annotation(&fleet, "worker-1", "state").as_deref() == Some("Done")
+    })
+    .await;
+    assert_eq!(
+        annotation(&fleet, "worker-1", "current-stream").as_deref(),
+        Some("rhel-10")
+    );
+    assert_ne!(boot_id(&fleet, "worker-1"), before, "the host rebooted");
+    assert_eq!(node_ready(&fleet, "worker-1"), "True");
+    for other in ["worker-0", "worker-2"] {
+        assert_eq!(annotation(&fleet, other, "state").as_deref(), Some("Idle"));
+    }
+    let record = fleet
+        .control(&json!({"target": "apiserver", "cmd": "unavailable"}))
+        .await
+        .expect("record");
+    assert_eq!(record["max"], 1, "{record}");
+    assert!(
+        record["timeline"]
+            .as_array()
+            .expect("timeline")
+            .iter()
+            .any(|e| e["nodes"] == json!(["worker-1"])),
+        "{record}"
+    );
+
+    // An administrator reboots worker-2 by hand: NotReady meanwhile, a new streamd after.
+    let pid = fleet.streamd_pid("worker-2").await.expect("pid");
+    let before = boot_id(&fleet, "worker-2");
+    let reboot = fleet
+        .control(&json!({"target": "testbed", "cmd": "reboot", "node": "worker-2"}))
+        .await
+        .expect("reboot");
+    assert_eq!(reboot["applied"], false, "nothing was staged: {reboot}");
+    assert_ne!(boot_id(&fleet, "worker-2"), before);
+    let new_pid = fleet.streamd_pid("worker-2").await.expect("pid");
+    assert!(new_pid.is_some() && new_pid != pid, "{pid:?} → {new_pid:?}");
+    let record = fleet
+        .control(&json!({"target": "apiserver", "cmd": "unavailable"}))
+        .await
+        .expect("record");
+    assert!(
+        record["timeline"]
+            .as_array()
+            .expect("timeline")
+            .iter()
+            .any(|e| e["nodes"] == json!(["worker-2"])),
+        "{record}"
+    );
+    wait_until(
+        "worker-2's new streamd to report",
+        Duration::from_secs(60),
+        || annotation(&fleet, "worker-2", "state").as_deref() == Some("Idle"),
+    )
+    .await;
+    drop(fleet);
+    let _ = std::fs::remove_dir_all(&dir);
+}
