@@ -3,7 +3,9 @@
 //! Measured, never asserted: reaction time from a node patch to `UpdateDeployment` reaching
 //! rpm-ostreed (seen by a bus monitor) next to the delivery of the same patch to a bare
 //! `kubectl get node -w`; streamd's RSS, CPU and API requests after an idle minute; node patches
-//! per minute while the fake emits 1000 progress signals per second.
+//! per minute while the fake emits 1000 progress signals per second; what one migration to
+//! rhel-10 (request, staging, approval, reboot, `Done`) costs in registry GETs and bytes, image
+//! imports and transactions.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -27,6 +29,11 @@ const DESIRED_STREAM: &str = "osstream.openshift.io/desired-stream";
 const DESIRED_OS_IMAGE: &str = "osstream.openshift.io/desired-os-image";
 const STATE: &str = "osstream.openshift.io/state";
 const REASON: &str = "osstream.openshift.io/reason";
+const REBOOT_REQUESTED: &str = "osstream.openshift.io/reboot-requested";
+const REBOOT_APPROVED: &str = "osstream.openshift.io/reboot-approved";
+/// How long a staged migration is watched before the approval: a re-pull loop (cleanup and
+/// stage again) shows up as more transactions, imports and registry GETs.
+const STAGED_WATCH: Duration = Duration::from_secs(10);
 const STREAMD_USER: &str = "system:node:worker-0";
 
 /// Bench parameters.
@@ -48,12 +55,12 @@ pub struct BenchOptions {
 pub async fn run(opts: &BenchOptions) -> anyhow::Result<Value> {
     let tb = Testbed::start(Options::new(opts.dir.clone())).await?;
     let mut streamd = spawn_streamd(&tb, &opts.streamd)?;
-    let result = measure(&tb, &streamd, opts).await;
+    let result = measure(&tb, &mut streamd, opts).await;
     let _ = streamd.kill().await;
     result
 }
 
-async fn measure(tb: &Testbed, streamd: &Child, opts: &BenchOptions) -> anyhow::Result<Value> {
+async fn measure(tb: &Testbed, streamd: &mut Child, opts: &BenchOptions) -> anyhow::Result<Value> {
     wait_state(tb, "Idle", Duration::from_secs(30)).await?;
     let pid = streamd.id().context("streamd exited")?;
     let api = ApiClient::new(tb).await?;
@@ -130,6 +137,8 @@ async fn measure(tb: &Testbed, streamd: &Child, opts: &BenchOptions) -> anyhow::
         .get("patch")
         .copied()
         .unwrap_or(0);
+    let served0 = registry_served(tb)?;
+    let txns0 = transactions(tb).await?.len();
     let t0 = Instant::now();
     let rhel10 = tb.images()[1].pullspec.clone();
     api.patch_annotations(&json!({ DESIRED_STREAM: "rhel-10", DESIRED_OS_IMAGE: rhel10 }))
@@ -142,6 +151,47 @@ async fn measure(tb: &Testbed, streamd: &Child, opts: &BenchOptions) -> anyhow::
         .copied()
         .unwrap_or(0);
     let storm_patches = patches1 - patches0;
+
+    // The rest of that migration: watched while staged, approved, rebooted, `Done`.
+    tokio::time::sleep(STAGED_WATCH).await;
+    let a = tb
+        .control(&json!({"target": "apiserver", "cmd": "node-annotations"}))
+        .await?;
+    let token = a
+        .get(REBOOT_REQUESTED)
+        .and_then(Value::as_str)
+        .context("no reboot-requested token while staged")?
+        .to_string();
+    api.patch_annotations(&json!({ REBOOT_APPROVED: token }))
+        .await?;
+    // The fake marks the reboot once `FinalizeDeployment` unlocked the deployment.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !transactions(tb)
+        .await?
+        .iter()
+        .any(|t| t["method"] == "FinalizeDeployment" && t["reboot_requested"] == true)
+    {
+        if Instant::now() > deadline {
+            bail!("no FinalizeDeployment asked for a reboot within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = streamd.kill().await;
+    let _ = streamd.wait().await;
+    tb.reboot(false).await?;
+    *streamd = spawn_streamd(tb, &opts.streamd)?;
+    wait_state(tb, "Done", Duration::from_secs(60)).await?;
+    let migration_s = t0.elapsed().as_secs_f64();
+    let served = registry_served(tb)?.since(&served0);
+    let txns = transactions(tb).await?;
+    let new_txns = txns.get(txns0..).unwrap_or_default();
+    let count = |method: &str| {
+        new_txns
+            .iter()
+            .filter(|t| t["method"] == method && t["started"] == true)
+            .count()
+    };
+    let imports = new_txns.iter().filter(|t| t["pulled"] == true).count();
 
     let (r50, r99) = (percentile(&react, 50.0), percentile(&react, 99.0));
     let (d50, d99) = (percentile(&deliver, 50.0), percentile(&deliver, 99.0));
@@ -161,6 +211,17 @@ async fn measure(tb: &Testbed, streamd: &Child, opts: &BenchOptions) -> anyhow::
             "api_requests": idle_requests,
             "api_requests_by_verb": diff(&before, &after),
         },
+        "migration": {
+            "seconds": migration_s,
+            "staged_watch_seconds": STAGED_WATCH.as_secs(),
+            "registry_manifest_gets": served.manifest_gets,
+            "registry_blob_gets": served.blob_gets,
+            "registry_bytes": served.bytes,
+            "image_imports": imports,
+            "update_deployments": count("UpdateDeployment"),
+            "cleanups": count("Cleanup"),
+            "finalize_deployments": count("FinalizeDeployment"),
+        },
         "progress_storm": {
             "signals_per_second": 1000,
             "seconds": storm_s,
@@ -168,6 +229,67 @@ async fn measure(tb: &Testbed, streamd: &Child, opts: &BenchOptions) -> anyhow::
             "node_patches_per_minute": storm_patches as f64 / storm_s * 60.0,
         },
     }))
+}
+
+/// What the testbed registry served: GETs of manifests and blobs and their bytes.
+#[derive(Debug, Default, Clone, Copy)]
+struct Served {
+    manifest_gets: u64,
+    blob_gets: u64,
+    bytes: u64,
+}
+
+impl Served {
+    fn since(&self, before: &Served) -> Served {
+        Served {
+            manifest_gets: self.manifest_gets - before.manifest_gets,
+            blob_gets: self.blob_gets - before.blob_gets,
+            bytes: self.bytes - before.bytes,
+        }
+    }
+}
+
+/// Counted from the registry's log: distribution logs every response ("response completed")
+/// with its method, URI and `http.response.written` bytes.
+fn registry_served(tb: &Testbed) -> anyhow::Result<Served> {
+    let path = tb.registry().dir().join("registry").join("registry.log");
+    let log =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut s = Served::default();
+    for line in log.lines().filter(|l| {
+        l.contains("msg=\"response completed\"") && l.contains("http.request.method=GET")
+    }) {
+        let uri = log_field(line, "http.request.uri=");
+        if uri.contains("/manifests/") {
+            s.manifest_gets += 1;
+        } else if uri.contains("/blobs/") {
+            s.blob_gets += 1;
+        } else {
+            continue;
+        }
+        s.bytes += log_field(line, "http.response.written=")
+            .parse::<u64>()
+            .unwrap_or(0);
+    }
+    Ok(s)
+}
+
+/// The value of `key` (which ends in `=`) in a logfmt line, unquoted.
+fn log_field<'a>(line: &'a str, key: &str) -> &'a str {
+    let Some((_, rest)) = line.split_once(key) else {
+        return "";
+    };
+    match rest.strip_prefix('"') {
+        Some(quoted) => quoted.split('"').next().unwrap_or_default(),
+        None => rest.split(' ').next().unwrap_or_default(),
+    }
+}
+
+async fn transactions(tb: &Testbed) -> anyhow::Result<Vec<Value>> {
+    let t = tb
+        .control(&json!({"target": "rpmostreed", "cmd": "transactions"}))
+        .await?;
+    Ok(t.as_array().cloned().unwrap_or_default())
 }
 
 fn diff(a: &HashMap<String, u64>, b: &HashMap<String, u64>) -> Value {
