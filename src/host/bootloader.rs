@@ -1,0 +1,159 @@
+//! The bootloader update before a move to another RHEL major on a Secure Boot host.
+//!
+//! A RHEL 10 kernel is signed with keys an old shim does not trust: with Secure Boot on, the
+//! node would not boot the new deployment. The machine-config daemon therefore updates the
+//! bootloader before every rebase on Secure Boot x86_64/aarch64 nodes
+//! (openshift/machine-config-operator:pkg/daemon/bootupd.go `runBootloaderUpdate`): on RHEL >=
+//! 9.6 it starts bootupd's `bootloader-update.service` (`systemctl start`, which waits for the
+//! oneshot `bootupctl update` and returns its result), else, or when that fails, it runs
+//! `bootupctl update` from the target image in a privileged podman container and at last copies
+//! the EFI files onto the ESPs by hand. streamd does the first step the same way, over systemd's
+//! D-Bus API (`StartUnit` mode `replace`, then the job's `JobRemoved`), and does not do the
+//! container fallback (it would need podman, the pull secret, `/dev` and the ESPs inside
+//! streamd's sandbox): when the unit is missing or fails, the move is not finalized and the
+//! reason says what to do.
+
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use tracing::info;
+use zbus::zvariant::OwnedObjectPath;
+
+/// bootupd's unit (coreos/bootupd:contrib/packaging/bootloader-update.service).
+pub const UNIT: &str = "bootloader-update.service";
+/// Longest wait for `bootupctl update`.
+const TIMEOUT: Duration = Duration::from_secs(600);
+
+const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
+const ALREADY_SUBSCRIBED: &str = "org.freedesktop.systemd1.AlreadySubscribed";
+
+#[zbus::proxy(
+    interface = "org.freedesktop.systemd1.Manager",
+    default_service = "org.freedesktop.systemd1",
+    default_path = "/org/freedesktop/systemd1"
+)]
+trait Systemd {
+    fn start_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    fn subscribe(&self) -> zbus::Result<()>;
+    fn get_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+    #[zbus(signal)]
+    fn job_removed(
+        &self,
+        id: u32,
+        job: OwnedObjectPath,
+        unit: String,
+        result: String,
+    ) -> zbus::Result<()>;
+}
+
+#[zbus::proxy(
+    interface = "org.freedesktop.systemd1.Service",
+    default_service = "org.freedesktop.systemd1"
+)]
+trait UnitService {
+    #[zbus(property)]
+    fn result(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn exec_main_status(&self) -> zbus::Result<i32>;
+}
+
+/// Why the bootloader was not updated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BootloaderError {
+    /// The host has no `bootloader-update.service` (RHEL before 9.6).
+    #[error(
+        "systemd has no {UNIT} ({0}); on RHEL before 9.6 the machine-config daemon runs `bootupctl update` from the target image in a privileged container, which streamd does not: update the bootloader that way, then run `streamctl reconcile`"
+    )]
+    NotInstalled(String),
+    /// The unit ran and failed.
+    #[error(
+        "{UNIT} failed (result {result}, exit status {status}): see `journalctl -u {UNIT}`, then run `streamctl reconcile`"
+    )]
+    Failed {
+        /// The job's or the service's result (`exit-code`, `timeout`, `canceled`, …).
+        result: String,
+        /// `ExecMainStatus`.
+        status: i32,
+    },
+    /// The unit did not finish in time.
+    #[error("{UNIT} did not finish within {0} s")]
+    Timeout(u64),
+    /// A D-Bus call to systemd failed.
+    #[error("asking systemd to start {UNIT}: {0}")]
+    Call(String),
+}
+
+fn error_name(e: &zbus::Error) -> Option<&str> {
+    match e {
+        zbus::Error::MethodError(name, _, _) => Some(name.as_str()),
+        _ => None,
+    }
+}
+
+/// Starts `bootloader-update.service` and waits for its start job to end.
+pub async fn update(conn: &zbus::Connection) -> Result<(), BootloaderError> {
+    let call = |e: zbus::Error| BootloaderError::Call(crate::text::one_line_reason(&e.to_string()));
+    let manager = SystemdProxy::new(conn).await.map_err(call)?;
+    // The match rule exists before the job does, so its JobRemoved cannot be missed.
+    let mut removed = manager.receive_job_removed().await.map_err(call)?;
+    match manager.subscribe().await {
+        Ok(()) => {}
+        Err(e) if error_name(&e) == Some(ALREADY_SUBSCRIBED) => {}
+        Err(e) => return Err(call(e)),
+    }
+    let job = match manager.start_unit(UNIT, "replace").await {
+        Ok(job) => job,
+        Err(zbus::Error::MethodError(name, msg, _)) if name.as_str() == NO_SUCH_UNIT => {
+            return Err(BootloaderError::NotInstalled(crate::text::one_line_reason(
+                msg.as_deref().unwrap_or("no such unit"),
+            )));
+        }
+        Err(e) => return Err(call(e)),
+    };
+    info!(unit = UNIT, job = %job.as_str(), "updating the bootloader");
+    let waited = tokio::time::timeout(TIMEOUT, async {
+        while let Some(signal) = removed.next().await {
+            let Ok(args) = signal.args() else { continue };
+            if args.job.as_str() == job.as_str() {
+                return Some(args.result);
+            }
+        }
+        None
+    })
+    .await;
+    let job_result = match waited {
+        Err(_) => return Err(BootloaderError::Timeout(TIMEOUT.as_secs())),
+        Ok(None) => {
+            return Err(BootloaderError::Call(format!(
+                "the bus connection closed while {UNIT} ran"
+            )));
+        }
+        Ok(Some(r)) => r,
+    };
+    if job_result == "done" {
+        info!(unit = UNIT, "bootloader updated");
+        return Ok(());
+    }
+    // The service's own result says more than the job's `failed`.
+    let (result, status) = match unit_result(conn, &manager).await {
+        Some((r, s)) if r != "success" => (r, s),
+        _ => (job_result, -1),
+    };
+    Err(BootloaderError::Failed {
+        result: crate::text::one_line(&result, 64),
+        status,
+    })
+}
+
+async fn unit_result(conn: &zbus::Connection, manager: &SystemdProxy<'_>) -> Option<(String, i32)> {
+    let path = manager.get_unit(UNIT).await.ok()?;
+    let service = UnitServiceProxy::builder(conn)
+        .path(path)
+        .ok()?
+        .build()
+        .await
+        .ok()?;
+    let result = service.result().await.ok()?;
+    let status = service.exec_main_status().await.unwrap_or(-1);
+    Some((result, status))
+}
