@@ -27,20 +27,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt as _;
 use serde::Deserialize;
 use tracing::{debug, info, warn};
-use zbus::zvariant::{OwnedObjectPath, Value};
+use zbus::zvariant::Value;
 
 use crate::backend::Deployment;
 use crate::backend::KernelVariant;
+// The systemd proxies and the job wait are shared with the bootloader update (mcd, issue 11 §6).
+use crate::backend::systemd::{JobEnd, ManagerProxy, ServiceProxy, UnitProxy, job_watch, wait_job};
 
 /// How long `bootc status` may take.
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long `bootc switch` may take (it pulls a whole OS image).
 pub const SWITCH_TIMEOUT: Duration = Duration::from_secs(3600);
 
-const ALREADY_SUBSCRIBED: &str = "org.freedesktop.systemd1.AlreadySubscribed";
 const UNIT_EXISTS: &str = "org.freedesktop.systemd1.UnitExists";
 const BLOCKED_BY_INHIBITOR: &str = "org.freedesktop.login1.BlockedByInhibitorLock";
 
@@ -140,50 +140,6 @@ fn error_name(e: &zbus::Error) -> Option<&str> {
         zbus::Error::MethodError(name, _, _) => Some(name.as_str()),
         _ => None,
     }
-}
-
-#[zbus::proxy(
-    interface = "org.freedesktop.systemd1.Manager",
-    default_service = "org.freedesktop.systemd1",
-    default_path = "/org/freedesktop/systemd1"
-)]
-trait Manager {
-    fn start_transient_unit(
-        &self,
-        name: &str,
-        mode: &str,
-        properties: &[(&str, Value<'_>)],
-        aux: &[(&str, &[(&str, Value<'_>)])],
-    ) -> zbus::Result<OwnedObjectPath>;
-    fn subscribe(&self) -> zbus::Result<()>;
-    fn get_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
-    #[zbus(signal)]
-    fn job_removed(
-        &self,
-        id: u32,
-        job: OwnedObjectPath,
-        unit: String,
-        result: String,
-    ) -> zbus::Result<()>;
-}
-
-#[zbus::proxy(
-    interface = "org.freedesktop.systemd1.Unit",
-    default_service = "org.freedesktop.systemd1"
-)]
-trait Unit {
-    fn unref(&self) -> zbus::Result<()>;
-}
-
-#[zbus::proxy(
-    interface = "org.freedesktop.systemd1.Service",
-    default_service = "org.freedesktop.systemd1"
-)]
-trait Service {
-    #[zbus(property)]
-    fn result(&self) -> zbus::Result<String>;
-    #[zbus(property)]
-    fn exec_main_status(&self) -> zbus::Result<i32>;
 }
 
 #[zbus::proxy(
@@ -364,16 +320,7 @@ impl Client {
     ) -> Result<(), BootcError> {
         let call = |c: &'static str| move |e: zbus::Error| BootcError::call("systemd", c, e);
         let manager = ManagerProxy::new(&self.conn).await.map_err(call("proxy"))?;
-        // The match rule exists before the unit does, so its JobRemoved cannot be missed.
-        let mut removed = manager
-            .receive_job_removed()
-            .await
-            .map_err(call("AddMatch"))?;
-        match manager.subscribe().await {
-            Ok(()) => {}
-            Err(e) if error_name(&e) == Some(ALREADY_SUBSCRIBED) => {}
-            Err(e) => return Err(call("Subscribe")(e)),
-        }
+        let mut removed = job_watch(&manager).await.map_err(|(c, e)| call(c)(e))?;
         let exec: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
         let stderr_file = self
             .runtime_dir
@@ -417,31 +364,21 @@ impl Client {
             }
         };
         info!(unit = %unit, job = %job.as_str(), command = %argv.join(" "), "started bootc unit");
-        let waited = tokio::time::timeout(limit, async {
-            while let Some(signal) = removed.next().await {
-                let Ok(args) = signal.args() else { continue };
-                if args.job.as_str() == job.as_str() {
-                    return Some(args.result);
-                }
-            }
-            None
-        })
-        .await;
-        let job_result = match waited {
-            Err(_) => {
+        let job_result = match wait_job(&mut removed, &job, limit).await {
+            JobEnd::TimedOut => {
                 return Err(BootcError::Timeout {
                     unit,
                     secs: limit.as_secs(),
                 });
             }
-            Ok(None) => {
+            JobEnd::Closed => {
                 return Err(BootcError::Call {
                     service: "systemd",
                     call: "JobRemoved",
                     message: format!("the bus connection closed while {unit} ran"),
                 });
             }
-            Ok(Some(r)) => r,
+            JobEnd::Removed(r) => r,
         };
         let (result, status) = self.unit_result(&unit).await;
         let stderr = read_stderr(&stderr_file);

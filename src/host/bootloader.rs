@@ -15,9 +15,9 @@
 
 use std::time::Duration;
 
-use futures::StreamExt as _;
 use tracing::info;
-use zbus::zvariant::OwnedObjectPath;
+
+use crate::backend::systemd::{JobEnd, ManagerProxy, ServiceProxy, job_watch, wait_job};
 
 /// bootupd's unit (coreos/bootupd:contrib/packaging/bootloader-update.service).
 pub const UNIT: &str = "bootloader-update.service";
@@ -25,37 +25,6 @@ pub const UNIT: &str = "bootloader-update.service";
 const TIMEOUT: Duration = Duration::from_secs(600);
 
 const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
-const ALREADY_SUBSCRIBED: &str = "org.freedesktop.systemd1.AlreadySubscribed";
-
-#[zbus::proxy(
-    interface = "org.freedesktop.systemd1.Manager",
-    default_service = "org.freedesktop.systemd1",
-    default_path = "/org/freedesktop/systemd1"
-)]
-trait Systemd {
-    fn start_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
-    fn subscribe(&self) -> zbus::Result<()>;
-    fn get_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
-    #[zbus(signal)]
-    fn job_removed(
-        &self,
-        id: u32,
-        job: OwnedObjectPath,
-        unit: String,
-        result: String,
-    ) -> zbus::Result<()>;
-}
-
-#[zbus::proxy(
-    interface = "org.freedesktop.systemd1.Service",
-    default_service = "org.freedesktop.systemd1"
-)]
-trait UnitService {
-    #[zbus(property)]
-    fn result(&self) -> zbus::Result<String>;
-    #[zbus(property)]
-    fn exec_main_status(&self) -> zbus::Result<i32>;
-}
 
 /// Why the bootloader was not updated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -83,24 +52,11 @@ pub enum BootloaderError {
     Call(String),
 }
 
-fn error_name(e: &zbus::Error) -> Option<&str> {
-    match e {
-        zbus::Error::MethodError(name, _, _) => Some(name.as_str()),
-        _ => None,
-    }
-}
-
 /// Starts `bootloader-update.service` and waits for its start job to end.
 pub async fn update(conn: &zbus::Connection) -> Result<(), BootloaderError> {
     let call = |e: zbus::Error| BootloaderError::Call(crate::text::one_line_reason(&e.to_string()));
-    let manager = SystemdProxy::new(conn).await.map_err(call)?;
-    // The match rule exists before the job does, so its JobRemoved cannot be missed.
-    let mut removed = manager.receive_job_removed().await.map_err(call)?;
-    match manager.subscribe().await {
-        Ok(()) => {}
-        Err(e) if error_name(&e) == Some(ALREADY_SUBSCRIBED) => {}
-        Err(e) => return Err(call(e)),
-    }
+    let manager = ManagerProxy::new(conn).await.map_err(call)?;
+    let mut removed = job_watch(&manager).await.map_err(|(_, e)| call(e))?;
     let job = match manager.start_unit(UNIT, "replace").await {
         Ok(job) => job,
         Err(zbus::Error::MethodError(name, msg, _)) if name.as_str() == NO_SUCH_UNIT => {
@@ -111,24 +67,14 @@ pub async fn update(conn: &zbus::Connection) -> Result<(), BootloaderError> {
         Err(e) => return Err(call(e)),
     };
     info!(unit = UNIT, job = %job.as_str(), "updating the bootloader");
-    let waited = tokio::time::timeout(TIMEOUT, async {
-        while let Some(signal) = removed.next().await {
-            let Ok(args) = signal.args() else { continue };
-            if args.job.as_str() == job.as_str() {
-                return Some(args.result);
-            }
-        }
-        None
-    })
-    .await;
-    let job_result = match waited {
-        Err(_) => return Err(BootloaderError::Timeout(TIMEOUT.as_secs())),
-        Ok(None) => {
+    let job_result = match wait_job(&mut removed, &job, TIMEOUT).await {
+        JobEnd::TimedOut => return Err(BootloaderError::Timeout(TIMEOUT.as_secs())),
+        JobEnd::Closed => {
             return Err(BootloaderError::Call(format!(
                 "the bus connection closed while {UNIT} ran"
             )));
         }
-        Ok(Some(r)) => r,
+        JobEnd::Removed(r) => r,
     };
     if job_result == "done" {
         info!(unit = UNIT, "bootloader updated");
@@ -145,9 +91,9 @@ pub async fn update(conn: &zbus::Connection) -> Result<(), BootloaderError> {
     })
 }
 
-async fn unit_result(conn: &zbus::Connection, manager: &SystemdProxy<'_>) -> Option<(String, i32)> {
+async fn unit_result(conn: &zbus::Connection, manager: &ManagerProxy<'_>) -> Option<(String, i32)> {
     let path = manager.get_unit(UNIT).await.ok()?;
-    let service = UnitServiceProxy::builder(conn)
+    let service = ServiceProxy::builder(conn)
         .path(path)
         .ok()?
         .build()
