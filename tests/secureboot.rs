@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -46,9 +47,10 @@ async fn finalize_called(env: &Env) -> bool {
         .any(|t| t["method"] == json!("FinalizeDeployment"))
 }
 
-/// A Secure Boot host moving rhel-9 → rhel-10, up to the approval.
-async fn approved_move(name: &str, host: &str) -> Env {
+/// A host moving rhel-9 → rhel-10, up to the approval; `prepare` changes the host root first.
+async fn approved_move(name: &str, host: &str, prepare: impl FnOnce(&Path)) -> Env {
     let mut env = Env::with_host(name, host).await;
+    prepare(&env.dir.join("host"));
     env.start_streamd();
     env.request_rhel10();
     env.approve_reboot().await;
@@ -57,7 +59,7 @@ async fn approved_move(name: &str, host: &str) -> Env {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_major_move_updates_the_bootloader_before_finalizing() {
-    let env = approved_move("secureboot-update", "secureboot").await;
+    let env = approved_move("secureboot-update", "secureboot", |_| {}).await;
     eventually("the reboot", &env, Env::reboot_initiated).await;
     let runs = bootloader_runs(&env).await;
     assert_eq!(runs.len(), 1, "{runs:#?}");
@@ -70,16 +72,15 @@ async fn a_major_move_updates_the_bootloader_before_finalizing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_bootloader_update_degrades_without_finalizing() {
-    let mut env = Env::with_host("secureboot-fails", "secureboot").await;
-    std::fs::create_dir_all(env.dir.join("host/run/testbed")).expect("mkdir");
-    std::fs::write(
-        env.dir.join("host/run/testbed/bootloader-update-fails"),
-        "error: updating EFI: No space left on device\n",
-    )
-    .expect("fault");
-    env.start_streamd();
-    env.request_rhel10();
-    env.approve_reboot().await;
+    let env = approved_move("secureboot-fails", "secureboot", |host| {
+        std::fs::create_dir_all(host.join("run/testbed")).expect("mkdir");
+        std::fs::write(
+            host.join("run/testbed/bootloader-update-fails"),
+            "error: updating EFI: No space left on device\n",
+        )
+        .expect("fault");
+    })
+    .await;
     let degraded = env.wait_state("Degraded").await;
     let reason = &degraded[REASON];
     assert!(
@@ -96,12 +97,11 @@ async fn a_failed_bootloader_update_degrades_without_finalizing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_unit_the_move_is_not_finalized_and_the_reason_says_why() {
-    let mut env = Env::with_host("secureboot-nounit", "secureboot").await;
-    std::fs::remove_file(env.dir.join("host/usr/lib/systemd/system").join(UNIT))
-        .expect("remove the unit");
-    env.start_streamd();
-    env.request_rhel10();
-    env.approve_reboot().await;
+    let env = approved_move("secureboot-nounit", "secureboot", |host| {
+        std::fs::remove_file(host.join("usr/lib/systemd/system").join(UNIT))
+            .expect("remove the unit");
+    })
+    .await;
     let degraded = env.wait_state("Degraded").await;
     let reason = &degraded[REASON];
     assert!(
@@ -114,7 +114,7 @@ async fn without_the_unit_the_move_is_not_finalized_and_the_reason_says_why() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_secure_boot_the_bootloader_is_left_alone() {
-    let env = approved_move("secureboot-off", "default").await;
+    let env = approved_move("secureboot-off", "default", |_| {}).await;
     eventually("the reboot", &env, Env::reboot_initiated).await;
     assert!(bootloader_runs(&env).await.is_empty());
 }

@@ -400,6 +400,18 @@ pub fn unit_path(name: &str) -> String {
     path
 }
 
+/// `job_mode_from_string()`'s answer to a mode it does not know.
+fn check_job_mode(mode: &str) -> Result<(), NamedError> {
+    if JOB_MODES.contains(&mode) {
+        Ok(())
+    } else {
+        Err(NamedError::new(
+            INVALID_ARGS,
+            format!("Job mode {mode} invalid"),
+        ))
+    }
+}
+
 fn job_path(id: u32) -> String {
     format!("/org/freedesktop/systemd1/job/{id}")
 }
@@ -719,12 +731,7 @@ impl ManagerIface {
         aux: Vec<(String, Vec<(String, OwnedValue)>)>,
         #[zbus(header)] hdr: Header<'_>,
     ) -> Result<OwnedObjectPath, NamedError> {
-        if !JOB_MODES.contains(&mode.as_str()) {
-            return Err(NamedError::new(
-                INVALID_ARGS,
-                format!("Job mode {mode} invalid"),
-            ));
-        }
+        check_job_mode(&mode)?;
         let Some(kind) = unit_type(&name) else {
             return Err(NamedError::new(INVALID_ARGS, "Invalid unit name or type."));
         };
@@ -773,12 +780,7 @@ impl ManagerIface {
         mode: String,
         #[zbus(header)] hdr: Header<'_>,
     ) -> Result<OwnedObjectPath, NamedError> {
-        if !JOB_MODES.contains(&mode.as_str()) {
-            return Err(NamedError::new(
-                INVALID_ARGS,
-                format!("Job mode {mode} invalid"),
-            ));
-        }
+        check_job_mode(&mode)?;
         let root = lock(&self.shared.host_root).clone();
         let fragment = root
             .as_ref()
