@@ -135,7 +135,14 @@ pub(super) async fn check_only(
     );
     let foreign = planner::foreign_staged(deployments, record);
     gatherer
-        .prepare(facts, desired, booted, foreign, base)
+        .prepare(
+            facts,
+            desired,
+            booted,
+            foreign,
+            base,
+            super::gather::Purpose::DryRun,
+        )
         .await
 }
 

@@ -16,7 +16,7 @@ pub mod systemd;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
-pub use deployment::{Deployment, DeploymentError};
+pub use deployment::{Deployment, DeploymentError, pending};
 pub use kernel::KernelVariant;
 pub use plan::StagePlan;
 

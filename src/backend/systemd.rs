@@ -1,6 +1,6 @@
 //! systemd's manager over D-Bus, the part streamd uses: transient units for bootc
 //! ([`crate::backend::bootc`]) and `StartUnit` for the bootloader update
-//! ([`crate::host::bootloader`]). A job's end comes as `JobRemoved`, broadcast only to
+//! (`src/host/bootloader.rs`). A job's end comes as `JobRemoved`, broadcast only to
 //! subscribed clients (systemd/systemd:src/core/dbus-manager.c, org.freedesktop.systemd1(5)).
 
 use std::time::Duration;
@@ -51,6 +51,12 @@ pub trait Manager {
 pub trait Unit {
     /// Drops the reference `AddRef` took.
     fn unref(&self) -> zbus::Result<()>;
+    /// `active`, `activating`, `inactive`, `failed`, …
+    #[zbus(property)]
+    fn active_state(&self) -> zbus::Result<String>;
+    /// The unit's description.
+    #[zbus(property)]
+    fn description(&self) -> zbus::Result<String>;
 }
 
 /// `org.freedesktop.systemd1.Service`.

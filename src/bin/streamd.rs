@@ -112,6 +112,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         runtime_dir: cfg.runtime_dir.clone(),
         policy: cfg.policy.clone(),
         inspector: Default::default(),
+        in_use: Default::default(),
     };
     let reboot = streamd::agent::Settings {
         policy: cfg.reboot,

@@ -5,4 +5,5 @@
 pub mod attempt;
 pub mod bootloader;
 pub mod facts;
+pub mod ospull;
 pub mod verify;

@@ -429,6 +429,11 @@ pub fn base_packages(image: &TestImage, arch: &str) -> Vec<Nevra> {
         ]
     };
     out.extend(userspace.iter().map(|(n, e, v, r, a)| nv(n, *e, v, r, a)));
+    // One package only the el9 base has (RHEL 10 dropped the ISC DHCP client), so an origin's
+    // removal can name a package the new base lacks (rpm-ostree's "Inactive base removals").
+    if !el10 {
+        out.push(nv("dhcp-client", 12, "4.4.2", "19.b1.el9", arch));
+    }
     out
 }
 
