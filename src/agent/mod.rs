@@ -139,6 +139,8 @@ pub struct Agent {
     readiness_stale: bool,
     /// Delay before retrying readiness checks that could not run.
     readiness_backoff: Duration,
+    /// The digest whose bootloader update ran this boot, and its failure, if it failed.
+    bootloader: Option<(String, Option<String>)>,
 }
 
 impl Agent {
@@ -203,6 +205,7 @@ impl Agent {
             readiness_at: None,
             readiness_stale: false,
             readiness_backoff: REGISTRY_MIN_BACKOFF,
+            bootloader: None,
         })
     }
 
@@ -286,8 +289,10 @@ impl Agent {
                 Some(req) = self.requests.recv() => match req {
                     Request::Reconcile => {
                         info!("reconcile requested over d-bus");
-                        // Also a request whose staging failed is tried again.
+                        // Also a request whose staging (or bootloader update) failed is tried
+                        // again.
                         self.forget_failure();
+                        self.bootloader = None;
                         self.reconcile().await;
                     }
                     Request::Preflight { inputs, reply } => {
@@ -413,6 +418,8 @@ impl Agent {
                     return;
                 }
                 debug!(?inputs, "request changed");
+                // A new request or approval may try a failed bootloader update again.
+                self.bootloader = None;
                 let previous = self.inputs.as_ref().map(|i| (&self.resolved_from, i));
                 self.spread_until = crate::cluster::streams::catalog_refresh(
                     previous.filter(|_| self.unresolved.is_none()),
@@ -539,6 +546,9 @@ impl Agent {
                 self.hold_readiness().await;
             }
             Outcome::Checked(run) => self.on_checked(*run).await,
+            Outcome::BootloaderUpdated(digest, result) => {
+                self.on_bootloader_updated(digest, result).await;
+            }
             Outcome::Observed(Ok(deployments)) => self.decide(deployments).await,
             Outcome::Observed(Err(e)) => {
                 self.transient_failure(format!("reading deployments: {e}"))

@@ -445,6 +445,10 @@ fn resolve_target(stream: &str, catalog: Option<&Catalog>) -> Option<Target> {
     };
     match streams::resolve(&only_stream, catalog) {
         Err(ResolveError::Pending) => None,
+        Err(ResolveError::Missing) => Some(unresolved(format!(
+            "OSImageStream {:?} does not exist; set check-os-image or create the OSImageStream",
+            streams::NAME
+        ))),
         Err(e) => Some(unresolved(e.to_string())),
         Ok(inputs) => Some(match inputs.desired() {
             Ok(Some(d)) => Target::Check(d),

@@ -180,6 +180,62 @@ impl Agent {
         }
     }
 
+    /// Whether finalizing the staged deployment must wait for a bootloader update: Secure Boot
+    /// on (or unknown) on x86_64/aarch64 and a move to another major (or one of unknown major),
+    /// as the machine-config daemon decides (openshift/machine-config-operator:
+    /// pkg/daemon/bootupd.go `runBootloaderUpdate`, architectures and `isSecureBootEnabled`).
+    fn bootloader_update_needed(&self, record: &Record) -> bool {
+        let arch = self.status.host.as_ref().map(|h| h.arch.as_str());
+        if !matches!(arch, Some("x86_64" | "aarch64")) {
+            return false;
+        }
+        match crate::host::facts::secureboot::secure_boot(&self.host) {
+            Ok(false) => return false,
+            Ok(true) => {}
+            Err(e) => warn!(error = %e, "cannot read the Secure Boot state; taking it as on"),
+        }
+        let booted = self.host.os_release().ok().and_then(|r| r.major());
+        let target = record
+            .staged
+            .as_ref()
+            .and_then(|s| s.expect.as_ref())
+            .map(|e| e.target_major);
+        !matches!((booted, target), (Some(b), Some(t)) if b == t)
+    }
+
+    /// Updates the bootloader through systemd (in a task) before `digest` is finalized; the
+    /// decision after it finalizes, or the failure is reported and not retried until the
+    /// request, the approval or `streamctl reconcile` asks again.
+    fn update_bootloader(&mut self, digest: String) {
+        let conn = self.backend.connection().clone();
+        self.work = Some(Work::spawn(Kind::Bootloader, None, async move {
+            let result = crate::host::bootloader::update(&conn).await;
+            Outcome::BootloaderUpdated(digest, result)
+        }));
+    }
+
+    /// Carries on after the bootloader update.
+    pub(super) async fn on_bootloader_updated(
+        &mut self,
+        digest: String,
+        result: Result<(), crate::host::bootloader::BootloaderError>,
+    ) {
+        match result {
+            Ok(()) => {
+                self.bootloader = Some((digest, None));
+                self.reconcile().await;
+            }
+            Err(e) => {
+                let reason = format!(
+                    "not applying the staged deployment: the bootloader update before a move to another RHEL major failed: {e}; with Secure Boot on, the old shim may not trust the new kernel's signing keys"
+                );
+                warn!(%reason, "bootloader update failed");
+                self.bootloader = Some((digest, Some(reason.clone())));
+                self.set_state(State::Degraded, reason).await;
+            }
+        }
+    }
+
     /// Records the attempt, reports `Rebooting` and asks rpm-ostreed to finalize and reboot.
     pub(super) async fn finalize(
         &mut self,
@@ -188,6 +244,29 @@ impl Agent {
         digest: String,
         attempt: u32,
     ) {
+        if self.bootloader_update_needed(&record) {
+            match &self.bootloader {
+                Some((d, None)) if *d == digest => {}
+                Some((d, Some(reason))) if *d == digest => {
+                    let reason = reason.clone();
+                    self.set_state(State::Degraded, reason).await;
+                    return;
+                }
+                _ => {
+                    self.set_state(
+                        State::Rebooting,
+                        format!(
+                            "updating the bootloader ({}) before applying {}: Secure Boot is on and the move changes the RHEL major",
+                            crate::host::bootloader::UNIT,
+                            desired.os_image
+                        ),
+                    )
+                    .await;
+                    self.update_bootloader(digest);
+                    return;
+                }
+            }
+        }
         let mut rec = record.clone();
         let facts = self.status.host.as_ref();
         rec.attempt = Some(Attempt {

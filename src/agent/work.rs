@@ -31,6 +31,8 @@ pub(super) enum Kind {
     Apply,
     /// Readiness checks (preflight only, nothing staged).
     Readiness,
+    /// The bootloader update before finalizing a major move (Secure Boot).
+    Bootloader,
 }
 
 /// A running piece of work.
@@ -98,6 +100,8 @@ pub(super) enum Outcome {
     Applied(Box<Applying>, Result<(), BackendError>),
     /// What the readiness checks found.
     Checked(Box<crate::agent::readiness::ReadinessRun>),
+    /// The bootloader update before finalizing this digest ended.
+    BootloaderUpdated(String, Result<(), crate::host::bootloader::BootloaderError>),
 }
 
 /// Waits for the running work to end; pending when there is none. A task that panicked comes

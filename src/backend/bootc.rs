@@ -32,10 +32,14 @@ use std::time::{Duration, Instant};
 use futures::StreamExt as _;
 use serde::Deserialize;
 use tracing::{debug, info, warn};
-use zbus::zvariant::{OwnedObjectPath, Value};
+use zbus::zvariant::Value;
 
 use crate::backend::Deployment;
 use crate::backend::KernelVariant;
+// The systemd proxies are shared with the bootloader update (mcd, issue 11 §6).
+use crate::backend::systemd::{
+    ALREADY_SUBSCRIBED, JobRemovedStream, ManagerProxy, ServiceProxy, UnitProxy,
+};
 
 /// How long `bootc status` may take.
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(120);
@@ -69,7 +73,6 @@ fn closed(unit: &str) -> BootcError {
 }
 
 const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
-const ALREADY_SUBSCRIBED: &str = "org.freedesktop.systemd1.AlreadySubscribed";
 const UNIT_EXISTS: &str = "org.freedesktop.systemd1.UnitExists";
 const BLOCKED_BY_INHIBITOR: &str = "org.freedesktop.login1.BlockedByInhibitorLock";
 
@@ -170,54 +173,6 @@ fn error_name(e: &zbus::Error) -> Option<&str> {
         zbus::Error::MethodError(name, _, _) => Some(name.as_str()),
         _ => None,
     }
-}
-
-#[zbus::proxy(
-    interface = "org.freedesktop.systemd1.Manager",
-    default_service = "org.freedesktop.systemd1",
-    default_path = "/org/freedesktop/systemd1"
-)]
-trait Manager {
-    fn start_transient_unit(
-        &self,
-        name: &str,
-        mode: &str,
-        properties: &[(&str, Value<'_>)],
-        aux: &[(&str, &[(&str, Value<'_>)])],
-    ) -> zbus::Result<OwnedObjectPath>;
-    fn subscribe(&self) -> zbus::Result<()>;
-    fn get_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
-    #[zbus(signal)]
-    fn job_removed(
-        &self,
-        id: u32,
-        job: OwnedObjectPath,
-        unit: String,
-        result: String,
-    ) -> zbus::Result<()>;
-}
-
-#[zbus::proxy(
-    interface = "org.freedesktop.systemd1.Unit",
-    default_service = "org.freedesktop.systemd1"
-)]
-trait Unit {
-    fn unref(&self) -> zbus::Result<()>;
-    #[zbus(property)]
-    fn active_state(&self) -> zbus::Result<String>;
-    #[zbus(property)]
-    fn description(&self) -> zbus::Result<String>;
-}
-
-#[zbus::proxy(
-    interface = "org.freedesktop.systemd1.Service",
-    default_service = "org.freedesktop.systemd1"
-)]
-trait Service {
-    #[zbus(property)]
-    fn result(&self) -> zbus::Result<String>;
-    #[zbus(property)]
-    fn exec_main_status(&self) -> zbus::Result<i32>;
 }
 
 #[zbus::proxy(

@@ -11,6 +11,7 @@ pub mod deployment;
 pub mod kernel;
 pub mod plan;
 pub mod rpmostree;
+pub mod systemd;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};

@@ -10,7 +10,7 @@ use anyhow::bail;
 use crate::images::TestImage;
 
 /// Fixture names, in table order.
-pub const NAMES: [&str; 10] = [
+pub const NAMES: [&str; 11] = [
     "default",
     "fips",
     "realtime",
@@ -21,6 +21,7 @@ pub const NAMES: [&str; 10] = [
     "low-disk",
     "layered",
     "mcd",
+    "secureboot",
 ];
 
 /// The CPU the host root's `/proc/cpuinfo` describes.
@@ -114,10 +115,13 @@ pub struct Fixture {
     /// (`/etc/machine-config-daemon/currentconfig`) is on the host: an OpenShift node the MCD
     /// manages.
     pub mcd: bool,
+    /// UEFI Secure Boot on (the `SecureBoot` EFI variable is 1); without it the host boots
+    /// like a BIOS host (no `/sys/firmware/efi`).
+    pub secure_boot: bool,
 }
 
 /// Every fixture (see [`NAMES`]).
-pub const FIXTURES: [Fixture; 10] = {
+pub const FIXTURES: [Fixture; 11] = {
     const DEFAULT: Fixture = Fixture {
         name: "default",
         cpu: Cpu::X86_64V3,
@@ -127,6 +131,7 @@ pub const FIXTURES: [Fixture; 10] = {
         low_disk: false,
         layered_packages: &[],
         mcd: false,
+        secure_boot: false,
     };
     [
         DEFAULT,
@@ -175,6 +180,11 @@ pub const FIXTURES: [Fixture; 10] = {
         Fixture {
             name: "mcd",
             mcd: true,
+            ..DEFAULT
+        },
+        Fixture {
+            name: "secureboot",
+            secure_boot: true,
             ..DEFAULT
         },
     ]

@@ -15,6 +15,8 @@
 //! | `etc/crio/crio.conf`, `etc/crio/crio.conf.d/00-default` | `[crio.runtime] default_runtime` = `runc` or `crun` |
 //! | `usr/lib/os-release`, `etc/os-release` (link) | the booted image's os-release |
 //! | `etc/machine-config-daemon/currentconfig` | only on `mcd`: the machine-config daemon's record of the MachineConfig it applied (a JSON MachineConfig, as `storeCurrentConfigOnDisk` writes it) |
+//! | `sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c` | only on `secureboot`: the EFI variable, 4 bytes of attributes (`BS|RT`, little-endian) and the value `1` |
+//! | `usr/lib/systemd/system/bootloader-update.service` | bootupd's unit (RHEL >= 9.6), which the fake systemd starts (`crate::systemd`) |
 //! | `run/testbed/low-disk` | only on `low-disk`: the fake rpm-ostreed fails imports on free space |
 //! | `proc/sys/kernel/random/boot_id` | this boot's id; a simulated reboot writes a new one |
 //! | `var/log/journal/<machine-id>/`, `etc/machine-id` | only after a reboot whose finalization failed: a real journal with the failure in the previous boot |
@@ -93,6 +95,26 @@ pub fn write(
     } else {
         remove("etc/machine-config-daemon/currentconfig");
     }
+    let secure_boot = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c";
+    if fixture.secure_boot {
+        let p = root.join(secure_boot);
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        // efivarfs: the variable's attributes (u32, little-endian), then its data.
+        std::fs::write(&p, [0x06, 0, 0, 0, 1])
+            .with_context(|| format!("writing {}", p.display()))?;
+    } else {
+        remove(secure_boot);
+    }
+    // As bootupd ships it (coreos/bootupd:contrib/packaging/bootloader-update.service).
+    put(
+        "usr/lib/systemd/system/bootloader-update.service",
+        "[Unit]\nDescription=Update bootloader on boot\nDocumentation=https://github.com/coreos/bootupd\n\n\
+         [Service]\nType=oneshot\nExecStart=/usr/bin/bootupctl update\nRemainAfterExit=yes\nMountFlags=slave\n\n\
+         [Install]\nWantedBy=multi-user.target\n",
+    )?;
     put("usr/lib/os-release", &booted.os_release())?;
     // As on RHCOS, /etc/os-release is a relative link into /usr.
     let etc = root.join("etc");

@@ -9,6 +9,15 @@
 //! `org.freedesktop.systemd1.Service` (`Result`, `ExecMainCode`, `ExecMainStatus`,
 //! `ExecMainPID`). `ExecStart` really runs, as a child of the testbed process. Job objects,
 //! auxiliary units and unit types other than services are not modelled.
+//!
+//! One unit with a fragment file is modelled for `StartUnit`: `bootloader-update.service`
+//! (bootupd's, RHEL >= 9.6: `Type=oneshot`, `RemainAfterExit=yes`, `ExecStart=bootupctl
+//! update`), present when the host root has `usr/lib/systemd/system/bootloader-update.service`
+//! (else `StartUnit` fails `NoSuchUnit` "Unit … not found.", as systemd's
+//! `bus_unit_validate_load_state`). Its `bootupctl update` is a shell stand-in that fails
+//! (exit 1, the file's text on stderr) while `HOST/run/testbed/bootloader-update-fails` exists
+//! and otherwise appends a line to `HOST/run/testbed/bootloader-updated`. Starting it again
+//! while it is `active (exited)` finishes the job `done` without running it, as systemd does.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::ExitStatusExt as _;
@@ -43,6 +52,8 @@ const CLD_KILLED: i32 = 2;
 const EXIT_EXEC: i32 = 203;
 
 const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
+/// The one unit with a fragment file the fake models (see the module comment).
+pub const BOOTLOADER_UPDATE: &str = "bootloader-update.service";
 const UNIT_EXISTS: &str = "org.freedesktop.systemd1.UnitExists";
 const ALREADY_SUBSCRIBED: &str = "org.freedesktop.systemd1.AlreadySubscribed";
 const NOT_SUBSCRIBED: &str = "org.freedesktop.systemd1.NotSubscribed";
@@ -292,6 +303,8 @@ struct Shared {
     subscribers: Mutex<BTreeSet<String>>,
     records: Mutex<Vec<UnitRecord>>,
     next_job: AtomicU32,
+    /// The host root whose unit files `StartUnit` can load.
+    host_root: Mutex<Option<PathBuf>>,
 }
 
 /// A running fake systemd manager. Dropping it closes its bus connection.
@@ -312,6 +325,7 @@ impl FakeSystemd {
             subscribers: Mutex::new(BTreeSet::new()),
             records: Mutex::new(Vec::new()),
             next_job: AtomicU32::new(1),
+            host_root: Mutex::new(None),
         });
         conn.object_server()
             .at(
@@ -341,6 +355,11 @@ impl FakeSystemd {
             .context("owning org.freedesktop.systemd1")?;
         info!("fake systemd is on the bus");
         Ok(FakeSystemd { shared })
+    }
+
+    /// The host root below which `StartUnit` finds unit files (`usr/lib/systemd/system/`).
+    pub fn set_host_root(&self, root: PathBuf) {
+        *lock(&self.shared.host_root) = Some(root);
     }
 
     /// Runs one control command (`{"cmd": "units"}`, see `docs/testbed.md`).
@@ -379,6 +398,18 @@ pub fn unit_path(name: &str) -> String {
         }
     }
     path
+}
+
+/// `job_mode_from_string()`'s answer to a mode it does not know.
+fn check_job_mode(mode: &str) -> Result<(), NamedError> {
+    if JOB_MODES.contains(&mode) {
+        Ok(())
+    } else {
+        Err(NamedError::new(
+            INVALID_ARGS,
+            format!("Job mode {mode} invalid"),
+        ))
+    }
 }
 
 fn job_path(id: u32) -> String {
@@ -440,6 +471,78 @@ impl Shared {
             let _ = server.remove::<ServiceIface, _>(path.as_str()).await;
             debug!(unit, "unit unloaded");
         }
+    }
+
+    /// Loads `name` with `spec`, exports its objects, records it and runs it in the
+    /// background; returns the start job's path.
+    async fn load_and_start(
+        self: &Arc<Self>,
+        name: String,
+        mode: String,
+        spec: ServiceSpec,
+        sender: String,
+    ) -> Result<OwnedObjectPath, NamedError> {
+        let job = self.next_job.fetch_add(1, Ordering::SeqCst);
+        let mut refs = BTreeSet::new();
+        if spec.add_ref {
+            refs.insert(sender.clone());
+        }
+        let state = UnitState {
+            spec: spec.clone(),
+            active: "activating",
+            sub: "start",
+            result: "success",
+            main_code: 0,
+            main_status: 0,
+            main_pid: 0,
+            refs,
+        };
+        lock(&self.units).insert(name.clone(), state);
+        let path = unit_path(&name);
+        let server = self.conn.object_server();
+        let exported = async {
+            server
+                .at(
+                    path.as_str(),
+                    UnitIface {
+                        shared: self.clone(),
+                        name: name.clone(),
+                    },
+                )
+                .await?;
+            server
+                .at(
+                    path.as_str(),
+                    ServiceIface {
+                        shared: self.clone(),
+                        name: name.clone(),
+                    },
+                )
+                .await
+        };
+        if let Err(e) = exported.await {
+            lock(&self.units).remove(&name);
+            return Err(NamedError::new(
+                crate::dbus_error::FAILED,
+                format!("exporting {path}: {e}"),
+            ));
+        }
+        lock(&self.records).push(UnitRecord {
+            unit: name.clone(),
+            mode,
+            sender: sender.clone(),
+            job,
+            spec,
+            job_result: None,
+            result: None,
+            exec_main_code: None,
+            exec_main_status: None,
+            journal: String::new(),
+        });
+        info!(unit = %name, job, sender = %sender, "starting unit");
+        self.emit_job_new(job, &name).await;
+        tokio::spawn(self.clone().run(name, job));
+        owned_path(job_path(job))
     }
 
     fn subscribed(&self) -> bool {
@@ -628,12 +731,7 @@ impl ManagerIface {
         aux: Vec<(String, Vec<(String, OwnedValue)>)>,
         #[zbus(header)] hdr: Header<'_>,
     ) -> Result<OwnedObjectPath, NamedError> {
-        if !JOB_MODES.contains(&mode.as_str()) {
-            return Err(NamedError::new(
-                INVALID_ARGS,
-                format!("Job mode {mode} invalid"),
-            ));
-        }
+        check_job_mode(&mode)?;
         let Some(kind) = unit_type(&name) else {
             return Err(NamedError::new(INVALID_ARGS, "Invalid unit name or type."));
         };
@@ -670,68 +768,62 @@ impl ManagerIface {
                 format!("Unit {name} has a bad unit file setting."),
             ));
         }
-        let sender = sender_of(&hdr);
-        let job = self.shared.next_job.fetch_add(1, Ordering::SeqCst);
-        let mut refs = BTreeSet::new();
-        if spec.add_ref {
-            refs.insert(sender.clone());
-        }
-        let state = UnitState {
-            spec: spec.clone(),
-            active: "activating",
-            sub: "start",
-            result: "success",
-            main_code: 0,
-            main_status: 0,
-            main_pid: 0,
-            refs,
-        };
-        lock(&self.shared.units).insert(name.clone(), state);
-        let path = unit_path(&name);
-        let server = self.shared.conn.object_server();
-        let exported = async {
-            server
-                .at(
-                    path.as_str(),
-                    UnitIface {
-                        shared: self.shared.clone(),
-                        name: name.clone(),
-                    },
-                )
-                .await?;
-            server
-                .at(
-                    path.as_str(),
-                    ServiceIface {
-                        shared: self.shared.clone(),
-                        name: name.clone(),
-                    },
-                )
-                .await
-        };
-        if let Err(e) = exported.await {
-            lock(&self.shared.units).remove(&name);
+        self.shared
+            .load_and_start(name, mode, spec, sender_of(&hdr))
+            .await
+    }
+
+    /// Starts a unit that has a fragment file; only `bootloader-update.service` is modelled.
+    async fn start_unit(
+        &self,
+        name: String,
+        mode: String,
+        #[zbus(header)] hdr: Header<'_>,
+    ) -> Result<OwnedObjectPath, NamedError> {
+        check_job_mode(&mode)?;
+        let root = lock(&self.shared.host_root).clone();
+        let fragment = root
+            .as_ref()
+            .map(|r| r.join("usr/lib/systemd/system").join(&name));
+        if name != BOOTLOADER_UPDATE || !fragment.is_some_and(|f| f.exists()) {
             return Err(NamedError::new(
-                crate::dbus_error::FAILED,
-                format!("exporting {path}: {e}"),
+                NO_SUCH_UNIT,
+                format!("Unit {name} not found."),
             ));
         }
-        lock(&self.shared.records).push(UnitRecord {
-            unit: name.clone(),
-            mode,
-            sender: sender.clone(),
-            job,
-            spec,
-            job_result: None,
-            result: None,
-            exec_main_code: None,
-            exec_main_status: None,
-            journal: String::new(),
-        });
-        info!(unit = %name, job, sender = %sender, "starting transient unit");
-        self.shared.emit_job_new(job, &name).await;
-        tokio::spawn(self.shared.clone().run(name, job));
-        owned_path(job_path(job))
+        let sender = sender_of(&hdr);
+        let active = self
+            .shared
+            .with_unit(&name, |s| (s.active == "active").then_some(()))
+            .is_some();
+        if active {
+            // Already started (RemainAfterExit=yes): the start job has nothing to do.
+            let job = self.shared.next_job.fetch_add(1, Ordering::SeqCst);
+            self.shared.emit_job_new(job, &name).await;
+            self.shared.emit_job_removed(job, &name, "done").await;
+            return owned_path(job_path(job));
+        }
+        // A failed earlier run stays loaded; this start runs it again.
+        lock(&self.shared.units).remove(&name);
+        let host = root.unwrap_or_default();
+        let fails = host.join("run/testbed/bootloader-update-fails");
+        let done = host.join("run/testbed/bootloader-updated");
+        let script = format!(
+            "if [ -e '{f}' ]; then cat '{f}' >&2; exit 1; fi; mkdir -p '{r}' && echo updated >> '{d}' && echo 'Updated EFI: shim, grub'",
+            f = fails.display(),
+            r = host.join("run/testbed").display(),
+            d = done.display()
+        );
+        let mut spec = ServiceSpec::new(&name);
+        spec.description = "Update bootloader on boot".into();
+        spec.service_type = "oneshot".into();
+        spec.remain_after_exit = true;
+        spec.exec_start = vec![(
+            "/bin/sh".into(),
+            vec!["/usr/bin/bootupctl".into(), "-c".into(), script],
+            false,
+        )];
+        self.shared.load_and_start(name, mode, spec, sender).await
     }
 
     /// Enables `JobNew`/`JobRemoved` (and the other manager signals) for the caller.

@@ -21,6 +21,13 @@ const SYSTEMD_REFERENCE: &[(&str, &str, &str, &str)] = &[
         "ssa(sv)a(sa(sv))",
         "o",
     ),
+    // mcd (issue 11 §6): bootloader-update.service is started with StartUnit.
+    (
+        "org.freedesktop.systemd1.Manager.StartUnit",
+        "method",
+        "ss",
+        "o",
+    ),
     (
         "org.freedesktop.systemd1.Manager.Subscribe",
         "method",

@@ -6,6 +6,7 @@ pub mod fips;
 pub mod journal;
 pub mod mcd;
 pub mod osrelease;
+pub mod secureboot;
 
 pub use journal::finalize_failure;
 

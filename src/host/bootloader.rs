@@ -1,0 +1,105 @@
+//! The bootloader update before a move to another RHEL major on a Secure Boot host.
+//!
+//! A RHEL 10 kernel is signed with keys an old shim does not trust: with Secure Boot on, the
+//! node would not boot the new deployment. The machine-config daemon therefore updates the
+//! bootloader before every rebase on Secure Boot x86_64/aarch64 nodes
+//! (openshift/machine-config-operator:pkg/daemon/bootupd.go `runBootloaderUpdate`): on RHEL >=
+//! 9.6 it starts bootupd's `bootloader-update.service` (`systemctl start`, which waits for the
+//! oneshot `bootupctl update` and returns its result), else, or when that fails, it runs
+//! `bootupctl update` from the target image in a privileged podman container and at last copies
+//! the EFI files onto the ESPs by hand. streamd does the first step the same way, over systemd's
+//! D-Bus API (`StartUnit` mode `replace`, then the job's `JobRemoved`), and does not do the
+//! container fallback (it would need podman, the pull secret, `/dev` and the ESPs inside
+//! streamd's sandbox): when the unit is missing or fails, the move is not finalized and the
+//! reason says what to do.
+
+use std::time::Duration;
+
+use tracing::info;
+
+use crate::backend::systemd::{JobEnd, ManagerProxy, ServiceProxy, job_watch, wait_job};
+
+/// bootupd's unit (coreos/bootupd:contrib/packaging/bootloader-update.service).
+pub const UNIT: &str = "bootloader-update.service";
+/// Longest wait for `bootupctl update`.
+const TIMEOUT: Duration = Duration::from_secs(600);
+
+const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
+
+/// Why the bootloader was not updated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BootloaderError {
+    /// The host has no `bootloader-update.service` (RHEL before 9.6).
+    #[error(
+        "systemd has no {UNIT} ({0}); on RHEL before 9.6 the machine-config daemon runs `bootupctl update` from the target image in a privileged container, which streamd does not: update the bootloader that way, then run `streamctl reconcile`"
+    )]
+    NotInstalled(String),
+    /// The unit ran and failed.
+    #[error(
+        "{UNIT} failed (result {result}, exit status {status}): see `journalctl -u {UNIT}`, then run `streamctl reconcile`"
+    )]
+    Failed {
+        /// The job's or the service's result (`exit-code`, `timeout`, `canceled`, …).
+        result: String,
+        /// `ExecMainStatus`.
+        status: i32,
+    },
+    /// The unit did not finish in time.
+    #[error("{UNIT} did not finish within {0} s")]
+    Timeout(u64),
+    /// A D-Bus call to systemd failed.
+    #[error("asking systemd to start {UNIT}: {0}")]
+    Call(String),
+}
+
+/// Starts `bootloader-update.service` and waits for its start job to end.
+pub async fn update(conn: &zbus::Connection) -> Result<(), BootloaderError> {
+    let call = |e: zbus::Error| BootloaderError::Call(crate::text::one_line_reason(&e.to_string()));
+    let manager = ManagerProxy::new(conn).await.map_err(call)?;
+    let mut removed = job_watch(&manager).await.map_err(|(_, e)| call(e))?;
+    let job = match manager.start_unit(UNIT, "replace").await {
+        Ok(job) => job,
+        Err(zbus::Error::MethodError(name, msg, _)) if name.as_str() == NO_SUCH_UNIT => {
+            return Err(BootloaderError::NotInstalled(crate::text::one_line_reason(
+                msg.as_deref().unwrap_or("no such unit"),
+            )));
+        }
+        Err(e) => return Err(call(e)),
+    };
+    info!(unit = UNIT, job = %job.as_str(), "updating the bootloader");
+    let job_result = match wait_job(&mut removed, &job, TIMEOUT).await {
+        JobEnd::TimedOut => return Err(BootloaderError::Timeout(TIMEOUT.as_secs())),
+        JobEnd::Closed => {
+            return Err(BootloaderError::Call(format!(
+                "the bus connection closed while {UNIT} ran"
+            )));
+        }
+        JobEnd::Removed(r) => r,
+    };
+    if job_result == "done" {
+        info!(unit = UNIT, "bootloader updated");
+        return Ok(());
+    }
+    // The service's own result says more than the job's `failed`.
+    let (result, status) = match unit_result(conn, &manager).await {
+        Some((r, s)) if r != "success" => (r, s),
+        _ => (job_result, -1),
+    };
+    Err(BootloaderError::Failed {
+        result: crate::text::one_line(&result, 64),
+        status,
+    })
+}
+
+async fn unit_result(conn: &zbus::Connection, manager: &ManagerProxy<'_>) -> Option<(String, i32)> {
+    let path = manager.get_unit(UNIT).await.ok()?;
+    let service = ServiceProxy::builder(conn)
+        .path(path)
+        .ok()?
+        .build()
+        .await
+        .ok()?;
+    let result = service.result().await.ok()?;
+    let status = service.exec_main_status().await.unwrap_or(-1);
+    Some((result, status))
+}
