@@ -13,6 +13,7 @@ pub(crate) mod clock;
 mod crd;
 mod discovery;
 mod faults;
+mod fields;
 mod patch;
 mod pki;
 mod pods;
@@ -97,6 +98,8 @@ pub(crate) struct Shared {
     pod_removal_delay_ms: std::sync::atomic::AtomicU64,
     /// Nodes unavailable (cordoned or not Ready) over time.
     pub(crate) availability: Availability,
+    /// Field ownership for server-side apply.
+    pub(crate) fields: fields::ManagedFields,
 }
 
 impl Shared {
@@ -221,6 +224,7 @@ impl ApiServer {
             tokens: Default::default(),
             pod_removal_delay_ms: Default::default(),
             availability: Availability::default(),
+            fields: Default::default(),
         });
         availability::spawn(shared.clone());
         let accept = tokio::spawn(accept_loop(listener, tls, shared.clone()));
