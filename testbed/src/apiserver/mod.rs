@@ -476,6 +476,30 @@ impl ApiServer {
         Ok(items.iter().map(|o| (**o).clone()).collect())
     }
 
+    /// Rewrites an object (not its status, for types with a status subresource) as a client's
+    /// `PUT` would, without a request: `edit` changes a copy of the stored object.
+    pub fn update(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        edit: impl FnOnce(&mut Value),
+    ) -> anyhow::Result<Value> {
+        let def = self.def_of(api_version, kind)?;
+        let updated = self
+            .shared
+            .store
+            .update(def, namespace, name, Scope::Main, |cur| {
+                let mut next = cur.clone();
+                edit(&mut next);
+                Ok(next)
+            })
+            .map_err(|err| anyhow!("updating {kind} {name}: {}", err.message))?;
+        routes::after_write(&self.shared, def, namespace);
+        Ok((*updated).clone())
+    }
+
     /// Rewrites the status of an object as its controller or kubelet would through the `status`
     /// subresource (`edit` changes a copy of the stored object; only its `status` is kept).
     pub fn update_status(
