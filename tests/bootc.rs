@@ -114,7 +114,7 @@ async fn switch_stages_and_reboot_is_recorded() {
         .as_array()
         .expect("units")
         .iter()
-        .find(|u| u["unit"].as_str().is_some_and(|n| n.contains("-switch-")))
+        .find(|u| u["spec"]["exec_start"][0][1][1] == "switch")
         .expect("a switch unit");
     assert_eq!(switch["spec"]["service_type"], "oneshot");
     assert_eq!(
@@ -198,7 +198,7 @@ async fn failing_units_name_the_unit() {
             else {
                 unreachable!()
             };
-            assert!(unit.starts_with("streamd-bootc-switch-"), "{unit}");
+            assert_eq!(unit, streamd::backend::bootc::WRITE_UNIT);
             assert_eq!((result.as_str(), *status), ("exit-code", 1));
             // bootc's own error chain, read from the unit's stderr file.
             assert!(
@@ -223,7 +223,7 @@ async fn failing_units_name_the_unit() {
     assert!(
         units[0]["spec"]["stderr"]["path"]
             .as_str()
-            .is_some_and(|p| p.contains("bootc-switch-")),
+            .is_some_and(|p| p.ends_with("/bootc-deploy.stderr")),
         "{units}"
     );
     let leftovers: Vec<_> = std::fs::read_dir(env.dir.join("run"))
@@ -524,7 +524,7 @@ async fn signed_hosts_keep_enforcing_the_signature_policy() {
         .as_array()
         .expect("units")
         .iter()
-        .filter(|u| u["unit"].as_str().is_some_and(|n| n.contains("-switch-")))
+        .filter(|u| u["spec"]["exec_start"][0][1][1] == "switch")
         .collect();
     assert_eq!(switches.len(), 3, "{units}");
     assert!(
@@ -532,5 +532,99 @@ async fn signed_hosts_keep_enforcing_the_signature_policy() {
             .as_array()
             .is_some_and(|a| a.iter().any(|w| w == "--enforce-container-sigpolicy"))),
         "{units}"
+    );
+}
+
+/// The `bootc` units the fake systemd started whose command is `bootc <verb>`.
+fn units_running(units: &serde_json::Value, verb: &str) -> Vec<serde_json::Value> {
+    units
+        .as_array()
+        .expect("units")
+        .iter()
+        .filter(|u| u["spec"]["exec_start"][0][1][1] == verb)
+        .cloned()
+        .collect()
+}
+
+#[tokio::test]
+async fn a_timed_out_switch_is_joined_never_started_twice() {
+    let env = Env::new("timeout", "default").await;
+    let rhel10 = &env.tb.images()[1];
+    // A pull slower than the caller's limit: the unit outlives the first call.
+    env.ctl(json!({"target": "bootc", "cmd": "delay-next-switch", "ms": 4000}))
+        .await;
+    let hasty = env
+        .client
+        .clone()
+        .with_timeouts(Duration::from_secs(60), Duration::from_millis(800));
+    let unit = match hasty.switch(&rhel10.pullspec, false).await {
+        Err(e @ BootcError::Timeout { .. }) => {
+            assert!(e.is_transient(), "{e}");
+            let BootcError::Timeout { unit, .. } = e else {
+                unreachable!()
+            };
+            unit
+        }
+        other => panic!("expected Timeout, got {other:?}"),
+    };
+    assert_eq!(
+        env.ctl(json!({"target": "systemd", "cmd": "loaded"})).await,
+        json!([unit]),
+        "the unit is left running"
+    );
+    // The retry (the agent's, after its backoff) waits for that unit instead of starting
+    // a second `bootc switch` beside it, and takes its result.
+    let t = Instant::now();
+    env.client
+        .switch(&rhel10.pullspec, false)
+        .await
+        .expect("the retry joins the running switch");
+    println!("retry joined the running unit for {} ms", ms(t.elapsed()));
+    let units = env.ctl(json!({"target": "systemd", "cmd": "units"})).await;
+    let switches = units_running(&units, "switch");
+    assert_eq!(switches.len(), 1, "one bootc switch only: {units:#}");
+    let staged = env.client.deployments().await.expect("status");
+    assert!(staged[0].staged && staged[0].carries_digest(&rhel10.digest));
+    assert_eq!(
+        env.ctl(json!({"target": "systemd", "cmd": "loaded"})).await,
+        json!([]),
+        "collected once its result was read"
+    );
+
+    // Another command while one runs (the request changed meanwhile) waits for it to end,
+    // then runs: never two beside each other.
+    let rhel9 = &env.tb.images()[0];
+    env.ctl(json!({"target": "bootc", "cmd": "delay-next-switch", "ms": 3000}))
+        .await;
+    let slow = {
+        let c = env.client.clone();
+        let image = rhel10.pullspec.clone();
+        // Staged already: "Image specification is unchanged" — only its unit matters here.
+        tokio::spawn(async move { c.switch(&image, true).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = {
+        let c = env.client.clone();
+        let image = rhel9.pullspec.clone();
+        tokio::spawn(async move { c.switch(&image, false).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let loaded = env.ctl(json!({"target": "systemd", "cmd": "loaded"})).await;
+    assert_eq!(
+        loaded.as_array().map(Vec::len),
+        Some(1),
+        "the second waits: {loaded}"
+    );
+    slow.await.expect("join").expect("the first switch");
+    second
+        .await
+        .expect("join")
+        .expect("the second command runs after the first");
+    let units = env.ctl(json!({"target": "systemd", "cmd": "units"})).await;
+    let switches = units_running(&units, "switch");
+    assert_eq!(switches.len(), 3, "{units:#}");
+    assert!(
+        switches.iter().all(|u| u["job_result"] == "done"),
+        "{units:#}"
     );
 }

@@ -276,8 +276,9 @@ async fn image_refusals() {
     assert!(r.contains("downgrade"), "{r}");
     withdraw_all(&env).await;
 
-    // The registry rejects the pull secret.
-    let secret = env.vars()["TESTBED_PULL_SECRET"].clone();
+    // The registry rejects the credential the OS daemon pulls with (the host's ostree auth
+    // file, not streamd's pull secret: issue 11 §3).
+    let secret = env.dir.join("host/etc/ostree/auth.json");
     let good = std::fs::read_to_string(&secret).expect("secret");
     let bad = format!(
         r#"{{"auths":{{"{}":{{"username":"testbed","password":"wrong-password-value"}}}}}}"#,
@@ -286,8 +287,11 @@ async fn image_refusals() {
     std::fs::write(&secret, &bad).expect("write");
     let os = env.rhel10();
     env.request("rhel-10", &os, None);
-    let r = refused(&env, "os-image").await;
-    assert!(r.contains("pull secret rejected by"), "{r}");
+    let r = refused(&env, "os-pull-credentials").await;
+    assert!(
+        r.contains("rejected the credential in /etc/ostree/auth.json"),
+        "{r}"
+    );
     assert!(!r.contains("wrong-password-value"));
     std::fs::write(&secret, good).expect("restore");
     assert!(
@@ -394,6 +398,18 @@ async fn fips_realtime_staging_is_verified() {
     );
 }
 
+/// `streamctl preflight --json` for rhel-10 on `os` without an extensions image.
+fn preflight_without_extensions(env: &Env, os: &str) -> std::process::Output {
+    env.streamctl(&[
+        "preflight",
+        "--json",
+        "--stream",
+        "rhel-10",
+        "--os-image",
+        os,
+    ])
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamctl_preflight_and_plan_change_nothing() {
     let mut env = Env::with_host("streamctl-preflight", "realtime").await;
@@ -448,14 +464,7 @@ async fn streamctl_preflight_and_plan_change_nothing() {
         Some(4)
     );
     // Without the extensions image: a failing check, exit 1, no plan.
-    let out = env.streamctl(&[
-        "preflight",
-        "--json",
-        "--stream",
-        "rhel-10",
-        "--os-image",
-        &os,
-    ]);
+    let out = preflight_without_extensions(&env, &os);
     assert_eq!(out.status.code(), Some(1));
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert!(
@@ -591,4 +600,42 @@ async fn an_extensions_image_is_read_once_and_only_the_current_one_is_kept() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+}
+
+/// A `streamctl preflight` for another request (here: none of the extensions image) while the
+/// daemon's staging waits for rpm-ostreed must not delete the RPMs that staging will open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preflight_beside_a_waiting_staging_keeps_its_rpms() {
+    let mut env = Env::with_host("preflight-beside-staging", "realtime").await;
+    env.rpmostreed(json!({"cmd": "hold-foreign", "on": true}))
+        .await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let (os, ext) = (env.rhel10(), env.rhel10_extensions());
+    env.request("rhel-10", &os, Some(&ext));
+    env.wait_for(
+        "a staging waiting for rpm-ostreed",
+        Duration::from_secs(60),
+        |a| {
+            a.get(STATE).map(String::as_str) == Some("Staging")
+                && a.get(REASON)
+                    .is_some_and(|r| r.contains("Transaction in progress"))
+        },
+    )
+    .await;
+    // Checks for another request prune the extraction cache of everything they do not use.
+    let out = preflight_without_extensions(&env, &os);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "no extensions image: a failed check"
+    );
+    env.rpmostreed(json!({"cmd": "hold-foreign", "on": false}))
+        .await;
+    let a = env.wait_state("Staged").await;
+    assert_eq!(a.get(STATE).map(String::as_str), Some("Staged"), "{a:#?}");
+    let txns = env.transactions().await;
+    let s = started(&txns);
+    assert_eq!(s.len(), 1, "{txns:#?}");
+    assert_eq!(s[0]["result"]["ok"], json!(true), "{:#}", s[0]);
 }

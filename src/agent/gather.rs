@@ -3,7 +3,9 @@
 //! The I/O half of preflight; the checks themselves are the pure [`crate::agent::preflight::run`], and
 //! the plan is completed by the pure [`StagePlan::carry`].
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tracing::warn;
 
@@ -37,6 +39,51 @@ pub struct Gatherer {
     /// The registry client of the last preflight and the pull secret it was made for: kept
     /// while the secret is unchanged, so its connections and tokens serve the next preflight.
     pub inspector: std::sync::Arc<std::sync::Mutex<Option<(PullSecret, Inspector)>>>,
+    /// The extractions the daemon's own request and its staging still use: a preflight never
+    /// prunes them.
+    pub in_use: InUse,
+}
+
+/// Who still needs an extraction directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Holder {
+    /// The daemon's current request (its last own preflight read this image).
+    Request,
+    /// The running staging: its plan opens the RPMs in this directory, possibly only after
+    /// waiting minutes for rpm-ostreed.
+    Staging,
+}
+
+/// The extraction directories the daemon itself still needs, by holder. A preflight for another
+/// request (`streamctl preflight`, `streamctl plan`: the `Preflight` D-Bus method) shares the
+/// cache and prunes everything else only.
+#[derive(Debug, Clone, Default)]
+pub struct InUse(Arc<Mutex<BTreeMap<Holder, PathBuf>>>);
+
+impl InUse {
+    /// Records that `holder` needs `dir` (replacing what it needed before), or nothing.
+    pub fn hold(&self, holder: Holder, dir: Option<&Path>) {
+        let mut held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match dir {
+            Some(d) => held.insert(holder, d.to_path_buf()),
+            None => held.remove(&holder),
+        };
+    }
+
+    /// Every directory held, plus `also`.
+    fn keep(&self, also: Option<PathBuf>) -> Vec<PathBuf> {
+        let held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        held.values().cloned().chain(also).collect()
+    }
+}
+
+/// Whose preflight runs: only the daemon's own request moves what [`Holder::Request`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// The daemon's current request, which it stages when every check passes.
+    Request,
+    /// Any request, only to show the checks and the plan.
+    DryRun,
 }
 
 /// The outcome of a preflight run.
@@ -107,9 +154,13 @@ impl Gatherer {
         image: &ImageRef,
         arch: &str,
         wanted: &[String],
+        purpose: Purpose,
     ) -> Result<(ExtensionsInfo, Vec<PathBuf>), InspectError> {
         let cache = self.cache();
-        cache.prune(Some(image));
+        if purpose == Purpose::Request {
+            self.in_use.hold(Holder::Request, Some(&cache.dir(image)));
+        }
+        cache.prune(&self.in_use.keep(Some(cache.dir(image))));
         if let Some(hit) = cache.get(image, arch, wanted) {
             return Ok(hit);
         }
@@ -153,6 +204,7 @@ impl Gatherer {
         booted: &Deployment,
         foreign_staged: Option<&Deployment>,
         base: StagePlan,
+        purpose: Purpose,
     ) -> Result<Prepared, Transient> {
         let kernel = facts::kernel_variant(&self.host, booted);
         let variant = kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
@@ -166,32 +218,39 @@ impl Gatherer {
             .collect();
         let mut wanted: Vec<String> = variant.packages().iter().map(|p| p.to_string()).collect();
         wanted.extend(layered.iter().cloned());
-        // The two images are independent: read them side by side.
+        // The two images are independent: read them side by side. The OS image is read where
+        // and as the OS daemon will pull it (its auth file, mirrors, policy), not with
+        // streamd's pull secret, which only reads the extensions image.
         let os_image = async {
-            match (&inspector, &secret) {
-                (Some(i), _) => match i.os_image(&desired.os_image, &facts.arch).await {
-                    Ok(info) => Ok(Ok(info)),
-                    Err(e) => split(e),
-                },
-                (None, Err(e)) => Ok(Err(format!("pull secret unreadable: {e}"))),
-                (None, Ok(_)) => Ok(Err("no inspector".into())),
-            }
+            crate::host::ospull::inspect(
+                &self.host,
+                &desired.os_image,
+                &facts.arch,
+                &self.insecure_registries,
+            )
+            .await
+            .map_err(|e| Transient(e.to_string()))
         };
         let extensions = async {
             match (&desired.extensions_image, &inspector) {
                 (None, _) => {
-                    self.cache().prune(None);
+                    if purpose == Purpose::Request {
+                        self.in_use.hold(Holder::Request, None);
+                    }
+                    self.cache().prune(&self.in_use.keep(None));
                     Ok(None)
                 }
                 (Some(_), None) => Ok(Some(Err("pull secret unreadable".to_string()))),
-                (Some(img), Some(i)) => match self.extensions(i, img, &facts.arch, &wanted).await {
-                    Ok(found) => Ok(Some(Ok(found))),
-                    Err(e) => split(e).map(Some),
-                },
+                (Some(img), Some(i)) => {
+                    match self.extensions(i, img, &facts.arch, &wanted, purpose).await {
+                        Ok(found) => Ok(Some(Ok(found))),
+                        Err(e) => split(e).map(Some),
+                    }
+                }
             }
         };
         let (os_image, extensions) = tokio::join!(os_image, extensions);
-        let os_image = os_image?;
+        let (os_pull, os_image) = os_image?;
         // One answer for the checks, the verification and the RPM choice.
         let target = preflight::target_major(desired, &os_image);
         let (mut extensions, mut extracted) = match extensions? {
@@ -228,7 +287,7 @@ impl Gatherer {
                         more.push(p.name.clone());
                     }
                 }
-                match self.extensions(i, img, &facts.arch, &more).await {
+                match self.extensions(i, img, &facts.arch, &more, purpose).await {
                     Ok((_, files)) => extracted = files,
                     Err(e) => extensions = Some(Err(split::<()>(e)?.err().unwrap_or_default())),
                 }
@@ -244,6 +303,7 @@ impl Gatherer {
             kernel: &kernel,
             crio_runtime: &crio,
             os_image: &os_image,
+            os_pull: &os_pull,
             extensions: extensions.as_ref(),
             closure: closure.as_ref(),
             disk: self.disk(),
@@ -295,6 +355,7 @@ mod tests {
             runtime_dir: PathBuf::from("/nonexistent/run"),
             policy: Policy::default(),
             inspector: Default::default(),
+            in_use: InUse::default(),
         };
         let cached = |g: &Gatherer| {
             g.inspector

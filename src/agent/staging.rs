@@ -12,7 +12,7 @@ use super::{
     Agent, BUSY_MAX_BACKOFF, MIN_BACKOFF, REFS_EQUAL, REGISTRY_MAX_BACKOFF, REGISTRY_MIN_BACKOFF,
     jittered,
 };
-use crate::agent::gather::Transient;
+use crate::agent::gather::{Holder, Purpose, Transient};
 use crate::agent::planner::Observation;
 use crate::backend::StagePlan;
 use crate::backend::rpmostree::{RpmOstreeError, TxnEvent, UpdateDeploymentCall};
@@ -49,7 +49,14 @@ impl Agent {
             async move {
                 let _one_at_a_time = lock.lock().await;
                 let result = gatherer
-                    .prepare(&facts, &run.desired, &booted, run.foreign.as_ref(), base)
+                    .prepare(
+                        &facts,
+                        &run.desired,
+                        &booted,
+                        run.foreign.as_ref(),
+                        base,
+                        Purpose::Request,
+                    )
                     .await;
                 Outcome::Prepared(Box::new(run), result)
             },
@@ -335,6 +342,11 @@ impl Agent {
         expect: Option<(crate::host::verify::Expectation, String)>,
     ) {
         let image = plan.os_image.to_string();
+        // The RPMs it opens stay until it ends, whatever preflight runs meanwhile.
+        self.gatherer.in_use.hold(
+            Holder::Staging,
+            plan.local_rpms.first().and_then(|p| p.parent()),
+        );
         let (tx, rx) = mpsc::channel(64);
         let (cancel, cancelled) = tokio::sync::watch::channel(false);
         let backend = self.backend.clone();
@@ -369,6 +381,7 @@ impl Agent {
         let Some(done) = self.staging.take() else {
             return;
         };
+        self.gatherer.in_use.hold(Holder::Staging, None);
         if self.status.observed_desired.as_deref() != Some(done.hash.as_str()) {
             // The request changed while this transaction ran: its result is history, act on the
             // new request (which re-reads the deployments, so a stale stage is seen).

@@ -6,8 +6,10 @@
 //! D-Bus API (`StartTransientUnit`, then `JobRemoved`, then the unit's `Result`): `bootc status
 //! --json` with its stdout in a file of streamd's runtime directory, and `bootc switch
 //! --transport registry [--enforce-container-sigpolicy] <image>`; each unit's stderr goes to
-//! another file, so a failure carries bootc's own words. Reboots go through logind's `Reboot`,
-//! after checking its inhibitors.
+//! another file, so a failure carries bootc's own words. Commands that write the sysroot run in
+//! one fixed unit ([`WRITE_UNIT`]): one that outlived its caller's limit is joined by the retry,
+//! never run twice side by side. Reboots go through logind's `Reboot`, after checking its
+//! inhibitors.
 //!
 //! `bootc status --json` is the hidden legacy flag every bootc with JSON output accepts (since
 //! v0.1; `--format=json` only since v0.1.13), as the machine-config daemon uses it; the
@@ -40,6 +42,33 @@ pub const STATUS_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long `bootc switch` may take (it pulls a whole OS image).
 pub const SWITCH_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// The unit every bootc command that writes the sysroot runs in: one at a time, and joined
+/// by a retry while it runs.
+pub const WRITE_UNIT: &str = "streamd-bootc-deploy.service";
+/// Its stderr file, in the runtime directory (a joined run's error chain is read from it too).
+const WRITE_STDERR: &str = "bootc-deploy.stderr";
+/// The pause before starting again after another command's unit ended (systemd unloads it on
+/// its next garbage collection).
+const REJOIN_PAUSE: Duration = Duration::from_millis(200);
+
+/// Which unit a bootc command runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// A unit of its own (`bootc status`).
+    Read,
+    /// [`WRITE_UNIT`].
+    Write,
+}
+
+fn closed(unit: &str) -> BootcError {
+    BootcError::Call {
+        service: "systemd",
+        call: "JobRemoved",
+        message: format!("the bus connection closed while {unit} ran"),
+    }
+}
+
+const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
 const ALREADY_SUBSCRIBED: &str = "org.freedesktop.systemd1.AlreadySubscribed";
 const UNIT_EXISTS: &str = "org.freedesktop.systemd1.UnitExists";
 const BLOCKED_BY_INHIBITOR: &str = "org.freedesktop.login1.BlockedByInhibitorLock";
@@ -72,7 +101,8 @@ pub enum BootcError {
         /// What bootc wrote to stderr (its `error: …` chain), on one bounded line.
         stderr: String,
     },
-    /// The bootc unit did not finish in time; it is left running.
+    /// The bootc unit did not finish in time; it is left running, and a retry waits for it
+    /// instead of starting another.
     #[error("bootc unit {unit} did not finish within {secs} s; see `journalctl -u {unit}`")]
     Timeout {
         /// The transient unit.
@@ -173,6 +203,10 @@ trait Manager {
 )]
 trait Unit {
     fn unref(&self) -> zbus::Result<()>;
+    #[zbus(property)]
+    fn active_state(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn description(&self) -> zbus::Result<String>;
 }
 
 #[zbus::proxy(
@@ -259,6 +293,10 @@ pub struct Client {
     runtime_dir: PathBuf,
     /// Numbers the units of this process.
     seq: Arc<AtomicU64>,
+    /// How long `bootc status` may take.
+    status_timeout: Duration,
+    /// How long a command that writes the sysroot (`bootc switch`) may take.
+    write_timeout: Duration,
 }
 
 impl Client {
@@ -274,7 +312,17 @@ impl Client {
             bootc: bootc.into(),
             runtime_dir: runtime_dir.into(),
             seq: Arc::new(AtomicU64::new(0)),
+            status_timeout: STATUS_TIMEOUT,
+            write_timeout: SWITCH_TIMEOUT,
         }
+    }
+
+    /// The same client with other limits for `bootc status` and for the commands that write
+    /// the sysroot (by default [`STATUS_TIMEOUT`] and [`SWITCH_TIMEOUT`]).
+    pub fn with_timeouts(mut self, status: Duration, write: Duration) -> Self {
+        self.status_timeout = status;
+        self.write_timeout = write;
+        self
     }
 
     /// The system bus connection.
@@ -294,7 +342,8 @@ impl Client {
                 "status",
                 &argv,
                 &[("StandardOutputFileToTruncate", Value::from(out.as_str()))],
-                STATUS_TIMEOUT,
+                self.status_timeout,
+                Slot::Read,
             )
             .await;
         let read = read_output(&output);
@@ -316,7 +365,8 @@ impl Client {
             argv.push("--enforce-container-sigpolicy");
         }
         argv.push(pullspec);
-        self.run_unit("switch", &argv, &[], SWITCH_TIMEOUT).await
+        self.run_unit("switch", &argv, &[], self.write_timeout, Slot::Write)
+            .await
     }
 
     /// Reboots through logind, unless a `block` inhibitor covers shutdown ([`BootcError::Inhibited`]).
@@ -354,15 +404,24 @@ impl Client {
     }
 
     /// Runs `argv` as a transient oneshot service and waits for its start job to end; an error
-    /// unless it exited 0.
+    /// unless it exited 0. A command that writes the sysroot (`slot` [`Slot::Write`]) runs in
+    /// the one unit [`WRITE_UNIT`]: while that unit is loaded (a run that outlived an earlier
+    /// caller's limit, or an earlier streamd's) it is joined, never started beside; a joined
+    /// run of the same command is this call's result, another command runs once it ended.
     async fn run_unit(
         &self,
         verb: &str,
         argv: &[&str],
         extra: &[(&str, Value<'_>)],
         limit: Duration,
+        slot: Slot,
     ) -> Result<(), BootcError> {
         let call = |c: &'static str| move |e: zbus::Error| BootcError::call("systemd", c, e);
+        let deadline = tokio::time::Instant::now() + limit;
+        let timeout = |unit: &str| BootcError::Timeout {
+            unit: unit.to_string(),
+            secs: limit.as_secs(),
+        };
         let manager = ManagerProxy::new(&self.conn).await.map_err(call("proxy"))?;
         // The match rule exists before the unit does, so its JobRemoved cannot be missed.
         let mut removed = manager
@@ -375,73 +434,89 @@ impl Client {
             Err(e) => return Err(call("Subscribe")(e)),
         }
         let exec: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
-        let stderr_file = self
-            .runtime_dir
-            .join(format!("bootc-{verb}-{}.stderr", self.next()));
+        // The command in the description tells a joined run's command from another.
+        let description = format!("streamd: bootc {}", exec[1..].join(" "));
+        let stderr_file = match slot {
+            Slot::Write => self.runtime_dir.join(WRITE_STDERR),
+            Slot::Read => self
+                .runtime_dir
+                .join(format!("bootc-{verb}-{}.stderr", self.next())),
+        };
         let stderr_path = stderr_file.to_string_lossy().into_owned();
         let started = Instant::now();
-        let (unit, job) = loop {
-            let unit = format!(
-                "streamd-bootc-{verb}-{}-{}.service",
-                std::process::id(),
-                self.next()
-            );
-            let description = format!("streamd: bootc {verb}");
-            let mut props: Vec<(&str, Value<'_>)> = vec![
-                ("Description", Value::from(description.as_str())),
-                ("Type", Value::from("oneshot")),
-                (
-                    "ExecStart",
-                    Value::from(vec![(exec[0].clone(), exec.clone(), false)]),
+        let mut props: Vec<(&str, Value<'_>)> = vec![
+            ("Description", Value::from(description.as_str())),
+            ("Type", Value::from("oneshot")),
+            (
+                "ExecStart",
+                Value::from(vec![(exec[0].clone(), exec.clone(), false)]),
+            ),
+            // Keep the unit loaded until its result is read, then let it go even if failed
+            // (the journal keeps its output).
+            ("AddRef", Value::from(true)),
+            ("CollectMode", Value::from("inactive-or-failed")),
+            // bootc's error chain, for the reason; the journal keeps a copy only when
+            // stderr goes there, so the file is the one place it is read from.
+            (
+                "StandardErrorFileToTruncate",
+                Value::from(stderr_path.as_str()),
+            ),
+        ];
+        props.extend(extra.iter().map(|(k, v)| (*k, v.clone())));
+        let (unit, job_result) = loop {
+            let unit = match slot {
+                Slot::Write => WRITE_UNIT.to_string(),
+                Slot::Read => format!(
+                    "streamd-bootc-{verb}-{}-{}.service",
+                    std::process::id(),
+                    self.next()
                 ),
-                // Keep the unit loaded until its result is read, then let it go even if failed
-                // (the journal keeps its output).
-                ("AddRef", Value::from(true)),
-                ("CollectMode", Value::from("inactive-or-failed")),
-                // bootc's error chain, for the reason; the journal keeps a copy only when
-                // stderr goes there, so the file is the one place it is read from.
-                (
-                    "StandardErrorFileToTruncate",
-                    Value::from(stderr_path.as_str()),
-                ),
-            ];
-            props.extend(extra.iter().map(|(k, v)| (*k, v.clone())));
-            match manager
+            };
+            let job = match manager
                 .start_transient_unit(&unit, "fail", &props, &[])
                 .await
             {
-                Ok(job) => break (unit, job),
+                Ok(job) => job,
                 // A unit of an earlier streamd with the same pid is still loaded.
-                Err(e) if error_name(&e) == Some(UNIT_EXISTS) => continue,
-                Err(e) => return Err(call("StartTransientUnit")(e)),
-            }
-        };
-        info!(unit = %unit, job = %job.as_str(), command = %argv.join(" "), "started bootc unit");
-        let waited = tokio::time::timeout(limit, async {
-            while let Some(signal) = removed.next().await {
-                let Ok(args) = signal.args() else { continue };
-                if args.job.as_str() == job.as_str() {
-                    return Some(args.result);
+                Err(e) if error_name(&e) == Some(UNIT_EXISTS) && slot == Slot::Read => continue,
+                Err(e) if error_name(&e) == Some(UNIT_EXISTS) => {
+                    let joined = tokio::time::timeout_at(
+                        deadline,
+                        self.join(&manager, &mut removed, &unit, &description),
+                    )
+                    .await
+                    .map_err(|_| timeout(&unit))??;
+                    match joined {
+                        Some(result) => break (unit, result),
+                        None if tokio::time::Instant::now() >= deadline => {
+                            return Err(timeout(&unit));
+                        }
+                        // Another command ended (or is being collected): start ours.
+                        None => {
+                            tokio::time::sleep(REJOIN_PAUSE).await;
+                            continue;
+                        }
+                    }
                 }
+                Err(e) => return Err(call("StartTransientUnit")(e)),
+            };
+            info!(unit = %unit, job = %job.as_str(), command = %argv.join(" "), "started bootc unit");
+            let waited = tokio::time::timeout_at(deadline, async {
+                while let Some(signal) = removed.next().await {
+                    let Ok(args) = signal.args() else { continue };
+                    if args.job.as_str() == job.as_str() {
+                        return Some(args.result);
+                    }
+                }
+                None
+            })
+            .await;
+            match waited {
+                // Left running: a retry joins it (see above).
+                Err(_) => return Err(timeout(&unit)),
+                Ok(None) => return Err(closed(&unit)),
+                Ok(Some(r)) => break (unit, r),
             }
-            None
-        })
-        .await;
-        let job_result = match waited {
-            Err(_) => {
-                return Err(BootcError::Timeout {
-                    unit,
-                    secs: limit.as_secs(),
-                });
-            }
-            Ok(None) => {
-                return Err(BootcError::Call {
-                    service: "systemd",
-                    call: "JobRemoved",
-                    message: format!("the bus connection closed while {unit} ran"),
-                });
-            }
-            Ok(Some(r)) => r,
         };
         let (result, status) = self.unit_result(&unit).await;
         let stderr = read_stderr(&stderr_file);
@@ -462,6 +537,60 @@ impl Client {
                 stderr,
             }),
         }
+    }
+
+    /// Waits for the loaded unit `unit` to end. Returns its start job's result when it ran
+    /// `description`'s command (that run is the caller's); `None` when it ran another command
+    /// (our reference to it, if any, is dropped so that it goes) or is gone already.
+    async fn join(
+        &self,
+        manager: &ManagerProxy<'_>,
+        removed: &mut JobRemovedStream,
+        unit: &str,
+        description: &str,
+    ) -> Result<Option<String>, BootcError> {
+        let call = |c: &'static str| move |e: zbus::Error| BootcError::call("systemd", c, e);
+        let path = match manager.get_unit(unit).await {
+            Ok(p) => p,
+            Err(e) if error_name(&e) == Some(NO_SUCH_UNIT) => return Ok(None),
+            Err(e) => return Err(call("GetUnit")(e)),
+        };
+        let proxy = UnitProxy::builder(&self.conn)
+            .path(path)
+            .map_err(call("proxy"))?
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await
+            .map_err(call("proxy"))?;
+        // Read after the JobRemoved match exists: a run that ends meanwhile is not missed.
+        let (Ok(state), Ok(running)) = (proxy.active_state().await, proxy.description().await)
+        else {
+            // Unloaded between the calls.
+            return Ok(None);
+        };
+        let same = running == description;
+        let job_result = if matches!(state.as_str(), "inactive" | "failed") {
+            // Ended, kept loaded by a reference (ours, from a call that gave up waiting).
+            if state == "failed" { "failed" } else { "done" }.to_string()
+        } else {
+            info!(unit, running = %running, "a bootc unit is still running; waiting for it instead of starting another");
+            loop {
+                let Some(signal) = removed.next().await else {
+                    return Err(closed(unit));
+                };
+                let Ok(args) = signal.args() else { continue };
+                if args.unit == unit {
+                    break args.result;
+                }
+            }
+        };
+        if same {
+            return Ok(Some(job_result));
+        }
+        if let Err(e) = proxy.unref().await {
+            debug!(unit, error = %e, "no reference of ours to drop");
+        }
+        Ok(None)
     }
 
     /// The unit's `Result` and `ExecMainStatus`, then our reference goes; `None` when the

@@ -112,6 +112,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         runtime_dir: cfg.runtime_dir.clone(),
         policy: cfg.policy.clone(),
         inspector: Default::default(),
+        in_use: Default::default(),
     };
     let reboot = streamd::agent::Settings {
         policy: cfg.reboot,
@@ -120,6 +121,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         state_dir: cfg.state_dir.clone(),
         resolve_streams: cfg.resolve_streams,
         resolve_spread: cfg.resolve_spread,
+        mode: cfg.mode,
     };
     let agent = Agent::new(node, backend, gatherer, reboot).await?;
     agent.run(shutdown_signal()).await

@@ -144,16 +144,15 @@ impl Cache {
         }
     }
 
-    /// Removes every extraction but `keep`'s (all of them with `None`). Best effort: what
-    /// cannot be removed is logged and tried again next time.
-    pub fn prune(&self, keep: Option<&ImageRef>) {
-        let keep = keep.map(|i| self.dir(i));
+    /// Removes every extraction but the directories in `keep` (see [`Cache::dir`]). Best
+    /// effort: what cannot be removed is logged and tried again next time.
+    pub fn prune(&self, keep: &[PathBuf]) {
         let Ok(entries) = std::fs::read_dir(&self.root) else {
             return;
         };
         for entry in entries.filter_map(Result::ok) {
             let path = entry.path();
-            if Some(&path) == keep.as_ref() {
+            if keep.contains(&path) {
                 continue;
             }
             let removed = if path.is_dir() {
@@ -273,13 +272,13 @@ mod tests {
         extract(&cache, &a, &[]);
         extract(&cache, &b, &[]);
         std::fs::write(cache.root().join("stray"), b"x").expect("write");
-        cache.prune(Some(&b));
+        cache.prune(&[cache.dir(&b)]);
         let left: Vec<PathBuf> = std::fs::read_dir(cache.root())
             .expect("root")
             .filter_map(|e| e.ok().map(|e| e.path()))
             .collect();
         assert_eq!(left, vec![cache.dir(&b)]);
-        cache.prune(None);
+        cache.prune(&[]);
         assert_eq!(std::fs::read_dir(cache.root()).expect("root").count(), 0);
         std::fs::remove_dir_all(cache.root()).ok();
     }

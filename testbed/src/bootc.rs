@@ -12,6 +12,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use serde_json::{Value as Json, json};
@@ -211,6 +212,7 @@ pub struct FakeBootc {
     program: PathBuf,
     version: Arc<Mutex<Version>>,
     fail_next_switch: Arc<Mutex<Option<String>>>,
+    delay_next_switch: Arc<Mutex<Option<Duration>>>,
 }
 
 impl FakeBootc {
@@ -228,10 +230,12 @@ impl FakeBootc {
         let bus_address = bus.address();
         let version = Arc::new(Mutex::new(Version::CURRENT));
         let fail_next_switch = Arc::new(Mutex::new(None));
+        let delay_next_switch = Arc::new(Mutex::new(None));
         let iface = BootcIface {
             host: host.host(),
             version: version.clone(),
             fail_next_switch: fail_next_switch.clone(),
+            delay_next_switch: delay_next_switch.clone(),
         };
         let conn = zbus::connection::Builder::address(bus_address)?
             .serve_at(PATH, iface)?
@@ -253,6 +257,7 @@ impl FakeBootc {
             program: program.to_path_buf(),
             version,
             fail_next_switch,
+            delay_next_switch,
         })
     }
 
@@ -265,6 +270,8 @@ impl FakeBootc {
     /// release (flags and JSON shape) → `{"version":…}`; `{"cmd":"version"}` only reads it.
     /// `{"cmd":"fail-next-switch","message":M}`: the next `bootc switch` fails while pulling,
     /// as bootc reports it (`error: Switching: Pulling: M` on stderr, exit 1) → `{}`.
+    /// `{"cmd":"delay-next-switch","ms":N}`: the next `bootc switch` pulls for N ms before it
+    /// stages (a slow registry), so its unit can outlive the caller's timeout → `{}`.
     pub fn control(&self, cmd: &Json) -> anyhow::Result<Json> {
         match cmd.get("cmd").and_then(Json::as_str) {
             Some("version") => {
@@ -287,7 +294,20 @@ impl FakeBootc {
                     .unwrap_or_else(|p| p.into_inner()) = Some(message.to_string());
                 Ok(json!({}))
             }
-            other => anyhow::bail!("unknown bootc command {other:?} (version, fail-next-switch)"),
+            Some("delay-next-switch") => {
+                let ms = cmd
+                    .get("ms")
+                    .and_then(Json::as_u64)
+                    .context("\"ms\" must be a number")?;
+                *self
+                    .delay_next_switch
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(Duration::from_millis(ms));
+                Ok(json!({}))
+            }
+            other => anyhow::bail!(
+                "unknown bootc command {other:?} (version, fail-next-switch, delay-next-switch)"
+            ),
         }
     }
 }
@@ -307,6 +327,7 @@ struct BootcIface {
     host: Host,
     version: Arc<Mutex<Version>>,
     fail_next_switch: Arc<Mutex<Option<String>>>,
+    delay_next_switch: Arc<Mutex<Option<Duration>>>,
 }
 
 #[interface(name = "org.streamd.Testbed1.Bootc")]
@@ -527,6 +548,15 @@ impl BootcIface {
             .take();
         if let Some(message) = injected {
             return Outcome::error(format!("Switching: Pulling: {message}"));
+        }
+        let delay = self
+            .delay_next_switch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(delay) = delay {
+            info!(?delay, "bootc switch pulls slowly");
+            tokio::time::sleep(delay).await;
         }
         match self.host.stage_unlocked(&wanted.to_string()).await {
             Ok(staged) => Outcome::ok(format!(

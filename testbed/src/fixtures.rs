@@ -10,7 +10,7 @@ use anyhow::bail;
 use crate::images::TestImage;
 
 /// Fixture names, in table order.
-pub const NAMES: [&str; 9] = [
+pub const NAMES: [&str; 10] = [
     "default",
     "fips",
     "realtime",
@@ -20,6 +20,7 @@ pub const NAMES: [&str; 9] = [
     "runc",
     "low-disk",
     "layered",
+    "mcd",
 ];
 
 /// The CPU the host root's `/proc/cpuinfo` describes.
@@ -109,10 +110,14 @@ pub struct Fixture {
     pub low_disk: bool,
     /// Repo packages layered on the booted deployment (`requested-packages`).
     pub layered_packages: &'static [&'static str],
+    /// Whether the machine-config daemon's on-disk state
+    /// (`/etc/machine-config-daemon/currentconfig`) is on the host: an OpenShift node the MCD
+    /// manages.
+    pub mcd: bool,
 }
 
 /// Every fixture (see [`NAMES`]).
-pub const FIXTURES: [Fixture; 9] = {
+pub const FIXTURES: [Fixture; 10] = {
     const DEFAULT: Fixture = Fixture {
         name: "default",
         cpu: Cpu::X86_64V3,
@@ -121,6 +126,7 @@ pub const FIXTURES: [Fixture; 9] = {
         default_runtime: "crun",
         low_disk: false,
         layered_packages: &[],
+        mcd: false,
     };
     [
         DEFAULT,
@@ -164,6 +170,11 @@ pub const FIXTURES: [Fixture; 9] = {
         Fixture {
             name: "layered",
             layered_packages: &["usbguard"],
+            ..DEFAULT
+        },
+        Fixture {
+            name: "mcd",
+            mcd: true,
             ..DEFAULT
         },
     ]
@@ -408,6 +419,11 @@ pub fn base_packages(image: &TestImage, arch: &str) -> Vec<Nevra> {
         ]
     };
     out.extend(userspace.iter().map(|(n, e, v, r, a)| nv(n, *e, v, r, a)));
+    // One package only the el9 base has (RHEL 10 dropped the ISC DHCP client), so an origin's
+    // removal can name a package the new base lacks (rpm-ostree's "Inactive base removals").
+    if !el10 {
+        out.push(nv("dhcp-client", 12, "4.4.2", "19.b1.el9", arch));
+    }
     out
 }
 
