@@ -364,7 +364,8 @@ fn proc_status(pid: u32) -> anyhow::Result<String> {
     std::fs::read_to_string(format!("/proc/{pid}/status")).context("reading /proc/PID/status")
 }
 
-fn status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
+/// A `/proc/PID/status` figure in KiB (pub(crate) for the fleet bench, testbed/src/fleet/bench.rs).
+pub(crate) fn status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
     proc_status(pid)?
         .lines()
         .find_map(|l| l.strip_prefix(field))
@@ -378,7 +379,8 @@ fn status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
         .with_context(|| format!("no {field} in /proc/PID/status"))
 }
 
-fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+/// utime + stime of `pid` in clock ticks (pub(crate) for the fleet bench).
+pub(crate) fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();

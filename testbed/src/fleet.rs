@@ -24,6 +24,8 @@ use crate::images::TestImage;
 use crate::registry::Registry;
 use crate::testbed::{self, Backend, HostSetup, NodeHost};
 
+pub mod bench;
+
 /// How often a stand-in kubelet looks for a reboot request.
 const KUBELET_PERIOD: Duration = Duration::from_millis(200);
 /// How long streamd gets to stop after SIGTERM before it is killed.

@@ -75,6 +75,16 @@ enum Command {
         /// Seconds of 1000 progress signals per second.
         #[arg(long, default_value_t = 30)]
         storm_secs: u64,
+        /// Instead: the fleet bench — N nodes, each with its own streamd, moved from rhel-9 to
+        /// rhel-10 (see docs/performance.md, "Fleet").
+        #[arg(long)]
+        fleet: Option<usize>,
+        /// Fleet bench: nodes rebooting at once.
+        #[arg(long, default_value_t = 1, requires = "fleet")]
+        max_unavailable: usize,
+        /// Fleet bench: nodes asked to stage at once.
+        #[arg(long, default_value_t = 10, requires = "fleet")]
+        max_staging: usize,
     },
     /// Reboot the testbed host: an unlocked staged deployment is applied, a locked one is
     /// discarded (as ostree-finalize-staged does), the boot id changes. Stop streamd first and
@@ -175,8 +185,26 @@ async fn run(args: Args) -> anyhow::Result<()> {
             patches,
             idle_secs,
             storm_secs,
+            fleet,
+            max_unavailable,
+            max_staging,
         } => {
             let streamd = streamd_or_default(streamd)?;
+            if let Some(nodes) = fleet {
+                let figures =
+                    testbed::fleet::bench::run(&testbed::fleet::bench::FleetBenchOptions {
+                        dir: dir.clone(),
+                        nodes,
+                        streamd,
+                        max_unavailable,
+                        max_staging,
+                    })
+                    .await?;
+                let text = serde_json::to_string_pretty(&figures)?;
+                std::fs::write(dir.join("bench-fleet.json"), &text)?;
+                println!("{text}");
+                return Ok(());
+            }
             let figures = testbed::bench::run(&testbed::bench::BenchOptions {
                 dir: dir.clone(),
                 streamd,

@@ -749,9 +749,16 @@ async fn raw_errors_are_status_objects() {
         (
             "PATCH",
             format!("/api/v1/nodes/{NODE}"),
-            Some(("application/apply-patch+yaml", "metadata: {}")),
+            Some(("application/yaml", "metadata: {}")),
             415,
             "UnsupportedMediaType",
+        ),
+        (
+            "PATCH",
+            format!("/api/v1/nodes/{NODE}"),
+            Some(("application/apply-patch+yaml", "metadata: {}")),
+            422,
+            "Invalid",
         ),
         (
             "PATCH",
@@ -1675,4 +1682,68 @@ subjects: [{kind: ServiceAccount, name: streamd-rollout}]
         assert!(Instant::now() < deadline, "the closed watch stays counted");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test]
+async fn server_side_apply_conflicts_on_another_managers_field() {
+    let env = Env::start("apply").await;
+    let lease = |holder: &str| {
+        format!(
+            "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: l\n  namespace: default\nspec:\n  holderIdentity: {holder}\n  leaseDurationSeconds: 15\n"
+        )
+    };
+    let a = write(&env, "a.yaml", &lease("a"));
+    let b = write(&env, "b.yaml", &lease("b"));
+    // An apply creates the object.
+    env.kubectl(&["apply", "--server-side", "--field-manager=a", "-f", &a])
+        .await;
+    let err = env
+        .kubectl_fails(&["apply", "--server-side", "--field-manager=b", "-f", &b])
+        .await;
+    assert!(
+        err.contains(r#"Apply failed with 1 conflict: conflict with "a" using coordination.k8s.io/v1: .spec.holderIdentity"#),
+        "{err}"
+    );
+    // Re-applying the same values is shared ownership, not a conflict.
+    env.kubectl(&["apply", "--server-side", "--field-manager=b", "-f", &a])
+        .await;
+    // Once an ordinary patch removed the holder, nobody owns it: b's apply goes through.
+    env.kubectl(&[
+        "patch",
+        "lease",
+        "l",
+        "--type=strategic",
+        "--field-manager=b",
+        "-p",
+        r#"{"spec":{"holderIdentity":null}}"#,
+    ])
+    .await;
+    env.kubectl(&["apply", "--server-side", "--field-manager=b", "-f", &b])
+        .await;
+    let now = parse(&env.kubectl(&["get", "lease", "l", "-o", "json"]).await);
+    assert_eq!(now["spec"]["holderIdentity"], "b");
+    let err = env
+        .kubectl_fails(&["apply", "--server-side", "--field-manager=a", "-f", &a])
+        .await;
+    assert!(err.contains(r#"conflict with "b""#), "{err}");
+    env.kubectl(&[
+        "apply",
+        "--server-side",
+        "--field-manager=a",
+        "--force-conflicts",
+        "-f",
+        &a,
+    ])
+    .await;
+    let now = parse(&env.kubectl(&["get", "lease", "l", "-o", "json"]).await);
+    assert_eq!(now["spec"]["holderIdentity"], "a");
+    let raw = env
+        .raw(
+            "PATCH",
+            "/apis/coordination.k8s.io/v1/namespaces/default/leases/l",
+            Identity::Admin,
+            Some(("application/apply-patch+yaml", &lease("c"))),
+        )
+        .await;
+    assert_eq!(raw.status, 422, "fieldManager is required: {}", raw.body);
 }

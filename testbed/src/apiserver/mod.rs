@@ -13,6 +13,7 @@ pub(crate) mod clock;
 mod crd;
 mod discovery;
 mod faults;
+mod fields;
 mod patch;
 mod pki;
 mod pods;
@@ -97,6 +98,8 @@ pub(crate) struct Shared {
     pod_removal_delay_ms: std::sync::atomic::AtomicU64,
     /// Nodes unavailable (cordoned or not Ready) over time.
     pub(crate) availability: Availability,
+    /// Field ownership for server-side apply.
+    pub(crate) fields: fields::ManagedFields,
 }
 
 impl Shared {
@@ -221,6 +224,7 @@ impl ApiServer {
             tokens: Default::default(),
             pod_removal_delay_ms: Default::default(),
             availability: Availability::default(),
+            fields: Default::default(),
         });
         availability::spawn(shared.clone());
         let accept = tokio::spawn(accept_loop(listener, tls, shared.clone()));
@@ -470,6 +474,30 @@ impl ApiServer {
         let def = self.def_of(api_version, kind)?;
         let (items, _) = self.shared.store.list(def, namespace, |_| true);
         Ok(items.iter().map(|o| (**o).clone()).collect())
+    }
+
+    /// Rewrites an object (not its status, for types with a status subresource) as a client's
+    /// `PUT` would, without a request: `edit` changes a copy of the stored object.
+    pub fn update(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        edit: impl FnOnce(&mut Value),
+    ) -> anyhow::Result<Value> {
+        let def = self.def_of(api_version, kind)?;
+        let updated = self
+            .shared
+            .store
+            .update(def, namespace, name, Scope::Main, |cur| {
+                let mut next = cur.clone();
+                edit(&mut next);
+                Ok(next)
+            })
+            .map_err(|err| anyhow!("updating {kind} {name}: {}", err.message))?;
+        routes::after_write(&self.shared, def, namespace);
+        Ok((*updated).clone())
     }
 
     /// Rewrites the status of an object as its controller or kubelet would through the `status`

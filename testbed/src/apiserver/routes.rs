@@ -19,6 +19,7 @@ use super::auth;
 use super::authz::{self, Attributes};
 use super::crd;
 use super::discovery::{self, CUSTOMRESOURCEDEFINITIONS, PODDISRUPTIONBUDGETS, PODS, ResourceDef};
+use super::fields::Applier;
 use super::patch::{self, PatchError};
 use super::pods::{self, DeleteOptions};
 use super::selector::{FieldSelector, LabelSelector};
@@ -151,6 +152,8 @@ struct Query {
     field_selector: String,
     label_selector: String,
     include_object: Option<String>,
+    field_manager: Option<String>,
+    force: bool,
 }
 
 fn percent_decode(s: &str) -> String {
@@ -209,6 +212,8 @@ impl Query {
                 "fieldSelector" => q.field_selector = value,
                 "labelSelector" => q.label_selector = value,
                 "includeObject" => q.include_object = Some(value),
+                "fieldManager" => q.field_manager = Some(value),
+                "force" => q.force = parse_bool("force", &value)?,
                 // limit/continue (everything fits in one page), fieldValidation, dryRun, pretty, …
                 _ => {}
             }
@@ -432,6 +437,17 @@ async fn resource(
     };
     let ns = namespace.as_deref();
     let store = &shared.store;
+    // The field manager of a write: `fieldManager`, else the client's user agent up to the first
+    // '/' (kubernetes/apiserver: pkg/endpoints/handlers/rest.go, `prefixFromUserAgent`).
+    let manager = query.field_manager.clone().unwrap_or_else(|| {
+        req.headers()
+            .get(hyper::header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|ua| ua.split('/').next())
+            .filter(|m| !m.is_empty())
+            .unwrap_or("unknown")
+            .to_string()
+    });
     let accept = req
         .headers()
         .get(ACCEPT)
@@ -512,6 +528,11 @@ async fn resource(
             check_json_content(&req)?;
             let body = parse_json(&read_body(req).await?)?;
             let created = create_object(shared, def, ns, body)?;
+            if let Some(created_name) = created.pointer("/metadata/name").and_then(Value::as_str) {
+                shared
+                    .fields
+                    .updated(def, ns, created_name, None, &created, &manager);
+            }
             let created_name = created
                 .pointer("/metadata/name")
                 .and_then(Value::as_str)
@@ -530,13 +551,25 @@ async fn resource(
             if std::ptr::eq(def, &CUSTOMRESOURCEDEFINITIONS) {
                 crd::default(&mut body);
             }
-            let updated = store.update(def, ns, name, scope, |_| Ok(body))?;
+            let mut before = None;
+            let updated = store.update(def, ns, name, scope, |cur| {
+                before = Some(cur.clone());
+                Ok(body)
+            })?;
+            shared
+                .fields
+                .updated(def, ns, name, before.as_ref(), &updated, &manager);
             after_write(shared, def, ns);
             Ok(one(&updated, StatusCode::OK))
         }
         "patch" => {
             let name = name_or_405()?;
             let media = media_type(&req).unwrap_or_default();
+            if media == "application/apply-patch+yaml" {
+                let body = read_body(req).await?;
+                let (obj, status) = apply(shared, def, ns, name, scope, &body, &query, &manager)?;
+                return Ok(one(&obj, status));
+            }
             let apply: fn(&Value, &Value) -> Result<Value, PatchError> = match media.as_str() {
                 "application/merge-patch+json" => |cur, p| {
                     let mut next = cur.clone();
@@ -552,12 +585,14 @@ async fn resource(
                 _ => {
                     return Err(ApiError::unsupported_media_type(
                         &media,
-                        "application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
+                        "application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml",
                     ));
                 }
             };
             let body = parse_json(&read_body(req).await?)?;
+            let mut before = None;
             let patched = store.update(def, ns, name, scope, |cur| {
+                before = Some(cur.clone());
                 let mut next = apply(cur, &body).map_err(|err| match err {
                     PatchError::Malformed(msg) => ApiError::bad_request(msg),
                     PatchError::Failed(msg) => ApiError::patch_failed(&msg),
@@ -567,6 +602,9 @@ async fn resource(
                 }
                 Ok(next)
             })?;
+            shared
+                .fields
+                .updated(def, ns, name, before.as_ref(), &patched, &manager);
             after_write(shared, def, ns);
             Ok(one(&patched, StatusCode::OK))
         }
@@ -574,6 +612,9 @@ async fn resource(
             let name = name_or_405()?;
             let opts = DeleteOptions::from_body(&read_body(req).await?)?;
             let deleted = pods::delete(shared, def, ns, name, &opts)?;
+            if !opts.is_dry_run() {
+                shared.fields.forget(def, ns, name);
+            }
             if std::ptr::eq(def, &CUSTOMRESOURCEDEFINITIONS) && !opts.is_dry_run() {
                 // Deleting a CRD deletes its objects (the real server's
                 // `customresourcecleanup` finalizer), then it is no longer served.
@@ -586,6 +627,67 @@ async fn resource(
         }
         _ => Err(ApiError::method_not_allowed()),
     }
+}
+
+/// Server-side apply (`PATCH` with `application/apply-patch+yaml`): creates the object if it is
+/// missing (201), else merges the applied fields into it (200) unless they would change fields
+/// other managers own (409, unless `force`). `fieldManager` is required.
+#[allow(clippy::too_many_arguments)]
+fn apply(
+    shared: &Shared,
+    def: &'static ResourceDef,
+    ns: Option<&str>,
+    name: &str,
+    scope: Scope,
+    body: &[u8],
+    query: &Query,
+    manager: &str,
+) -> Result<(Arc<Value>, StatusCode), ApiError> {
+    if query.field_manager.is_none() {
+        return Err(ApiError::invalid_options(
+            "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
+        ));
+    }
+    let text = std::str::from_utf8(body)
+        .map_err(|_| ApiError::bad_request("the apply patch is not UTF-8"))?;
+    let applied: Value = serde_saphyr::from_str(text)
+        .map_err(|err| ApiError::bad_request(format!("error decoding YAML: {err}")))?;
+    if !applied.is_object() {
+        return Err(ApiError::bad_request("the apply patch must be an object"));
+    }
+    let current = shared.store.get(def, ns, name).ok();
+    let by = Applier {
+        manager,
+        force: query.force,
+    };
+    shared
+        .fields
+        .check_apply(def, ns, name, current.as_deref(), &applied, by)?;
+    let (result, status) = match &current {
+        None => {
+            let mut obj = applied.clone();
+            obj["metadata"]["name"] = Value::from(name);
+            (create_object(shared, def, ns, obj)?, StatusCode::CREATED)
+        }
+        Some(_) => {
+            let updated = shared.store.update(def, ns, name, scope, |cur| {
+                let mut next = cur.clone();
+                let mut patch = applied.clone();
+                if let Some(meta) = patch.get_mut("metadata").and_then(Value::as_object_mut) {
+                    // Identity is the URL's; the stored resourceVersion stands unless given.
+                    meta.remove("name");
+                }
+                patch::merge_patch(&mut next, &patch);
+                Ok(next)
+            })?;
+            after_write(shared, def, ns);
+            (updated, StatusCode::OK)
+        }
+    };
+    shared
+        .fields
+        .applied(def, ns, name, current.as_deref(), &applied, by);
+    Ok((result, status))
 }
 
 /// Creates an object as a `POST` does: the type's create strategy, the store, then the

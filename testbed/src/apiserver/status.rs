@@ -37,6 +37,11 @@ impl ApiError {
         Self::new(400, "BadRequest", message)
     }
 
+    /// 422 for invalid request options (no object details).
+    pub(crate) fn invalid_options(message: &str) -> Self {
+        Self::new(422, "Invalid", message)
+    }
+
     pub(crate) fn unauthorized() -> Self {
         Self::new(401, "Unauthorized", "Unauthorized")
     }
@@ -104,6 +109,20 @@ impl ApiError {
             ),
         )
         .with_object(def, name)
+    }
+
+    /// 409 Conflict with a message and causes of its own (a conflicting apply).
+    pub(crate) fn conflict_with_causes(
+        def: &ResourceDef,
+        name: &str,
+        message: String,
+        causes: Vec<Value>,
+    ) -> Self {
+        let mut err = Self::new(409, "Conflict", message).with_object(def, name);
+        if let Some(details) = err.details.as_mut() {
+            details["causes"] = Value::Array(causes);
+        }
+        err
     }
 
     pub(crate) fn already_exists(def: &ResourceDef, name: &str) -> Self {
