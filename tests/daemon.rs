@@ -14,8 +14,8 @@ async fn sd_notify_ready_status_and_stopping() {
     let mut env = Env::new("notify").await;
     let sock_path = env.dir.join("notify.sock");
     let sock = UnixDatagram::bind(&sock_path).expect("notify socket");
-    sock.set_read_timeout(Some(Duration::from_millis(200)))
-        .expect("timeout");
+    // Read as systemd does, all along: a queue left full drops messages (see the test below).
+    let reader = std::thread::spawn(move || read_notify(&sock, Duration::from_secs(120)));
     env.start_streamd_with(&[
         ("NOTIFY_SOCKET", sock_path.to_str().expect("utf-8")),
         ("WATCHDOG_USEC", "400000"),
@@ -23,17 +23,8 @@ async fn sd_notify_ready_status_and_stopping() {
     env.wait_state("Idle").await;
     env.request_rhel10();
     env.wait_state("Staged").await;
-    env.stop_streamd();
-    let mut messages = Vec::new();
-    let mut buf = [0u8; 4096];
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        match sock.recv(&mut buf) {
-            Ok(n) => messages.push(String::from_utf8_lossy(&buf[..n]).into_owned()),
-            Err(_) if messages.iter().any(|m| m.contains("STOPPING=1")) => break,
-            Err(_) => {}
-        }
-    }
+    assert!(env.stop_streamd().success());
+    let messages = reader.join().expect("reader");
     let ready = messages.iter().position(|m| m.contains("READY=1"));
     let staged = messages.iter().position(|m| m.contains("STATUS=Staged"));
     let stopping = messages.iter().position(|m| m.contains("STOPPING=1"));
@@ -46,6 +37,69 @@ async fn sd_notify_ready_status_and_stopping() {
     // Pinged from the main loop at half the 0.4 s timeout.
     let pings = messages.iter().filter(|m| m.contains("WATCHDOG=1")).count();
     assert!(pings >= 2, "watchdog pings: {messages:?}");
+}
+
+/// A notify socket whose queue is full (a reader that is busy or wedged) must not stall streamd:
+/// a blocking send there held its one runtime thread, so it stayed `Staging` (or never got
+/// `Idle`) and did not see SIGTERM. The socket is not read until `Staged`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sd_notify_to_a_full_socket_never_blocks() {
+    let mut env = Env::new("notifyfull").await;
+    let sock_path = env.dir.join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).expect("notify socket");
+    // Fill its queue (net.unix.max_dgram_qlen datagrams) before streamd sends anything.
+    let filler = UnixDatagram::unbound().expect("socket");
+    filler.set_nonblocking(true).expect("non-blocking");
+    let full = loop {
+        if let Err(e) = filler.send_to(b"FILLER=1\n", &sock_path) {
+            break e;
+        }
+    };
+    assert_eq!(full.kind(), std::io::ErrorKind::WouldBlock, "{full}");
+    env.start_streamd_with(&[
+        ("NOTIFY_SOCKET", sock_path.to_str().expect("utf-8")),
+        ("WATCHDOG_USEC", "400000"),
+    ]);
+    env.wait_for(
+        "state Idle with a full notify socket",
+        Duration::from_secs(30),
+        |a| a.get(STATE).map(String::as_str) == Some("Idle"),
+    )
+    .await;
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    // Drained, the socket takes streamd's messages again: pings, then STOPPING=1 on SIGTERM.
+    sock.set_nonblocking(true).expect("non-blocking");
+    let mut buf = [0u8; 4096];
+    while sock.recv(&mut buf).is_ok() {}
+    sock.set_nonblocking(false).expect("blocking");
+    sock.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let n = sock
+        .recv(&mut buf)
+        .expect("a message within 5 s of draining");
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("WATCHDOG=1"));
+    assert!(env.stop_streamd().success());
+    let messages = read_notify(&sock, Duration::from_secs(5));
+    assert!(
+        messages.iter().any(|m| m.contains("STOPPING=1")),
+        "{messages:?}"
+    );
+}
+
+/// The datagrams on `sock` until `STOPPING=1` or `within` has passed.
+fn read_notify(sock: &UnixDatagram, within: Duration) -> Vec<String> {
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    let mut messages = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline && !messages.iter().any(|m: &String| m.contains("STOPPING=1")) {
+        if let Ok(n) = sock.recv(&mut buf) {
+            messages.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+    messages
 }
 
 #[zbus::proxy(
