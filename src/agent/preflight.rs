@@ -186,7 +186,10 @@ fn backend(i: &Input<'_>) -> CheckResult {
             let kernel = i.kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
             match crate::backend::bootc::refusal(kernel, i.booted) {
                 Some(reason) => fail(id, reason),
-                None => pass(id, "bootc (staged only after the reboot is approved)"),
+                None => pass(
+                    id,
+                    "bootc (a stage is held with upgrade --download-only from bootc 1.12 on, else staged only after the reboot is approved)",
+                ),
             }
         }
     }
