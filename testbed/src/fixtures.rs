@@ -10,7 +10,7 @@ use anyhow::bail;
 use crate::images::TestImage;
 
 /// Fixture names, in table order.
-pub const NAMES: [&str; 9] = [
+pub const NAMES: [&str; 10] = [
     "default",
     "fips",
     "realtime",
@@ -20,6 +20,7 @@ pub const NAMES: [&str; 9] = [
     "runc",
     "low-disk",
     "layered",
+    "realtime-image",
 ];
 
 /// The CPU the host root's `/proc/cpuinfo` describes.
@@ -109,10 +110,13 @@ pub struct Fixture {
     pub low_disk: bool,
     /// Repo packages layered on the booted deployment (`requested-packages`).
     pub layered_packages: &'static [&'static str],
+    /// The variant kernel comes from the booted image itself (a variant or on-cluster-layered
+    /// image), not from package overrides: the origin carries none.
+    pub kernel_from_image: bool,
 }
 
 /// Every fixture (see [`NAMES`]).
-pub const FIXTURES: [Fixture; 9] = {
+pub const FIXTURES: [Fixture; 10] = {
     const DEFAULT: Fixture = Fixture {
         name: "default",
         cpu: Cpu::X86_64V3,
@@ -121,6 +125,7 @@ pub const FIXTURES: [Fixture; 9] = {
         default_runtime: "crun",
         low_disk: false,
         layered_packages: &[],
+        kernel_from_image: false,
     };
     [
         DEFAULT,
@@ -164,6 +169,12 @@ pub const FIXTURES: [Fixture; 9] = {
         Fixture {
             name: "layered",
             layered_packages: &["usbguard"],
+            ..DEFAULT
+        },
+        Fixture {
+            name: "realtime-image",
+            kernel: Kernel::Realtime,
+            kernel_from_image: true,
             ..DEFAULT
         },
     ]
@@ -226,6 +237,9 @@ impl Fixture {
     /// `requested-local-packages` of the booted deployment: the variant's kernel packages
     /// built for `booted`'s release (el9 NEVRAs on a rhel-9 host).
     pub fn local_packages(&self, booted: &TestImage) -> Vec<String> {
+        if self.kernel_from_image {
+            return Vec::new();
+        }
         let (version, release) = kernel_version_release(&booted.kernel);
         self.kernel
             .packages()
@@ -237,6 +251,7 @@ impl Fixture {
     /// `requested-base-removals` of the booted deployment.
     pub fn base_removals(&self) -> Vec<String> {
         match self.kernel {
+            _ if self.kernel_from_image => Vec::new(),
             Kernel::Default => Vec::new(),
             Kernel::Realtime | Kernel::SixtyFourK => DEFAULT_KERNEL_PACKAGES
                 .iter()

@@ -595,6 +595,7 @@ impl Daemon {
                 base_removals,
                 kargs,
                 drop_variant,
+                image_kernel: crate::fixtures::Kernel::Default,
             },
         )
         .await
@@ -678,6 +679,7 @@ impl Daemon {
             refspec,
             image,
             &self.arch,
+            crate::fixtures::Kernel::Default,
         )
         .await
         .map_err(|e| format!("{e:#}"))?;
