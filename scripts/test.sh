@@ -15,6 +15,12 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked
 
+# A fresh clone below a 0700 directory (a cold build of two test binaries, as root only).
+if [[ $(id -u) == 0 ]]; then
+    echo "== the tests that depend on where the clone is, from a clone in a 0700 directory"
+    scripts/clone-0700.sh
+fi
+
 if [[ -x tests/host/run.sh ]]; then
     echo "== host integration (systemd, D-Bus policy, journal catalog, SELinux, RPM)"
     tests/host/run.sh

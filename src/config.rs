@@ -49,6 +49,20 @@ pub enum BackendChoice {
     Bootc,
 }
 
+/// Who manages the node's OS.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModeChoice {
+    /// Readiness mode when the machine-config daemon manages the node (its node annotations
+    /// or its files on the host), else manage mode.
+    #[default]
+    Auto,
+    /// streamd stages and reboots, also on a node the machine-config daemon manages.
+    Manage,
+    /// streamd never stages or reboots; it only runs readiness checks.
+    Readiness,
+}
+
 /// When the staged OS is applied.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -186,6 +200,8 @@ pub struct Fragment {
     pub resolve_streams: Option<toml::Spanned<bool>>,
     /// Longest delay, in seconds, before staging a digest change of the node's stream.
     pub resolve_spread_seconds: Option<u64>,
+    /// Who manages the node's OS.
+    pub mode: Option<ModeChoice>,
 }
 
 /// The effective configuration.
@@ -222,6 +238,8 @@ pub struct Config {
     /// Longest delay before staging a digest change of the node's stream (each node waits its
     /// own share of it, so a fleet does not pull at once).
     pub resolve_spread: std::time::Duration,
+    /// Who manages the node's OS.
+    pub mode: ModeChoice,
     /// The files that were read, in order (for `streamctl config check` and logs).
     pub sources: Vec<PathBuf>,
 }
@@ -244,6 +262,7 @@ impl Default for Config {
             pull_retries: DEFAULT_PULL_RETRIES,
             resolve_streams: false,
             resolve_spread: std::time::Duration::from_secs(DEFAULT_RESOLVE_SPREAD_SECONDS),
+            mode: ModeChoice::default(),
             sources: Vec::new(),
         }
     }
@@ -305,6 +324,9 @@ impl Config {
         }
         if let Some(v) = f.resolve_spread_seconds {
             self.resolve_spread = std::time::Duration::from_secs(v);
+        }
+        if let Some(v) = f.mode {
+            self.mode = v;
         }
     }
 }
@@ -480,7 +502,7 @@ mod tests {
     fn lifecycle_keys_parse_and_reject_bad_values() {
         let f = parse_fragment(
             Path::new("a.toml"),
-            "reboot = \"never\"\nbackend = \"bootc\"\nmax-attempts = 3\npull-retries = 0\nreplace-foreign-staged = true\nresolve-streams = true\nstate-dir = \"/s\"\nbootc-path = \"/b\"\n",
+            "reboot = \"never\"\nbackend = \"bootc\"\nmax-attempts = 3\npull-retries = 0\nreplace-foreign-staged = true\nresolve-streams = true\nstate-dir = \"/s\"\nbootc-path = \"/b\"\nmode = \"manage\"\n",
         )
         .expect("parses");
         let mut cfg = Config::default();
@@ -492,7 +514,10 @@ mod tests {
         assert!(cfg.policy.replace_foreign_staged && cfg.resolve_streams);
         assert_eq!(cfg.state_dir, PathBuf::from("/s"));
         assert_eq!(cfg.bootc_path, PathBuf::from("/b"));
+        assert_eq!(cfg.mode, ModeChoice::Manage);
+        assert_eq!(Config::default().mode, ModeChoice::Auto);
         for (text, col) in [
+            ("mode = \"mcd\"", 8),
             ("max-attempts = 0", 16),
             ("pull-retries = -1", 16),
             ("reboot = \"sometimes\"", 10),

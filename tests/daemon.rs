@@ -182,9 +182,65 @@ fn as_nobody(env: &Env, program: &str, args: &[&str]) -> std::process::Output {
         .expect("setpriv runs")
 }
 
+/// A scratch directory other users can traverse (mode 0711, not listable) outside the build
+/// tree, which may sit below a directory only its owner enters (a clone in root's home or in a
+/// `mktemp -d`); removed on drop.
+struct Reachable(std::path::PathBuf);
+
+impl Reachable {
+    fn new(name: &str) -> Reachable {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("streamd-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).expect("scratch dir");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).expect("chmod");
+        Reachable(dir)
+    }
+
+    /// Lets others traverse every directory from the scratch root down to `path`'s parent
+    /// (whatever the umask made them), and nothing else.
+    fn open_path_to(&self, path: &std::path::Path) {
+        use std::os::unix::fs::PermissionsExt;
+        let mut dir = path.parent();
+        while let Some(d) = dir.filter(|d| d.starts_with(&self.0)) {
+            // Traverse only: nobody lists or reads the testbed's credentials on the way.
+            let mode = std::fs::metadata(d).expect("stat").permissions().mode() & 0o700;
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode | 0o011))
+                .expect("chmod");
+            dir = d.parent();
+        }
+    }
+
+    /// A copy of `binary` others may run.
+    fn copy_of(&self, binary: &str) -> std::path::PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let src = std::path::Path::new(binary);
+        let dst = self.0.join(src.file_name().expect("a file name"));
+        std::fs::copy(src, &dst).expect("copy binary");
+        std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        dst
+    }
+}
+
+impl Drop for Reachable {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dbus_policy_lets_others_read_but_not_call() {
-    let mut env = Env::new("policy").await;
+    // `nobody` must reach the bus socket and run streamctl: both live in a directory it can
+    // enter, not under the build tree (declared first: removed after the testbed stops).
+    let scratch = Reachable::new("policy");
+    let mut env = Env::in_dir(scratch.0.join("testbed")).await;
+    let socket = env.vars()["DBUS_SYSTEM_BUS_ADDRESS"]
+        .strip_prefix("unix:path=")
+        .expect("a unix socket address")
+        .to_string();
+    scratch.open_path_to(std::path::Path::new(&socket));
+    let streamctl = scratch.copy_of(env!("CARGO_BIN_EXE_streamctl"));
+    let streamctl = streamctl.to_str().expect("utf-8 path");
     // The shipped policy file, loaded into the testbed's real dbus-daemon.
     let policy = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -229,14 +285,14 @@ async fn dbus_policy_lets_others_read_but_not_call() {
         String::from_utf8_lossy(&out.stderr)
     );
     // streamctl as a non-root admin: status works, reconcile is refused with advice.
-    let out = as_nobody(&env, env!("CARGO_BIN_EXE_streamctl"), &["status"]);
+    let out = as_nobody(&env, streamctl, &["status"]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("State:        Idle"));
-    let out = as_nobody(&env, env!("CARGO_BIN_EXE_streamctl"), &["reconcile"]);
+    let out = as_nobody(&env, streamctl, &["reconcile"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

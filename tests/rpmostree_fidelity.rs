@@ -217,3 +217,74 @@ async fn an_unstarted_transaction_is_dropped_not_joined() {
     assert_eq!(deploys[1]["started"], true, "{txns:#?}");
     env.stop_streamd();
 }
+
+/// `ostree admin deploy` (no `--stage`) left a pending deployment: not staged, yet it boots
+/// next, and rpm-ostree edits its origin (which lacks the booted one's layered usbguard), not
+/// the booted one's (`rpmostree_syscore_get_origin_merge_deployment`). streamd refuses it like
+/// a foreign staged deployment and, allowed to replace it, removes it before staging, so what
+/// is staged is its own plan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_deployment_from_ostree_admin_deploy_is_foreign() {
+    let mut env = Env::with_host("admin-pending", "layered").await;
+    env.rpmostreed(json!({"cmd": "admin-deploy", "image": env.rhel9()}))
+        .await;
+    env.start_streamd();
+    let (os, ext) = (env.rhel10(), env.rhel10_extensions());
+    env.request("rhel-10", &os, Some(&ext));
+    let a = env
+        .wait_for("Refused or Degraded", Duration::from_secs(90), |a| {
+            matches!(
+                a.get(STATE).map(String::as_str),
+                Some("Refused" | "Degraded")
+            )
+        })
+        .await;
+    assert_eq!(a.get(STATE).map(String::as_str), Some("Refused"), "{a:#?}");
+    assert!(a[REASON].contains("pending-deployment"), "{}", a[REASON]);
+    assert!(env.transactions().await.is_empty());
+    env.stop_streamd();
+
+    env.config("60-replace.toml", "replace-foreign-staged = true\n");
+    env.start_streamd();
+    env.wait_reboot_request().await;
+    let txns = env.transactions().await;
+    let methods: Vec<&str> = txns.iter().filter_map(|t| t["method"].as_str()).collect();
+    assert_eq!(methods, ["Cleanup", "UpdateDeployment"], "{txns:#?}");
+    let deployments = env.rpmostreed(json!({"cmd": "deployments"})).await;
+    assert_eq!(
+        deployments.as_array().map(Vec::len),
+        Some(2),
+        "{deployments:#?}"
+    );
+    assert_eq!(deployments[0]["staged"], true);
+    let local = deployments[0]["requested-local-packages"].to_string();
+    assert!(
+        local.contains("usbguard-") && local.contains("el10"),
+        "{local}"
+    );
+    assert_eq!(deployments[0]["requested-packages"], json!([]));
+    env.stop_streamd();
+}
+
+/// rpm-ostree leaves out `container-image-reference-digest` when it cannot read the image's
+/// metadata back (coreos/rpm-ostree#4185): streamd takes the digest pinned in the reference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_booted_deployment_without_a_digest_is_known_by_its_reference() {
+    let mut env = Env::new("no-digest").await;
+    env.rpmostreed(json!({"cmd": "lose-image-metadata", "index": 0}))
+        .await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    // The booted image, asked for: nothing to do.
+    env.request("rhel-9", &env.rhel9(), None);
+    env.wait_for("Done", Duration::from_secs(30), |a| {
+        a.get(STATE).map(String::as_str) == Some("Done")
+    })
+    .await;
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    let txns = env.transactions().await;
+    let methods: Vec<&str> = txns.iter().filter_map(|t| t["method"].as_str()).collect();
+    assert_eq!(methods, ["UpdateDeployment"], "{txns:#?}");
+    env.stop_streamd();
+}

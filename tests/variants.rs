@@ -276,8 +276,9 @@ async fn image_refusals() {
     assert!(r.contains("downgrade"), "{r}");
     withdraw_all(&env).await;
 
-    // The registry rejects the pull secret.
-    let secret = env.vars()["TESTBED_PULL_SECRET"].clone();
+    // The registry rejects the credential the OS daemon pulls with (the host's ostree auth
+    // file, not streamd's pull secret: issue 11 §3).
+    let secret = env.dir.join("host/etc/ostree/auth.json");
     let good = std::fs::read_to_string(&secret).expect("secret");
     let bad = format!(
         r#"{{"auths":{{"{}":{{"username":"testbed","password":"wrong-password-value"}}}}}}"#,
@@ -286,8 +287,11 @@ async fn image_refusals() {
     std::fs::write(&secret, &bad).expect("write");
     let os = env.rhel10();
     env.request("rhel-10", &os, None);
-    let r = refused(&env, "os-image").await;
-    assert!(r.contains("pull secret rejected by"), "{r}");
+    let r = refused(&env, "os-pull-credentials").await;
+    assert!(
+        r.contains("rejected the credential in /etc/ostree/auth.json"),
+        "{r}"
+    );
     assert!(!r.contains("wrong-password-value"));
     std::fs::write(&secret, good).expect("restore");
     assert!(

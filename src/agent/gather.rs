@@ -225,16 +225,18 @@ impl Gatherer {
             .collect();
         let mut wanted: Vec<String> = variant.packages().iter().map(|p| p.to_string()).collect();
         wanted.extend(layered.iter().cloned());
-        // The two images are independent: read them side by side.
+        // The two images are independent: read them side by side. The OS image is read where
+        // and as the OS daemon will pull it (its auth file, mirrors, policy), not with
+        // streamd's pull secret, which only reads the extensions image.
         let os_image = async {
-            match (&inspector, &secret) {
-                (Some(i), _) => match i.os_image(&desired.os_image, &facts.arch).await {
-                    Ok(info) => Ok(Ok(info)),
-                    Err(e) => split(e),
-                },
-                (None, Err(e)) => Ok(Err(format!("pull secret unreadable: {e}"))),
-                (None, Ok(_)) => Ok(Err("no inspector".into())),
-            }
+            crate::host::ospull::inspect(
+                &self.host,
+                &desired.os_image,
+                &facts.arch,
+                &self.insecure_registries,
+            )
+            .await
+            .map_err(|e| Transient(e.to_string()))
         };
         let extensions = async {
             match (&desired.extensions_image, &inspector) {
@@ -255,7 +257,7 @@ impl Gatherer {
             }
         };
         let (os_image, extensions) = tokio::join!(os_image, extensions);
-        let os_image = os_image?;
+        let (os_pull, os_image) = os_image?;
         // One answer for the checks, the verification and the RPM choice.
         let target = preflight::target_major(desired, &os_image);
         let (mut extensions, mut extracted) = match extensions? {
@@ -308,6 +310,7 @@ impl Gatherer {
             kernel: &kernel,
             crio_runtime: &crio,
             os_image: &os_image,
+            os_pull: &os_pull,
             extensions: extensions.as_ref(),
             closure: closure.as_ref(),
             disk: self.disk(),

@@ -10,6 +10,7 @@
 pub mod gather;
 pub mod planner;
 pub mod preflight;
+mod readiness;
 mod reboot;
 mod staging;
 mod work;
@@ -29,7 +30,7 @@ use crate::backend::rpmostree::UpdateDeploymentCall;
 use crate::cluster::node::{
     CREDENTIALS_CHECK, CredentialsError, EventType, NodeClient, NodeUpdate, PatchError,
 };
-use crate::cluster::protocol::{Inputs, State};
+use crate::cluster::protocol::{CheckInputs, Inputs, Mode, State};
 use crate::cluster::report::Reporter;
 use crate::cluster::status::Status;
 use crate::cluster::streams::{Catalog, ResolveError, StreamsUpdate};
@@ -74,6 +75,8 @@ pub struct Settings {
     pub resolve_streams: bool,
     /// Longest delay before staging a digest change of the node's stream.
     pub resolve_spread: Duration,
+    /// Who manages the node's OS.
+    pub mode: crate::config::ModeChoice,
 }
 
 /// Everything the agent needs from outside.
@@ -122,6 +125,20 @@ pub struct Agent {
     spread_until: Option<(Instant, String)>,
     store: attempt::Store,
     boot_id: String,
+    /// The signal that the machine-config daemon manages the node, if any.
+    mcd: Option<facts::mcd::McdSignal>,
+    /// The node's `check-*` keys as written.
+    checks: CheckInputs,
+    /// The `check-*` error last reported in manage mode (reported once).
+    check_error: Option<String>,
+    /// The plan the published readiness answers (see `readiness.rs`).
+    readiness_key: Option<String>,
+    /// When the readiness checks run again although their input is unchanged.
+    readiness_at: Option<Instant>,
+    /// `readiness_at` has passed.
+    readiness_stale: bool,
+    /// Delay before retrying readiness checks that could not run.
+    readiness_backoff: Duration,
 }
 
 impl Agent {
@@ -179,6 +196,13 @@ impl Agent {
             store: attempt::Store::new(&reboot.state_dir),
             reboot,
             boot_id,
+            mcd: None,
+            checks: CheckInputs::default(),
+            check_error: None,
+            readiness_key: None,
+            readiness_at: None,
+            readiness_stale: false,
+            readiness_backoff: REGISTRY_MIN_BACKOFF,
         })
     }
 
@@ -206,12 +230,7 @@ impl Agent {
                         // old credentials need not wait for its slow retry.
                         self.patch_retry_at = None;
                         watch = self.node.watch().map(StreamExt::boxed_local);
-                        streams = self
-                            .reboot
-                            .resolve_streams
-                            .then(|| self.node.client())
-                            .flatten()
-                            .map(|c| crate::cluster::streams::watch(c).boxed_local());
+                        streams = None;
                     }
                 }
                 upd = next_opt(&mut watch) => match upd {
@@ -279,11 +298,23 @@ impl Agent {
                         });
                     }
                 },
+                _ = sleep_opt(self.readiness_at) => {
+                    self.readiness_at = None;
+                    self.readiness_stale = true;
+                }
                 _ = tick(&mut watchdog) => {
                     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
                 }
                 () = &mut shutdown => break,
             }
+            // The cluster's streams are watched once resolution or the checks need them.
+            if streams.is_none() && (self.reboot.resolve_streams || self.wants_catalog()) {
+                streams = self
+                    .node
+                    .client()
+                    .map(|c| crate::cluster::streams::watch(c).boxed_local());
+            }
+            self.readiness_tick().await;
         }
         info!("stopping");
         let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
@@ -354,6 +385,7 @@ impl Agent {
     async fn on_node(&mut self, annotations: &std::collections::BTreeMap<String, String>) {
         self.reporter.observe_node(annotations);
         self.raw_inputs = Inputs::from_annotations(annotations);
+        self.observe_mode(annotations);
         if !self.node_seen {
             self.node_seen = true;
             info!(node = self.node.name(), "watching node");
@@ -363,6 +395,10 @@ impl Agent {
 
     /// Acts on the effective request when the node's inputs or the cluster's streams change.
     async fn inputs_changed(&mut self) {
+        if self.status.mode == Mode::Readiness {
+            self.hold_readiness().await;
+            return;
+        }
         let resolved = if self.reboot.resolve_streams {
             crate::cluster::streams::resolve(&self.raw_inputs, self.catalog.as_ref())
         } else {
@@ -431,6 +467,10 @@ impl Agent {
     }
 
     async fn reconcile(&mut self) {
+        if self.status.mode == Mode::Readiness {
+            self.hold_readiness().await;
+            return;
+        }
         if self.unresolved.is_some() {
             // Reported when it was found; a change of the inputs or the streams acts again.
             return;
@@ -466,12 +506,14 @@ impl Agent {
             self.spread_until = None;
         }
         if let Some(w) = &self.work {
-            // A preflight for a request no longer wanted changes nothing: drop it. Other work
-            // ends first; this reconcile runs after it.
-            if w.kind == Kind::Preflight
-                && w.request.as_deref() != self.status.observed_desired.as_deref()
+            // A preflight for a request no longer wanted changes nothing: drop it, as readiness
+            // checks, which run again once the slot is free. Other work ends first; this
+            // reconcile runs after it.
+            if w.kind == Kind::Readiness
+                || (w.kind == Kind::Preflight
+                    && w.request.as_deref() != self.status.observed_desired.as_deref())
             {
-                info!("request changed during preflight; dropping it");
+                info!(kind = ?w.kind, "request changed during read-only work; dropping it");
                 if let Some(w) = self.work.take() {
                     w.abort();
                 }
@@ -489,6 +531,14 @@ impl Agent {
     /// Carries on with what a piece of work found.
     async fn on_work(&mut self, outcome: Outcome) {
         match outcome {
+            // Work that would go on to stage: never in readiness mode (the mode can change
+            // while it runs).
+            Outcome::Observed(_) | Outcome::Prepared(..) | Outcome::ForeignRemoved(..)
+                if self.status.mode == Mode::Readiness =>
+            {
+                self.hold_readiness().await;
+            }
+            Outcome::Checked(run) => self.on_checked(*run).await,
             Outcome::Observed(Ok(deployments)) => self.decide(deployments).await,
             Outcome::Observed(Err(e)) => {
                 self.transient_failure(format!("reading deployments: {e}"))
@@ -611,10 +661,7 @@ impl Agent {
             .and_then(Deployment::pullspec)
             .unwrap_or_default()
             .to_string();
-        let label = booted.and_then(|d| d.image_labels.get("io.openshift.os.streamclass").cloned());
-        self.status.current_stream = label
-            .or_else(|| self.host.os_release().ok().and_then(|r| r.stream()))
-            .unwrap_or_default();
+        self.status.current_stream = readiness::booted_stream(&self.host, deployments);
         // Only the kernel variant can change without a reboot (a staged override is not booted,
         // but a restart after one is); the rest was gathered at start.
         if let Some(host) = self.status.host.as_mut() {
@@ -671,27 +718,11 @@ impl Agent {
                     return serde_json::json!({"error": format!("reading deployments: {e}")});
                 }
             };
-            let (Some(booted), Some(facts)) = (deployments.iter().find(|d| d.booted), facts) else {
-                return serde_json::json!({"error": "rpm-ostree reports no booted deployment"});
+            let Some(facts) = facts else {
+                return serde_json::json!({"error": "the host facts are not known yet"});
             };
-            let base = crate::backend::StagePlan::rebase(
-                &desired.stream,
-                &desired.os_image,
-                gatherer.policy.allow_downgrade,
-            );
             let record = store.load().unwrap_or_default();
-            let foreign = planner::foreign_staged(&deployments, &record);
-            match gatherer
-                .prepare(
-                    &facts,
-                    &desired,
-                    booted,
-                    foreign,
-                    base,
-                    crate::agent::gather::Purpose::DryRun,
-                )
-                .await
-            {
+            match readiness::check_only(&gatherer, &facts, &deployments, &record, &desired).await {
                 Err(Transient(e)) => serde_json::json!({"error": e}),
                 Ok(p) => serde_json::json!({
                     "backend": backend.kind().as_str(),

@@ -71,15 +71,14 @@ fn is_ours(staged: &Deployment, record: &Record) -> bool {
         .is_some_and(|ours| staged.pullspec() == Some(ours.os_image.as_str()))
 }
 
-/// The staged deployment among `deployments` if streamd did not create it.
+/// The pending deployment among `deployments` if streamd did not create it: a staged one of
+/// someone else's, or any written by `ostree admin deploy` (streamd only stages). rpm-ostree
+/// would edit its origin instead of the booted one's, so it must go before streamd stages.
 pub fn foreign_staged<'a>(
     deployments: &'a [Deployment],
     record: &Record,
 ) -> Option<&'a Deployment> {
-    deployments
-        .iter()
-        .find(|d| d.staged)
-        .filter(|s| !is_ours(s, record))
+    crate::backend::pending(deployments).filter(|p| !p.staged || !is_ours(p, record))
 }
 
 /// The planner's answer.

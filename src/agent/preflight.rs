@@ -11,6 +11,7 @@ use crate::backend::KernelVariant;
 use crate::cluster::protocol::Desired;
 use crate::config::Policy;
 use crate::host::facts::Fips;
+use crate::host::ospull::{AttemptOutcome, OsPull, PolicyVerdict};
 use crate::image::registry::{ExtensionsInfo, LAYERED_FROM, OsImageInfo};
 use crate::image::rpm::{Closure, el_major, names_package, package_name};
 
@@ -65,8 +66,10 @@ pub struct Input<'a> {
     pub kernel: &'a Result<KernelVariant, String>,
     /// CRI-O's default runtime, or why it could not be read.
     pub crio_runtime: &'a Result<String, String>,
-    /// The OS image, or why it could not be inspected.
+    /// The OS image as the OS daemon would read it (its credentials, mirrors), or why not.
     pub os_image: &'a Result<OsImageInfo, String>,
+    /// How the OS daemon's pull of the OS image went, endpoint by endpoint.
+    pub os_pull: &'a OsPull,
     /// The extensions image, if requested, or why it could not be inspected.
     pub extensions: Option<&'a Result<ExtensionsInfo, String>>,
     /// The RPMs to pass, closed under Requires over the extensions image's RPMs (when there
@@ -97,6 +100,8 @@ pub fn run(i: &Input<'_>) -> Vec<CheckResult> {
         // reason for the same refusal.
         backend(i),
         direction(i),
+        // Before os-image: a pull the daemon cannot make is refused under this id.
+        os_pull_credentials(i),
         os_image(i),
         extensions_image(i),
         cpu_level(i),
@@ -228,6 +233,89 @@ fn direction(i: &Input<'_>) -> CheckResult {
             ),
         ),
     }
+}
+
+/// The daemon that pulls the OS image, as the reasons name it.
+fn os_daemon(i: &Input<'_>) -> &'static str {
+    match i.backend {
+        crate::backend::BackendKind::RpmOstree => "rpm-ostreed",
+        crate::backend::BackendKind::Bootc => "bootc",
+    }
+}
+
+/// The OS daemon pulls with the host's ostree auth file, registries.conf and policy.json
+/// (crate::host::ospull), not with streamd's pull secret: refused when that pull cannot
+/// succeed for a reason of credentials or configuration. streamd never writes the auth file.
+fn os_pull_credentials(i: &Input<'_>) -> CheckResult {
+    let id = "os-pull-credentials";
+    let daemon = os_daemon(i);
+    let p = i.os_pull;
+    let auth = p.auth_file.map_or_else(
+        || "anonymously (none of /run/ostree/auth.json, /etc/ostree/auth.json, /usr/lib/ostree/auth.json exists)".to_string(),
+        |f| format!("with the credentials in {f}"),
+    );
+    if let Some(problem) = &p.problem {
+        return fail(id, format!("{daemon} cannot pull the OS image: {problem}"));
+    }
+    if let Some(a) = p.pulled() {
+        let from = if a.mirror {
+            format!("the mirror {}", a.source)
+        } else {
+            a.source.clone()
+        };
+        let msg = format!("{daemon} pulls from {from} {auth}");
+        return match p.policy {
+            Some((file, PolicyVerdict::NeedsSignature)) => warn(
+                id,
+                format!("{msg}; {file} requires a signature for this image"),
+            ),
+            _ => pass(id, msg),
+        };
+    }
+    let refused: Vec<String> = p
+        .attempts
+        .iter()
+        .filter_map(|a| match &a.outcome {
+            AttemptOutcome::Blocked(prefix) => Some(format!(
+                "{} is blocked (registries.conf entry {})",
+                a.source,
+                crate::text::quote(prefix)
+            )),
+            AttemptOutcome::Unauthorized => Some(format!(
+                "{} answered unauthorized ({})",
+                a.source,
+                match (p.auth_file, a.credential) {
+                    (None, _) => "no auth file".to_string(),
+                    (Some(f), false) => format!("{f} has no credential for it"),
+                    (Some(f), true) => format!("it rejected the credential in {f}"),
+                }
+            )),
+            _ => None,
+        })
+        .collect();
+    if refused.is_empty() {
+        // Not a matter of credentials or configuration: os-image says what is wrong.
+        return pass(id, format!("{daemon} would pull {auth}"));
+    }
+    let unauthorized = p
+        .attempts
+        .iter()
+        .any(|a| a.outcome == AttemptOutcome::Unauthorized);
+    let remedy = if unauthorized {
+        "give the node a credential for the registry or mirror it pulls from in \
+         /run/ostree/auth.json or /etc/ostree/auth.json (the machine-config daemon links the \
+         kubelet's pull secret there; streamd does not write it)"
+    } else {
+        "mirror the image (ImageDigestMirrorSet) or unblock the registry in \
+         /etc/containers/registries.conf(.d)"
+    };
+    fail(
+        id,
+        format!(
+            "{daemon} would pull {auth} and fail: {}; {remedy}",
+            refused.join("; ")
+        ),
+    )
 }
 
 fn os_image(i: &Input<'_>) -> CheckResult {
@@ -663,6 +751,7 @@ mod tests {
         kernel: Result<KernelVariant, String>,
         crio: Result<String, String>,
         os: Result<OsImageInfo, String>,
+        pull: OsPull,
         ext: Option<Result<ExtensionsInfo, String>>,
         closure: Option<Closure>,
         disk: DiskFree,
@@ -692,6 +781,17 @@ mod tests {
                 manifest_digest: format!("sha256:{}", "b".repeat(64)),
                 layered_from: None,
             }),
+            pull: OsPull {
+                auth_file: Some("/run/ostree/auth.json"),
+                problem: None,
+                policy: Some(("/etc/containers/policy.json", PolicyVerdict::Accept)),
+                attempts: vec![crate::host::ospull::Attempt {
+                    source: "quay.io/o/r".into(),
+                    mirror: false,
+                    credential: true,
+                    outcome: AttemptOutcome::Pulled,
+                }],
+            },
             ext: None,
             closure: None,
             disk: DiskFree {
@@ -750,6 +850,7 @@ mod tests {
             kernel: &c.kernel,
             crio_runtime: &c.crio,
             os_image: &c.os,
+            os_pull: &c.pull,
             extensions: c.ext.as_ref(),
             closure: c.closure.as_ref(),
             disk: c.disk,
@@ -816,7 +917,7 @@ mod tests {
     fn default_host_passes() {
         assert_eq!(failed(&base()), Vec::<&str>::new());
         let ids: Vec<_> = check(&base()).into_iter().map(|c| c.id).collect();
-        assert_eq!(ids.len(), 14);
+        assert_eq!(ids.len(), 15);
     }
 
     #[test]
@@ -872,6 +973,19 @@ mod tests {
             o.stream_class = Some("rhel-9".into());
         }
         cases.push(("os-image", c));
+        for outcome in [
+            AttemptOutcome::Unauthorized,
+            AttemptOutcome::Blocked("quay.io".into()),
+        ] {
+            let mut c = base();
+            c.pull.attempts[0].outcome = outcome;
+            c.os = Err("refused".into());
+            cases.push(("os-pull-credentials", c));
+        }
+        let mut c = base();
+        c.pull.problem = Some("/etc/containers/policy.json rejects it".into());
+        c.pull.attempts.clear();
+        cases.push(("os-pull-credentials", c));
         let mut c = base();
         c.os = Err("pull secret rejected by quay.io".into());
         cases.push(("os-image", c));

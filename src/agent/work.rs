@@ -29,6 +29,8 @@ pub(super) enum Kind {
     Cleanup,
     /// Finalizing and rebooting.
     Apply,
+    /// Readiness checks (preflight only, nothing staged).
+    Readiness,
 }
 
 /// A running piece of work.
@@ -53,7 +55,7 @@ impl Work {
         }
     }
 
-    /// Stops it; only for work that changes nothing (reading, preflight).
+    /// Stops it; only for work that changes nothing (reading, preflight, readiness).
     pub(super) fn abort(self) {
         self.task.abort();
     }
@@ -94,6 +96,8 @@ pub(super) enum Outcome {
     Verified(Result<String, String>),
     CleanedUp(Box<Record>, Result<(), BackendError>),
     Applied(Box<Applying>, Result<(), BackendError>),
+    /// What the readiness checks found.
+    Checked(Box<crate::agent::readiness::ReadinessRun>),
 }
 
 /// Waits for the running work to end; pending when there is none. A task that panicked comes

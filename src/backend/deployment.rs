@@ -166,6 +166,22 @@ impl Deployment {
     }
 }
 
+/// The deployment that boots next when it is not the booted one: a staged deployment, or one
+/// `ostree admin deploy` wrote without `--stage` (pending, but never staged nor locked). It is
+/// also the origin rpm-ostree edits for the next deploy, not the booted one
+/// (coreos/rpm-ostree:src/daemon/rpmostree-sysroot-core.cxx
+/// `rpmostree_syscore_get_origin_merge_deployment`: the first deployment of the stateroot).
+pub fn pending(deployments: &[Deployment]) -> Option<&Deployment> {
+    // `Deployments` is in boot order: what comes before the booted one boots first.
+    match deployments.iter().position(|d| d.booted) {
+        Some(b) => deployments
+            .get(..b)?
+            .iter()
+            .find(|d| d.osname == deployments[b].osname),
+        None => deployments.iter().find(|d| d.staged),
+    }
+}
+
 fn err(key: &str, problem: impl Into<String>) -> DeploymentError {
     DeploymentError {
         key: key.to_string(),
@@ -322,6 +338,47 @@ mod tests {
         );
         let dep = Deployment::from_dict(&d).expect("parse");
         assert_eq!(dep.image_digest(), Some(DIGEST));
+    }
+
+    #[test]
+    fn the_pending_deployment_is_whatever_boots_before_the_booted_one() {
+        let dep = |id: &str, osname: &str, booted: bool, staged: bool| Deployment {
+            id: id.into(),
+            osname: osname.into(),
+            booted,
+            staged,
+            ..Deployment::default()
+        };
+        let booted = dep("b", "rhcos", true, false);
+        let rollback = dep("r", "rhcos", false, false);
+        let staged = dep("s", "rhcos", false, true);
+        // `ostree admin deploy` without `--stage`: pending, not staged.
+        let admin = dep("a", "rhcos", false, false);
+        let other = dep("o", "fedora", false, false);
+        let id = |list: &[Deployment]| pending(list).map(|d| d.id.clone());
+        assert_eq!(id(&[booted.clone(), rollback.clone()]), None);
+        assert_eq!(id(&[staged.clone(), booted.clone()]), Some("s".into()));
+        assert_eq!(id(&[admin.clone(), booted.clone()]), Some("a".into()));
+        assert_eq!(
+            id(&[staged.clone(), admin, booted.clone(), rollback]),
+            Some("s".into())
+        );
+        assert_eq!(id(&[other, booted]), None, "another stateroot's");
+        assert_eq!(id(&[staged]), Some("s".into()), "nothing booted");
+    }
+
+    #[test]
+    fn a_missing_digest_falls_back_to_the_pinned_one() {
+        let mut d = base();
+        let r = format!("ostree-unverified-registry:quay.io/x/y@{DIGEST}");
+        d.insert(
+            "container-image-reference".into(),
+            ov(Value::from(r.as_str())),
+        );
+        let dep = Deployment::from_dict(&d).expect("parse");
+        assert_eq!(dep.container_image_reference_digest, None);
+        assert_eq!(dep.image_digest(), Some(DIGEST));
+        assert!(dep.carries_digest(DIGEST));
     }
 
     #[test]

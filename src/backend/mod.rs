@@ -16,7 +16,7 @@ pub mod rpmostree;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
-pub use deployment::{Deployment, DeploymentError};
+pub use deployment::{Deployment, DeploymentError, pending};
 pub use kernel::KernelVariant;
 pub use plan::StagePlan;
 

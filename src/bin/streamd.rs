@@ -121,6 +121,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         state_dir: cfg.state_dir.clone(),
         resolve_streams: cfg.resolve_streams,
         resolve_spread: cfg.resolve_spread,
+        mode: cfg.mode,
     };
     let agent = Agent::new(node, backend, gatherer, reboot).await?;
     agent.run(shutdown_signal()).await

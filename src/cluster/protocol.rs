@@ -25,6 +25,13 @@ pub const DESIRED_OS_IMAGE: &str = "osstream.openshift.io/desired-os-image";
 pub const DESIRED_EXTENSIONS_IMAGE: &str = "osstream.openshift.io/desired-extensions-image";
 /// Input: the reboot approval token.
 pub const REBOOT_APPROVED: &str = "osstream.openshift.io/reboot-approved";
+/// Input: a stream to run the readiness checks for, without staging anything.
+pub const CHECK_STREAM: &str = "osstream.openshift.io/check-stream";
+/// Input: the digest-pinned OS image of the checked stream (absent: the cluster's
+/// OSImageStream says).
+pub const CHECK_OS_IMAGE: &str = "osstream.openshift.io/check-os-image";
+/// Input: the digest-pinned extensions image of the checked stream.
+pub const CHECK_EXTENSIONS_IMAGE: &str = "osstream.openshift.io/check-extensions-image";
 
 /// Output: the agent's [`State`].
 pub const STATE: &str = "osstream.openshift.io/state";
@@ -44,17 +51,24 @@ pub const OBSERVED_DESIRED: &str = "osstream.openshift.io/observed-desired";
 pub const HOST: &str = "osstream.openshift.io/host";
 /// Output: the token the cluster echoes in `reboot-approved` to let the node reboot.
 pub const REBOOT_REQUESTED: &str = "osstream.openshift.io/reboot-requested";
+/// Output: [`Mode`], whether streamd manages the OS or only reports readiness.
+pub const MODE: &str = "osstream.openshift.io/mode";
+/// Output: compact JSON, the readiness of each checked stream.
+pub const READINESS: &str = "osstream.openshift.io/readiness";
 
 /// The input keys, which streamd never writes.
-pub const INPUT_KEYS: [&str; 4] = [
+pub const INPUT_KEYS: [&str; 7] = [
     DESIRED_STREAM,
     DESIRED_OS_IMAGE,
     DESIRED_EXTENSIONS_IMAGE,
     REBOOT_APPROVED,
+    CHECK_STREAM,
+    CHECK_OS_IMAGE,
+    CHECK_EXTENSIONS_IMAGE,
 ];
 
 /// The output keys, which only streamd writes.
-pub const OUTPUT_KEYS: [&str; 9] = [
+pub const OUTPUT_KEYS: [&str; 11] = [
     STATE,
     REASON,
     PROGRESS,
@@ -64,10 +78,18 @@ pub const OUTPUT_KEYS: [&str; 9] = [
     OBSERVED_DESIRED,
     HOST,
     REBOOT_REQUESTED,
+    MODE,
+    READINESS,
 ];
 
 /// Longest `reason` value streamd writes, in characters.
 pub use crate::text::MAX_REASON_CHARS;
+/// Most streams the `readiness` annotation lists.
+pub const MAX_READINESS_STREAMS: usize = 8;
+/// Longest `reason` of one `readiness` entry, in characters.
+pub const MAX_READINESS_REASON_CHARS: usize = 256;
+/// Longest `readiness` value, in bytes.
+pub const MAX_READINESS_BYTES: usize = 4096;
 /// Longest stream name (RFC 1123 subdomain).
 pub const MAX_STREAM_LEN: usize = 253;
 /// Longest reboot token accepted.
@@ -178,16 +200,8 @@ pub struct Desired {
 impl Desired {
     /// Short, stable hash of the triple: lets a controller tell which request a state refers to.
     pub fn observed_hash(&self) -> String {
-        let mut h = Sha256::new();
-        h.update(self.stream.as_bytes());
-        h.update([0]);
-        h.update(self.os_image.to_string().as_bytes());
-        h.update([0]);
-        if let Some(ext) = &self.extensions_image {
-            h.update(ext.to_string().as_bytes());
-        }
-        let digest = h.finalize();
-        digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+        let ext = self.extensions_image.as_ref().map(ToString::to_string);
+        short_hash(&self.stream, &self.os_image.to_string(), ext.as_deref())
     }
 
     /// The `reboot-requested` token for this request in the boot `boot_id`: a new boot or a new
@@ -200,6 +214,21 @@ impl Desired {
             .collect();
         format!("{}.{boot}", self.observed_hash())
     }
+}
+
+/// 16 hex digits of SHA-256 over a stream and its images: [`Desired::observed_hash`], and the
+/// `checked` field of a readiness entry.
+pub fn short_hash(stream: &str, os_image: &str, extensions_image: Option<&str>) -> String {
+    let mut h = Sha256::new();
+    h.update(stream.as_bytes());
+    h.update([0]);
+    h.update(os_image.as_bytes());
+    h.update([0]);
+    if let Some(ext) = extensions_image {
+        h.update(ext.as_bytes());
+    }
+    let digest = h.finalize();
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The raw values of the input keys; equality of two `Inputs` decides whether a node update
@@ -265,6 +294,156 @@ impl Inputs {
             .map(|v| parse_image(DESIRED_EXTENSIONS_IMAGE, v))
             .transpose()?;
         Ok(Some(Desired {
+            stream: stream.clone(),
+            os_image,
+            extensions_image,
+        }))
+    }
+}
+
+/// Whether streamd manages the node's OS, as written to the `mode` annotation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// streamd stages and reboots on requests.
+    #[default]
+    Manage,
+    /// Another agent (the machine-config daemon) manages the OS, or the config says so:
+    /// streamd never stages or reboots, it only runs readiness checks.
+    Readiness,
+}
+
+impl Mode {
+    /// The annotation value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Manage => "manage",
+            Mode::Readiness => "readiness",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One stream's entry in the `readiness` annotation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Readiness {
+    /// Every check passed: a move to the stream would be staged.
+    pub ready: bool,
+    /// Ids of the failed checks (empty when ready, or when the checks could not run).
+    pub failed: Vec<String>,
+    /// The first failure, or why the checks could not run; empty when ready.
+    pub reason: String,
+    /// The OS image checked (empty when it could not be resolved).
+    pub os_image: String,
+    /// [`Desired::observed_hash`] of the stream and images checked.
+    pub checked: String,
+}
+
+/// The `readiness` value: compact JSON keyed by stream, bounded to
+/// [`MAX_READINESS_STREAMS`] entries, reasons of at most [`MAX_READINESS_REASON_CHARS`]
+/// inert characters and [`MAX_READINESS_BYTES`] in all (reasons are cut shorter first, then
+/// the last entries dropped). `None` when there is no entry.
+pub fn readiness_json(entries: &BTreeMap<String, Readiness>) -> Option<String> {
+    if entries.is_empty() {
+        return None;
+    }
+    let mut kept: BTreeMap<&str, Readiness> = entries
+        .iter()
+        .take(MAX_READINESS_STREAMS)
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    let mut cap = MAX_READINESS_REASON_CHARS;
+    loop {
+        for r in kept.values_mut() {
+            r.reason = crate::text::one_line(&r.reason, cap);
+        }
+        let json = serde_json::to_string(&kept).unwrap_or_default();
+        if json.len() <= MAX_READINESS_BYTES {
+            return Some(json);
+        }
+        if cap > 32 {
+            cap /= 2;
+        } else {
+            let last = kept.keys().next_back().copied().unwrap_or_default();
+            kept.remove(last);
+        }
+    }
+}
+
+/// The raw values of the `check-*` keys.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckInputs {
+    /// `check-stream`, verbatim.
+    pub stream: Option<String>,
+    /// `check-os-image`, verbatim.
+    pub os_image: Option<String>,
+    /// `check-extensions-image`, verbatim.
+    pub extensions_image: Option<String>,
+}
+
+/// A validated `check-*` request; images absent are resolved through the cluster's
+/// OSImageStream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckRequest {
+    /// The stream to check.
+    pub stream: String,
+    /// The OS image, when given.
+    pub os_image: Option<ImageRef>,
+    /// The extensions image, when given.
+    pub extensions_image: Option<ImageRef>,
+}
+
+impl CheckInputs {
+    /// Picks the `check-*` keys out of a node's annotations.
+    pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Self {
+        let get = |k: &str| annotations.get(k).cloned();
+        CheckInputs {
+            stream: get(CHECK_STREAM),
+            os_image: get(CHECK_OS_IMAGE),
+            extensions_image: get(CHECK_EXTENSIONS_IMAGE),
+        }
+    }
+
+    /// Validates the check request with the rules of the `desired-*` keys. `Ok(None)`: no
+    /// check asked for (no key set).
+    pub fn request(&self) -> Result<Option<CheckRequest>, ProtocolError> {
+        let Some(stream) = &self.stream else {
+            return match (&self.os_image, &self.extensions_image) {
+                (None, None) => Ok(None),
+                (Some(_), _) => Err(ProtocolError::new(
+                    CHECK_OS_IMAGE,
+                    "set without check-stream",
+                )),
+                (None, Some(_)) => Err(ProtocolError::new(
+                    CHECK_EXTENSIONS_IMAGE,
+                    "set without check-stream",
+                )),
+            };
+        };
+        validate_stream(stream).map_err(|p| ProtocolError::new(CHECK_STREAM, p))?;
+        if self.os_image.is_none() && self.extensions_image.is_some() {
+            return Err(ProtocolError::new(
+                CHECK_EXTENSIONS_IMAGE,
+                "set without check-os-image (without both, the cluster's OSImageStream names the images)",
+            ));
+        }
+        let os_image = self
+            .os_image
+            .as_deref()
+            .map(|v| parse_image(CHECK_OS_IMAGE, v))
+            .transpose()?;
+        let extensions_image = self
+            .extensions_image
+            .as_deref()
+            .map(|v| parse_image(CHECK_EXTENSIONS_IMAGE, v))
+            .transpose()?;
+        Ok(Some(CheckRequest {
             stream: stream.clone(),
             os_image,
             extensions_image,
@@ -410,6 +589,73 @@ mod tests {
                     .starts_with("annotation osstream.openshift.io/")
             );
         }
+    }
+
+    #[test]
+    fn check_requests_are_validated_naming_the_check_key() {
+        let ok = format!("quay.io/openshift/rhcos@{D}");
+        let check = |s: Option<&str>, o: Option<&str>, e: Option<&str>| CheckInputs {
+            stream: s.map(String::from),
+            os_image: o.map(String::from),
+            extensions_image: e.map(String::from),
+        };
+        assert_eq!(check(None, None, None).request(), Ok(None));
+        let only_stream = check(Some("rhel-10"), None, None)
+            .request()
+            .expect("valid")
+            .expect("present");
+        assert_eq!(only_stream.os_image, None);
+        let pinned = check(Some("rhel-10"), Some(&ok), Some(&ok))
+            .request()
+            .expect("valid")
+            .expect("present");
+        assert_eq!(pinned.os_image.map(|i| i.to_string()), Some(ok.clone()));
+        let cases = [
+            (check(Some("RHEL-10"), None, None), CHECK_STREAM),
+            (check(None, Some(&ok), None), CHECK_OS_IMAGE),
+            (check(None, None, Some(&ok)), CHECK_EXTENSIONS_IMAGE),
+            (
+                check(Some("rhel-10"), None, Some(&ok)),
+                CHECK_EXTENSIONS_IMAGE,
+            ),
+            (
+                check(Some("rhel-10"), Some("quay.io/x/y:latest"), None),
+                CHECK_OS_IMAGE,
+            ),
+            (
+                check(Some("rhel-10"), Some(&ok), Some("x y")),
+                CHECK_EXTENSIONS_IMAGE,
+            ),
+        ];
+        for (input, key) in cases {
+            assert_eq!(input.request().expect_err("refused").key, key, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn readiness_is_bounded_and_inert() {
+        assert_eq!(readiness_json(&BTreeMap::new()), None);
+        let entry = |reason: &str| Readiness {
+            ready: false,
+            failed: vec!["cpu-level".into()],
+            reason: reason.into(),
+            os_image: format!("quay.io/{}@{D}", "o".repeat(200)),
+            checked: "0123456789abcdef".into(),
+        };
+        let one = BTreeMap::from([("rhel-10".to_string(), entry("a\nb\u{1b}[31m"))]);
+        let json = readiness_json(&one).expect("json");
+        assert!(json.contains(r#""reason":"a; b""#), "{json}");
+        let many: BTreeMap<String, Readiness> = (0..20)
+            .map(|i| (format!("stream-{i:02}"), entry(&"x".repeat(1000))))
+            .collect();
+        let json = readiness_json(&many).expect("json");
+        assert!(json.len() <= MAX_READINESS_BYTES, "{}", json.len());
+        let back: BTreeMap<String, Readiness> = serde_json::from_str(&json).expect("parses");
+        assert!(!back.is_empty() && back.len() <= MAX_READINESS_STREAMS);
+        assert!(
+            back.values()
+                .all(|r| r.reason.chars().count() <= MAX_READINESS_REASON_CHARS)
+        );
     }
 
     #[test]

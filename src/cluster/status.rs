@@ -52,6 +52,12 @@ pub struct Status {
     /// Reboots into the current request so far (from the attempt record).
     #[serde(default)]
     pub attempts: u32,
+    /// Whether streamd manages the OS or only reports readiness.
+    #[serde(default)]
+    pub mode: protocol::Mode,
+    /// The readiness of each checked stream, by stream name.
+    #[serde(default)]
+    pub readiness: BTreeMap<String, protocol::Readiness>,
 }
 
 impl Status {
@@ -97,6 +103,11 @@ impl Status {
             (protocol::OBSERVED_DESIRED, self.observed_desired.clone()),
             (protocol::HOST, self.host.as_ref().map(HostFacts::to_json)),
             (protocol::REBOOT_REQUESTED, self.reboot_requested.clone()),
+            (protocol::MODE, Some(self.mode.to_string())),
+            (
+                protocol::READINESS,
+                protocol::readiness_json(&self.readiness),
+            ),
         ])
     }
 }

@@ -3,4 +3,5 @@
 
 pub mod attempt;
 pub mod facts;
+pub mod ospull;
 pub mod verify;

@@ -10,7 +10,7 @@ use anyhow::bail;
 use crate::images::TestImage;
 
 /// Fixture names, in table order.
-pub const NAMES: [&str; 10] = [
+pub const NAMES: [&str; 11] = [
     "default",
     "fips",
     "realtime",
@@ -21,6 +21,7 @@ pub const NAMES: [&str; 10] = [
     "low-disk",
     "layered",
     "realtime-image",
+    "mcd",
 ];
 
 /// The CPU the host root's `/proc/cpuinfo` describes.
@@ -113,10 +114,14 @@ pub struct Fixture {
     /// The variant kernel comes from the booted image itself (a variant or on-cluster-layered
     /// image), not from package overrides: the origin carries none.
     pub kernel_from_image: bool,
+    /// Whether the machine-config daemon's on-disk state
+    /// (`/etc/machine-config-daemon/currentconfig`) is on the host: an OpenShift node the MCD
+    /// manages.
+    pub mcd: bool,
 }
 
 /// Every fixture (see [`NAMES`]).
-pub const FIXTURES: [Fixture; 10] = {
+pub const FIXTURES: [Fixture; 11] = {
     const DEFAULT: Fixture = Fixture {
         name: "default",
         cpu: Cpu::X86_64V3,
@@ -126,6 +131,7 @@ pub const FIXTURES: [Fixture; 10] = {
         low_disk: false,
         layered_packages: &[],
         kernel_from_image: false,
+        mcd: false,
     };
     [
         DEFAULT,
@@ -175,6 +181,11 @@ pub const FIXTURES: [Fixture; 10] = {
             name: "realtime-image",
             kernel: Kernel::Realtime,
             kernel_from_image: true,
+            ..DEFAULT
+        },
+        Fixture {
+            name: "mcd",
+            mcd: true,
             ..DEFAULT
         },
     ]
@@ -423,6 +434,11 @@ pub fn base_packages(image: &TestImage, arch: &str) -> Vec<Nevra> {
         ]
     };
     out.extend(userspace.iter().map(|(n, e, v, r, a)| nv(n, *e, v, r, a)));
+    // One package only the el9 base has (RHEL 10 dropped the ISC DHCP client), so an origin's
+    // removal can name a package the new base lacks (rpm-ostree's "Inactive base removals").
+    if !el10 {
+        out.push(nv("dhcp-client", 12, "4.4.2", "19.b1.el9", arch));
+    }
     out
 }
 

@@ -14,6 +14,7 @@
 //! | `sys/kernel/realtime` | `1`, only on real-time kernels (absent otherwise, as on a real host) |
 //! | `etc/crio/crio.conf`, `etc/crio/crio.conf.d/00-default` | `[crio.runtime] default_runtime` = `runc` or `crun` |
 //! | `usr/lib/os-release`, `etc/os-release` (link) | the booted image's os-release |
+//! | `etc/machine-config-daemon/currentconfig` | only on `mcd`: the machine-config daemon's record of the MachineConfig it applied (a JSON MachineConfig, as `storeCurrentConfigOnDisk` writes it) |
 //! | `run/testbed/low-disk` | only on `low-disk`: the fake rpm-ostreed fails imports on free space |
 //! | `proc/sys/kernel/random/boot_id` | this boot's id; a simulated reboot writes a new one |
 //! | `var/log/journal/<machine-id>/`, `etc/machine-id` | only after a reboot whose finalization failed: a real journal with the failure in the previous boot |
@@ -81,6 +82,16 @@ pub fn write(
         )?;
     } else {
         remove("run/testbed/low-disk");
+    }
+    if fixture.mcd {
+        // openshift/machine-config-operator:pkg/daemon/daemon.go `storeCurrentConfigOnDisk`
+        // writes the whole MachineConfig as JSON; streamd only looks for the file.
+        put(
+            "etc/machine-config-daemon/currentconfig",
+            r#"{"kind":"MachineConfig","apiVersion":"machineconfiguration.openshift.io/v1","metadata":{"name":"rendered-worker-0123456789abcdef0123456789abcdef"},"spec":{"osImageURL":""}}"#,
+        )?;
+    } else {
+        remove("etc/machine-config-daemon/currentconfig");
     }
     put("usr/lib/os-release", &booted.os_release())?;
     // As on RHCOS, /etc/os-release is a relative link into /usr.

@@ -28,7 +28,7 @@ enum Command {
         #[arg(long)]
         dir: PathBuf,
         /// Host fixture: default, fips, realtime, fips-realtime, 64k-aarch64, old-cpu, runc,
-        /// low-disk, layered.
+        /// low-disk, layered, mcd.
         #[arg(long, default_value = "default")]
         host: String,
         /// The host's OS update tool: rpm-ostree (rpm-ostreed on the bus) or bootc (no

@@ -152,6 +152,9 @@ impl Testbed {
             .context("the fake rpm-ostreed has no booted deployment")?;
         crate::host::write(&dir.join("host"), NODE_NAME, &booted, &fixture, &cmdline)?;
         crate::host::keep_boot_id(&dir.join("host"))?;
+        // Hook (creds, issue 11 §3): the node's container stack configuration; the OS daemons
+        // pull with the ostree auth file the machine-config daemon would link there.
+        crate::registry::node::write_node_config(&dir.join("host"), &registry.pull_secret_json())?;
         let apiserver = ApiServer::start(ApiServerConfig {
             dir: dir.clone(),
             node_name: NODE_NAME.into(),

@@ -824,7 +824,15 @@ async fn raw_errors_are_status_objects() {
         .collect();
     assert_eq!(
         names,
-        ["nodes", "nodes/status", "events", "namespaces", "pods"]
+        [
+            "nodes",
+            "nodes/status",
+            "events",
+            "namespaces",
+            "pods",
+            "pods/status",
+            "pods/eviction"
+        ]
     );
 }
 
@@ -1079,8 +1087,592 @@ async fn stats_count_kubectl_requests_by_user_and_verb() {
         .sum();
     assert_eq!(stats["total"], sum);
     env.control(json!({"cmd": "reset-stats"})).await;
+    let reset = env.control(json!({"cmd": "stats"})).await;
     assert_eq!(
-        env.control(json!({"cmd": "stats"})).await,
-        json!({"total": 0, "by_user": {}})
+        (&reset["total"], &reset["by_user"]),
+        (&json!(0), &json!({}))
     );
+}
+
+/// Writes `text` to `DIR/name` and returns the path as a string.
+fn write(env: &Env, name: &str, text: &str) -> String {
+    let path = env.path(name);
+    std::fs::write(&path, text).expect("write manifest");
+    path.to_str().expect("utf-8 path").to_string()
+}
+
+const STREAMPOOL_CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: streampools.osstream.openshift.io
+spec:
+  group: osstream.openshift.io
+  scope: Cluster
+  names:
+    plural: streampools
+    kind: StreamPool
+  versions:
+  - name: v1alpha1
+    served: true
+    storage: true
+    subresources:
+      status: {}
+    schema:
+      openAPIV3Schema:
+        type: object
+        x-kubernetes-preserve-unknown-fields: true
+"#;
+
+#[tokio::test]
+async fn posted_crd_is_served_with_generation_status_and_watch() {
+    let env = Env::start("crd").await;
+    let crd = write(&env, "crd.yaml", STREAMPOOL_CRD);
+    env.kubectl(&["create", "-f", &crd]).await;
+    env.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=10s",
+        "crd/streampools.osstream.openshift.io",
+    ])
+    .await;
+    let stored = parse(
+        &env.kubectl(&[
+            "get",
+            "crd",
+            "streampools.osstream.openshift.io",
+            "-o",
+            "json",
+        ])
+        .await,
+    );
+    assert_eq!(stored["spec"]["names"]["singular"], "streampool");
+    assert_eq!(stored["spec"]["names"]["listKind"], "StreamPoolList");
+    assert_eq!(stored["status"]["storedVersions"], json!(["v1alpha1"]));
+    let resources = env
+        .kubectl(&[
+            "api-resources",
+            "--api-group=osstream.openshift.io",
+            "-o",
+            "wide",
+        ])
+        .await;
+    assert!(
+        resources.contains("streampools")
+            && resources.contains("StreamPool")
+            && resources.contains("false"),
+        "cluster-scoped StreamPool in discovery: {resources}"
+    );
+
+    let mut watch = Watch::spawn(
+        &env.dir,
+        &env.path("kubeconfig-admin"),
+        &[
+            "get",
+            "streampools",
+            "-w",
+            "-o",
+            "json",
+            "--output-watch-events",
+        ],
+    );
+    let pool = write(
+        &env,
+        "pool.yaml",
+        "apiVersion: osstream.openshift.io/v1alpha1\nkind: StreamPool\nmetadata:\n  name: workers\nspec:\n  stream: rhel-10\nstatus:\n  updated: 3\n",
+    );
+    env.kubectl(&["create", "-f", &pool]).await;
+    let created = parse(
+        &env.kubectl(&["get", "streampool", "workers", "-o", "json"])
+            .await,
+    );
+    assert_eq!(created["metadata"]["generation"], 1);
+    assert!(
+        created.get("status").is_none(),
+        "create drops status: {created}"
+    );
+    env.kubectl(&[
+        "patch",
+        "streampool",
+        "workers",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"stream":"rhel-9"}}"#,
+    ])
+    .await;
+    env.kubectl(&[
+        "patch",
+        "streampool",
+        "workers",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"observedGeneration":2},"spec":{"stream":"ignored"}}"#,
+    ])
+    .await;
+    let pool = parse(
+        &env.kubectl(&["get", "streampool", "workers", "-o", "json"])
+            .await,
+    );
+    assert_eq!(pool["metadata"]["generation"], 2, "{pool}");
+    assert_eq!(
+        pool["spec"]["stream"], "rhel-9",
+        "status writes keep spec: {pool}"
+    );
+    assert_eq!(pool["status"]["observedGeneration"], 2);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while watch.events().len() < 3 {
+        watch.read_more(deadline).await;
+    }
+    let kinds: Vec<Value> = watch.events().iter().map(|e| e["type"].clone()).collect();
+    assert_eq!(
+        kinds[..3],
+        [json!("ADDED"), json!("MODIFIED"), json!("MODIFIED")]
+    );
+
+    let err = env
+        .kubectl_fails(&[
+            "get",
+            "streampools",
+            "--field-selector",
+            "spec.stream=rhel-9",
+        ])
+        .await;
+    assert!(err.contains("is not a known field selector"), "{err}");
+
+    env.kubectl(&["delete", "crd", "streampools.osstream.openshift.io"])
+        .await;
+    let raw = env
+        .raw(
+            "GET",
+            "/apis/osstream.openshift.io/v1alpha1/streampools",
+            Identity::Admin,
+            None,
+        )
+        .await;
+    assert_eq!(raw.status, 404, "no longer served: {}", raw.body);
+    let bad = write(
+        &env,
+        "bad.yaml",
+        &STREAMPOOL_CRD.replace("name: streampools.osstream", "name: pools.osstream"),
+    );
+    let err = env.kubectl_fails(&["create", "-f", &bad]).await;
+    assert!(
+        err.contains(r#"metadata.name: Invalid value: "pools.osstream.openshift.io": must be spec.names.plural+"."+spec.group"#),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn kubectl_cordon_and_uncordon_are_recorded_as_unavailability() {
+    let env = Env::start("cordon").await;
+    env.control(json!({"cmd": "reset-unavailable"})).await;
+    let out = env.kubectl(&["cordon", NODE]).await;
+    assert!(out.contains("cordoned"), "{out}");
+    assert_eq!(env.node().await["spec"]["unschedulable"], true);
+    let table = env.kubectl(&["get", "node", NODE]).await;
+    assert!(table.contains("Ready,SchedulingDisabled"), "{table}");
+    env.kubectl(&["uncordon", NODE]).await;
+    assert!(env.node().await["spec"].get("unschedulable").is_none());
+    let record = env.control(json!({"cmd": "unavailable"})).await;
+    assert_eq!(record["max"], 1, "{record}");
+    assert_eq!(record["now"], json!([]), "{record}");
+    let sets: Vec<Value> = record["timeline"]
+        .as_array()
+        .expect("timeline")
+        .iter()
+        .map(|e| e["nodes"].clone())
+        .collect();
+    assert_eq!(sets, [json!([]), json!([NODE]), json!([])], "{record}");
+}
+
+/// A pod of ReplicaSet `web-rs` bound to `node`, created by the admin and made Running and
+/// Ready as its kubelet would.
+fn web_pod(env: &Env, name: &str, node: &str) {
+    env.server
+        .create(json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": "default",
+                "labels": { "app": "web" },
+                "ownerReferences": [{
+                    "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-rs",
+                    "uid": "5f0c3a63-6a4e-4e52-9a0c-2a8c4fbb7d11", "controller": true,
+                }],
+            },
+            "spec": { "nodeName": node, "containers": [{ "name": "web", "image": "quay.io/x/web:1" }] },
+        }))
+        .expect("create pod");
+    env.server
+        .update_status("v1", "Pod", Some("default"), name, |pod| {
+            pod["status"] = json!({
+                "phase": "Running",
+                "conditions": [{ "type": "Ready", "status": "True" }],
+            });
+        })
+        .expect("pod status");
+}
+
+#[tokio::test]
+async fn kubectl_drain_evicts_through_the_disruption_budget() {
+    let env = Env::start("drain").await;
+    env.server
+        .create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "worker-1"}}))
+        .expect("second node");
+    web_pod(&env, "web-a", NODE);
+    web_pod(&env, "web-b", NODE);
+    let pdb = write(
+        &env,
+        "pdb.yaml",
+        "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: web\n  namespace: default\nspec:\n  minAvailable: 1\n  selector:\n    matchLabels:\n      app: web\n",
+    );
+    env.kubectl(&["create", "-f", &pdb]).await;
+    let status = parse(&env.kubectl(&["get", "pdb", "web", "-o", "json"]).await)["status"].clone();
+    assert_eq!(
+        (
+            &status["currentHealthy"],
+            &status["desiredHealthy"],
+            &status["disruptionsAllowed"],
+            &status["expectedPods"]
+        ),
+        (&json!(2), &json!(1), &json!(1), &json!(2)),
+        "{status}"
+    );
+    env.control(json!({"cmd": "pod-removal", "delay_ms": 300}))
+        .await;
+    let pods = parse(
+        &env.kubectl(&[
+            "get",
+            "pods",
+            "-A",
+            "-o",
+            "json",
+            "--field-selector",
+            &format!("spec.nodeName={NODE}"),
+        ])
+        .await,
+    );
+    assert_eq!(pods["items"].as_array().map(Vec::len), Some(2));
+    // One eviction is allowed, the second is refused until a replacement is Ready elsewhere.
+    let out = env
+        .run(
+            &env.path("kubeconfig-admin"),
+            &["drain", NODE, "--ignore-daemonsets", "--timeout=8s"],
+        )
+        .await;
+    assert!(!out.ok, "drain cannot finish: {}", out.stdout);
+    assert!(
+        out.stderr
+            .contains("Cannot evict pod as it would violate the pod's disruption budget."),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        env.node().await["spec"]["unschedulable"],
+        true,
+        "drain cordons first"
+    );
+    let left = parse(&env.kubectl(&["get", "pods", "-o", "json"]).await);
+    assert_eq!(left["items"].as_array().map(Vec::len), Some(1), "{left}");
+    web_pod(&env, "web-c", "worker-1");
+    let out = env
+        .kubectl(&["drain", NODE, "--ignore-daemonsets", "--timeout=30s"])
+        .await;
+    assert!(out.contains("drained"), "{out}");
+    let left = parse(
+        &env.kubectl(&[
+            "get",
+            "pods",
+            "-o",
+            "json",
+            "--field-selector",
+            &format!("spec.nodeName={NODE}"),
+        ])
+        .await,
+    );
+    assert_eq!(left["items"], json!([]));
+    let err = env
+        .kubectl_fails(&["get", "pods", "--field-selector", "spec.host=x"])
+        .await;
+    assert!(
+        err.contains("field label not supported: spec.host"),
+        "{err}"
+    );
+}
+
+/// `POST` an Eviction of `name` to the eviction path of `path_name`, with `extra` fields (such as
+/// `deleteOptions`), as the admin.
+async fn evict(env: &Env, path_name: &str, name: &str, extra: Value) -> Raw {
+    let mut body = json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": name, "namespace": "default"}});
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        body[k] = v.clone();
+    }
+    let path = format!("/api/v1/namespaces/default/pods/{path_name}/eviction");
+    env.raw(
+        "POST",
+        &path,
+        Identity::Admin,
+        Some(("application/json", &body.to_string())),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn eviction_statuses_and_graceful_deletion_are_the_real_ones() {
+    let env = Env::start("evict").await;
+    for name in ["web-a", "web-b"] {
+        web_pod(&env, name, NODE);
+    }
+    env.server
+        .create(
+            json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "web"}}}}),
+        )
+        .expect("pdb");
+    let raw = evict(&env, "web-a", "web-a", json!({})).await;
+    assert_eq!(raw.status, 429, "{}", raw.body);
+    assert_eq!(
+        raw.json(),
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+            "reason": "TooManyRequests", "code": 429,
+            "details": {"causes": [{"reason": "DisruptionBudget", "message": "The disruption budget web needs 2 healthy pods and has 2 currently"}]}})
+    );
+    let raw = evict(&env, "web-a", "web-b", json!({})).await;
+    assert_eq!(
+        (raw.status, raw.json()["message"].clone()),
+        (
+            400,
+            json!("name in URL does not match name in Eviction object")
+        )
+    );
+    // A second budget over the same pods: the eviction subresource cannot decide.
+    env.server
+        .create(
+            json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "web-2", "namespace": "default"},
+            "spec": {"minAvailable": 0, "selector": {"matchLabels": {"app": "web"}}}}),
+        )
+        .expect("second pdb");
+    let raw = evict(&env, "web-a", "web-a", json!({})).await;
+    assert_eq!(raw.status, 500, "{}", raw.body);
+    assert_eq!(
+        raw.json()["message"],
+        "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
+    );
+    env.kubectl(&["delete", "pdb", "web"]).await;
+
+    // Allowed: 201 Success, the pod terminates gracefully (deletionTimestamp, then gone).
+    env.control(json!({"cmd": "pod-removal", "delay_ms": 1500}))
+        .await;
+    let raw = evict(
+        &env,
+        "web-a",
+        "web-a",
+        json!({"deleteOptions": {"gracePeriodSeconds": 20}}),
+    )
+    .await;
+    assert_eq!(raw.status, 201, "{}", raw.body);
+    assert_eq!(raw.json()["status"], "Success");
+    let pod = parse(&env.kubectl(&["get", "pod", "web-a", "-o", "json"]).await);
+    assert_eq!(pod["metadata"]["deletionGracePeriodSeconds"], 20, "{pod}");
+    assert!(pod["metadata"]["deletionTimestamp"].is_string(), "{pod}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while env
+        .run(&env.path("kubeconfig-admin"), &["get", "pod", "web-a"])
+        .await
+        .ok
+    {
+        assert!(Instant::now() < deadline, "web-a never removed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Dry run and preconditions are honoured (a failed precondition still took the disruption,
+    // as on a real server: the delete comes after the budget update).
+    let raw = evict(
+        &env,
+        "web-b",
+        "web-b",
+        json!({"deleteOptions": {"dryRun": ["All"]}}),
+    )
+    .await;
+    assert_eq!(raw.status, 201, "{}", raw.body);
+    env.kubectl(&["get", "pod", "web-b"]).await;
+    let raw = evict(
+        &env,
+        "web-b",
+        "web-b",
+        json!({"deleteOptions": {"preconditions": {"uid": "nope"}}}),
+    )
+    .await;
+    assert_eq!(raw.status, 409, "{}", raw.body);
+    let pdb = parse(&env.kubectl(&["get", "pdb", "web-2", "-o", "json"]).await);
+    assert!(pdb["status"]["disruptedPods"]["web-b"].is_string(), "{pdb}");
+    let raw = evict(&env, "nope", "nope", json!({})).await;
+    assert_eq!(raw.status, 404, "{}", raw.body);
+    // An unscheduled pod is deleted at once whatever the grace period.
+    env.server
+        .create(
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pending"},
+            "spec": {"containers": [{"name": "c", "image": "quay.io/x/c:1"}]}}),
+        )
+        .expect("pending pod");
+    let pending = parse(&env.kubectl(&["get", "pod", "pending", "-o", "json"]).await);
+    assert_eq!(pending["status"], json!({"phase": "Pending"}));
+    assert_eq!(pending["spec"]["terminationGracePeriodSeconds"], 30);
+    env.kubectl(&["delete", "pod", "pending", "--wait=false"])
+        .await;
+    env.kubectl_fails(&["get", "pod", "pending"]).await;
+}
+
+#[tokio::test]
+async fn leases_conflict_on_a_stale_resource_version() {
+    let env = Env::start("lease").await;
+    let lease = write(
+        &env,
+        "lease.yaml",
+        "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: streamd-rollout\n  namespace: default\nspec:\n  holderIdentity: a\n  leaseDurationSeconds: 15\n",
+    );
+    env.kubectl(&["create", "-f", &lease]).await;
+    let first = parse(
+        &env.kubectl(&["get", "lease", "streamd-rollout", "-o", "json"])
+            .await,
+    );
+    let mut taken = first.clone();
+    taken["spec"]["holderIdentity"] = json!("b");
+    let path = "/apis/coordination.k8s.io/v1/namespaces/default/leases/streamd-rollout";
+    let raw = env
+        .raw(
+            "PUT",
+            path,
+            Identity::Admin,
+            Some(("application/json", &taken.to_string())),
+        )
+        .await;
+    assert_eq!(raw.status, 200, "{}", raw.body);
+    // The other candidate still holds the old resourceVersion: it loses.
+    let mut stale = first.clone();
+    stale["spec"]["holderIdentity"] = json!("c");
+    let raw = env
+        .raw(
+            "PUT",
+            path,
+            Identity::Admin,
+            Some(("application/json", &stale.to_string())),
+        )
+        .await;
+    assert_eq!(raw.status, 409, "{}", raw.body);
+    assert_eq!(raw.json()["reason"], "Conflict");
+    let now = parse(
+        &env.kubectl(&["get", "lease", "streamd-rollout", "-o", "json"])
+            .await,
+    );
+    assert_eq!(now["spec"]["holderIdentity"], "b");
+}
+
+#[tokio::test]
+async fn a_service_account_gets_exactly_what_rbac_binds() {
+    let env = Env::start("rbac").await;
+    let sa = "system:serviceaccount:streamd:streamd-rollout";
+    let reply = env.control(json!({"cmd": "add-user", "user": sa})).await;
+    let kubeconfig = PathBuf::from(reply["kubeconfig"].as_str().expect("kubeconfig path"));
+    let as_sa = |args: &'static [&'static str]| {
+        let kubeconfig = kubeconfig.clone();
+        let env = &env;
+        async move { env.run(&kubeconfig, args).await }
+    };
+    let out = as_sa(&["get", "pods", "-A"]).await;
+    assert!(!out.ok);
+    assert!(
+        out.stderr.contains(r#"pods is forbidden: User "system:serviceaccount:streamd:streamd-rollout" cannot list resource "pods" in API group "" at the cluster scope"#),
+        "{}",
+        out.stderr
+    );
+    // (`kubectl create namespace` would send protobuf, which the fake does not read.)
+    let rbac = write(
+        &env,
+        "rbac.yaml",
+        r#"apiVersion: v1
+kind: Namespace
+metadata: {name: streamd}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: rollout}
+rules:
+- {apiGroups: [""], resources: [pods], verbs: [list, watch]}
+- {apiGroups: [""], resources: [pods/eviction], verbs: [create]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: rollout}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: rollout}
+subjects: [{kind: ServiceAccount, name: streamd-rollout, namespace: streamd}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: rollout-lease, namespace: streamd}
+rules:
+- {apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, create, update]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: rollout-lease, namespace: streamd}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: rollout-lease}
+subjects: [{kind: ServiceAccount, name: streamd-rollout}]
+"#,
+    );
+    env.kubectl(&["create", "-f", &rbac]).await;
+    assert!(as_sa(&["get", "pods", "-A"]).await.ok);
+    assert!(
+        as_sa(&["get", "lease", "-n", "streamd", "x"])
+            .await
+            .stderr
+            .contains("NotFound")
+    );
+    let out = as_sa(&["get", "lease", "-n", "default", "x"]).await;
+    assert!(
+        out.stderr.contains("Forbidden"),
+        "a Role grants only its namespace: {}",
+        out.stderr
+    );
+    let out = as_sa(&["delete", "pod", "-n", "default", "x"]).await;
+    assert!(out.stderr.contains("Forbidden"), "{}", out.stderr);
+    let stats = env.control(json!({"cmd": "stats"})).await;
+    assert!(
+        stats["by_resource"][sa]["pods"]["list"].as_u64() >= Some(2),
+        "{stats}"
+    );
+    assert!(
+        stats["by_resource"][sa]["leases"]["get"].as_u64() >= Some(2),
+        "{stats}"
+    );
+
+    let mut watch = Watch::spawn(
+        &env.dir,
+        &kubeconfig,
+        &["get", "pods", "-A", "-w", "-o", "json"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let stats = env.control(json!({"cmd": "stats"})).await;
+        if stats["watches_open"][sa] == 1 {
+            assert_eq!(stats["watches_max"][sa], 1);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the watch is never counted open: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    watch.child.kill().await.expect("kill kubectl -w");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while env.control(json!({"cmd": "stats"})).await["watches_open"][sa] != 0 {
+        assert!(Instant::now() < deadline, "the closed watch stays counted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -2060,3 +2060,145 @@ async fn allow_downgrade_false_checks_build_timestamps() {
         (true, String::new())
     );
 }
+
+/// The origin a deploy edits is the pending deployment's when there is one
+/// (`rpmostree_syscore_get_origin_merge_deployment`); an override already there fails
+/// (`add_packages_override_remove`), and removals the new base lacks are dropped, not failed
+/// (`finalize_removal_overrides`).
+#[tokio::test]
+async fn overrides_are_edited_on_the_pending_origin_and_inactive_ones_dropped() {
+    let env = Env::new().await;
+    let remove = || dict(&[("override-remove-packages", Value::from(vec!["dhcp-client"]))]);
+    // The booted rhel-9 with one base package removed: staged, not booted.
+    assert_eq!(env.deploy(&remove()).await, (true, String::new()));
+    let deployments = env.deployments().await;
+    assert!(bool_of(&deployments[0], "staged"));
+    assert_eq!(
+        strv_of(&deployments[0], "requested-base-removals"),
+        ["dhcp-client"]
+    );
+    assert!(strv_of(&deployments[1], "requested-base-removals").is_empty());
+    // Asking again edits the pending origin, which already has it.
+    assert_eq!(
+        env.deploy(&remove()).await,
+        (
+            false,
+            "Override already exists for package 'dhcp-client'".to_string()
+        )
+    );
+    // rhel-10 has no dhcp-client: the inherited removal is reported and dropped.
+    let signals = env.rebase(&registry_ref(env.rhel10()), &Dict::new()).await;
+    assert_eq!(signals.finished, Some((true, String::new())));
+    let messages = signals.strings("Message");
+    let at = messages
+        .iter()
+        .position(|m| m == "Inactive base removals:")
+        .unwrap_or_else(|| panic!("{messages:#?}"));
+    assert_eq!(messages[at + 1], "  dhcp-client");
+    let staged = &env.deployments().await[0];
+    assert!(strv_of(staged, "requested-base-removals").is_empty());
+    assert!(!staged.contains_key("base-checksum"), "nothing layered");
+}
+
+/// `ostree admin deploy` (no `--stage`) leaves a pending deployment that is not staged: it is
+/// the origin rpm-ostree edits, libostree records nothing staged, and `Cleanup` removes it.
+#[tokio::test]
+async fn an_admin_deployed_pending_deployment_is_the_origin_but_not_staged() {
+    let env = Env::with_host("layered").await;
+    env.control(json!({"cmd": "admin-deploy", "image": env.rhel9().pullspec}))
+        .await;
+    let deployments = env.deployments().await;
+    assert_eq!(deployments.len(), 2);
+    assert!(!bool_of(&deployments[0], "staged"));
+    assert!(!bool_of(&deployments[0], "booted"));
+    assert!(strv_of(&deployments[0], "requested-packages").is_empty());
+    assert_eq!(strv_of(&deployments[1], "requested-packages"), ["usbguard"]);
+    assert_eq!(
+        env.staged_record(),
+        None,
+        "libostree records no staged deployment"
+    );
+
+    // The booted origin layers usbguard; the pending one, which is edited, does not.
+    let (ok, message) = env
+        .deploy(&dict(&[
+            ("set-refspec", Value::from(registry_ref(env.rhel10()))),
+            ("uninstall-packages", Value::from(vec!["usbguard"])),
+        ]))
+        .await;
+    assert_eq!(
+        (ok, message.as_str()),
+        (
+            false,
+            "Package/capability 'usbguard' is not currently requested"
+        )
+    );
+    let signals = env.rebase(&registry_ref(env.rhel10()), &Dict::new()).await;
+    assert_eq!(signals.finished, Some((true, String::new())));
+    let deployments = env.deployments().await;
+    assert_eq!(deployments.len(), 3, "staged, the admin's pending, booted");
+    assert!(bool_of(&deployments[0], "staged"));
+    assert!(strv_of(&deployments[0], "requested-packages").is_empty());
+    assert!(!bool_of(&deployments[1], "staged"));
+    env.cleanup_pending().await;
+    let deployments = env.deployments().await;
+    assert_eq!(deployments.len(), 1, "both pending deployments go");
+    assert!(bool_of(&deployments[0], "booted"));
+}
+
+/// rpm-ostree leaves `container-image-reference-digest` out when it cannot read the image's
+/// metadata back (coreos/rpm-ostree#4185), and `FinalizeDeployment` then compares the base
+/// commit.
+#[tokio::test]
+async fn a_deployment_whose_image_metadata_is_lost_has_no_digest() {
+    let env = Env::new().await;
+    let booted = &env.deployments().await[0];
+    assert!(booted.contains_key("container-image-reference-digest"));
+    env.control(json!({"cmd": "lose-image-metadata", "index": 0}))
+        .await;
+    let booted = &env.deployments().await[0];
+    assert!(!booted.contains_key("container-image-reference-digest"));
+    assert_eq!(
+        string_of(booted, "container-image-reference"),
+        registry_ref(env.rhel9())
+    );
+}
+
+/// A local RPM already in the origin fails (`filter_package_requests`), and `uninstall`
+/// removes one entry per request: the repo request before a local package of that name
+/// (`remove_packages`).
+#[tokio::test]
+async fn local_packages_are_layered_once_and_uninstalled_one_entry_at_a_time() {
+    let env = Env::with_host("realtime").await;
+    let core = "kernel-rt-core-5.14.0-570.60.1.el9_6.x86_64";
+    let files = rpm_files(&env.dir.0, &[core]);
+    let (ok, message) = env
+        .deploy(&dict(&[(
+            "install-local-packages",
+            Value::from(handles(&files)),
+        )]))
+        .await;
+    assert!(!ok);
+    assert!(
+        message.starts_with("Package '")
+            && message.ends_with(&format!(":{core}' is already layered")),
+        "{message}"
+    );
+    assert_eq!(ostree_status(&env.sysroot()).len(), 1, "nothing staged");
+
+    let env = Env::with_host("layered").await;
+    let local = "usbguard-1.1.3-1.el9.x86_64";
+    let files = rpm_files(&env.dir.0, &[local]);
+    let (ok, message) = env
+        .deploy(&dict(&[(
+            "install-local-packages",
+            Value::from(handles(&files)),
+        )]))
+        .await;
+    assert!(ok, "{message}");
+    let uninstall = dict(&[("uninstall-packages", Value::from(vec!["usbguard"]))]);
+    assert_eq!(env.deploy(&uninstall).await, (true, String::new()));
+    let staged = &env.deployments().await[0];
+    assert!(strv_of(staged, "requested-packages").is_empty());
+    assert_eq!(strv_of(staged, "requested-local-packages"), [local]);
+}

@@ -92,6 +92,17 @@ impl Env {
         }
     }
 
+    /// A fresh testbed on the default host in `dir`, a directory the caller chose (one other
+    /// users can reach, for tests that run clients as them).
+    pub async fn in_dir(dir: PathBuf) -> Env {
+        let tb = start_testbed(&dir, "default", testbed::Backend::RpmOstree).await;
+        Env {
+            tb,
+            dir,
+            streamd: None,
+        }
+    }
+
     /// `DIR/env` as a map.
     pub fn vars(&self) -> &BTreeMap<String, String> {
         self.tb.env()

@@ -4,6 +4,7 @@ pub mod cpu;
 pub mod crio;
 pub mod fips;
 pub mod journal;
+pub mod mcd;
 pub mod osrelease;
 
 pub use journal::finalize_failure;

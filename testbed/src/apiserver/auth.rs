@@ -16,13 +16,20 @@ pub(crate) fn authenticate(
     if let Some(user) = cert_user {
         return Some(user.to_string());
     }
-    let token = headers
-        .get(AUTHORIZATION)?
-        .to_str()
-        .ok()?
-        .strip_prefix("Bearer ")?
-        .trim();
+    let token = bearer(headers)?;
     constant_time_eq(token.as_bytes(), admin_token.as_bytes()).then(|| "admin".to_string())
+}
+
+/// The bearer token of a request, if any.
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    Some(
+        headers
+            .get(AUTHORIZATION)?
+            .to_str()
+            .ok()?
+            .strip_prefix("Bearer ")?
+            .trim(),
+    )
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -6,7 +6,9 @@
 
 use serde_json::Value;
 
-use super::discovery::{CLUSTERROLEBINDINGS, CLUSTERROLES, EVENTS, NODES, PODS, ResourceDef};
+use super::discovery::{
+    CLUSTERROLEBINDINGS, CLUSTERROLES, EVENTS, NODES, PODS, ROLEBINDINGS, ROLES, ResourceDef,
+};
 use super::status::ApiError;
 use super::store::Store;
 
@@ -14,6 +16,8 @@ use super::store::Store;
 const ADMIN: &str = "admin";
 /// Prefix of node identities' user names.
 const NODE_PREFIX: &str = "system:node:";
+/// Prefix of service accounts' user names (`system:serviceaccount:<namespace>:<name>`).
+const SERVICE_ACCOUNT_PREFIX: &str = "system:serviceaccount:";
 /// RBAC's API group, which `roleRef.apiGroup` must name.
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 
@@ -43,10 +47,21 @@ pub(crate) fn authorize(store: &Store, attrs: &Attributes<'_>) -> Result<(), Api
         return Ok(());
     }
     let node = attrs.user.strip_prefix(NODE_PREFIX);
-    let mut groups = vec!["system:authenticated"];
+    let mut groups = vec!["system:authenticated".to_string()];
     if node.is_some() {
-        groups.push("system:nodes");
+        groups.push("system:nodes".into());
     }
+    // The service account token authenticator's groups (kubernetes/apiserver:
+    // pkg/authentication/serviceaccount/util.go, `MakeGroupNames`).
+    if let Some((ns, _)) = attrs
+        .user
+        .strip_prefix(SERVICE_ACCOUNT_PREFIX)
+        .and_then(|rest| rest.split_once(':'))
+    {
+        groups.push("system:serviceaccounts".into());
+        groups.push(format!("system:serviceaccounts:{ns}"));
+    }
+    let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
     let authorized = node.is_some_and(|node| node_authorizer_allows(node, attrs))
         || rbac_allows(store, attrs, &groups);
     if !authorized {
@@ -98,32 +113,57 @@ fn node_authorizer_allows(node: &str, attrs: &Attributes<'_>) -> bool {
     }
 }
 
-/// Whether a stored ClusterRoleBinding grants the request to the user or one of `groups`.
+/// Whether a stored ClusterRoleBinding, or a RoleBinding of the request's namespace, grants
+/// the request to the user or one of `groups`.
 fn rbac_allows(store: &Store, attrs: &Attributes<'_>, groups: &[&str]) -> bool {
-    let (bindings, _) = store.list(&CLUSTERROLEBINDINGS, None, |b| binds(b, attrs.user, groups));
-    bindings.iter().any(|binding| {
+    let (cluster, _) = store.list(&CLUSTERROLEBINDINGS, None, |b| {
+        binds(b, attrs.user, groups, None)
+    });
+    let namespaced = match attrs.namespace {
+        Some(ns) => {
+            store
+                .list(&ROLEBINDINGS, Some(ns), |b| {
+                    binds(b, attrs.user, groups, Some(ns))
+                })
+                .0
+        }
+        None => Vec::new(),
+    };
+    let grants = |binding: &Value, ns: Option<&str>| {
         let role_ref = &binding["roleRef"];
-        if role_ref["kind"] != "ClusterRole" || role_ref["apiGroup"] != RBAC_GROUP {
+        if role_ref["apiGroup"] != RBAC_GROUP {
             return false;
         }
-        let Some(role) = role_ref["name"].as_str() else {
+        let Some(name) = role_ref["name"].as_str() else {
             return false;
         };
-        store.get(&CLUSTERROLES, None, role).is_ok_and(|role| {
+        let role = match (role_ref["kind"].as_str(), ns) {
+            (Some("ClusterRole"), _) => store.get(&CLUSTERROLES, None, name),
+            (Some("Role"), Some(ns)) => store.get(&ROLES, Some(ns), name),
+            _ => return false,
+        };
+        role.is_ok_and(|role| {
             role["rules"]
                 .as_array()
                 .is_some_and(|rules| rules.iter().any(|rule| rule_allows(rule, attrs)))
         })
-    })
+    };
+    cluster.iter().any(|b| grants(b, None)) || namespaced.iter().any(|b| grants(b, attrs.namespace))
 }
 
-fn binds(binding: &Value, user: &str, groups: &[&str]) -> bool {
+/// Whether `binding` (in namespace `ns`, if a RoleBinding) names the user or one of its groups.
+fn binds(binding: &Value, user: &str, groups: &[&str], ns: Option<&str>) -> bool {
     binding["subjects"].as_array().is_some_and(|subjects| {
         subjects
             .iter()
             .any(|s| match (s["kind"].as_str(), s["name"].as_str()) {
                 (Some("User"), Some(name)) => name == user,
                 (Some("Group"), Some(name)) => groups.contains(&name),
+                (Some("ServiceAccount"), Some(name)) => {
+                    // A RoleBinding's subject may leave its namespace out: the binding's own.
+                    let sa_ns = s["namespace"].as_str().or(ns).unwrap_or_default();
+                    user == format!("{SERVICE_ACCOUNT_PREFIX}{sa_ns}:{name}")
+                }
                 _ => false,
             })
     })

@@ -1,6 +1,8 @@
 //! The resource table and the discovery documents built from it (legacy, non-aggregated
 //! discovery plus just enough OpenAPI v3 for kubectl's field-validation probe).
 
+use std::sync::Arc;
+
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -23,7 +25,35 @@ pub(crate) struct ResourceDef {
     /// Served from a CustomResourceDefinition: a create drops `status` (when there is a status
     /// subresource) and validation errors name the kind as `Kind.group`.
     pub(crate) custom: bool,
+    /// The fields a `fieldSelector` may name (`None`: any dotted path, as the fake always
+    /// allowed for nodes and events); others are a 400, as the real server's field-label
+    /// conversion rejects them.
+    pub(crate) field_labels: Option<&'static [&'static str]>,
+    /// Whether the server keeps `metadata.generation` (1 on create, +1 on every write that
+    /// changes more than `metadata` and `status`), as it does for custom resources and for
+    /// types with a spec/status split such as PodDisruptionBudgets.
+    pub(crate) generation: bool,
 }
+
+/// Field selectors custom resources support (apiextensions-apiserver: `GetAttrs` offers
+/// `metadata.name` and `metadata.namespace` only, without `selectableFields`).
+pub(crate) const OBJECT_META_FIELDS: &[&str] = &["metadata.name", "metadata.namespace"];
+
+/// The defaults every definition below starts from.
+const BASE: ResourceDef = ResourceDef {
+    group: "",
+    version: "v1",
+    plural: "",
+    singular: "",
+    kind: "",
+    namespaced: false,
+    verbs: &[],
+    short_names: &[],
+    status_subresource: false,
+    custom: false,
+    field_labels: None,
+    generation: false,
+};
 
 impl ResourceDef {
     pub(crate) fn api_version(&self) -> String {
@@ -59,6 +89,7 @@ pub(crate) static NODES: ResourceDef = ResourceDef {
     short_names: &["no"],
     status_subresource: true,
     custom: false,
+    ..BASE
 };
 
 pub(crate) static EVENTS: ResourceDef = ResourceDef {
@@ -74,6 +105,7 @@ pub(crate) static EVENTS: ResourceDef = ResourceDef {
     short_names: &["ev"],
     status_subresource: false,
     custom: false,
+    ..BASE
 };
 
 pub(crate) static NAMESPACES: ResourceDef = ResourceDef {
@@ -83,13 +115,15 @@ pub(crate) static NAMESPACES: ResourceDef = ResourceDef {
     singular: "namespace",
     kind: "Namespace",
     namespaced: false,
-    verbs: &["get", "list", "watch"],
+    verbs: &["create", "get", "list", "patch", "update", "watch"],
     short_names: &["ns"],
     status_subresource: false,
     custom: false,
+    ..BASE
 };
 
-/// Always empty: served so that `kubectl describe node` (which lists the node's pods) works.
+/// Pods: written by whoever runs workloads (the fleet testbed's workload helpers stand in for
+/// the controllers and kubelets), deleted gracefully, evicted through `pods/eviction`.
 pub(crate) static PODS: ResourceDef = ResourceDef {
     group: "",
     version: "v1",
@@ -97,10 +131,69 @@ pub(crate) static PODS: ResourceDef = ResourceDef {
     singular: "pod",
     kind: "Pod",
     namespaced: true,
-    verbs: &["get", "list", "watch"],
+    verbs: CRUD_VERBS,
     short_names: &["po"],
-    status_subresource: false,
-    custom: false,
+    status_subresource: true,
+    // kubernetes/kubernetes: pkg/apis/core/v1/conversion.go, `AddFieldLabelConversionsForPod`.
+    field_labels: Some(&[
+        "metadata.name",
+        "metadata.namespace",
+        "spec.nodeName",
+        "spec.restartPolicy",
+        "spec.schedulerName",
+        "spec.serviceAccountName",
+        "spec.hostNetwork",
+        "status.phase",
+        "status.podIP",
+        "status.podIPs",
+        "status.nominatedNodeName",
+    ]),
+    ..BASE
+};
+
+/// `policy/v1` PodDisruptionBudgets; their status is the disruption controller's (`pods.rs`).
+pub(crate) static PODDISRUPTIONBUDGETS: ResourceDef = ResourceDef {
+    group: "policy",
+    version: "v1",
+    plural: "poddisruptionbudgets",
+    singular: "poddisruptionbudget",
+    kind: "PodDisruptionBudget",
+    namespaced: true,
+    verbs: CRUD_VERBS,
+    short_names: &["pdb"],
+    status_subresource: true,
+    field_labels: Some(OBJECT_META_FIELDS),
+    generation: true,
+    ..BASE
+};
+
+/// `coordination.k8s.io/v1` Leases (leader election; the fake kubelets' node leases).
+pub(crate) static LEASES: ResourceDef = ResourceDef {
+    group: "coordination.k8s.io",
+    version: "v1",
+    plural: "leases",
+    singular: "lease",
+    kind: "Lease",
+    namespaced: true,
+    verbs: CRUD_VERBS,
+    field_labels: Some(OBJECT_META_FIELDS),
+    ..BASE
+};
+
+/// `apiextensions.k8s.io/v1` CustomResourceDefinitions: a stored one is served (`crd.rs`).
+pub(crate) static CUSTOMRESOURCEDEFINITIONS: ResourceDef = ResourceDef {
+    group: "apiextensions.k8s.io",
+    version: "v1",
+    plural: "customresourcedefinitions",
+    singular: "customresourcedefinition",
+    kind: "CustomResourceDefinition",
+    namespaced: false,
+    verbs: CRUD_VERBS,
+    short_names: &["crd", "crds"],
+    status_subresource: true,
+    field_labels: Some(OBJECT_META_FIELDS),
+    generation: true,
+    ..BASE
 };
 
 /// The verbs of a fully writable type (`deletecollection` is not served).
@@ -124,6 +217,8 @@ const OSIMAGESTREAMS_V1: ResourceDef = ResourceDef {
     short_names: &[],
     status_subresource: true,
     custom: true,
+    field_labels: Some(OBJECT_META_FIELDS),
+    generation: true,
 };
 
 /// The same CRD as OpenShift 4.21 and 4.22 serve it (TechPreviewNoUpgrade and the other
@@ -134,18 +229,21 @@ pub(crate) static OSIMAGESTREAMS_V1ALPHA1: ResourceDef = ResourceDef {
     ..OSIMAGESTREAMS_V1
 };
 
-/// Which version of the OSImageStream CRD the server serves: each OpenShift release serves
-/// exactly one (v1alpha1 on 4.21/4.22, v1 from 4.23) and none before 4.21. The stored object
-/// is the same in every version, as a CRD's storage is.
-#[derive(Debug, Clone, Copy)]
+/// Which resources beyond the built-in ones are served: the version of the OSImageStream CRD
+/// (each OpenShift release serves exactly one: v1alpha1 on 4.21/4.22, v1 from 4.23, none before
+/// 4.21; the stored object is the same in every version, as a CRD's storage is) and the served
+/// versions of the CustomResourceDefinitions posted to the server.
+#[derive(Debug, Clone)]
 pub(crate) struct Served {
     osimagestreams: Option<&'static ResourceDef>,
+    custom: Arc<[&'static ResourceDef]>,
 }
 
 impl Default for Served {
     fn default() -> Self {
         Served {
             osimagestreams: Some(&OSIMAGESTREAMS),
+            custom: Arc::new([]),
         }
     }
 }
@@ -163,7 +261,26 @@ impl Served {
                 ));
             }
         };
-        Ok(Served { osimagestreams })
+        Ok(Served {
+            osimagestreams,
+            custom: Arc::new([]),
+        })
+    }
+
+    /// The same, with the OSImageStream version of `other`.
+    pub(crate) fn with_osimagestreams_of(&self, other: &Served) -> Served {
+        Served {
+            osimagestreams: other.osimagestreams,
+            custom: self.custom.clone(),
+        }
+    }
+
+    /// The same, serving exactly `custom` from CustomResourceDefinitions.
+    pub(crate) fn with_custom(&self, custom: Vec<&'static ResourceDef>) -> Served {
+        Served {
+            osimagestreams: self.osimagestreams,
+            custom: custom.into(),
+        }
     }
 
     /// The served OSImageStream definition, if any.
@@ -173,11 +290,20 @@ impl Served {
 
     /// Whether `def` is served.
     pub(crate) fn serves(&self, def: &ResourceDef) -> bool {
-        def.kind != OSIMAGESTREAMS.kind || self.osimagestreams.is_some_and(|d| std::ptr::eq(d, def))
+        if RESOURCES.iter().any(|d| std::ptr::eq(*d, def)) {
+            def.kind != OSIMAGESTREAMS.kind
+                || self.osimagestreams.is_some_and(|d| std::ptr::eq(d, def))
+        } else {
+            self.custom.iter().any(|d| std::ptr::eq(*d, def))
+        }
     }
 
-    fn resources(self) -> impl Iterator<Item = &'static ResourceDef> {
-        RESOURCES.iter().copied().filter(move |d| self.serves(d))
+    fn resources(&self) -> impl Iterator<Item = &'static ResourceDef> + '_ {
+        RESOURCES
+            .iter()
+            .copied()
+            .filter(move |d| self.serves(d))
+            .chain(self.custom.iter().copied())
     }
 }
 
@@ -193,6 +319,7 @@ pub(crate) static CLUSTERROLES: ResourceDef = ResourceDef {
     short_names: &[],
     status_subresource: false,
     custom: false,
+    ..BASE
 };
 
 /// RBAC bindings of cluster roles to users and groups.
@@ -207,6 +334,31 @@ pub(crate) static CLUSTERROLEBINDINGS: ResourceDef = ResourceDef {
     short_names: &[],
     status_subresource: false,
     custom: false,
+    ..BASE
+};
+
+/// Namespaced RBAC roles.
+pub(crate) static ROLES: ResourceDef = ResourceDef {
+    group: "rbac.authorization.k8s.io",
+    version: "v1",
+    plural: "roles",
+    singular: "role",
+    kind: "Role",
+    namespaced: true,
+    verbs: CRUD_VERBS,
+    ..BASE
+};
+
+/// Bindings of roles or cluster roles to subjects within one namespace.
+pub(crate) static ROLEBINDINGS: ResourceDef = ResourceDef {
+    group: "rbac.authorization.k8s.io",
+    version: "v1",
+    plural: "rolebindings",
+    singular: "rolebinding",
+    kind: "RoleBinding",
+    namespaced: true,
+    verbs: CRUD_VERBS,
+    ..BASE
 };
 
 /// Every resource the server knows, core group first; [`Served`] says which are served.
@@ -219,11 +371,16 @@ pub(crate) static RESOURCES: &[&ResourceDef] = &[
     &OSIMAGESTREAMS_V1ALPHA1,
     &CLUSTERROLES,
     &CLUSTERROLEBINDINGS,
+    &ROLES,
+    &ROLEBINDINGS,
+    &PODDISRUPTIONBUDGETS,
+    &LEASES,
+    &CUSTOMRESOURCEDEFINITIONS,
 ];
 
 /// The served resource `plural` in `group/version`.
 pub(crate) fn find(
-    served: Served,
+    served: &Served,
     group: &str,
     version: &str,
     plural: &str,
@@ -235,7 +392,7 @@ pub(crate) fn find(
 
 /// The served resource whose objects have `apiVersion` and `kind`.
 pub(crate) fn find_kind(
-    served: Served,
+    served: &Served,
     api_version: &str,
     kind: &str,
 ) -> Option<&'static ResourceDef> {
@@ -269,7 +426,7 @@ pub(crate) fn api_versions(server_addr: &str) -> Value {
 }
 
 /// Distinct `(group, version)` pairs of the named API groups, in table order.
-fn group_versions(served: Served) -> Vec<(&'static str, &'static str)> {
+fn group_versions(served: &Served) -> Vec<(&'static str, &'static str)> {
     let mut out: Vec<(&'static str, &'static str)> = Vec::new();
     for d in served.resources().filter(|d| !d.group.is_empty()) {
         if !out.contains(&(d.group, d.version)) {
@@ -293,7 +450,7 @@ fn api_group(group: &str, versions: &[&str]) -> Value {
     })
 }
 
-fn versions_of(served: Served, group: &str) -> Vec<&'static str> {
+fn versions_of(served: &Served, group: &str) -> Vec<&'static str> {
     group_versions(served)
         .into_iter()
         .filter(|(g, _)| *g == group)
@@ -302,7 +459,7 @@ fn versions_of(served: Served, group: &str) -> Vec<&'static str> {
 }
 
 /// `GET /apis`.
-pub(crate) fn api_group_list(served: Served) -> Value {
+pub(crate) fn api_group_list(served: &Served) -> Value {
     let mut groups: Vec<&str> = Vec::new();
     for (g, _) in group_versions(served) {
         if !groups.contains(&g) {
@@ -324,13 +481,13 @@ pub(crate) fn api_group_list(served: Served) -> Value {
 }
 
 /// `GET /apis/<group>`, if the group is served.
-pub(crate) fn api_group_doc(served: Served, group: &str) -> Option<Value> {
+pub(crate) fn api_group_doc(served: &Served, group: &str) -> Option<Value> {
     let versions = versions_of(served, group);
     (!versions.is_empty()).then(|| api_group(group, &versions))
 }
 
 /// `GET /api/v1` or `GET /apis/<group>/<version>`, if served.
-pub(crate) fn api_resource_list(served: Served, group: &str, version: &str) -> Option<Value> {
+pub(crate) fn api_resource_list(served: &Served, group: &str, version: &str) -> Option<Value> {
     let defs: Vec<&ResourceDef> = served
         .resources()
         .filter(|d| d.group == group && d.version == version)
@@ -357,6 +514,19 @@ pub(crate) fn api_resource_list(served: Served, group: &str, version: &str) -> O
                 "verbs": ["get", "patch", "update"],
             }));
         }
+        if std::ptr::eq(d, &PODS) {
+            // As kube-apiserver lists it: the Eviction kind of policy/v1, which `kubectl drain`
+            // looks for before it evicts (kubectl: pkg/drain/drain.go, `CheckEvictionSupport`).
+            resources.push(json!({
+                "name": "pods/eviction",
+                "singularName": "",
+                "namespaced": true,
+                "group": "policy",
+                "version": "v1",
+                "kind": "Eviction",
+                "verbs": ["create"],
+            }));
+        }
     }
     let group_version = if group.is_empty() {
         version.to_string()
@@ -381,7 +551,7 @@ fn openapi_key(group: &str, version: &str) -> String {
 }
 
 /// `GET /openapi/v3`: one entry per served group-version, addressed by content hash.
-pub(crate) fn openapi_root(served: Served) -> Value {
+pub(crate) fn openapi_root(served: &Served) -> Value {
     let mut gvs = vec![("", "v1")];
     gvs.extend(group_versions(served));
     let mut paths = serde_json::Map::new();
@@ -401,7 +571,7 @@ pub(crate) fn openapi_root(served: Served) -> Value {
 /// `GET /openapi/v3/<key>`. Only PATCH operations with their group-version-kind and the
 /// `fieldValidation` parameter are described: that is what kubectl probes before it
 /// sends a create with server-side field validation instead of downloading schemas.
-pub(crate) fn openapi_group_version(served: Served, group: &str, version: &str) -> Option<Value> {
+pub(crate) fn openapi_group_version(served: &Served, group: &str, version: &str) -> Option<Value> {
     let prefix = if group.is_empty() {
         format!("/api/{version}")
     } else {
@@ -452,28 +622,28 @@ mod tests {
         let alpha = Served::new(Some("v1alpha1")).expect("known");
         let none = Served::new(None).expect("known");
         assert!(Served::new(Some("v2")).is_err());
-        assert!(find(v1, GROUP, "v1", "osimagestreams").is_some());
-        assert!(find(v1, GROUP, "v1alpha1", "osimagestreams").is_none());
-        assert!(find(alpha, GROUP, "v1alpha1", "osimagestreams").is_some());
-        assert!(find(alpha, GROUP, "v1", "osimagestreams").is_none());
-        assert!(find(none, GROUP, "v1", "osimagestreams").is_none());
+        assert!(find(&v1, GROUP, "v1", "osimagestreams").is_some());
+        assert!(find(&v1, GROUP, "v1alpha1", "osimagestreams").is_none());
+        assert!(find(&alpha, GROUP, "v1alpha1", "osimagestreams").is_some());
+        assert!(find(&alpha, GROUP, "v1", "osimagestreams").is_none());
+        assert!(find(&none, GROUP, "v1", "osimagestreams").is_none());
         assert!(
-            find(none, "", "v1", "nodes").is_some(),
+            find(&none, "", "v1", "nodes").is_some(),
             "the rest is always served"
         );
-        let versions = |s: Served| api_group_doc(s, GROUP).map(|d| d["versions"].clone());
+        let versions = |s: &Served| api_group_doc(s, GROUP).map(|d| d["versions"].clone());
         assert_eq!(
-            versions(alpha),
+            versions(&alpha),
             Some(json!([{"groupVersion": format!("{GROUP}/v1alpha1"), "version": "v1alpha1"}]))
         );
-        assert_eq!(versions(none), None);
-        assert!(api_resource_list(alpha, GROUP, "v1").is_none());
+        assert_eq!(versions(&none), None);
+        assert!(api_resource_list(&alpha, GROUP, "v1").is_none());
         assert!(
-            !api_group_list(none).to_string().contains(GROUP),
+            !api_group_list(&none).to_string().contains(GROUP),
             "no CRD, no group"
         );
         assert_eq!(
-            find_kind(alpha, &format!("{GROUP}/v1alpha1"), "OSImageStream").map(|d| d.version),
+            find_kind(&alpha, &format!("{GROUP}/v1alpha1"), "OSImageStream").map(|d| d.version),
             Some("v1alpha1")
         );
     }

@@ -1,17 +1,21 @@
 //! Fake Kubernetes API server (HTTPS, client certificates and bearer tokens).
 //!
-//! Serves Nodes, core/v1 Events, Namespaces, OSImageStreams and RBAC cluster roles from an
-//! in-memory store with real resourceVersion, watch, patch and conflict semantics, plus the
-//! discovery documents the real `kubectl` needs, and authorizes like a cluster's Node and RBAC
-//! authorizers. See `docs/testbed.md` for the contract.
+//! Serves Nodes, core/v1 Events, Namespaces, Pods (graceful deletion, the eviction
+//! subresource), PodDisruptionBudgets, Leases, OSImageStreams, CustomResourceDefinitions and
+//! what they define, and RBAC roles from an in-memory store with real resourceVersion, watch,
+//! patch and conflict semantics, plus the discovery documents the real `kubectl` needs, and
+//! authorizes like a cluster's Node and RBAC authorizers. See `docs/testbed.md` for the contract.
 
 mod auth;
 mod authz;
+mod availability;
 pub(crate) mod clock;
+mod crd;
 mod discovery;
 mod faults;
 mod patch;
 mod pki;
+mod pods;
 mod routes;
 mod selector;
 mod stats;
@@ -36,7 +40,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
-use discovery::{NODES, Served};
+use availability::Availability;
+use discovery::{CUSTOMRESOURCEDEFINITIONS, NODES, Served};
 use faults::Faults;
 use stats::Stats;
 use store::{Scope, Store};
@@ -83,9 +88,66 @@ pub(crate) struct Shared {
     client_generation: std::sync::atomic::AtomicU64,
     pki_dir: PathBuf,
     node_name: String,
+    /// Bearer tokens of users added with [`ApiServer::add_user`]: token → user name.
+    tokens: std::sync::RwLock<std::collections::HashMap<String, String>>,
+    /// How long a gracefully deleted pod's kubelet takes to stop it (at most the grace period).
+    pod_removal_delay_ms: std::sync::atomic::AtomicU64,
+    /// Nodes unavailable (cordoned or not Ready) over time.
+    pub(crate) availability: Availability,
 }
 
 impl Shared {
+    /// The user a bearer token other than the admin's authenticates.
+    pub(crate) fn token_user(&self, token: &str) -> Option<String> {
+        self.tokens.read().ok()?.get(token).cloned()
+    }
+
+    /// See [`Shared::pod_removal_delay_ms`].
+    pub(crate) fn pod_removal_delay(&self) -> Duration {
+        Duration::from_millis(
+            self.pod_removal_delay_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    /// Serves exactly the versions of the stored CustomResourceDefinitions (and marks new ones
+    /// Established, as the API server's own controllers do).
+    pub(crate) fn sync_crds(&self) {
+        let (crds, _) = self.store.list(&CUSTOMRESOURCEDEFINITIONS, None, |_| true);
+        let mut defs = Vec::new();
+        for crd in &crds {
+            defs.extend(crd::served_defs(crd));
+            let established = crd
+                .pointer("/status/conditions")
+                .and_then(Value::as_array)
+                .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Established"));
+            if let (false, Some(name)) = (
+                established,
+                crd.pointer("/metadata/name").and_then(Value::as_str),
+            ) {
+                let result = self.store.update(
+                    &CUSTOMRESOURCEDEFINITIONS,
+                    None,
+                    name,
+                    Scope::Status,
+                    |cur| {
+                        let mut next = cur.clone();
+                        next["status"] = crd::established_status(cur);
+                        Ok(next)
+                    },
+                );
+                if let Err(err) = result {
+                    tracing::warn!(
+                        crd = name,
+                        error = err.message,
+                        "apiserver crd not established"
+                    );
+                }
+            }
+        }
+        self.served
+            .send_modify(|served| *served = served.with_custom(defs));
+    }
     /// The user a client certificate chain authenticates, if it verifies against the current
     /// client CA; a chain that does not is no identity (so 401 unless a token is also sent).
     fn cert_user(
@@ -111,6 +173,7 @@ impl Shared {
 /// A running fake API server. Dropping it stops accepting and closes every connection.
 pub struct ApiServer {
     url: String,
+    dir: PathBuf,
     node_name: String,
     shared: Arc<Shared>,
     accept: JoinHandle<()>,
@@ -150,11 +213,16 @@ impl ApiServer {
             client_generation: std::sync::atomic::AtomicU64::new(0),
             pki_dir: cfg.dir.join("pki"),
             node_name: cfg.node_name.clone(),
+            tokens: Default::default(),
+            pod_removal_delay_ms: Default::default(),
+            availability: Availability::default(),
         });
+        availability::spawn(shared.clone());
         let accept = tokio::spawn(accept_loop(listener, tls, shared.clone()));
         tracing::info!(url, node = cfg.node_name, "apiserver listening");
         Ok(ApiServer {
             url,
+            dir: cfg.dir,
             node_name: cfg.node_name,
             shared,
             accept,
@@ -197,6 +265,29 @@ impl ApiServer {
             "reset-stats" => {
                 self.shared.stats.reset();
                 Ok(json!({}))
+            }
+            "unavailable" => Ok(self.shared.availability.snapshot()),
+            "reset-unavailable" => {
+                self.shared.availability.reset(&self.shared.store);
+                Ok(self.shared.availability.snapshot())
+            }
+            "pod-removal" => {
+                let ms = cmd
+                    .get("delay_ms")
+                    .and_then(Value::as_u64)
+                    .context("pod-removal needs \"delay_ms\" (milliseconds)")?;
+                self.shared
+                    .pod_removal_delay_ms
+                    .store(ms, std::sync::atomic::Ordering::Relaxed);
+                Ok(json!({ "delay_ms": ms }))
+            }
+            "add-user" => {
+                let user = cmd
+                    .get("user")
+                    .and_then(Value::as_str)
+                    .context("add-user needs a \"user\" string")?;
+                let kubeconfig = self.add_user(user)?;
+                Ok(json!({ "kubeconfig": kubeconfig }))
             }
             "fault" => {
                 let state = self.shared.faults.apply(cmd)?;
@@ -255,7 +346,9 @@ impl ApiServer {
     /// see the `serve-osimagestreams` control command.
     pub fn serve_os_image_streams(&self, version: Option<&str>) -> anyhow::Result<()> {
         let served = Served::new(version).map_err(|e| anyhow!(e))?;
-        self.shared.served.send_replace(served);
+        self.shared
+            .served
+            .send_modify(|current| *current = current.with_osimagestreams_of(&served));
         Ok(())
     }
 
@@ -307,24 +400,120 @@ impl ApiServer {
     }
 
     /// Creates every object of a (multi-document) YAML manifest as the admin would with
-    /// `kubectl create -f`: each `apiVersion`/`kind` must be a served cluster-scoped type.
+    /// `kubectl create -f`: each `apiVersion`/`kind` must be a served type; namespaced objects go
+    /// to their `metadata.namespace` (`default` if unset).
     pub fn create_manifests(&self, yaml: &str) -> anyhow::Result<()> {
         let docs: Vec<Value> =
             serde_saphyr::from_multiple(yaml).context("parsing the YAML manifest")?;
         for doc in docs.into_iter().filter(|d| !d.is_null()) {
-            let api_version = doc["apiVersion"].as_str().unwrap_or_default();
-            let kind = doc["kind"].as_str().unwrap_or_default().to_string();
-            let def = discovery::find_kind(*self.shared.served.borrow(), api_version, &kind)
-                .filter(|d| !d.namespaced)
-                .ok_or_else(|| {
-                    anyhow!("{api_version} {kind} is not a served cluster-scoped type")
-                })?;
-            self.shared
-                .store
-                .create(def, None, doc)
-                .map_err(|err| anyhow!("creating {kind}: {}", err.message))?;
+            self.create(doc)?;
         }
         Ok(())
+    }
+
+    /// The served definition of `api_version`/`kind`.
+    fn def_of(
+        &self,
+        api_version: &str,
+        kind: &str,
+    ) -> anyhow::Result<&'static discovery::ResourceDef> {
+        discovery::find_kind(&self.shared.served.borrow(), api_version, kind)
+            .ok_or_else(|| anyhow!("{api_version} {kind} is not a served type"))
+    }
+
+    /// Creates one object as a `POST` by the admin would (its `apiVersion` and `kind` name the
+    /// type; a namespaced one goes to `metadata.namespace`, `default` if unset) and returns it
+    /// as stored.
+    pub fn create(&self, obj: Value) -> anyhow::Result<Value> {
+        let api_version = obj["apiVersion"].as_str().unwrap_or_default().to_string();
+        let kind = obj["kind"].as_str().unwrap_or_default().to_string();
+        let def = self.def_of(&api_version, &kind)?;
+        let ns = def.namespaced.then(|| {
+            obj.pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .unwrap_or("default")
+                .to_string()
+        });
+        routes::create_object(&self.shared, def, ns.as_deref(), obj)
+            .map(|o| (*o).clone())
+            .map_err(|err| anyhow!("creating {kind}: {}", err.message))
+    }
+
+    /// The object `api_version`/`kind` `name` (in `namespace` if namespaced).
+    pub fn get(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> anyhow::Result<Value> {
+        let def = self.def_of(api_version, kind)?;
+        self.shared
+            .store
+            .get(def, namespace, name)
+            .map(|o| (*o).clone())
+            .map_err(|err| anyhow!(err.message))
+    }
+
+    /// Every object of `api_version`/`kind` (in `namespace`, or all).
+    pub fn list(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+    ) -> anyhow::Result<Vec<Value>> {
+        let def = self.def_of(api_version, kind)?;
+        let (items, _) = self.shared.store.list(def, namespace, |_| true);
+        Ok(items.iter().map(|o| (**o).clone()).collect())
+    }
+
+    /// Rewrites the status of an object as its controller or kubelet would through the `status`
+    /// subresource (`edit` changes a copy of the stored object; only its `status` is kept).
+    pub fn update_status(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        edit: impl FnOnce(&mut Value),
+    ) -> anyhow::Result<Value> {
+        let def = self.def_of(api_version, kind)?;
+        let updated = self
+            .shared
+            .store
+            .update(def, namespace, name, Scope::Status, |cur| {
+                let mut next = cur.clone();
+                edit(&mut next);
+                Ok(next)
+            })
+            .map_err(|err| anyhow!("updating the status of {kind} {name}: {}", err.message))?;
+        routes::after_write(&self.shared, def, namespace);
+        Ok((*updated).clone())
+    }
+
+    /// Adds a user authenticated by a new bearer token (a service account's
+    /// `system:serviceaccount:<ns>:<name>`, or any name) and writes a kubeconfig for it,
+    /// `DIR/kubeconfig-<user with ':' as '-'>`; returns its path. The user gets only what
+    /// RBAC bindings grant it.
+    pub fn add_user(&self, user: &str) -> anyhow::Result<PathBuf> {
+        if user.is_empty() || user == "admin" || user.starts_with("system:node:") {
+            bail!("add-user: {user:?} is not a name a token may authenticate");
+        }
+        let mut token = [0u8; 24];
+        pki::random_bytes(&mut token)?;
+        let token: String = token.iter().map(|b| format!("{b:02x}")).collect();
+        let file = format!(
+            "kubeconfig-{}",
+            user.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "-")
+        );
+        let path = self.dir.join(file);
+        pki::write_token_kubeconfig(&path, &self.url, &self.dir.join("pki/ca.crt"), user, &token)?;
+        self.shared
+            .tokens
+            .write()
+            .map_err(|_| anyhow!("token table lock poisoned"))?
+            .insert(token, user.to_string());
+        Ok(path)
     }
 
     fn node(&self) -> anyhow::Result<Arc<Value>> {

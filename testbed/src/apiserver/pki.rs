@@ -284,13 +284,37 @@ pub(crate) fn write_kubeconfigs(
         &format!("client-certificate: {pem}\n    client-key: {pem}"),
     );
     write_file(&dir.join("kubeconfig"), &node, true)?;
-    let admin = kubeconfig(
+    write_token_config(
+        &dir.join("kubeconfig-admin"),
         url,
         &ca,
         "admin",
-        &format!("token: {}", quote(&pki.admin_token)),
-    );
-    write_file(&dir.join("kubeconfig-admin"), &admin, true)
+        &pki.admin_token,
+    )
+}
+
+/// Writes a bearer-token kubeconfig for `user` at `path`, trusting the CA in `ca_file`.
+pub(crate) fn write_token_kubeconfig(
+    path: &Path,
+    url: &str,
+    ca_file: &Path,
+    user: &str,
+    token: &str,
+) -> anyhow::Result<()> {
+    let ca_pem =
+        fs::read_to_string(ca_file).with_context(|| format!("reading {}", ca_file.display()))?;
+    write_token_config(path, url, &base64(ca_pem.as_bytes()), user, token)
+}
+
+fn write_token_config(
+    path: &Path,
+    url: &str,
+    ca_b64: &str,
+    user: &str,
+    token: &str,
+) -> anyhow::Result<()> {
+    let config = kubeconfig(url, ca_b64, user, &format!("token: {}", quote(token)));
+    write_file(path, &config, true)
 }
 
 fn kubeconfig(url: &str, ca_b64: &str, user: &str, credentials: &str) -> String {

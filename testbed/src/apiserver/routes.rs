@@ -17,9 +17,12 @@ use serde_json::Value;
 use super::Shared;
 use super::auth;
 use super::authz::{self, Attributes};
-use super::discovery::{self, ResourceDef};
+use super::crd;
+use super::discovery::{self, CUSTOMRESOURCEDEFINITIONS, PODDISRUPTIONBUDGETS, PODS, ResourceDef};
 use super::patch::{self, PatchError};
+use super::pods::{self, DeleteOptions};
 use super::selector::{FieldSelector, LabelSelector};
+use super::stats;
 use super::status::ApiError;
 use super::store::Scope;
 use super::table::{self, TableOptions};
@@ -57,7 +60,7 @@ enum Target {
 }
 
 impl Target {
-    fn parse(served: discovery::Served, path: &str) -> Target {
+    fn parse(served: &discovery::Served, path: &str) -> Target {
         let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
         let own = |s: &str| s.to_string();
         match segs.as_slice() {
@@ -81,7 +84,7 @@ impl Target {
         }
     }
 
-    fn resource(served: discovery::Served, group: &str, version: &str, rest: &[&str]) -> Target {
+    fn resource(served: &discovery::Served, group: &str, version: &str, rest: &[&str]) -> Target {
         let (def, namespace, tail) = match rest {
             ["namespaces", ns, plural, tail @ ..]
                 if discovery::find(served, group, version, plural)
@@ -236,7 +239,12 @@ fn json_response(status: StatusCode, value: &impl Serialize) -> Response<Body> {
 
 fn error_response(err: &ApiError) -> Response<Body> {
     let status = StatusCode::from_u16(err.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    json_response(status, &err.status())
+    let mut resp = json_response(status, &err.status());
+    if let Some(secs) = err.retry_after() {
+        resp.headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(secs));
+    }
+    resp
 }
 
 /// Serves one request.
@@ -248,12 +256,20 @@ pub(crate) async fn handle(
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = Query::parse(req.uri().query());
-    let served = *shared.served.borrow();
-    let target = Target::parse(served, &path);
+    let served = shared.served.borrow().clone();
+    let target = Target::parse(&served, &path);
     let verb = target.verb(&method, query.as_ref().is_ok_and(|q| q.watch));
-    let user = auth::authenticate(cert_user.as_deref(), req.headers(), &shared.admin_token);
+    let user = auth::authenticate(cert_user.as_deref(), req.headers(), &shared.admin_token)
+        .or_else(|| auth::bearer(req.headers()).and_then(|t| shared.token_user(t)));
     let user_name = user.as_deref().unwrap_or(auth::ANONYMOUS);
-    shared.stats.record(user_name, verb);
+    let resource = match &target {
+        Target::Resource(r) => match &r.subresource {
+            Some(sub) => format!("{}/{sub}", r.def.plural),
+            None => r.def.plural.to_string(),
+        },
+        _ => String::new(),
+    };
+    shared.stats.record(user_name, verb, &resource);
 
     let response = if user.is_none() {
         error_response(&ApiError::unauthorized())
@@ -287,7 +303,7 @@ pub(crate) async fn handle(
 }
 
 async fn serve(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     req: Request<Incoming>,
     target: Target,
     query: Result<Query, ApiError>,
@@ -306,7 +322,8 @@ async fn serve(
 }
 
 fn non_resource(shared: &Shared, doc: NonResource) -> Result<Response<Body>, ApiError> {
-    let served = *shared.served.borrow();
+    let served = shared.served.borrow().clone();
+    let served = &served;
     let doc = match doc {
         NonResource::Health => {
             return Ok(respond(
@@ -366,7 +383,7 @@ struct List<'a> {
 }
 
 async fn resource(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     req: Request<Incoming>,
     path: ResourcePath,
     query: Query,
@@ -401,6 +418,16 @@ async fn resource(
             "get" | "patch" | "update" => Scope::Status,
             _ => return Err(ApiError::method_not_allowed()),
         },
+        Some("eviction") if std::ptr::eq(def, &PODS) => {
+            let (Some(ns), Some(name), "create") = (namespace.as_deref(), name.as_deref(), verb)
+            else {
+                return Err(ApiError::method_not_allowed());
+            };
+            check_json_content(&req)?;
+            let body = parse_json(&read_body(req).await?)?;
+            let status = pods::evict(shared, ns, name, &body)?;
+            return Ok(json_response(StatusCode::CREATED, &status));
+        }
         Some(_) => return Err(ApiError::path_not_found()),
     };
     let ns = namespace.as_deref();
@@ -423,8 +450,7 @@ async fn resource(
     match verb {
         "get" => Ok(one(&store.get(def, ns, name_or_405()?)?, StatusCode::OK)),
         "list" => {
-            let fields =
-                FieldSelector::parse(&query.field_selector).map_err(ApiError::bad_request)?;
+            let fields = field_selector(def, &query.field_selector)?;
             let labels =
                 LabelSelector::parse(&query.label_selector).map_err(ApiError::bad_request)?;
             let (items, rv) = store.list(def, ns, |o| fields.matches(o) && labels.matches(o));
@@ -445,8 +471,7 @@ async fn resource(
             ))
         }
         "watch" => {
-            let mut fields =
-                FieldSelector::parse(&query.field_selector).map_err(ApiError::bad_request)?;
+            let mut fields = field_selector(def, &query.field_selector)?;
             if let Some(name) = &name {
                 fields = fields.with_name(name);
             }
@@ -467,8 +492,13 @@ async fn resource(
                 bookmarks: query.bookmarks,
                 table: table_opts,
             };
+            // Counted open until the client goes away or the watch ends.
+            let open = stats::OpenWatch::new(shared.clone(), user);
             let lines = watch::lines(store, &shared.faults, shared.served.subscribe(), request)
-                .map(|line| Ok::<_, Infallible>(Frame::data(line)));
+                .map(move |line| {
+                    let _ = &open;
+                    Ok::<_, Infallible>(Frame::data(line))
+                });
             Ok(respond(
                 StatusCode::OK,
                 StreamBody::new(lines).boxed_unsync(),
@@ -481,7 +511,7 @@ async fn resource(
             }
             check_json_content(&req)?;
             let body = parse_json(&read_body(req).await?)?;
-            let created = store.create(def, ns, body)?;
+            let created = create_object(shared, def, ns, body)?;
             let created_name = created
                 .pointer("/metadata/name")
                 .and_then(Value::as_str)
@@ -496,8 +526,12 @@ async fn resource(
         "update" => {
             let name = name_or_405()?;
             check_json_content(&req)?;
-            let body = parse_json(&read_body(req).await?)?;
+            let mut body = parse_json(&read_body(req).await?)?;
+            if std::ptr::eq(def, &CUSTOMRESOURCEDEFINITIONS) {
+                crd::default(&mut body);
+            }
             let updated = store.update(def, ns, name, scope, |_| Ok(body))?;
+            after_write(shared, def, ns);
             Ok(one(&updated, StatusCode::OK))
         }
         "patch" => {
@@ -524,18 +558,83 @@ async fn resource(
             };
             let body = parse_json(&read_body(req).await?)?;
             let patched = store.update(def, ns, name, scope, |cur| {
-                apply(cur, &body).map_err(|err| match err {
+                let mut next = apply(cur, &body).map_err(|err| match err {
                     PatchError::Malformed(msg) => ApiError::bad_request(msg),
                     PatchError::Failed(msg) => ApiError::patch_failed(&msg),
-                })
+                })?;
+                if std::ptr::eq(def, &CUSTOMRESOURCEDEFINITIONS) {
+                    crd::default(&mut next);
+                }
+                Ok(next)
             })?;
+            after_write(shared, def, ns);
             Ok(one(&patched, StatusCode::OK))
         }
         "delete" => {
-            let deleted = store.delete(def, ns, name_or_405()?)?;
+            let name = name_or_405()?;
+            let opts = DeleteOptions::from_body(&read_body(req).await?)?;
+            let deleted = pods::delete(shared, def, ns, name, &opts)?;
+            if std::ptr::eq(def, &CUSTOMRESOURCEDEFINITIONS) && !opts.is_dry_run() {
+                // Deleting a CRD deletes its objects (the real server's
+                // `customresourcecleanup` finalizer), then it is no longer served.
+                if let Some(first) = crd::served_defs(&deleted).first() {
+                    store.delete_all(first);
+                }
+            }
+            after_write(shared, def, ns);
             Ok(one(&deleted, StatusCode::OK))
         }
         _ => Err(ApiError::method_not_allowed()),
+    }
+}
+
+/// Creates an object as a `POST` does: the type's create strategy, the store, then the
+/// server's own controllers.
+pub(crate) fn create_object(
+    shared: &Shared,
+    def: &'static ResourceDef,
+    ns: Option<&str>,
+    mut body: Value,
+) -> Result<Arc<Value>, ApiError> {
+    if std::ptr::eq(def, &PODS) {
+        pods::prepare_create(&mut body);
+    } else if std::ptr::eq(def, &CUSTOMRESOURCEDEFINITIONS) {
+        crd::default(&mut body);
+    }
+    let created = shared.store.create(def, ns, body)?;
+    after_write(shared, def, ns);
+    Ok(created)
+}
+
+/// A `fieldSelector`, checked against the fields `def` supports.
+fn field_selector(def: &ResourceDef, text: &str) -> Result<FieldSelector, ApiError> {
+    let fields = FieldSelector::parse(text).map_err(ApiError::bad_request)?;
+    if let Some(supported) = def.field_labels
+        && let Some(bad) = fields.fields().find(|f| !supported.contains(&f.as_str()))
+    {
+        // kubernetes/apimachinery: the field-label conversion of built-in types answers
+        // "field label not supported"; a custom resource's names the selectable fields.
+        let why = if def.custom {
+            format!(
+                "{bad:?} is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+            )
+        } else {
+            format!("field label not supported: {bad}")
+        };
+        return Err(ApiError::bad_request(why));
+    }
+    Ok(fields)
+}
+
+/// What the server's own controllers do after a write: serve a changed CRD, recompute the
+/// disruption budgets of a namespace whose pods or budgets changed.
+pub(crate) fn after_write(shared: &Shared, def: &ResourceDef, ns: Option<&str>) {
+    if std::ptr::eq(def, &CUSTOMRESOURCEDEFINITIONS) {
+        shared.sync_crds();
+    } else if (std::ptr::eq(def, &PODS) || std::ptr::eq(def, &PODDISRUPTIONBUDGETS))
+        && let Some(ns) = ns
+    {
+        pods::sync_budgets(&shared.store, ns);
     }
 }
 
@@ -553,7 +652,7 @@ mod tests {
     #[test]
     fn paths_resolve_to_resources() {
         let Target::Resource(r) = Target::parse(
-            discovery::Served::default(),
+            &discovery::Served::default(),
             "/api/v1/namespaces/default/events/e1",
         ) else {
             panic!("events path");
@@ -563,7 +662,7 @@ mod tests {
             ("events", Some("default"), Some("e1"))
         );
         let Target::Resource(r) =
-            Target::parse(discovery::Served::default(), "/api/v1/namespaces/default")
+            Target::parse(&discovery::Served::default(), "/api/v1/namespaces/default")
         else {
             panic!("namespace path");
         };
@@ -572,25 +671,25 @@ mod tests {
             ("namespaces", Some("default"))
         );
         let Target::Resource(r) =
-            Target::parse(discovery::Served::default(), "/api/v1/nodes/w0/status")
+            Target::parse(&discovery::Served::default(), "/api/v1/nodes/w0/status")
         else {
             panic!("status path");
         };
         assert_eq!(r.subresource.as_deref(), Some("status"));
         assert!(matches!(
-            Target::parse(discovery::Served::default(), "/api/v1/secrets"),
+            Target::parse(&discovery::Served::default(), "/api/v1/secrets"),
             Target::Unknown
         ));
         assert!(matches!(
-            Target::parse(discovery::Served::default(), "/api/v1/nodes/a/b/c"),
+            Target::parse(&discovery::Served::default(), "/api/v1/nodes/a/b/c"),
             Target::Unknown
         ));
         assert!(matches!(
-            Target::parse(discovery::Served::default(), "/apis"),
+            Target::parse(&discovery::Served::default(), "/apis"),
             Target::NonResource(NonResource::GroupList)
         ));
         let watch =
-            Target::parse(discovery::Served::default(), "/api/v1/nodes").verb(&Method::GET, true);
+            Target::parse(&discovery::Served::default(), "/api/v1/nodes").verb(&Method::GET, true);
         assert_eq!(watch, "watch");
     }
 

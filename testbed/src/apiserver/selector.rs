@@ -44,6 +44,11 @@ impl FieldSelector {
         self
     }
 
+    /// The dotted field names the selector tests.
+    pub(crate) fn fields(&self) -> impl Iterator<Item = String> + '_ {
+        self.0.iter().map(|(path, _, _)| path.join("."))
+    }
+
     pub(crate) fn matches(&self, obj: &Value) -> bool {
         self.0.iter().all(|(path, equal, want)| {
             let have = path

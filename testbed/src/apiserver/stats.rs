@@ -1,7 +1,7 @@
 //! Request counts by user and Kubernetes verb, and a timeline to count them per time window.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
@@ -22,15 +22,24 @@ struct Seen {
     at_ms: u64,
     user: String,
     verb: &'static str,
+    /// `plural` or `plural/subresource`; empty for discovery and other non-resource paths.
+    resource: String,
 }
 
 type ByUser = BTreeMap<String, BTreeMap<&'static str, u64>>;
+/// user → resource → verb → count.
+type ByResource = BTreeMap<String, BTreeMap<String, BTreeMap<&'static str, u64>>>;
 
 #[derive(Default)]
 struct Counts {
     total: u64,
     by_user: ByUser,
+    by_resource: ByResource,
     timeline: Vec<Seen>,
+    /// Watches open now, by user (not reset: they are still open).
+    watches_open: BTreeMap<String, u64>,
+    /// The most watches each user had open at once since the last reset.
+    watches_max: BTreeMap<String, u64>,
 }
 
 /// Counters for `{"cmd":"stats"}`.
@@ -43,6 +52,52 @@ fn add(by_user: &mut ByUser, user: &str, verb: &'static str) {
         .or_default()
         .entry(verb)
         .or_default() += 1;
+}
+
+fn add_resource(by: &mut ByResource, user: &str, resource: &str, verb: &'static str) {
+    let resource = if resource.is_empty() {
+        "(non-resource)"
+    } else {
+        resource
+    };
+    *by.entry(user.to_string())
+        .or_default()
+        .entry(resource.to_string())
+        .or_default()
+        .entry(verb)
+        .or_default() += 1;
+}
+
+/// A watch counted open for its user until dropped (with the response stream).
+pub(crate) struct OpenWatch {
+    shared: Arc<super::Shared>,
+    user: String,
+}
+
+impl OpenWatch {
+    pub(crate) fn new(shared: Arc<super::Shared>, user: &str) -> OpenWatch {
+        {
+            let mut counts = shared.stats.lock();
+            let open = counts.watches_open.entry(user.to_string()).or_default();
+            *open += 1;
+            let open = *open;
+            let max = counts.watches_max.entry(user.to_string()).or_default();
+            *max = (*max).max(open);
+        }
+        OpenWatch {
+            shared,
+            user: user.to_string(),
+        }
+    }
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        let mut counts = self.shared.stats.lock();
+        if let Some(open) = counts.watches_open.get_mut(&self.user) {
+            *open = open.saturating_sub(1);
+        }
+    }
 }
 
 fn window_bound(cmd: &Value, field: &str) -> anyhow::Result<Option<u64>> {
@@ -60,29 +115,44 @@ impl Stats {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn record(&self, user: &str, verb: &'static str) {
+    pub(crate) fn record(&self, user: &str, verb: &'static str, resource: &str) {
         let mut counts = self.lock();
         counts.total += 1;
         add(&mut counts.by_user, user, verb);
+        add_resource(&mut counts.by_resource, user, resource, verb);
         if counts.timeline.len() < MAX_TIMELINE {
             counts.timeline.push(Seen {
                 at_ms: unix_ms(),
                 user: user.to_string(),
                 verb,
+                resource: resource.to_string(),
             });
         }
     }
 
-    /// `{"total": N, "by_user": {user: {verb: n}}}`. With `since_ms` and/or `until_ms` (Unix
-    /// milliseconds, `since <= t < until`) only the requests received in that window count.
+    /// `{"total": N, "by_user": {user: {verb: n}}, "by_resource": {user: {resource: {verb: n}}},
+    /// "watches_open": {user: n}, "watches_max": {user: n}}`. With `since_ms` and/or `until_ms`
+    /// (Unix milliseconds, `since <= t < until`) only the requests received in that window
+    /// count (the watch gauges are always the current ones).
     pub(crate) fn snapshot(&self, cmd: &Value) -> anyhow::Result<Value> {
         let since = window_bound(cmd, "since_ms")?;
         let until = window_bound(cmd, "until_ms")?;
         let counts = self.lock();
+        let watches = |doc: &mut Value| {
+            doc["watches_open"] = json!(counts.watches_open);
+            doc["watches_max"] = json!(counts.watches_max);
+        };
         if since.is_none() && until.is_none() {
-            return Ok(json!({ "total": counts.total, "by_user": counts.by_user }));
+            let mut doc = json!({
+                "total": counts.total,
+                "by_user": counts.by_user,
+                "by_resource": counts.by_resource,
+            });
+            watches(&mut doc);
+            return Ok(doc);
         }
         let mut by_user = ByUser::new();
+        let mut by_resource = ByResource::new();
         let mut total = 0u64;
         for seen in counts
             .timeline
@@ -91,8 +161,11 @@ impl Stats {
         {
             total += 1;
             add(&mut by_user, &seen.user, seen.verb);
+            add_resource(&mut by_resource, &seen.user, &seen.resource, seen.verb);
         }
-        Ok(json!({ "total": total, "by_user": by_user }))
+        let mut doc = json!({ "total": total, "by_user": by_user, "by_resource": by_resource });
+        watches(&mut doc);
+        Ok(doc)
     }
 
     /// Every request since the last reset, oldest first: `[{"at_ms", "user", "verb"}]`.
@@ -101,12 +174,19 @@ impl Stats {
         counts
             .timeline
             .iter()
-            .map(|s| json!({ "at_ms": s.at_ms, "user": s.user, "verb": s.verb }))
+            .map(|s| json!({ "at_ms": s.at_ms, "user": s.user, "verb": s.verb, "resource": s.resource }))
             .collect()
     }
 
+    /// Forgets the counts; watches still open stay counted open.
     pub(crate) fn reset(&self) {
-        *self.lock() = Counts::default();
+        let mut counts = self.lock();
+        let open = std::mem::take(&mut counts.watches_open);
+        *counts = Counts {
+            watches_max: open.clone(),
+            watches_open: open,
+            ..Counts::default()
+        };
     }
 }
 
@@ -117,11 +197,11 @@ mod tests {
     #[test]
     fn windows_count_only_their_requests() {
         let stats = Stats::default();
-        stats.record("a", "patch");
+        stats.record("a", "patch", "nodes");
         let mid = unix_ms() + 1;
         std::thread::sleep(std::time::Duration::from_millis(5));
-        stats.record("a", "watch");
-        stats.record("b", "patch");
+        stats.record("a", "watch", "nodes");
+        stats.record("b", "patch", "nodes");
         let all = stats.snapshot(&json!({})).unwrap();
         assert_eq!(all["total"], 3);
         let late = stats.snapshot(&json!({ "since_ms": mid })).unwrap();

@@ -8,6 +8,7 @@ use super::discovery::ResourceDef;
 #[derive(Debug, Clone)]
 pub(crate) struct ApiError {
     pub(crate) code: u16,
+    /// Empty for a `Status` without a reason (Go omits it).
     pub(crate) reason: &'static str,
     pub(crate) message: String,
     details: Option<Value>,
@@ -92,6 +93,19 @@ impl ApiError {
         .with_object(def, name)
     }
 
+    /// 409 Conflict with the storage layer's own explanation (a failed precondition).
+    pub(crate) fn conflict_because(def: &ResourceDef, name: &str, why: &str) -> Self {
+        Self::new(
+            409,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": {why}",
+                def.qualified()
+            ),
+        )
+        .with_object(def, name)
+    }
+
     pub(crate) fn already_exists(def: &ResourceDef, name: &str) -> Self {
         Self::new(
             409,
@@ -167,6 +181,38 @@ impl ApiError {
         )
     }
 
+    /// 429 with one cause, as `errors.NewTooManyRequests(message, retry_after)` plus a cause
+    /// builds it; `retry_after` > 0 also becomes the `Retry-After` header.
+    pub(crate) fn too_many_requests_because(
+        message: &str,
+        cause_reason: &str,
+        cause: &str,
+        retry_after: u32,
+    ) -> Self {
+        let mut err = Self::new(429, "TooManyRequests", message);
+        let mut details = json!({ "causes": [{ "reason": cause_reason, "message": cause }] });
+        if retry_after > 0 {
+            details["retryAfterSeconds"] = json!(retry_after);
+        }
+        err.details = Some(details);
+        err
+    }
+
+    /// A `Status` a handler returns as its result rather than as an error: a code and a message,
+    /// no reason.
+    pub(crate) fn status_failure(code: u16, message: &str) -> Self {
+        Self::new(code, "", message)
+    }
+
+    /// The `Retry-After` seconds the response carries, if any.
+    pub(crate) fn retry_after(&self) -> Option<u64> {
+        self.details
+            .as_ref()?
+            .get("retryAfterSeconds")?
+            .as_u64()
+            .filter(|s| *s > 0)
+    }
+
     pub(crate) fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)
     }
@@ -188,6 +234,11 @@ impl ApiError {
         });
         if let Some(details) = &self.details {
             status["details"] = details.clone();
+        }
+        if self.reason.is_empty()
+            && let Some(map) = status.as_object_mut()
+        {
+            map.remove("reason");
         }
         status
     }

@@ -59,6 +59,31 @@ pub(crate) enum Scope {
     Main,
     /// The `status` subresource: only `status`.
     Status,
+    /// The server itself (graceful deletion, controllers it stands in for): the whole object,
+    /// including the system-owned metadata clients cannot write.
+    System,
+}
+
+/// Metadata only the server writes: a client's value is replaced by the stored one.
+const SYSTEM_META: &[&str] = &[
+    "name",
+    "namespace",
+    "uid",
+    "creationTimestamp",
+    "generation",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+];
+
+/// The object without `metadata` and `status`: what a generation counts changes of.
+fn spec_part(obj: &Value) -> Value {
+    let mut rest = obj.clone();
+    if let Some(map) = rest.as_object_mut() {
+        for field in ["metadata", "status", "kind", "apiVersion"] {
+            map.remove(field);
+        }
+    }
+    rest
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -305,6 +330,14 @@ impl Store {
         meta.insert("name".into(), json!(name));
         meta.insert("uid".into(), json!(uid));
         meta.insert("creationTimestamp".into(), json!(clock::now_rfc3339()));
+        for field in ["deletionTimestamp", "deletionGracePeriodSeconds"] {
+            meta.remove(field);
+        }
+        if def.generation {
+            meta.insert("generation".into(), json!(1));
+        } else {
+            meta.remove("generation");
+        }
         validate::object(def, &name, &obj)?;
         let key = Key::new(def, namespace.filter(|_| def.namespaced), &name);
         if inner.objects.contains_key(&key) {
@@ -371,7 +404,7 @@ impl Store {
                 }
                 next
             }
-            Scope::Main => next,
+            Scope::Main | Scope::System => next,
             Scope::Status => {
                 let mut only_status = (*current).clone();
                 only_status["status"] = next.get("status").cloned().unwrap_or(json!({}));
@@ -380,15 +413,27 @@ impl Store {
         };
         next["kind"] = json!(def.kind);
         next["apiVersion"] = json!(def.api_version());
-        for field in ["name", "namespace", "uid", "creationTimestamp"] {
+        let kept = if scope == Scope::System {
+            &SYSTEM_META[..4]
+        } else {
+            SYSTEM_META
+        };
+        for field in kept {
             match current.pointer(&format!("/metadata/{field}")) {
                 Some(v) => set_meta(&mut next, field, v.clone()),
                 None => {
                     if let Some(meta) = next["metadata"].as_object_mut() {
-                        meta.remove(field);
+                        meta.remove(*field);
                     }
                 }
             }
+        }
+        if def.generation && spec_part(&next) != spec_part(&current) {
+            let generation = current
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            set_meta(&mut next, "generation", json!(generation + 1));
         }
         validate::object(def, name, &next)?;
         set_meta(&mut next, "resourceVersion", json!(current_rv));
@@ -405,6 +450,18 @@ impl Store {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<Arc<Value>, ApiError> {
+        self.delete_if(def, namespace, name, |_| Ok(()))
+    }
+
+    /// Deletes an object if `check` accepts it as stored (under the store lock, so nothing
+    /// changes in between), and returns it as of the deletion.
+    pub(crate) fn delete_if(
+        &self,
+        def: &'static ResourceDef,
+        namespace: Option<&str>,
+        name: &str,
+        check: impl FnOnce(&Value) -> Result<(), ApiError>,
+    ) -> Result<Arc<Value>, ApiError> {
         let key = Key::new(def, namespace, name);
         let mut inner = self.lock();
         let current = inner
@@ -412,7 +469,23 @@ impl Store {
             .get(&key)
             .cloned()
             .ok_or_else(|| ApiError::not_found(def, name))?;
+        check(&current)?;
         Ok(self.commit(&mut inner, def, key, (*current).clone(), EventType::Deleted))
+    }
+
+    /// Deletes every object of `def` (all namespaces), as the removal of its CRD does.
+    pub(crate) fn delete_all(&self, def: &'static ResourceDef) {
+        let (objects, _) = self.list(def, None, |_| true);
+        for obj in objects {
+            let meta = |f: &str| {
+                obj.pointer(&format!("/metadata/{f}"))
+                    .and_then(Value::as_str)
+            };
+            if let Some(name) = meta("name") {
+                // Gone already is what we want.
+                let _ = self.delete(def, meta("namespace"), name);
+            }
+        }
     }
 
     /// Starts a watch on `def` from resourceVersion `from` (`None`: the current state as
@@ -453,6 +526,11 @@ impl Store {
             rx,
             rv: inner.rv,
         }
+    }
+
+    /// Every later committed change.
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
+        self.tx.subscribe()
     }
 
     /// Forgets the event history: resuming a watch from any older resourceVersion gets 410.

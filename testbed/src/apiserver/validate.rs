@@ -3,7 +3,10 @@
 
 use serde_json::Value;
 
-use super::discovery::{OSIMAGESTREAMS, ResourceDef};
+use super::crd;
+use super::discovery::{
+    CUSTOMRESOURCEDEFINITIONS, OSIMAGESTREAMS, PODDISRUPTIONBUDGETS, PODS, ResourceDef,
+};
 use super::status::ApiError;
 
 /// Kubernetes' limit on the total size of an object's annotations.
@@ -65,6 +68,35 @@ pub(crate) fn object(def: &ResourceDef, name: &str, obj: &Value) -> Result<(), A
     }
     if def.group == OSIMAGESTREAMS.group && def.plural == OSIMAGESTREAMS.plural {
         os_image_stream(name, obj, &mut causes);
+    } else if std::ptr::eq(def, &CUSTOMRESOURCEDEFINITIONS) {
+        crd::validate(name, obj, &mut causes);
+    } else if std::ptr::eq(def, &PODDISRUPTIONBUDGETS) {
+        // kubernetes/kubernetes: pkg/apis/policy/validation/validation.go,
+        // `ValidatePodDisruptionBudgetSpec`.
+        let spec = &obj["spec"];
+        if !spec["minAvailable"].is_null() && !spec["maxUnavailable"].is_null() {
+            causes.push((
+                "spec".into(),
+                "Invalid value: \"object\": minAvailable and maxUnavailable cannot be both set"
+                    .into(),
+            ));
+        }
+    } else if std::ptr::eq(def, &PODS) {
+        // kubernetes/kubernetes: pkg/apis/core/validation/validation.go, `validateContainers`.
+        let containers = obj.pointer("/spec/containers").and_then(Value::as_array);
+        if containers.is_none_or(Vec::is_empty) {
+            causes.push(("spec.containers".into(), "Required value".into()));
+        }
+        for (i, c) in containers.into_iter().flatten().enumerate() {
+            for field in ["name", "image"] {
+                if c[field].as_str().is_none_or(str::is_empty) {
+                    causes.push((
+                        format!("spec.containers[{i}].{field}"),
+                        "Required value".into(),
+                    ));
+                }
+            }
+        }
     }
     if causes.is_empty() {
         Ok(())

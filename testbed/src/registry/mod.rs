@@ -1,6 +1,6 @@
 //! A real OCI registry with real images: RPMs built with `rpmbuild`, deterministic OCI images
 //! built here, pushed over the registry API into a real `docker-registry` (distribution 2.8)
-//! that wants basic auth.
+//! that wants basic auth (htpasswd), or no auth at all ([`Auth::Anonymous`]).
 //!
 //! Layout of [`RegistryConfig::dir`]:
 //!
@@ -18,6 +18,8 @@
 pub mod client;
 pub mod content;
 pub mod hostile;
+pub mod mirror;
+pub mod node;
 pub mod oci;
 mod process;
 pub mod rpm;
@@ -50,6 +52,17 @@ pub struct RegistryConfig {
     /// Work dir: registry storage and config, htpasswd, the OCI layout and the RPM build cache
     /// (created if missing; reusing it reuses the cache and the stored blobs).
     pub dir: PathBuf,
+}
+
+/// What the registry asks of its clients.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Auth {
+    /// Basic auth against an htpasswd file with one user ([`USERNAME`]), as a real
+    /// `docker-registry` configured with `auth.htpasswd`.
+    #[default]
+    Htpasswd,
+    /// No auth section: every client may pull.
+    Anonymous,
 }
 
 /// One platform's image inside an index.
@@ -180,6 +193,11 @@ impl Registry {
     /// 127.0.0.1:<free port> with htpasswd auth, pushes every image and returns once each is
     /// pullable by digest.
     pub async fn start(cfg: RegistryConfig) -> anyhow::Result<Registry> {
+        Registry::start_with(cfg, Auth::Htpasswd).await
+    }
+
+    /// [`Registry::start`] with the given client authentication.
+    pub async fn start_with(cfg: RegistryConfig, auth: Auth) -> anyhow::Result<Registry> {
         let t0 = Instant::now();
         let dir = std::path::absolute(&cfg.dir)
             .with_context(|| format!("resolving {}", cfg.dir.display()))?;
@@ -214,7 +232,11 @@ impl Registry {
         let password = process::random_hex(16)?;
         let htpasswd = reg_dir.join("htpasswd");
         process::write_htpasswd(&htpasswd, USERNAME, &password)?;
-        let process = RegistryProcess::start(&reg_dir, &htpasswd).await?;
+        let process = RegistryProcess::start(
+            &reg_dir,
+            (auth == Auth::Htpasswd).then_some(htpasswd.as_path()),
+        )
+        .await?;
         let host = process.host().to_string();
         let client = Client::new(&host, Some((USERNAME, &password)));
 

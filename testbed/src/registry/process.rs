@@ -47,19 +47,25 @@ pub fn write_htpasswd(path: &Path, user: &str, password: &str) -> anyhow::Result
         .with_context(|| format!("writing {}", path.display()))
 }
 
-fn config(storage: &Path, htpasswd: &Path, port: u16, secret: &str) -> String {
+fn config(storage: &Path, htpasswd: Option<&Path>, port: u16, secret: &str) -> String {
     // JSON strings are valid YAML scalars, which keeps odd paths safe.
     let q = |p: &Path| serde_json::Value::String(p.display().to_string()).to_string();
+    // Without an auth section distribution serves everyone (an anonymous registry).
+    let auth = htpasswd.map_or_else(String::new, |h| {
+        format!(
+            "auth:\n  htpasswd:\n    realm: testbed-registry\n    path: {}\n",
+            q(h)
+        )
+    });
     format!(
         "version: 0.1\n\
          log:\n  level: info\n  formatter: text\n  accesslog:\n    disabled: true\n\
          storage:\n  filesystem:\n    rootdirectory: {storage}\n  delete:\n    enabled: true\n\
          \x20 maintenance:\n    uploadpurging:\n      enabled: false\n\
          http:\n  addr: 127.0.0.1:{port}\n  secret: {secret}\n\
-         auth:\n  htpasswd:\n    realm: testbed-registry\n    path: {htpasswd}\n\
+         {auth}\
          health:\n  storagedriver:\n    enabled: false\n",
         storage = q(storage),
-        htpasswd = q(htpasswd),
     )
 }
 
@@ -70,8 +76,9 @@ fn free_port() -> anyhow::Result<u16> {
 
 impl RegistryProcess {
     /// Starts `docker-registry serve` with its config, storage and log in `dir`, and waits until
-    /// an anonymous `GET /v2/` is answered with 401 and a `Basic` challenge.
-    pub async fn start(dir: &Path, htpasswd: &Path) -> anyhow::Result<RegistryProcess> {
+    /// an anonymous `GET /v2/` is answered: 401 with a `Basic` challenge when `htpasswd` is
+    /// given, 200 without it (an anonymous registry).
+    pub async fn start(dir: &Path, htpasswd: Option<&Path>) -> anyhow::Result<RegistryProcess> {
         let storage = dir.join("storage");
         std::fs::create_dir_all(&storage)
             .with_context(|| format!("creating {}", storage.display()))?;
@@ -99,7 +106,7 @@ impl RegistryProcess {
                 host: format!("127.0.0.1:{port}"),
                 log: log.clone(),
             };
-            match proc.wait_ready().await {
+            match proc.wait_ready(htpasswd.is_some()).await {
                 Ok(()) => {
                     info!(host = %proc.host, "registry is up");
                     return Ok(proc);
@@ -113,7 +120,7 @@ impl RegistryProcess {
         bail!("no free port for the registry after {PORT_ATTEMPTS} attempts")
     }
 
-    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+    async fn wait_ready(&mut self, auth: bool) -> anyhow::Result<()> {
         let anon = Client::new(&self.host, None);
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
@@ -122,14 +129,15 @@ impl RegistryProcess {
             }
             let probe = tokio::time::timeout(Duration::from_secs(2), anon.get("/v2/", None)).await;
             match probe {
-                Ok(Ok(r)) if r.status == StatusCode::UNAUTHORIZED => {
+                Ok(Ok(r)) if !auth && r.status == StatusCode::OK => return Ok(()),
+                Ok(Ok(r)) if auth && r.status == StatusCode::UNAUTHORIZED => {
                     let challenge = r.header("www-authenticate").unwrap_or_default();
                     if !challenge.starts_with("Basic ") {
                         bail!("registry challenged with {challenge:?}, expected basic auth");
                     }
                     return Ok(());
                 }
-                Ok(Ok(r)) => bail!("registry answered /v2/ with {} instead of 401", r.status),
+                Ok(Ok(r)) => bail!("registry answered /v2/ with {}", r.status),
                 Ok(Err(e)) => debug!("registry not ready yet: {e:#}"),
                 Err(_) => debug!("registry probe timed out"),
             }
@@ -173,10 +181,13 @@ mod tests {
 
     #[test]
     fn config_quotes_paths_and_binds_loopback() {
-        let c = config(Path::new("/tmp/a b"), Path::new("/tmp/h"), 5555, "s");
+        let c = config(Path::new("/tmp/a b"), Some(Path::new("/tmp/h")), 5555, "s");
         assert!(c.contains("rootdirectory: \"/tmp/a b\"\n"));
         assert!(c.contains("addr: 127.0.0.1:5555\n"));
         assert!(c.contains("  htpasswd:\n    realm: testbed-registry\n    path: \"/tmp/h\"\n"));
+        let anonymous = config(Path::new("/tmp/a b"), None, 5555, "s");
+        assert!(!anonymous.contains("auth:"), "{anonymous}");
+        assert!(anonymous.contains("health:"), "{anonymous}");
     }
 
     #[test]

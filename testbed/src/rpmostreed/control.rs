@@ -95,6 +95,8 @@ pub(crate) struct TxnRecord {
     pub(crate) error: Option<String>,
     /// What the real daemon would have logged to the journal only (e.g. a child's stderr).
     pub(crate) journal: Vec<String>,
+    /// The transaction imported an image (layers a real host downloads).
+    pub(crate) pulled: bool,
 }
 
 impl TxnRecord {
@@ -117,6 +119,7 @@ impl TxnRecord {
             reboot_requested: false,
             error: None,
             journal: Vec::new(),
+            pulled: false,
         }
     }
 }
@@ -197,6 +200,23 @@ impl Daemon {
             }
             "drop-after-unlock" => {
                 lock(&self.knobs).drop_after_unlock = true;
+                Ok(json!({}))
+            }
+            "admin-deploy" => {
+                let image = cmd
+                    .get("image")
+                    .and_then(Value::as_str)
+                    .context("\"image\" must be a pullspec string")?;
+                self.admin_deploy(image).await?;
+                Ok(json!({}))
+            }
+            "lose-image-metadata" => {
+                let index = cmd
+                    .get("index")
+                    .and_then(Value::as_u64)
+                    .and_then(|i| usize::try_from(i).ok())
+                    .context("\"index\" must be a deployment index")?;
+                self.lose_image_metadata(index).await?;
                 Ok(json!({}))
             }
             "exit-mid-transaction" => {

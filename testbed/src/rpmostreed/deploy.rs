@@ -36,14 +36,77 @@ fn package_name(spec: &str) -> String {
     Nevra::parse(spec).map_or_else(|| spec.to_string(), |n| n.name)
 }
 
-/// The origin edits of `rpmostreed_transaction_new_deploy` / `deploy_transaction_execute`,
-/// in their order, applied to the merge deployment's layering. Error texts are the real
-/// daemon's (`rpmostree-origin.cxx`).
+/// How the origin records a local RPM: `<sha256>:<nevra>` (`import_many_local_rpms`; the
+/// real digest is the RPM header's, the fake's is the NEVRA's).
+pub(crate) fn local_id(nevra: &str) -> String {
+    use sha2::{Digest, Sha256};
+    format!("{:x}:{nevra}", Sha256::digest(nevra.as_bytes()))
+}
+
+/// The origin edits `deploy_transaction_execute` makes before the base is pulled, in its order,
+/// applied to the origin merge deployment's layering (coreos/rpm-ostree:rust/src/treefile.rs
+/// `remove_packages`, `filter_package_requests`, `add_packages_override_replace_local`; the
+/// error texts are theirs). `override-remove-packages` is applied after the pull
+/// ([`add_removals`]).
 pub(crate) fn apply_changes(base: &Layering, c: &PackageChanges) -> Result<Layering, String> {
     let mut l = base.clone();
     if c.no_layering {
         l.requested_packages.clear();
         l.requested_local_packages.clear();
+    } else {
+        // One entry per request: the exact repo request, else the exact local NEVRA, else the
+        // local package of that name (`remove_packages`).
+        for pkg in &c.uninstall_packages {
+            if let Some(i) = l.requested_packages.iter().position(|r| r == pkg) {
+                l.requested_packages.remove(i);
+            } else if let Some(i) = l.requested_local_packages.iter().position(|r| r == pkg) {
+                l.requested_local_packages.remove(i);
+            } else if let Some(i) = l
+                .requested_local_packages
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| names_package(r, pkg))
+                .max_by(|a, b| a.1.cmp(b.1))
+                .map(|(i, _)| i)
+            {
+                l.requested_local_packages.remove(i);
+            } else if !c.idempotent {
+                return Err(format!(
+                    "Package/capability '{pkg}' is not currently requested"
+                ));
+            }
+        }
+    }
+    // `filter_package_requests`: a repo request or local NEVRA already present fails unless
+    // the request is idempotent.
+    let present = |l: &Layering, spec: &str, shown: &str| -> Result<bool, String> {
+        if l.requested_packages.iter().any(|r| r == spec) {
+            return match c.idempotent {
+                true => Ok(true),
+                false => Err(format!("Package/capability '{shown}' is already requested")),
+            };
+        }
+        if l.requested_local_packages.iter().any(|r| r == spec) {
+            return match c.idempotent {
+                true => Ok(true),
+                false => Err(format!("Package '{shown}' is already layered")),
+            };
+        }
+        Ok(false)
+    };
+    for pkg in &c.install_packages {
+        if !present(&l, pkg, pkg)? {
+            l.requested_packages.push(pkg.clone());
+        }
+    }
+    for rpm in &c.install_local {
+        let nevra = rpm
+            .as_ref()
+            .map_err(|e| format!("Importing local package: {e}"))?
+            .to_string();
+        if !present(&l, &nevra, &local_id(&nevra))? {
+            l.requested_local_packages.push(nevra);
+        }
     }
     if c.no_overrides {
         l.requested_base_removals.clear();
@@ -59,50 +122,65 @@ pub(crate) fn apply_changes(base: &Layering, c: &PackageChanges) -> Result<Layer
             return Err(format!("No overrides for package '{pkg}'"));
         }
     }
-    for pkg in &c.uninstall_packages {
-        let before = l.requested_packages.len() + l.requested_local_packages.len();
-        l.requested_packages.retain(|r| r != pkg);
-        l.requested_local_packages
-            .retain(|r| r != pkg && !names_package(r, pkg));
-        if before == l.requested_packages.len() + l.requested_local_packages.len() {
-            return Err(format!(
-                "Package/capability '{pkg}' is not currently requested"
-            ));
-        }
-    }
-    for pkg in &c.install_packages {
-        if l.requested_packages.contains(pkg) {
-            if c.idempotent {
-                continue;
-            }
-            return Err(format!("Package/capability '{pkg}' is already requested"));
-        }
-        l.requested_packages.push(pkg.clone());
-    }
-    for rpm in &c.install_local {
-        let nevra = rpm
-            .as_ref()
-            .map_err(|e| format!("Importing local package: {e}"))?;
-        let s = nevra.to_string();
-        if !l.requested_local_packages.contains(&s) {
-            l.requested_local_packages.push(s);
-        }
-    }
-    for pkg in &c.override_remove {
-        if !l.requested_base_removals.contains(pkg) {
-            l.requested_base_removals.push(pkg.clone());
-        }
-    }
     for rpm in &c.replace_local {
         let nevra = rpm
             .as_ref()
-            .map_err(|e| format!("Importing local package: {e}"))?;
-        let s = nevra.to_string();
-        if !l.requested_base_local_replacements.contains(&s) {
-            l.requested_base_local_replacements.push(s);
+            .map_err(|e| format!("Importing local package: {e}"))?
+            .to_string();
+        // A replacement of the same name is swapped, not refused.
+        let name = package_name(&nevra);
+        l.requested_base_local_replacements
+            .retain(|r| package_name(r) != name);
+        if l.requested_base_removals.contains(&nevra) {
+            return Err(format!(
+                "Override already exists for package '{}'",
+                local_id(&nevra)
+            ));
         }
+        l.requested_base_local_replacements.push(nevra);
     }
     Ok(l)
+}
+
+/// `override-remove-packages`, once the new base is pulled: each must match one package of
+/// `target` ("Package \"X\" not found") and is recorded by name; an override already in the
+/// origin fails (`add_packages_override_remove`).
+pub(crate) fn add_removals(
+    l: &mut Layering,
+    removals: &[String],
+    target: &TestImage,
+    arch: &str,
+) -> Result<(), String> {
+    let base = fixtures::base_packages(target, arch);
+    for pkg in removals {
+        let found = base
+            .iter()
+            .find(|n| n.name == *pkg || n.to_string() == *pkg)
+            .ok_or_else(|| format!("Package \"{pkg}\" not found"))?;
+        // Canonicalized to the package name before the origin is asked to add it.
+        let name = found.name.clone();
+        if l.requested_base_removals.contains(&name) {
+            return Err(format!("Override already exists for package '{name}'"));
+        }
+        l.requested_base_removals.push(name);
+    }
+    Ok(())
+}
+
+/// `finalize_removal_overrides`: removals the new base does not have are dropped from the
+/// origin ("Inactive base removals:"); returns them.
+pub(crate) fn drop_inactive_removals(
+    l: &mut Layering,
+    target: &TestImage,
+    arch: &str,
+) -> Vec<String> {
+    let base = fixtures::base_packages(target, arch);
+    let (active, inactive) = l
+        .requested_base_removals
+        .drain(..)
+        .partition(|r| base.iter().any(|n| n.name == *r));
+    l.requested_base_removals = active;
+    inactive
 }
 
 /// The EL major of an image (`10.1` → 10).
@@ -115,23 +193,18 @@ pub(crate) fn image_major(image: &TestImage) -> u32 {
         .unwrap_or(0)
 }
 
-/// The base removals resolved against `target`'s packages: their NEVRAs, or the real
-/// "Package "X" not found" (`rpmostree-sysroot-upgrader`), checked once the base is pulled.
-pub(crate) fn resolve_removals(
-    l: &Layering,
-    target: &TestImage,
-    arch: &str,
-) -> Result<Vec<String>, String> {
+/// The base removals as NEVRAs of `target`'s packages (after [`drop_inactive_removals`],
+/// every removal names one).
+pub(crate) fn resolve_removals(l: &Layering, target: &TestImage, arch: &str) -> Vec<String> {
     let base = fixtures::base_packages(target, arch);
-    let mut out = Vec::new();
-    for pkg in &l.requested_base_removals {
-        let found = base
-            .iter()
-            .find(|n| n.name == *pkg || n.to_string() == *pkg)
-            .ok_or_else(|| format!("Package \"{pkg}\" not found"))?;
-        out.push(found.to_string());
-    }
-    Ok(out)
+    l.requested_base_removals
+        .iter()
+        .filter_map(|pkg| {
+            base.iter()
+                .find(|n| n.name == *pkg || n.to_string() == *pkg)
+        })
+        .map(ToString::to_string)
+        .collect()
 }
 
 /// The depsolve of the new base plus the layering. Repo packages resolve against the target's
@@ -253,10 +326,7 @@ fn origin_file(refspec: &str, l: &Layering) -> String {
     let list = |v: &[String], f: &dyn Fn(&String) -> String| {
         v.iter().map(|x| format!("{};", f(x))).collect::<String>()
     };
-    let local = |n: &String| {
-        use sha2::{Digest, Sha256};
-        format!("{:x}:{n}", Sha256::digest(n.as_bytes()))
-    };
+    let local = |n: &String| local_id(n);
     if !l.requested_packages.is_empty() || !l.requested_local_packages.is_empty() {
         s.push_str("\n[packages]\n");
         if !l.requested_packages.is_empty() {
@@ -420,8 +490,7 @@ pub(crate) async fn create_initial(
         requested_base_removals: fixture.base_removals(),
         requested_base_local_replacements: Vec::new(),
     };
-    let base_removals = resolve_removals(&layering, image, fixture.arch())
-        .map_err(|e| anyhow::anyhow!("fixture {}: {e}", fixture.name))?;
+    let base_removals = resolve_removals(&layering, image, fixture.arch());
     let refspec = format!("ostree-unverified-registry:{}", image.pullspec);
     let mut dep = write_deployment(
         sysroot,
@@ -512,7 +581,7 @@ mod tests {
             )
         );
         assert_eq!(
-            resolve_removals(&swapped, &images[1], "x86_64").expect("removals")[0],
+            resolve_removals(&swapped, &images[1], "x86_64")[0],
             "kernel-6.12.0-124.8.1.el10_1.x86_64"
         );
     }
@@ -536,12 +605,13 @@ mod tests {
             Err("Package/capability 'usbguard' is not currently requested".to_string())
         );
         let images = catalog(DEFAULT_REGISTRY);
-        let l = Layering {
-            requested_base_removals: vec!["nano".into()],
-            ..Layering::default()
-        };
         assert_eq!(
-            resolve_removals(&l, &images[1], "x86_64"),
+            add_removals(
+                &mut Layering::default(),
+                &["nano".into()],
+                &images[1],
+                "x86_64"
+            ),
             Err("Package \"nano\" not found".to_string())
         );
         let l = Layering {
@@ -552,5 +622,85 @@ mod tests {
             depsolve(&l, &images[1]),
             Err("Packages not found: htop".to_string())
         );
+    }
+
+    /// coreos/rpm-ostree:rust/src/treefile.rs `remove_packages`, `filter_package_requests`,
+    /// `add_packages_override_remove`; rpmostree-sysroot-upgrader.cxx
+    /// `finalize_removal_overrides`.
+    #[test]
+    fn origin_edits_as_rpm_ostree_makes_them() {
+        let images = catalog(DEFAULT_REGISTRY);
+        let el9 = "usbguard-1.1.3-1.el9.x86_64";
+        let el9_newer = "usbguard-1.1.4-1.el9.x86_64";
+        let nevra = |s: &str| Ok(Nevra::parse(s).expect("nevra"));
+        let both = Layering {
+            requested_packages: vec!["usbguard".into()],
+            requested_local_packages: vec![el9.into(), el9_newer.into()],
+            ..Layering::default()
+        };
+        // One entry per request: the repo request first, then one local package by name.
+        let once = PackageChanges {
+            uninstall_packages: vec!["usbguard".into()],
+            ..PackageChanges::default()
+        };
+        let l = apply_changes(&both, &once).expect("uninstall");
+        assert_eq!(l.requested_packages, Vec::<String>::new());
+        assert_eq!(l.requested_local_packages, [el9, el9_newer]);
+        let twice = PackageChanges {
+            uninstall_packages: vec!["usbguard".into(), "usbguard".into()],
+            ..PackageChanges::default()
+        };
+        let l = apply_changes(&both, &twice).expect("uninstall");
+        assert_eq!(l.requested_local_packages, [el9]);
+
+        // A local RPM already layered, exactly: refused unless idempotent.
+        let again = PackageChanges {
+            install_local: vec![nevra(el9)],
+            ..PackageChanges::default()
+        };
+        assert_eq!(
+            apply_changes(&both, &again),
+            Err(format!("Package '{}' is already layered", local_id(el9)))
+        );
+        let idempotent = PackageChanges {
+            idempotent: true,
+            ..again
+        };
+        assert_eq!(apply_changes(&both, &idempotent), Ok(both.clone()));
+        // Uninstalled and installed again in one request is fine (removals come first).
+        let swap = PackageChanges {
+            uninstall_packages: vec![el9.into()],
+            install_local: vec![nevra(el9)],
+            ..PackageChanges::default()
+        };
+        assert!(apply_changes(&both, &swap).is_ok());
+
+        // An override already in the origin cannot be added again.
+        let mut removed = Layering {
+            requested_base_removals: vec!["kernel".into()],
+            ..Layering::default()
+        };
+        assert_eq!(
+            add_removals(
+                &mut removed.clone(),
+                &["kernel".into()],
+                &images[1],
+                "x86_64"
+            ),
+            Err("Override already exists for package 'kernel'".to_string())
+        );
+        add_removals(&mut removed, &["dracut".into()], &images[1], "x86_64").expect("new");
+        assert_eq!(removed.requested_base_removals, ["kernel", "dracut"]);
+
+        // Inherited removals the new base lacks are dropped, the others kept.
+        let mut inherited = Layering {
+            requested_base_removals: vec!["kernel".into(), "dhcp-client".into()],
+            ..Layering::default()
+        };
+        assert_eq!(
+            drop_inactive_removals(&mut inherited, &images[1], "x86_64"),
+            ["dhcp-client"]
+        );
+        assert_eq!(inherited.requested_base_removals, ["kernel"]);
     }
 }

@@ -131,6 +131,13 @@ impl Host {
             .resolve(&d.images, None)
             .map_err(StageError::Pull)?
             .clone();
+        // Hook (creds, issue 11 §3): bootc's pull reads the registry as the node's container
+        // stack does (the host root's ostree auth file, registries.conf), as rpm-ostreed's.
+        if let Some(root) = d.host_root.as_deref() {
+            crate::registry::node::pull_check(root, &image.pullspec)
+                .await
+                .map_err(StageError::Pull)?;
+        }
         if low_disk(d.host_root.as_deref()) {
             return Err(StageError::Pull(
                 "Writing content object: min-free-space-percent '3%' would be exceeded, at least \

@@ -4,6 +4,7 @@
 //! run on a peer-to-peer socket the way the real daemon's do. Test knobs are set through
 //! [`FakeRpmOstreed::control`].
 
+mod admin;
 mod control;
 mod deploy;
 mod depsolve;

@@ -62,8 +62,12 @@ pub(crate) struct Deployment {
     pub(crate) checksum: String,
     /// The fake considers this deployment booted (recorded here: the sysroot is not booted).
     pub(crate) booted: bool,
-    /// Derived: the not-booted deployment at index 0.
+    /// Derived: the not-booted deployment at index 0, unless `unstaged`.
     pub(crate) staged: bool,
+    /// Written by `ostree admin deploy` without `--stage`: pending (it boots next), never
+    /// staged, never locked.
+    #[serde(default)]
+    pub(crate) unstaged: bool,
     #[serde(default)]
     pub(crate) pinned: bool,
     #[serde(default)]
@@ -106,6 +110,7 @@ impl Deployment {
             checksum: checksum.to_string(),
             booted: false,
             staged: false,
+            unstaged: false,
             pinned: false,
             finalization_locked: false,
             container_image_reference: refspec.to_string(),
@@ -129,6 +134,7 @@ impl Deployment {
             checksum: d.checksum.clone(),
             booted: false,
             staged: false,
+            unstaged: false,
             pinned: false,
             finalization_locked: false,
             container_image_reference: String::new(),
@@ -250,10 +256,15 @@ impl Deployment {
             "container-image-reference".into(),
             str_value(&self.container_image_reference),
         );
-        d.insert(
-            "container-image-reference-digest".into(),
-            str_value(&self.container_image_reference_digest),
-        );
+        // Absent when the image's metadata cannot be read back from the repository
+        // (rpmostreed-deployment-utils.cxx: "failed to query container image base metadata",
+        // coreos/rpm-ostree#4185); the fake models that as an empty digest.
+        if !self.container_image_reference_digest.is_empty() {
+            d.insert(
+                "container-image-reference-digest".into(),
+                str_value(&self.container_image_reference_digest),
+            );
+        }
         // The real daemon only ever adds this key as `true`, only for a staged deployment, and
         // only when the legacy lock file exists, which rpm-ostree >= v2024.6 never creates
         // (coreos/rpm-ostree:rust/src/daemon.rs `deployment_populate_variant`, its "XXX"
@@ -337,7 +348,7 @@ impl State {
         }
         let booted_at = deployments.iter().position(|d| d.booted);
         for (i, d) in deployments.iter_mut().enumerate() {
-            d.staged = i == 0 && booted_at.is_some_and(|b| b > 0);
+            d.staged = i == 0 && booted_at.is_some_and(|b| b > 0) && !d.unstaged;
             if !d.staged {
                 d.finalization_locked = false;
             }
@@ -371,6 +382,16 @@ impl State {
     pub(crate) fn pending(&self, osname: &str) -> Option<&Deployment> {
         let end = self.booted_index().unwrap_or(0);
         self.deployments[..end].iter().find(|d| d.osname == osname)
+    }
+
+    /// Index of a deployment of `osname` that `Cleanup` removes: pending (staged or not) or
+    /// rollback, never a pinned one (`rpmostree_syscore_filter_deployments`).
+    pub(crate) fn cleanup_index(&self, osname: &str, pending: bool) -> Option<usize> {
+        let booted = self.booted_index();
+        self.deployments.iter().enumerate().position(|(i, d)| {
+            let before = booted.is_none_or(|b| i < b);
+            d.osname == osname && !d.pinned && !d.booted && before == pending
+        })
     }
 
     /// The rollback deployment of `osname` (after the booted one), if any.

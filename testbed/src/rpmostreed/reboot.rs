@@ -41,25 +41,48 @@ impl FakeRpmOstreed {
         let d = &self.daemon;
         let _gate = d.txn_gate.lock().await;
         d.reload_state()?;
-        let (staged, locked) = {
+        let (staged, locked, admin_pending) = {
             let state = lock(&d.state);
+            let admin = state.deployments.first().is_some_and(|f| f.unstaged);
             match state.staged() {
-                Some(s) => (true, s.finalization_locked),
-                None => (false, false),
+                Some(s) => (true, s.finalization_locked, admin),
+                None => (false, false, admin),
             }
         };
-        let applied = staged && !locked && !fail_finalize;
+        // A deployment `ostree admin deploy` wrote is already in the bootloader: it boots.
+        let applied = (staged && !locked && !fail_finalize) || (!staged && admin_pending);
         if staged && !applied {
             ostree::undeploy(&d.sysroot, 0)
                 .await
                 .context("discarding the locked staged deployment")?;
             d.resync(None).map_err(anyhow::Error::msg)?;
         } else if applied {
+            if staged {
+                // Finalizing writes the staged deployment without `RETAIN_PENDING`
+                // (`_ostree_sysroot_finalize_staged_inner`): an admin's pending one goes.
+                loop {
+                    let index = {
+                        let state = lock(&d.state);
+                        state
+                            .deployments
+                            .iter()
+                            .skip(1)
+                            .position(|x| x.unstaged && !x.booted)
+                            .map(|i| i + 1)
+                    };
+                    let Some(index) = index else { break };
+                    ostree::undeploy(&d.sysroot, index)
+                        .await
+                        .context("dropping a pending deployment")?;
+                    d.resync(None).map_err(anyhow::Error::msg)?;
+                }
+            }
             {
                 let mut state = lock(&d.state);
                 for (i, dep) in state.deployments.iter_mut().enumerate() {
                     dep.booted = i == 0;
                     dep.staged = false;
+                    dep.unstaged = false;
                     dep.finalization_locked = false;
                 }
                 d.save_state(&state).map_err(anyhow::Error::msg)?;

@@ -21,8 +21,8 @@ use zbus::{Connection, interface};
 
 use super::control::TxnRecord;
 use super::deploy::{
-    NewDeployment, PackageChanges, apply_changes, commit_image, depsolve, low_disk,
-    resolve_removals, sanity_check, write_deployment,
+    NewDeployment, PackageChanges, add_removals, apply_changes, commit_image, depsolve,
+    drop_inactive_removals, low_disk, resolve_removals, sanity_check, write_deployment,
 };
 use super::errors::DaemonError;
 use super::model::{CHUNK_BYTES, CHUNK_COUNT, Refspec};
@@ -488,7 +488,7 @@ impl Daemon {
             (None, None) => return Err("No booted deployment".into()),
         };
         // The origin is edited before anything is pulled, as in `deploy_transaction_execute`.
-        let layering = apply_changes(&merge_layering, &plan.changes)?;
+        let mut layering = apply_changes(&merge_layering, &plan.changes)?;
         let imgref = match Refspec::classify(&refspec) {
             Refspec::Container(imgref) => imgref,
             Refspec::Checksum(csum) => {
@@ -508,6 +508,20 @@ impl Daemon {
             .await;
         txn.pause(STEP).await?;
         let image = imgref.resolve(&self.images, plan.revision.as_deref())?;
+        // Hook (creds, issue 11 §3): the manifest is read from the registry as the node's
+        // container stack reads it (the host root's ostree auth file, registries.conf mirrors
+        // and blocks), so a missing credential fails here as on a node.
+        if let Some(root) = self.host_root.as_deref() {
+            crate::registry::node::pull_check(root, &image.pullspec).await?;
+        }
+        // New removals are checked against the pulled base (before the "No upgrade
+        // available" shortcut the fake takes in place of the real pull).
+        add_removals(
+            &mut layering,
+            &plan.changes.override_remove,
+            image,
+            &self.arch,
+        )?;
         if requested.is_none()
             && current_digest.as_deref() == Some(image.digest.as_str())
             && layering == merge_layering
@@ -520,6 +534,7 @@ impl Daemon {
             .iter()
             .any(|d| d.container_image_reference_digest == image.digest);
         if !already_pulled {
+            self.update_record(txn.id, |r| r.pulled = true);
             self.pull_layers(txn, &imgref.to_string(), &image.digest)
                 .await?;
         }
@@ -530,7 +545,18 @@ impl Daemon {
         let slow = lock(&self.knobs).slow;
         txn.pause(slow).await?;
 
-        let base_removals = resolve_removals(&layering, image, &self.arch)?;
+        if layering.is_layered() {
+            // `finalize_removal_overrides`: inherited removals the new base lacks are
+            // dropped from the new origin, not failed.
+            let inactive = drop_inactive_removals(&mut layering, image, &self.arch);
+            if !inactive.is_empty() {
+                txn.emit(Signal::Message("Inactive base removals:")).await;
+                for name in &inactive {
+                    txn.emit(Signal::Message(&format!("  {name}"))).await;
+                }
+            }
+        }
+        let base_removals = resolve_removals(&layering, image, &self.arch);
         if layering.is_layered() {
             let short: String = image
                 .digest
@@ -722,19 +748,15 @@ impl Daemon {
         self.injected_failure(txn).await?;
         let mut changed = false;
         // Rollback first: it sits after the staged deployment, so the staged index holds.
+        // Every deployment of the kind goes, a pending one also when `ostree admin deploy`
+        // wrote it (`rpmostree_syscore_filter_deployments`).
         for (wanted, which) in [(rollback, "rollback"), (pending, "pending")] {
             if !wanted {
                 continue;
             }
-            let index = {
-                let state = lock(&self.state);
-                if which == "rollback" {
-                    state.rollback_index(&self.osname)
-                } else {
-                    state.staged_index(&self.osname)
-                }
-            };
-            if let Some(index) = index {
+            loop {
+                let index = lock(&self.state).cleanup_index(&self.osname, which == "pending");
+                let Some(index) = index else { break };
                 ostree::undeploy(&self.sysroot, index)
                     .await
                     .map_err(|e| format!("{e:#}"))?;
@@ -770,7 +792,15 @@ impl Daemon {
                     self.osname
                 ));
             }
-            let found = first.container_image_reference_digest.clone();
+            // The image digest, or the base commit when the image's metadata cannot be
+            // read (the `query_container_image_commit` fallback).
+            let found = match first.container_image_reference_digest.as_str() {
+                "" => first
+                    .base_checksum
+                    .clone()
+                    .unwrap_or_else(|| first.checksum.clone()),
+                digest => digest.to_string(),
+            };
             match &plan.checksum {
                 None if !plan.allow_missing_checksum => {
                     return Err("Missing expected checksum".into());

@@ -1,0 +1,517 @@
+//! The thin edge: a kube-runtime controller over `StreamPool`s, woken by watches of the pools,
+//! the Nodes (mapped to the pools that select them) and the cluster's OSImageStream — no
+//! polling. Each reconcile lists the pool's nodes afresh (a consistent read, so a decision never
+//! rests on a cache that has not yet seen the controller's own last patch), asks the
+//! [`planner`](crate::planner) what to do, does it with one Node patch per action, and writes
+//! the status. A drain in progress is looked at again every [`DRAIN_RETRY`] (evictions a
+//! PodDisruptionBudget refuses, pods still terminating), as `kubectl drain` retries.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::core::{Selector, SelectorExt};
+use kube::runtime::controller::{Action as Requeue, Config, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+use streamd::cluster::protocol::{
+    DESIRED_EXTENSIONS_IMAGE, DESIRED_OS_IMAGE, DESIRED_STREAM, Desired, Inputs, REBOOT_APPROVED,
+    validate_stream,
+};
+use streamd::cluster::streams::{self, Catalog, StreamsUpdate};
+use tokio::sync::watch;
+
+use crate::crd::{
+    DEFAULT_DRAIN_TIMEOUT_SECONDS, DEFAULT_MAX_CONCURRENT_STAGING, StreamPool, Target,
+};
+use crate::drain;
+use crate::node::{NodeView, ROLLOUT_STEP, Step};
+use crate::planner::{self, Action, CheckKeys, PoolInput};
+use crate::status;
+
+/// Field manager of every write.
+pub const FIELD_MANAGER: &str = "streamd-rollout";
+/// How often a node being drained is looked at again.
+pub const DRAIN_RETRY: Duration = Duration::from_secs(5);
+/// Retry after a failed reconcile (API error).
+const ERROR_RETRY: Duration = Duration::from_secs(10);
+
+/// Why a reconcile failed; it is retried after [`ERROR_RETRY`].
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The pool's node selector is malformed.
+    #[error("spec.nodeSelector: {0}")]
+    Selector(String),
+    /// An API request failed.
+    #[error("{what}: {source}")]
+    Api {
+        /// What was being done.
+        what: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// What reconciles share.
+pub struct Context {
+    client: kube::Client,
+    catalog: watch::Receiver<Option<Catalog>>,
+    pools: Store<StreamPool>,
+}
+
+/// The pool's target as the node protocol's request, resolved through the cluster's
+/// OSImageStream when the spec names only a stream (streamd's own resolution,
+/// `streamd::cluster::streams::resolve`), and the check-* keys its not-yet-moved nodes get.
+pub fn resolve_target(
+    target: &Target,
+    catalog: Option<&Catalog>,
+) -> (Result<Desired, String>, Option<CheckKeys>) {
+    let inputs = Inputs {
+        stream: Some(target.stream.clone()),
+        os_image: target.os_image.clone(),
+        extensions_image: target.extensions_image.clone(),
+        reboot_approved: None,
+    };
+    let desired = streams::resolve(&inputs, catalog)
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.desired().map_err(|e| e.to_string()))
+        .and_then(|d| d.ok_or_else(|| "no stream given".to_string()))
+        .map_err(|e| format!("spec.target: {e}"));
+    let check = validate_stream(&target.stream).ok().map(|()| CheckKeys {
+        stream: target.stream.clone(),
+        os_image: target.os_image.clone(),
+        extensions_image: target.extensions_image.clone(),
+    });
+    (desired, check)
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+}
+
+fn annotations_patch(pairs: &[(&str, Option<&str>)]) -> serde_json::Map<String, Value> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.map_or(Value::Null, |v| json!(v))))
+        .collect()
+}
+
+/// The merge patch an action writes on its node (a drain's approval is [`approval_patch`]).
+pub fn action_patch(
+    action: &Action,
+    target: &Desired,
+    check: Option<&CheckKeys>,
+    now: u64,
+) -> Option<Value> {
+    let (annotations, unschedulable) = match action {
+        Action::Check { .. } => (annotations_patch(&check?.annotations()), None),
+        Action::Target { .. } => {
+            let os = target.os_image.to_string();
+            let ext = target.extensions_image.as_ref().map(ToString::to_string);
+            (
+                annotations_patch(&[
+                    (DESIRED_STREAM, Some(&target.stream)),
+                    (DESIRED_OS_IMAGE, Some(&os)),
+                    (DESIRED_EXTENSIONS_IMAGE, ext.as_deref()),
+                ]),
+                None,
+            )
+        }
+        Action::Cordon { token, .. } => {
+            let step = Step::Draining {
+                started: now,
+                token: token.clone(),
+            }
+            .render();
+            (
+                annotations_patch(&[(ROLLOUT_STEP, Some(&step))]),
+                Some(true),
+            )
+        }
+        Action::Drain { .. } => return None,
+        Action::Uncordon { .. } => (
+            annotations_patch(&[(ROLLOUT_STEP, None), (REBOOT_APPROVED, None)]),
+            Some(false),
+        ),
+    };
+    let mut patch = json!({ "metadata": { "annotations": annotations } });
+    if let Some(u) = unschedulable {
+        patch["spec"] = json!({ "unschedulable": u });
+    }
+    Some(patch)
+}
+
+/// Approves exactly `token` and marks it approved, in one patch.
+pub fn approval_patch(token: &str) -> Value {
+    let step = Step::Approved {
+        token: token.to_string(),
+    }
+    .render();
+    json!({ "metadata": { "annotations": annotations_patch(&[
+        (REBOOT_APPROVED, Some(token)),
+        (ROLLOUT_STEP, Some(&step)),
+    ]) } })
+}
+
+fn node_name(action: &Action) -> &str {
+    match action {
+        Action::Check { node }
+        | Action::Target { node }
+        | Action::Cordon { node, .. }
+        | Action::Drain { node, .. }
+        | Action::Uncordon { node } => node,
+    }
+}
+
+async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+    let name = pool.name_any();
+    let selector =
+        Selector::try_from(pool.spec.node_selector.clone()).map_err(|e| Error::Selector(e.0))?;
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let listed = nodes
+        .list(&ListParams::default().labels_from(&selector))
+        .await
+        .map_err(|source| Error::Api {
+            what: "listing the pool's nodes".into(),
+            source,
+        })?;
+    let views: Vec<NodeView> = listed.items.iter().map(NodeView::from_node).collect();
+    let others: Vec<Arc<StreamPool>> = ctx
+        .pools
+        .state()
+        .into_iter()
+        .filter(|p| p.name_any() != name)
+        .collect();
+    let claimed = listed
+        .items
+        .iter()
+        .filter_map(|n| {
+            let other = pools_selecting(&others, n.labels()).into_iter().next()?;
+            Some((n.name_any(), other.name))
+        })
+        .collect();
+    let catalog = ctx.catalog.borrow().clone();
+    if catalog.is_none() && pool.spec.target.os_image.is_none() {
+        // The first read of OSImageStream is under way; its arrival reconciles every pool.
+        return Ok(Requeue::await_change());
+    }
+    let (target, check) = resolve_target(&pool.spec.target, catalog.as_ref());
+    let now = now_secs();
+    let input = PoolInput {
+        target: target.clone(),
+        check: check.clone(),
+        max_unavailable: pool.spec.max_unavailable.clone(),
+        max_concurrent_staging: pool
+            .spec
+            .max_concurrent_staging
+            .unwrap_or(DEFAULT_MAX_CONCURRENT_STAGING) as usize,
+        paused: pool.spec.paused,
+        drain_timeout_seconds: pool
+            .spec
+            .drain
+            .timeout_seconds
+            .unwrap_or(DEFAULT_DRAIN_TIMEOUT_SECONDS),
+        now,
+        claimed,
+    };
+    let plan = planner::plan(&input, &views);
+    let settings = drain::Settings {
+        grace_period_seconds: pool.spec.drain.grace_period_seconds,
+        delete_empty_dir_data: pool.spec.drain.delete_empty_dir_data,
+    };
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    let mut blockers = Vec::new();
+    for action in &plan.actions {
+        let node = node_name(action);
+        let patch = match (action, &target) {
+            (Action::Drain { token, .. }, _) => {
+                let pass = drain::pass(&ctx.client, node, settings, true)
+                    .await
+                    .map_err(|source| Error::Api {
+                        what: format!("draining node {node}"),
+                        source,
+                    })?;
+                if !pass.complete() {
+                    blockers.push((node.to_string(), pass.remaining.join("; ")));
+                    continue;
+                }
+                tracing::info!(pool = %name, node, token, "drained; approving the reboot");
+                approval_patch(token)
+            }
+            (a, Ok(t)) => match action_patch(a, t, check.as_ref(), now) {
+                Some(p) => p,
+                None => continue,
+            },
+            (Action::Check { .. }, Err(_)) => match &check {
+                Some(c) => {
+                    json!({ "metadata": { "annotations": annotations_patch(&c.annotations()) } })
+                }
+                None => continue,
+            },
+            (_, Err(_)) => continue,
+        };
+        tracing::info!(pool = %name, node, action = ?action, "node step");
+        nodes
+            .patch(node, &pp, &Patch::Merge(&patch))
+            .await
+            .map_err(|source| Error::Api {
+                what: format!("patching node {node}"),
+                source,
+            })?;
+    }
+    for node in &plan.summary.timed_out {
+        // Read-only: name what is still there for the admin.
+        let left = drain::pass(&ctx.client, node, settings, false)
+            .await
+            .map(|p| p.remaining.join("; "))
+            .unwrap_or_else(|e| format!("listing its pods failed: {e}"));
+        blockers.push((
+            node.clone(),
+            format!(
+                "drain did not finish within {} s; the node stays cordoned; left: {left}",
+                input.drain_timeout_seconds
+            ),
+        ));
+    }
+    let pools: Api<StreamPool> = Api::all(ctx.client.clone());
+    let built = status::build(
+        &plan.summary,
+        pool.meta().generation,
+        target
+            .as_ref()
+            .ok()
+            .map(|t| format!("{} {}", t.stream, t.os_image)),
+        pool.spec.paused,
+        pool.status.as_ref(),
+        &blockers,
+        Time(jiff_now()),
+    );
+    if pool.status.as_ref() != Some(&built) {
+        let mut value = serde_json::to_value(&built).unwrap_or_default();
+        // A merge patch keeps keys it does not name: clear the optional ones explicitly.
+        for key in ["target", "readiness", "nodes", "observedGeneration"] {
+            if let Some(map) = value.as_object_mut() {
+                map.entry(key).or_insert(Value::Null);
+            }
+        }
+        pools
+            .patch_status(&name, &pp, &Patch::Merge(&json!({ "status": value })))
+            .await
+            .map_err(|source| Error::Api {
+                what: format!("writing the status of pool {name}"),
+                source,
+            })?;
+    }
+    Ok(if !plan.summary.draining.is_empty() {
+        Requeue::requeue(DRAIN_RETRY)
+    } else {
+        Requeue::await_change()
+    })
+}
+
+fn jiff_now() -> k8s_openapi::jiff::Timestamp {
+    k8s_openapi::jiff::Timestamp::now()
+}
+
+fn error_policy(pool: Arc<StreamPool>, error: &Error, _ctx: Arc<Context>) -> Requeue {
+    tracing::warn!(pool = %pool.name_any(), error = %error, "reconcile failed; retrying");
+    Requeue::requeue(ERROR_RETRY)
+}
+
+/// The pools whose selector selects a node with `labels`.
+fn pools_selecting(
+    pools: &[Arc<StreamPool>],
+    labels: &BTreeMap<String, String>,
+) -> Vec<ObjectRef<StreamPool>> {
+    pools
+        .iter()
+        .filter(|p| {
+            Selector::try_from(p.spec.node_selector.clone()).is_ok_and(|s| s.matches(labels))
+        })
+        .map(|p| ObjectRef::from_obj(p.as_ref()))
+        .collect()
+}
+
+/// Runs the controller until `shutdown` completes (leadership lost, or a signal).
+pub async fn run(client: kube::Client, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+    let (catalog_tx, catalog_rx) = watch::channel(None);
+    let (trigger_tx, trigger_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let mut updates = Box::pin(streams::watch(client.clone()));
+    let follow = tokio::spawn(async move {
+        while let Some(update) = updates.next().await {
+            match update {
+                StreamsUpdate::Catalog(c) => {
+                    catalog_tx.send_replace(Some(c));
+                    // Full: a reconcile of every pool is already due.
+                    let _ = trigger_tx.try_send(());
+                }
+                StreamsUpdate::Error(e) => {
+                    tracing::warn!(error = %e, "reading OSImageStream failed; retrying");
+                }
+            }
+        }
+    });
+    let triggers = futures::stream::unfold(trigger_rx, |mut rx| async move {
+        rx.recv().await.map(|()| ((), rx))
+    });
+    let controller = Controller::new(
+        Api::<StreamPool>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let store = controller.store();
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        catalog: catalog_rx,
+        pools: store.clone(),
+    });
+    controller
+        .watches(
+            Api::<Node>::all(client),
+            watcher::Config::default(),
+            move |node: Node| pools_selecting(&store.state(), node.labels()),
+        )
+        .reconcile_all_on(triggers)
+        .with_config(Config::default().debounce(Duration::from_millis(200)))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "controller event");
+            }
+        })
+        .await;
+    follow.abort();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target() -> Desired {
+        Inputs {
+            stream: Some("rhel-10".into()),
+            os_image: Some(
+                "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010"
+                    .into(),
+            ),
+            extensions_image: None,
+            reboot_approved: None,
+        }
+        .desired()
+        .expect("valid")
+        .expect("some")
+    }
+
+    #[test]
+    fn patches_write_only_the_controllers_keys() {
+        let t = target();
+        let node = || "w1".to_string();
+        let p = |a: Action| action_patch(&a, &t, None, 1234);
+        assert_eq!(
+            p(Action::Target { node: node() }),
+            Some(json!({"metadata": {"annotations": {
+                "osstream.openshift.io/desired-stream": "rhel-10",
+                "osstream.openshift.io/desired-os-image": "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010",
+                "osstream.openshift.io/desired-extensions-image": null,
+            }}}))
+        );
+        assert_eq!(
+            p(Action::Cordon {
+                node: node(),
+                token: "abc.def.1".into()
+            }),
+            Some(json!({
+                "metadata": {"annotations": {"osstream.openshift.io/rollout-step": "draining:1234:abc.def.1"}},
+                "spec": {"unschedulable": true},
+            }))
+        );
+        assert_eq!(
+            p(Action::Uncordon { node: node() }),
+            Some(json!({
+                "metadata": {"annotations": {
+                    "osstream.openshift.io/rollout-step": null,
+                    "osstream.openshift.io/reboot-approved": null,
+                }},
+                "spec": {"unschedulable": false},
+            }))
+        );
+        assert_eq!(
+            p(Action::Drain {
+                node: node(),
+                token: "x".into()
+            }),
+            None
+        );
+        assert_eq!(
+            approval_patch("abc.def.1"),
+            json!({"metadata": {"annotations": {
+                "osstream.openshift.io/reboot-approved": "abc.def.1",
+                "osstream.openshift.io/rollout-step": "approved:abc.def.1",
+            }}})
+        );
+    }
+
+    #[test]
+    fn targets_resolve_from_the_spec_or_the_catalog() {
+        use streamd::cluster::streams::StreamImages;
+        let os = "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010";
+        let explicit = Target {
+            stream: "rhel-10".into(),
+            os_image: Some(os.into()),
+            extensions_image: None,
+        };
+        let (d, check) = resolve_target(&explicit, None);
+        assert_eq!(d, Ok(target()));
+        assert_eq!(check.expect("check").os_image.as_deref(), Some(os));
+
+        let by_name = Target {
+            stream: "rhel-10".into(),
+            os_image: None,
+            extensions_image: None,
+        };
+        let catalog = Catalog::Available(vec![StreamImages {
+            name: "rhel-10".into(),
+            os_image: os.into(),
+            os_extensions_image: String::new(),
+        }]);
+        assert_eq!(resolve_target(&by_name, Some(&catalog)).0, Ok(target()));
+        let (d, check) = resolve_target(&by_name, Some(&Catalog::Missing));
+        assert!(
+            d.expect_err("missing")
+                .starts_with("spec.target: OSImageStream")
+        );
+        assert_eq!(check.expect("check").os_image, None);
+
+        let tag = Target {
+            os_image: Some("quay.io/openshift/rhcos:4.20".into()),
+            ..explicit
+        };
+        assert!(
+            resolve_target(&tag, None)
+                .0
+                .expect_err("tag")
+                .contains("not pinned by digest")
+        );
+        let bad = Target {
+            stream: "RHEL 10".into(),
+            os_image: None,
+            extensions_image: None,
+        };
+        let (d, check) = resolve_target(&bad, Some(&catalog));
+        assert!(d.is_err());
+        assert!(check.is_none());
+    }
+}

@@ -1,0 +1,169 @@
+//! The `StreamPool` resource (`streampools.osstream.openshift.io/v1alpha1`, cluster-scoped),
+//! modelled on the machine-config operator's `MachineConfigPool`
+//! (openshift/api:machineconfiguration/v1/types.go `MachineConfigPoolSpec`, `MachineConfigPoolStatus`):
+//! a node selector, a target, `maxUnavailable`, `paused`, and a status with machine counts and
+//! conditions. The CRD's schema is generated from these types (`streamd-rollout crd`).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::CustomResource;
+use kube::CustomResourceExt;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The API group, shared with the node protocol's annotation prefix.
+pub const GROUP: &str = "osstream.openshift.io";
+/// The served version.
+pub const VERSION: &str = "v1alpha1";
+
+/// Default of `spec.maxConcurrentStaging`: how many nodes may pull and stage at once.
+pub const DEFAULT_MAX_CONCURRENT_STAGING: u32 = 10;
+/// Default of `spec.drain.timeoutSeconds`.
+pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: u64 = 600;
+
+/// A pool of nodes that runs one OS image stream; the controller moves its nodes there a few at
+/// a time.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "osstream.openshift.io",
+    version = "v1alpha1",
+    kind = "StreamPool",
+    plural = "streampools",
+    shortname = "spool",
+    status = "StreamPoolStatus",
+    printcolumn = r#"{"name":"Stream","type":"string","jsonPath":".spec.target.stream"}"#,
+    printcolumn = r#"{"name":"Updated","type":"string","jsonPath":".status.conditions[?(@.type==\"Updated\")].status"}"#,
+    printcolumn = r#"{"name":"Updating","type":"string","jsonPath":".status.conditions[?(@.type==\"Updating\")].status"}"#,
+    printcolumn = r#"{"name":"Degraded","type":"string","jsonPath":".status.conditions[?(@.type==\"Degraded\")].status"}"#,
+    printcolumn = r#"{"name":"Machines","type":"integer","jsonPath":".status.machineCount"}"#,
+    printcolumn = r#"{"name":"Updated Machines","type":"integer","jsonPath":".status.updatedMachineCount"}"#,
+    printcolumn = r#"{"name":"Readiness","type":"string","jsonPath":".status.readiness","priority":1}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamPoolSpec {
+    /// The pool's nodes. Kubernetes label-selector semantics: an empty selector selects every
+    /// node, as a MachineConfigPool's does.
+    pub node_selector: LabelSelector,
+    /// The stream the pool's nodes run.
+    pub target: Target,
+    /// How many nodes may be unavailable at once (count, or percent of the pool rounded down;
+    /// 0 means 1), counting nodes unavailable for any reason. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<IntOrString>,
+    /// How many nodes may pull and stage the target at once (staging runs ahead of the
+    /// reboots). Default 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_concurrent_staging: Option<u32>,
+    /// Stops new work at once: no new node is given the target, cordoned, drained or approved.
+    /// Readiness checks of the target continue, so a paused pool shows what the move would meet.
+    #[serde(default)]
+    pub paused: bool,
+    /// How nodes are drained before their reboot.
+    #[serde(default)]
+    pub drain: DrainSpec,
+}
+
+/// The target of a pool.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Target {
+    /// Stream name, e.g. `rhel-10` (the node protocol's `desired-stream`).
+    pub stream: String,
+    /// Digest-pinned OS image. Absent: the stream's `osImage` from the cluster's OSImageStream
+    /// `cluster`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub os_image: Option<String>,
+    /// Digest-pinned extensions image; only with `osImage` (absent then: no extensions image).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extensions_image: Option<String>,
+}
+
+/// Drain settings (the knobs of `kubectl drain`).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainSpec {
+    /// How long a node's drain may take before the pool is Degraded (the node stays cordoned).
+    /// Default 600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub timeout_seconds: Option<u64>,
+    /// Grace period given to each evicted pod; absent: the pod's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub grace_period_seconds: Option<i64>,
+    /// Evict pods that use emptyDir volumes (their data is lost). Default false: such a pod
+    /// blocks the drain.
+    #[serde(default)]
+    pub delete_empty_dir_data: bool,
+}
+
+/// What the controller last saw of the pool.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamPoolStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The resolved target: `<stream> <os image>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// Nodes the selector selects.
+    pub machine_count: i32,
+    /// Nodes that run the target and are uncordoned by the controller.
+    pub updated_machine_count: i32,
+    /// Updated nodes that are Ready and schedulable.
+    pub ready_machine_count: i32,
+    /// Nodes not Ready, cordoned, or being moved.
+    pub unavailable_machine_count: i32,
+    /// Nodes whose streamd reports `Degraded` or `Refused` for the pool's request.
+    pub degraded_machine_count: i32,
+    /// `Updating`, `Updated`, `Degraded`, `Paused`.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// Why nodes are Degraded or Refused, or where a drain is stuck.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeIssue>,
+    /// Readiness of the nodes not yet moved for the target stream, e.g.
+    /// `12 of 14 ready; 2 refuse: cpu-level`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness: Option<String>,
+}
+
+/// A condition, as MachineConfigPool's (`type`, `status`, `lastTransitionTime`, `reason`,
+/// `message`).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// `Updating`, `Updated`, `Degraded` or `Paused`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True` or `False`.
+    pub status: String,
+    /// When `status` last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
+    /// CamelCase cause.
+    #[serde(default)]
+    pub reason: String,
+    /// One line for a human.
+    #[serde(default)]
+    pub message: String,
+}
+
+/// A node that needs an admin's look.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeIssue {
+    /// Node name.
+    pub name: String,
+    /// The node's streamd state (`Degraded`, `Refused`), or `Draining`.
+    pub state: String,
+    /// The node's reason, or what blocks the drain.
+    pub reason: String,
+}
+
+/// The generated CustomResourceDefinition, as YAML.
+pub fn crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
+    serde_saphyr::to_string(&StreamPool::crd())
+}

@@ -1,0 +1,23 @@
+//! streamd-rollout: the cluster-side half of streamd. It moves the nodes of a `StreamPool`
+//! between OS image streams a few at a time through the node annotation protocol
+//! (docs/protocol.md): it gives nodes the target, lets staging run ahead, and for each node that
+//! asks for a reboot cordons it, drains it through the Eviction API, approves the exact token,
+//! waits for `Done` and Ready, and uncordons it.
+//!
+//! - [`crd`]: the `StreamPool` resource;
+//! - [`node`]: what the controller reads of a Node, and its own progress mark;
+//! - [`planner`]: the reconcile decisions, pure;
+//! - [`status`]: the pool's status from the planner's summary;
+//! - [`drain`]: the Eviction API drain;
+//! - [`controller`]: the kube-runtime controller, target resolution and the Node patches;
+//! - [`leader`]: leader election on a Lease.
+
+pub mod crd;
+pub mod node;
+pub mod planner;
+pub mod status;
+
+pub mod drain;
+
+pub mod controller;
+pub mod leader;

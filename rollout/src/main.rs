@@ -1,0 +1,131 @@
+//! `streamd-rollout`: the StreamPool controller (docs in README "Pools").
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use rollout::leader::{self, Lease};
+
+/// Moves StreamPools' nodes between OS image streams, a few at a time.
+#[derive(Parser, Debug)]
+#[command(name = "streamd-rollout", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print the StreamPool CustomResourceDefinition (YAML), generated from the Rust types.
+    Crd,
+    /// Run the controller (with the in-cluster or KUBECONFIG credentials), as leader of the
+    /// Lease when it holds it.
+    Run {
+        /// Lease name.
+        #[arg(long, default_value = "streamd-rollout", env = "LEASE_NAME")]
+        lease_name: String,
+        /// Lease namespace.
+        #[arg(long, env = "POD_NAMESPACE", default_value = "streamd-rollout")]
+        lease_namespace: String,
+        /// This replica's identity in the Lease.
+        #[arg(long, env = "POD_NAME")]
+        identity: String,
+        /// Compete for the Lease and run only while holding it (as kube-controller-manager's
+        /// `--leader-elect`); `false` runs at once, for a single replica.
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        leader_elect: bool,
+        /// Lease validity in seconds: how long a new leader waits after the old one stopped.
+        #[arg(long, default_value_t = leader::LEASE_SECONDS, value_parser = clap::value_parser!(u64).range(2..=3600))]
+        lease_seconds: u64,
+    },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Crd => {
+            print!("{}", rollout::crd::crd_yaml().context("rendering the CRD")?);
+            Ok(())
+        }
+        Command::Run {
+            lease_name,
+            lease_namespace,
+            identity,
+            leader_elect,
+            lease_seconds,
+        } => {
+            tracing_subscriber::fmt()
+                .with_writer(std::io::stderr)
+                .init();
+            let client = kube::Client::try_default()
+                .await
+                .context("connecting to the API server")?;
+            let (stop_tx, stop) = tokio::sync::watch::channel(false);
+            tokio::spawn(async move {
+                signal().await;
+                let _ = stop_tx.send(true);
+            });
+            let stopped = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            if !leader_elect {
+                tracing::info!("running without leader election");
+                rollout::controller::run(client, stopped(stop.clone())).await;
+                return Ok(());
+            }
+            let lease = Lease {
+                name: lease_name,
+                namespace: lease_namespace,
+                identity,
+                seconds: lease_seconds,
+            };
+            let (mut held, election) = leader::elect(client.clone(), &lease)
+                .await
+                .context("joining the leader election")?;
+            tracing::info!(identity = %lease.identity, lease = %lease.name, "waiting for the lease");
+            loop {
+                tokio::select! {
+                    ok = leader::acquired(&mut held) => {
+                        if !ok {
+                            anyhow::bail!("the leader election ended");
+                        }
+                    }
+                    () = stopped(stop.clone()) => break,
+                }
+                tracing::info!(identity = %lease.identity, "leading");
+                let lost = leader::lost(held.clone());
+                let stopping = stopped(stop.clone());
+                rollout::controller::run(client.clone(), async move {
+                    tokio::select! { () = lost => {}, () = stopping => {} }
+                })
+                .await;
+                if *stop.borrow() {
+                    break;
+                }
+                tracing::warn!(identity = %lease.identity, "lost the lease; stopped");
+            }
+            // Hand the lease over at once rather than after it expires.
+            drop(held);
+            match tokio::time::timeout(std::time::Duration::from_secs(3), election).await {
+                Ok(Ok(Ok(_))) => tracing::info!("released the lease"),
+                _ => tracing::warn!("could not release the lease; it expires by itself"),
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Completes on SIGTERM (the kubelet stopping the pod) or SIGINT.
+async fn signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

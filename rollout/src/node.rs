@@ -1,0 +1,245 @@
+//! What the controller reads of a Node: the node protocol's keys, Ready, cordon, who manages
+//! the OS, and the controller's own progress mark (`rollout-step`). Pure: no I/O.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node;
+use streamd::cluster::protocol::{
+    Inputs, OBSERVED_DESIRED, REASON, REBOOT_REQUESTED, STATE, State,
+};
+
+/// Written by the controller only: how far it got with the node, so that a restart or a new
+/// leader continues without a second drain or approval. Values: `draining:<unix seconds the
+/// drain started>:<reboot-requested token>` (the node is cordoned by the controller and being
+/// drained) and `approved:<token>` (that token was copied into `reboot-approved`). Removed when
+/// the controller uncordons the node. Its presence also means "the controller cordoned this
+/// node": a node someone else cordoned never carries it.
+pub const ROLLOUT_STEP: &str = "osstream.openshift.io/rollout-step";
+
+/// Readiness protocol input (docs/protocol.md): the stream to dry-run.
+pub const CHECK_STREAM: &str = "osstream.openshift.io/check-stream";
+/// Readiness protocol input: the OS image to dry-run; absent: resolved by the node.
+pub const CHECK_OS_IMAGE: &str = "osstream.openshift.io/check-os-image";
+/// Readiness protocol input: the extensions image to dry-run.
+pub const CHECK_EXTENSIONS_IMAGE: &str = "osstream.openshift.io/check-extensions-image";
+/// Readiness protocol output: `manage` or `readiness`.
+pub const MODE: &str = "osstream.openshift.io/mode";
+/// Readiness protocol output: JSON results per checked stream.
+pub const READINESS: &str = "osstream.openshift.io/readiness";
+/// The machine-config daemon's mark on a node it manages
+/// (openshift/machine-config-operator:pkg/daemon/constants/constants.go
+/// `CurrentMachineConfigAnnotationKey`).
+pub const MCD_CURRENT_CONFIG: &str = "machineconfiguration.openshift.io/currentConfig";
+
+/// The controller's progress with one node, parsed from [`ROLLOUT_STEP`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Cordoned by the controller; draining since `started` (Unix seconds) for `token`.
+    Draining {
+        /// Unix seconds when the drain started.
+        started: u64,
+        /// The `reboot-requested` token the drain is for.
+        token: String,
+    },
+    /// `token` was approved.
+    Approved {
+        /// The approved token.
+        token: String,
+    },
+    /// A value the controller cannot read (edited by hand): the node is treated as taken by
+    /// the controller (cordoned), so it is never drained a second time from scratch nor
+    /// forgotten cordoned.
+    Unknown,
+}
+
+impl Step {
+    /// Parses the annotation value.
+    pub fn parse(value: &str) -> Step {
+        if let Some(rest) = value.strip_prefix("draining:") {
+            if let Some((secs, token)) = rest.split_once(':')
+                && let Ok(started) = secs.parse()
+                && !token.is_empty()
+            {
+                return Step::Draining {
+                    started,
+                    token: token.to_string(),
+                };
+            }
+        } else if let Some(token) = value.strip_prefix("approved:")
+            && !token.is_empty()
+        {
+            return Step::Approved {
+                token: token.to_string(),
+            };
+        }
+        Step::Unknown
+    }
+
+    /// The annotation value.
+    pub fn render(&self) -> String {
+        match self {
+            Step::Draining { started, token } => format!("draining:{started}:{token}"),
+            Step::Approved { token } => format!("approved:{token}"),
+            Step::Unknown => "unknown".to_string(),
+        }
+    }
+}
+
+/// One node as the planner sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeView {
+    /// Node name.
+    pub name: String,
+    /// The Ready condition is `True`.
+    pub ready: bool,
+    /// `spec.unschedulable` (cordoned).
+    pub unschedulable: bool,
+    /// All annotations.
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl NodeView {
+    /// Reads a Node object.
+    pub fn from_node(node: &Node) -> NodeView {
+        let ready = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        NodeView {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            ready,
+            unschedulable: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false),
+            annotations: node.metadata.annotations.clone().unwrap_or_default(),
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        self.annotations.get(key).map(String::as_str)
+    }
+
+    /// streamd's `state`; `None` when absent or unknown (no streamd, or an older one).
+    pub fn state(&self) -> Option<State> {
+        self.get(STATE).and_then(|s| s.parse().ok())
+    }
+
+    /// streamd's `reason`.
+    pub fn reason(&self) -> &str {
+        self.get(REASON).unwrap_or_default()
+    }
+
+    /// streamd's `observed-desired`.
+    pub fn observed(&self) -> Option<&str> {
+        self.get(OBSERVED_DESIRED)
+    }
+
+    /// streamd's `reboot-requested` token.
+    pub fn reboot_requested(&self) -> Option<&str> {
+        self.get(REBOOT_REQUESTED)
+    }
+
+    /// The node protocol's input keys as set now.
+    pub fn inputs(&self) -> Inputs {
+        Inputs::from_annotations(&self.annotations)
+    }
+
+    /// The controller's progress mark.
+    pub fn step(&self) -> Option<Step> {
+        self.get(ROLLOUT_STEP).map(Step::parse)
+    }
+
+    /// Whether the machine-config operator manages the node's OS (the readiness protocol's
+    /// definition): streamd runs in `readiness` mode, or the machine-config daemon has marked
+    /// the node.
+    pub fn mco_managed(&self) -> bool {
+        self.get(MODE) == Some("readiness")
+            || self.get(MCD_CURRENT_CONFIG).is_some_and(|v| !v.is_empty())
+    }
+
+    /// The readiness entry streamd wrote for `stream`, if it parses.
+    pub fn readiness(&self, stream: &str) -> Option<ReadinessEntry> {
+        let all: BTreeMap<String, ReadinessEntry> =
+            serde_json::from_str(self.get(READINESS)?).ok()?;
+        all.get(stream).cloned()
+    }
+}
+
+/// One stream's entry of the `readiness` annotation.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadinessEntry {
+    /// Every check passed.
+    pub ready: bool,
+    /// The ids of the checks that failed.
+    #[serde(default)]
+    pub failed: Vec<String>,
+    /// Why, for a human.
+    #[serde(default)]
+    pub reason: String,
+    /// The request hash (as `observed-desired`) the entry is for.
+    #[serde(default)]
+    pub checked: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_round_trips_and_tolerates_garbage() {
+        for step in [
+            Step::Draining {
+                started: 1700000000,
+                token: "0123456789abcdef.0123456789ab.x:y".into(),
+            },
+            Step::Approved {
+                token: "abc.def".into(),
+            },
+        ] {
+            assert_eq!(Step::parse(&step.render()), step);
+        }
+        for bad in [
+            "",
+            "draining:",
+            "draining:x:tok",
+            "draining:12:",
+            "approved:",
+            "other",
+        ] {
+            assert_eq!(Step::parse(bad), Step::Unknown, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn mco_managed_by_mode_or_mcd_annotation() {
+        let mut n = NodeView::default();
+        assert!(!n.mco_managed());
+        n.annotations.insert(MODE.into(), "manage".into());
+        assert!(!n.mco_managed());
+        n.annotations.insert(MODE.into(), "readiness".into());
+        assert!(n.mco_managed());
+        n.annotations.remove(MODE);
+        n.annotations
+            .insert(MCD_CURRENT_CONFIG.into(), "rendered-worker-1".into());
+        assert!(n.mco_managed());
+    }
+
+    #[test]
+    fn readiness_entry_parses_or_is_absent() {
+        let mut n = NodeView::default();
+        n.annotations.insert(
+            READINESS.into(),
+            r#"{"rhel-10":{"ready":false,"failed":["cpu-level"],"reason":"r","osImage":"q","checked":"00"}}"#
+                .into(),
+        );
+        let e = n.readiness("rhel-10").expect("entry");
+        assert_eq!(e.failed, vec!["cpu-level".to_string()]);
+        assert!(n.readiness("rhel-11").is_none());
+        n.annotations.insert(READINESS.into(), "{not json".into());
+        assert!(n.readiness("rhel-10").is_none());
+    }
+}

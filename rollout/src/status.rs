@@ -1,0 +1,226 @@
+//! The pool's status from the planner's summary: counts, conditions (keeping
+//! `lastTransitionTime` while a condition's status holds, as MachineConfigPool's do), per-node
+//! issues and the readiness line.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::crd::{Condition, NodeIssue, StreamPoolStatus};
+use crate::planner::Summary;
+
+/// At most this many per-node issues are listed (the counts hold the rest).
+pub const MAX_ISSUES: usize = 20;
+
+/// The status to write. `previous` keeps transition times; `drain_blockers` are the executor's
+/// findings for nodes being drained (`node`, what is left).
+pub fn build(
+    summary: &Summary,
+    generation: Option<i64>,
+    target: Option<String>,
+    paused: bool,
+    previous: Option<&StreamPoolStatus>,
+    drain_blockers: &[(String, String)],
+    now: Time,
+) -> StreamPoolStatus {
+    let all_updated = summary.machines > 0 && summary.updated == summary.machines;
+    let degraded = summary.degraded.as_ref();
+    let (updating_reason, updating_message) = if summary.mco_managed {
+        (
+            "ManagedByMachineConfigOperator",
+            "the machine-config operator manages these nodes; readiness checks only".to_string(),
+        )
+    } else if paused {
+        ("Paused", "the pool is paused".to_string())
+    } else if all_updated {
+        ("Updated", String::new())
+    } else {
+        (
+            "Updating",
+            format!(
+                "{} of {} nodes updated; {} unavailable (max {})",
+                summary.updated, summary.machines, summary.unavailable, summary.max_unavailable
+            ),
+        )
+    };
+    let wanted = [
+        cond(
+            "Updating",
+            !all_updated && !paused && !summary.mco_managed && target.is_some(),
+            updating_reason,
+            updating_message,
+        ),
+        cond(
+            "Updated",
+            all_updated && !summary.mco_managed,
+            if all_updated { "Updated" } else { "NotUpdated" },
+            format!(
+                "{} of {} nodes run the target",
+                summary.updated, summary.machines
+            ),
+        ),
+        cond(
+            "Degraded",
+            degraded.is_some(),
+            degraded.map_or("AsExpected", |d| d.reason),
+            degraded.map(|d| d.message.clone()).unwrap_or_default(),
+        ),
+        cond(
+            "Paused",
+            paused,
+            if paused { "Paused" } else { "NotPaused" },
+            String::new(),
+        ),
+    ];
+    let conditions = wanted
+        .into_iter()
+        .map(|mut c| {
+            let kept = previous
+                .and_then(|p| p.conditions.iter().find(|o| o.type_ == c.type_))
+                .filter(|o| o.status == c.status)
+                .and_then(|o| o.last_transition_time.clone());
+            c.last_transition_time = Some(kept.unwrap_or_else(|| now.clone()));
+            c
+        })
+        .collect();
+    let mut nodes = summary.issues.clone();
+    nodes.extend(drain_blockers.iter().map(|(n, why)| NodeIssue {
+        name: n.clone(),
+        state: "Draining".into(),
+        reason: why.clone(),
+    }));
+    nodes.truncate(MAX_ISSUES);
+    StreamPoolStatus {
+        observed_generation: generation,
+        target,
+        machine_count: count(summary.machines),
+        updated_machine_count: count(summary.updated),
+        ready_machine_count: count(summary.ready),
+        unavailable_machine_count: count(summary.unavailable),
+        degraded_machine_count: count(summary.degraded_nodes),
+        conditions,
+        nodes,
+        readiness: summary.readiness.clone(),
+    }
+}
+
+fn cond(type_: &str, status: bool, reason: &str, message: String) -> Condition {
+    Condition {
+        type_: type_.to_string(),
+        status: if status { "True" } else { "False" }.to_string(),
+        last_transition_time: None,
+        reason: reason.to_string(),
+        message: streamd::text::one_line(&message, 1024),
+    }
+}
+
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::planner::Degraded;
+
+    fn at(secs: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(secs).expect("valid"))
+    }
+
+    fn status_of<'a>(s: &'a StreamPoolStatus, type_: &str) -> (&'a str, &'a str, i64) {
+        let c = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .expect("condition");
+        (
+            c.status.as_str(),
+            c.reason.as_str(),
+            c.last_transition_time
+                .as_ref()
+                .map(|t| t.0.as_second())
+                .unwrap_or_default(),
+        )
+    }
+
+    #[test]
+    fn conditions_follow_the_summary_and_keep_transition_times() {
+        let updating = Summary {
+            machines: 3,
+            updated: 1,
+            unavailable: 1,
+            max_unavailable: 1,
+            ..Summary::default()
+        };
+        let first = build(
+            &updating,
+            Some(2),
+            Some("t".into()),
+            false,
+            None,
+            &[],
+            at(100),
+        );
+        assert_eq!(status_of(&first, "Updating"), ("True", "Updating", 100));
+        assert_eq!(status_of(&first, "Updated"), ("False", "NotUpdated", 100));
+        assert_eq!(status_of(&first, "Degraded"), ("False", "AsExpected", 100));
+        assert_eq!(first.observed_generation, Some(2));
+        assert_eq!(
+            (
+                first.machine_count,
+                first.updated_machine_count,
+                first.unavailable_machine_count
+            ),
+            (3, 1, 1)
+        );
+
+        // A Refused node: Degraded flips (new time), Updating holds (old time).
+        let refused = Summary {
+            degraded: Some(Degraded {
+                reason: "NodeRefused",
+                message: "node w2: preflight check cpu-level failed".into(),
+            }),
+            ..updating.clone()
+        };
+        let second = build(
+            &refused,
+            Some(2),
+            Some("t".into()),
+            false,
+            Some(&first),
+            &[],
+            at(200),
+        );
+        assert_eq!(status_of(&second, "Degraded"), ("True", "NodeRefused", 200));
+        assert_eq!(status_of(&second, "Updating"), ("True", "Updating", 100));
+
+        let paused = build(
+            &updating,
+            Some(3),
+            Some("t".into()),
+            true,
+            Some(&second),
+            &[],
+            at(300),
+        );
+        assert_eq!(status_of(&paused, "Paused"), ("True", "Paused", 300));
+        assert_eq!(status_of(&paused, "Updating"), ("False", "Paused", 300));
+
+        let done = Summary {
+            updated: 3,
+            ready: 3,
+            unavailable: 0,
+            ..updating
+        };
+        let last = build(
+            &done,
+            Some(3),
+            Some("t".into()),
+            false,
+            Some(&paused),
+            &[("w9".into(), "ns/p: eviction refused (429)".into())],
+            at(400),
+        );
+        assert_eq!(status_of(&last, "Updated"), ("True", "Updated", 400));
+        assert_eq!(status_of(&last, "Updating").0, "False");
+        assert_eq!(last.nodes[0].state, "Draining");
+    }
+}

@@ -1,0 +1,455 @@
+//! The modes and the readiness checks (docs/protocol.md "Modes and readiness").
+//!
+//! In readiness mode (the machine-config daemon manages the node, or the config says so)
+//! streamd never stages or reboots: `desired-*` requests are `Refused`, and the preflight runs
+//! for each stream the cluster offers (or the one `check-stream` names) to report whether a move
+//! would pass. In manage mode `check-stream` is served beside the normal request. Checks are
+//! read-only (registry reads, host files, the deployments list), run as work off the loop
+//! (`work.rs`) and only while no other work or transaction runs.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info, warn};
+
+use super::work::{Kind, Outcome, Work};
+use super::{Agent, REGISTRY_MAX_BACKOFF, REGISTRY_MIN_BACKOFF, jittered};
+use crate::agent::gather::{Gatherer, Prepared, Transient};
+use crate::agent::planner;
+use crate::agent::preflight::{self, Outcome as CheckOutcome};
+use crate::backend::{BackendError, Deployment, StagePlan};
+use crate::cluster::node::EventType;
+use crate::cluster::protocol::{
+    self, CheckRequest, Desired, Inputs, MAX_READINESS_REASON_CHARS, MAX_READINESS_STREAMS, Mode,
+    Readiness, State,
+};
+use crate::cluster::streams::{self, Catalog, ResolveError};
+use crate::config::ModeChoice;
+use crate::host::attempt::Record;
+use crate::host::facts::{HostFacts, HostRoot, mcd};
+
+/// Checks whose input did not change are run again after this long.
+pub(super) const READINESS_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// One stream to check, or why it cannot be checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Target {
+    /// The stream and its images.
+    Check(Desired),
+    /// The stream's images could not be resolved.
+    Unresolved {
+        /// The stream name.
+        stream: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Target {
+    fn stream(&self) -> &str {
+        match self {
+            Target::Check(d) => &d.stream,
+            Target::Unresolved { stream, .. } => stream,
+        }
+    }
+
+    /// What identifies this target's input: a change re-runs the checks.
+    fn key(&self) -> String {
+        match self {
+            Target::Check(d) => d.observed_hash(),
+            Target::Unresolved { stream, reason } => format!("{stream}:{reason}"),
+        }
+    }
+}
+
+/// The streams the checks should cover now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Plan {
+    targets: Vec<Target>,
+    /// Leave out the booted stream (every available stream is checked, not a named one).
+    exclude_booted: bool,
+}
+
+impl Plan {
+    fn key(&self) -> String {
+        let mut k: Vec<String> = self.targets.iter().map(Target::key).collect();
+        k.push(self.exclude_booted.to_string());
+        k.join("\n")
+    }
+}
+
+/// What the readiness checks can do now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Planned {
+    /// Nothing to check (manage mode without `check-stream`).
+    Nothing,
+    /// The cluster's streams have not been read yet.
+    Wait,
+    /// A `check-*` value is malformed.
+    Invalid(String),
+    /// No stream can be checked (the cluster offers none); the reason says why.
+    Cannot(String),
+    /// Check these.
+    Run(Plan),
+}
+
+/// A finished readiness run.
+pub(super) struct ReadinessRun {
+    /// [`Plan::key`] of the plan it ran.
+    key: String,
+    /// The deployments it read (they also update the reported current stream and image).
+    deployments: Result<Vec<Deployment>, BackendError>,
+    entries: BTreeMap<String, Readiness>,
+    /// Some check could not run and is to be retried soon.
+    transient: bool,
+}
+
+/// The stream the booted deployment runs: its image's `io.openshift.os.streamclass` label,
+/// else the host's os-release; empty when unknown.
+pub(super) fn booted_stream(host: &HostRoot, deployments: &[Deployment]) -> String {
+    let booted = deployments.iter().find(|d| d.booted);
+    let label = booted.and_then(|d| d.image_labels.get("io.openshift.os.streamclass").cloned());
+    label
+        .or_else(|| host.os_release().ok().and_then(|r| r.stream()))
+        .unwrap_or_default()
+}
+
+/// Preflight for `desired` on the node as it is, changing nothing: what `streamctl preflight`
+/// and the readiness checks run.
+pub(super) async fn check_only(
+    gatherer: &Gatherer,
+    facts: &HostFacts,
+    deployments: &[Deployment],
+    record: &Record,
+    desired: &Desired,
+) -> Result<Prepared, Transient> {
+    let Some(booted) = deployments.iter().find(|d| d.booted) else {
+        return Err(Transient(
+            "the update backend reports no booted deployment".into(),
+        ));
+    };
+    let base = StagePlan::rebase(
+        &desired.stream,
+        &desired.os_image,
+        gatherer.policy.allow_downgrade,
+    );
+    let foreign = planner::foreign_staged(deployments, record);
+    gatherer
+        .prepare(
+            facts,
+            desired,
+            booted,
+            foreign,
+            base,
+            super::gather::Purpose::DryRun,
+        )
+        .await
+}
+
+/// One stream's readiness from its preflight.
+fn entry(desired: &Desired, result: Result<Prepared, Transient>) -> (Readiness, bool) {
+    let mut r = Readiness {
+        ready: false,
+        failed: Vec::new(),
+        reason: String::new(),
+        os_image: desired.os_image.to_string(),
+        checked: desired.observed_hash(),
+    };
+    match result {
+        Ok(p) => {
+            r.failed = p
+                .checks
+                .iter()
+                .filter(|c| c.result == CheckOutcome::Fail)
+                .map(|c| c.id.to_string())
+                .collect();
+            r.ready = r.failed.is_empty();
+            if let Some(c) = preflight::first_failure(&p.checks) {
+                r.reason = format!("preflight check {} failed: {}", c.id, c.message);
+            }
+            (r, false)
+        }
+        Err(Transient(e)) => {
+            r.reason = format!("the checks could not run: {e}");
+            (r, true)
+        }
+    }
+}
+
+impl Agent {
+    /// The mode the node is in and, in readiness mode, why.
+    pub(super) fn mode(&self) -> (Mode, Option<String>) {
+        match (self.reboot.mode, self.mcd) {
+            (ModeChoice::Manage, _) | (ModeChoice::Auto, None) => (Mode::Manage, None),
+            (ModeChoice::Readiness, _) => (
+                Mode::Readiness,
+                Some("streamd's config sets mode = \"readiness\"".into()),
+            ),
+            (ModeChoice::Auto, Some(signal)) => (
+                Mode::Readiness,
+                Some(format!(
+                    "the machine-config daemon manages this node ({signal})"
+                )),
+            ),
+        }
+    }
+
+    /// Takes the mode signals and the `check-*` keys from a node update.
+    pub(super) fn observe_mode(&mut self, annotations: &BTreeMap<String, String>) {
+        self.checks = protocol::CheckInputs::from_annotations(annotations);
+        self.mcd = mcd::detect(&self.host, annotations);
+        let mode = self.mode().0;
+        if mode != self.status.mode {
+            info!(%mode, signal = ?self.mcd.map(|s| s.to_string()), "mode");
+            self.status.mode = mode;
+        }
+    }
+
+    /// Whether the cluster's streams must be watched for the checks.
+    pub(super) fn wants_catalog(&self) -> bool {
+        self.status.mode == Mode::Readiness
+            || (self.checks.stream.is_some() && self.checks.os_image.is_none())
+    }
+
+    /// The readiness-mode answer to every request: stage nothing, report why, cancel a
+    /// transaction started before the mode changed.
+    pub(super) async fn hold_readiness(&mut self) {
+        if let Some(st) = &self.staging {
+            info!("readiness mode: cancelling the running transaction");
+            let _ = st.cancel.send(true);
+        }
+        // A request acted on before is acted on afresh once the node is handed back.
+        self.inputs = None;
+        let raw = self.raw_inputs.clone();
+        self.status.desired_stream = raw.stream.clone();
+        self.status.desired_os_image = raw.os_image.clone();
+        self.status.desired_extensions_image = raw.extensions_image.clone();
+        self.status.observed_desired = None;
+        self.request_reboot(None, None).await;
+        let why = self.mode().1.unwrap_or_default();
+        let mut refused = Vec::new();
+        if raw.stream.is_some() || raw.os_image.is_some() || raw.extensions_image.is_some() {
+            refused.push(format!(
+                "{why}: streamd runs in readiness mode, never stages or reboots, and refuses desired-stream/desired-os-image; set mode = \"manage\" in streamd's config to hand the node to streamd (README \"Modes\")"
+            ));
+        }
+        let planned = self.readiness_plan();
+        if let Planned::Invalid(e) = &planned {
+            refused.push(e.clone());
+        }
+        let (state, reason) = match planned {
+            _ if !refused.is_empty() => (State::Refused, refused.join("; ")),
+            Planned::Cannot(reason) => (State::Degraded, reason),
+            _ => (State::Idle, String::new()),
+        };
+        self.set_state(state, reason).await;
+    }
+
+    /// What the checks should cover now.
+    fn readiness_plan(&self) -> Planned {
+        let request = match self.checks.request() {
+            Err(e) => return Planned::Invalid(e.to_string()),
+            Ok(r) => r,
+        };
+        let catalog = self.catalog.as_ref();
+        match request {
+            Some(CheckRequest {
+                stream,
+                os_image: Some(os_image),
+                extensions_image,
+            }) => Planned::Run(Plan {
+                targets: vec![Target::Check(Desired {
+                    stream,
+                    os_image,
+                    extensions_image,
+                })],
+                exclude_booted: false,
+            }),
+            Some(CheckRequest { stream, .. }) => match resolve_target(&stream, catalog) {
+                None => Planned::Wait,
+                Some(t) => Planned::Run(Plan {
+                    targets: vec![t],
+                    exclude_booted: false,
+                }),
+            },
+            None if self.status.mode == Mode::Manage => Planned::Nothing,
+            None => match catalog {
+                None => Planned::Wait,
+                Some(Catalog::Available(entries)) => Planned::Run(Plan {
+                    // A name that is no stream name is not checked (nor written as a key).
+                    targets: entries
+                        .iter()
+                        .filter(|e| protocol::validate_stream(&e.name).is_ok())
+                        .filter_map(|e| resolve_target(&e.name, catalog))
+                        .collect(),
+                    exclude_booted: true,
+                }),
+                Some(Catalog::Missing) => Planned::Cannot(format!(
+                    "readiness checks: {}; no stream to check (set check-stream and check-os-image to check one)",
+                    ResolveError::Missing
+                )),
+                Some(Catalog::Unreconciled) => {
+                    Planned::Cannot(format!("readiness checks: {}", ResolveError::Unreconciled))
+                }
+                Some(Catalog::Unreadable(reason)) => {
+                    Planned::Cannot(format!("readiness checks: {reason}"))
+                }
+            },
+        }
+    }
+
+    /// Starts the readiness checks when they are due and nothing else runs; called after
+    /// every event of the loop.
+    pub(super) async fn readiness_tick(&mut self) {
+        if !self.node_seen || self.work.is_some() || self.staging.is_some() {
+            return;
+        }
+        let plan = match self.readiness_plan() {
+            Planned::Run(plan) => plan,
+            Planned::Invalid(e) if self.status.mode == Mode::Manage => {
+                // The state belongs to the request; a bad check is an Event and a log line.
+                if self.check_error.as_deref() != Some(e.as_str()) {
+                    warn!(error = %e, "check request refused");
+                    let _ = self
+                        .events
+                        .try_send((EventType::Warning, "CheckRefused", e.clone()));
+                    self.check_error = Some(e);
+                }
+                return;
+            }
+            Planned::Nothing => {
+                self.check_error = None;
+                if !self.status.readiness.is_empty() {
+                    self.status.readiness.clear();
+                    self.readiness_key = None;
+                    self.publish().await;
+                }
+                return;
+            }
+            Planned::Invalid(_) | Planned::Wait | Planned::Cannot(_) => return,
+        };
+        self.check_error = None;
+        let key = plan.key();
+        if self.readiness_key.as_deref() == Some(key.as_str()) && !self.readiness_stale {
+            return;
+        }
+        let Some(facts) = self.status.host.clone() else {
+            return;
+        };
+        debug!(?plan, "running readiness checks");
+        let backend = self.backend.clone();
+        let gatherer = self.gatherer.clone();
+        let store = self.store.clone();
+        let lock = self.preflight_lock.clone();
+        self.work = Some(Work::spawn(Kind::Readiness, None, async move {
+            let _one_at_a_time = lock.lock().await;
+            let deployments = backend.deployments().await;
+            let record = store.load().unwrap_or_default();
+            let booted = deployments
+                .as_ref()
+                .ok()
+                .map(|d| booted_stream(&gatherer.host, d));
+            let mut entries = BTreeMap::new();
+            let mut transient = false;
+            for target in &plan.targets {
+                if entries.len() == MAX_READINESS_STREAMS {
+                    break;
+                }
+                if plan.exclude_booted && booted.as_deref() == Some(target.stream()) {
+                    continue;
+                }
+                let (e, again) = match (target, &deployments) {
+                    (Target::Unresolved { stream, reason }, _) => (
+                        Readiness {
+                            ready: false,
+                            failed: Vec::new(),
+                            reason: reason.clone(),
+                            os_image: String::new(),
+                            checked: protocol::short_hash(stream, "", None),
+                        },
+                        false,
+                    ),
+                    (Target::Check(d), Err(e)) => {
+                        entry(d, Err(Transient(format!("reading deployments: {e}"))))
+                    }
+                    (Target::Check(d), Ok(deps)) => {
+                        entry(d, check_only(&gatherer, &facts, deps, &record, d).await)
+                    }
+                };
+                transient |= again;
+                // Registry and daemon text: one inert, bounded line wherever it is shown (the
+                // annotation, `streamctl status`).
+                let e = Readiness {
+                    reason: crate::text::one_line(&e.reason, MAX_READINESS_REASON_CHARS),
+                    ..e
+                };
+                entries.insert(target.stream().to_string(), e);
+            }
+            Outcome::Checked(Box::new(ReadinessRun {
+                key: plan.key(),
+                deployments,
+                entries,
+                transient,
+            }))
+        }));
+    }
+
+    /// Publishes what a readiness run found and schedules the next one.
+    pub(super) async fn on_checked(&mut self, run: ReadinessRun) {
+        if let Ok(d) = &run.deployments {
+            self.observe_deployments(d);
+        }
+        let current = match self.readiness_plan() {
+            Planned::Run(plan) => Some(plan.key()),
+            _ => None,
+        };
+        if current.as_deref() != Some(run.key.as_str()) {
+            // The input changed meanwhile: these results answer a question no longer asked.
+            debug!("readiness input changed during the checks; running them again");
+            self.publish().await;
+            return;
+        }
+        let delay = if run.transient {
+            let d = jittered(self.readiness_backoff);
+            self.readiness_backoff = (self.readiness_backoff * 2).min(REGISTRY_MAX_BACKOFF);
+            d
+        } else {
+            self.readiness_backoff = REGISTRY_MIN_BACKOFF;
+            READINESS_INTERVAL
+        };
+        for (stream, r) in &run.entries {
+            info!(stream = %stream, ready = r.ready, failed = ?r.failed, "readiness");
+        }
+        self.readiness_at = Some(Instant::now() + delay);
+        self.readiness_stale = false;
+        self.readiness_key = Some(run.key);
+        self.status.readiness = run.entries;
+        if self.status.mode == Mode::Readiness {
+            // The current stream may have become known: the state follows the same rules.
+            self.hold_readiness().await;
+        } else {
+            self.publish().await;
+        }
+    }
+}
+
+/// The target for `stream` from the cluster's OSImageStream; `None` until it has been read.
+fn resolve_target(stream: &str, catalog: Option<&Catalog>) -> Option<Target> {
+    let only_stream = Inputs {
+        stream: Some(stream.to_string()),
+        ..Inputs::default()
+    };
+    let unresolved = |reason: String| Target::Unresolved {
+        stream: stream.to_string(),
+        reason,
+    };
+    match streams::resolve(&only_stream, catalog) {
+        Err(ResolveError::Pending) => None,
+        Err(e) => Some(unresolved(e.to_string())),
+        Ok(inputs) => Some(match inputs.desired() {
+            Ok(Some(d)) => Target::Check(d),
+            Ok(None) => unresolved("no image".into()),
+            Err(e) => unresolved(e.to_string()),
+        }),
+    }
+}

@@ -1,0 +1,185 @@
+//! End-to-end: the machine-config daemon manages the node, so streamd runs in readiness mode
+//! (never stages or reboots, reports per stream whether a move would pass preflight); the
+//! `check-*` keys in manage mode; `mode` in the config (docs/protocol.md "Modes").
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+const MODE: &str = "osstream.openshift.io/mode";
+const READINESS: &str = "osstream.openshift.io/readiness";
+const CHECK_STREAM: &str = "osstream.openshift.io/check-stream";
+const CHECK_OS_IMAGE: &str = "osstream.openshift.io/check-os-image";
+/// The annotation the machine-config daemon sets once it applied a MachineConfig.
+const MCD_CURRENT_CONFIG: &str = "machineconfiguration.openshift.io/currentConfig";
+
+/// The `readiness` annotation, parsed.
+fn readiness(a: &BTreeMap<String, String>) -> Value {
+    serde_json::from_str(&a[READINESS]).expect("readiness is JSON")
+}
+
+/// Waits until the `readiness` annotation has an entry for `stream`; returns the annotations.
+async fn wait_readiness(env: &Env, stream: &str) -> BTreeMap<String, String> {
+    env.wait_for(
+        &format!("readiness of {stream}"),
+        Duration::from_secs(90),
+        |a| {
+            a.get(READINESS)
+                .and_then(|r| serde_json::from_str::<Value>(r).ok())
+                .is_some_and(|r| r.get(stream).is_some())
+        },
+    )
+    .await
+}
+
+/// A node the MCD annotated (rendered config applied), streamd started on host `host`.
+async fn mcd_annotated(name: &str, host: &str) -> Env {
+    let mut env = Env::with_host(name, host).await;
+    env.annotate(&[&format!(
+        "{MCD_CURRENT_CONFIG}=rendered-worker-0123456789abcdef0123456789abcdef"
+    )]);
+    env.start_streamd();
+    env
+}
+
+/// Asserts that no rpm-ostreed transaction method (staging, cleanup, finalizing) was called.
+async fn assert_no_transaction(env: &Env) {
+    let txns = env.transactions().await;
+    assert!(txns.is_empty(), "no mutating call expected: {txns:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcd_annotated_node_refuses_requests_naming_the_mcd_and_the_config_key() {
+    let env = mcd_annotated("readiness-annotation", "default").await;
+    env.request_rhel10();
+    let refused = env.wait_state("Refused").await;
+    assert_eq!(refused[MODE], "readiness");
+    let reason = &refused[REASON];
+    assert!(
+        reason.contains("machine-config daemon")
+            && reason.contains(MCD_CURRENT_CONFIG)
+            && reason.contains(r#"mode = "manage""#),
+        "{reason}"
+    );
+    // Long enough for a staging to have started, were streamd to stage.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(env.annotations().await[STATE], "Refused");
+    assert!(!env.annotations().await.contains_key(STAGED_OS_IMAGE));
+    assert_no_transaction(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcd_host_file_alone_puts_the_node_in_readiness_mode() {
+    let mut env = Env::with_host("readiness-hostfile", "mcd").await;
+    env.start_streamd();
+    env.request_rhel10();
+    let refused = env.wait_state("Refused").await;
+    assert_eq!(refused[MODE], "readiness");
+    assert!(
+        refused[REASON].contains("/etc/machine-config-daemon/currentconfig"),
+        "{}",
+        refused[REASON]
+    );
+    assert_no_transaction(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_lists_each_other_available_stream_with_the_failed_check_ids() {
+    let env = mcd_annotated("readiness-oldcpu", "old-cpu").await;
+    let a = wait_readiness(&env, "rhel-10").await;
+    assert_eq!(a[MODE], "readiness");
+    assert_eq!(a[STATE], "Idle");
+    let r = readiness(&a);
+    assert!(
+        r.get("rhel-9").is_none(),
+        "the booted stream is not checked: {r}"
+    );
+    let e = &r["rhel-10"];
+    assert_eq!(e["ready"], json!(false), "{e}");
+    assert_eq!(e["failed"], json!(["cpu-level"]), "{e}");
+    assert!(
+        e["reason"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("preflight check cpu-level failed:")),
+        "{e}"
+    );
+    assert_eq!(e["osImage"], json!(env.rhel10()));
+    assert_eq!(e["checked"].as_str().map(str::len), Some(16), "{e}");
+    assert!(a[READINESS].len() <= 4096);
+    assert_no_transaction(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_reports_a_ready_stream() {
+    let env = mcd_annotated("readiness-ready", "default").await;
+    let r = readiness(&wait_readiness(&env, "rhel-10").await);
+    assert_eq!(
+        r["rhel-10"],
+        json!({"ready": true, "failed": [], "reason": "", "osImage": env.rhel10(), "checked": r["rhel-10"]["checked"]}),
+    );
+    assert_no_transaction(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_stream_in_manage_mode_checks_without_staging() {
+    let mut env = Env::new("readiness-manage-check").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.annotate(&[&format!("{CHECK_STREAM}=rhel-10")]);
+    let a = wait_readiness(&env, "rhel-10").await;
+    assert_eq!(a[MODE], "manage");
+    assert_eq!(a[STATE], "Idle");
+    let r = readiness(&a);
+    assert_eq!(r["rhel-10"]["ready"], json!(true), "{r}");
+    assert_eq!(r["rhel-10"]["osImage"], json!(env.rhel10()), "{r}");
+    assert_no_transaction(&env).await;
+    // A request is still served in manage mode.
+    env.request_rhel10();
+    env.wait_reboot_request().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mode_manage_in_the_config_overrides_the_mcd() {
+    let mut env = Env::new("readiness-override").await;
+    env.annotate(&[&format!(
+        "{MCD_CURRENT_CONFIG}=rendered-worker-0123456789abcdef0123456789abcdef"
+    )]);
+    env.config("60-mode.toml", "mode = \"manage\"\n");
+    env.start_streamd();
+    env.request_rhel10();
+    let staged = env.wait_reboot_request().await;
+    assert_eq!(staged[MODE], "manage");
+    assert_eq!(staged[STAGED_OS_IMAGE], env.rhel10());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_check_values_are_refused_in_readiness_mode_changing_nothing() {
+    let env = mcd_annotated("readiness-badcheck", "default").await;
+    // A valid check first, so there is a readiness value a bad one must leave alone.
+    env.annotate(&[&format!("{CHECK_STREAM}=rhel-10")]);
+    let before = wait_readiness(&env, "rhel-10").await;
+    env.annotate(&[&format!("{CHECK_OS_IMAGE}=quay.io/openshift/rhcos:latest")]);
+    let refused = env.wait_state("Refused").await;
+    assert!(
+        refused[REASON].contains(CHECK_OS_IMAGE),
+        "{}",
+        refused[REASON]
+    );
+    assert_eq!(refused[READINESS], before[READINESS]);
+    env.annotate(&[
+        &format!("{CHECK_OS_IMAGE}-"),
+        &format!("{CHECK_STREAM}=RHEL 10"),
+    ]);
+    let refused = env
+        .wait_for("check-stream refused", Duration::from_secs(30), |a| {
+            a.get(REASON).is_some_and(|r| r.contains(CHECK_STREAM))
+        })
+        .await;
+    assert_eq!(refused[STATE], "Refused");
+    assert_eq!(refused[READINESS], before[READINESS]);
+    assert_no_transaction(&env).await;
+}
