@@ -628,3 +628,79 @@ async fn a_timed_out_switch_is_joined_never_started_twice() {
         "{units:#}"
     );
 }
+
+/// Commands only bootc >= 1.12 has: `upgrade --download-only` holds the stage of the spec's
+/// digest, `--from-downloaded` lets it go; an older bootc refuses the flags and is known not
+/// to hold from its status.
+#[tokio::test]
+async fn a_stage_is_held_and_released_only_where_bootc_can() {
+    let env = Env::new("hold", "default").await;
+    let rhel10 = &env.tb.images()[1];
+    env.client.deployments().await.expect("status");
+    assert!(env.client.can_hold(), "bootc 1.16.9 prints downloadOnly");
+    env.client
+        .switch(&rhel10.pullspec, false)
+        .await
+        .expect("switch");
+    let t = Instant::now();
+    env.client.hold().await.expect("hold");
+    // The stage is unlocked from the end of the switch until the hold's unit ends.
+    println!(
+        "upgrade --download-only through a unit: {} ms",
+        ms(t.elapsed())
+    );
+    let held = env.client.deployments().await.expect("status");
+    assert!(
+        held[0].staged && held[0].finalization_locked,
+        "downloadOnly: {held:#?}"
+    );
+    env.client.release().await.expect("release");
+    let released = env.client.deployments().await.expect("status");
+    assert!(released[0].staged && !released[0].finalization_locked);
+
+    // bootc 1.11: no downloadOnly in the status, and clap refuses the flag.
+    env.ctl(json!({"target": "bootc", "cmd": "version", "version": "1.11.0"}))
+        .await;
+    env.client.deployments().await.expect("status");
+    assert!(!env.client.can_hold());
+    match env.client.hold().await {
+        Err(BootcError::UnitFailed { status, stderr, .. }) => {
+            assert_eq!(status, 2);
+            assert!(
+                stderr.contains("unexpected argument '--download-only' found"),
+                "{stderr}"
+            );
+        }
+        other => panic!("expected UnitFailed, got {other:?}"),
+    }
+}
+
+/// A switch whose hold fails (the pull of `upgrade --download-only` broke) does not leave the
+/// target staged unlocked: the booted image is staged in its place and the error is bootc's.
+#[tokio::test]
+async fn a_stage_that_cannot_be_held_does_not_stay() {
+    let env = Env::new("hold-fails", "default").await;
+    let (rhel9, rhel10) = (&env.tb.images()[0], &env.tb.images()[1]);
+    let backend = streamd::backend::Backend::Bootc(env.client.clone());
+    env.client.deployments().await.expect("status");
+    assert!(backend.locks());
+    env.ctl(json!({"target": "bootc", "cmd": "fail-next-upgrade",
+                   "message": "Creating importer: failed to invoke method OpenImage: pinging container registry: dial tcp: lookup quay.io: no such host"}))
+        .await;
+    let image: streamd::image::reference::ImageRef = rhel10.pullspec.parse().expect("image");
+    let plan = streamd::backend::StagePlan::rebase("rhel-10", &image, false);
+    let (tx, _rx) = tokio::sync::mpsc::channel(16);
+    let (_cancel, cancelled) = tokio::sync::watch::channel(false);
+    let e = backend
+        .stage(&plan, &tx, cancelled)
+        .await
+        .expect_err("the hold failed");
+    assert!(e.is_network_failure(), "{e}");
+    assert!(e.to_string().contains("error: Upgrading: Pulling:"), "{e}");
+    let after = env.client.deployments().await.expect("status");
+    let staged = after.iter().find(|d| d.staged);
+    assert!(
+        staged.is_none_or(|s| s.carries_digest(&rhel9.digest)),
+        "no unheld rhel-10 stage: {after:#?}"
+    );
+}

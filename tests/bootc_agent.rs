@@ -9,6 +9,12 @@ use common::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bootc_host_stages_only_after_approval_then_reboots_into_rhel10() {
     let mut env = Env::with_backend("bootc-agent", "default", testbed::Backend::Bootc).await;
+    // Before v1.12.0 bootc cannot hold a stage (no `upgrade --download-only`).
+    bootc(
+        &env,
+        serde_json::json!({"cmd": "version", "version": "1.11.0"}),
+    )
+    .await;
     env.start_streamd();
     let idle = env.wait_state("Idle").await;
     let host = host_facts(&idle);
@@ -115,6 +121,12 @@ async fn a_bootc_from_before_format_and_stateroot_is_driven_all_the_way() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bootc_switch_broken_by_the_network_is_retried_with_bootcs_words() {
     let mut env = Env::with_backend("bootc-netfail", "default", testbed::Backend::Bootc).await;
+    // A bootc that cannot hold a stage: the switch runs after the approval.
+    bootc(
+        &env,
+        serde_json::json!({"cmd": "version", "version": "1.11.0"}),
+    )
+    .await;
     env.start_streamd();
     env.wait_state("Idle").await;
     bootc(
@@ -183,4 +195,66 @@ async fn a_host_booted_from_a_signed_image_switches_under_the_signature_policy()
             env.rhel10()
         ])
     );
+}
+
+/// The bootc commands that ran in units, without `bootc status`: the words after the program.
+async fn bootc_commands(env: &Env) -> Vec<Vec<String>> {
+    let units = env.systemd_units().await;
+    units
+        .as_array()
+        .expect("units")
+        .iter()
+        .filter_map(|u| {
+            let argv: Vec<String> = u["spec"]["exec_start"][0][1]
+                .as_array()?
+                .iter()
+                .skip(1)
+                .filter_map(|w| w.as_str().map(String::from))
+                .collect();
+            (argv.first().map(String::as_str) != Some("status")).then_some(argv)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootc_that_can_lock_stages_before_the_approval_and_holds_it() {
+    let mut env = Env::with_backend("bootc-lock", "default", testbed::Backend::Bootc).await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    let waiting = env.wait_reboot_request().await;
+    let rhel10 = env.rhel10();
+    assert_eq!(
+        waiting.get(STAGED_OS_IMAGE),
+        Some(&rhel10),
+        "bootc >= 1.12 stages before the approval: {waiting:?}"
+    );
+    let held = [
+        vec!["switch", "--transport", "registry", rhel10.as_str()],
+        vec!["upgrade", "--download-only"],
+    ];
+    assert_eq!(bootc_commands(&env).await, held);
+    // Held: an unplanned reboot does not apply it.
+    let out = env.reboot(false).await;
+    assert_eq!(out["applied"], serde_json::json!(false), "{out}");
+    // Staged and held again in the new boot (a new token); the approval unlocks it, then
+    // logind reboots.
+    env.start_streamd();
+    let first = waiting[REBOOT_REQUESTED].clone();
+    let again = env
+        .wait_for("a new reboot request", Duration::from_secs(90), |a| {
+            a.get(STATE).map(String::as_str) == Some("Staged")
+                && a.get(REBOOT_REQUESTED).is_some_and(|t| *t != first)
+        })
+        .await;
+    env.annotate(&[&format!("{REBOOT_APPROVED}={}", again[REBOOT_REQUESTED])]);
+    rebooting(&env).await;
+    let commands = bootc_commands(&env).await;
+    assert_eq!(
+        commands.last().map(Vec::as_slice),
+        Some(["upgrade".to_string(), "--from-downloaded".to_string()].as_slice()),
+        "{commands:?}"
+    );
+    assert_eq!(commands.len(), 5, "{commands:?}");
+    env.reboot_into_rhel10().await;
 }

@@ -639,3 +639,56 @@ async fn preflight_beside_a_waiting_staging_keeps_its_rpms() {
     assert_eq!(s.len(), 1, "{txns:#?}");
     assert_eq!(s[0]["result"]["ok"], json!(true), "{:#}", s[0]);
 }
+
+/// A node whose real-time kernel comes from its image (no package override) is not refused
+/// as inconsistent: it may move only to a target image that is itself a real-time image, and
+/// the base rhel-10 image is not one (its `ostree.linux` is the default kernel).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_realtime_image_host_moves_only_to_a_realtime_image() {
+    let mut env = Env::with_host("variant-from-image", "realtime-image").await;
+    env.start_streamd();
+    let idle = env.wait_state("Idle").await;
+    assert_eq!(host_facts(&idle)["kernel"], "realtime", "{idle:?}");
+    let (os, ext) = (env.rhel10(), env.rhel10_extensions());
+    env.request("rhel-10", &os, Some(&ext));
+    let reason = refused(&env, "kernel-variant").await;
+    assert!(
+        reason.contains("comes from the booted image")
+            && reason.contains("the target image's kernel")
+            && reason.contains("is not realtime"),
+        "{reason}"
+    );
+    assert!(env.transactions().await.is_empty());
+
+    // The real-time variant of the target (its `ostree.linux` a `+rt` release) passes the
+    // check, and needs no extensions image: nothing is carried.
+    let rhel10 = &env.tb.images()[1];
+    let mut labels = testbed::registry::content::os_labels(rhel10, testbed::registry::Arch::Amd64)
+        .expect("labels");
+    let rt_release = format!("{}+rt", labels["ostree.linux"]);
+    labels.insert("ostree.linux".into(), rt_release.clone());
+    let files = vec![("usr/lib/os-release".into(), b"ID=rhcos\n".to_vec())];
+    let (rt_image, _) = env
+        .tb
+        .registry()
+        .push_custom("rhel10-rt", labels, files)
+        .await
+        .expect("push");
+    let out = preflight_without_extensions(&env, &rt_image);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("preflight JSON");
+    let check = |id: &str| {
+        v["checks"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["id"] == id))
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(check("kernel-variant")["result"], "pass", "{v:#}");
+    assert!(
+        check("kernel-variant")["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&rt_release)),
+        "{v:#}"
+    );
+    assert_eq!(check("extensions-image")["result"], "pass", "{v:#}");
+}

@@ -207,7 +207,14 @@ impl Gatherer {
         purpose: Purpose,
     ) -> Result<Prepared, Transient> {
         let kernel = facts::kernel_variant(&self.host, booted);
-        let variant = kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
+        let running = kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
+        // What the rebase carries as packages: nothing when the image itself provides the
+        // variant (the kernel-variant check then wants the target to provide it too).
+        let variant = if crate::backend::kernel::from_image(booted, running) {
+            KernelVariant::Default
+        } else {
+            running
+        };
         let crio = facts::crio_default_runtime(&self.host).map_err(|e| e.to_string());
         let booted_major = self.host.os_release().ok().and_then(|r| r.major());
         let secret = self.secret();
@@ -316,7 +323,7 @@ impl Gatherer {
             (Ok(info), Some(major)) => Some(crate::host::verify::Expectation {
                 image_digest: info.manifest_digest.clone(),
                 target_major: major,
-                kernel: variant,
+                kernel: running,
                 fips: facts.fips == crate::host::facts::Fips::Enabled,
             }),
             _ => None,

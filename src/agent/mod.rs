@@ -736,6 +736,7 @@ impl Agent {
                 Err(Transient(e)) => serde_json::json!({"error": e}),
                 Ok(p) => serde_json::json!({
                     "backend": backend.kind().as_str(),
+                    "locks": backend.locks(),
                     "checks": p.checks,
                     "plan": p.plan.as_ref().map(UpdateDeploymentCall::for_plan),
                 }),

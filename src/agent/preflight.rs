@@ -12,7 +12,7 @@ use crate::cluster::protocol::Desired;
 use crate::config::Policy;
 use crate::host::facts::Fips;
 use crate::host::ospull::{AttemptOutcome, OsPull, PolicyVerdict};
-use crate::image::registry::{ExtensionsInfo, OsImageInfo};
+use crate::image::registry::{ExtensionsInfo, LAYERED_FROM, OsImageInfo};
 use crate::image::rpm::{Closure, el_major, names_package, package_name};
 
 /// Outcome of one check.
@@ -188,10 +188,12 @@ fn backend(i: &Input<'_>) -> CheckResult {
     match i.backend {
         crate::backend::BackendKind::RpmOstree => pass(id, "rpm-ostree"),
         crate::backend::BackendKind::Bootc => {
-            let kernel = i.kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
-            match crate::backend::bootc::refusal(kernel, i.booted) {
+            match crate::backend::bootc::refusal(carried(i), i.booted) {
                 Some(reason) => fail(id, reason),
-                None => pass(id, "bootc (staged only after the reboot is approved)"),
+                None => pass(
+                    id,
+                    "bootc (a stage is held with upgrade --download-only from bootc 1.12 on, else staged only after the reboot is approved)",
+                ),
             }
         }
     }
@@ -348,6 +350,19 @@ fn os_image(i: &Input<'_>) -> CheckResult {
             format!("the image is for {} but this node is {}", info.arch, i.arch),
         );
     }
+    // A base image in place of an on-cluster-layered one would drop whatever was layered (in
+    // resolve mode the stream's image always is a base image).
+    if let Some(base) = i.booted.image_labels.get(LAYERED_FROM)
+        && info.layered_from.is_none()
+    {
+        return fail(
+            id,
+            format!(
+                "the node runs an on-cluster-layered image (built from {base}); {} is a base image, which would drop what was layered: request the layered image built for the target stream",
+                i.desired.os_image
+            ),
+        );
+    }
     pass(
         id,
         format!(
@@ -359,12 +374,18 @@ fn os_image(i: &Input<'_>) -> CheckResult {
     )
 }
 
+/// The variant the rebase carries as packages: the running one, unless it comes from the image
+/// (then none).
+fn carried(i: &Input<'_>) -> KernelVariant {
+    match i.kernel {
+        Ok(v) if !crate::backend::kernel::from_image(i.booted, *v) => *v,
+        _ => KernelVariant::Default,
+    }
+}
+
 /// Whether the node needs packages from the extensions image.
 fn needs_extensions(i: &Input<'_>) -> bool {
-    matches!(
-        i.kernel,
-        Ok(KernelVariant::Realtime | KernelVariant::SixtyFourK)
-    ) || !layered(i).is_empty()
+    carried(i) != KernelVariant::Default || !layered(i).is_empty()
 }
 
 fn extensions_image(i: &Input<'_>) -> CheckResult {
@@ -452,6 +473,9 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
     if variant == KernelVariant::SixtyFourK && i.arch != "aarch64" {
         return fail(id, "a 64k-pages kernel exists only on aarch64");
     }
+    if crate::backend::kernel::from_image(i.booted, variant) {
+        return kernel_from_image(i, variant);
+    }
     let Some(Ok(ext)) = i.extensions else {
         return fail(
             id,
@@ -498,6 +522,44 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
         id,
         format!("{} kernel: {}", variant.as_str(), found.join(", ")),
     )
+}
+
+/// A variant kernel that comes from the booted image: the target image must be of the same
+/// variant, as its `ostree.linux` label (the kernel release ostree-ext copies from the commit:
+/// bootc-dev/bootc:crates/ostree-ext/src/container/encapsulate.rs) shows. A base stream image
+/// carries the default kernel and is refused: it would silently drop the variant.
+fn kernel_from_image(i: &Input<'_>, variant: KernelVariant) -> CheckResult {
+    let id = "kernel-variant";
+    let what = format!(
+        "the node's {} kernel comes from the booted image (no package override)",
+        variant.as_str()
+    );
+    match i.os_image {
+        Ok(info) => match &info.kernel_release {
+            Some(r) if r.ends_with(variant.release_suffix()) => pass(
+                id,
+                format!("{what}; the target image's kernel {r} is one too"),
+            ),
+            Some(r) => fail(
+                id,
+                format!(
+                    "{what}, but the target image's kernel {r} (ostree.linux) is not {}: request the {} variant of the target image",
+                    variant.as_str(),
+                    variant.as_str()
+                ),
+            ),
+            None => fail(
+                id,
+                format!(
+                    "{what}; the target image does not say which kernel it carries (no ostree.linux label), so it cannot be shown to keep it"
+                ),
+            ),
+        },
+        Err(_) => fail(
+            id,
+            format!("{what}; the target image is unreadable, so it cannot be shown to keep it"),
+        ),
+    }
 }
 
 fn container_runtime(i: &Input<'_>) -> CheckResult {
@@ -564,8 +626,7 @@ pub fn layered_packages_of(booted: &Deployment, variant: KernelVariant) -> Vec<S
 }
 
 fn layered(i: &Input<'_>) -> Vec<String> {
-    let variant = i.kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
-    layered_packages_of(i.booted, variant)
+    layered_packages_of(i.booted, carried(i))
 }
 
 fn layered_packages(i: &Input<'_>) -> CheckResult {
@@ -718,6 +779,7 @@ mod tests {
                 version: Some("10.1".into()),
                 size: 2 << 30,
                 manifest_digest: format!("sha256:{}", "b".repeat(64)),
+                layered_from: None,
             }),
             pull: OsPull {
                 auth_file: Some("/run/ostree/auth.json"),
@@ -741,6 +803,20 @@ mod tests {
             policy: Policy::default(),
             nic_persisted: true,
         }
+    }
+
+    /// A node whose `variant` kernel is layered as package overrides (as the MCO does).
+    fn layer_kernel(c: &mut Case, variant: KernelVariant) {
+        c.kernel = Ok(variant);
+        c.booted.requested_base_removals = crate::backend::kernel::DEFAULT_KERNEL_PACKAGES
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        c.booted.requested_local_packages = variant
+            .packages()
+            .iter()
+            .map(|p| format!("{p}-5.14.0-570.60.1.el9_6.x86_64"))
+            .collect();
     }
 
     fn rt_ext(el: u32) -> ExtensionsInfo {
@@ -816,6 +892,27 @@ mod tests {
         );
     }
 
+    /// A variant kernel from the image needs the same variant in the target and nothing from
+    /// an extensions image; a layered image may move to a layered image.
+    #[test]
+    fn variants_and_layers_from_the_image_pass_onto_the_same() {
+        let mut c = base();
+        c.kernel = Ok(KernelVariant::Realtime);
+        if let Ok(o) = &mut c.os {
+            o.kernel_release = Some("6.12.0-124.8.1.el10_1.x86_64+rt".into());
+        }
+        assert_eq!(failed(&c), Vec::<&str>::new());
+        let mut c = base();
+        c.booted.image_labels.insert(
+            LAYERED_FROM.into(),
+            "quay.io/openshift/rhcos@sha256:9".into(),
+        );
+        if let Ok(o) = &mut c.os {
+            o.layered_from = Some("quay.io/openshift/rhcos@sha256:10".into());
+        }
+        assert_eq!(failed(&c), Vec::<&str>::new());
+    }
+
     #[test]
     fn default_host_passes() {
         assert_eq!(failed(&base()), Vec::<&str>::new());
@@ -826,6 +923,24 @@ mod tests {
     #[test]
     fn refusals_by_table() {
         let mut cases: Vec<(&str, Case)> = Vec::new();
+        // A base image for a node on an on-cluster-layered image.
+        let mut c = base();
+        c.booted.image_labels.insert(
+            LAYERED_FROM.into(),
+            "quay.io/openshift/rhcos@sha256:9".into(),
+        );
+        cases.push(("os-image", c));
+        // A real-time kernel from the booted image, and a target with the default kernel.
+        let mut c = base();
+        c.kernel = Ok(KernelVariant::Realtime);
+        cases.push(("kernel-variant", c));
+        // … or a target that does not say its kernel.
+        let mut c = base();
+        c.kernel = Ok(KernelVariant::Realtime);
+        if let Ok(o) = &mut c.os {
+            o.kernel_release = None;
+        }
+        cases.push(("kernel-variant", c));
         let mut c = base();
         c.level = Some(2);
         cases.push(("cpu-level", c));
@@ -875,17 +990,17 @@ mod tests {
         c.os = Err("pull secret rejected by quay.io".into());
         cases.push(("os-image", c));
         let mut c = base();
-        c.kernel = Ok(KernelVariant::Realtime);
+        layer_kernel(&mut c, KernelVariant::Realtime);
         cases.push(("extensions-image", c));
         let mut c = base();
-        c.kernel = Ok(KernelVariant::Realtime);
+        layer_kernel(&mut c, KernelVariant::Realtime);
         c.ext = Some(Ok(ExtensionsInfo {
             rpms: vec!["usbguard-1.1.3-3.el10.x86_64".into()],
             ..rt_ext(10)
         }));
         cases.push(("kernel-variant", c));
         let mut c = base();
-        c.kernel = Ok(KernelVariant::Realtime);
+        layer_kernel(&mut c, KernelVariant::Realtime);
         c.ext = Some(Ok(ExtensionsInfo {
             stream_class: Some("rhel-10".into()),
             ..rt_ext(9)
@@ -917,7 +1032,7 @@ mod tests {
         });
         cases.push(("pending-deployment", c));
         let mut c = base();
-        c.kernel = Ok(KernelVariant::Realtime);
+        layer_kernel(&mut c, KernelVariant::Realtime);
         c.ext = Some(Ok(rt_ext(10)));
         c.closure = Some(Closure {
             missing: vec![crate::image::rpm::Unresolved {
@@ -933,7 +1048,7 @@ mod tests {
         cases.push(("rpm-dependencies", c));
         let mut c = base();
         c.backend = crate::backend::BackendKind::Bootc;
-        c.kernel = Ok(KernelVariant::Realtime);
+        layer_kernel(&mut c, KernelVariant::Realtime);
         c.ext = Some(Ok(rt_ext(10)));
         cases.push(("backend", c));
         let mut c = base();
@@ -949,7 +1064,7 @@ mod tests {
     #[test]
     fn variants_pass_with_the_right_extensions() {
         let mut c = base();
-        c.kernel = Ok(KernelVariant::Realtime);
+        layer_kernel(&mut c, KernelVariant::Realtime);
         c.fips = Fips::Enabled;
         c.booted.requested_packages = vec!["usbguard".into()];
         c.booted.requested_local_packages =

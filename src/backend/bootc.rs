@@ -16,8 +16,12 @@
 //! document is parsed in every shape bootc has printed (`org.containers.bootc/v1alpha1` before
 //! v1.1.0, no `ostree.stateroot` before v1.3.0: bootc-dev/bootc:crates/lib/src/spec.rs).
 //!
-//! bootc has no finalization lock: a staged deployment is applied by any reboot, planned or
-//! not. The agent must therefore call [`Client::switch`] only once the reboot is approved, and
+//! `bootc switch` stages unlocked: any reboot, planned or not, applies it. bootc >= 1.12 can
+//! hold a stage ([`Client::hold`], `bootc upgrade --download-only`, which locks the staged
+//! deployment of the spec's digest) and let it go ([`Client::release`], `--from-downloaded`);
+//! there a switch is held right after it staged, leaving the stage unlocked for the seconds
+//! between the two units (upstream has no locked switch: see docs/protocol.md). Older bootc
+//! has no lock, so the agent calls [`Client::switch`] only once the reboot is approved, and
 //! [`Client::reboot`] right after it. bootc cannot carry rpm-ostree package overrides either;
 //! [`refusal`] says which hosts cannot use this backend.
 //!
@@ -26,7 +30,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
@@ -252,6 +256,8 @@ pub struct Client {
     status_timeout: Duration,
     /// How long a command that writes the sysroot (`bootc switch`) may take.
     write_timeout: Duration,
+    /// Whether the last `bootc status` came from a bootc that can hold a stage.
+    holds: Arc<AtomicBool>,
 }
 
 impl Client {
@@ -269,6 +275,7 @@ impl Client {
             seq: Arc::new(AtomicU64::new(0)),
             status_timeout: STATUS_TIMEOUT,
             write_timeout: SWITCH_TIMEOUT,
+            holds: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -305,7 +312,35 @@ impl Client {
         // The file is only a channel; a failed run's partial output goes too.
         let _ = std::fs::remove_file(&output);
         run?;
-        parse_status(&read?)
+        let (deployments, holds) = parse_host(&read?)?;
+        self.holds.store(holds, Ordering::SeqCst);
+        Ok(deployments)
+    }
+
+    /// Whether this host's bootc can hold a staged deployment (v1.12.0 or later, as the last
+    /// [`Client::deployments`] showed; `false` before the first).
+    pub fn can_hold(&self) -> bool {
+        self.holds.load(Ordering::SeqCst)
+    }
+
+    /// Holds the staged deployment: `bootc upgrade --download-only` finalization-locks the
+    /// staged deployment when it already has the digest of the spec's image (the staged one),
+    /// so no reboot applies it. bootc >= 1.12 only ([`Client::can_hold`]).
+    pub async fn hold(&self) -> Result<(), BootcError> {
+        self.upgrade("--download-only").await
+    }
+
+    /// Lets the held stage be applied by the next reboot: `bootc upgrade --from-downloaded`
+    /// unlocks it without pulling.
+    pub async fn release(&self) -> Result<(), BootcError> {
+        self.upgrade("--from-downloaded").await
+    }
+
+    async fn upgrade(&self, flag: &str) -> Result<(), BootcError> {
+        let path = self.bootc.to_string_lossy().into_owned();
+        let argv = [path.as_str(), "upgrade", flag];
+        self.run_unit("upgrade", &argv, &[], self.write_timeout, Slot::Write)
+            .await
     }
 
     /// Stages `pullspec` with `bootc switch --transport registry <pullspec>`. Not locked: any
@@ -324,11 +359,15 @@ impl Client {
             .await
     }
 
-    /// Reboots through logind, unless a `block` inhibitor covers shutdown ([`BootcError::Inhibited`]).
-    pub async fn reboot(&self) -> Result<(), BootcError> {
+    /// [`BootcError::Inhibited`] while a `block` inhibitor covers shutdown.
+    pub async fn check_inhibitors(&self) -> Result<(), BootcError> {
         let login = LoginProxy::new(&self.conn)
             .await
             .map_err(|e| BootcError::call("logind", "proxy", e))?;
+        self.inhibited(&login).await
+    }
+
+    async fn inhibited(&self, login: &LoginProxy<'_>) -> Result<(), BootcError> {
         let inhibitors = login
             .list_inhibitors()
             .await
@@ -340,6 +379,15 @@ impl Client {
         {
             return Err(BootcError::Inhibited { who, why });
         }
+        Ok(())
+    }
+
+    /// Reboots through logind, unless a `block` inhibitor covers shutdown ([`BootcError::Inhibited`]).
+    pub async fn reboot(&self) -> Result<(), BootcError> {
+        let login = LoginProxy::new(&self.conn)
+            .await
+            .map_err(|e| BootcError::call("logind", "proxy", e))?;
+        self.inhibited(&login).await?;
         match login.reboot(false).await {
             Ok(()) => {
                 info!("reboot requested through logind");
@@ -622,8 +670,10 @@ struct BootEntry {
     image: Option<ImageStatus>,
     incompatible: bool,
     pinned: bool,
+    /// Printed since v1.12.0 (`upgrade --download-only`): its presence says this bootc can
+    /// hold a stage.
     #[serde(default)]
-    download_only: bool,
+    download_only: Option<bool>,
     ostree: Option<BootEntryOstree>,
 }
 
@@ -715,7 +765,7 @@ impl BootEntry {
             booted,
             staged,
             pinned: self.pinned,
-            finalization_locked: staged && self.download_only,
+            finalization_locked: staged && self.download_only == Some(true),
             version: self.image.as_ref().and_then(|i| i.version.clone()),
             container_image_reference: self.image.as_ref().map(|i| i.image.ostree_refspec()),
             container_image_reference_digest: self.image.as_ref().map(|i| i.image_digest.clone()),
@@ -727,6 +777,13 @@ impl BootEntry {
 
 /// Parses `bootc status --json` into deployments: staged, booted, rollback, others.
 pub fn parse_status(json: &str) -> Result<Vec<Deployment>, BootcError> {
+    parse_host(json).map(|(deployments, _)| deployments)
+}
+
+/// [`parse_status`], and whether this bootc can hold a stage: it prints `downloadOnly` (since
+/// v1.12.0, with `upgrade --download-only` and `--from-downloaded`: bootc-dev/bootc commits
+/// c325582f and a5784832).
+fn parse_host(json: &str) -> Result<(Vec<Deployment>, bool), BootcError> {
     let host: Host = serde_json::from_str(json)
         .map_err(|e| BootcError::Status(format!("not a bootc host document: {e}")))?;
     if host.kind != "BootcHost" || !host.api_version.starts_with("org.containers.bootc/") {
@@ -751,7 +808,8 @@ pub fn parse_status(json: &str) -> Result<Vec<Deployment>, BootcError> {
     for e in s.rollback.iter().chain(&s.other_deployments) {
         out.push(e.to_deployment(false, false)?);
     }
-    Ok(out)
+    let holds = s.booted.as_ref().is_some_and(|b| b.download_only.is_some());
+    Ok((out, holds))
 }
 
 #[cfg(test)]

@@ -2,7 +2,10 @@
 //!
 //! The variant is read from the deployment's package overrides (what the next rebase must carry)
 //! and cross-checked with the running kernel, so a host whose overrides and running kernel
-//! disagree is refused instead of guessed about.
+//! disagree is refused instead of guessed about. A variant kernel without overrides comes from
+//! the booted image itself (a variant image, or an on-cluster-layered one whose build swapped
+//! the kernel: openshift/machine-config-operator's Containerfile.on-cluster-build-template):
+//! nothing is carried then, and the target image must provide the same variant.
 
 use serde::{Deserialize, Serialize};
 
@@ -117,8 +120,10 @@ pub fn variant_of(dep: &Deployment) -> KernelVariant {
     }
 }
 
-/// The variant, cross-checked with the running kernel release and `/sys/kernel/realtime`.
-/// `Err` explains a disagreement.
+/// The running variant, cross-checked with the deployment's overrides, the running kernel
+/// release and `/sys/kernel/realtime`: overrides of a variant need that variant running; a
+/// variant running without overrides comes from the image ([`from_image`]). `Err` explains a
+/// disagreement.
 pub fn checked_variant(
     dep: &Deployment,
     running_release: &str,
@@ -133,7 +138,7 @@ pub fn checked_variant(
     } else {
         KernelVariant::Default
     };
-    if from_overrides == running {
+    if from_overrides == running || from_overrides == KernelVariant::Default {
         Ok(running)
     } else {
         Err(format!(
@@ -142,6 +147,12 @@ pub fn checked_variant(
             running.as_str()
         ))
     }
+}
+
+/// Whether the running variant `running` of `dep` comes from its image rather than from
+/// package overrides (then the rebase carries no kernel packages).
+pub fn from_image(dep: &Deployment, running: KernelVariant) -> bool {
+    running != KernelVariant::Default && variant_of(dep) == KernelVariant::Default
 }
 
 #[cfg(test)]
@@ -209,13 +220,23 @@ mod tests {
                 Some("0"),
                 Ok(KernelVariant::Default),
             ),
-            (&plain, "5.14.0-570.el9_6.x86_64+rt", None, Err(())),
+            // The kernel of a real-time image: nothing to carry.
+            (
+                &plain,
+                "5.14.0-570.el9_6.x86_64+rt",
+                None,
+                Ok(KernelVariant::Realtime),
+            ),
             (&rt, "5.14.0-570.el9_6.x86_64", None, Err(())),
+            (&k64, "5.14.0-570.el9_6.x86_64+rt", None, Err(())),
         ];
         for (d, release, rtflag, want) in cases {
             let got = checked_variant(d, release, rtflag).map_err(|_| ());
             assert_eq!(got, want, "{release} {rtflag:?}");
         }
+        assert!(from_image(&plain, KernelVariant::Realtime));
+        assert!(!from_image(&rt, KernelVariant::Realtime));
+        assert!(!from_image(&plain, KernelVariant::Default));
         assert_eq!(KernelVariant::Realtime.packages().len(), 3);
         assert!(
             !KernelVariant::Realtime

@@ -2,9 +2,10 @@
 //! systemd units (hosts without rpm-ostreed).
 //!
 //! The two differ in one way that matters for safety: rpm-ostree stages a deployment
-//! finalization-locked, so nothing but an approved `FinalizeDeployment` applies it; bootc has no
-//! such lock, so any reboot applies what it staged. The agent therefore stages on bootc only
-//! after the reboot is approved, right before it reboots through logind ([`Backend::locks`]).
+//! finalization-locked, so nothing but an approved `FinalizeDeployment` applies it; bootc before
+//! v1.12 has no such lock, so any reboot applies what it staged. The agent therefore stages on
+//! such a bootc only after the reboot is approved, right before it reboots through logind; a
+//! newer bootc holds the stage with `upgrade --download-only` ([`Backend::locks`]).
 
 pub mod bootc;
 pub mod deployment;
@@ -142,9 +143,13 @@ impl Backend {
     }
 
     /// Whether a staged deployment can be finalization-locked (then it is staged before the
-    /// reboot is approved; otherwise only after).
+    /// reboot is approved; otherwise only after): rpm-ostree always, bootc from v1.12.0 on
+    /// (known from its last status).
     pub fn locks(&self) -> bool {
-        matches!(self, Backend::RpmOstree(_))
+        match self {
+            Backend::RpmOstree(_) => true,
+            Backend::Bootc(c) => c.can_hold(),
+        }
     }
 
     /// The system bus connection (shared with streamd's own D-Bus API).
@@ -190,16 +195,41 @@ impl Backend {
                 .await?),
             Backend::Bootc(c) => {
                 let signed = booted_signed(c).await?;
+                let hold = plan.lock_finalization && c.can_hold();
                 let _ = events.try_send(TxnEvent::Message(format!(
-                    "bootc switch --transport registry {}{}",
+                    "bootc switch --transport registry {}{}{}",
                     if signed {
                         "--enforce-container-sigpolicy "
                     } else {
                         ""
                     },
-                    plan.os_image
+                    plan.os_image,
+                    if hold {
+                        ", then bootc upgrade --download-only"
+                    } else {
+                        ""
+                    }
                 )));
-                Ok(c.switch(&plan.os_image.to_string(), signed).await?)
+                c.switch(&plan.os_image.to_string(), signed).await?;
+                if !hold {
+                    return Ok(());
+                }
+                // bootc has no locked switch: the stage is unlocked until this ends.
+                if let Err(e) = c.hold().await {
+                    // An unlocked stage must not wait for a reboot: back to the booted image.
+                    let booted = c
+                        .deployments()
+                        .await?
+                        .iter()
+                        .find(|d| d.booted)
+                        .and_then(|d| d.pullspec().map(String::from))
+                        .unwrap_or_default();
+                    if let Err(c2) = self.cleanup_pending(&booted).await {
+                        tracing::warn!(error = %c2, "removing the unheld stage failed");
+                    }
+                    return Err(e.into());
+                }
+                Ok(())
             }
         }
     }
@@ -209,7 +239,23 @@ impl Backend {
     pub async fn apply(&self, digest: &str) -> Result<(), BackendError> {
         match self {
             Backend::RpmOstree(c) => Ok(c.finalize_deployment(digest).await?),
-            Backend::Bootc(c) => Ok(c.reboot().await?),
+            Backend::Bootc(c) => {
+                // A held stage (bootc >= 1.12) is let go first, after the inhibitor check, as
+                // rpm-ostreed checks inhibitors before unlocking.
+                let held = c.deployments().await?.into_iter().find(|d| d.staged);
+                if let Some(s) = held.filter(|s| s.finalization_locked) {
+                    if !s.carries_digest(digest) {
+                        return Err(BootcError::Status(format!(
+                            "the held stage is {}, not {digest}",
+                            s.container_image_reference_digest.unwrap_or_default()
+                        ))
+                        .into());
+                    }
+                    c.check_inhibitors().await?;
+                    c.release().await?;
+                }
+                Ok(c.reboot().await?)
+            }
         }
     }
 }

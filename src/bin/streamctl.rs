@@ -245,15 +245,21 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
             if json {
                 println!("{}", printable(&plan.to_string()));
             } else if answer["backend"] == "bootc" {
-                println!(
-                    "bootc switch --transport registry {} in a transient unit, once the reboot is approved (then logind Reboot)",
-                    printable(
-                        plan["modifiers"]["set-refspec"]
-                            .as_str()
-                            .and_then(streamd::backend::deployment::pullspec_of_refspec)
-                            .unwrap_or_default()
-                    )
+                let image = printable(
+                    plan["modifiers"]["set-refspec"]
+                        .as_str()
+                        .and_then(streamd::backend::deployment::pullspec_of_refspec)
+                        .unwrap_or_default(),
                 );
+                if answer["locks"] == true {
+                    println!(
+                        "bootc switch --transport registry {image}, then bootc upgrade --download-only (held), in transient units; once the reboot is approved bootc upgrade --from-downloaded, then logind Reboot"
+                    );
+                } else {
+                    println!(
+                        "bootc switch --transport registry {image} in a transient unit, once the reboot is approved (then logind Reboot)"
+                    );
+                }
             } else {
                 println!(
                     "UpdateDeployment on the booted OS object (then FinalizeDeployment once the reboot is approved)"

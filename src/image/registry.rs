@@ -33,7 +33,15 @@ pub struct OsImageInfo {
     pub size: u64,
     /// Digest of the platform manifest (differs from the pullspec's when that names an index).
     pub manifest_digest: String,
+    /// `baseOSContainerImage`: the base an on-cluster-layered image was built from
+    /// ([`LAYERED_FROM`]); absent on a base stream image.
+    pub layered_from: Option<String>,
 }
+
+/// The label the machine-config operator's on-cluster layering puts on every image it builds,
+/// naming its base (openshift/machine-config-operator:
+/// pkg/controller/build/buildrequest/assets/Containerfile.on-cluster-build-template).
+pub const LAYERED_FROM: &str = "baseOSContainerImage";
 
 /// What the registry says about the extensions image.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -693,6 +701,7 @@ impl Inspector {
                 version: label("version").or_else(|| label("org.opencontainers.image.version")),
                 size,
                 manifest_digest,
+                layered_from: label(LAYERED_FROM),
             })
         })
         .await

@@ -6,8 +6,9 @@
 //! `org.containers.bootc/v1` `BootcHost` document of bootc-dev/bootc:crates/lib/src/spec.rs
 //! `Host`, in the shape of the configured bootc version: see [`Version`]) and `bootc switch [--transport T]
 //! [--enforce-container-sigpolicy] [--retain] [--quiet] TARGET`, which stages through the fake
-//! rpm-ostreed's host model (one sysroot, one `state.json`) without a finalization lock. Both
-//! need uid 0, as the real commands do. Unknown commands and flags fail the way clap reports
+//! rpm-ostreed's host model (one sysroot, one `state.json`) without a finalization lock, and
+//! `bootc upgrade [--download-only | --from-downloaded]` (since v1.12.0), which locks or unlocks
+//! the staged deployment of the spec's digest. All need uid 0, as the real commands do. Unknown commands and flags fail the way clap reports
 //! them (exit 2); real but unmodelled ones say so (exit 2).
 
 use std::path::{Path, PathBuf};
@@ -213,6 +214,7 @@ pub struct FakeBootc {
     version: Arc<Mutex<Version>>,
     fail_next_switch: Arc<Mutex<Option<String>>>,
     delay_next_switch: Arc<Mutex<Option<Duration>>>,
+    fail_next_upgrade: Arc<Mutex<Option<String>>>,
 }
 
 impl FakeBootc {
@@ -231,11 +233,13 @@ impl FakeBootc {
         let version = Arc::new(Mutex::new(Version::CURRENT));
         let fail_next_switch = Arc::new(Mutex::new(None));
         let delay_next_switch = Arc::new(Mutex::new(None));
+        let fail_next_upgrade = Arc::new(Mutex::new(None));
         let iface = BootcIface {
             host: host.host(),
             version: version.clone(),
             fail_next_switch: fail_next_switch.clone(),
             delay_next_switch: delay_next_switch.clone(),
+            fail_next_upgrade: fail_next_upgrade.clone(),
         };
         let conn = zbus::connection::Builder::address(bus_address)?
             .serve_at(PATH, iface)?
@@ -258,6 +262,7 @@ impl FakeBootc {
             version,
             fail_next_switch,
             delay_next_switch,
+            fail_next_upgrade,
         })
     }
 
@@ -272,6 +277,8 @@ impl FakeBootc {
     /// as bootc reports it (`error: Switching: Pulling: M` on stderr, exit 1) → `{}`.
     /// `{"cmd":"delay-next-switch","ms":N}`: the next `bootc switch` pulls for N ms before it
     /// stages (a slow registry), so its unit can outlive the caller's timeout → `{}`.
+    /// `{"cmd":"fail-next-upgrade","message":M}`: the next `bootc upgrade` that pulls (not
+    /// `--from-downloaded`) fails as a broken pull does (`error: Upgrading: Pulling: M`) → `{}`.
     pub fn control(&self, cmd: &Json) -> anyhow::Result<Json> {
         match cmd.get("cmd").and_then(Json::as_str) {
             Some("version") => {
@@ -283,17 +290,8 @@ impl FakeBootc {
                 }
                 Ok(json!({ "version": current.to_string() }))
             }
-            Some("fail-next-switch") => {
-                let message = cmd
-                    .get("message")
-                    .and_then(Json::as_str)
-                    .context("\"message\" must be a string")?;
-                *self
-                    .fail_next_switch
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()) = Some(message.to_string());
-                Ok(json!({}))
-            }
+            Some("fail-next-switch") => arm(&self.fail_next_switch, cmd),
+            Some("fail-next-upgrade") => arm(&self.fail_next_upgrade, cmd),
             Some("delay-next-switch") => {
                 let ms = cmd
                     .get("ms")
@@ -306,10 +304,21 @@ impl FakeBootc {
                 Ok(json!({}))
             }
             other => anyhow::bail!(
-                "unknown bootc command {other:?} (version, fail-next-switch, delay-next-switch)"
+                "unknown bootc command {other:?} (version, fail-next-switch, delay-next-switch, \
+                 fail-next-upgrade)"
             ),
         }
     }
+}
+
+/// Arms a one-shot failure knob with the command's `"message"`.
+fn arm(knob: &Mutex<Option<String>>, cmd: &Json) -> anyhow::Result<Json> {
+    let message = cmd
+        .get("message")
+        .and_then(Json::as_str)
+        .context("\"message\" must be a string")?;
+    *knob.lock().unwrap_or_else(|p| p.into_inner()) = Some(message.to_string());
+    Ok(json!({}))
 }
 
 impl Drop for FakeBootc {
@@ -328,6 +337,7 @@ struct BootcIface {
     version: Arc<Mutex<Version>>,
     fail_next_switch: Arc<Mutex<Option<String>>>,
     delay_next_switch: Arc<Mutex<Option<Duration>>>,
+    fail_next_upgrade: Arc<Mutex<Option<String>>>,
 }
 
 #[interface(name = "org.streamd.Testbed1.Bootc")]
@@ -388,6 +398,7 @@ impl BootcIface {
         let context = match command.as_str() {
             "status" => "Status",
             "switch" => "Switching",
+            "upgrade" => "Upgrading",
             "--version" | "-V" => return Outcome::ok(format!("bootc {}\n", self.version())),
             other if KNOWN_COMMANDS.contains(&other) || other.starts_with('-') => {
                 return Outcome::unmodelled(&format!("`bootc {other}`"));
@@ -408,6 +419,7 @@ impl BootcIface {
         }
         match command.as_str() {
             "status" => self.status(rest),
+            "upgrade" => self.upgrade(rest).await,
             _ => self.switch(rest).await,
         }
     }
@@ -478,6 +490,98 @@ impl BootcIface {
                 Outcome::ok(format!("{doc}\n"))
             }
             Err(e) => Outcome::error(format!("Status: {e}")),
+        }
+    }
+
+    /// `bootc upgrade [--quiet] [--download-only | --from-downloaded]` as
+    /// bootc-dev/bootc:crates/lib/src/cli.rs `upgrade` runs it for a digest-pinned image: the
+    /// image is the spec's (staged, else booted: crates/lib/src/status.rs `get_status`); when
+    /// the staged deployment already has its digest, `--download-only` locks its finalization
+    /// and a plain upgrade unlocks it; `--from-downloaded` unlocks without pulling. Both flags
+    /// exist since v1.12.0. Staging a newer image of a tag is not modelled.
+    async fn upgrade(&self, args: &[String]) -> Outcome {
+        const USAGE: &str = "bootc upgrade [OPTIONS]";
+        let version = self.version();
+        let (mut download_only, mut from_downloaded) = (false, false);
+        for a in args {
+            let (flag, _) = split_flag(a);
+            match flag {
+                "--download-only" | "--from-downloaded" if version < Version(1, 12, 0) => {
+                    return Outcome::usage(&format!("unexpected argument '{flag}' found"), USAGE);
+                }
+                "--download-only" => download_only = true,
+                "--from-downloaded" => from_downloaded = true,
+                "--quiet" => {}
+                "--check" | "--apply" | "--soft-reboot" | "--tag" | "--progress-fd" => {
+                    return Outcome::unmodelled(&format!("`bootc upgrade {flag}`"));
+                }
+                other => {
+                    return Outcome::usage(&format!("unexpected argument '{other}' found"), USAGE);
+                }
+            }
+        }
+        if download_only && from_downloaded {
+            return Outcome::usage(
+                "the argument '--download-only' cannot be used with '--from-downloaded'",
+                USAGE,
+            );
+        }
+        let deps = match self.host.deployments() {
+            Ok(d) => d,
+            Err(e) => return Outcome::error(format!("Upgrading: {e}")),
+        };
+        let staged = deps.iter().find(|d| d.staged);
+        let lock = |locked: bool, changed: &'static str| async move {
+            match self.host.set_finalization_lock(locked).await {
+                Ok(true) => Outcome::ok(changed),
+                Ok(false) => Outcome::ok("Staged update present, not changed\n"),
+                Err(e) => Outcome::error(format!("Upgrading: {e}")),
+            }
+        };
+        if from_downloaded {
+            if staged.is_none() {
+                return Outcome::error("Upgrading: No staged deployment found");
+            }
+            return match self.host.set_finalization_lock(false).await {
+                Ok(true) => Outcome::ok("Staged deployment will now be applied on reboot\n"),
+                Ok(false) => Outcome::ok("Staged deployment is already set to apply on reboot\n"),
+                Err(e) => Outcome::error(format!("Upgrading: {e}")),
+            };
+        }
+        let Some(spec) = spec_image(&deps) else {
+            return Outcome::error(if deps.iter().any(|d| d.layered) {
+                "Upgrading: Deployment contains local rpm-ostree modifications; cannot upgrade \
+                 via bootc. You can run `rpm-ostree reset` to undo the modifications."
+            } else {
+                "Upgrading: No image source specified"
+            });
+        };
+        let Some((_, digest)) = spec.name.rsplit_once('@') else {
+            return Outcome::unmodelled("`bootc upgrade` of an image by tag");
+        };
+        let injected = self
+            .fail_next_upgrade
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(message) = injected {
+            return Outcome::error(format!("Upgrading: Pulling: {message}"));
+        }
+        match staged {
+            Some(s) if s.digest == digest && download_only => {
+                lock(
+                    true,
+                    "Image downloaded, but will not be applied on reboot\n",
+                )
+                .await
+            }
+            Some(s) if s.digest == digest => {
+                lock(false, "Staged deployment will now be applied on reboot\n").await
+            }
+            _ if deps.iter().any(|d| d.booted && d.digest == digest) => {
+                Outcome::ok("No update available.\n")
+            }
+            _ => Outcome::unmodelled("`bootc upgrade` staging another image than the staged one"),
         }
     }
 

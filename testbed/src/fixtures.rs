@@ -20,6 +20,7 @@ pub const NAMES: [&str; 11] = [
     "runc",
     "low-disk",
     "layered",
+    "realtime-image",
     "mcd",
     "secureboot",
 ];
@@ -111,6 +112,9 @@ pub struct Fixture {
     pub low_disk: bool,
     /// Repo packages layered on the booted deployment (`requested-packages`).
     pub layered_packages: &'static [&'static str],
+    /// The variant kernel comes from the booted image itself (a variant or on-cluster-layered
+    /// image), not from package overrides: the origin carries none.
+    pub kernel_from_image: bool,
     /// Whether the machine-config daemon's on-disk state
     /// (`/etc/machine-config-daemon/currentconfig`) is on the host: an OpenShift node the MCD
     /// manages.
@@ -130,6 +134,7 @@ pub const FIXTURES: [Fixture; 11] = {
         default_runtime: "crun",
         low_disk: false,
         layered_packages: &[],
+        kernel_from_image: false,
         mcd: false,
         secure_boot: false,
     };
@@ -175,6 +180,12 @@ pub const FIXTURES: [Fixture; 11] = {
         Fixture {
             name: "layered",
             layered_packages: &["usbguard"],
+            ..DEFAULT
+        },
+        Fixture {
+            name: "realtime-image",
+            kernel: Kernel::Realtime,
+            kernel_from_image: true,
             ..DEFAULT
         },
         Fixture {
@@ -247,6 +258,9 @@ impl Fixture {
     /// `requested-local-packages` of the booted deployment: the variant's kernel packages
     /// built for `booted`'s release (el9 NEVRAs on a rhel-9 host).
     pub fn local_packages(&self, booted: &TestImage) -> Vec<String> {
+        if self.kernel_from_image {
+            return Vec::new();
+        }
         let (version, release) = kernel_version_release(&booted.kernel);
         self.kernel
             .packages()
@@ -258,6 +272,7 @@ impl Fixture {
     /// `requested-base-removals` of the booted deployment.
     pub fn base_removals(&self) -> Vec<String> {
         match self.kernel {
+            _ if self.kernel_from_image => Vec::new(),
             Kernel::Default => Vec::new(),
             Kernel::Realtime | Kernel::SixtyFourK => DEFAULT_KERNEL_PACKAGES
                 .iter()

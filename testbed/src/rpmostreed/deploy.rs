@@ -371,6 +371,9 @@ pub(crate) struct NewDeployment<'a> {
     pub(crate) kargs: Vec<String>,
     /// Write the default kernel whatever is layered (the `drop-variant-next` knob).
     pub(crate) drop_variant: bool,
+    /// The kernel the image itself carries: the default one of every catalog image, a variant
+    /// for a host booted from a variant image (the `realtime-image` fixture; bootc2 branch).
+    pub(crate) image_kernel: Kernel,
 }
 
 /// The image's commit (the import result), under its ostree-ext ref.
@@ -380,14 +383,11 @@ pub(crate) async fn commit_image(
     refspec: &str,
     image: &TestImage,
     arch: &str,
+    kernel: Kernel,
 ) -> anyhow::Result<String> {
     let tree = scratch.join("tree-base");
     let _ = std::fs::remove_dir_all(&tree);
-    ostree::write_tree(
-        &tree,
-        image,
-        &fixtures::kernel_release(image, arch, Kernel::Default),
-    )?;
+    ostree::write_tree(&tree, image, &fixtures::kernel_release(image, arch, kernel))?;
     let branch = ostree::image_ref(refspec);
     ostree::commit(
         sysroot,
@@ -416,7 +416,7 @@ pub(crate) async fn write_deployment(
     scratch: &Path,
     d: NewDeployment<'_>,
 ) -> anyhow::Result<Deployment> {
-    let base = commit_image(sysroot, scratch, d.refspec, d.image, d.arch).await?;
+    let base = commit_image(sysroot, scratch, d.refspec, d.image, d.arch, d.image_kernel).await?;
     let (checksum, base_checksum) = if d.layering.is_layered() {
         let (_, mut kernel) = kernel_of(&d.layering, d.image, d.arch);
         if d.drop_variant {
@@ -504,6 +504,11 @@ pub(crate) async fn create_initial(
             base_removals,
             kargs: fixture.kargs(),
             drop_variant: false,
+            image_kernel: if fixture.kernel_from_image {
+                fixture.kernel
+            } else {
+                Kernel::Default
+            },
         },
     )
     .await?;

@@ -150,6 +150,29 @@ impl Host {
             .map_err(StageError::Deploy)
     }
 
+    /// Hook for the fake bootc's `upgrade --download-only` / `--from-downloaded` (added by the
+    /// bootc2 branch): `ostree_sysroot_change_finalization` on the staged deployment, setting
+    /// its finalization lock to `locked` (ostreedev/ostree:src/libostree/ostree-sysroot-deploy.c).
+    /// Returns whether it changed; an error when nothing is staged.
+    pub(crate) async fn set_finalization_lock(&self, locked: bool) -> Result<bool, String> {
+        let d = &self.daemon()?;
+        let _gate = d.txn_gate.lock().await;
+        d.reload_state()
+            .map_err(|e| format!("reading the sysroot: {e:#}"))?;
+        let changed = {
+            let mut state = lock(&d.state);
+            let staged = state
+                .staged_mut()
+                .ok_or_else(|| "No staged deployment found".to_string())?;
+            let changed = staged.finalization_locked != locked;
+            staged.finalization_locked = locked;
+            d.save_state(&state)?;
+            changed
+        };
+        d.notify_deployments().await;
+        Ok(changed)
+    }
+
     /// Records that a reboot was initiated (what `FinalizeDeployment` records), for logind.
     pub(crate) fn record_reboot(&self) -> Result<(), String> {
         // A reboot through logind: the daemon did not start it, so it keeps accepting
@@ -184,6 +207,7 @@ async fn write_unlocked(d: &Daemon, refspec: &str, image: &TestImage) -> Result<
             base_removals: Vec::new(),
             kargs,
             drop_variant: false,
+            image_kernel: crate::fixtures::Kernel::Default,
         },
     )
     .await

@@ -621,6 +621,7 @@ impl Daemon {
                 base_removals,
                 kargs,
                 drop_variant,
+                image_kernel: crate::fixtures::Kernel::Default,
             },
         )
         .await
@@ -704,6 +705,7 @@ impl Daemon {
             refspec,
             image,
             &self.arch,
+            crate::fixtures::Kernel::Default,
         )
         .await
         .map_err(|e| format!("{e:#}"))?;
