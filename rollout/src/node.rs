@@ -4,6 +4,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
+// The readiness protocol's keys are streamd's own (one definition for both halves).
+pub use streamd::cluster::protocol::{
+    CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, MODE, READINESS,
+};
 use streamd::cluster::protocol::{
     Inputs, OBSERVED_DESIRED, REASON, REBOOT_REQUESTED, STATE, State,
 };
@@ -16,16 +20,6 @@ use streamd::cluster::protocol::{
 /// node": a node someone else cordoned never carries it.
 pub const ROLLOUT_STEP: &str = "osstream.openshift.io/rollout-step";
 
-/// Readiness protocol input (docs/protocol.md): the stream to dry-run.
-pub const CHECK_STREAM: &str = "osstream.openshift.io/check-stream";
-/// Readiness protocol input: the OS image to dry-run; absent: resolved by the node.
-pub const CHECK_OS_IMAGE: &str = "osstream.openshift.io/check-os-image";
-/// Readiness protocol input: the extensions image to dry-run.
-pub const CHECK_EXTENSIONS_IMAGE: &str = "osstream.openshift.io/check-extensions-image";
-/// Readiness protocol output: `manage` or `readiness`.
-pub const MODE: &str = "osstream.openshift.io/mode";
-/// Readiness protocol output: JSON results per checked stream.
-pub const READINESS: &str = "osstream.openshift.io/readiness";
 /// The machine-config daemon's mark on a node it manages
 /// (openshift/machine-config-operator:pkg/daemon/constants/constants.go
 /// `CurrentMachineConfigAnnotationKey`).

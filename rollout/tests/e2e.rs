@@ -773,13 +773,9 @@ fn leader_of(c: &Cluster) -> Option<String> {
 
 /// Two replicas elect a leader on the Lease; the leader is SIGKILLed mid-drain and the other
 /// takes over when the lease expires, continuing the drain without a second approval.
-///
-/// Ignored: kube-lease-manager takes a free Lease with a server-side apply
-/// (`application/apply-patch+yaml`, conflicting on the `holderIdentity` another field manager
-/// owns), which the testbed's API server does not serve yet (415); run it with `--ignored` once
-/// it does.
+/// kube-lease-manager takes a free Lease with a server-side apply that conflicts on the
+/// `holderIdentity` another field manager owns; the testbed's API server serves that.
 #[tokio::test]
-#[ignore = "the testbed API server has no server-side apply, which kube-lease-manager needs"]
 async fn a_leader_change_mid_drain_continues_without_a_second_approval() {
     let mut c = Cluster::start("leader", 2).await;
     c.pod("web-a", "w1", ("ReplicaSet", "web"), json!({"app": "web"}));

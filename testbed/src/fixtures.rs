@@ -10,7 +10,7 @@ use anyhow::bail;
 use crate::images::TestImage;
 
 /// Fixture names, in table order.
-pub const NAMES: [&str; 11] = [
+pub const NAMES: [&str; 12] = [
     "default",
     "fips",
     "realtime",
@@ -125,7 +125,7 @@ pub struct Fixture {
 }
 
 /// Every fixture (see [`NAMES`]).
-pub const FIXTURES: [Fixture; 11] = {
+pub const FIXTURES: [Fixture; 12] = {
     const DEFAULT: Fixture = Fixture {
         name: "default",
         cpu: Cpu::X86_64V3,
