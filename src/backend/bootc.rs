@@ -42,7 +42,7 @@ use crate::backend::Deployment;
 use crate::backend::KernelVariant;
 // The systemd proxies are shared with the bootloader update (mcd, issue 11 §6).
 use crate::backend::systemd::{
-    ALREADY_SUBSCRIBED, JobRemovedStream, ManagerProxy, ServiceProxy, UnitProxy,
+    JobEnd, JobRemovedStream, ManagerProxy, ServiceProxy, UnitProxy, job_watch, wait_job,
 };
 
 /// How long `bootc status` may take.
@@ -427,15 +427,7 @@ impl Client {
         };
         let manager = ManagerProxy::new(&self.conn).await.map_err(call("proxy"))?;
         // The match rule exists before the unit does, so its JobRemoved cannot be missed.
-        let mut removed = manager
-            .receive_job_removed()
-            .await
-            .map_err(call("AddMatch"))?;
-        match manager.subscribe().await {
-            Ok(()) => {}
-            Err(e) if error_name(&e) == Some(ALREADY_SUBSCRIBED) => {}
-            Err(e) => return Err(call("Subscribe")(e)),
-        }
+        let mut removed = job_watch(&manager).await.map_err(|(c, e)| call(c)(e))?;
         let exec: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
         // The command in the description tells a joined run's command from another.
         let description = format!("streamd: bootc {}", exec[1..].join(" "));
@@ -504,21 +496,12 @@ impl Client {
                 Err(e) => return Err(call("StartTransientUnit")(e)),
             };
             info!(unit = %unit, job = %job.as_str(), command = %argv.join(" "), "started bootc unit");
-            let waited = tokio::time::timeout_at(deadline, async {
-                while let Some(signal) = removed.next().await {
-                    let Ok(args) = signal.args() else { continue };
-                    if args.job.as_str() == job.as_str() {
-                        return Some(args.result);
-                    }
-                }
-                None
-            })
-            .await;
-            match waited {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match wait_job(&mut removed, &job, left).await {
                 // Left running: a retry joins it (see above).
-                Err(_) => return Err(timeout(&unit)),
-                Ok(None) => return Err(closed(&unit)),
-                Ok(Some(r)) => break (unit, r),
+                JobEnd::TimedOut => return Err(timeout(&unit)),
+                JobEnd::Closed => return Err(closed(&unit)),
+                JobEnd::Removed(r) => break (unit, r),
             }
         };
         let (result, status) = self.unit_result(&unit).await;
