@@ -486,18 +486,8 @@ impl ApiServer {
         name: &str,
         edit: impl FnOnce(&mut Value),
     ) -> anyhow::Result<Value> {
-        let def = self.def_of(api_version, kind)?;
-        let updated = self
-            .shared
-            .store
-            .update(def, namespace, name, Scope::Main, |cur| {
-                let mut next = cur.clone();
-                edit(&mut next);
-                Ok(next)
-            })
-            .map_err(|err| anyhow!("updating {kind} {name}: {}", err.message))?;
-        routes::after_write(&self.shared, def, namespace);
-        Ok((*updated).clone())
+        self.update_scope(api_version, kind, namespace, name, Scope::Main, edit)
+            .map_err(|m| anyhow!("updating {kind} {name}: {m}"))
     }
 
     /// Rewrites the status of an object as its controller or kubelet would through the `status`
@@ -510,16 +500,30 @@ impl ApiServer {
         name: &str,
         edit: impl FnOnce(&mut Value),
     ) -> anyhow::Result<Value> {
-        let def = self.def_of(api_version, kind)?;
+        self.update_scope(api_version, kind, namespace, name, Scope::Status, edit)
+            .map_err(|m| anyhow!("updating the status of {kind} {name}: {m}"))
+    }
+
+    /// `update` and `update_status`: one stored write of `scope`, then what follows every write.
+    fn update_scope(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        scope: Scope,
+        edit: impl FnOnce(&mut Value),
+    ) -> Result<Value, String> {
+        let def = self.def_of(api_version, kind).map_err(|e| e.to_string())?;
         let updated = self
             .shared
             .store
-            .update(def, namespace, name, Scope::Status, |cur| {
+            .update(def, namespace, name, scope, |cur| {
                 let mut next = cur.clone();
                 edit(&mut next);
                 Ok(next)
             })
-            .map_err(|err| anyhow!("updating the status of {kind} {name}: {}", err.message))?;
+            .map_err(|err| err.message)?;
         routes::after_write(&self.shared, def, namespace);
         Ok((*updated).clone())
     }
