@@ -4,7 +4,8 @@
 //! Node's `Ready` condition and boot facts true and reboots the host when streamd asks for it
 //! (the Node is not Ready while the host is down, streamd restarts after it boots).
 //!
-//! This is the library the rollout end-to-end tests and `testbed bench --fleet` use;
+//! This is the library the rollout end-to-end tests and `testbed bench --fleet` use
+//! ([`controller`] runs the rollout controller on it as deployed);
 //! `testbed up --nodes N` runs one in the background. See docs/testbed.md, "Fleets".
 
 use std::collections::BTreeMap;
@@ -25,6 +26,7 @@ use crate::registry::Registry;
 use crate::testbed::{self, Backend, HostSetup, NodeHost};
 
 pub mod bench;
+pub mod controller;
 
 /// How often a stand-in kubelet looks for a reboot request.
 const KUBELET_PERIOD: Duration = Duration::from_millis(200);
