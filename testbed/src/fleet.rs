@@ -366,15 +366,9 @@ impl Inner {
             .append(true)
             .open(node.dir.join("streamd.log"))
             .context("opening streamd.log")?;
-        let child = Command::new(bin)
-            .envs(node.host.streamd_env(&node.kubeconfig))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        *slot = Some(child);
+        let mut cmd = Command::new(bin);
+        cmd.envs(node.host.streamd_env(&node.kubeconfig));
+        *slot = Some(spawn_logged(cmd, bin, log)?);
         Ok(())
     }
 
@@ -498,6 +492,16 @@ impl Inner {
             None => bail!("control command without \"target\""),
         }
     }
+}
+
+/// Spawns `cmd` (running `bin`) with its output in `log`, killed when the handle is dropped.
+fn spawn_logged(mut cmd: Command, bin: &Path, log: std::fs::File) -> anyhow::Result<Child> {
+    cmd.stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))
 }
 
 /// A node's stand-in kubelet: when the host is asked to reboot (rpm-ostree's

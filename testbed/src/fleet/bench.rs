@@ -94,6 +94,12 @@ pub async fn run(opts: &FleetBenchOptions) -> anyhow::Result<Value> {
         bail!("max-unavailable and max-staging must be at least 1");
     }
     require(&opts.streamd, "streamd", "--streamd")?;
+    // streamd runs its verification helper from its own directory (src/host/verify.rs `HELPER`).
+    require(
+        &opts.streamd.with_file_name("streamd-verify"),
+        "streamd",
+        "--streamd",
+    )?;
     require(&opts.controller, "rollout", "--controller")?;
     let started = Instant::now();
     let fleet = Fleet::start(FleetOptions {
@@ -165,6 +171,8 @@ pub async fn run(opts: &FleetBenchOptions) -> anyhow::Result<Value> {
     let n = nodes.len() as f64;
 
     let mut agent_verbs: BTreeMap<String, u64> = BTreeMap::new();
+    // "<resource> <verb>" → count.
+    let mut agent_resources: BTreeMap<String, u64> = BTreeMap::new();
     let mut per_node_totals = Vec::new();
     let mut watches_max = Vec::new();
     let mut others = serde_json::Map::new();
@@ -178,6 +186,14 @@ pub async fn run(opts: &FleetBenchOptions) -> anyhow::Result<Value> {
             }
             per_node_totals.push(total);
             watches_max.push(stats["watches_max"][user].as_u64().unwrap_or(0));
+            let by_resource = stats["by_resource"][user].as_object().into_iter().flatten();
+            for (resource, verbs) in by_resource {
+                for (verb, count) in verbs.as_object().into_iter().flatten() {
+                    *agent_resources
+                        .entry(format!("{resource} {verb}"))
+                        .or_default() += count.as_u64().unwrap_or(0);
+                }
+            }
         } else if user != SERVICE_ACCOUNT {
             others.insert(user.clone(), verbs.clone());
         }
@@ -232,9 +248,8 @@ pub async fn run(opts: &FleetBenchOptions) -> anyhow::Result<Value> {
             }).collect::<Vec<_>>(),
         },
         "agents": {
-            "requests_per_node_by_verb": agent_verbs.iter()
-                .map(|(v, c)| (v.clone(), round2(*c as f64 / n)))
-                .collect::<BTreeMap<_, _>>(),
+            "requests_per_node_by_verb": per_node(&agent_verbs, n),
+            "requests_per_node_by_resource": per_node(&agent_resources, n),
             "requests_per_node_total": counts(&per_node_totals),
             "watches_open_max": counts(&watches_max),
             "rss_kib_max": counts(&agent_rss),
@@ -271,6 +286,14 @@ fn mean(xs: &[f64]) -> f64 {
     } else {
         xs.iter().sum::<f64>() / xs.len() as f64
     }
+}
+
+/// Each count divided by `n`.
+fn per_node(counts: &BTreeMap<String, u64>, n: f64) -> BTreeMap<String, f64> {
+    counts
+        .iter()
+        .map(|(k, c)| (k.clone(), round2(*c as f64 / n)))
+        .collect()
 }
 
 /// `{"mean", "max"}` of counts.

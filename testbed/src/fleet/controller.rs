@@ -4,7 +4,6 @@
 //! with the pod identity the Deployment's `POD_NAME`/`POD_NAMESPACE` would give it.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 
 use anyhow::{Context as _, bail};
 use serde_json::Value;
@@ -70,20 +69,14 @@ impl Replica {
     ) -> anyhow::Result<Replica> {
         let log =
             std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-        let child = Command::new(bin)
-            .arg("run")
+        let mut cmd = Command::new(bin);
+        cmd.arg("run")
             .env("KUBECONFIG", kubeconfig)
             .env("POD_NAME", identity)
-            .env("POD_NAMESPACE", NAMESPACE)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
+            .env("POD_NAMESPACE", NAMESPACE);
         Ok(Replica {
             identity: identity.to_string(),
-            child,
+            child: super::spawn_logged(cmd, bin, log)?,
         })
     }
 
