@@ -4,18 +4,20 @@
 //! rests on a cache that has not yet seen the controller's own last patch), asks the
 //! [`planner`](crate::planner) what to do, does it with one Node patch per action, and writes
 //! the status. A drain in progress is looked at again every [`DRAIN_RETRY`] (evictions a
-//! PodDisruptionBudget refuses, pods still terminating), as `kubectl drain` retries.
+//! PodDisruptionBudget refuses, pods still terminating), as `kubectl drain` retries. What it
+//! does is also told in Events on the pool ([`events`](crate::events)).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::controller::{Action as Requeue, Config, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
@@ -31,6 +33,7 @@ use crate::crd::{
     DEFAULT_DRAIN_TIMEOUT_SECONDS, DEFAULT_MAX_CONCURRENT_STAGING, StreamPool, Target,
 };
 use crate::drain;
+use crate::events::{self, Journal, Note};
 use crate::node::{NodeView, ROLLOUT_STEP, Step};
 use crate::planner::{self, Action, CheckKeys, PoolInput};
 use crate::status;
@@ -66,6 +69,34 @@ pub struct Context {
     drain_client: kube::Client,
     catalog: watch::Receiver<Option<Catalog>>,
     pools: Store<StreamPool>,
+    recorder: Recorder,
+    journal: Journal,
+}
+
+impl Context {
+    /// Publishes `note` about `pool` (and its node). Events are best effort: a failure is
+    /// logged and the rollout goes on.
+    async fn publish(
+        &self,
+        pool: &ObjectReference,
+        nodes: &BTreeMap<String, ObjectReference>,
+        note: Note,
+    ) {
+        let event = Event {
+            type_: if note.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: note.reason.into(),
+            note: Some(note.text),
+            action: note.action.into(),
+            secondary: note.node.as_ref().and_then(|n| nodes.get(n)).cloned(),
+        };
+        if let Err(e) = self.recorder.publish(&event, pool).await {
+            tracing::warn!(reason = note.reason, error = %e, "publishing an event failed");
+        }
+    }
 }
 
 /// The pool's target as the node protocol's request, resolved through the cluster's
@@ -188,6 +219,12 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
             source,
         })?;
     let views: Vec<NodeView> = listed.items.iter().map(NodeView::from_node).collect();
+    let pool_ref = reference(pool.object_ref(&()));
+    let node_refs: BTreeMap<String, ObjectReference> = listed
+        .items
+        .iter()
+        .map(|n| (n.name_any(), reference(n.object_ref(&()))))
+        .collect();
     let others: Vec<Arc<StreamPool>> = ctx
         .pools
         .state()
@@ -273,6 +310,9 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
                 what: format!("patching node {node}"),
                 source,
             })?;
+        if let Some(note) = events::for_action(action, &pool.spec.target.stream) {
+            ctx.publish(&pool_ref, &node_refs, note).await;
+        }
     }
     for node in &plan.summary.timed_out {
         // Read-only: name what is still there for the admin.
@@ -301,6 +341,7 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
         &blockers,
         Time(jiff_now()),
     );
+    let news = ctx.journal.news(&name, pool.status.as_ref(), &built);
     if pool.status.as_ref() != Some(&built) {
         let mut value = serde_json::to_value(&built).unwrap_or_default();
         // A merge patch keeps keys it does not name: clear the optional ones explicitly.
@@ -317,11 +358,21 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
                 source,
             })?;
     }
+    for note in news {
+        ctx.publish(&pool_ref, &node_refs, note).await;
+    }
     Ok(if !plan.summary.draining.is_empty() {
         Requeue::requeue(DRAIN_RETRY)
     } else {
         Requeue::await_change()
     })
+}
+
+/// An Event's reference to `object`, without the version it had then (so that the recorder
+/// sees one object, not one per status write).
+fn reference(mut object: ObjectReference) -> ObjectReference {
+    object.resource_version = None;
+    object
 }
 
 fn jiff_now() -> k8s_openapi::jiff::Timestamp {
@@ -372,8 +423,13 @@ impl Clients {
     }
 }
 
-/// Runs the controller until `shutdown` completes (leadership lost, or a signal).
-pub async fn run(clients: Clients, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+/// Runs the controller until `shutdown` completes (leadership lost, or a signal); `identity`
+/// (the pod name) is the Events' reporting instance.
+pub async fn run(
+    clients: Clients,
+    identity: &str,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
     let client = clients.main;
     let (catalog_tx, catalog_rx) = watch::channel(None);
     let (trigger_tx, trigger_rx) = tokio::sync::mpsc::channel::<()>(1);
@@ -405,6 +461,14 @@ pub async fn run(clients: Clients, shutdown: impl Future<Output = ()> + Send + S
         drain_client: clients.drain,
         catalog: catalog_rx,
         pools: store.clone(),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: events::REPORTER.into(),
+                instance: Some(identity.to_string()),
+            },
+        ),
+        journal: Journal::default(),
     });
     controller
         .watches(

@@ -45,8 +45,8 @@ async fn a_pool_moves_one_node_at_a_time_past_a_pdb() {
             })
     })
     .await;
-    // The budget holds for a while: no approval, no second node.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The budget holds for a while (more than one drain pass): no approval, no second node.
+    tokio::time::sleep(Duration::from_secs(7)).await;
     assert!(p.pods_on("worker-0").contains(&"web-a".to_string()));
     assert_eq!(p.annotation("worker-0", "reboot-approved"), None);
     assert!(!p.cordoned("worker-1"), "a second node was taken");
@@ -75,6 +75,44 @@ async fn a_pool_moves_one_node_at_a_time_past_a_pdb() {
     assert_eq!(status["updatedMachineCount"], 3);
     assert_eq!(status["readyMachineCount"], 3);
     assert_eq!(status["observedGeneration"], 1);
+
+    // What an admin follows in `kubectl describe streampool worker`: per node, in order, and
+    // the refused eviction once, not once per drain pass.
+    assert_eq!(
+        p.event_reasons("worker-0"),
+        [
+            "NodeTargeted",
+            "DrainStarted",
+            "EvictionBlocked",
+            "RebootApproved",
+            "NodeUpdated"
+        ]
+    );
+    for n in ["worker-1", "worker-2"] {
+        assert_eq!(
+            p.event_reasons(n),
+            [
+                "NodeTargeted",
+                "DrainStarted",
+                "RebootApproved",
+                "NodeUpdated"
+            ],
+            "{n}"
+        );
+    }
+    let events = p.events();
+    let at = |node: &str, reason: &str| {
+        events
+            .iter()
+            .position(|e| e.node == node && e.reason == reason)
+            .expect("event")
+    };
+    assert!(at("worker-0", "NodeUpdated") < at("worker-1", "DrainStarted"));
+    assert!(at("worker-1", "NodeUpdated") < at("worker-2", "DrainStarted"));
+    let blocked = &events[at("worker-0", "EvictionBlocked")];
+    assert_eq!((blocked.type_.as_str(), blocked.count), ("Warning", 1));
+    assert!(blocked.note.contains("default/web-a"), "{}", blocked.note);
+    assert!(p.event_reasons("").is_empty(), "{events:?}");
 }
 
 /// worker-1 has an x86-64-v2 CPU: streamd's preflight refuses rhel-10, the pool is Degraded
@@ -103,6 +141,31 @@ async fn an_old_cpu_refuses_and_stops_the_rollout() {
     assert_eq!(p.seen().approvals.get("worker-2").map(Vec::len), Some(0));
     assert!(!p.cordoned("worker-2"), "worker-2 cordoned");
     assert!(!p.cordoned("worker-1"), "the refusing node cordoned");
+
+    // Reported once each, however often the pool was reconciled since.
+    let events = p.events();
+    let refused: Vec<_> = events
+        .iter()
+        .filter(|e| e.reason == "NodeRefused")
+        .collect();
+    assert_eq!(refused.len(), 1, "{events:?}");
+    assert_eq!(
+        (
+            refused[0].type_.as_str(),
+            refused[0].node.as_str(),
+            refused[0].count
+        ),
+        ("Warning", "worker-1", 1)
+    );
+    assert!(
+        refused[0]
+            .note
+            .starts_with("node worker-1: preflight check cpu-level failed")
+            && !refused[0].note.contains('\n'),
+        "{}",
+        refused[0].note
+    );
+    assert_eq!(p.event_reasons(""), ["PoolDegraded"], "{events:?}");
 }
 
 /// A paused pool gets readiness checks only (its summary names what the move would meet);
@@ -139,6 +202,7 @@ async fn pause_stops_new_work_and_resume_continues() {
         .await;
     assert_eq!(p.status()["observedGeneration"], 2);
     p.assert_once(&["worker-0", "worker-1"]);
+    assert_eq!(p.event_reasons(""), ["Paused", "Resumed"]);
 }
 
 /// Makes worker-0's drain wait on a PodDisruptionBudget: its only web replica may not go.

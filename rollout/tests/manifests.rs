@@ -68,6 +68,7 @@ fn rbac_is_least_privilege() {
             "ClusterRole machineconfiguration.openshift.io osimagestreams [] get,list,watch",
             "Role coordination.k8s.io leases [] create",
             "Role coordination.k8s.io leases [streamd-rollout] get,patch",
+            "Role events.k8s.io events [] create,patch",
         ]
     );
 }

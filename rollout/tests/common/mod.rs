@@ -97,6 +97,23 @@ impl Seen {
     }
 }
 
+/// One Event about the pool.
+#[derive(Debug, Clone)]
+pub struct PoolEvent {
+    /// `eventTime` (RFC 3339 with microseconds: sorts as text).
+    pub time: String,
+    /// `Normal` or `Warning`.
+    pub type_: String,
+    /// PascalCase reason.
+    pub reason: String,
+    /// The related Node's name; empty for an Event about the pool alone.
+    pub node: String,
+    /// The note.
+    pub note: String,
+    /// `series.count`, 1 without a series.
+    pub count: u64,
+}
+
 /// A fleet of real streamd nodes on rhel-9 with the controller's CRD and RBAC.
 pub struct Pool {
     /// The fleet (nodes `worker-0` …).
@@ -321,6 +338,42 @@ impl Pool {
                 "spec": spec,
             }))
             .expect("pdb");
+    }
+
+    /// The Events about StreamPool `worker` (events.k8s.io/v1, namespace `default` as for any
+    /// cluster-scoped object), oldest first.
+    pub fn events(&self) -> Vec<PoolEvent> {
+        let mut events: Vec<PoolEvent> = self
+            .api()
+            .list("events.k8s.io/v1", "Event", Some("default"))
+            .unwrap_or_default()
+            .iter()
+            .filter(|e| {
+                e["regarding"]["kind"] == "StreamPool" && e["regarding"]["name"] == "worker"
+            })
+            .map(|e| {
+                let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+                PoolEvent {
+                    time: s(&e["eventTime"]),
+                    type_: s(&e["type"]),
+                    reason: s(&e["reason"]),
+                    node: s(&e["related"]["name"]),
+                    note: s(&e["note"]),
+                    count: e["series"]["count"].as_u64().unwrap_or(1),
+                }
+            })
+            .collect();
+        events.sort_by(|a, b| a.time.cmp(&b.time));
+        events
+    }
+
+    /// The reasons of the Events about node `node` (`""`: about the pool only), in order.
+    pub fn event_reasons(&self, node: &str) -> Vec<String> {
+        self.events()
+            .into_iter()
+            .filter(|e| e.node == node)
+            .map(|e| e.reason)
+            .collect()
     }
 
     /// The most nodes the API server saw unavailable at once.
