@@ -90,6 +90,19 @@ pub fn for_action(action: &Action, stream: &str) -> Option<Note> {
     })
 }
 
+/// The Event of a node released by the pool (`why`: the pool is deleted, or the node left its
+/// selector).
+pub fn released(node: &str, why: &str, withdrew: bool, uncordoned: bool) -> Note {
+    let mut text = format!("node {node}: released because {why}");
+    if uncordoned {
+        text.push_str("; uncordoned");
+    }
+    if withdrew {
+        text.push_str("; the pool's request withdrawn");
+    }
+    note(false, "NodeReleased", "Release", Some(node), &text)
+}
+
 /// A lasting condition: its key, its value (a change is news) and its Event (`None`: the
 /// condition's quiet value, e.g. not degraded).
 type Lasting = (String, String, Option<Note>);

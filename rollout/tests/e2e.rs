@@ -36,13 +36,7 @@ async fn a_pool_moves_one_node_at_a_time_past_a_pdb() {
     p.start_controller("a", &["--leader-elect=false"]);
 
     p.wait("worker-0 cordoned and its eviction refused", 120, |p| {
-        p.cordoned("worker-0")
-            && p.status()["nodes"].as_array().is_some_and(|ns| {
-                ns.iter().any(|n| {
-                    n["name"] == "worker-0"
-                        && n["reason"].as_str().unwrap_or_default().contains("429")
-                })
-            })
+        p.cordoned("worker-0") && p.eviction_refused("worker-0")
     })
     .await;
     // The budget holds for a while (more than one drain pass): no approval, no second node.
@@ -392,4 +386,117 @@ async fn an_mco_pool_gets_the_readiness_summary_only() {
         );
     }
     assert!(p.seen().approvals.values().all(Vec::is_empty));
+}
+
+/// The pool is deleted mid-rollout (`maxUnavailable` 2): worker-0, cordoned and held by a
+/// PodDisruptionBudget, is released at once (uncordoned, its mark and the pool's request
+/// removed, so streamd drops its stage and goes Idle), and worker-2 loses the request too;
+/// worker-1, approved and rebooting, finishes its cycle (Done, uncordoned, its request kept: it
+/// runs it) before the finalizer lets the pool go. Nothing is approved after the deletion.
+#[tokio::test]
+async fn deleting_a_pool_mid_rollout_releases_its_nodes() {
+    let mut p = Pool::start_with("delete", 3, &[], |o| {
+        o.reboot_downtime = Duration::from_secs(6);
+    })
+    .await;
+    block_worker0_drain(&p);
+    let mut s = spec();
+    s["maxUnavailable"] = json!(2);
+    p.create_pool(s);
+    p.start_controller("a", &["--leader-elect=false"]);
+    // Staging one at a time: worker-0 is taken (and held) first, then worker-1 is approved.
+    p.wait("worker-1 approved while worker-0 drains", 120, |p| {
+        p.annotation("worker-1", "rollout-step")
+            .is_some_and(|s| s.starts_with("approved:"))
+    })
+    .await;
+    assert!(
+        p.annotation("worker-0", "rollout-step")
+            .is_some_and(|s| s.starts_with("draining:"))
+    );
+    p.delete_pool().await;
+    p.wait("worker-0 and worker-2 released", 30, |p| {
+        p.released("worker-0") && p.released("worker-2")
+    })
+    .await;
+    assert!(
+        !p.pool().is_null(),
+        "the pool went while worker-1 was still rebooting"
+    );
+    p.wait("the pool gone", 60, |p| p.pool().is_null()).await;
+    assert_eq!(
+        p.annotation("worker-1", "current-stream").as_deref(),
+        Some("rhel-10")
+    );
+    assert_eq!(
+        p.annotation("worker-1", "desired-stream").as_deref(),
+        Some("rhel-10")
+    );
+    assert_eq!(p.annotation("worker-1", "rollout-step"), None);
+    assert!(!p.cordoned("worker-1"));
+    for n in ["worker-0", "worker-2"] {
+        p.wait(&format!("{n} Idle on rhel-9"), 60, |p| {
+            p.annotation(n, "state").as_deref() == Some("Idle")
+                && p.annotation(n, "staged-os-image").is_none()
+        })
+        .await;
+        assert_eq!(p.annotation(n, "current-stream").as_deref(), Some("rhel-9"));
+    }
+    // The budget lets go now; still nothing is approved.
+    p.pod(
+        "web-b",
+        "worker-2",
+        ("ReplicaSet", "web"),
+        json!({"app": "web"}),
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let seen = p.seen();
+    assert_eq!(seen.approvals["worker-1"].len(), 1);
+    assert!(seen.approvals["worker-0"].is_empty() && seen.approvals["worker-2"].is_empty());
+    assert!(p.released("worker-0"));
+}
+
+/// worker-0, cordoned and held by a PodDisruptionBudget, is relabelled out of the pool's
+/// selector: it is released (uncordoned, mark and request removed) and never approved, also
+/// once the budget would let its drain finish; the pool goes on with the other two.
+#[tokio::test]
+async fn a_node_leaving_the_selector_is_released_and_never_approved() {
+    let mut p = Pool::start("leave", 3, &[]).await;
+    block_worker0_drain(&p);
+    p.create_pool(spec());
+    p.start_controller("a", &["--leader-elect=false"]);
+    p.wait("worker-0's eviction refused", 120, |p| {
+        p.eviction_refused("worker-0")
+    })
+    .await;
+    p.relabel_out("worker-0");
+    p.wait("worker-0 released", 30, |p| p.released("worker-0"))
+        .await;
+    p.pod(
+        "web-b",
+        "worker-2",
+        ("ReplicaSet", "web"),
+        json!({"app": "web"}),
+    );
+    for n in ["worker-1", "worker-2"] {
+        p.wait(&format!("{n} done"), 120, |p| p.done(n)).await;
+    }
+    p.wait("pool Updated", 30, |p| p.condition("Updated").0 == "True")
+        .await;
+    assert_eq!(p.status()["machineCount"], 2);
+    assert!(p.seen().approvals["worker-0"].is_empty());
+    assert!(p.released("worker-0"));
+    assert_eq!(
+        p.event_reasons("worker-0"),
+        [
+            "NodeTargeted",
+            "DrainStarted",
+            "EvictionBlocked",
+            "NodeReleased"
+        ]
+    );
+    assert_eq!(
+        p.annotation("worker-0", "current-stream").as_deref(),
+        Some("rhel-9")
+    );
 }

@@ -60,7 +60,7 @@ fn rbac_is_least_privilege() {
     assert_eq!(
         rules,
         vec![
-            "ClusterRole osstream.openshift.io streampools [] get,list,watch",
+            "ClusterRole osstream.openshift.io streampools [] get,list,watch,patch",
             "ClusterRole osstream.openshift.io streampools/status [] patch",
             "ClusterRole  nodes [] list,watch,patch",
             "ClusterRole  pods [] list",

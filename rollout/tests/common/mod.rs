@@ -131,6 +131,16 @@ pub struct Pool {
 impl Pool {
     /// `nodes` nodes (`overrides`: node → host fixture), no controller yet.
     pub async fn start(name: &str, nodes: usize, overrides: &[(&str, &str)]) -> Pool {
+        Pool::start_with(name, nodes, overrides, |_| {}).await
+    }
+
+    /// [`Pool::start`] with the fleet's options changed by `tweak`.
+    pub async fn start_with(
+        name: &str,
+        nodes: usize,
+        overrides: &[(&str, &str)],
+        tweak: impl FnOnce(&mut FleetOptions),
+    ) -> Pool {
         let dir = std::env::temp_dir().join(format!("rollout-e2e-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let started = Instant::now();
@@ -140,6 +150,7 @@ impl Pool {
             .iter()
             .map(|(n, f)| (n.to_string(), f.to_string()))
             .collect();
+        tweak(&mut opts);
         let fleet = Fleet::start(opts).await.expect("fleet");
         let sa_kubeconfig = install(fleet.apiserver());
         let admin = client_for(&fleet.dir().join("kubeconfig-admin")).await;
@@ -218,10 +229,8 @@ impl Pool {
             .expect("pool");
     }
 
-    /// Merge-patches StreamPool `worker` as an admin does.
-    pub async fn patch_pool(&self, patch: Value) {
-        use kube::api::{Patch, PatchParams};
-        let pools: Api<kube::api::DynamicObject> = Api::all_with(
+    fn pools(&self) -> Api<kube::api::DynamicObject> {
+        Api::all_with(
             self.admin.clone(),
             &kube::discovery::ApiResource {
                 group: "osstream.openshift.io".into(),
@@ -230,11 +239,60 @@ impl Pool {
                 kind: "StreamPool".into(),
                 plural: "streampools".into(),
             },
-        );
-        pools
+        )
+    }
+
+    /// Merge-patches StreamPool `worker` as an admin does.
+    pub async fn patch_pool(&self, patch: Value) {
+        use kube::api::{Patch, PatchParams};
+        self.pools()
             .patch("worker", &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .expect("patch pool");
+    }
+
+    /// Deletes StreamPool `worker` as an admin does (`kubectl delete streampool worker`).
+    pub async fn delete_pool(&self) {
+        self.pools()
+            .delete("worker", &kube::api::DeleteParams::default())
+            .await
+            .expect("delete pool");
+    }
+
+    /// Takes `node` out of the pool's selector (removes its worker role label).
+    pub fn relabel_out(&self, node: &str) {
+        self.api()
+            .update("v1", "Node", None, node, |n| {
+                if let Some(labels) = n["metadata"]["labels"].as_object_mut() {
+                    labels.remove("node-role.kubernetes.io/worker");
+                }
+            })
+            .expect("relabel");
+    }
+
+    /// The pool's status names a PodDisruptionBudget's 429 in `node`'s drain.
+    pub fn eviction_refused(&self, node: &str) -> bool {
+        self.status()["nodes"].as_array().is_some_and(|ns| {
+            ns.iter().any(|n| {
+                n["name"] == node && n["reason"].as_str().unwrap_or_default().contains("429")
+            })
+        })
+    }
+
+    /// `node` carries none of the pool's keys or marks and is schedulable: the controller let
+    /// it go.
+    pub fn released(&self, node: &str) -> bool {
+        [
+            "desired-stream",
+            "desired-os-image",
+            "check-stream",
+            "rollout-step",
+            "reboot-approved",
+            "rollout-pool",
+        ]
+        .iter()
+        .all(|k| self.annotation(node, k).is_none())
+            && !self.cordoned(node)
     }
 
     /// StreamPool `worker` (`Null` when there is none).
