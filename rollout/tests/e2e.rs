@@ -210,9 +210,13 @@ fn block_worker0_drain(p: &Pool) {
     p.web_pdb(json!({"minAvailable": 1}));
 }
 
-/// Lets worker-0's drain go on (a second replica elsewhere), waits for the pool to finish and
-/// checks that no node was drained or approved twice, whoever led.
-async fn release_and_finish(p: &Pool) {
+/// The new controller works on for a few drain passes against the budget (it takes up the
+/// drain, it does not start it again), then lets worker-0's drain go on (a second replica
+/// elsewhere), waits for the pool to finish and checks that no node was drained or approved
+/// twice, whoever led.
+async fn release_and_finish(p: &Pool, mark: Option<String>) {
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(p.annotation("worker-0", "rollout-step"), mark);
     p.pod(
         "web-b",
         "worker-1",
@@ -249,9 +253,10 @@ async fn a_controller_killed_mid_drain_continues_without_a_second_approval() {
     p.create_pool(spec());
     p.start_controller("a", &["--leader-elect=false"]);
     wait_draining(&p, "worker-0").await;
+    let mark = p.annotation("worker-0", "rollout-step");
     p.kill_controller("a").await;
     p.start_controller("b", &["--leader-elect=false"]);
-    release_and_finish(&p).await;
+    release_and_finish(&p, mark).await;
 }
 
 fn leader_of(p: &Pool) -> Option<String> {
@@ -280,13 +285,14 @@ async fn a_leader_change_mid_drain_continues_without_a_second_approval() {
     p.start_controller("b", &["--lease-seconds", "3"]);
     p.wait("a leader", 60, |p| leader_of(p).is_some()).await;
     wait_draining(&p, "worker-0").await;
+    let mark = p.annotation("worker-0", "rollout-step");
     let first = leader_of(&p).expect("leader");
     p.kill_controller(&first).await;
     p.wait("the other replica leads", 60, |p| {
         leader_of(p).is_some_and(|l| l != first)
     })
     .await;
-    release_and_finish(&p).await;
+    release_and_finish(&p, mark).await;
 }
 
 /// worker-2, staged and waiting, is rebooted by its administrator while worker-0 is in flight:
