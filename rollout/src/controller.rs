@@ -282,10 +282,14 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
         .partition(|n| selector.matches(n.labels()));
     let pools: Api<StreamPool> = Api::all(ctx.client.clone());
     if pool.meta().deletion_timestamp.is_some() {
-        // Its nodes: those carrying its request, and those it cordoned.
+        // Its nodes: those carrying its request, and selected ones it cordoned before nodes
+        // carried the pool's name.
         let own: Vec<&Node> = members
             .iter()
-            .filter(|n| ours(n) || n.annotations().contains_key(ROLLOUT_STEP))
+            .filter(|n| {
+                let a = n.annotations();
+                ours(n) || (!a.contains_key(ROLLOUT_POOL) && a.contains_key(ROLLOUT_STEP))
+            })
             .chain(gone.iter().filter(|n| ours(n)))
             .collect();
         let mut waiting = 0;
