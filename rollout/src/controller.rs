@@ -757,6 +757,36 @@ mod tests {
     }
 
     #[test]
+    fn a_release_removes_the_controllers_keys_only_if_the_node_is_as_listed() {
+        assert_eq!(
+            release_patch(true, true, "42"),
+            json!({
+                "metadata": {
+                    "annotations": {
+                        "osstream.openshift.io/rollout-pool": null,
+                        "osstream.openshift.io/check-stream": null,
+                        "osstream.openshift.io/check-os-image": null,
+                        "osstream.openshift.io/check-extensions-image": null,
+                        "osstream.openshift.io/desired-stream": null,
+                        "osstream.openshift.io/desired-os-image": null,
+                        "osstream.openshift.io/desired-extensions-image": null,
+                        "osstream.openshift.io/rollout-step": null,
+                        "osstream.openshift.io/reboot-approved": null,
+                    },
+                    "resourceVersion": "42",
+                },
+                "spec": {"unschedulable": false},
+            })
+        );
+        let keep = release_patch(false, false, "7");
+        assert_eq!(
+            keep["metadata"]["annotations"].as_object().map(|m| m.len()),
+            Some(4)
+        );
+        assert!(keep.get("spec").is_none());
+    }
+
+    #[test]
     fn targets_resolve_from_the_spec_or_the_catalog() {
         use streamd::cluster::streams::StreamImages;
         let os = "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010";
