@@ -7,7 +7,9 @@
 //! some client is subscribed), unit objects with `org.freedesktop.systemd1.Unit` (`Id`,
 //! `Description`, `LoadState`, `ActiveState`, `SubState`, `Unref()`) and
 //! `org.freedesktop.systemd1.Service` (`Result`, `ExecMainCode`, `ExecMainStatus`,
-//! `ExecMainPID`). `ExecStart` really runs, as a child of the testbed process. Job objects,
+//! `ExecMainPID`). `ExecStart` really runs, as a child of the testbed process (for `oneshot`,
+//! several lines one after the other while they succeed), then `ExecStopPost` whatever the
+//! result, before the unit is dead and its start job done. Job objects,
 //! auxiliary units and unit types other than services are not modelled.
 //!
 //! One unit with a fragment file is modelled for `StartUnit`: `bootloader-update.service`
@@ -125,6 +127,8 @@ struct ServiceSpec {
     service_type: String,
     /// `(path, argv, ignore-failure)`.
     exec_start: Vec<(String, Vec<String>, bool)>,
+    /// `ExecStopPost=`: run once the `ExecStart` lines ended, whatever their result.
+    exec_stop_post: Vec<(String, Vec<String>, bool)>,
     add_ref: bool,
     remain_after_exit: bool,
     /// `CollectMode=inactive-or-failed`: a failed unit is unloaded too.
@@ -161,6 +165,7 @@ impl ServiceSpec {
             description: name.to_string(),
             service_type: "simple".into(),
             exec_start: Vec::new(),
+            exec_stop_post: Vec::new(),
             add_ref: false,
             remain_after_exit: false,
             collect_failed: false,
@@ -200,7 +205,7 @@ impl ServiceSpec {
                 }
                 self.service_type = t;
             }
-            "ExecStart" => {
+            "ExecStart" | "ExecStopPost" => {
                 let cmds: Vec<(String, Vec<String>, bool)> = value
                     .try_clone()
                     .map_err(|_| wrong_type())?
@@ -222,7 +227,11 @@ impl ServiceSpec {
                         ));
                     }
                 }
-                self.exec_start.extend(cmds);
+                if name == "ExecStart" {
+                    self.exec_start.extend(cmds);
+                } else {
+                    self.exec_stop_post.extend(cmds);
+                }
             }
             "AddRef" => self.add_ref = boolean()?,
             "RemainAfterExit" => self.remain_after_exit = boolean()?,
@@ -655,23 +664,30 @@ impl Shared {
         let mut journal = String::new();
         let mut outcome = (CLD_EXITED, 0);
         for (path, argv, _ignore) in &spec.exec_start {
-            outcome = match self.exec(&unit, path, argv, &spec, &mut journal).await {
-                Ok(o) => o,
-                Err(e) => {
-                    journal.push_str(&format!("{unit}: Failed to execute {path}: {e}\n"));
-                    (CLD_EXITED, EXIT_EXEC)
-                }
-            };
+            outcome = self
+                .exec_status(&unit, path, argv, &spec, &mut journal, true)
+                .await;
             if outcome != (CLD_EXITED, 0) {
                 break;
             }
         }
         let (code, status) = outcome;
-        let result = match (code, status) {
+        let mut result = match (code, status) {
             (CLD_EXITED, 0) => "success",
             (CLD_EXITED, _) => "exit-code",
             _ => "signal",
         };
+        // The stop-post commands run before the unit is dead (and its job done); one that
+        // fails turns a success into `exit-code` (service.c `service_enter_dead` keeps the
+        // first failure). `ExecMain*` stay the main command's.
+        for (path, argv, _ignore) in &spec.exec_stop_post {
+            let post = self
+                .exec_status(&unit, path, argv, &spec, &mut journal, false)
+                .await;
+            if post != (CLD_EXITED, 0) && result == "success" {
+                result = "exit-code";
+            }
+        }
         let success = result == "success";
         {
             let mut units = lock(&self.units);
@@ -705,7 +721,27 @@ impl Shared {
         job_result
     }
 
-    /// Runs one command to its end; `(code, status)` as `waitid()` reports them.
+    /// [`Self::exec`], with an `execve` failure as systemd reports it (status 203, `EXIT_EXEC`).
+    async fn exec_status(
+        &self,
+        unit: &str,
+        path: &str,
+        argv: &[String],
+        spec: &ServiceSpec,
+        journal: &mut String,
+        main: bool,
+    ) -> (i32, i32) {
+        match self.exec(unit, path, argv, spec, journal, main).await {
+            Ok(o) => o,
+            Err(e) => {
+                journal.push_str(&format!("{unit}: Failed to execute {path}: {e}\n"));
+                (CLD_EXITED, EXIT_EXEC)
+            }
+        }
+    }
+
+    /// Runs one command to its end; `(code, status)` as `waitid()` reports them. A `main` one
+    /// (`ExecStart`) is the unit's `ExecMainPID` while it runs.
     async fn exec(
         &self,
         unit: &str,
@@ -713,6 +749,7 @@ impl Shared {
         argv: &[String],
         spec: &ServiceSpec,
         journal: &mut String,
+        main: bool,
     ) -> std::io::Result<(i32, i32)> {
         use std::os::unix::process::CommandExt as _;
         let stdout = stdio(&spec.stdout)?;
@@ -736,7 +773,7 @@ impl Shared {
         let child = tokio::process::Command::from(cmd)
             .kill_on_drop(true)
             .spawn()?;
-        if let Some(pid) = child.id()
+        if let Some(pid) = child.id().filter(|_| main)
             && let Some(s) = lock(&self.units).get_mut(unit)
         {
             s.main_pid = pid;
