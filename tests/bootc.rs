@@ -33,7 +33,12 @@ impl Env {
         let dir = scratch_dir("bootc", name);
         let tb = start_testbed(&dir, host, Backend::Bootc).await;
         let conn = bus_connection(&tb).await;
-        let client = Client::new(conn.clone(), &tb.env()["TESTBED_BOOTC"], dir.join("run"));
+        let client = Client::new(
+            conn.clone(),
+            &tb.env()["TESTBED_BOOTC"],
+            dir.join("run"),
+            &dir.join("host"),
+        );
         Env {
             tb,
             client,
@@ -259,6 +264,7 @@ async fn failing_units_name_the_unit() {
         env.conn.clone(),
         env.dir.join("no-such-bootc"),
         env.dir.join("run"),
+        &env.dir.join("host"),
     );
     match absent.deployments().await {
         Err(BootcError::UnitFailed { result, status, .. }) => {
@@ -520,15 +526,18 @@ async fn signed_hosts_keep_enforcing_the_signature_policy() {
         Some(format!("ostree-image-signed:docker://{}", rhel9.pullspec))
     );
     let units = env.ctl(json!({"target": "systemd", "cmd": "units"})).await;
+    // Every `bootc switch` command line, also the held one's (after its lock step).
     let switches: Vec<&serde_json::Value> = units
         .as_array()
         .expect("units")
         .iter()
-        .filter(|u| u["spec"]["exec_start"][0][1][1] == "switch")
+        .flat_map(|u| u["spec"]["exec_start"].as_array().into_iter().flatten())
+        .map(|line| &line[1])
+        .filter(|argv| argv[1] == "switch")
         .collect();
     assert_eq!(switches.len(), 3, "{units}");
     assert!(
-        switches.iter().all(|u| u["spec"]["exec_start"][0][1]
+        switches.iter().all(|argv| argv
             .as_array()
             .is_some_and(|a| a.iter().any(|w| w == "--enforce-container-sigpolicy"))),
         "{units}"
@@ -703,4 +712,73 @@ async fn a_stage_that_cannot_be_held_does_not_stay() {
         staged.is_none_or(|s| s.carries_digest(&rhel9.digest)),
         "no unheld rhel-10 stage: {after:#?}"
     );
+}
+
+/// The host's `/run/ostree` below the testbed's host root.
+fn run_ostree(env: &Env) -> PathBuf {
+    env.dir.join("host/run/ostree")
+}
+
+/// A shutdown between `bootc switch` staging and the hold does not apply the stage: the legacy
+/// lock file is in place before the switch stages (ostree finalizes nothing while it exists).
+#[tokio::test]
+async fn a_reboot_between_the_switch_and_the_hold_does_not_apply_the_stage() {
+    let env = Env::new("hold-window", "default").await;
+    let (rhel9, rhel10) = (&env.tb.images()[0], &env.tb.images()[1]);
+    let backend = streamd::backend::Backend::Bootc(env.client.clone());
+    env.client.deployments().await.expect("status");
+    assert!(backend.locks());
+    // The switch stays running for 20 s once it staged: the window, stretched.
+    env.ctl(json!({"target": "bootc", "cmd": "pause-after-next-switch", "ms": 20_000}))
+        .await;
+    let image: streamd::image::reference::ImageRef = rhel10.pullspec.parse().expect("image");
+    let plan = streamd::backend::StagePlan::rebase("rhel-10", &image, false);
+    let staging = tokio::spawn(async move {
+        let (tx, _rx) = tokio::sync::mpsc::channel(16);
+        let (_cancel, cancelled) = tokio::sync::watch::channel(false);
+        backend.stage(&plan, &tx, cancelled).await
+    });
+    let record = run_ostree(&env).join("staged-deployment");
+    let t = Instant::now();
+    while !record.exists() {
+        assert!(t.elapsed() < Duration::from_secs(60), "nothing was staged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The host goes down now, while the switch's unit still runs.
+    let out = env.ctl(json!({"target": "testbed", "cmd": "reboot"})).await;
+    assert_eq!(out["applied"], json!(false), "{out}");
+    assert_eq!(out["booted"], json!(rhel9.digest), "{out}");
+    assert!(
+        !run_ostree(&env).join("staged-deployment-locked").exists(),
+        "/run is emptied by the reboot"
+    );
+    staging.abort();
+}
+
+/// A switch that fails leaves no lock behind: the legacy file would silently hold the next stage
+/// anyone makes.
+#[tokio::test]
+async fn a_failed_held_switch_leaves_no_lock_file() {
+    let env = Env::new("hold-switch-fails", "default").await;
+    let rhel10 = &env.tb.images()[1];
+    let backend = streamd::backend::Backend::Bootc(env.client.clone());
+    env.client.deployments().await.expect("status");
+    env.ctl(json!({"target": "bootc", "cmd": "fail-next-switch",
+                   "message": "Creating importer: failed to invoke method OpenImage: reading manifest: manifest unknown"}))
+        .await;
+    let image: streamd::image::reference::ImageRef = rhel10.pullspec.parse().expect("image");
+    let plan = streamd::backend::StagePlan::rebase("rhel-10", &image, false);
+    let (tx, _rx) = tokio::sync::mpsc::channel(16);
+    let (_cancel, cancelled) = tokio::sync::watch::channel(false);
+    let e = backend
+        .stage(&plan, &tx, cancelled)
+        .await
+        .expect_err("the switch failed");
+    assert!(e.to_string().contains("manifest unknown"), "{e}");
+    assert!(
+        !run_ostree(&env).join("staged-deployment-locked").exists(),
+        "no lock file is left behind"
+    );
+    let after = env.client.deployments().await.expect("status");
+    assert!(after.iter().all(|d| !d.staged), "{after:#?}");
 }

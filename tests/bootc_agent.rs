@@ -176,16 +176,13 @@ async fn a_host_booted_from_a_signed_image_switches_under_the_signature_policy()
     env.request_rhel10();
     env.wait_reboot_request().await;
     approve_and_reboot(&env).await;
-    let units = env.systemd_units().await;
-    let switch = units
-        .as_array()
-        .expect("units")
-        .iter()
-        .find(|u| u["spec"]["exec_start"][0][1][1] == "switch")
-        .expect("a switch unit")
-        .clone();
+    let switch = bootc_lines(&env)
+        .await
+        .into_iter()
+        .find(|argv| argv[1] == "switch")
+        .expect("a switch unit");
     assert_eq!(
-        switch["spec"]["exec_start"][0][1],
+        switch,
         serde_json::json!([
             env.vars()["TESTBED_BOOTC"],
             "switch",
@@ -197,21 +194,39 @@ async fn a_host_booted_from_a_signed_image_switches_under_the_signature_policy()
     );
 }
 
-/// The bootc commands that ran in units, without `bootc status`: the words after the program.
-async fn bootc_commands(env: &Env) -> Vec<Vec<String>> {
+/// The argv of every `bootc` command line the units ran, in order (a held switch's unit has
+/// three: its lock step, the switch and the hold).
+async fn bootc_lines(env: &Env) -> Vec<serde_json::Value> {
     let units = env.systemd_units().await;
+    let bootc = serde_json::json!(env.vars()["TESTBED_BOOTC"]);
     units
         .as_array()
         .expect("units")
         .iter()
-        .filter_map(|u| {
-            let argv: Vec<String> = u["spec"]["exec_start"][0][1]
+        .flat_map(|u| {
+            u["spec"]["exec_start"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|line| line[1].clone())
+        .filter(|argv| argv[0] == bootc)
+        .collect()
+}
+
+/// The bootc commands that ran in units, without `bootc status`: the words after the program.
+async fn bootc_commands(env: &Env) -> Vec<Vec<String>> {
+    bootc_lines(env)
+        .await
+        .iter()
+        .filter_map(|argv| {
+            let words: Vec<String> = argv
                 .as_array()?
                 .iter()
                 .skip(1)
                 .filter_map(|w| w.as_str().map(String::from))
                 .collect();
-            (argv.first().map(String::as_str) != Some("status")).then_some(argv)
+            (words.first().map(String::as_str) != Some("status")).then_some(words)
         })
         .collect()
 }
@@ -256,5 +271,36 @@ async fn a_bootc_that_can_lock_stages_before_the_approval_and_holds_it() {
         "{commands:?}"
     );
     assert_eq!(commands.len(), 5, "{commands:?}");
+    env.reboot_into_rhel10().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reboot_while_streamd_stages_early_leaves_the_node_on_its_os() {
+    let mut env = Env::with_backend("bootc-window", "default", testbed::Backend::Bootc).await;
+    // The switch stays running for 3 s once it staged: the window before the hold, stretched.
+    bootc(
+        &env,
+        serde_json::json!({"cmd": "pause-after-next-switch", "ms": 3000}),
+    )
+    .await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    let record = env.dir.join("host/run/ostree/staged-deployment");
+    env.wait_for("the switch staged", Duration::from_secs(60), |_| {
+        record.exists()
+    })
+    .await;
+    // The host goes down now (streamd is stopped as a shutdown stops it).
+    let out = env.reboot(false).await;
+    assert_eq!(out["applied"], serde_json::json!(false), "{out}");
+    assert_eq!(out["booted"], serde_json::json!(env.tb.images()[0].digest));
+    // The testbed's reboot does not end the units that ran: let the cut-short one end.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Back on its OS, streamd stages and holds again, and waits for the approval.
+    env.start_streamd();
+    let waiting = env.wait_reboot_request().await;
+    assert_eq!(waiting.get(STAGED_OS_IMAGE), Some(&env.rhel10()));
+    approve_and_reboot(&env).await;
     env.reboot_into_rhel10().await;
 }

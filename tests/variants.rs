@@ -692,3 +692,73 @@ async fn a_realtime_image_host_moves_only_to_a_realtime_image() {
     );
     assert_eq!(check("extensions-image")["result"], "pass", "{v:#}");
 }
+
+/// End to end, a node whose real-time kernel comes from its image moves onto the real-time
+/// variant of rhel-10 (its `ostree.linux` a `+rt` release, as a variant image's is): staged with
+/// nothing carried, verified on disk, booted, and still real-time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_realtime_image_host_moves_onto_the_realtime_variant_and_stays_realtime() {
+    let mut env = Env::with_host("variant-rt-move", "realtime-image").await;
+    let rt10 = env
+        .tb
+        .registry()
+        .variant_images()
+        .iter()
+        .find(|i| i.stream == "rhel-10")
+        .expect("a rhel-10 real-time variant")
+        .clone();
+    env.start_streamd();
+    let idle = env.wait_state("Idle").await;
+    assert_eq!(host_facts(&idle)["kernel"], "realtime", "{idle:?}");
+    env.request("rhel-10", &rt10.pullspec, None);
+    let staged = env.wait_reboot_request().await;
+    assert_eq!(
+        staged.get(STAGED_OS_IMAGE),
+        Some(&rt10.pullspec),
+        "{staged:?}"
+    );
+    let txns = env.transactions().await;
+    let s = started(&txns);
+    assert_eq!(s.len(), 1, "{txns:#?}");
+    let mods = s[0]["modifiers"].as_object().expect("modifiers");
+    assert_eq!(mods.len(), 1, "only set-refspec, nothing carried: {mods:?}");
+    env.approve_reboot().await;
+    env.wait_state("Rebooting").await;
+    env.wait_for("the finalization", Duration::from_secs(60), |_| {
+        env.reboot_initiated()
+    })
+    .await;
+    let out = env.reboot(false).await;
+    assert_eq!(out["applied"], json!(true), "{out}");
+    assert!(
+        out["kernel"].as_str().is_some_and(|k| k.ends_with("+rt")),
+        "the real-time kernel is kept: {out}"
+    );
+    env.start_streamd();
+    let done = env.wait_state("Done").await;
+    assert_eq!(done[CURRENT_OS_IMAGE], rt10.pullspec);
+    assert_eq!(done[CURRENT_STREAM], "rhel-10");
+    assert_eq!(host_facts(&done)["kernel"], "realtime", "{done:?}");
+}
+
+/// In `resolve-streams` mode the stream's image is a base image; a node booted from an
+/// on-cluster-layered image (label `baseOSContainerImage`) is refused it, and nothing is staged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolve_mode_never_replaces_a_layered_image_with_the_base_image() {
+    let mut env = Env::with_host("variant-layered-resolve", "layered-image").await;
+    env.config(
+        "60-resolve.toml",
+        "resolve-streams = true\nresolve-spread-seconds = 0\n",
+    );
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.annotate(&[&format!("{DESIRED_STREAM}=rhel-10")]);
+    let reason = refused(&env, "os-image").await;
+    assert!(
+        reason.contains("on-cluster-layered image") && reason.contains(&env.rhel10()),
+        "{reason}"
+    );
+    let a = env.annotations().await;
+    assert!(!a.contains_key(STAGED_OS_IMAGE), "{a:?}");
+    assert!(!a.contains_key(REBOOT_REQUESTED), "{a:?}");
+}

@@ -18,11 +18,15 @@
 //!
 //! `bootc switch` stages unlocked: any reboot, planned or not, applies it. bootc >= 1.12 can
 //! hold a stage ([`Client::hold`], `bootc upgrade --download-only`, which locks the staged
-//! deployment of the spec's digest) and let it go ([`Client::release`], `--from-downloaded`);
-//! there a switch is held right after it staged, leaving the stage unlocked for the seconds
-//! between the two units (upstream has no locked switch: see docs/protocol.md). Older bootc
-//! has no lock, so the agent calls [`Client::switch`] only once the reboot is approved, and
-//! [`Client::reboot`] right after it. bootc cannot carry rpm-ostree package overrides either;
+//! deployment of the spec's digest) and let it go ([`Client::release`], `--from-downloaded`).
+//! Upstream has no locked switch, so [`Client::switch_held`] closes the gap with libostree's
+//! legacy lock file `/run/ostree/staged-deployment-locked`, which the finalization at shutdown
+//! honours whoever made it and a first stage leaves alone: one unit creates it, switches and
+//! holds, and removes it again when nothing got staged. Over an existing stage that cannot work
+//! (libostree unlinks the file when it replaces a stage), so there it refuses
+//! ([`BootcError::StagedAlready`]; docs/protocol.md). Older bootc has no lock, so the agent
+//! calls [`Client::switch`] only once the reboot is approved, and [`Client::reboot`] right
+//! after it. bootc cannot carry rpm-ostree package overrides either;
 //! [`refusal`] says which hosts cannot use this backend.
 //!
 //! Like [`crate::backend::rpmostree`], this is an edge: replies become typed values and typed errors;
@@ -58,6 +62,25 @@ const WRITE_STDERR: &str = "bootc-deploy.stderr";
 /// The pause before starting again after another command's unit ended (systemd unloads it on
 /// its next garbage collection).
 const REJOIN_PAUSE: Duration = Duration::from_millis(200);
+
+/// The shell the held switch's fixed scripts run in; their only argument is the host's
+/// `/run/ostree` (`$1`), never anything from the request.
+const SH: &str = "/bin/sh";
+/// Before a held switch: refuse when something is staged (staging over it would unlink the
+/// lock file), else create libostree's legacy lock file, as `ostree_sysroot_change_finalization`
+/// does (mode 0640).
+const LOCK_BEFORE_STAGING: &str = r#"set -e
+if [ -e "$1/staged-deployment" ]; then
+    echo "error: a deployment is staged already; staging over it would drop its finalization lock ($1/staged-deployment-locked), so streamd does not stage before the reboot is approved over it" >&2
+    exit 1
+fi
+mkdir -p "$1"
+umask 0137
+: > "$1/staged-deployment-locked""#;
+/// When the held switch's unit ends (`ExecStopPost`, also after a failure or a stop): with
+/// nothing staged the lock file goes, so that it cannot hold someone else's next stage.
+const UNLOCK_IF_UNSTAGED: &str =
+    r#"[ -e "$1/staged-deployment" ] || rm -f "$1/staged-deployment-locked""#;
 
 /// Which unit a bootc command runs in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +150,18 @@ pub enum BootcError {
         path: PathBuf,
         /// Why.
         message: String,
+    },
+    /// A deployment is staged already where a held stage was to be made: staging over it
+    /// would leave the new stage unlocked until the hold (libostree unlinks the legacy lock
+    /// when it replaces a staged deployment), and bootc has no command that removes one.
+    #[error(
+        "{staged} is staged already; staging over it would leave the new stage unlocked until \
+         it is held (ostree drops the lock file when it replaces a staged deployment), so \
+         streamd does not stage before the reboot approval while it is there"
+    )]
+    StagedAlready {
+        /// The staged image (or deployment id).
+        staged: String,
     },
     /// A `block` inhibitor covers shutdown: the reboot must wait.
     #[error("the reboot is blocked by an inhibitor lock held by {who}: {why}")]
@@ -250,6 +285,8 @@ pub struct Client {
     conn: zbus::Connection,
     bootc: PathBuf,
     runtime_dir: PathBuf,
+    /// The host's `/run/ostree` as the units see it (below `host-root`).
+    run_ostree: PathBuf,
     /// Numbers the units of this process.
     seq: Arc<AtomicU64>,
     /// How long `bootc status` may take.
@@ -263,15 +300,19 @@ pub struct Client {
 impl Client {
     /// A client on `conn` (the system bus) running `bootc` (e.g. `/usr/bin/bootc`) and writing
     /// status output below `runtime_dir` (streamd's runtime directory, which systemd can write).
+    /// `host_root` is the host's `/` (`host-root`): the units find libostree's runtime state
+    /// below it.
     pub fn new(
         conn: zbus::Connection,
         bootc: impl Into<PathBuf>,
         runtime_dir: impl Into<PathBuf>,
+        host_root: &Path,
     ) -> Self {
         Client {
             conn,
             bootc: bootc.into(),
             runtime_dir: runtime_dir.into(),
+            run_ostree: host_root.join("run/ostree"),
             seq: Arc::new(AtomicU64::new(0)),
             status_timeout: STATUS_TIMEOUT,
             write_timeout: SWITCH_TIMEOUT,
@@ -296,13 +337,13 @@ impl Client {
     pub async fn deployments(&self) -> Result<Vec<Deployment>, BootcError> {
         let n = self.next();
         let output = self.runtime_dir.join(format!("bootc-status-{n}.json"));
-        let path = self.bootc.to_string_lossy().into_owned();
-        let argv = [path.as_str(), "status", "--json"];
+        let argv = self.bootc_argv(&["status", "--json"]);
         let out = output.to_string_lossy().into_owned();
         let run = self
             .run_unit(
                 "status",
-                &argv,
+                &[argv],
+                None,
                 &[("StandardOutputFileToTruncate", Value::from(out.as_str()))],
                 self.status_timeout,
                 Slot::Read,
@@ -337,10 +378,31 @@ impl Client {
     }
 
     async fn upgrade(&self, flag: &str) -> Result<(), BootcError> {
-        let path = self.bootc.to_string_lossy().into_owned();
-        let argv = [path.as_str(), "upgrade", flag];
-        self.run_unit("upgrade", &argv, &[], self.write_timeout, Slot::Write)
+        self.write("upgrade", self.bootc_argv(&["upgrade", flag]))
             .await
+    }
+
+    /// Runs one bootc command that writes the sysroot in [`WRITE_UNIT`].
+    async fn write(&self, verb: &str, argv: Vec<String>) -> Result<(), BootcError> {
+        self.run_unit(verb, &[argv], None, &[], self.write_timeout, Slot::Write)
+            .await
+    }
+
+    /// `bootc ARGS` as a unit's command line.
+    fn bootc_argv(&self, args: &[&str]) -> Vec<String> {
+        std::iter::once(self.bootc.to_string_lossy().into_owned())
+            .chain(args.iter().map(|a| a.to_string()))
+            .collect()
+    }
+
+    /// `bootc switch --transport registry [--enforce-container-sigpolicy] <pullspec>`.
+    fn switch_argv(&self, pullspec: &str, enforce_sigpolicy: bool) -> Vec<String> {
+        let mut args = vec!["switch", "--transport", "registry"];
+        if enforce_sigpolicy {
+            args.push("--enforce-container-sigpolicy");
+        }
+        args.push(pullspec);
+        self.bootc_argv(&args)
     }
 
     /// Stages `pullspec` with `bootc switch --transport registry <pullspec>`. Not locked: any
@@ -349,14 +411,44 @@ impl Client {
     /// the target under the host's `policy.json`: without it bootc would record the new image
     /// as unverified and signature enforcement would be silently dropped.
     pub async fn switch(&self, pullspec: &str, enforce_sigpolicy: bool) -> Result<(), BootcError> {
-        let path = self.bootc.to_string_lossy().into_owned();
-        let mut argv = vec![path.as_str(), "switch", "--transport", "registry"];
-        if enforce_sigpolicy {
-            argv.push("--enforce-container-sigpolicy");
-        }
-        argv.push(pullspec);
-        self.run_unit("switch", &argv, &[], self.write_timeout, Slot::Write)
+        self.write("switch", self.switch_argv(pullspec, enforce_sigpolicy))
             .await
+    }
+
+    /// Stages `pullspec` held, never unlocked for a moment: one unit creates libostree's legacy
+    /// lock file `/run/ostree/staged-deployment-locked` (finalization is skipped while it
+    /// exists), then runs `bootc switch` (a first stage leaves that file alone) and `bootc
+    /// upgrade --download-only` (the lock bootc reports as `downloadOnly`); when the unit ends
+    /// with nothing staged (a failed switch) it removes the file again, so that no later stage
+    /// by anyone is locked by it. The unit refuses to start when a deployment is staged already:
+    /// staging over it would unlink the file (ostreedev/ostree#3025) and leave the new stage
+    /// unlocked until the hold. bootc >= 1.12 only ([`Client::can_hold`]).
+    pub async fn switch_held(
+        &self,
+        pullspec: &str,
+        enforce_sigpolicy: bool,
+    ) -> Result<(), BootcError> {
+        let dir = self.run_ostree.to_string_lossy().into_owned();
+        let sh = |script: &str| -> Vec<String> {
+            [SH, "-c", script, "streamd-bootc-hold", dir.as_str()]
+                .iter()
+                .map(|a| a.to_string())
+                .collect()
+        };
+        let commands = [
+            sh(LOCK_BEFORE_STAGING),
+            self.switch_argv(pullspec, enforce_sigpolicy),
+            self.bootc_argv(&["upgrade", "--download-only"]),
+        ];
+        self.run_unit(
+            "switch",
+            &commands,
+            Some(&sh(UNLOCK_IF_UNSTAGED)),
+            &[],
+            self.write_timeout,
+            Slot::Write,
+        )
+        .await
     }
 
     /// [`BootcError::Inhibited`] while a `block` inhibitor covers shutdown.
@@ -406,15 +498,17 @@ impl Client {
         self.seq.fetch_add(1, Ordering::SeqCst)
     }
 
-    /// Runs `argv` as a transient oneshot service and waits for its start job to end; an error
-    /// unless it exited 0. A command that writes the sysroot (`slot` [`Slot::Write`]) runs in
-    /// the one unit [`WRITE_UNIT`]: while that unit is loaded (a run that outlived an earlier
+    /// Runs `commands` one after the other (while they succeed) as a transient oneshot service,
+    /// then `stop_post` whatever happened, and waits for its start job to end; an error unless
+    /// every command exited 0. A command that writes the sysroot (`slot` [`Slot::Write`]) runs
+    /// in the one unit [`WRITE_UNIT`]: while that unit is loaded (a run that outlived an earlier
     /// caller's limit, or an earlier streamd's) it is joined, never started beside; a joined
-    /// run of the same command is this call's result, another command runs once it ended.
+    /// run of the same commands is this call's result, another one runs once it ended.
     async fn run_unit(
         &self,
         verb: &str,
-        argv: &[&str],
+        commands: &[Vec<String>],
+        stop_post: Option<&[String]>,
         extra: &[(&str, Value<'_>)],
         limit: Duration,
         slot: Slot,
@@ -428,9 +522,22 @@ impl Client {
         let manager = ManagerProxy::new(&self.conn).await.map_err(call("proxy"))?;
         // The match rule exists before the unit does, so its JobRemoved cannot be missed.
         let mut removed = job_watch(&manager).await.map_err(|(c, e)| call(c)(e))?;
-        let exec: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
-        // The command in the description tells a joined run's command from another.
-        let description = format!("streamd: bootc {}", exec[1..].join(" "));
+        // The bootc commands in the description tell a joined run's commands from another's.
+        let bootc = self.bootc.to_string_lossy();
+        let shown: Vec<String> = commands
+            .iter()
+            .filter(|c| c.first().is_some_and(|p| *p == bootc))
+            .map(|c| format!("bootc {}", c[1..].join(" ")))
+            .collect();
+        let shown = shown.join(" && ");
+        let description = format!("streamd: {shown}");
+        let exec = |cmds: &[Vec<String>]| {
+            Value::from(
+                cmds.iter()
+                    .map(|c| (c[0].clone(), c.clone(), false))
+                    .collect::<Vec<_>>(),
+            )
+        };
         let stderr_file = match slot {
             Slot::Write => self.runtime_dir.join(WRITE_STDERR),
             Slot::Read => self
@@ -442,21 +549,23 @@ impl Client {
         let mut props: Vec<(&str, Value<'_>)> = vec![
             ("Description", Value::from(description.as_str())),
             ("Type", Value::from("oneshot")),
-            (
-                "ExecStart",
-                Value::from(vec![(exec[0].clone(), exec.clone(), false)]),
-            ),
+            ("ExecStart", exec(commands)),
             // Keep the unit loaded until its result is read, then let it go even if failed
             // (the journal keeps its output).
             ("AddRef", Value::from(true)),
             ("CollectMode", Value::from("inactive-or-failed")),
             // bootc's error chain, for the reason; the journal keeps a copy only when
-            // stderr goes there, so the file is the one place it is read from.
+            // stderr goes there, so the file is the one place it is read from. Appended to:
+            // systemd opens it anew for each command, and truncating would leave only the
+            // last one's (`ExecStopPost`'s) words.
             (
-                "StandardErrorFileToTruncate",
+                "StandardErrorFileToAppend",
                 Value::from(stderr_path.as_str()),
             ),
         ];
+        if let Some(post) = stop_post {
+            props.push(("ExecStopPost", exec(std::slice::from_ref(&post.to_vec()))));
+        }
         props.extend(extra.iter().map(|(k, v)| (*k, v.clone())));
         let (unit, job_result) = loop {
             let unit = match slot {
@@ -495,7 +604,7 @@ impl Client {
                 }
                 Err(e) => return Err(call("StartTransientUnit")(e)),
             };
-            info!(unit = %unit, job = %job.as_str(), command = %argv.join(" "), "started bootc unit");
+            info!(unit = %unit, job = %job.as_str(), command = %shown, "started bootc unit");
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             match wait_job(&mut removed, &job, left).await {
                 // Left running: a retry joins it (see above).

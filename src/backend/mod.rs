@@ -95,12 +95,17 @@ impl BackendError {
 /// `ostree-image-signed:` origin): every switch away from it then enforces the host's
 /// signature policy too.
 async fn booted_signed(c: &bootc::Client) -> Result<bool, BootcError> {
-    Ok(c.deployments().await?.iter().any(|d| {
+    Ok(signed(&c.deployments().await?))
+}
+
+/// [`booted_signed`] of deployments already read.
+fn signed(deployments: &[Deployment]) -> bool {
+    deployments.iter().any(|d| {
         d.booted
             && d.container_image_reference
                 .as_deref()
                 .is_some_and(|r| r.starts_with("ostree-image-signed:"))
-    }))
+    })
 }
 
 impl Backend {
@@ -130,7 +135,7 @@ impl Backend {
                     .context("connecting to rpm-ostreed")?,
             )
         } else {
-            Backend::Bootc(bootc::Client::new(conn, bootc_path, runtime_dir))
+            Backend::Bootc(bootc::Client::new(conn, bootc_path, runtime_dir, host_root))
         })
     }
 
@@ -194,8 +199,11 @@ impl Backend {
                 .update_deployment(&UpdateDeploymentCall::for_plan(plan), events, Some(cancel))
                 .await?),
             Backend::Bootc(c) => {
-                let signed = booted_signed(c).await?;
+                let deployments = c.deployments().await?;
+                let signed = signed(&deployments);
                 let hold = plan.lock_finalization && c.can_hold();
+                let staged = deployments.iter().find(|d| d.staged);
+                let target = plan.os_image.to_string();
                 let _ = events.try_send(TxnEvent::Message(format!(
                     "bootc switch --transport registry {}{}{}",
                     if signed {
@@ -205,27 +213,44 @@ impl Backend {
                     },
                     plan.os_image,
                     if hold {
-                        ", then bootc upgrade --download-only"
+                        ", locked before it stages, then bootc upgrade --download-only"
                     } else {
                         ""
                     }
                 )));
-                c.switch(&plan.os_image.to_string(), signed).await?;
                 if !hold {
-                    return Ok(());
+                    return Ok(c.switch(&target, signed).await?);
                 }
-                // bootc has no locked switch: the stage is unlocked until this ends.
-                if let Err(e) = c.hold().await {
-                    // An unlocked stage must not wait for a reboot: back to the booted image.
-                    let booted = c
-                        .deployments()
-                        .await?
+                let held = match staged {
+                    None => c.switch_held(&target, signed).await,
+                    // `bootc switch` would say "Image specification is unchanged": only the
+                    // hold is missing (an earlier run was cut short).
+                    Some(s) if s.carries_digest(plan.os_image.digest()) => c.hold().await,
+                    // libostree unlinks the legacy lock when it replaces a staged deployment,
+                    // and bootc cannot remove one: the new stage would be unlocked until held.
+                    Some(s) => {
+                        return Err(BootcError::StagedAlready {
+                            staged: s.pullspec().map_or_else(|| s.id.clone(), String::from),
+                        }
+                        .into());
+                    }
+                };
+                if let Err(e) = held {
+                    // A stage the failed hold left is still locked by the legacy file, but bootc
+                    // reports it unheld: the booted image goes back in its place.
+                    let now = c.deployments().await?;
+                    if now
                         .iter()
-                        .find(|d| d.booted)
-                        .and_then(|d| d.pullspec().map(String::from))
-                        .unwrap_or_default();
-                    if let Err(c2) = self.cleanup_pending(&booted).await {
-                        tracing::warn!(error = %c2, "removing the unheld stage failed");
+                        .any(|d| d.staged && d.carries_digest(plan.os_image.digest()))
+                    {
+                        let booted = now
+                            .iter()
+                            .find(|d| d.booted)
+                            .and_then(|d| d.pullspec().map(String::from))
+                            .unwrap_or_default();
+                        if let Err(c2) = self.cleanup_pending(&booted).await {
+                            tracing::warn!(error = %c2, "removing the unheld stage failed");
+                        }
                     }
                     return Err(e.into());
                 }

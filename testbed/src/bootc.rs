@@ -214,6 +214,7 @@ pub struct FakeBootc {
     version: Arc<Mutex<Version>>,
     fail_next_switch: Arc<Mutex<Option<String>>>,
     delay_next_switch: Arc<Mutex<Option<Duration>>>,
+    pause_after_next_switch: Arc<Mutex<Option<Duration>>>,
     fail_next_upgrade: Arc<Mutex<Option<String>>>,
 }
 
@@ -233,12 +234,14 @@ impl FakeBootc {
         let version = Arc::new(Mutex::new(Version::CURRENT));
         let fail_next_switch = Arc::new(Mutex::new(None));
         let delay_next_switch = Arc::new(Mutex::new(None));
+        let pause_after_next_switch = Arc::new(Mutex::new(None));
         let fail_next_upgrade = Arc::new(Mutex::new(None));
         let iface = BootcIface {
             host: host.host(),
             version: version.clone(),
             fail_next_switch: fail_next_switch.clone(),
             delay_next_switch: delay_next_switch.clone(),
+            pause_after_next_switch: pause_after_next_switch.clone(),
             fail_next_upgrade: fail_next_upgrade.clone(),
         };
         let conn = zbus::connection::Builder::address(bus_address)?
@@ -262,6 +265,7 @@ impl FakeBootc {
             version,
             fail_next_switch,
             delay_next_switch,
+            pause_after_next_switch,
             fail_next_upgrade,
         })
     }
@@ -277,6 +281,10 @@ impl FakeBootc {
     /// as bootc reports it (`error: Switching: Pulling: M` on stderr, exit 1) → `{}`.
     /// `{"cmd":"delay-next-switch","ms":N}`: the next `bootc switch` pulls for N ms before it
     /// stages (a slow registry), so its unit can outlive the caller's timeout → `{}`.
+    /// `{"cmd":"pause-after-next-switch","ms":N}`: the next `bootc switch` that stages waits N ms
+    /// after staging before it exits (the time a real one takes to print and exit, stretched),
+    /// so a reboot can be injected while the new stage is on disk and the command still runs
+    /// → `{}`.
     /// `{"cmd":"fail-next-upgrade","message":M}`: the next `bootc upgrade` that pulls (not
     /// `--from-downloaded`) fails as a broken pull does (`error: Upgrading: Pulling: M`) → `{}`.
     pub fn control(&self, cmd: &Json) -> anyhow::Result<Json> {
@@ -292,20 +300,11 @@ impl FakeBootc {
             }
             Some("fail-next-switch") => arm(&self.fail_next_switch, cmd),
             Some("fail-next-upgrade") => arm(&self.fail_next_upgrade, cmd),
-            Some("delay-next-switch") => {
-                let ms = cmd
-                    .get("ms")
-                    .and_then(Json::as_u64)
-                    .context("\"ms\" must be a number")?;
-                *self
-                    .delay_next_switch
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()) = Some(Duration::from_millis(ms));
-                Ok(json!({}))
-            }
+            Some("delay-next-switch") => arm_ms(&self.delay_next_switch, cmd),
+            Some("pause-after-next-switch") => arm_ms(&self.pause_after_next_switch, cmd),
             other => anyhow::bail!(
                 "unknown bootc command {other:?} (version, fail-next-switch, delay-next-switch, \
-                 fail-next-upgrade)"
+                 pause-after-next-switch, fail-next-upgrade)"
             ),
         }
     }
@@ -318,6 +317,16 @@ fn arm(knob: &Mutex<Option<String>>, cmd: &Json) -> anyhow::Result<Json> {
         .and_then(Json::as_str)
         .context("\"message\" must be a string")?;
     *knob.lock().unwrap_or_else(|p| p.into_inner()) = Some(message.to_string());
+    Ok(json!({}))
+}
+
+/// Arms a one-shot wait with the command's `"ms"`.
+fn arm_ms(knob: &Mutex<Option<Duration>>, cmd: &Json) -> anyhow::Result<Json> {
+    let ms = cmd
+        .get("ms")
+        .and_then(Json::as_u64)
+        .context("\"ms\" must be a number")?;
+    *knob.lock().unwrap_or_else(|p| p.into_inner()) = Some(Duration::from_millis(ms));
     Ok(json!({}))
 }
 
@@ -337,6 +346,7 @@ struct BootcIface {
     version: Arc<Mutex<Version>>,
     fail_next_switch: Arc<Mutex<Option<String>>>,
     delay_next_switch: Arc<Mutex<Option<Duration>>>,
+    pause_after_next_switch: Arc<Mutex<Option<Duration>>>,
     fail_next_upgrade: Arc<Mutex<Option<String>>>,
 }
 
@@ -662,7 +672,19 @@ impl BootcIface {
             info!(?delay, "bootc switch pulls slowly");
             tokio::time::sleep(delay).await;
         }
-        match self.host.stage_unlocked(&wanted.to_string()).await {
+        let staged = self.host.stage_unlocked(&wanted.to_string()).await;
+        if staged.is_ok() {
+            let pause = self
+                .pause_after_next_switch
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            if let Some(pause) = pause {
+                info!(?pause, "bootc switch staged; pausing before it exits");
+                tokio::time::sleep(pause).await;
+            }
+        }
+        match staged {
             Ok(staged) => Outcome::ok(format!(
                 "Queued for next boot: {}\n  Version: {}\n  Digest: {}\n",
                 spec_display(&wanted),

@@ -10,7 +10,7 @@ use anyhow::bail;
 use crate::images::TestImage;
 
 /// Fixture names, in table order.
-pub const NAMES: [&str; 12] = [
+pub const NAMES: [&str; 13] = [
     "default",
     "fips",
     "realtime",
@@ -23,6 +23,7 @@ pub const NAMES: [&str; 12] = [
     "realtime-image",
     "mcd",
     "secureboot",
+    "layered-image",
 ];
 
 /// The CPU the host root's `/proc/cpuinfo` describes.
@@ -122,10 +123,13 @@ pub struct Fixture {
     /// UEFI Secure Boot on (the `SecureBoot` EFI variable is 1); without it the host boots
     /// like a BIOS host (no `/sys/firmware/efi`).
     pub secure_boot: bool,
+    /// The booted image was built by the machine-config operator's on-cluster layering (its
+    /// labels name `baseOSContainerImage`): a base stream image would drop what was layered.
+    pub layered_image: bool,
 }
 
 /// Every fixture (see [`NAMES`]).
-pub const FIXTURES: [Fixture; 12] = {
+pub const FIXTURES: [Fixture; 13] = {
     const DEFAULT: Fixture = Fixture {
         name: "default",
         cpu: Cpu::X86_64V3,
@@ -137,6 +141,7 @@ pub const FIXTURES: [Fixture; 12] = {
         kernel_from_image: false,
         mcd: false,
         secure_boot: false,
+        layered_image: false,
     };
     [
         DEFAULT,
@@ -196,6 +201,11 @@ pub const FIXTURES: [Fixture; 12] = {
         Fixture {
             name: "secureboot",
             secure_boot: true,
+            ..DEFAULT
+        },
+        Fixture {
+            name: "layered-image",
+            layered_image: true,
             ..DEFAULT
         },
     ]

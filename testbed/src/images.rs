@@ -5,6 +5,8 @@
 
 use sha2::{Digest, Sha256};
 
+use crate::fixtures::Kernel;
+
 /// Registry host the testbed's pullspecs name (issue 3 puts a real registry behind it).
 pub const DEFAULT_REGISTRY: &str = "127.0.0.1:5000";
 
@@ -25,14 +27,44 @@ pub struct TestImage {
     pub kernel: String,
     /// Full pullspec `host/repo@sha256:…`.
     pub pullspec: String,
+    /// The kernel the image itself carries: the default one for the catalog, a variant for a
+    /// variant image ([`variants`]), whose `ostree.linux` then ends in the variant's suffix.
+    pub variant: Kernel,
+    /// `baseOSContainerImage`: set on an image the machine-config operator's on-cluster
+    /// layering built from that base (a fixture's booted image only).
+    pub layered_from: Option<String>,
 }
 
 impl TestImage {
     fn new(registry: &str, stream: &str, rhel_version: &str, version: &str, kernel: &str) -> Self {
+        Self::with_variant(
+            registry,
+            stream,
+            rhel_version,
+            version,
+            kernel,
+            Kernel::Default,
+        )
+    }
+
+    fn with_variant(
+        registry: &str,
+        stream: &str,
+        rhel_version: &str,
+        version: &str,
+        kernel: &str,
+        variant: Kernel,
+    ) -> Self {
         let repository = "openshift/rhcos".to_string();
+        let linux = format!("{kernel}{}", variant.release_suffix());
         let manifest = format!(
             "{{\"schemaVersion\":2,\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\
-             \"annotations\":{{\"io.openshift.os.streamclass\":\"{stream}\",\"version\":\"{version}\"}}}}"
+             \"annotations\":{{\"io.openshift.os.streamclass\":\"{stream}\",\"version\":\"{version}\"{}}}}}",
+            if variant == Kernel::Default {
+                String::new()
+            } else {
+                format!(",\"ostree.linux\":\"{linux}\"")
+            }
         );
         let digest = format!("sha256:{:x}", Sha256::digest(manifest.as_bytes()));
         let pullspec = format!("{registry}/{repository}@{digest}");
@@ -44,6 +76,34 @@ impl TestImage {
             rhel_version: rhel_version.to_string(),
             kernel: kernel.to_string(),
             pullspec,
+            variant,
+            layered_from: None,
+        }
+    }
+
+    /// The registry tag: the stream (`rhel-10`), with the variant for a variant image
+    /// (`rhel-10-rt`, `rhel-10-64k`).
+    pub fn tag(&self) -> String {
+        match self.variant {
+            Kernel::Default => self.stream.clone(),
+            Kernel::Realtime => format!("{}-rt", self.stream),
+            Kernel::SixtyFourK => format!("{}-64k", self.stream),
+        }
+    }
+
+    /// The kernel release its `ostree.linux` label names (x86_64).
+    pub fn linux(&self) -> String {
+        format!("{}{}", self.kernel, self.variant.release_suffix())
+    }
+
+    /// This image as the on-cluster layering of the machine-config operator rebuilds it for a
+    /// pool: the labels its Containerfile adds (`machineconfig`, `machineconfigpool`,
+    /// `baseOSContainerImage`: openshift/machine-config-operator:pkg/controller/build/
+    /// buildrequest/assets/Containerfile.on-cluster-build-template), the base's inherited.
+    pub fn layered(&self) -> TestImage {
+        TestImage {
+            layered_from: Some(self.pullspec.clone()),
+            ..self.clone()
         }
     }
 
@@ -92,15 +152,21 @@ impl TestImage {
 
     /// The image config JSON (`ostree.container.image-config` in commit metadata).
     pub fn config_json(&self) -> String {
+        let mut labels = serde_json::json!({
+            "containers.bootc": "1",
+            "io.openshift.os.streamclass": self.stream,
+            "ostree.linux": self.linux(),
+            "version": self.version,
+        });
+        if let Some(base) = &self.layered_from {
+            labels["baseOSContainerImage"] = serde_json::json!(base);
+            labels["machineconfig"] = serde_json::json!("rendered-worker-testbed");
+            labels["machineconfigpool"] = serde_json::json!("worker");
+        }
         serde_json::json!({
             "architecture": "amd64",
             "os": "linux",
-            "config": { "Labels": {
-                "containers.bootc": "1",
-                "io.openshift.os.streamclass": self.stream,
-                "ostree.linux": self.kernel,
-                "version": self.version,
-            }}
+            "config": { "Labels": labels }
         })
         .to_string()
     }
@@ -152,6 +218,26 @@ pub fn catalog(registry: &str) -> Vec<TestImage> {
             "6.12.0-124.8.1.el10_1.x86_64",
         ),
     ]
+}
+
+/// The real-time variant images of the catalog's streams (`rhel-9-rt`, `rhel-10-rt`): the
+/// same release with kernel-rt in place of the default kernel, so `ostree.linux` is the `+rt`
+/// release, as ostree-ext copies it from the commit of a variant tree
+/// (bootc-dev/bootc:crates/ostree-ext/src/container/encapsulate.rs `commit_meta_to_labels`).
+pub fn variants(registry: &str) -> Vec<TestImage> {
+    catalog(registry)
+        .into_iter()
+        .map(|img| {
+            TestImage::with_variant(
+                registry,
+                &img.stream,
+                &img.rhel_version,
+                &img.version,
+                &img.kernel,
+                Kernel::Realtime,
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]

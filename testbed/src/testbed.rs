@@ -112,7 +112,13 @@ impl NodeHost {
                 .with_context(|| format!("creating {}", dir.join(sub).display()))?;
         }
         let registry = setup.registry;
-        let images = registry.images().to_vec();
+        // Hook (bootc3, issue 11 §5): the variant images can be pulled too, after the catalog's.
+        let images: Vec<_> = registry
+            .images()
+            .iter()
+            .chain(registry.variant_images())
+            .cloned()
+            .collect();
         let booted = images.first().context("empty image catalog")?.clone();
         let bus = Bus::start(&dir.join("bus")).await?;
         let rpmostreed = FakeRpmOstreed::start(RpmOstreedConfig {

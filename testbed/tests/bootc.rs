@@ -640,3 +640,59 @@ async fn fake_bootc_prints_the_shape_of_older_releases() {
     assert_eq!(version, "bootc 1.3.0\n");
     assert!(env.tb.control(&set("1.x")).await.is_err());
 }
+
+/// libostree's legacy lock file, whoever made it: the finalization at shutdown honours it, a
+/// first stage leaves it alone, staging over a previous stage unlinks it (ostree#3025), and
+/// `ostree_sysroot_change_finalization` (`upgrade --download-only` / `--from-downloaded`)
+/// creates and unlinks it.
+#[tokio::test]
+async fn the_legacy_lock_file_is_kept_dropped_and_honoured_as_libostree_does() {
+    let env = Env::new("legacy-lock").await;
+    let (rhel9, rhel10) = (env.tb.images()[0].clone(), env.tb.images()[1].clone());
+    let run = env.dir.join("host/run/ostree");
+    let lock = run.join("staged-deployment-locked");
+    std::fs::create_dir_all(&run).expect("mkdir");
+    std::fs::write(&lock, b"").expect("touch");
+    let (code, _, err) = env.bootc(&["switch", &rhel10.pullspec]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(lock.exists(), "a first stage leaves the file alone");
+    let (_, out, _) = env.bootc(&["status", "--json"]).await;
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(
+        doc["status"]["staged"]["downloadOnly"],
+        json!(false),
+        "bootc reports the record's key only"
+    );
+    let rebooted = env
+        .tb
+        .control(&json!({"target": "testbed", "cmd": "reboot"}))
+        .await
+        .expect("reboot");
+    assert_eq!(rebooted["applied"], json!(false), "{rebooted}");
+    assert_eq!(rebooted["booted"], json!(rhel9.digest), "{rebooted}");
+    assert!(!lock.exists(), "/run is emptied by the reboot");
+
+    // Staging over a previous stage unlinks it.
+    let (code, _, err) = env.bootc(&["switch", &rhel10.pullspec]).await;
+    assert_eq!(code, 0, "{err}");
+    std::fs::write(&lock, b"").expect("touch");
+    let (code, _, err) = env
+        .bootc(&["switch", "--enforce-container-sigpolicy", &rhel10.pullspec])
+        .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(!lock.exists(), "the previous stage's lock goes with it");
+
+    // change_finalization: locking creates it, unlocking removes it.
+    let (code, _, err) = env.bootc(&["upgrade", "--download-only"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(lock.exists());
+    let (code, _, err) = env.bootc(&["upgrade", "--from-downloaded"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(!lock.exists());
+    let rebooted = env
+        .tb
+        .control(&json!({"target": "testbed", "cmd": "reboot"}))
+        .await
+        .expect("reboot");
+    assert_eq!(rebooted["applied"], json!(true), "{rebooted}");
+}

@@ -364,10 +364,24 @@ async fn serves_real_os_and_extensions_images_behind_basic_auth() {
         [
             "rhel-10",
             "rhel-10-extensions",
+            "rhel-10-rt",
             "rhel-9",
-            "rhel-9-extensions"
+            "rhel-9-extensions",
+            "rhel-9-rt"
         ]
     );
+    // The real-time variants (bootc3, issue 11 §5): `+rt` in `ostree.linux`, their own digests.
+    for v in reg.variant_images() {
+        let by_tag = p
+            .get(
+                &format!("/v2/openshift/rhcos/manifests/{}", v.tag()),
+                Some(INDEX),
+            )
+            .await;
+        assert_eq!(by_tag.header("docker-content-digest"), v.digest);
+        assert!(v.linux().ends_with("+rt"), "{}", v.linux());
+        assert!(reg.images().iter().all(|i| i.digest != v.digest));
+    }
     let unknown = p
         .get(
             &format!("/v2/openshift/rhcos/manifests/sha256:{}", "0".repeat(64)),

@@ -55,7 +55,14 @@ pub fn os_labels(img: &TestImage, arch: Arch) -> anyhow::Result<BTreeMap<String,
         ("containers.bootc".into(), "1".into()),
         ("ostree.bootable".into(), "true".into()),
         ("io.openshift.os.streamclass".into(), img.stream.clone()),
-        ("ostree.linux".into(), kernel_release(img, arch)?),
+        (
+            "ostree.linux".into(),
+            format!(
+                "{}{}",
+                kernel_release(img, arch)?,
+                img.variant.release_suffix()
+            ),
+        ),
         ("version".into(), img.version.clone()),
         (
             "org.opencontainers.image.version".into(),
@@ -72,10 +79,14 @@ fn major(img: &TestImage) -> u32 {
         .unwrap_or(0)
 }
 
-/// Files of an OS image: os-release, the default kernel and the FIPS bits (RHEL 10 no longer
+/// Files of an OS image: os-release, its kernel (the variant's for a variant image) and the FIPS bits (RHEL 10 no longer
 /// ships `fips-mode-setup`, so only RHEL 9 images have it).
 pub fn os_files(img: &TestImage, arch: Arch) -> anyhow::Result<Vec<Entry>> {
-    let kernel = kernel_release(img, arch)?;
+    let kernel = format!(
+        "{}{}",
+        kernel_release(img, arch)?,
+        img.variant.release_suffix()
+    );
     let mut files = vec![
         Entry::file("usr/lib/os-release", img.os_release()),
         Entry::Symlink {

@@ -155,6 +155,8 @@ pub struct Registry {
     client: Client,
     password: String,
     images: Vec<TestImage>,
+    /// The variant images ([`images::variants`]), pinned like `images`.
+    variants: Vec<TestImage>,
     os_images: Vec<OsImage>,
     extensions: Vec<ExtensionsImage>,
     rpms: Vec<Rpm>,
@@ -219,9 +221,14 @@ impl Registry {
             os.push((img.clone(), content::os_index(img)?));
             ext.push((img.clone(), content::extensions_index(img, &built.rpms)?));
         }
+        let variant_os = images::variants(images::DEFAULT_REGISTRY)
+            .into_iter()
+            .map(|img| Ok((content::os_index(&img)?, img)))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let tagged: Vec<(String, &Index)> = os
             .iter()
-            .map(|(img, idx)| (img.stream.clone(), idx))
+            .map(|(img, idx)| (img.tag(), idx))
+            .chain(variant_os.iter().map(|(idx, img)| (img.tag(), idx)))
             .chain(
                 ext.iter()
                     .map(|(img, idx)| (format!("{}-extensions", img.stream), idx)),
@@ -250,15 +257,20 @@ impl Registry {
             check_pullable(&client, &index.index.digest).await?;
         }
 
+        let pinned = |img: &TestImage, idx: &Index| TestImage {
+            digest: idx.index.digest.clone(),
+            pullspec: format!("{host}/{REPOSITORY}@{}", idx.index.digest),
+            repository: REPOSITORY.to_string(),
+            ..img.clone()
+        };
+        let variants = variant_os
+            .iter()
+            .map(|(idx, img)| pinned(img, idx))
+            .collect();
         let os_images: Vec<OsImage> = os
             .iter()
             .map(|(img, idx)| OsImage {
-                image: TestImage {
-                    digest: idx.index.digest.clone(),
-                    pullspec: format!("{host}/{REPOSITORY}@{}", idx.index.digest),
-                    repository: REPOSITORY.to_string(),
-                    ..img.clone()
-                },
+                image: pinned(img, idx),
                 tag: img.stream.clone(),
                 platforms: platforms(&host, idx),
             })
@@ -294,6 +306,7 @@ impl Registry {
             client,
             password,
             images: os_images.iter().map(|o| o.image.clone()).collect(),
+            variants,
             os_images,
             extensions,
             rpms: built.rpms,
@@ -309,6 +322,12 @@ impl Registry {
     /// The OS images (`rhel-9` first), pullspecs pinned to their index digests.
     pub fn images(&self) -> &[TestImage] {
         &self.images
+    }
+
+    /// The real-time variant images (`rhel-9-rt`, `rhel-10-rt`), pullspecs pinned to their
+    /// index digests; the fake rpm-ostreed and fake bootc can stage them too.
+    pub fn variant_images(&self) -> &[TestImage] {
+        &self.variants
     }
 
     /// The OS images with their per-platform manifests.

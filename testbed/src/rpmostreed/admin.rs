@@ -46,7 +46,7 @@ impl Daemon {
                 base_removals: Vec::new(),
                 kargs,
                 drop_variant: false,
-                image_kernel: crate::fixtures::Kernel::Default,
+                image_kernel: image.variant,
             },
         )
         .await?;

@@ -371,8 +371,8 @@ pub(crate) struct NewDeployment<'a> {
     pub(crate) kargs: Vec<String>,
     /// Write the default kernel whatever is layered (the `drop-variant-next` knob).
     pub(crate) drop_variant: bool,
-    /// The kernel the image itself carries: the default one of every catalog image, a variant
-    /// for a host booted from a variant image (the `realtime-image` fixture; bootc2 branch).
+    /// The kernel the image itself carries: the image's own ([`TestImage::variant`]), or a
+    /// variant for a host booted from a variant image (the `realtime-image` fixture).
     pub(crate) image_kernel: Kernel,
 }
 
@@ -484,6 +484,14 @@ pub(crate) async fn create_initial(
     fixture: &Fixture,
 ) -> anyhow::Result<State> {
     ostree::init(sysroot, osname).await?;
+    // An on-cluster-layered image carries the base's labels and the layering's own.
+    let layered;
+    let image = if fixture.layered_image {
+        layered = image.layered();
+        &layered
+    } else {
+        image
+    };
     let layering = Layering {
         requested_packages: fixture.requested_packages(),
         requested_local_packages: fixture.local_packages(image),
@@ -507,7 +515,7 @@ pub(crate) async fn create_initial(
             image_kernel: if fixture.kernel_from_image {
                 fixture.kernel
             } else {
-                Kernel::Default
+                image.variant
             },
         },
     )

@@ -207,7 +207,7 @@ async fn write_unlocked(d: &Daemon, refspec: &str, image: &TestImage) -> Result<
             base_removals: Vec::new(),
             kargs,
             drop_variant: false,
-            image_kernel: crate::fixtures::Kernel::Default,
+            image_kernel: image.variant,
         },
     )
     .await

@@ -3,7 +3,8 @@
 //!
 //! A staged deployment is applied only when it is not finalization-locked; a locked one is
 //! discarded, as on a real host, where the staged deployment lives in `/run` (tmpfs) and the
-//! finalize service skips it while `/run/ostree/staged-deployment-locked` exists. After an
+//! finalize service skips it while its record says `locked` or
+//! `/run/ostree/staged-deployment-locked` exists (whoever created that file). After an
 //! applied update the previous booted deployment becomes the rollback and the older rollback is
 //! pruned, as ostree does when it writes the new boot order.
 
@@ -12,7 +13,7 @@ use std::sync::atomic::Ordering;
 use anyhow::Context as _;
 use tracing::info;
 
-use super::{FakeRpmOstreed, lock, ostree};
+use super::{FakeRpmOstreed, lock, ostree, runstate};
 
 /// What the reboot did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,8 +45,11 @@ impl FakeRpmOstreed {
         let (staged, locked, admin_pending) = {
             let state = lock(&d.state);
             let admin = state.deployments.first().is_some_and(|f| f.unstaged);
+            // Either lock stops the finalization: the record's `locked` key or the legacy
+            // file, whoever made it (`_ostree_sysroot_finalize_impl_staged_deployment`).
+            let legacy = runstate::legacy_lock_exists(d.host_root.as_deref());
             match state.staged() {
-                Some(s) => (true, s.finalization_locked, admin),
+                Some(s) => (true, s.finalization_locked || legacy, admin),
                 None => (false, false, admin),
             }
         };
@@ -99,6 +103,10 @@ impl FakeRpmOstreed {
                     .context("pruning the old rollback deployment")?;
                 d.resync(None).map_err(anyhow::Error::msg)?;
             }
+        }
+        // `/run` is a tmpfs: what is left of `/run/ostree` goes with the boot.
+        if let Some(root) = d.host_root.as_deref() {
+            runstate::boot(root)?;
         }
         let outcome = {
             let mut state = lock(&d.state);

@@ -12,13 +12,24 @@
 //! legacy file before staging (and libostree wrote no key); the `legacy-lock-file` knob
 //! selects that behaviour. The fake's own truth stays in `state.json`; this module writes
 //! what a real host shows from it.
+//!
+//! The legacy file is also a lock of its own, whoever creates it: libostree skips finalization
+//! while it exists (`_ostree_sysroot_finalize_impl_staged_deployment`, "Not finalizing;
+//! deployment is locked for finalization"), so it is part of the host's truth and only these
+//! events touch it, as in libostree: staging over a previous staged deployment unlinks it
+//! (`ostree_sysroot_stage_tree_with_options`, "If we have a previous one, clean it up", xref
+//! ostreedev/ostree#3025), a first stage leaves it alone; `ostree_sysroot_change_finalization`
+//! creates it when it locks and unlinks it when it unlocks; removing the staged deployment
+//! (`ostree_sysroot_write_deployments`, cleanup or the finalization at shutdown) unlinks it; and
+//! a reboot empties `/run` ([`boot`]). What happened is told from the record the previous
+//! write left, which is where libostree itself reads its previous staged deployment from.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use zvariant::Value;
 use zvariant::serialized::{Context as Encoding, Format};
+use zvariant::{OwnedValue, Value};
 
 use super::model::State;
 
@@ -31,21 +42,57 @@ fn path(root: &Path, rel: &str) -> PathBuf {
     root.join(rel)
 }
 
-/// Whether the legacy lock file exists: the only thing rpm-ostreed's `Deployments` looks at.
+/// [`legacy_lock_exists_at`] for a fake that may have no host root.
 pub(crate) fn legacy_lock_exists(root: Option<&Path>) -> bool {
-    root.is_some_and(|r| path(r, STAGED_LOCKED).exists())
+    root.is_some_and(legacy_lock_exists_at)
+}
+
+/// Whether the legacy lock file exists: the only thing rpm-ostreed's `Deployments` looks at, and
+/// one of the two locks libostree's finalization honours.
+pub(crate) fn legacy_lock_exists_at(root: &Path) -> bool {
+    path(root, STAGED_LOCKED).exists()
+}
+
+/// What a reboot does to `/run/ostree` (a tmpfs): the legacy file goes, whoever made it (the
+/// record follows the state the reboot saves).
+pub(crate) fn boot(root: &Path) -> anyhow::Result<()> {
+    remove(&path(root, STAGED_LOCKED))
+}
+
+/// The staged deployment the record on disk names (`target.name`) and its `locked` key.
+fn previous(staged_path: &Path) -> Option<(String, bool)> {
+    let bytes = std::fs::read(staged_path).ok()?;
+    let ctxt = Encoding::new(Format::GVariant, zvariant::NATIVE_ENDIAN, 0);
+    let (record, _): (HashMap<String, OwnedValue>, _) =
+        zvariant::serialized::Data::new(&bytes[..], ctxt)
+            .deserialize()
+            .ok()?;
+    let name = match record.get("target").map(|t| &**t) {
+        Some(Value::Dict(d)) => match d.get::<&str, Value<'_>>(&"name").ok().flatten() {
+            Some(Value::Str(s)) => s.to_string(),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    let locked = matches!(record.get("locked").map(|v| &**v), Some(Value::Bool(true)));
+    Some((name, locked))
 }
 
 /// Writes the runtime record of `state`'s staged deployment (or removes it when none is
 /// staged), the way current rpm-ostree leaves it, or with `legacy` the way rpm-ostree before
-/// v2024.6 did.
+/// v2024.6 did; the legacy file changes only as libostree changes it (see the module comment).
 pub(crate) fn write(root: &Path, state: &State, legacy: bool) -> anyhow::Result<()> {
     let staged_path = path(root, STAGED);
     let lock_path = path(root, STAGED_LOCKED);
+    let before = previous(&staged_path);
     let Some(staged) = state.deployments.iter().find(|d| d.staged) else {
-        // Cleaned up, finalized by a reboot, or never staged: libostree unlinks both.
+        // Cleaned up, or finalized by a reboot: libostree unlinks both. Never staged: the
+        // legacy file (made by someone about to stage) stays.
         remove(&staged_path)?;
-        return remove(&lock_path);
+        return match before {
+            Some(_) => remove(&lock_path),
+            None => Ok(()),
+        };
     };
     let mut target: HashMap<&str, Value<'_>> = HashMap::new();
     let name = format!("{}.{}", staged.checksum, staged.serial);
@@ -73,11 +120,31 @@ pub(crate) fn write(root: &Path, state: &State, legacy: bool) -> anyhow::Result<
     std::fs::write(&tmp, bytes.bytes()).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, &staged_path)
         .with_context(|| format!("renaming to {}", staged_path.display()))?;
-    if staged.finalization_locked && legacy {
+    let create = || {
         std::fs::write(&lock_path, b"").with_context(|| format!("writing {}", lock_path.display()))
-    } else {
-        // An unlocked stage and `ostree_sysroot_change_finalization` (unlock) remove it.
-        remove(&lock_path)
+    };
+    if legacy {
+        // Older rpm-ostree: the file is the lock, touched before staging, gone when unlocked.
+        return if staged.finalization_locked {
+            create()
+        } else {
+            remove(&lock_path)
+        };
+    }
+    match before {
+        // A first stage leaves the file alone.
+        None => Ok(()),
+        // Staged over a previous one: libostree unlinks it (ostreedev/ostree#3025).
+        Some((prev, _)) if prev != name => remove(&lock_path),
+        // `ostree_sysroot_change_finalization`.
+        Some((_, was)) if was != staged.finalization_locked => {
+            if staged.finalization_locked {
+                create()
+            } else {
+                remove(&lock_path)
+            }
+        }
+        Some(_) => Ok(()),
     }
 }
 

@@ -625,7 +625,7 @@ impl Daemon {
                 base_removals,
                 kargs,
                 drop_variant,
-                image_kernel: crate::fixtures::Kernel::Default,
+                image_kernel: image.variant,
             },
         )
         .await
