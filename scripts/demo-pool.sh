@@ -93,6 +93,11 @@ while ((SECONDS < deadline)); do
         echo "== the pool is Updated: every node runs rhel-10"
         echo "== the API server's record of unavailable nodes: at most $("$bin/testbed" ctl --dir "$dir" \
             '{"target":"apiserver","cmd":"unavailable"}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["max"])') at once"
+        echo "== the pool's Events (kubectl get events.events.k8s.io -n default)"
+        kubectl get events.events.k8s.io -n default -o json | python3 -c 'import json,sys
+events = [e for e in json.load(sys.stdin)["items"] if e.get("regarding", {}).get("kind") == "StreamPool"]
+for e in sorted(events, key=lambda e: e["eventTime"]):
+    print("    %-7s %-15s %s" % (e["type"], e["reason"], e.get("note", "")[:90]))'
         exit 0
     fi
     sleep 0.5

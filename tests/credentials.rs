@@ -24,6 +24,32 @@ fn drop_in(env: &Env, name: &str, text: &str) {
     std::fs::write(d.join(name), text).expect("drop-in");
 }
 
+/// What the MCO writes for an ImageDigestMirrorSet with NeverContactSource: the source is
+/// blocked, a mirror serves it, the host's auth file has a credential for the mirror only (the
+/// pull secret JSON returned). The mirror speaks plain HTTP, which registries.conf must allow
+/// (`insecure`).
+async fn mirrored(env: &Env) -> (Mirror, String) {
+    let (host, secret) = {
+        let reg = env.tb.registry();
+        (reg.host().to_string(), reg.pull_secret_json())
+    };
+    let mirror = Mirror::start(&host).await.expect("mirror");
+    drop_in(
+        env,
+        "99-idms.conf",
+        &format!(
+            "[[registry]]\n  prefix = \"\"\n  location = \"{src}/openshift/rhcos\"\n  \
+             blocked = true\n  [[registry.mirror]]\n    location = \"{m}/openshift/rhcos\"\n    \
+             insecure = true\n    pull-from-mirror = \"digest-only\"\n",
+            src = host,
+            m = mirror.host()
+        ),
+    );
+    let only_mirror = secret.replace(&host, mirror.host());
+    std::fs::write(etc_auth(env), &only_mirror).expect("auth file");
+    (mirror, only_mirror)
+}
+
 /// Waits until streamd settles on a result of the request (refused, staged, failed).
 async fn settled(env: &Env) -> BTreeMap<String, String> {
     env.wait_for("a result of the request", Duration::from_secs(90), |a| {
@@ -114,27 +140,7 @@ async fn the_auth_file_the_mcd_links_in_run_is_used_not_the_pull_secret() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mirror_in_registries_conf_is_where_preflight_and_the_daemon_go() {
     let mut env = Env::new("creds-mirror").await;
-    let (host, secret) = {
-        let reg = env.tb.registry();
-        (reg.host().to_string(), reg.pull_secret_json())
-    };
-    let mirror = Mirror::start(&host).await.expect("mirror");
-    // What the MCO writes for an ImageDigestMirrorSet with NeverContactSource: the source is
-    // blocked, the mirror serves it; the node has a credential for the mirror only. The
-    // mirror speaks plain HTTP, which registries.conf must allow (`insecure`).
-    drop_in(
-        &env,
-        "99-idms.conf",
-        &format!(
-            "[[registry]]\n  prefix = \"\"\n  location = \"{src}/openshift/rhcos\"\n  \
-             blocked = true\n  [[registry.mirror]]\n    location = \"{m}/openshift/rhcos\"\n    \
-             insecure = true\n    pull-from-mirror = \"digest-only\"\n",
-            src = host,
-            m = mirror.host()
-        ),
-    );
-    let only_mirror = secret.replace(&host, mirror.host());
-    std::fs::write(etc_auth(&env), only_mirror).expect("auth file");
+    let (mirror, _) = mirrored(&env).await;
     staged(&mut env).await;
     let seen = mirror.seen();
     let by = |ua: &dyn Fn(&str) -> bool| {
@@ -149,6 +155,35 @@ async fn a_mirror_in_registries_conf_is_where_preflight_and_the_daemon_go() {
     assert!(
         by(&|ua| ua == node::USER_AGENT) > 0,
         "the daemon pulled from the mirror: {seen:#?}"
+    );
+    assert_no_secret(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_extensions_image_comes_from_the_mirror_too() {
+    let mut env = Env::new("creds-ext-mirror").await;
+    // Every credential, the OS daemon's and streamd's own pull secret, is for the mirror.
+    // podman pulls the extensions image through the same registries.conf for the
+    // machine-config daemon.
+    let (mirror, only_mirror) = mirrored(&env).await;
+    std::fs::write(&env.vars()["TESTBED_PULL_SECRET"], &only_mirror).expect("pull secret");
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let ext = env.rhel10_extensions();
+    env.request("rhel-10", &env.rhel10(), Some(&ext));
+    let a = settled(&env).await;
+    assert_eq!(
+        a.get(STATE).map(String::as_str),
+        Some("Staged"),
+        "{a:#?}\n{}",
+        env.log()
+    );
+    let digest = ext.rsplit('@').next().expect("digest-pinned");
+    let seen = mirror.seen();
+    assert!(
+        seen.iter().any(|s| s.user_agent.starts_with("streamd/")
+            && s.path.ends_with(&format!("/manifests/{digest}"))),
+        "streamd read the extensions image from the mirror: {seen:#?}"
     );
     assert_no_secret(&env).await;
 }

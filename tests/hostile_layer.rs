@@ -140,7 +140,8 @@ async fn a_hostile_layer_costs_little_memory_and_leaves_nothing_in_run() {
     for (what, layer) in layers {
         let gz = layer.len();
         let (server, img) = serve(layer).await;
-        let insp = Inspector::new(PullSecret::default(), std::slice::from_ref(&server.host));
+        let insp = Inspector::new(PullSecret::default(), std::slice::from_ref(&server.host))
+            .expect("inspector");
         let dest = run.join("extensions");
         std::fs::create_dir_all(&dest).expect("mkdir");
         // Sample the directory's size while the layer is read.

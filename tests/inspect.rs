@@ -20,7 +20,7 @@ async fn registry(name: &str) -> (Registry, Inspector) {
         .await
         .expect("registry starts");
     let secret = PullSecret::parse(&reg.pull_secret_json()).expect("pull secret");
-    let insp = Inspector::new(secret, &[reg.host().to_string()]);
+    let insp = Inspector::new(secret, &[reg.host().to_string()]).expect("inspector");
     (reg, insp)
 }
 
@@ -118,7 +118,8 @@ async fn auth_failures_and_unknown_images() {
     let insp = Inspector::new(
         PullSecret::parse(&wrong).expect("json"),
         &[reg.host().to_string()],
-    );
+    )
+    .expect("inspector");
     let e = insp.os_image(&img, "x86_64").await.expect_err("401");
     assert_eq!(e, InspectError::Unauthorized(reg.host().to_string()));
     assert_eq!(
@@ -126,7 +127,7 @@ async fn auth_failures_and_unknown_images() {
         format!("pull secret rejected by {}", reg.host())
     );
     assert!(!e.to_string().contains("s3cret"));
-    let anon = Inspector::new(PullSecret::default(), &[reg.host().to_string()]);
+    let anon = Inspector::new(PullSecret::default(), &[reg.host().to_string()]).expect("inspector");
     assert!(matches!(
         anon.os_image(&img, "x86_64").await,
         Err(InspectError::Unauthorized(_))
@@ -135,7 +136,8 @@ async fn auth_failures_and_unknown_images() {
     let good = Inspector::new(
         PullSecret::parse(&reg.pull_secret_json()).expect("json"),
         &[reg.host().to_string()],
-    );
+    )
+    .expect("inspector");
     let unknown = image(&format!(
         "{}/openshift/rhcos@sha256:{}",
         reg.host(),
@@ -335,7 +337,8 @@ async fn bearer_token_challenge_is_followed() {
     let insp = Inspector::new(
         PullSecret::parse(&secret).expect("json"),
         std::slice::from_ref(&front.host),
-    );
+    )
+    .expect("inspector");
     let info = insp
         .os_image(&img, "x86_64")
         .await
@@ -347,7 +350,8 @@ async fn bearer_token_challenge_is_followed() {
     let insp = Inspector::new(
         PullSecret::parse(&bad).expect("json"),
         std::slice::from_ref(&front.host),
-    );
+    )
+    .expect("inspector");
     let e = insp.os_image(&img, "x86_64").await.expect_err("refused");
     assert_eq!(e, InspectError::Unauthorized(front.host.clone()), "{e}");
 }
@@ -398,7 +402,7 @@ fn hostile_image(host: &str, manifest: &[u8]) -> ImageRef {
 }
 
 fn hostile_inspector(host: &str) -> Inspector {
-    Inspector::new(PullSecret::default(), &[host.to_string()])
+    Inspector::new(PullSecret::default(), &[host.to_string()]).expect("inspector")
 }
 
 /// Serves `manifest` and `blobs` (by digest); everything else is 404.

@@ -241,6 +241,7 @@ async fn a_pending_deployment_from_ostree_admin_deploy_is_foreign() {
         .await;
     assert_eq!(a.get(STATE).map(String::as_str), Some("Refused"), "{a:#?}");
     assert!(a[REASON].contains("pending-deployment"), "{}", a[REASON]);
+    assert!(a[REASON].contains("not staged"), "{}", a[REASON]);
     assert!(env.transactions().await.is_empty());
     env.stop_streamd();
 

@@ -1,6 +1,7 @@
 //! End-to-end: on a Secure Boot x86_64/aarch64 node a move to another RHEL major updates the
-//! bootloader through systemd (`bootloader-update.service`) before finalizing, so the old shim
-//! trusts the target's signing keys; when the update fails nothing is finalized.
+//! bootloader through systemd (streamd's `streamd-bootloader-update.target`, which pulls in
+//! bootupd's `bootloader-update.service`) before finalizing, so the old shim trusts the target's
+//! signing keys; when the update fails nothing is finalized.
 
 mod common;
 
@@ -11,6 +12,7 @@ use common::*;
 use serde_json::{Value, json};
 
 const UNIT: &str = "bootloader-update.service";
+const TARGET: &str = "streamd-bootloader-update.target";
 
 /// The fake systemd's records of `bootloader-update.service` starts.
 async fn bootloader_runs(env: &Env) -> Vec<Value> {
@@ -64,7 +66,19 @@ async fn a_major_move_updates_the_bootloader_before_finalizing() {
     let runs = bootloader_runs(&env).await;
     assert_eq!(runs.len(), 1, "{runs:#?}");
     assert_eq!(runs[0]["job_result"], json!("done"), "{runs:#?}");
-    assert_eq!(runs[0]["mode"], json!("replace"), "{runs:#?}");
+    // streamd starts only its own target (the one packaged unit SELinux lets it start);
+    // systemd pulls bootupd's unit in.
+    assert_eq!(runs[0]["pulled_in_by"], json!(TARGET), "{runs:#?}");
+    let units = env.systemd_units().await;
+    let targets: Vec<&Value> = units
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|u| u["unit"] == json!(TARGET))
+        .collect();
+    assert_eq!(targets.len(), 1, "{units:#?}");
+    assert_eq!(targets[0]["mode"], json!("replace"), "{targets:#?}");
+    assert_eq!(targets[0]["job_result"], json!("done"), "{targets:#?}");
     let updated = std::fs::read_to_string(env.dir.join("host/run/testbed/bootloader-updated"))
         .expect("the fake bootupctl ran");
     assert_eq!(updated.lines().count(), 1);
@@ -108,6 +122,24 @@ async fn without_the_unit_the_move_is_not_finalized_and_the_reason_says_why() {
         reason.contains(UNIT) && reason.contains("not found") && reason.contains("bootupctl"),
         "{reason}"
     );
+    assert!(!finalize_called(&env).await);
+    assert!(!env.reboot_initiated());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_streamds_target_the_reason_says_to_reinstall() {
+    let env = approved_move("secureboot-notarget", "secureboot", |host| {
+        std::fs::remove_file(host.join("usr/lib/systemd/system").join(TARGET))
+            .expect("remove the target");
+    })
+    .await;
+    let degraded = env.wait_state("Degraded").await;
+    let reason = &degraded[REASON];
+    assert!(
+        reason.contains(TARGET) && reason.contains("reinstall streamd"),
+        "{reason}"
+    );
+    assert!(bootloader_runs(&env).await.is_empty());
     assert!(!finalize_called(&env).await);
     assert!(!env.reboot_initiated());
 }

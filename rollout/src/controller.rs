@@ -1,21 +1,26 @@
 //! The thin edge: a kube-runtime controller over `StreamPool`s, woken by watches of the pools,
 //! the Nodes (mapped to the pools that select them) and the cluster's OSImageStream — no
-//! polling. Each reconcile lists the pool's nodes afresh (a consistent read, so a decision never
+//! polling. Each reconcile lists the nodes afresh (a consistent read, so a decision never
 //! rests on a cache that has not yet seen the controller's own last patch), asks the
 //! [`planner`](crate::planner) what to do, does it with one Node patch per action, and writes
 //! the status. A drain in progress is looked at again every [`DRAIN_RETRY`] (evictions a
-//! PodDisruptionBudget refuses, pods still terminating), as `kubectl drain` retries.
+//! PodDisruptionBudget refuses, pods still terminating), as `kubectl drain` retries. What it
+//! does is also told in Events on the pool ([`events`](crate::events)).
+//!
+//! A pool carries the [`FINALIZER`]: deleting it releases its nodes first (see
+//! [`planner::release`]), and a node that leaves the pool's selector is released likewise.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::controller::{Action as Requeue, Config, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
@@ -31,14 +36,22 @@ use crate::crd::{
     DEFAULT_DRAIN_TIMEOUT_SECONDS, DEFAULT_MAX_CONCURRENT_STAGING, StreamPool, Target,
 };
 use crate::drain;
-use crate::node::{NodeView, ROLLOUT_STEP, Step};
-use crate::planner::{self, Action, CheckKeys, PoolInput};
+use crate::events::{self, Journal, Note};
+use crate::node::{
+    CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, NodeView, ROLLOUT_POOL, ROLLOUT_STEP,
+    Step,
+};
+use crate::planner::{self, Action, CheckKeys, PoolInput, Release};
 use crate::status;
 
 /// Field manager of every write.
 pub const FIELD_MANAGER: &str = "streamd-rollout";
+/// On every StreamPool: the pool goes only once the controller released its nodes.
+pub const FINALIZER: &str = "osstream.openshift.io/rollout";
 /// How often a node being drained is looked at again.
 pub const DRAIN_RETRY: Duration = Duration::from_secs(5);
+/// Look again after a write found the object changed since it was read (409).
+const CONFLICT_RETRY: Duration = Duration::from_secs(1);
 /// Retry after a failed reconcile (API error).
 const ERROR_RETRY: Duration = Duration::from_secs(10);
 
@@ -66,6 +79,34 @@ pub struct Context {
     drain_client: kube::Client,
     catalog: watch::Receiver<Option<Catalog>>,
     pools: Store<StreamPool>,
+    recorder: Recorder,
+    journal: Journal,
+}
+
+impl Context {
+    /// Publishes `note` about `pool` (and its node). Events are best effort: a failure is
+    /// logged and the rollout goes on.
+    async fn publish(
+        &self,
+        pool: &ObjectReference,
+        nodes: &BTreeMap<String, ObjectReference>,
+        note: Note,
+    ) {
+        let event = Event {
+            type_: if note.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: note.reason.into(),
+            note: Some(note.text),
+            action: note.action.into(),
+            secondary: note.node.as_ref().and_then(|n| nodes.get(n)).cloned(),
+        };
+        if let Err(e) = self.recorder.publish(&event, pool).await {
+            tracing::warn!(reason = note.reason, error = %e, "publishing an event failed");
+        }
+    }
 }
 
 /// The pool's target as the node protocol's request, resolved through the cluster's
@@ -108,15 +149,24 @@ fn annotations_patch(pairs: &[(&str, Option<&str>)]) -> serde_json::Map<String, 
         .collect()
 }
 
-/// The merge patch an action writes on its node (a drain's approval is [`approval_patch`]).
+/// The check-* keys of `check`, with the pool's name.
+fn check_patch(pool: &str, check: &CheckKeys) -> serde_json::Map<String, Value> {
+    let mut pairs = check.annotations().to_vec();
+    pairs.push((ROLLOUT_POOL, Some(pool)));
+    annotations_patch(&pairs)
+}
+
+/// The merge patch an action of pool `pool` writes on its node (a drain's approval is
+/// [`approval_patch`]).
 pub fn action_patch(
+    pool: &str,
     action: &Action,
     target: &Desired,
     check: Option<&CheckKeys>,
     now: u64,
 ) -> Option<Value> {
     let (annotations, unschedulable) = match action {
-        Action::Check { .. } => (annotations_patch(&check?.annotations()), None),
+        Action::Check { .. } => (check_patch(pool, check?), None),
         Action::Target { .. } => {
             let os = target.os_image.to_string();
             let ext = target.extensions_image.as_ref().map(ToString::to_string);
@@ -125,6 +175,7 @@ pub fn action_patch(
                     (DESIRED_STREAM, Some(&target.stream)),
                     (DESIRED_OS_IMAGE, Some(&os)),
                     (DESIRED_EXTENSIONS_IMAGE, ext.as_deref()),
+                    (ROLLOUT_POOL, Some(pool)),
                 ]),
                 None,
             )
@@ -151,6 +202,36 @@ pub fn action_patch(
         patch["spec"] = json!({ "unschedulable": u });
     }
     Some(patch)
+}
+
+/// Releases a node (see [`Release::Now`]), only if it is still as listed at `resource_version`
+/// (a node another pool took meanwhile is left to it: the write is a 409 and the next pass
+/// looks again).
+pub fn release_patch(withdraw: bool, uncordon: bool, resource_version: &str) -> Value {
+    let mut pairs = vec![
+        (ROLLOUT_POOL, None),
+        (CHECK_STREAM, None),
+        (CHECK_OS_IMAGE, None),
+        (CHECK_EXTENSIONS_IMAGE, None),
+    ];
+    if withdraw {
+        pairs.extend([
+            (DESIRED_STREAM, None),
+            (DESIRED_OS_IMAGE, None),
+            (DESIRED_EXTENSIONS_IMAGE, None),
+        ]);
+    }
+    if uncordon {
+        pairs.extend([(ROLLOUT_STEP, None), (REBOOT_APPROVED, None)]);
+    }
+    let mut patch = json!({ "metadata": {
+        "annotations": annotations_patch(&pairs),
+        "resourceVersion": resource_version,
+    } });
+    if uncordon {
+        patch["spec"] = json!({ "unschedulable": false });
+    }
+    patch
 }
 
 /// Approves exactly `token` and marks it approved, in one patch.
@@ -180,14 +261,81 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
     let selector =
         Selector::try_from(pool.spec.node_selector.clone()).map_err(|e| Error::Selector(e.0))?;
     let nodes: Api<Node> = Api::all(ctx.client.clone());
-    let listed = nodes
-        .list(&ListParams::default().labels_from(&selector))
+    // Every node, not only the selected ones: those that left the selector are released.
+    let all = nodes
+        .list(&ListParams::default())
         .await
         .map_err(|source| Error::Api {
-            what: "listing the pool's nodes".into(),
+            what: "listing the nodes".into(),
             source,
         })?;
-    let views: Vec<NodeView> = listed.items.iter().map(NodeView::from_node).collect();
+    let pool_ref = reference(pool.object_ref(&()));
+    let node_refs: BTreeMap<String, ObjectReference> = all
+        .items
+        .iter()
+        .map(|n| (n.name_any(), reference(n.object_ref(&()))))
+        .collect();
+    let ours = |n: &Node| n.annotations().get(ROLLOUT_POOL) == Some(&name);
+    let (members, gone): (Vec<Node>, Vec<Node>) = all
+        .items
+        .into_iter()
+        .partition(|n| selector.matches(n.labels()));
+    let pools: Api<StreamPool> = Api::all(ctx.client.clone());
+    if pool.meta().deletion_timestamp.is_some() {
+        // Its nodes: those carrying its request, and selected ones it cordoned before nodes
+        // carried the pool's name.
+        let own: Vec<&Node> = members
+            .iter()
+            .filter(|n| {
+                let a = n.annotations();
+                ours(n) || (!a.contains_key(ROLLOUT_POOL) && a.contains_key(ROLLOUT_STEP))
+            })
+            .chain(gone.iter().filter(|n| ours(n)))
+            .collect();
+        let mut waiting = 0;
+        for n in own {
+            if !release_node(
+                &ctx,
+                &nodes,
+                n,
+                &pool_ref,
+                &node_refs,
+                "the pool is deleted",
+            )
+            .await?
+            {
+                waiting += 1;
+            }
+        }
+        if waiting > 0 {
+            return Ok(Requeue::requeue(DRAIN_RETRY));
+        }
+        if !set_finalizer(&pools, &pool, false).await? {
+            return Ok(Requeue::requeue(CONFLICT_RETRY));
+        }
+        ctx.journal.forget(&name);
+        tracing::info!(pool = %name, "nodes released; the pool may go");
+        return Ok(Requeue::await_change());
+    }
+    if !pool.finalizers().iter().any(|f| f == FINALIZER)
+        && !set_finalizer(&pools, &pool, true).await?
+    {
+        return Ok(Requeue::requeue(CONFLICT_RETRY));
+    }
+    let mut leaving = false;
+    for n in gone.iter().filter(|n| ours(n)) {
+        leaving |= !release_node(
+            &ctx,
+            &nodes,
+            n,
+            &pool_ref,
+            &node_refs,
+            "it left the pool's selector",
+        )
+        .await?;
+    }
+    let listed = members;
+    let views: Vec<NodeView> = listed.iter().map(NodeView::from_node).collect();
     let others: Vec<Arc<StreamPool>> = ctx
         .pools
         .state()
@@ -195,7 +343,6 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
         .filter(|p| p.name_any() != name)
         .collect();
     let claimed = listed
-        .items
         .iter()
         .filter_map(|n| {
             let other = pools_selecting(&others, n.labels()).into_iter().next()?;
@@ -253,14 +400,12 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
                 tracing::info!(pool = %name, node, token, "drained; approving the reboot");
                 approval_patch(token)
             }
-            (a, Ok(t)) => match action_patch(a, t, check.as_ref(), now) {
+            (a, Ok(t)) => match action_patch(&name, a, t, check.as_ref(), now) {
                 Some(p) => p,
                 None => continue,
             },
             (Action::Check { .. }, Err(_)) => match &check {
-                Some(c) => {
-                    json!({ "metadata": { "annotations": annotations_patch(&c.annotations()) } })
-                }
+                Some(c) => json!({ "metadata": { "annotations": check_patch(&name, c) } }),
                 None => continue,
             },
             (_, Err(_)) => continue,
@@ -273,6 +418,9 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
                 what: format!("patching node {node}"),
                 source,
             })?;
+        if let Some(note) = events::for_action(action, &pool.spec.target.stream) {
+            ctx.publish(&pool_ref, &node_refs, note).await;
+        }
     }
     for node in &plan.summary.timed_out {
         // Read-only: name what is still there for the admin.
@@ -288,7 +436,6 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
             ),
         ));
     }
-    let pools: Api<StreamPool> = Api::all(ctx.client.clone());
     let built = status::build(
         &plan.summary,
         pool.meta().generation,
@@ -301,6 +448,7 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
         &blockers,
         Time(jiff_now()),
     );
+    let news = ctx.journal.news(&name, pool.status.as_ref(), &built);
     if pool.status.as_ref() != Some(&built) {
         let mut value = serde_json::to_value(&built).unwrap_or_default();
         // A merge patch keeps keys it does not name: clear the optional ones explicitly.
@@ -317,11 +465,101 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
                 source,
             })?;
     }
-    Ok(if !plan.summary.draining.is_empty() {
+    for note in news {
+        ctx.publish(&pool_ref, &node_refs, note).await;
+    }
+    Ok(if !plan.summary.draining.is_empty() || leaving {
         Requeue::requeue(DRAIN_RETRY)
     } else {
         Requeue::await_change()
     })
+}
+
+/// Releases node `n` of the pool (`why`, for the Event); `false`: not yet (its approved reboot
+/// is under way, or it changed since it was listed).
+async fn release_node(
+    ctx: &Context,
+    nodes: &Api<Node>,
+    n: &Node,
+    pool_ref: &ObjectReference,
+    node_refs: &BTreeMap<String, ObjectReference>,
+    why: &str,
+) -> Result<bool, Error> {
+    let Release::Now { withdraw, uncordon } = planner::release(&NodeView::from_node(n)) else {
+        return Ok(false);
+    };
+    let node = n.name_any();
+    let patch = release_patch(
+        withdraw,
+        uncordon,
+        &n.resource_version().unwrap_or_default(),
+    );
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    match nodes.patch(&node, &pp, &Patch::Merge(&patch)).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => return Ok(false),
+        Err(source) => {
+            return Err(Error::Api {
+                what: format!("releasing node {node}"),
+                source,
+            });
+        }
+    }
+    tracing::info!(node, why, withdraw, uncordon, "node released");
+    ctx.publish(
+        pool_ref,
+        node_refs,
+        events::released(&node, why, withdraw, uncordon),
+    )
+    .await;
+    Ok(true)
+}
+
+/// Adds (`on`) or removes the [`FINALIZER`], only if the pool is as the cache has it;
+/// `false`: it is not (409), look again.
+async fn set_finalizer(
+    pools: &Api<StreamPool>,
+    pool: &StreamPool,
+    on: bool,
+) -> Result<bool, Error> {
+    let mut finalizers: Vec<String> = pool
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    if on {
+        finalizers.push(FINALIZER.into());
+    }
+    let patch = json!({ "metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": pool.resource_version(),
+    } });
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    match pools
+        .patch(&pool.name_any(), &pp, &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(source) => Err(Error::Api {
+            what: format!("writing the finalizer of pool {}", pool.name_any()),
+            source,
+        }),
+    }
+}
+
+/// An Event's reference to `object`, without the version it had then (so that the recorder
+/// sees one object, not one per status write).
+fn reference(mut object: ObjectReference) -> ObjectReference {
+    object.resource_version = None;
+    object
 }
 
 fn jiff_now() -> k8s_openapi::jiff::Timestamp {
@@ -372,8 +610,13 @@ impl Clients {
     }
 }
 
-/// Runs the controller until `shutdown` completes (leadership lost, or a signal).
-pub async fn run(clients: Clients, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+/// Runs the controller until `shutdown` completes (leadership lost, or a signal); `identity`
+/// (the pod name) is the Events' reporting instance.
+pub async fn run(
+    clients: Clients,
+    identity: &str,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
     let client = clients.main;
     let (catalog_tx, catalog_rx) = watch::channel(None);
     let (trigger_tx, trigger_rx) = tokio::sync::mpsc::channel::<()>(1);
@@ -405,12 +648,31 @@ pub async fn run(clients: Clients, shutdown: impl Future<Output = ()> + Send + S
         drain_client: clients.drain,
         catalog: catalog_rx,
         pools: store.clone(),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: events::REPORTER.into(),
+                instance: Some(identity.to_string()),
+            },
+        ),
+        journal: Journal::default(),
     });
     controller
         .watches(
             Api::<Node>::all(client),
             watcher::Config::default(),
-            move |node: Node| pools_selecting(&store.state(), node.labels()),
+            move |node: Node| {
+                let state = store.state();
+                let mut pools = pools_selecting(&state, node.labels());
+                // A node that left its pool's selector (the pool releases it).
+                if let Some(own) = node.annotations().get(ROLLOUT_POOL) {
+                    let own = ObjectRef::new(own);
+                    if !pools.contains(&own) {
+                        pools.push(own);
+                    }
+                }
+                pools
+            },
         )
         .reconcile_all_on(triggers)
         .with_config(Config::default().debounce(Duration::from_millis(200)))
@@ -448,13 +710,14 @@ mod tests {
     fn patches_write_only_the_controllers_keys() {
         let t = target();
         let node = || "w1".to_string();
-        let p = |a: Action| action_patch(&a, &t, None, 1234);
+        let p = |a: Action| action_patch("worker", &a, &t, None, 1234);
         assert_eq!(
             p(Action::Target { node: node() }),
             Some(json!({"metadata": {"annotations": {
                 "osstream.openshift.io/desired-stream": "rhel-10",
                 "osstream.openshift.io/desired-os-image": "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010",
                 "osstream.openshift.io/desired-extensions-image": null,
+                "osstream.openshift.io/rollout-pool": "worker",
             }}}))
         );
         assert_eq!(
@@ -491,6 +754,36 @@ mod tests {
                 "osstream.openshift.io/rollout-step": "approved:abc.def.1",
             }}})
         );
+    }
+
+    #[test]
+    fn a_release_removes_the_controllers_keys_only_if_the_node_is_as_listed() {
+        assert_eq!(
+            release_patch(true, true, "42"),
+            json!({
+                "metadata": {
+                    "annotations": {
+                        "osstream.openshift.io/rollout-pool": null,
+                        "osstream.openshift.io/check-stream": null,
+                        "osstream.openshift.io/check-os-image": null,
+                        "osstream.openshift.io/check-extensions-image": null,
+                        "osstream.openshift.io/desired-stream": null,
+                        "osstream.openshift.io/desired-os-image": null,
+                        "osstream.openshift.io/desired-extensions-image": null,
+                        "osstream.openshift.io/rollout-step": null,
+                        "osstream.openshift.io/reboot-approved": null,
+                    },
+                    "resourceVersion": "42",
+                },
+                "spec": {"unschedulable": false},
+            })
+        );
+        let keep = release_patch(false, false, "7");
+        assert_eq!(
+            keep["metadata"]["annotations"].as_object().map(|m| m.len()),
+            Some(4)
+        );
+        assert!(keep.get("spec").is_none());
     }
 
     #[test]

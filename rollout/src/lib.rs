@@ -9,6 +9,7 @@
 //! - [`planner`]: the reconcile decisions, pure;
 //! - [`status`]: the pool's status from the planner's summary;
 //! - [`drain`]: the Eviction API drain;
+//! - [`events`]: the Events an admin follows a rollout by;
 //! - [`controller`]: the kube-runtime controller, target resolution and the Node patches;
 //! - [`leader`]: leader election on a Lease.
 
@@ -18,6 +19,7 @@ pub mod planner;
 pub mod status;
 
 pub mod drain;
+pub mod events;
 
 pub mod controller;
 pub mod leader;

@@ -72,7 +72,7 @@ async fn main() -> anyhow::Result<()> {
             };
             if !leader_elect {
                 tracing::info!("running without leader election");
-                rollout::controller::run(clients, stopped(stop.clone())).await;
+                rollout::controller::run(clients, &identity, stopped(stop.clone())).await;
                 return Ok(());
             }
             let lease = Lease {
@@ -97,7 +97,7 @@ async fn main() -> anyhow::Result<()> {
                 tracing::info!(identity = %lease.identity, "leading");
                 let lost = leader::lost(held.clone());
                 let stopping = stopped(stop.clone());
-                rollout::controller::run(clients.clone(), async move {
+                rollout::controller::run(clients.clone(), &lease.identity, async move {
                     tokio::select! { () = lost => {}, () = stopping => {} }
                 })
                 .await;

@@ -20,6 +20,11 @@ use streamd::cluster::protocol::{
 /// node": a node someone else cordoned never carries it.
 pub const ROLLOUT_STEP: &str = "osstream.openshift.io/rollout-step";
 
+/// Written by the controller only, with the `check-*` or `desired-*` keys: the StreamPool whose
+/// request the node carries. It finds a node that left the pool's selector by it (to release
+/// it), and a pool being deleted finds its nodes by it.
+pub const ROLLOUT_POOL: &str = "osstream.openshift.io/rollout-pool";
+
 /// The machine-config daemon's mark on a node it manages
 /// (openshift/machine-config-operator:pkg/daemon/constants/constants.go
 /// `CurrentMachineConfigAnnotationKey`).

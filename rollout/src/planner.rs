@@ -450,6 +450,52 @@ fn in_flight(pool: &PoolInput, n: &NodeView, hash: &str, summary: &mut Summary) 
     }
 }
 
+/// What happens to a node the pool lets go (the pool is being deleted, or the node left its
+/// selector).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Release {
+    /// Its approved reboot is under way: its cycle finishes first (a deleted pool keeps its
+    /// finalizer meanwhile), then it is released.
+    Wait,
+    /// Remove the controller's keys: `withdraw` the pool's request too (the node has not
+    /// moved to it: streamd drops what it staged and goes `Idle`; a node that runs the request
+    /// keeps it, as the record of what it was moved to), and `uncordon` a node the controller
+    /// cordoned (with its mark and approval).
+    Now {
+        /// Remove the `desired-*` keys.
+        withdraw: bool,
+        /// The controller cordoned it: uncordon, remove `rollout-step` and `reboot-approved`.
+        uncordon: bool,
+    },
+}
+
+/// How to release `n`. Only the node's own keys count: the pool's target may be unresolvable
+/// by then, or the node may have left for another pool.
+pub fn release(n: &NodeView) -> Release {
+    let state = n.state();
+    if let Some(Step::Approved { token }) = n.step() {
+        let rebooting = match state {
+            Some(State::Rebooting) => true,
+            Some(State::Staged) => n.reboot_requested() == Some(token.as_str()),
+            Some(State::Done) => !n.ready,
+            _ => false,
+        };
+        if rebooting {
+            return Release::Wait;
+        }
+    }
+    let inputs = Inputs {
+        reboot_approved: None,
+        ..n.inputs()
+    };
+    let runs_it = state == Some(State::Done)
+        && matches!(inputs.desired(), Ok(Some(d)) if n.observed() == Some(d.observed_hash().as_str()));
+    Release::Now {
+        withdraw: !runs_it,
+        uncordon: n.step().is_some(),
+    }
+}
+
 /// `12 of 14 ready; 2 refuse: cpu-level; 1 not checked`: nodes on the target (staged or done)
 /// and nodes whose dry run of the target passed count as ready; a failed check names its id.
 fn readiness(nodes: &[&NodeView], target: &Desired, hash: &str) -> String {
@@ -687,6 +733,31 @@ mod tests {
         ];
         for (name, pool, nodes, want) in table {
             assert_eq!(plan(&pool, &nodes).actions, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn released_nodes_finish_an_approved_reboot_and_keep_only_a_request_they_run() {
+        let approved = |n: NodeView| step(n, Step::Approved { token: "t1".into() });
+        let mut done_not_ready = approved(in_state(node("w1"), "Done"));
+        done_not_ready.ready = false;
+        let now = |withdraw, uncordon| Release::Now { withdraw, uncordon };
+        #[rustfmt::skip]
+        let table: Vec<(&str, NodeView, Release)> = vec![
+            ("untouched", node("w1"), now(true, false)),
+            ("staging", in_state(node("w1"), "Staging"), now(true, false)),
+            ("staged, waiting", staged("w1", "t1"), now(true, false)),
+            ("draining", step(staged("w1", "t1"), draining("t1", 1)), now(true, true)),
+            ("approved, not rebooted yet", approved(staged("w1", "t1")), Release::Wait),
+            ("approved, rebooting", approved(in_state(node("w1"), "Rebooting")), Release::Wait),
+            ("approved, back but not Ready", done_not_ready, Release::Wait),
+            ("approved, done", approved(in_state(node("w1"), "Done")), now(false, true)),
+            ("approved, degraded after the reboot", approved(in_state(node("w1"), "Degraded")), now(true, true)),
+            ("approved token stale: staged again", approved(staged("w1", "t2")), now(true, true)),
+            ("updated earlier", in_state(node("w1"), "Done"), now(false, false)),
+        ];
+        for (name, n, want) in table {
+            assert_eq!(release(&n), want, "{name}");
         }
     }
 

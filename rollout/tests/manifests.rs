@@ -60,7 +60,7 @@ fn rbac_is_least_privilege() {
     assert_eq!(
         rules,
         vec![
-            "ClusterRole osstream.openshift.io streampools [] get,list,watch",
+            "ClusterRole osstream.openshift.io streampools [] get,list,watch,patch",
             "ClusterRole osstream.openshift.io streampools/status [] patch",
             "ClusterRole  nodes [] list,watch,patch",
             "ClusterRole  pods [] list",
@@ -68,6 +68,7 @@ fn rbac_is_least_privilege() {
             "ClusterRole machineconfiguration.openshift.io osimagestreams [] get,list,watch",
             "Role coordination.k8s.io leases [] create",
             "Role coordination.k8s.io leases [streamd-rollout] get,patch",
+            "Role events.k8s.io events [] create,patch",
         ]
     );
 }

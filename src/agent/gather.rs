@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::agent::preflight::{self, CheckResult, DiskFree, Input};
 use crate::backend::Deployment;
@@ -126,17 +126,18 @@ impl Gatherer {
     }
 
     /// The registry client for `secret`, reused while the secret stays the same.
-    fn inspector(&self, secret: &PullSecret) -> Inspector {
+    fn inspector(&self, secret: &PullSecret) -> Result<Inspector, String> {
         let mut cached = self
             .inspector
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         match &*cached {
-            Some((s, i)) if s == secret => i.clone(),
+            Some((s, i)) if s == secret => Ok(i.clone()),
             _ => {
-                let i = Inspector::new(secret.clone(), &self.insecure_registries);
+                let i = Inspector::new(secret.clone(), &self.insecure_registries)
+                    .map_err(|e| e.to_string())?;
                 *cached = Some((secret.clone(), i.clone()));
-                i
+                Ok(i)
             }
         }
     }
@@ -164,12 +165,44 @@ impl Gatherer {
         if let Some(hit) = cache.get(image, arch, wanted) {
             return Ok(hit);
         }
-        let dest = cache
-            .fresh(image)
-            .map_err(|e| InspectError::Invalid(format!("{}: {e}", cache.root().display())))?;
-        let (info, files) = inspector.extensions(image, arch, wanted, &dest).await?;
-        cache.put(image, arch, wanted, &info, &files);
-        Ok((info, files))
+        // Pulled where podman pulls it for the machine-config daemon: through the host's
+        // registries.conf (mirrors first, blocked locations never), with streamd's pull secret.
+        let sources = crate::host::ospull::registries_conf(&self.host)
+            .and_then(|c| c.pull_sources(image))
+            .map_err(InspectError::Invalid)?;
+        let mut failure = None;
+        for s in &sources {
+            let source = format!("{}/{}", s.image.registry(), s.image.repository());
+            if let Some(prefix) = &s.blocked_by {
+                failure.get_or_insert(InspectError::Invalid(format!(
+                    "{source}: blocked by the registries.conf entry for {prefix}"
+                )));
+                continue;
+            }
+            let dest = cache
+                .fresh(image)
+                .map_err(|e| InspectError::Invalid(format!("{}: {e}", cache.root().display())))?;
+            let from = if s.insecure {
+                inspector.with_plain_http(s.image.registry())
+            } else {
+                inspector.clone()
+            };
+            match from.extensions(&s.image, arch, wanted, &dest).await {
+                Ok((info, files)) => {
+                    cache.put(image, arch, wanted, &info, &files);
+                    return Ok((info, files));
+                }
+                Err(e) => {
+                    debug!(%source, mirror = s.mirror, error = %e, "extensions image not read from this source");
+                    // A transient failure anywhere is retried; else the last source's error.
+                    if !failure.as_ref().is_some_and(InspectError::is_transient) {
+                        failure = Some(e);
+                    }
+                }
+            }
+        }
+        Err(failure
+            .unwrap_or_else(|| InspectError::Invalid(format!("no place to pull {image} from"))))
     }
 
     fn disk(&self) -> DiskFree {
@@ -217,8 +250,7 @@ impl Gatherer {
         };
         let crio = facts::crio_default_runtime(&self.host).map_err(|e| e.to_string());
         let booted_major = self.host.os_release().ok().and_then(|r| r.major());
-        let secret = self.secret();
-        let inspector = secret.as_ref().ok().map(|s| self.inspector(s));
+        let inspector = self.secret().and_then(|s| self.inspector(&s));
         let layered: Vec<String> = preflight::layered_packages_of(booted, variant)
             .iter()
             .map(|p| package_name(p).to_string())
@@ -247,8 +279,8 @@ impl Gatherer {
                     self.cache().prune(&self.in_use.keep(None));
                     Ok(None)
                 }
-                (Some(_), None) => Ok(Some(Err("pull secret unreadable".to_string()))),
-                (Some(img), Some(i)) => {
+                (Some(_), Err(e)) => Ok(Some(Err(e.clone()))),
+                (Some(img), Ok(i)) => {
                     match self.extensions(i, img, &facts.arch, &wanted, purpose).await {
                         Ok(found) => Ok(Some(Ok(found))),
                         Err(e) => split(e).map(Some),
@@ -281,7 +313,7 @@ impl Gatherer {
         };
         // Providers the closure added are extracted now; the cache then serves the wanted
         // packages from the larger extraction.
-        if let (Some(c), Some(img), Some(i)) = (&closure, &desired.extensions_image, &inspector) {
+        if let (Some(c), Some(img), Ok(i)) = (&closure, &desired.extensions_image, &inspector) {
             let have = |file: &str| {
                 extracted
                     .iter()
@@ -372,11 +404,11 @@ mod tests {
         };
         let a = PullSecret::default();
         let b = PullSecret::parse(r#"{"auths":{"r.example":{"auth":"dTpw"}}}"#).expect("secret");
-        g.inspector(&a);
+        g.inspector(&a).expect("client");
         assert_eq!(cached(&g), Some(a.clone()));
-        g.inspector(&a);
+        g.inspector(&a).expect("client");
         assert_eq!(cached(&g), Some(a), "same secret: kept");
-        g.inspector(&b);
+        g.inspector(&b).expect("client");
         assert_eq!(cached(&g), Some(b), "another secret: a new client");
     }
 }

@@ -165,18 +165,22 @@ fn pending_deployment(i: &Input<'_>) -> CheckResult {
         || format!("deployment {}", staged.id),
         |p| format!("{p} ({})", staged.id),
     );
+    // A pending deployment written at once (`ostree admin deploy`, a rollback) is not staged.
+    let how = if staged.staged {
+        "staged by someone else"
+    } else {
+        "pending for the next boot (deployed by someone else, not staged)"
+    };
     if i.policy.replace_foreign_staged {
         warn(
             id,
-            format!(
-                "{what} is staged by someone else and will be replaced (replace-foreign-staged = true)"
-            ),
+            format!("{what} is {how} and will be replaced (replace-foreign-staged = true)"),
         )
     } else {
         fail(
             id,
             format!(
-                "{what} is staged by someone else; remove it (rpm-ostree cleanup -p) or set \
+                "{what} is {how}; remove it (rpm-ostree cleanup -p) or set \
                  replace-foreign-staged = true to let streamd replace it"
             ),
         )
@@ -1107,6 +1111,11 @@ mod tests {
             "{}",
             pending.message
         );
+        assert!(
+            pending.message.contains("staged by someone else"),
+            "{}",
+            pending.message
+        );
         c.policy.replace_foreign_staged = true;
         let r = check(&c);
         let pending = r
@@ -1114,6 +1123,21 @@ mod tests {
             .find(|r| r.id == "pending-deployment")
             .expect("check");
         assert_eq!(pending.result, Outcome::Warn);
+        // `ostree admin deploy` writes the pending deployment at once: not "staged".
+        if let Some(d) = c.foreign.as_mut() {
+            d.staged = false;
+        }
+        let r = check(&c);
+        let pending = r
+            .iter()
+            .find(|r| r.id == "pending-deployment")
+            .expect("check");
+        assert!(
+            pending.message.contains("pending for the next boot")
+                && !pending.message.contains("staged by"),
+            "{}",
+            pending.message
+        );
     }
 
     #[test]

@@ -7,11 +7,18 @@
 //! 9.6 it starts bootupd's `bootloader-update.service` (`systemctl start`, which waits for the
 //! oneshot `bootupctl update` and returns its result), else, or when that fails, it runs
 //! `bootupctl update` from the target image in a privileged podman container and at last copies
-//! the EFI files onto the ESPs by hand. streamd does the first step the same way, over systemd's
-//! D-Bus API (`StartUnit` mode `replace`, then the job's `JobRemoved`), and does not do the
-//! container fallback (it would need podman, the pull secret, `/dev` and the ESPs inside
-//! streamd's sandbox): when the unit is missing or fails, the move is not finalized and the
-//! reason says what to do.
+//! the EFI files onto the ESPs by hand. streamd does the first step over systemd's D-Bus API,
+//! and does not do the container fallback (it would need podman, the pull secret, `/dev` and the
+//! ESPs inside streamd's sandbox): when the unit is missing or fails, the move is not finalized
+//! and the reason says what to do.
+//!
+//! streamd starts its own [`TARGET`] (`StartUnit` mode `replace`, then the job's `JobRemoved`),
+//! which `Requires=` and is ordered `After=` bootupd's unit: systemd pulls the update in, a
+//! missing unit fails the call (`NoSuchUnit` "Unit bootloader-update.service not found.",
+//! systemd:src/core/transaction.c `transaction_add_job_and_dependencies`) and a failed update
+//! ends the target's job `dependency`. SELinux checks a start only on the unit named in the
+//! call (systemd:src/core/dbus-unit.c `bus_unit_method_start_generic`), so the policy lets
+//! streamd start this one target and no packaged unit of anyone else (selinux/streamd.te).
 
 use std::time::Duration;
 
@@ -21,6 +28,8 @@ use crate::backend::systemd::{JobEnd, ManagerProxy, ServiceProxy, job_watch, wai
 
 /// bootupd's unit (coreos/bootupd:contrib/packaging/bootloader-update.service).
 pub const UNIT: &str = "bootloader-update.service";
+/// streamd's own unit that pulls [`UNIT`] in (systemd/streamd-bootloader-update.target).
+pub const TARGET: &str = "streamd-bootloader-update.target";
 /// Longest wait for `bootupctl update`.
 const TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -34,6 +43,11 @@ pub enum BootloaderError {
         "systemd has no {UNIT} ({0}); on RHEL before 9.6 the machine-config daemon runs `bootupctl update` from the target image in a privileged container, which streamd does not: update the bootloader that way, then run `streamctl reconcile`"
     )]
     NotInstalled(String),
+    /// streamd's own target is missing: the package is broken.
+    #[error(
+        "systemd has no {TARGET} ({0}), which the streamd package installs: reinstall streamd, then run `streamctl reconcile`"
+    )]
+    TargetMissing(String),
     /// The unit ran and failed.
     #[error(
         "{UNIT} failed (result {result}, exit status {status}): see `journalctl -u {UNIT}`, then run `streamctl reconcile`"
@@ -52,21 +66,25 @@ pub enum BootloaderError {
     Call(String),
 }
 
-/// Starts `bootloader-update.service` and waits for its start job to end.
+/// Starts [`TARGET`], and so `bootloader-update.service`, and waits for its start job to end.
 pub async fn update(conn: &zbus::Connection) -> Result<(), BootloaderError> {
     let call = |e: zbus::Error| BootloaderError::Call(crate::text::one_line_reason(&e.to_string()));
     let manager = ManagerProxy::new(conn).await.map_err(call)?;
     let mut removed = job_watch(&manager).await.map_err(|(_, e)| call(e))?;
-    let job = match manager.start_unit(UNIT, "replace").await {
+    let job = match manager.start_unit(TARGET, "replace").await {
         Ok(job) => job,
         Err(zbus::Error::MethodError(name, msg, _)) if name.as_str() == NO_SUCH_UNIT => {
-            return Err(BootloaderError::NotInstalled(crate::text::one_line_reason(
-                msg.as_deref().unwrap_or("no such unit"),
-            )));
+            let msg = crate::text::one_line_reason(msg.as_deref().unwrap_or("no such unit"));
+            // systemd names the unit it could not load: ours, or the dependency.
+            return Err(if msg.contains(TARGET) {
+                BootloaderError::TargetMissing(msg)
+            } else {
+                BootloaderError::NotInstalled(msg)
+            });
         }
         Err(e) => return Err(call(e)),
     };
-    info!(unit = UNIT, job = %job.as_str(), "updating the bootloader");
+    info!(unit = TARGET, job = %job.as_str(), "updating the bootloader");
     let job_result = match wait_job(&mut removed, &job, TIMEOUT).await {
         JobEnd::TimedOut => return Err(BootloaderError::Timeout(TIMEOUT.as_secs())),
         JobEnd::Closed => {
@@ -80,7 +98,8 @@ pub async fn update(conn: &zbus::Connection) -> Result<(), BootloaderError> {
         info!(unit = UNIT, "bootloader updated");
         return Ok(());
     }
-    // The service's own result says more than the job's `failed`.
+    // The target's job ends `dependency` when the update failed; the service's own result says
+    // what happened.
     let (result, status) = match unit_result(conn, &manager).await {
         Some((r, s)) if r != "success" => (r, s),
         _ => (job_result, -1),

@@ -317,7 +317,10 @@ pub async fn inspect(
             .filter(|s| s.insecure)
             .map(|s| s.image.registry().to_string()),
     );
-    let inspector = Inspector::new(secret.clone(), &plain);
+    let inspector = match Inspector::new(secret.clone(), &plain) {
+        Ok(i) => i,
+        Err(e) => return stop(view, e.to_string()),
+    };
     let mut last = String::new();
     let mut transient = None;
     for s in &sources {

@@ -304,7 +304,9 @@ fn error_text(body: &[u8]) -> String {
 
 impl Inspector {
     /// An inspector; `insecure` lists `host:port`s spoken to over plain HTTP (test registries).
-    pub fn new(secret: PullSecret, insecure: &[String]) -> Self {
+    /// Fails only when the HTTP client cannot be built (no TLS backend, unreadable system
+    /// configuration), where reqwest's own default client would panic.
+    pub fn new(secret: PullSecret, insecure: &[String]) -> Result<Self, InspectError> {
         // reqwest is built without a default TLS provider; use the ring provider kube uses too.
         // Installing twice fails harmlessly.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -316,15 +318,30 @@ impl Inspector {
             // redirect.
             .redirect(reqwest::redirect::Policy::limited(5))
             .build()
-            .unwrap_or_default();
-        Inspector {
+            .map_err(|e| {
+                InspectError::Invalid(format!(
+                    "the HTTP client cannot be built: {}",
+                    crate::text::one_line_reason(&e.to_string())
+                ))
+            })?;
+        Ok(Inspector {
             http,
             secret,
             insecure: insecure.to_vec(),
             tokens: Default::default(),
             os_deadline: OS_IMAGE_DEADLINE,
             extensions_deadline: EXTENSIONS_DEADLINE,
+        })
+    }
+
+    /// The same inspector (connections, tokens), also speaking plain HTTP to `host` (a mirror
+    /// registries.conf marks `insecure`).
+    pub fn with_plain_http(&self, host: &str) -> Inspector {
+        let mut i = self.clone();
+        if !i.insecure.iter().any(|h| h == host) {
+            i.insecure.push(host.to_string());
         }
+        i
     }
 
     /// The same inspector with other total deadlines (tests).

@@ -17,6 +17,7 @@
 //! | `etc/machine-config-daemon/currentconfig` | only on `mcd`: the machine-config daemon's record of the MachineConfig it applied (a JSON MachineConfig, as `storeCurrentConfigOnDisk` writes it) |
 //! | `sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c` | only on `secureboot`: the EFI variable, 4 bytes of attributes (`BS|RT`, little-endian) and the value `1` |
 //! | `usr/lib/systemd/system/bootloader-update.service` | bootupd's unit (RHEL >= 9.6), which the fake systemd starts (`crate::systemd`) |
+//! | `usr/lib/systemd/system/streamd-bootloader-update.target` | streamd's unit that pulls bootupd's in, from the repository's `systemd/` |
 //! | `run/testbed/low-disk` | only on `low-disk`: the fake rpm-ostreed fails imports on free space |
 //! | `proc/sys/kernel/random/boot_id` | this boot's id; a simulated reboot writes a new one |
 //! | `var/log/journal/<machine-id>/`, `etc/machine-id` | only after a reboot whose finalization failed: a real journal with the failure in the previous boot |
@@ -114,6 +115,11 @@ pub fn write(
         "[Unit]\nDescription=Update bootloader on boot\nDocumentation=https://github.com/coreos/bootupd\n\n\
          [Service]\nType=oneshot\nExecStart=/usr/bin/bootupctl update\nRemainAfterExit=yes\nMountFlags=slave\n\n\
          [Install]\nWantedBy=multi-user.target\n",
+    )?;
+    // As the streamd package installs it.
+    put(
+        "usr/lib/systemd/system/streamd-bootloader-update.target",
+        include_str!("../../systemd/streamd-bootloader-update.target"),
     )?;
     put("usr/lib/os-release", &booted.os_release())?;
     // As on RHCOS, /etc/os-release is a relative link into /usr.

@@ -20,6 +20,12 @@
 //! (exit 1, the file's text on stderr) while `HOST/run/testbed/bootloader-update-fails` exists
 //! and otherwise appends a line to `HOST/run/testbed/bootloader-updated`. Starting it again
 //! while it is `active (exited)` finishes the job `done` without running it, as systemd does.
+//! streamd's `streamd-bootloader-update.target` (present when the host root has its fragment)
+//! pulls in the units its `Requires=` lists, in the same call: one that cannot be loaded fails
+//! `StartUnit` with `NoSuchUnit` naming it (systemd's `transaction_add_job_and_dependencies`),
+//! and the target's job ends after theirs (`After=`), `dependency` when one failed
+//! (`job_fail_dependencies`). A pulled-in start is recorded with `pulled_in_by` and no sender.
+//! The target's own unit object is not exported (a client reads the service's).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::ExitStatusExt as _;
@@ -54,8 +60,10 @@ const CLD_KILLED: i32 = 2;
 const EXIT_EXEC: i32 = 203;
 
 const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
-/// The one unit with a fragment file the fake models (see the module comment).
+/// The units with a fragment file the fake models (see the module comment).
 pub const BOOTLOADER_UPDATE: &str = "bootloader-update.service";
+/// streamd's target that pulls [`BOOTLOADER_UPDATE`] in (systemd/streamd-bootloader-update.target).
+pub const BOOTLOADER_TARGET: &str = "streamd-bootloader-update.target";
 const UNIT_EXISTS: &str = "org.freedesktop.systemd1.UnitExists";
 const ALREADY_SUBSCRIBED: &str = "org.freedesktop.systemd1.AlreadySubscribed";
 const NOT_SUBSCRIBED: &str = "org.freedesktop.systemd1.NotSubscribed";
@@ -304,6 +312,35 @@ struct UnitRecord {
     exec_main_status: Option<i32>,
     /// What the service wrote to the journal (stdout when not redirected, and stderr).
     journal: String,
+    /// The unit whose `Requires=` pulled this start job in (no client asked for it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pulled_in_by: Option<String>,
+}
+
+impl UnitRecord {
+    /// A start job just queued.
+    fn new(
+        unit: &str,
+        mode: String,
+        sender: &str,
+        job: u32,
+        spec: ServiceSpec,
+        pulled_in_by: Option<String>,
+    ) -> Self {
+        UnitRecord {
+            unit: unit.to_string(),
+            mode,
+            sender: sender.to_string(),
+            job,
+            spec,
+            job_result: None,
+            result: None,
+            exec_main_code: None,
+            exec_main_status: None,
+            journal: String::new(),
+            pulled_in_by,
+        }
+    }
 }
 
 struct Shared {
@@ -491,6 +528,19 @@ impl Shared {
         spec: ServiceSpec,
         sender: String,
     ) -> Result<OwnedObjectPath, NamedError> {
+        let (job, _) = self.start_job(name, mode, spec, sender, None).await?;
+        owned_path(job_path(job))
+    }
+
+    /// [`Shared::load_and_start`], returning the job's id and its end (the job result).
+    async fn start_job(
+        self: &Arc<Self>,
+        name: String,
+        mode: String,
+        spec: ServiceSpec,
+        sender: String,
+        pulled_in_by: Option<String>,
+    ) -> Result<(u32, tokio::task::JoinHandle<&'static str>), NamedError> {
         let job = self.next_job.fetch_add(1, Ordering::SeqCst);
         let mut refs = BTreeSet::new();
         if spec.add_ref {
@@ -536,26 +586,25 @@ impl Shared {
                 format!("exporting {path}: {e}"),
             ));
         }
-        lock(&self.records).push(UnitRecord {
-            unit: name.clone(),
+        self.record(UnitRecord::new(
+            &name,
             mode,
-            sender: sender.clone(),
+            &sender,
             job,
             spec,
-            job_result: None,
-            result: None,
-            exec_main_code: None,
-            exec_main_status: None,
-            journal: String::new(),
-        });
+            pulled_in_by,
+        ));
         info!(unit = %name, job, sender = %sender, "starting unit");
         self.emit_job_new(job, &name).await;
-        tokio::spawn(self.clone().run(name, job));
-        owned_path(job_path(job))
+        Ok((job, tokio::spawn(self.clone().run(name, job))))
     }
 
     fn subscribed(&self) -> bool {
         !lock(&self.subscribers).is_empty()
+    }
+
+    fn record(&self, record: UnitRecord) {
+        lock(&self.records).push(record);
     }
 
     fn update_record(&self, job: u32, f: impl FnOnce(&mut UnitRecord)) {
@@ -564,10 +613,52 @@ impl Shared {
         }
     }
 
-    /// Runs the unit's `ExecStart` and finishes its start job.
-    async fn run(self: Arc<Self>, unit: String, job: u32) {
+    /// Starts `bootloader-update.service` (its fragment exists below `root`); returns the job's
+    /// id and its end.
+    async fn start_bootloader_update(
+        self: &Arc<Self>,
+        root: &std::path::Path,
+        mode: String,
+        sender: String,
+        pulled_in_by: Option<String>,
+    ) -> Result<(u32, tokio::task::JoinHandle<&'static str>), NamedError> {
+        let name = BOOTLOADER_UPDATE.to_string();
+        if self
+            .with_unit(&name, |s| (s.active == "active").then_some(()))
+            .is_some()
+        {
+            // Already started (RemainAfterExit=yes): the start job has nothing to do.
+            let job = self.next_job.fetch_add(1, Ordering::SeqCst);
+            self.emit_job_new(job, &name).await;
+            self.emit_job_removed(job, &name, "done").await;
+            return Ok((job, tokio::spawn(async { "done" })));
+        }
+        // A failed earlier run stays loaded; this start runs it again.
+        lock(&self.units).remove(&name);
+        let fails = root.join("run/testbed/bootloader-update-fails");
+        let done = root.join("run/testbed/bootloader-updated");
+        let script = format!(
+            "if [ -e '{f}' ]; then cat '{f}' >&2; exit 1; fi; mkdir -p '{r}' && echo updated >> '{d}' && echo 'Updated EFI: shim, grub'",
+            f = fails.display(),
+            r = root.join("run/testbed").display(),
+            d = done.display()
+        );
+        let mut spec = ServiceSpec::new(&name);
+        spec.description = "Update bootloader on boot".into();
+        spec.service_type = "oneshot".into();
+        spec.remain_after_exit = true;
+        spec.exec_start = vec![(
+            "/bin/sh".into(),
+            vec!["/usr/bin/bootupctl".into(), "-c".into(), script],
+            false,
+        )];
+        self.start_job(name, mode, spec, sender, pulled_in_by).await
+    }
+
+    /// Runs the unit's `ExecStart` and finishes its start job; returns the job result.
+    async fn run(self: Arc<Self>, unit: String, job: u32) -> &'static str {
         let Some(spec) = lock(&self.units).get(&unit).map(|s| s.spec.clone()) else {
-            return;
+            return "canceled";
         };
         let oneshot = spec.service_type == "oneshot";
         let mut journal = String::new();
@@ -627,6 +718,7 @@ impl Shared {
         self.emit_unit_changed(&unit).await;
         self.emit_job_removed(job, &unit, job_result).await;
         self.collect(&unit).await;
+        job_result
     }
 
     /// [`Self::exec`], with an `execve` failure as systemd reports it (status 203, `EXIT_EXEC`).
@@ -810,7 +902,8 @@ impl ManagerIface {
             .await
     }
 
-    /// Starts a unit that has a fragment file; only `bootloader-update.service` is modelled.
+    /// Starts a unit that has a fragment file; `bootloader-update.service` and streamd's
+    /// `streamd-bootloader-update.target` are modelled.
     async fn start_unit(
         &self,
         name: String,
@@ -818,49 +911,70 @@ impl ManagerIface {
         #[zbus(header)] hdr: Header<'_>,
     ) -> Result<OwnedObjectPath, NamedError> {
         check_job_mode(&mode)?;
-        let root = lock(&self.shared.host_root).clone();
-        let fragment = root
-            .as_ref()
-            .map(|r| r.join("usr/lib/systemd/system").join(&name));
-        if name != BOOTLOADER_UPDATE || !fragment.is_some_and(|f| f.exists()) {
-            return Err(NamedError::new(
-                NO_SUCH_UNIT,
-                format!("Unit {name} not found."),
-            ));
+        let root = lock(&self.shared.host_root).clone().unwrap_or_default();
+        let fragment = |unit: &str| root.join("usr/lib/systemd/system").join(unit);
+        let not_found =
+            |unit: &str| NamedError::new(NO_SUCH_UNIT, format!("Unit {unit} not found."));
+        let modelled = [BOOTLOADER_UPDATE, BOOTLOADER_TARGET].contains(&name.as_str());
+        if !modelled || !fragment(&name).exists() {
+            return Err(not_found(&name));
         }
         let sender = sender_of(&hdr);
-        let active = self
-            .shared
-            .with_unit(&name, |s| (s.active == "active").then_some(()))
-            .is_some();
-        if active {
-            // Already started (RemainAfterExit=yes): the start job has nothing to do.
-            let job = self.shared.next_job.fetch_add(1, Ordering::SeqCst);
-            self.shared.emit_job_new(job, &name).await;
-            self.shared.emit_job_removed(job, &name, "done").await;
+        if name == BOOTLOADER_UPDATE {
+            let (job, _) = self
+                .shared
+                .start_bootloader_update(&root, mode, sender, None)
+                .await?;
             return owned_path(job_path(job));
         }
-        // A failed earlier run stays loaded; this start runs it again.
-        lock(&self.shared.units).remove(&name);
-        let host = root.unwrap_or_default();
-        let fails = host.join("run/testbed/bootloader-update-fails");
-        let done = host.join("run/testbed/bootloader-updated");
-        let script = format!(
-            "if [ -e '{f}' ]; then cat '{f}' >&2; exit 1; fi; mkdir -p '{r}' && echo updated >> '{d}' && echo 'Updated EFI: shim, grub'",
-            f = fails.display(),
-            r = host.join("run/testbed").display(),
-            d = done.display()
-        );
+        // The target: its `Requires=` go into the same transaction, and one that cannot be
+        // loaded fails the whole call (transaction_add_job_and_dependencies).
+        let text = std::fs::read_to_string(fragment(&name)).unwrap_or_default();
+        let requires: Vec<String> = text
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("Requires="))
+            .flat_map(|v| v.split_whitespace().map(str::to_string))
+            .collect();
+        for dep in &requires {
+            if dep != BOOTLOADER_UPDATE || !fragment(dep).exists() {
+                return Err(not_found(dep));
+            }
+        }
+        let job = self.shared.next_job.fetch_add(1, Ordering::SeqCst);
         let mut spec = ServiceSpec::new(&name);
-        spec.description = "Update bootloader on boot".into();
-        spec.service_type = "oneshot".into();
-        spec.remain_after_exit = true;
-        spec.exec_start = vec![(
-            "/bin/sh".into(),
-            vec!["/usr/bin/bootupctl".into(), "-c".into(), script],
-            false,
-        )];
-        self.shared.load_and_start(name, mode, spec, sender).await
+        spec.description =
+            "streamd: update the bootloader before a move to another RHEL major".into();
+        self.shared.record(UnitRecord::new(
+            &name,
+            mode.clone(),
+            &sender,
+            job,
+            spec,
+            None,
+        ));
+        self.shared.emit_job_new(job, &name).await;
+        let mut deps = Vec::new();
+        for _ in &requires {
+            let (_, end) = self
+                .shared
+                .start_bootloader_update(&root, mode.clone(), String::new(), Some(name.clone()))
+                .await?;
+            deps.push(end);
+        }
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            // After=: the target's job ends once its dependencies' jobs have; a failed one
+            // fails it with `dependency` (job_fail_dependencies).
+            let mut result = "done";
+            for end in deps {
+                if end.await.unwrap_or("failed") != "done" {
+                    result = "dependency";
+                }
+            }
+            shared.update_record(job, |r| r.job_result = Some(result.into()));
+            shared.emit_job_removed(job, &name, result).await;
+        });
+        owned_path(job_path(job))
     }
 
     /// Enables `JobNew`/`JobRemoved` (and the other manager signals) for the caller.

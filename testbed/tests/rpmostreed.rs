@@ -1347,6 +1347,15 @@ async fn finalize_deployment_checks_and_reboots() {
         (false, "Missing expected checksum".to_string())
     );
     env.wait_idle().await;
+    // `vardict_lookup_ptr (options, "checksum", "&s")` finds nothing of another type: the
+    // checksum must be a string (`s`), as streamd sends it; bytes count as missing.
+    assert_eq!(
+        finalize(dict(&[("checksum", Value::from(digest.as_bytes()))]))
+            .await
+            .expect("finalize"),
+        (false, "Missing expected checksum".to_string())
+    );
+    env.wait_idle().await;
     // A block-mode shutdown inhibitor stops it with rpm-ostree's message; a delay one does not.
     for (who, mode) in [("backup", "block"), ("updater", "delay")] {
         logind

@@ -9,8 +9,9 @@
 #     alone cannot show;
 #  4. on that linked policy: streamd_t has no capabilities, writes only its
 #     own state and runtime directories, reads /proc/sys/crypto, starts no
-#     unit unless the streamd_bootc tunable is on and then only transient
-#     units (never stops or reloads one), and can run journalctl and read the
+#     unit but its own bootloader-update target unless the streamd_bootc
+#     tunable is on and then transient units too (never stops or reloads
+#     one), and can run journalctl and read the
 #     journal; systemd can create the bootc status file in /run/streamd.
 set -euo pipefail
 # shellcheck source=tests/host/lib.sh
@@ -118,10 +119,18 @@ allows() { local out; out="$(sesearch -A "$@" "$pol")" && [[ -n "$out" ]]; }
 # up marked "[ streamd_bootc ]:True"; none may be unconditional.
 seinfo -x -b streamd_bootc "$pol" | grep -qE '^\s*bool streamd_bootc false;' ||
     die "streamd_bootc is not a boolean that defaults to false: $(seinfo -x -b streamd_bootc "$pol")"
+# The one exception: streamd's own bootloader-update target, which only pulls
+# in bootupd's unit (systemd checks the start on the named unit alone).
 starts="$(sesearch -A -s streamd_t -c service -p start "$pol"; sesearch -A -s streamd_t -t init_t -c system -p start "$pol")"
-if grep -v '\[ streamd_bootc \]:True$' <<<"$starts" | grep . >&2; then
+if grep -v '\[ streamd_bootc \]:True$' <<<"$starts" |
+    grep -vx 'allow streamd_t streamd_bootloader_unit_file_t:service start;' | grep . >&2; then
     die "streamd_t may start units without the streamd_bootc boolean"
 fi
+grep -qx 'allow streamd_t streamd_bootloader_unit_file_t:service start;' <<<"$starts" ||
+    die "streamd_t cannot start streamd-bootloader-update.target without a boolean: $starts"
+fcon="$(grep -F 'streamd-bootloader-update' "$REPO_ROOT/selinux/streamd.fc")"
+[[ "$fcon" == *streamd_bootloader_unit_file_t* ]] ||
+    die "streamd-bootloader-update.target is not labelled streamd_bootloader_unit_file_t: $fcon"
 # With it: start only transient units (the bootc backend); never stop,
 # reload, enable or disable, nothing on unit files.
 svc="$(sesearch -A -s streamd_t -c service "$pol")"
@@ -131,7 +140,8 @@ if grep -E ' (stop|reload|enable|disable)\b|\{[^}]*\b(stop|reload|enable|disable
     die "streamd_t may do more than start/status systemd units"
 fi
 start_on="$(sesearch -A -s streamd_t -c service -p start "$pol" | awk '{ split($3, a, ":"); print a[1] }' | sort -u)"
-[[ "$start_on" == systemd_transient_unit_t ]] || die "streamd_t may start units of: $start_on"
+[[ "$start_on" == $'streamd_bootloader_unit_file_t\nsystemd_transient_unit_t' ]] ||
+    die "streamd_t may start units of: $start_on"
 grep -q 'init_t:system start; \[ streamd_bootc \]:True$' <<<"$starts" ||
     die "streamd_t lacks system start on init_t (StartTransientUnit) with streamd_bootc on"
 allows -s streamd_t -t systemd_transient_unit_t -c service -p status ||
@@ -173,4 +183,4 @@ for ty in rpm_t install_t container_var_lib_t; do
     fi
 done
 log "streamd_t: $n_allow allow rules, no capabilities, writes only:" "$(tr '\n' ' ' <<<"$writes")"
-result "selinux: streamd.pp builds (also DISTRO=redhat), links and expands with Debian's full policy; $n_allow allow rules, 0 capabilities, reads fips_enabled, starts no unit (streamd_bootc off) and transient units only (on), reads the journal; optional blocks$opt"
+result "selinux: streamd.pp builds (also DISTRO=redhat), links and expands with Debian's full policy; $n_allow allow rules, 0 capabilities, reads fips_enabled, starts only its bootloader-update target (streamd_bootc off) and transient units too (on), reads the journal; optional blocks$opt"

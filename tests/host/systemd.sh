@@ -35,7 +35,7 @@ chmod 0755 "$root/usr/libexec/streamd"
 # output at all counts as a failure. Man pages are not in the test root.
 verify() {
     local out rc=0
-    out="$(systemd-analyze verify --man=no --root="$root" streamd.service 2>&1)" || rc=$?
+    out="$(systemd-analyze verify --man=no --root="$root" "${1:-streamd.service}" 2>&1)" || rc=$?
     printf '%s' "$out"
     [[ $rc -eq 0 && -z "$out" ]]
 }
@@ -52,6 +52,27 @@ if out="$(verify)"; then
 fi
 mv "$root/usr/libexec/streamd.off" "$root/usr/libexec/streamd"
 log "negative control: verify rejects a missing ExecStart ($out)"
+
+# streamd's bootloader-update target, beside bootupd's unit as bootupd ships it
+# (coreos/bootupd:contrib/packaging/bootloader-update.service) and a stub
+# bootupctl: verify loads the Requires= dependency too.
+TARGET="$REPO_ROOT/systemd/streamd-bootloader-update.target"
+install -m 0644 "$TARGET" "$root/usr/lib/systemd/system/"
+printf '[Unit]\nDescription=Update bootloader on boot\n\n[Service]\nType=oneshot\nExecStart=/usr/bin/bootupctl update\nRemainAfterExit=yes\nMountFlags=slave\n' \
+    >"$root/usr/lib/systemd/system/bootloader-update.service"
+mkdir -p "$root/usr/bin"
+printf '#!/bin/sh\nexit 0\n' >"$root/usr/bin/bootupctl"
+chmod 0755 "$root/usr/bin/bootupctl"
+if ! out="$(verify streamd-bootloader-update.target)"; then
+    die "systemd-analyze verify streamd-bootloader-update.target: ${out:-non-zero exit}"
+fi
+grep -qx 'Requires=bootloader-update.service' "$TARGET" && grep -qx 'After=bootloader-update.service' "$TARGET" ||
+    die "the target must require and order after bootloader-update.service (a failed update fails its job)"
+rm "$root/usr/lib/systemd/system/bootloader-update.service"
+if out="$(verify streamd-bootloader-update.target)"; then
+    die "verify did not notice the target's missing dependency"
+fi
+log "streamd-bootloader-update.target: verify clean; negative control without bootupd's unit: $out"
 
 # Exposure: parse systemd's own number rather than trusting a constant.
 sec="$(systemd-analyze security --offline=true --root="$root" streamd.service 2>&1)" ||

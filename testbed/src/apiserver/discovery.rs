@@ -108,6 +108,24 @@ pub(crate) static EVENTS: ResourceDef = ResourceDef {
     ..BASE
 };
 
+/// `events.k8s.io/v1` Events, what kube-runtime's `events::Recorder` writes (the rollout
+/// controller's Events). A minimal, separate addition: kube-apiserver stores both Event APIs in
+/// one table and converts between them (`note` is core/v1's `message`, `regarding` its
+/// `involvedObject`); the fake keeps them apart, so an Event written through one API is not
+/// listed through the other. Its create validation is `validate::events_v1`.
+pub(crate) static EVENTS_V1: ResourceDef = ResourceDef {
+    group: "events.k8s.io",
+    version: "v1",
+    plural: "events",
+    singular: "event",
+    kind: "Event",
+    namespaced: true,
+    verbs: CRUD_VERBS,
+    short_names: &["ev"],
+    field_labels: Some(OBJECT_META_FIELDS),
+    ..BASE
+};
+
 pub(crate) static NAMESPACES: ResourceDef = ResourceDef {
     group: "",
     version: "v1",
@@ -376,6 +394,7 @@ pub(crate) static RESOURCES: &[&ResourceDef] = &[
     &PODDISRUPTIONBUDGETS,
     &LEASES,
     &CUSTOMRESOURCEDEFINITIONS,
+    &EVENTS_V1,
 ];
 
 /// The served resource `plural` in `group/version`.

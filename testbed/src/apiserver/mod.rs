@@ -1,6 +1,6 @@
 //! Fake Kubernetes API server (HTTPS, client certificates and bearer tokens).
 //!
-//! Serves Nodes, core/v1 Events, Namespaces, Pods (graceful deletion, the eviction
+//! Serves Nodes, core/v1 and events.k8s.io/v1 Events, Namespaces, Pods (graceful deletion, the eviction
 //! subresource), PodDisruptionBudgets, Leases, OSImageStreams, CustomResourceDefinitions and
 //! what they define, and RBAC roles from an in-memory store with real resourceVersion, watch,
 //! patch and conflict semantics, plus the discovery documents the real `kubectl` needs, and

@@ -177,6 +177,20 @@ pub(crate) fn delete(
         })?;
         schedule_removal(shared, ns, name, &marked, grace);
         marked
+    } else if !super::store::finalizers(&current).is_empty() {
+        // Finalizers pending: the object is only marked, and goes when an update removes the
+        // last one (kubernetes/apiserver:pkg/registry/generic/registry/store.go `Delete`,
+        // `updateForGracefulDeletionAndFinalizers`: deletionTimestamp now, grace period 0).
+        store.update(def, ns, name, Scope::System, |cur| {
+            opts.check(def, name, cur)?;
+            let mut next = cur.clone();
+            if cur.pointer("/metadata/deletionTimestamp").is_none() {
+                next["metadata"]["deletionTimestamp"] =
+                    json!(clock::format_rfc3339(clock::now_secs()));
+                next["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+            }
+            Ok(next)
+        })?
     } else {
         store.delete_if(def, ns, name, |cur| opts.check(def, name, cur))?
     };

@@ -86,6 +86,50 @@ fn spec_part(obj: &Value) -> Value {
     rest
 }
 
+/// `metadata.finalizers` of `obj`.
+pub(crate) fn finalizers(obj: &Value) -> &[Value] {
+    obj.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+/// An object being deleted may lose finalizers but gain none
+/// (kubernetes/apiserver:pkg/registry/rest/update.go `BeforeUpdate`: "no new finalizers can be
+/// added if the object is being deleted").
+fn finalizers_on_update(
+    def: &ResourceDef,
+    name: &str,
+    current: &Value,
+    next: &Value,
+) -> Result<(), ApiError> {
+    let added: Vec<&Value> = finalizers(next)
+        .iter()
+        .filter(|f| !finalizers(current).contains(f))
+        .collect();
+    if added.is_empty() {
+        return Ok(());
+    }
+    let added: Vec<&str> = added.iter().filter_map(|f| f.as_str()).collect();
+    Err(ApiError::invalid(
+        def,
+        name,
+        &[(
+            "metadata.finalizers".into(),
+            format!(
+                "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers [{}]",
+                added.join(" ")
+            ),
+        )],
+    ))
+}
+
+/// An update that removes the last finalizer of an object deleted without grace period deletes
+/// it (kubernetes/apiserver:pkg/registry/generic/registry/store.go `ShouldDeleteDuringUpdate`).
+fn deleted_by_update(next: &Value) -> bool {
+    finalizers(next).is_empty()
+        && next.pointer("/metadata/deletionGracePeriodSeconds") == Some(&json!(0))
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Key {
     group: &'static str,
@@ -440,6 +484,12 @@ impl Store {
         if next == *current {
             return Ok(current);
         }
+        if current.pointer("/metadata/deletionTimestamp").is_some() {
+            finalizers_on_update(def, name, &current, &next)?;
+            if deleted_by_update(&next) {
+                return Ok(self.commit(&mut inner, def, key, next, EventType::Deleted));
+            }
+        }
         Ok(self.commit(&mut inner, def, key, next, EventType::Modified))
     }
 
@@ -669,6 +719,44 @@ mod tests {
             Ok(next)
         });
         assert_eq!(stale.map_err(|e| e.code).err(), Some(409));
+    }
+
+    #[test]
+    fn an_object_being_deleted_goes_with_its_last_finalizer_and_gains_none() {
+        let store = store();
+        let set = |f: Value| {
+            store.update(&NODES, None, "worker-0", Scope::Main, |cur| {
+                let mut next = cur.clone();
+                next["metadata"]["finalizers"] = f;
+                Ok(next)
+            })
+        };
+        set(json!(["a/one", "a/two"])).expect("finalizers");
+        // What a DELETE with finalizers pending does (pods::delete).
+        store
+            .update(&NODES, None, "worker-0", Scope::System, |cur| {
+                let mut next = cur.clone();
+                next["metadata"]["deletionTimestamp"] = json!("2026-12-01T10:00:00Z");
+                next["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+                Ok(next)
+            })
+            .expect("marked");
+        assert_eq!(
+            set(json!(["a/one", "a/two", "a/three"]))
+                .map_err(|e| e.code)
+                .err(),
+            Some(422)
+        );
+        set(json!(["a/two"])).expect("one removed");
+        assert!(store.get(&NODES, None, "worker-0").is_ok());
+        set(json!([])).expect("last removed");
+        assert_eq!(
+            store
+                .get(&NODES, None, "worker-0")
+                .map_err(|e| e.code)
+                .err(),
+            Some(404)
+        );
     }
 
     #[test]

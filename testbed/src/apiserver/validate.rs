@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use super::crd;
 use super::discovery::{
-    CUSTOMRESOURCEDEFINITIONS, OSIMAGESTREAMS, PODDISRUPTIONBUDGETS, PODS, ResourceDef,
+    CUSTOMRESOURCEDEFINITIONS, EVENTS_V1, OSIMAGESTREAMS, PODDISRUPTIONBUDGETS, PODS, ResourceDef,
 };
 use super::status::ApiError;
 
@@ -81,6 +81,8 @@ pub(crate) fn object(def: &ResourceDef, name: &str, obj: &Value) -> Result<(), A
                     .into(),
             ));
         }
+    } else if std::ptr::eq(def, &EVENTS_V1) {
+        events_v1(obj, &mut causes);
     } else if std::ptr::eq(def, &PODS) {
         // kubernetes/kubernetes: pkg/apis/core/validation/validation.go, `validateContainers`.
         let containers = obj.pointer("/spec/containers").and_then(Value::as_array);
@@ -102,6 +104,70 @@ pub(crate) fn object(def: &ResourceDef, name: &str, obj: &Value) -> Result<(), A
         Ok(())
     } else {
         Err(ApiError::invalid(def, name, &causes))
+    }
+}
+
+/// The checks kube-apiserver applies to an `events.k8s.io/v1` Event
+/// (kubernetes/kubernetes:pkg/apis/core/validation/events.go `ValidateEventCreate` with
+/// `legacyValidateEvent`'s branch for Events with an `eventTime`; `note` and `regarding` are the
+/// internal `Message` and `InvolvedObject`, hence the field names). Applied to every write: the
+/// update's immutability checks (`ValidateEventUpdate`) are not modelled.
+fn events_v1(obj: &Value, causes: &mut Vec<(String, String)>) {
+    let text = |k: &str| obj[k].as_str().unwrap_or_default();
+    let namespace = obj.pointer("/metadata/namespace").and_then(Value::as_str);
+    let regarding_ns = obj
+        .pointer("/regarding/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    // An Event about a cluster-scoped object lives in `default` or `kube-system`.
+    if regarding_ns.is_empty() && !matches!(namespace, Some("default" | "kube-system")) {
+        causes.push((
+            "involvedObject.namespace".into(),
+            "Invalid value: \"\": does not match event.namespace".into(),
+        ));
+    }
+    let controller = text("reportingController");
+    if controller.is_empty() {
+        causes.push(("reportingController".into(), "Required value".into()));
+    } else if !is_qualified_name(controller) {
+        causes.push((
+            "reportingController".into(),
+            format!("Invalid value: {controller:?}: name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"),
+        ));
+    }
+    for (field, limit) in [("reportingInstance", 128), ("action", 128), ("reason", 128)] {
+        let value = text(field);
+        if value.is_empty() {
+            causes.push((field.into(), "Required value".into()));
+        } else if value.len() > limit {
+            causes.push((
+                field.into(),
+                format!("Invalid value: \"\": can have at most {limit} characters"),
+            ));
+        }
+    }
+    if text("note").len() > 1024 {
+        causes.push((
+            "message".into(),
+            "Invalid value: \"\": can have at most 1024 characters".into(),
+        ));
+    }
+    if obj["eventTime"].is_null() {
+        causes.push(("eventTime".into(), "Required value".into()));
+    }
+    if !matches!(text("type"), "Normal" | "Warning") {
+        causes.push((
+            "type".into(),
+            format!("Invalid value: \"\": has invalid value: {}", text("type")),
+        ));
+    }
+    if let Some(count) = obj.pointer("/series/count")
+        && count.as_i64().is_none_or(|c| c < 2)
+    {
+        causes.push((
+            "series.count".into(),
+            "Invalid value: should be at least 2".into(),
+        ));
     }
 }
 
@@ -352,5 +418,39 @@ mod tests {
             object(&NODES, "Worker_0", &good).map_err(|e| e.code),
             Err(422)
         );
+    }
+
+    #[test]
+    fn events_v1_need_the_new_apis_fields() {
+        use crate::apiserver::discovery::EVENTS_V1;
+        let good = json!({
+            "metadata": {"name": "worker.1", "namespace": "default"},
+            "eventTime": "2026-12-01T10:00:00.000000Z",
+            "type": "Normal",
+            "reason": "NodeTargeted",
+            "action": "Target",
+            "note": "x",
+            "reportingController": "streamd-rollout",
+            "reportingInstance": "a",
+            "regarding": {"kind": "StreamPool", "name": "worker"},
+        });
+        assert!(object(&EVENTS_V1, "worker.1", &good).is_ok());
+        let mut elsewhere = good.clone();
+        elsewhere["metadata"]["namespace"] = json!("ns1");
+        let mut no_time = good.clone();
+        no_time["eventTime"] = Value::Null;
+        let mut long_note = good.clone();
+        long_note["note"] = json!("x".repeat(1025));
+        let mut bad_type = good.clone();
+        bad_type["type"] = json!("Info");
+        let mut no_action = good;
+        no_action["action"] = json!("");
+        for bad in [elsewhere, no_time, long_note, bad_type, no_action] {
+            assert_eq!(
+                object(&EVENTS_V1, "worker.1", &bad).map_err(|e| e.code),
+                Err(422),
+                "{bad}"
+            );
+        }
     }
 }
