@@ -4,7 +4,8 @@
 //! Node's `Ready` condition and boot facts true and reboots the host when streamd asks for it
 //! (the Node is not Ready while the host is down, streamd restarts after it boots).
 //!
-//! This is the library the rollout end-to-end tests and `testbed bench --fleet` use;
+//! This is the library the rollout end-to-end tests and `testbed bench --fleet` use
+//! ([`controller`] runs the rollout controller on it as deployed);
 //! `testbed up --nodes N` runs one in the background. See docs/testbed.md, "Fleets".
 
 use std::collections::BTreeMap;
@@ -25,6 +26,7 @@ use crate::registry::Registry;
 use crate::testbed::{self, Backend, HostSetup, NodeHost};
 
 pub mod bench;
+pub mod controller;
 
 /// How often a stand-in kubelet looks for a reboot request.
 const KUBELET_PERIOD: Duration = Duration::from_millis(200);
@@ -364,15 +366,9 @@ impl Inner {
             .append(true)
             .open(node.dir.join("streamd.log"))
             .context("opening streamd.log")?;
-        let child = Command::new(bin)
-            .envs(node.host.streamd_env(&node.kubeconfig))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        *slot = Some(child);
+        let mut cmd = Command::new(bin);
+        cmd.envs(node.host.streamd_env(&node.kubeconfig));
+        *slot = Some(spawn_logged(cmd, bin, log)?);
         Ok(())
     }
 
@@ -496,6 +492,16 @@ impl Inner {
             None => bail!("control command without \"target\""),
         }
     }
+}
+
+/// Spawns `cmd` (running `bin`) with its output in `log`, killed when the handle is dropped.
+fn spawn_logged(mut cmd: Command, bin: &Path, log: std::fs::File) -> anyhow::Result<Child> {
+    cmd.stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))
 }
 
 /// A node's stand-in kubelet: when the host is asked to reboot (rpm-ostree's

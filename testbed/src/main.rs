@@ -76,15 +76,19 @@ enum Command {
         #[arg(long, default_value_t = 30)]
         storm_secs: u64,
         /// Instead: the fleet bench — N nodes, each with its own streamd, moved from rhel-9 to
-        /// rhel-10 (see docs/performance.md, "Fleet").
+        /// rhel-10 by the real rollout controller (see docs/performance.md, "Fleet").
         #[arg(long)]
         fleet: Option<usize>,
-        /// Fleet bench: nodes rebooting at once.
+        /// Fleet bench: the StreamPool's maxUnavailable.
         #[arg(long, default_value_t = 1, requires = "fleet")]
         max_unavailable: usize,
-        /// Fleet bench: nodes asked to stage at once.
+        /// Fleet bench: the StreamPool's maxConcurrentStaging.
         #[arg(long, default_value_t = 10, requires = "fleet")]
         max_staging: usize,
+        /// Fleet bench: the streamd-rollout binary, run as two replicas under the shipped RBAC
+        /// (default: next to this testbed binary).
+        #[arg(long, requires = "fleet")]
+        controller: Option<PathBuf>,
     },
     /// Reboot the testbed host: an unlocked staged deployment is applied, a locked one is
     /// discarded (as ostree-finalize-staged does), the boot id changes. Stop streamd first and
@@ -126,12 +130,17 @@ struct FleetArgs {
 
 /// `--streamd`, or the streamd binary next to this one.
 fn streamd_or_default(streamd: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    match streamd {
+    path_or_sibling(streamd, "streamd")
+}
+
+/// `path`, or the binary `name` next to this one.
+fn path_or_sibling(path: Option<PathBuf>, name: &str) -> anyhow::Result<PathBuf> {
+    match path {
         Some(p) => Ok(p),
         None => Ok(std::env::current_exe()?
             .parent()
             .context("no directory for the testbed binary")?
-            .join("streamd")),
+            .join(name)),
     }
 }
 
@@ -188,6 +197,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             fleet,
             max_unavailable,
             max_staging,
+            controller,
         } => {
             let streamd = streamd_or_default(streamd)?;
             if let Some(nodes) = fleet {
@@ -196,6 +206,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                         dir: dir.clone(),
                         nodes,
                         streamd,
+                        controller: path_or_sibling(controller, "streamd-rollout")?,
                         max_unavailable,
                         max_staging,
                     })

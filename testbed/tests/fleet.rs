@@ -10,20 +10,24 @@ use testbed::{Fleet, FleetOptions};
 
 const PREFIX: &str = "osstream.openshift.io/";
 
-/// `target/<profile>/streamd`, next to this test's `deps/` directory.
-fn streamd_bin() -> PathBuf {
+/// `target/<profile>/<name>`, next to this test's `deps/` directory, built by `package`.
+fn workspace_bin(name: &str, package: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable");
     let bin = exe
         .parent()
         .and_then(|deps| deps.parent())
         .expect("target profile directory")
-        .join("streamd");
+        .join(name);
     assert!(
         bin.exists(),
-        "{} is missing: build it with `cargo build -p streamd`",
+        "{} is missing: build it with `cargo build -p {package}`",
         bin.display()
     );
     bin
+}
+
+fn streamd_bin() -> PathBuf {
+    workspace_bin("streamd", "streamd")
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -204,5 +208,39 @@ async fn each_node_runs_its_own_streamd_moves_and_reboots_on_its_own() {
     )
     .await;
     drop(fleet);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `testbed bench --fleet` at a small N: the real streamd-rollout (two replicas, leader election,
+/// the shipped RBAC) moves the pool, and the figures come from the API server's own records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_bench_measures_the_real_controller() {
+    let dir = scratch("bench");
+    let figures = testbed::fleet::bench::run(&testbed::fleet::bench::FleetBenchOptions {
+        dir: dir.clone(),
+        nodes: 2,
+        streamd: streamd_bin(),
+        controller: workspace_bin("streamd-rollout", "rollout"),
+        max_unavailable: 1,
+        max_staging: 1,
+    })
+    .await
+    .expect("the bench runs");
+    let controller = &figures["controller"];
+    assert!(
+        controller["requests_total"].as_u64() > Some(0),
+        "the controller made no requests: {figures:#}"
+    );
+    assert!(
+        controller["requests_by_verb"]["patch"].as_u64() >= Some(2),
+        "{figures:#}"
+    );
+    assert_eq!(figures["max_unavailable_seen"], 1, "{figures:#}");
+    assert_eq!(figures["node_cycle_s"]["count"], 2, "{figures:#}");
+    assert!(
+        figures["agents"]["watches_open_max"]["max"].as_u64() >= Some(1),
+        "{figures:#}"
+    );
+    drop(figures);
     let _ = std::fs::remove_dir_all(&dir);
 }

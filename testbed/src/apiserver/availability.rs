@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 
 use super::Shared;
+use super::clock::unix_ms;
 use super::discovery::NODES;
-use super::stats::unix_ms;
 use super::store::Store;
 
 /// At most this many changes are kept (the maximum keeps counting).

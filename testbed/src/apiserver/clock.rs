@@ -10,6 +10,14 @@ pub(crate) fn now_secs() -> i64 {
         .unwrap_or(0)
 }
 
+/// Unix time in milliseconds: the clock the API server's, the fakes' and the benches' records
+/// share, so tests and benches compare their times.
+pub(crate) fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// `2026-11-29T14:18:41Z` for the current time.
 pub(crate) fn now_rfc3339() -> String {
     format_rfc3339(now_secs())

@@ -8,7 +8,7 @@ use anyhow::{Context, anyhow, bail};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::stats::unix_ms;
+use super::clock::unix_ms;
 use super::status::ApiError;
 
 /// At most this many injected faults are remembered (a runaway client must not grow memory).

@@ -2,20 +2,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use serde_json::{Value, json};
 
+use super::clock::unix_ms;
+
 /// At most this many requests are kept in the timeline (the totals keep counting).
 const MAX_TIMELINE: usize = 100_000;
-
-/// Unix time in milliseconds: the clock tests compare request times against.
-pub(crate) fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
 
 /// One request as received.
 struct Seen {

@@ -82,6 +82,11 @@ pub(crate) struct TxnRecord {
     pub(crate) fds: u32,
     /// `Start()` was called.
     pub(crate) started: bool,
+    /// When `Start()` was first called (Unix milliseconds): with `finished_ms`, what the fleet
+    /// bench counts concurrent transactions across nodes by.
+    pub(crate) started_ms: Option<u64>,
+    /// When the transaction finished (Unix milliseconds).
+    pub(crate) finished_ms: Option<u64>,
     /// Identical calls that joined this transaction.
     pub(crate) joined: u32,
     pub(crate) result: Option<TxnResult>,
@@ -111,6 +116,8 @@ impl TxnRecord {
             args: req.args.clone(),
             fds: req.fds,
             started: false,
+            started_ms: None,
+            finished_ms: None,
             joined: 0,
             result: None,
             cancelled: false,

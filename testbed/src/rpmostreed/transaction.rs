@@ -386,7 +386,11 @@ impl Daemon {
         };
         if started_now {
             info!(txn = txn.id, "transaction started");
-            self.update_record(txn.id, |r| r.started = true);
+            let now = crate::apiserver::clock::unix_ms();
+            self.update_record(txn.id, |r| {
+                r.started = true;
+                r.started_ms = Some(now);
+            });
             if txn.crash {
                 tokio::spawn(self.clone().crash_and_restart(txn.clone()));
             } else {
@@ -912,11 +916,13 @@ impl Daemon {
             inner.finished = Some((ok, message.clone()));
         }
         info!(txn = txn.id, ok, message = %message, "transaction finished");
+        let now = crate::apiserver::clock::unix_ms();
         self.update_record(txn.id, |r| {
             r.result = Some(super::control::TxnResult {
                 ok,
                 message: message.clone(),
             });
+            r.finished_ms = Some(now);
         });
         txn.emit(Signal::Finished(ok, &message)).await;
         if txn.peer_conns().is_empty() {
