@@ -782,3 +782,71 @@ async fn a_failed_held_switch_leaves_no_lock_file() {
     let after = env.client.deployments().await.expect("status");
     assert!(after.iter().all(|d| !d.staged), "{after:#?}");
 }
+
+/// The target already staged but not held (an earlier run was cut short before its hold): only
+/// the hold runs; another image staged is refused, not staged over.
+#[tokio::test]
+async fn an_unheld_stage_of_the_target_is_held_and_another_stage_is_not_replaced() {
+    let env = Env::new("hold-existing", "default").await;
+    let (rhel9, rhel10) = (&env.tb.images()[0], &env.tb.images()[1]);
+    let backend = streamd::backend::Backend::Bootc(env.client.clone());
+    env.client
+        .switch(&rhel10.pullspec, false)
+        .await
+        .expect("switch");
+    let stage = |pullspec: &str| {
+        let image: streamd::image::reference::ImageRef = pullspec.parse().expect("image");
+        streamd::backend::StagePlan::rebase("rhel-10", &image, false)
+    };
+    let (tx, _rx) = tokio::sync::mpsc::channel(16);
+    let (_cancel, cancelled) = tokio::sync::watch::channel(false);
+    backend
+        .stage(&stage(&rhel10.pullspec), &tx, cancelled.clone())
+        .await
+        .expect("held");
+    let deps = env.client.deployments().await.expect("status");
+    assert!(
+        deps[0].staged && deps[0].finalization_locked && deps[0].carries_digest(&rhel10.digest),
+        "{deps:#?}"
+    );
+    let units = env.ctl(json!({"target": "systemd", "cmd": "units"})).await;
+    let switches = units
+        .as_array()
+        .expect("units")
+        .iter()
+        .flat_map(|u| u["spec"]["exec_start"].as_array().into_iter().flatten())
+        .filter(|line| line[1][1] == "switch")
+        .count();
+    assert_eq!(switches, 1, "no second switch: {units}");
+
+    // The booted image staged in its place (what a cleanup leaves): not staged over.
+    env.client
+        .switch(&rhel9.pullspec, false)
+        .await
+        .expect("switch back");
+    let e = backend
+        .stage(&stage(&rhel10.pullspec), &tx, cancelled)
+        .await
+        .expect_err("refused");
+    assert!(
+        e.to_string()
+            .contains(&format!("{} is staged already", rhel9.pullspec)),
+        "{e}"
+    );
+    // The unit checks again itself (another tool may stage between the status and the unit).
+    match env.client.switch_held(&rhel10.pullspec, false).await {
+        Err(BootcError::UnitFailed { stderr, .. }) => {
+            assert!(
+                stderr.contains("a deployment is staged already"),
+                "{stderr}"
+            );
+        }
+        other => panic!("expected UnitFailed, got {other:?}"),
+    }
+    let deps = env.client.deployments().await.expect("status");
+    assert!(
+        deps[0].staged && deps[0].carries_digest(&rhel9.digest),
+        "{deps:#?}"
+    );
+    assert!(!run_ostree(&env).join("staged-deployment-locked").exists());
+}
