@@ -199,14 +199,14 @@ async fn pause_stops_new_work_and_resume_continues() {
     assert_eq!(p.event_reasons(""), ["Paused", "Resumed"]);
 }
 
+/// A replica of the `web` ReplicaSet (the pods the PodDisruptionBudget counts) on `node`.
+fn web_replica(p: &Pool, name: &str, node: &str) {
+    p.pod(name, node, ("ReplicaSet", "web"), json!({"app": "web"}));
+}
+
 /// Makes worker-0's drain wait on a PodDisruptionBudget: its only web replica may not go.
 fn block_worker0_drain(p: &Pool) {
-    p.pod(
-        "web-a",
-        "worker-0",
-        ("ReplicaSet", "web"),
-        json!({"app": "web"}),
-    );
+    web_replica(p, "web-a", "worker-0");
     p.web_pdb(json!({"minAvailable": 1}));
 }
 
@@ -217,20 +217,10 @@ fn block_worker0_drain(p: &Pool) {
 async fn release_and_finish(p: &Pool, mark: Option<String>) {
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(p.annotation("worker-0", "rollout-step"), mark);
-    p.pod(
-        "web-b",
-        "worker-1",
-        ("ReplicaSet", "web"),
-        json!({"app": "web"}),
-    );
+    web_replica(p, "web-b", "worker-1");
     p.wait("worker-0 done", 120, |p| p.done("worker-0")).await;
     // web-b's replacement, so that worker-1's drain may go on too.
-    p.pod(
-        "web-c",
-        "worker-0",
-        ("ReplicaSet", "web"),
-        json!({"app": "web"}),
-    );
+    web_replica(p, "web-c", "worker-0");
     p.wait("worker-1 done", 120, |p| p.done("worker-1")).await;
     p.assert_once(&["worker-0", "worker-1"]);
     assert_eq!(p.max_unavailable_seen().await, 1);
@@ -260,16 +250,7 @@ async fn a_controller_killed_mid_drain_continues_without_a_second_approval() {
 }
 
 fn leader_of(p: &Pool) -> Option<String> {
-    let lease = p
-        .api()
-        .get(
-            "coordination.k8s.io/v1",
-            "Lease",
-            Some("streamd-rollout"),
-            "streamd-rollout",
-        )
-        .ok()?;
-    lease["spec"]["holderIdentity"].as_str().map(String::from)
+    testbed::fleet::controller::leader(p.api())
 }
 
 /// Two replicas elect a leader on the Lease; the leader is SIGKILLed mid-drain and the other
@@ -324,19 +305,9 @@ async fn a_node_rebooted_by_someone_else_mid_rollout() {
         Some("rhel-9"),
         "someone else's reboot booted the locked stage"
     );
-    p.pod(
-        "web-b",
-        "worker-1",
-        ("ReplicaSet", "web"),
-        json!({"app": "web"}),
-    );
+    web_replica(&p, "web-b", "worker-1");
     p.wait("worker-0 done", 120, |p| p.done("worker-0")).await;
-    p.pod(
-        "web-c",
-        "worker-0",
-        ("ReplicaSet", "web"),
-        json!({"app": "web"}),
-    );
+    web_replica(&p, "web-c", "worker-0");
     for n in ["worker-1", "worker-2"] {
         p.wait(&format!("{n} done"), 120, |p| p.done(n)).await;
     }
@@ -449,12 +420,7 @@ async fn deleting_a_pool_mid_rollout_releases_its_nodes() {
         assert_eq!(p.annotation(n, "current-stream").as_deref(), Some("rhel-9"));
     }
     // The budget lets go now; still nothing is approved.
-    p.pod(
-        "web-b",
-        "worker-2",
-        ("ReplicaSet", "web"),
-        json!({"app": "web"}),
-    );
+    web_replica(&p, "web-b", "worker-2");
     tokio::time::sleep(Duration::from_secs(3)).await;
     let seen = p.seen();
     assert_eq!(seen.approvals["worker-1"].len(), 1);
@@ -478,12 +444,7 @@ async fn a_node_leaving_the_selector_is_released_and_never_approved() {
     p.relabel_out("worker-0");
     p.wait("worker-0 released", 30, |p| p.released("worker-0"))
         .await;
-    p.pod(
-        "web-b",
-        "worker-2",
-        ("ReplicaSet", "web"),
-        json!({"app": "web"}),
-    );
+    web_replica(&p, "web-b", "worker-2");
     for n in ["worker-1", "worker-2"] {
         p.wait(&format!("{n} done"), 120, |p| p.done(n)).await;
     }

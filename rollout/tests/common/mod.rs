@@ -20,31 +20,10 @@ use serde_json::{Value, json};
 use testbed::apiserver::ApiServer;
 use testbed::{Fleet, FleetOptions};
 
-/// The service account the Deployment runs as (docs/deploy/rollout/rbac.yaml).
-pub const SERVICE_ACCOUNT: &str = "system:serviceaccount:streamd-rollout:streamd-rollout";
 /// The node protocol's key prefix.
 pub const P: &str = "osstream.openshift.io/";
 /// The StreamPool's apiVersion.
 pub const POOLS: &str = "osstream.openshift.io/v1alpha1";
-
-/// A file of docs/deploy/rollout/.
-pub fn manifest(name: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../docs/deploy/rollout")
-        .join(name);
-    std::fs::read_to_string(path).expect("manifest")
-}
-
-/// Applies the CRD and the RBAC and returns a kubeconfig of the service account (the fake
-/// serves no ServiceAccount objects: the account is a token user the bindings name).
-pub fn install(api: &ApiServer) -> PathBuf {
-    api.create_manifests(&manifest("crd.yaml")).expect("crd");
-    let rbac: Vec<Value> = serde_saphyr::from_multiple(&manifest("rbac.yaml")).expect("rbac");
-    for doc in rbac.into_iter().filter(|d| d["kind"] != "ServiceAccount") {
-        api.create(doc).expect("rbac object");
-    }
-    api.add_user(SERVICE_ACCOUNT).expect("service account")
-}
 
 /// The streamd binary next to the test executable (`cargo test --workspace` builds it; alone,
 /// run `cargo build -p streamd` first).
@@ -152,7 +131,8 @@ impl Pool {
             .collect();
         tweak(&mut opts);
         let fleet = Fleet::start(opts).await.expect("fleet");
-        let sa_kubeconfig = install(fleet.apiserver());
+        let sa_kubeconfig =
+            testbed::fleet::controller::install(fleet.apiserver()).expect("CRD and RBAC");
         let admin = client_for(&fleet.dir().join("kubeconfig-admin")).await;
         let seen = Arc::new(Mutex::new(Seen::default()));
         let watch = {
