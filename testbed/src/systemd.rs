@@ -953,24 +953,29 @@ impl ManagerIface {
             None,
         ));
         self.shared.emit_job_new(job, &name).await;
-        let mut deps = Vec::new();
-        for _ in &requires {
-            let (_, end) = self
+        // Every dependency is bootupd's unit (checked above): one start job, however often named.
+        let dep = if requires.is_empty() {
+            None
+        } else {
+            let pulled = self
                 .shared
                 .start_bootloader_update(&root, mode.clone(), String::new(), Some(name.clone()))
                 .await?;
-            deps.push(end);
-        }
+            Some(pulled.1)
+        };
         let shared = self.shared.clone();
         tokio::spawn(async move {
-            // After=: the target's job ends once its dependencies' jobs have; a failed one
-            // fails it with `dependency` (job_fail_dependencies).
-            let mut result = "done";
-            for end in deps {
-                if end.await.unwrap_or("failed") != "done" {
-                    result = "dependency";
-                }
-            }
+            // After=: the target's job ends once its dependency's job has; a failed one fails
+            // it with `dependency` (job_fail_dependencies).
+            let ended = match dep {
+                Some(end) => end.await.unwrap_or("failed"),
+                None => "done",
+            };
+            let result = if ended == "done" {
+                "done"
+            } else {
+                "dependency"
+            };
             shared.update_record(job, |r| r.job_result = Some(result.into()));
             shared.emit_job_removed(job, &name, result).await;
         });
