@@ -304,3 +304,104 @@ async fn a_reboot_while_streamd_stages_early_leaves_the_node_on_its_os() {
     approve_and_reboot(&env).await;
     env.reboot_into_rhel10().await;
 }
+
+/// The request changes while streamd holds a stage of the earlier image (the stream's image
+/// was refreshed): bootc cannot hold a new stage over the held one, so the held stage gives way
+/// to the booted image and the new image is staged only once the reboot is approved. No stage
+/// of an image other than the booted one is ever unlocked before the approval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_request_over_a_held_stage_is_staged_after_the_approval() {
+    let mut env = Env::with_backend("bootc-retarget", "default", testbed::Backend::Bootc).await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    let held = env.wait_reboot_request().await;
+    let (rhel9, rhel10) = (env.rhel9(), env.rhel10());
+    assert_eq!(held.get(STAGED_OS_IMAGE), Some(&rhel10), "{held:?}");
+
+    let update = env.tb.registry().update_image().pullspec.clone();
+    env.request("rhel-10", &update, None);
+    let first = held[REBOOT_REQUESTED].clone();
+    let waiting = env
+        .wait_for(
+            "the approval asked for the refreshed image",
+            Duration::from_secs(120),
+            |a| {
+                a.get(STATE).map(String::as_str) == Some("Staged")
+                    && a.get(REBOOT_REQUESTED).is_some_and(|t| *t != first)
+            },
+        )
+        .await;
+    assert!(
+        waiting[REASON].contains("cannot hold a stage over the one in place")
+            && waiting[REASON].contains("only after the reboot is approved"),
+        "{waiting:?}"
+    );
+    // What the next boot would apply is what runs now.
+    assert_eq!(waiting.get(STAGED_OS_IMAGE), Some(&rhel9), "{waiting:?}");
+    let before = [
+        vec!["switch", "--transport", "registry", rhel10.as_str()],
+        vec!["upgrade", "--download-only"],
+        vec!["switch", "--transport", "registry", rhel9.as_str()],
+    ];
+    assert_eq!(bootc_commands(&env).await, before);
+
+    approve_and_reboot(&env).await;
+    let commands = bootc_commands(&env).await;
+    assert_eq!(
+        commands[before.len()..],
+        [vec!["switch", "--transport", "registry", update.as_str()]],
+        "staged unheld once approved, then rebooted: {commands:?}"
+    );
+    let out = env.reboot(false).await;
+    assert_eq!(out["applied"], serde_json::json!(true), "{out}");
+    env.start_streamd();
+    let done = env.wait_state("Done").await;
+    assert_eq!(done[CURRENT_OS_IMAGE], update);
+    assert_eq!(done[CURRENT_STREAM], "rhel-10");
+}
+
+/// A hold that fails on the network leaves the booted image staged in place of the unheld
+/// stage; the retry then stages only after the approval (it cannot hold over that stage) and
+/// the node moves on, rather than staying refused until a reboot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_hold_is_retried_after_the_approval() {
+    let mut env = Env::with_backend("bootc-holdfail", "default", testbed::Backend::Bootc).await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    bootc(
+        &env,
+        serde_json::json!({"cmd": "fail-next-upgrade", "message":
+            "Creating importer: failed to invoke method OpenImage: pinging container registry: dial tcp: lookup quay.io: no such host"}),
+    )
+    .await;
+    env.request_rhel10();
+    let (rhel9, rhel10) = (env.rhel9(), env.rhel10());
+    let waiting = env
+        .wait_for(
+            "the approval asked after the failed hold",
+            Duration::from_secs(120),
+            |a| {
+                a.get(STATE).map(String::as_str) == Some("Staged")
+                    && a.contains_key(REBOOT_REQUESTED)
+            },
+        )
+        .await;
+    assert!(
+        waiting[REASON].contains("only after the reboot is approved"),
+        "{waiting:?}"
+    );
+    assert_eq!(waiting.get(STAGED_OS_IMAGE), Some(&rhel9), "{waiting:?}");
+    approve_and_reboot(&env).await;
+    let commands = bootc_commands(&env).await;
+    assert_eq!(
+        commands.last().map(Vec::as_slice),
+        Some(
+            ["switch", "--transport", "registry", rhel10.as_str()]
+                .map(String::from)
+                .as_slice()
+        ),
+        "{commands:?}"
+    );
+    env.reboot_into_rhel10().await;
+}

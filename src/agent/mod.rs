@@ -595,24 +595,35 @@ impl Agent {
             }
         }
         let boot_id = self.boot_id.clone();
+        let d = desired.as_ref().ok().and_then(Option::as_ref);
+        let locks = d.map_or_else(
+            || self.backend.locks(),
+            |d| self.backend.locks_for(&deployments, d.os_image.digest()),
+        );
         let obs = Observation {
             desired: &desired,
             deployments: &deployments,
             allow_downgrade: self.gatherer.policy.allow_downgrade,
+            backend: self.backend.kind(),
             lifecycle: Lifecycle {
                 policy: self.reboot.policy,
                 max_attempts: self.reboot.max_attempts,
                 boot_id: &boot_id,
                 record: &record,
                 approved: inputs.reboot_approved.as_deref(),
-                locks: self.backend.locks(),
+                locks,
             },
         };
         let decision = planner::decide(&obs);
-        debug!(?decision, "decided");
-        let d = desired.as_ref().ok().and_then(Option::as_ref);
-        self.observe_handshake(&decision, d, &record, inputs.reboot_approved.as_deref())
-            .await;
+        debug!(?decision, locks, "decided");
+        self.observe_handshake(
+            &decision,
+            d,
+            &record,
+            inputs.reboot_approved.as_deref(),
+            locks,
+        )
+        .await;
         match decision {
             Decision::Stage(base) => {
                 let gave_up = record
@@ -640,14 +651,11 @@ impl Agent {
             other => {
                 let reason = match &other {
                     Decision::Refuse(r) => r.clone(),
+                    // Only a locked stage waits for the approval (the planner removes an
+                    // unlocked one).
                     Decision::AwaitApproval { token } => format!(
-                        "staged {} ({}); waiting for reboot approval: set reboot-approved to {token}",
+                        "staged {} (finalization-locked); waiting for reboot approval: set reboot-approved to {token}",
                         self.status.staged_os_image.as_deref().unwrap_or_default(),
-                        if self.backend.locks() {
-                            "finalization-locked"
-                        } else {
-                            "not locked: any reboot applies it"
-                        }
                     ),
                     Decision::RebootPending => {
                         "the staged deployment is finalized; waiting for the reboot".into()

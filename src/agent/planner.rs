@@ -3,8 +3,8 @@
 //! No I/O happens here; the agent gathers an [`Observation`], asks [`decide`], and carries out the
 //! [`Decision`]. Every rule is covered by the table tests below.
 
-use crate::backend::Deployment;
 use crate::backend::StagePlan;
+use crate::backend::{BackendKind, Deployment};
 use crate::cluster::protocol::{Desired, ProtocolError, State};
 use crate::config::RebootPolicy;
 use crate::host::attempt::Record;
@@ -18,6 +18,8 @@ pub struct Observation<'a> {
     pub deployments: &'a [Deployment],
     /// The admin allows moving to an older major (`allow-downgrade`).
     pub allow_downgrade: bool,
+    /// The backend that stages.
+    pub backend: BackendKind,
     /// The reboot side of the request.
     pub lifecycle: Lifecycle<'a>,
 }
@@ -35,8 +37,9 @@ pub struct Lifecycle<'a> {
     pub record: &'a Record,
     /// `reboot-approved`, if set.
     pub approved: Option<&'a str>,
-    /// Whether the backend can finalization-lock a staged deployment (rpm-ostree can, bootc
-    /// cannot: there every staged deployment is unlocked).
+    /// Whether a stage for this request is finalization-locked from the moment it exists
+    /// (`Backend::locks_for`): on rpm-ostree always; on bootc only from v1.12 and when nothing
+    /// else is staged. Without it a stage waits for the approval, as any reboot applies it.
     pub locks: bool,
 }
 
@@ -59,7 +62,7 @@ impl Observation<'_> {
 
     /// A staged deployment streamd did not create (for the `pending-deployment` check).
     pub fn foreign_staged(&self) -> Option<&Deployment> {
-        foreign_staged(self.deployments, self.lifecycle.record)
+        foreign_staged(self.deployments, self.lifecycle.record, self.backend)
     }
 }
 
@@ -74,11 +77,22 @@ fn is_ours(staged: &Deployment, record: &Record) -> bool {
 /// The pending deployment among `deployments` if streamd did not create it: a staged one of
 /// someone else's, or any written by `ostree admin deploy` (streamd only stages). rpm-ostree
 /// would edit its origin instead of the booted one's, so it must go before streamd stages.
+/// On bootc a stage of the booted image is not foreign: the next boot runs what runs now,
+/// streamd's own cleanup leaves one (bootc cannot remove a stage; the booted image is staged
+/// again in its place) and `bootc switch` replaces it.
 pub fn foreign_staged<'a>(
     deployments: &'a [Deployment],
     record: &Record,
+    backend: BackendKind,
 ) -> Option<&'a Deployment> {
-    crate::backend::pending(deployments).filter(|p| !p.staged || !is_ours(p, record))
+    let booted = deployments.iter().find(|d| d.booted);
+    crate::backend::pending(deployments)
+        .filter(|p| !p.staged || !is_ours(p, record))
+        .filter(|p| {
+            !(backend == BackendKind::Bootc
+                && p.staged
+                && booted.is_some_and(|b| p.carries_image_of(b)))
+        })
 }
 
 /// The planner's answer.
@@ -806,6 +820,7 @@ mod tests {
                 desired: &c.desired,
                 deployments: &c.deps,
                 allow_downgrade: false,
+                backend: BackendKind::RpmOstree,
                 lifecycle: Lifecycle {
                     policy: c.policy,
                     approved: c.approved.as_deref(),
@@ -817,6 +832,41 @@ mod tests {
         }
     }
 
+    /// On bootc, the booted image staged again (what streamd's cleanup leaves) is no one's
+    /// stage to protect: a new request stages over it, after the approval since the stage
+    /// cannot be held over it. On rpm-ostree it stays foreign; another image stays foreign.
+    #[test]
+    fn on_bootc_a_stage_of_the_booted_image_is_not_foreign() {
+        let again = Deployment {
+            id: format!("rhcos-{D9}.1"),
+            ..unlocked(dep(D9, false, true))
+        };
+        let deps = vec![again, dep(D9, true, false)];
+        let record = Record::default();
+        assert!(foreign_staged(&deps, &record, BackendKind::Bootc).is_none());
+        assert!(foreign_staged(&deps, &record, BackendKind::RpmOstree).is_some());
+        let other = vec![unlocked(dep(DX, false, true)), dep(D9, true, false)];
+        assert!(foreign_staged(&other, &record, BackendKind::Bootc).is_some());
+
+        let desired = want(D10);
+        let obs = Observation {
+            desired: &desired,
+            deployments: &deps,
+            allow_downgrade: false,
+            backend: BackendKind::Bootc,
+            lifecycle: Lifecycle {
+                locks: false,
+                ..life(&record)
+            },
+        };
+        assert!(obs.foreign_staged().is_none());
+        assert!(
+            matches!(decide(&obs), Decision::Stage(p) if !p.lock_finalization),
+            "{:?}",
+            decide(&obs)
+        );
+    }
+
     #[test]
     fn exhausted_attempts_are_refused_until_the_request_changes() {
         let desired = want(D10);
@@ -826,6 +876,7 @@ mod tests {
             desired: &desired,
             deployments: &deps,
             allow_downgrade: false,
+            backend: BackendKind::RpmOstree,
             lifecycle: life(&record),
         };
         assert!(matches!(decide(&obs), Decision::Refuse(r) if r.contains("2 time(s)")));
@@ -841,6 +892,7 @@ mod tests {
                 desired: &desired,
                 deployments: &deps,
                 allow_downgrade: allow,
+                backend: BackendKind::RpmOstree,
                 lifecycle: life(&record),
             };
             assert!(matches!(decide(&obs), Decision::Stage(p) if p.allow_downgrade == allow));
@@ -856,6 +908,7 @@ mod tests {
             desired: &desired,
             deployments: &deps,
             allow_downgrade: false,
+            backend: BackendKind::RpmOstree,
             lifecycle: life(&record),
         };
         assert!(matches!(decide(&obs), Decision::Refuse(r) if r.contains("no booted")));

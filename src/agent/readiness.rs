@@ -133,7 +133,7 @@ pub(super) async fn check_only(
         &desired.os_image,
         gatherer.policy.allow_downgrade,
     );
-    let foreign = planner::foreign_staged(deployments, record);
+    let foreign = planner::foreign_staged(deployments, record, facts.backend);
     gatherer
         .prepare(
             facts,

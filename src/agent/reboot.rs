@@ -62,12 +62,14 @@ impl Agent {
     }
 
     /// Publishes the reboot request the decision implies; posts `RebootRequested` once per token.
+    /// `locks`: whether a stage for this request is locked from the start (the planner's).
     pub(super) async fn observe_handshake(
         &mut self,
         decision: &Decision,
         desired: Option<&crate::cluster::protocol::Desired>,
         record: &Record,
         approved: Option<&str>,
+        locks: bool,
     ) {
         self.status.attempts = record
             .attempt
@@ -85,7 +87,7 @@ impl Agent {
                 record,
             )),
             // Without a lock the request is made after preflight, before staging (see Stage).
-            (Decision::Stage(_), _, _) if !self.backend.locks() => return,
+            (Decision::Stage(_), _, _) if !locks => return,
             _ => None,
         };
         self.request_reboot(token, approved).await;

@@ -37,6 +37,7 @@ impl Agent {
             desired: d.clone(),
             foreign: obs.foreign_staged().cloned(),
             approved: obs.lifecycle.approved.map(String::from),
+            locks: obs.lifecycle.locks,
             record: obs.lifecycle.record.clone(),
         };
         self.set_state(State::Preflight, "running preflight checks".into())
@@ -102,29 +103,48 @@ impl Agent {
                         // for with an id of its own (kept while the request stays).
                         let mut record = run.record;
                         let hash = d.observed_hash();
-                        if !self.backend.locks()
-                            && record.approval.as_ref().is_none_or(|a| a.request != hash)
-                        {
-                            record.approval = Some(attempt::ApprovalAsk {
-                                request: hash,
-                                id: attempt::new_id(),
-                            });
-                            if let Err(e) = self.store.save(&record) {
+                        if !run.locks {
+                            // Nothing of streamd's is staged when the planner says Stage: the
+                            // record of an earlier staging (one that failed, or was replaced)
+                            // must not name the staging this approval is for.
+                            let stale = record.staged.take().is_some();
+                            let ask = record.approval.as_ref().is_none_or(|a| a.request != hash);
+                            if ask {
+                                record.approval = Some(attempt::ApprovalAsk {
+                                    request: hash,
+                                    id: attempt::new_id(),
+                                });
+                            }
+                            if (stale || ask)
+                                && let Err(e) = self.store.save(&record)
+                            {
                                 self.set_state(State::Degraded, e.to_string()).await;
                                 return;
                             }
                         }
                         let token = crate::agent::planner::reboot_token(d, &self.boot_id, &record);
-                        if !self.backend.locks()
+                        if !run.locks
                             && self.reboot.policy == RebootPolicy::OnApproval
                             && run.approved.as_deref() != Some(token.as_str())
                         {
                             self.request_reboot(Some(token.clone()), None).await;
+                            let why = if self.backend.locks() {
+                                // bootc >= 1.12 with a stage of another image in place.
+                                format!(
+                                    "{} cannot hold a stage over the one in place ({})",
+                                    self.backend.kind().as_str(),
+                                    self.status.staged_os_image.as_deref().unwrap_or_default()
+                                )
+                            } else {
+                                format!(
+                                    "{} cannot lock a staged deployment",
+                                    self.backend.kind().as_str()
+                                )
+                            };
                             self.set_state(
                                 State::Staged,
                                 format!(
-                                    "preflight passed; {} cannot lock a staged deployment, so {} is staged only after the reboot is approved: set reboot-approved to {token}",
-                                    self.backend.kind().as_str(),
+                                    "preflight passed; {why}, so {} is staged only after the reboot is approved: set reboot-approved to {token}",
                                     plan.os_image
                                 ),
                             )

@@ -70,6 +70,8 @@ pub(super) struct PreflightRun {
     pub(super) foreign: Option<Deployment>,
     /// `reboot-approved` when the preflight started.
     pub(super) approved: Option<String>,
+    /// Whether the stage will be locked from the start (else it waits for the approval).
+    pub(super) locks: bool,
     pub(super) record: Record,
 }
 

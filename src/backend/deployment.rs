@@ -144,6 +144,15 @@ impl Deployment {
             .or_else(|| self.pinned_digest())
     }
 
+    /// Whether this deployment carries the image `other` was deployed from (by digest).
+    pub fn carries_image_of(&self, other: &Deployment) -> bool {
+        other
+            .container_image_reference_digest
+            .as_deref()
+            .or_else(|| other.pinned_digest())
+            .is_some_and(|d| self.carries_digest(d))
+    }
+
     /// The digest pinned in the reference (`…@sha256:…`), if any.
     fn pinned_digest(&self) -> Option<&str> {
         self.pullspec()?.split_once('@').map(|(_, d)| d)

@@ -157,6 +157,25 @@ impl Backend {
         }
     }
 
+    /// Whether a stage of the image `digest` is finalization-locked from the moment it exists,
+    /// given the host's `deployments`: always on rpm-ostree; on a bootc that can hold only when
+    /// nothing is staged or a held stage of `digest` is. Replacing another stage unlinks the
+    /// lock (libostree's `ostree_sysroot_stage_tree_with_options` unlinks the legacy lock file with the
+    /// stage it replaces) and bootc cannot remove a stage: such a move is staged after the
+    /// approval instead, as on a bootc that cannot hold.
+    pub fn locks_for(&self, deployments: &[Deployment], digest: &str) -> bool {
+        match self {
+            Backend::RpmOstree(_) => true,
+            Backend::Bootc(c) => {
+                c.can_hold()
+                    && deployments
+                        .iter()
+                        .find(|d| d.staged)
+                        .is_none_or(|s| s.finalization_locked && s.carries_digest(digest))
+            }
+        }
+    }
+
     /// The system bus connection (shared with streamd's own D-Bus API).
     pub fn connection(&self) -> &zbus::Connection {
         match self {

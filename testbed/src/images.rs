@@ -240,6 +240,19 @@ pub fn variants(registry: &str) -> Vec<TestImage> {
         .collect()
 }
 
+/// A later build of the catalog's `rhel-10` (built 2026-11-25, a newer z-stream kernel): what
+/// a refresh of the stream's image in the OSImageStream brings while a node still holds the
+/// earlier one staged. Served as the tag `rhel-10-update`.
+pub fn update(registry: &str) -> TestImage {
+    TestImage::new(
+        registry,
+        "rhel-10",
+        "10.1",
+        "10.1.20261125-0",
+        "6.12.0-124.13.1.el10_1.x86_64",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

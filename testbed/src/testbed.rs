@@ -112,11 +112,12 @@ impl NodeHost {
                 .with_context(|| format!("creating {}", dir.join(sub).display()))?;
         }
         let registry = setup.registry;
-        // Hook (bootc3, issue 11 §5): the variant images can be pulled too, after the catalog's.
+        // The variant images and the later rhel-10 build can be pulled too, after the catalog's.
         let images: Vec<_> = registry
             .images()
             .iter()
             .chain(registry.variant_images())
+            .chain(std::iter::once(registry.update_image()))
             .cloned()
             .collect();
         let booted = images.first().context("empty image catalog")?.clone();

@@ -157,6 +157,8 @@ pub struct Registry {
     images: Vec<TestImage>,
     /// The variant images ([`images::variants`]), pinned like `images`.
     variants: Vec<TestImage>,
+    /// The later `rhel-10` build ([`images::update`]), pinned like `images`.
+    update: TestImage,
     os_images: Vec<OsImage>,
     extensions: Vec<ExtensionsImage>,
     rpms: Vec<Rpm>,
@@ -225,10 +227,16 @@ impl Registry {
             .into_iter()
             .map(|img| Ok((content::os_index(&img)?, img)))
             .collect::<anyhow::Result<Vec<_>>>()?;
+        let update = images::update(images::DEFAULT_REGISTRY);
+        let update_os = (content::os_index(&update)?, update);
         let tagged: Vec<(String, &Index)> = os
             .iter()
             .map(|(img, idx)| (img.tag(), idx))
             .chain(variant_os.iter().map(|(idx, img)| (img.tag(), idx)))
+            .chain(std::iter::once((
+                format!("{}-update", update_os.1.stream),
+                &update_os.0,
+            )))
             .chain(
                 ext.iter()
                     .map(|(img, idx)| (format!("{}-extensions", img.stream), idx)),
@@ -267,6 +275,7 @@ impl Registry {
             .iter()
             .map(|(idx, img)| pinned(img, idx))
             .collect();
+        let update = pinned(&update_os.1, &update_os.0);
         let os_images: Vec<OsImage> = os
             .iter()
             .map(|(img, idx)| OsImage {
@@ -307,6 +316,7 @@ impl Registry {
             password,
             images: os_images.iter().map(|o| o.image.clone()).collect(),
             variants,
+            update,
             os_images,
             extensions,
             rpms: built.rpms,
@@ -328,6 +338,12 @@ impl Registry {
     /// index digests; the fake rpm-ostreed and fake bootc can stage them too.
     pub fn variant_images(&self) -> &[TestImage] {
         &self.variants
+    }
+
+    /// The later `rhel-10` build (tag `rhel-10-update`), pinned like [`Registry::images`]; the
+    /// fake rpm-ostreed and fake bootc can stage it too.
+    pub fn update_image(&self) -> &TestImage {
+        &self.update
     }
 
     /// The OS images with their per-platform manifests.
