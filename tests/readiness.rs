@@ -223,3 +223,17 @@ async fn check_stream_in_manage_mode_still_refuses_a_base_image_to_a_layered_nod
     );
     assert_no_transaction(&env).await;
 }
+
+/// `mode = "readiness"` in the config without any MCD signal: no machine-config operator will
+/// rebuild the layered image, so the checks judge streamd's own move and refuse the base image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_by_config_alone_still_refuses_a_base_image_to_a_layered_node() {
+    let mut env = Env::with_host("readiness-ocl-config", "layered-image").await;
+    env.config("60-mode.toml", "mode = \"readiness\"\n");
+    env.start_streamd();
+    let a = wait_readiness(&env, "rhel-10").await;
+    assert_eq!(a[MODE], "readiness");
+    let e = &readiness(&a)["rhel-10"];
+    assert_eq!(e["failed"], json!(["os-image"]), "{e}");
+    assert_no_transaction(&env).await;
+}
