@@ -3,9 +3,11 @@
 //! In readiness mode (the machine-config daemon manages the node, or the config says so)
 //! streamd never stages or reboots: `desired-*` requests are `Refused`, and the preflight runs
 //! for each stream the cluster offers (or the one `check-stream` names) to report whether a move
-//! would pass. In manage mode `check-stream` is served beside the normal request. Checks are
-//! read-only (registry reads, host files, the deployments list), run as work off the loop
-//! (`work.rs`) and only while no other work or transaction runs.
+//! would pass; on a node the machine-config daemon manages that move is the machine-config
+//! operator's ([`Purpose::MachineConfigReadiness`]: it rebuilds an on-cluster-layered image from
+//! the stream's base image). In manage mode `check-stream` is served beside the normal request.
+//! Checks are read-only (registry reads, host files, the deployments list), run as work off the
+//! loop (`work.rs`) and only while no other work or transaction runs.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
