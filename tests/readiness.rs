@@ -183,3 +183,57 @@ async fn bad_check_values_are_refused_in_readiness_mode_changing_nothing() {
     assert_eq!(refused[READINESS], before[READINESS]);
     assert_no_transaction(&env).await;
 }
+
+/// A node on an on-cluster-layered rhel-9 image that the MCD manages: setting the pool's stream
+/// makes the machine-config operator rebuild the layered image from the rhel-10 base image
+/// (openshift/machine-config-operator:pkg/controller/build/buildrequest/assets/
+/// Containerfile.on-cluster-build-template), so the base image the OSImageStream gives is ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layered_image_node_is_ready_for_the_base_image_the_mco_rebuilds_from() {
+    let env = mcd_annotated("readiness-ocl", "layered-image").await;
+    let a = wait_readiness(&env, "rhel-10").await;
+    assert_eq!(a[MODE], "readiness");
+    let r = readiness(&a);
+    assert_eq!(
+        r["rhel-10"],
+        json!({"ready": true, "failed": [], "reason": "", "osImage": env.rhel10(), "checked": r["rhel-10"]["checked"]}),
+    );
+    assert!(a[READINESS].len() <= 4096);
+    assert_no_transaction(&env).await;
+}
+
+/// The same node in manage mode (`check-stream` checks streamd's own move): the base image
+/// would drop what was layered, and is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_stream_in_manage_mode_still_refuses_a_base_image_to_a_layered_node() {
+    let mut env = Env::with_host("readiness-ocl-manage", "layered-image").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.annotate(&[&format!("{CHECK_STREAM}=rhel-10")]);
+    let a = wait_readiness(&env, "rhel-10").await;
+    assert_eq!(a[MODE], "manage");
+    let e = &readiness(&a)["rhel-10"];
+    assert_eq!(e["ready"], json!(false), "{e}");
+    assert_eq!(e["failed"], json!(["os-image"]), "{e}");
+    assert!(
+        e["reason"]
+            .as_str()
+            .is_some_and(|s| s.contains("on-cluster-layered image")),
+        "{e}"
+    );
+    assert_no_transaction(&env).await;
+}
+
+/// `mode = "readiness"` in the config without any MCD signal: no machine-config operator will
+/// rebuild the layered image, so the checks judge streamd's own move and refuse the base image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_by_config_alone_still_refuses_a_base_image_to_a_layered_node() {
+    let mut env = Env::with_host("readiness-ocl-config", "layered-image").await;
+    env.config("60-mode.toml", "mode = \"readiness\"\n");
+    env.start_streamd();
+    let a = wait_readiness(&env, "rhel-10").await;
+    assert_eq!(a[MODE], "readiness");
+    let e = &readiness(&a)["rhel-10"];
+    assert_eq!(e["failed"], json!(["os-image"]), "{e}");
+    assert_no_transaction(&env).await;
+}

@@ -762,3 +762,57 @@ async fn resolve_mode_never_replaces_a_layered_image_with_the_base_image() {
     assert!(!a.contains_key(STAGED_OS_IMAGE), "{a:?}");
     assert!(!a.contains_key(REBOOT_REQUESTED), "{a:?}");
 }
+
+/// A node on an on-cluster-layered rhel-9 image whose real-time kernel the layering swapped in
+/// (no override), managed by the machine-config daemon (readiness mode): the machine-config
+/// operator rebuilds it from the rhel-10 base image and takes kernel-rt from the stream's
+/// extensions image (Containerfile.on-cluster-build-template), so rhel-10 is ready exactly
+/// while the OSImageStream's extensions image provides kernel-rt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layered_realtime_node_is_ready_only_while_the_extensions_image_has_kernel_rt() {
+    const READINESS: &str = "osstream.openshift.io/readiness";
+    let mut env = Env::with_host("variant-ocl-rt-ready", "realtime-layered-image").await;
+    env.annotate(&["machineconfiguration.openshift.io/currentConfig=rendered-worker-0123456789abcdef0123456789abcdef"]);
+    env.start_streamd();
+    let entry = |a: &BTreeMap<String, String>| {
+        a.get(READINESS)
+            .and_then(|r| serde_json::from_str::<Value>(r).ok())
+            .and_then(|r| r.get("rhel-10").cloned())
+    };
+    let a = env
+        .wait_for("rhel-10 readiness", Duration::from_secs(90), |a| {
+            entry(a).is_some()
+        })
+        .await;
+    assert_eq!(host_facts(&a)["kernel"], "realtime", "{a:?}");
+    let e = entry(&a).expect("entry");
+    assert_eq!(e["ready"], json!(true), "{e}");
+    assert_eq!(e["osImage"], json!(env.rhel10()), "{e}");
+    // The cluster's rhel-10 extensions image without kernel-rt.
+    let ext = push_rhel10_extensions(&env, "ext-ocl-without-rt", |r| r.name == "usbguard").await;
+    let v = env.vars();
+    let patch = json!({"status": {"availableStreams": [
+        {"name": "rhel-9", "osImage": env.rhel9(), "osExtensionsImage": v["TESTBED_RHEL9_EXTENSIONS_IMAGE"]},
+        {"name": "rhel-10", "osImage": env.rhel10(), "osExtensionsImage": ext},
+    ]}})
+    .to_string();
+    env.patch_streams_status(&patch);
+    let a = env
+        .wait_for("rhel-10 not ready", Duration::from_secs(90), |a| {
+            entry(a).is_some_and(|e| e["ready"] == json!(false))
+        })
+        .await;
+    let e = entry(&a).expect("entry");
+    assert_eq!(e["failed"], json!(["kernel-variant"]), "{e}");
+    let reason = e["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("preflight check kernel-variant failed:")
+            && reason.contains("kernel-rt-core")
+            && reason.contains("machine-config operator"),
+        "{reason}"
+    );
+    assert!(
+        env.transactions().await.is_empty(),
+        "readiness checks change nothing"
+    );
+}

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tracing::{debug, warn};
 
-use crate::agent::preflight::{self, CheckResult, DiskFree, Input};
+use crate::agent::preflight::{self, CheckResult, DiskFree, Input, Mover};
 use crate::backend::Deployment;
 use crate::backend::KernelVariant;
 use crate::backend::StagePlan;
@@ -84,6 +84,20 @@ pub enum Purpose {
     Request,
     /// Any request, only to show the checks and the plan.
     DryRun,
+    /// The readiness of a node the machine-config daemon manages: the move would be the
+    /// machine-config operator's once an admin sets the pool's stream, so it is judged as the
+    /// operator makes it ([`Mover::MachineConfigOperator`]). No plan: streamd stages nothing.
+    MachineConfigReadiness,
+}
+
+impl Purpose {
+    /// Who would make the move.
+    pub fn mover(self) -> Mover {
+        match self {
+            Purpose::Request | Purpose::DryRun => Mover::Streamd,
+            Purpose::MachineConfigReadiness => Mover::MachineConfigOperator,
+        }
+    }
 }
 
 /// The outcome of a preflight run.
@@ -91,7 +105,7 @@ pub enum Purpose {
 pub struct Prepared {
     /// Every check's result.
     pub checks: Vec<CheckResult>,
-    /// The complete plan, when no check failed.
+    /// The complete plan, when no check failed and streamd makes the move.
     pub plan: Option<StagePlan>,
     /// What the staged deployment must look like (with `plan`).
     pub expect: Option<crate::host::verify::Expectation>,
@@ -241,13 +255,11 @@ impl Gatherer {
     ) -> Result<Prepared, Transient> {
         let kernel = facts::kernel_variant(&self.host, booted);
         let running = kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
-        // What the rebase carries as packages: nothing when the image itself provides the
-        // variant (the kernel-variant check then wants the target to provide it too).
-        let variant = if crate::backend::kernel::from_image(booted, running) {
-            KernelVariant::Default
-        } else {
-            running
-        };
+        // What the extensions image must provide (and streamd's rebase carries as packages):
+        // nothing when the image itself provides the variant (the kernel-variant check then
+        // wants the target to provide it too), unless the machine-config operator rebuilds a
+        // layered image and swaps the kernel from the extensions image.
+        let variant = preflight::variant_from_extensions(booted, running, purpose.mover());
         let crio = facts::crio_default_runtime(&self.host).map_err(|e| e.to_string());
         let booted_major = self.host.os_release().ok().and_then(|r| r.major());
         let inspector = self.secret().and_then(|s| self.inspector(&s));
@@ -350,6 +362,7 @@ impl Gatherer {
             foreign_staged,
             backend: facts.backend,
             policy: &self.policy,
+            mover: purpose.mover(),
         });
         let expect = match (&os_image, target) {
             (Ok(info), Some(major)) => Some(crate::host::verify::Expectation {
@@ -360,7 +373,8 @@ impl Gatherer {
             }),
             _ => None,
         };
-        let plan = preflight::first_failure(&checks).is_none().then(|| {
+        let ours = purpose.mover() == Mover::Streamd;
+        let plan = (ours && preflight::first_failure(&checks).is_none()).then(|| {
             // Exactly the closure is passed: preflight made sure it is complete.
             let rpms: Vec<PathBuf> = extracted
                 .into_iter()

@@ -85,6 +85,50 @@ pub struct Input<'a> {
     pub backend: crate::backend::BackendKind,
     /// Policy.
     pub policy: &'a Policy,
+    /// Who makes the move: streamd, or the machine-config operator (readiness of a node the
+    /// machine-config daemon manages).
+    pub mover: Mover,
+}
+
+/// Who makes the move the checks are for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mover {
+    /// streamd rebases the node onto the requested image itself: a request, `streamctl
+    /// preflight`, `check-stream` in manage mode, readiness without the machine-config daemon.
+    Streamd,
+    /// The machine-config operator, once an admin sets the pool's `spec.osImageStream.name`
+    /// (readiness of a node the machine-config daemon manages). On a node running an
+    /// on-cluster-layered image it builds a new layered image FROM the stream's base image and
+    /// swaps the kernel from the stream's extensions image (the rendered MachineConfig's
+    /// `osImageURL` and `baseOSExtensionsContainerImage`, which come from the OSImageStream:
+    /// openshift/machine-config-operator:pkg/controller/common/helpers.go
+    /// `GetBaseImageContainer`, `GetBaseExtensionsImageContainer`; pkg/controller/build/
+    /// buildrequest/buildrequest.go and assets/Containerfile.on-cluster-build-template).
+    MachineConfigOperator,
+}
+
+/// Whether the move rebuilds the booted on-cluster-layered image from the target's base image
+/// (the machine-config operator's move on a node running such an image).
+fn rebuilt_by_mco(booted: &Deployment, mover: Mover) -> bool {
+    mover == Mover::MachineConfigOperator && booted.image_labels.contains_key(LAYERED_FROM)
+}
+
+/// The kernel variant the target's extensions image must provide for a node running
+/// `running` on `booted`: the variant its package overrides carry; none when the variant comes
+/// from the booted image (the target image must then carry it itself), except where the
+/// machine-config operator rebuilds an on-cluster-layered image: its build swaps the kernel
+/// for the `KernelType` packages from the extensions image (Containerfile.on-cluster-build-
+/// template), so that image must provide them exactly as for an override-carried kernel.
+pub fn variant_from_extensions(
+    booted: &Deployment,
+    running: KernelVariant,
+    mover: Mover,
+) -> KernelVariant {
+    if crate::backend::kernel::from_image(booted, running) && !rebuilt_by_mco(booted, mover) {
+        KernelVariant::Default
+    } else {
+        running
+    }
 }
 
 /// The major a stream name targets (`rhel-10` → 10), if it ends in one.
@@ -355,10 +399,21 @@ fn os_image(i: &Input<'_>) -> CheckResult {
         );
     }
     // A base image in place of an on-cluster-layered one would drop whatever was layered (in
-    // resolve mode the stream's image always is a base image).
+    // resolve mode the stream's image always is a base image), unless the machine-config
+    // operator makes the move: it builds the new layered image from that base.
     if let Some(base) = i.booted.image_labels.get(LAYERED_FROM)
         && info.layered_from.is_none()
     {
+        if rebuilt_by_mco(i.booted, i.mover) {
+            return pass(
+                id,
+                format!(
+                    "the node runs an on-cluster-layered image (built from {base}); the machine-config operator rebuilds it from this base image (stream {}, {})",
+                    info.stream_class.as_deref().unwrap_or("(unlabelled)"),
+                    info.arch
+                ),
+            );
+        }
         return fail(
             id,
             format!(
@@ -378,23 +433,38 @@ fn os_image(i: &Input<'_>) -> CheckResult {
     )
 }
 
-/// The variant the rebase carries as packages: the running one, unless it comes from the image
-/// (then none).
+/// The variant streamd's own rebase carries as packages: the running one, unless it comes from
+/// the image (then none).
 fn carried(i: &Input<'_>) -> KernelVariant {
     match i.kernel {
-        Ok(v) if !crate::backend::kernel::from_image(i.booted, *v) => *v,
-        _ => KernelVariant::Default,
+        Ok(v) => variant_from_extensions(i.booted, *v, Mover::Streamd),
+        Err(_) => KernelVariant::Default,
+    }
+}
+
+/// The variant the target's extensions image must provide ([`variant_from_extensions`]).
+fn provided(i: &Input<'_>) -> KernelVariant {
+    match i.kernel {
+        Ok(v) => variant_from_extensions(i.booted, *v, i.mover),
+        Err(_) => KernelVariant::Default,
     }
 }
 
 /// Whether the node needs packages from the extensions image.
 fn needs_extensions(i: &Input<'_>) -> bool {
-    carried(i) != KernelVariant::Default || !layered(i).is_empty()
+    provided(i) != KernelVariant::Default || !layered(i).is_empty()
 }
 
 fn extensions_image(i: &Input<'_>) -> CheckResult {
     let id = "extensions-image";
     match i.extensions {
+        None if needs_extensions(i) && rebuilt_by_mco(i.booted, i.mover) => fail(
+            id,
+            format!(
+                "the machine-config operator's on-cluster build takes the {} kernel from the stream's extensions image, and the target has none (the OSImageStream's osExtensionsImage, or check-extensions-image)",
+                provided(i).as_str()
+            ),
+        ),
         None if needs_extensions(i) => fail(
             id,
             "this node has a non-default kernel or layered packages, which must be re-provided for the target: set desired-extensions-image",
@@ -477,14 +547,21 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
     if variant == KernelVariant::SixtyFourK && i.arch != "aarch64" {
         return fail(id, "a 64k-pages kernel exists only on aarch64");
     }
-    if crate::backend::kernel::from_image(i.booted, variant) {
+    if provided(i) == KernelVariant::Default {
         return kernel_from_image(i, variant);
     }
+    // Where the machine-config operator rebuilds the layered image, its build installs the
+    // variant from the extensions image (Containerfile.on-cluster-build-template).
+    let by = if rebuilt_by_mco(i.booted, i.mover) {
+        "; the machine-config operator's on-cluster build installs it from there"
+    } else {
+        ""
+    };
     let Some(Ok(ext)) = i.extensions else {
         return fail(
             id,
             format!(
-                "the {} kernel must come from the target's extensions image, which is missing or unreadable",
+                "the {} kernel must come from the target's extensions image, which is missing or unreadable{by}",
                 variant.as_str()
             ),
         );
@@ -501,7 +578,7 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
         return fail(
             id,
             format!(
-                "the extensions image lacks {} for the {} kernel",
+                "the extensions image lacks {} for the {} kernel{by}",
                 missing.join(", "),
                 variant.as_str()
             ),
@@ -516,7 +593,7 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
         return fail(
             id,
             format!(
-                "the extensions image's {} packages are not built for the target major: {}",
+                "the extensions image's {} packages are not built for the target major: {}{by}",
                 variant.as_str(),
                 wrong.join(", ")
             ),
@@ -630,7 +707,7 @@ pub fn layered_packages_of(booted: &Deployment, variant: KernelVariant) -> Vec<S
 }
 
 fn layered(i: &Input<'_>) -> Vec<String> {
-    layered_packages_of(i.booted, carried(i))
+    layered_packages_of(i.booted, provided(i))
 }
 
 fn layered_packages(i: &Input<'_>) -> CheckResult {
@@ -763,6 +840,7 @@ mod tests {
         backend: crate::backend::BackendKind,
         policy: Policy,
         nic_persisted: bool,
+        mover: Mover,
     }
 
     fn base() -> Case {
@@ -806,6 +884,7 @@ mod tests {
             backend: crate::backend::BackendKind::RpmOstree,
             policy: Policy::default(),
             nic_persisted: true,
+            mover: Mover::Streamd,
         }
     }
 
@@ -862,6 +941,7 @@ mod tests {
             foreign_staged: c.foreign.as_ref(),
             backend: c.backend,
             policy: &c.policy,
+            mover: c.mover,
         })
     }
 
@@ -1138,6 +1218,115 @@ mod tests {
             "{}",
             pending.message
         );
+    }
+
+    /// A node on an on-cluster-layered image: its booted image names its base.
+    fn ocl(c: &mut Case) {
+        c.booted.image_labels.insert(
+            LAYERED_FROM.into(),
+            "quay.io/openshift/rhcos@sha256:9".into(),
+        );
+    }
+
+    fn result<'c>(r: &'c [CheckResult], id: &str) -> &'c CheckResult {
+        r.iter().find(|c| c.id == id).expect("check")
+    }
+
+    /// Readiness of a node the machine-config daemon manages: the machine-config operator
+    /// rebuilds an on-cluster-layered image from the stream's base image, so the base image
+    /// passes there, and only there (a request for a base image is still refused).
+    #[test]
+    fn a_base_image_for_a_layered_node_passes_only_for_the_mco() {
+        let mut c = base();
+        ocl(&mut c);
+        c.mover = Mover::MachineConfigOperator;
+        assert_eq!(failed(&c), Vec::<&str>::new(), "{:#?}", check(&c));
+        let r = check(&c);
+        let os = result(&r, "os-image");
+        assert!(
+            os.message.contains("machine-config operator rebuilds"),
+            "{}",
+            os.message
+        );
+        c.mover = Mover::Streamd;
+        assert_eq!(failed(&c), vec!["os-image"]);
+        // The other reasons of os-image still refuse the machine-config operator's move.
+        let mut c = base();
+        ocl(&mut c);
+        c.mover = Mover::MachineConfigOperator;
+        if let Ok(o) = &mut c.os {
+            o.stream_class = Some("rhel-9".into());
+        }
+        assert_eq!(failed(&c), vec!["os-image"]);
+        let mut c = base();
+        ocl(&mut c);
+        c.mover = Mover::MachineConfigOperator;
+        c.arch = "aarch64";
+        assert!(failed(&c).contains(&"os-image"));
+    }
+
+    /// An on-cluster-layered real-time node (kernel from the image, no override): the machine-
+    /// config operator's build swaps the kernel from the target stream's extensions image, so
+    /// that image must provide kernel-rt for the target major, as for an override-carried one.
+    #[test]
+    fn a_layered_realtime_node_needs_kernel_rt_in_the_extensions_image_for_the_mco() {
+        let rt_ocl = |ext: Option<ExtensionsInfo>| {
+            let mut c = base();
+            ocl(&mut c);
+            c.mover = Mover::MachineConfigOperator;
+            c.kernel = Ok(KernelVariant::Realtime);
+            c.ext = ext.map(Ok);
+            c
+        };
+        let c = rt_ocl(Some(rt_ext(10)));
+        assert_eq!(failed(&c), Vec::<&str>::new(), "{:#?}", check(&c));
+        // Without kernel-rt in the extensions image.
+        let c = rt_ocl(Some(ExtensionsInfo {
+            rpms: vec!["usbguard-1.1.3-3.el10.x86_64".into()],
+            ..rt_ext(10)
+        }));
+        assert_eq!(failed(&c), vec!["kernel-variant"]);
+        let r = check(&c);
+        let k = result(&r, "kernel-variant");
+        assert!(
+            k.message.contains("lacks kernel-rt-core")
+                && k.message.contains("machine-config operator"),
+            "{}",
+            k.message
+        );
+        // kernel-rt built for the booted major only.
+        let c = rt_ocl(Some(ExtensionsInfo {
+            stream_class: Some("rhel-10".into()),
+            ..rt_ext(9)
+        }));
+        assert_eq!(failed(&c), vec!["kernel-variant"]);
+        // No extensions image at all: the build would keep the base's default kernel.
+        let c = rt_ocl(None);
+        assert_eq!(failed(&c), vec!["extensions-image", "kernel-variant"]);
+        let r = check(&c);
+        let e = result(&r, "extensions-image");
+        assert!(
+            e.message.contains("osExtensionsImage") && !e.message.contains("desired-"),
+            "{}",
+            e.message
+        );
+        // A request (streamd's own move) for the base image is still refused.
+        let mut c = rt_ocl(Some(rt_ext(10)));
+        c.mover = Mover::Streamd;
+        assert_eq!(failed(&c), vec!["os-image", "kernel-variant"]);
+    }
+
+    /// Where no layered image is rebuilt, the machine-config operator's move is judged as
+    /// streamd's: a variant image's real-time kernel still needs a real-time target image.
+    #[test]
+    fn a_variant_image_node_is_judged_the_same_for_the_mco() {
+        let mut c = base();
+        c.mover = Mover::MachineConfigOperator;
+        c.kernel = Ok(KernelVariant::Realtime);
+        c.ext = Some(Ok(rt_ext(10)));
+        assert_eq!(failed(&c), vec!["kernel-variant"]);
+        c.mover = Mover::Streamd;
+        assert_eq!(failed(&c), vec!["kernel-variant"]);
     }
 
     #[test]

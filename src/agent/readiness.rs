@@ -3,9 +3,11 @@
 //! In readiness mode (the machine-config daemon manages the node, or the config says so)
 //! streamd never stages or reboots: `desired-*` requests are `Refused`, and the preflight runs
 //! for each stream the cluster offers (or the one `check-stream` names) to report whether a move
-//! would pass. In manage mode `check-stream` is served beside the normal request. Checks are
-//! read-only (registry reads, host files, the deployments list), run as work off the loop
-//! (`work.rs`) and only while no other work or transaction runs.
+//! would pass; on a node the machine-config daemon manages that move is the machine-config
+//! operator's ([`Purpose::MachineConfigReadiness`]: it rebuilds an on-cluster-layered image from
+//! the stream's base image). In manage mode `check-stream` is served beside the normal request.
+//! Checks are read-only (registry reads, host files, the deployments list), run as work off the
+//! loop (`work.rs`) and only while no other work or transaction runs.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -14,7 +16,7 @@ use tracing::{debug, info, warn};
 
 use super::work::{Kind, Outcome, Work};
 use super::{Agent, REGISTRY_MAX_BACKOFF, REGISTRY_MIN_BACKOFF, jittered};
-use crate::agent::gather::{Gatherer, Prepared, Transient};
+use crate::agent::gather::{Gatherer, Prepared, Purpose, Transient};
 use crate::agent::planner;
 use crate::agent::preflight::{self, Outcome as CheckOutcome};
 use crate::backend::{BackendError, Deployment, StagePlan};
@@ -68,12 +70,16 @@ pub(super) struct Plan {
     targets: Vec<Target>,
     /// Leave out the booted stream (every available stream is checked, not a named one).
     exclude_booted: bool,
+    /// Whose move is checked: the machine-config operator's on a node its daemon manages in
+    /// readiness mode, else streamd's.
+    purpose: Purpose,
 }
 
 impl Plan {
     fn key(&self) -> String {
         let mut k: Vec<String> = self.targets.iter().map(Target::key).collect();
         k.push(self.exclude_booted.to_string());
+        k.push(format!("{:?}", self.purpose));
         k.join("\n")
     }
 }
@@ -115,13 +121,34 @@ pub(super) fn booted_stream(host: &HostRoot, deployments: &[Deployment]) -> Stri
 }
 
 /// Preflight for `desired` on the node as it is, changing nothing: what `streamctl preflight`
-/// and the readiness checks run.
+/// runs (streamd's own move).
 pub(super) async fn check_only(
     gatherer: &Gatherer,
     facts: &HostFacts,
     deployments: &[Deployment],
     record: &Record,
     desired: &Desired,
+) -> Result<Prepared, Transient> {
+    check_for(
+        gatherer,
+        facts,
+        deployments,
+        record,
+        desired,
+        Purpose::DryRun,
+    )
+    .await
+}
+
+/// Preflight for `desired` on the node as it is, changing nothing, for the move `purpose`
+/// names (a dry run of streamd's, or the machine-config operator's).
+async fn check_for(
+    gatherer: &Gatherer,
+    facts: &HostFacts,
+    deployments: &[Deployment],
+    record: &Record,
+    desired: &Desired,
+    purpose: Purpose,
 ) -> Result<Prepared, Transient> {
     let Some(booted) = deployments.iter().find(|d| d.booted) else {
         return Err(Transient(
@@ -135,14 +162,7 @@ pub(super) async fn check_only(
     );
     let foreign = planner::foreign_staged(deployments, record, facts.backend);
     gatherer
-        .prepare(
-            facts,
-            desired,
-            booted,
-            foreign,
-            base,
-            super::gather::Purpose::DryRun,
-        )
+        .prepare(facts, desired, booted, foreign, base, purpose)
         .await
 }
 
@@ -252,6 +272,13 @@ impl Agent {
             Ok(r) => r,
         };
         let catalog = self.catalog.as_ref();
+        // In readiness mode on a node the machine-config daemon manages, the move an admin
+        // asks about is the machine-config operator's (the pool's spec.osImageStream.name).
+        let purpose = if self.status.mode == Mode::Readiness && self.mcd.is_some() {
+            Purpose::MachineConfigReadiness
+        } else {
+            Purpose::DryRun
+        };
         match request {
             Some(CheckRequest {
                 stream,
@@ -264,12 +291,14 @@ impl Agent {
                     extensions_image,
                 })],
                 exclude_booted: false,
+                purpose,
             }),
             Some(CheckRequest { stream, .. }) => match resolve_target(&stream, catalog) {
                 None => Planned::Wait,
                 Some(t) => Planned::Run(Plan {
                     targets: vec![t],
                     exclude_booted: false,
+                    purpose,
                 }),
             },
             None if self.status.mode == Mode::Manage => Planned::Nothing,
@@ -283,6 +312,7 @@ impl Agent {
                         .filter_map(|e| resolve_target(&e.name, catalog))
                         .collect(),
                     exclude_booted: true,
+                    purpose,
                 }),
                 Some(Catalog::Missing) => Planned::Cannot(format!(
                     "readiness checks: {}; no stream to check (set check-stream and check-os-image to check one)",
@@ -373,7 +403,8 @@ impl Agent {
                         entry(d, Err(Transient(format!("reading deployments: {e}"))))
                     }
                     (Target::Check(d), Ok(deps)) => {
-                        entry(d, check_only(&gatherer, &facts, deps, &record, d).await)
+                        let p = check_for(&gatherer, &facts, deps, &record, d, plan.purpose);
+                        entry(d, p.await)
                     }
                 };
                 transient |= again;

@@ -10,7 +10,7 @@ use anyhow::bail;
 use crate::images::TestImage;
 
 /// Fixture names, in table order.
-pub const NAMES: [&str; 13] = [
+pub const NAMES: [&str; 14] = [
     "default",
     "fips",
     "realtime",
@@ -24,6 +24,7 @@ pub const NAMES: [&str; 13] = [
     "mcd",
     "secureboot",
     "layered-image",
+    "realtime-layered-image",
 ];
 
 /// The CPU the host root's `/proc/cpuinfo` describes.
@@ -129,7 +130,7 @@ pub struct Fixture {
 }
 
 /// Every fixture (see [`NAMES`]).
-pub const FIXTURES: [Fixture; 13] = {
+pub const FIXTURES: [Fixture; 14] = {
     const DEFAULT: Fixture = Fixture {
         name: "default",
         cpu: Cpu::X86_64V3,
@@ -205,6 +206,15 @@ pub const FIXTURES: [Fixture; 13] = {
         },
         Fixture {
             name: "layered-image",
+            layered_image: true,
+            ..DEFAULT
+        },
+        // The on-cluster layering swapped in kernel-rt (MachineConfig kernelType realtime): the
+        // kernel comes from the layered image, the origin carries no override.
+        Fixture {
+            name: "realtime-layered-image",
+            kernel: Kernel::Realtime,
+            kernel_from_image: true,
             layered_image: true,
             ..DEFAULT
         },
