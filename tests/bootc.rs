@@ -919,3 +919,40 @@ async fn image_labels_are_read_from_the_deployment_commits() {
         assert!(why.contains("no-such-helper"), "{why}");
     }
 }
+
+/// The helper answers only what it understands: other arguments or an unreadable request end
+/// with exit status 2 and the reason on stderr, never an answer.
+#[test]
+fn the_label_helper_refuses_bad_requests() {
+    use std::io::Write as _;
+    let helper = env!("CARGO_BIN_EXE_streamd-verify");
+    let cases: [(&[&str], &str, &str); 3] = [
+        (&["bogus"], "{}", "unknown arguments"),
+        (&["image-configs"], "{", "not an image-configs request"),
+        (
+            &["image-configs"],
+            r#"{"repo":"/r"}"#,
+            "missing field `commits`",
+        ),
+    ];
+    for (args, input, want) in cases {
+        let mut child = std::process::Command::new(helper)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run the helper");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("write the request");
+        let out = child.wait_with_output().expect("helper output");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}: no answer");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+}
