@@ -850,3 +850,109 @@ async fn an_unheld_stage_of_the_target_is_held_and_another_stage_is_not_replaced
     );
     assert!(!run_ostree(&env).join("staged-deployment-locked").exists());
 }
+
+/// bootc prints no image labels: the client reads them from the booted and staged
+/// deployments' commits (`ostree.container.image-config`, as ostree-ext stored it) through the
+/// real libostree in the `streamd-verify` helper; a read that fails leaves them unknown
+/// (`image_labels_error`) and the status usable.
+#[tokio::test]
+async fn image_labels_are_read_from_the_deployment_commits() {
+    let env = Env::new("labels", "layered-image").await;
+    let (rhel9, rhel10) = (env.tb.images()[0].clone(), env.tb.images()[1].clone());
+    let client = env
+        .client
+        .clone()
+        .with_helper(env!("CARGO_BIN_EXE_streamd-verify"));
+    let t = Instant::now();
+    let before = client.deployments().await.expect("status");
+    let first = t.elapsed();
+    let t = Instant::now();
+    assert_eq!(client.deployments().await.expect("status again"), before);
+    println!(
+        "bootc status with the labels read by the helper: {} ms; with them cached: {} ms",
+        ms(first),
+        ms(t.elapsed())
+    );
+    let booted = before.iter().find(|d| d.booted).expect("booted");
+    assert_eq!(booted.image_labels_error, None);
+    assert_eq!(
+        booted.image_labels.get("baseOSContainerImage"),
+        Some(&rhel9.pullspec),
+        "the layered image's own label: {booted:#?}"
+    );
+    assert_eq!(
+        booted
+            .image_labels
+            .get("io.openshift.os.streamclass")
+            .map(String::as_str),
+        Some("rhel-9")
+    );
+    client
+        .switch(&rhel10.pullspec, false)
+        .await
+        .expect("switch");
+    let after = client.deployments().await.expect("status after switch");
+    let staged = after.iter().find(|d| d.staged).expect("staged");
+    assert_eq!(
+        staged
+            .image_labels
+            .get("io.openshift.os.streamclass")
+            .map(String::as_str),
+        Some("rhel-10"),
+        "{staged:#?}"
+    );
+    assert!(!staged.image_labels.contains_key("baseOSContainerImage"));
+
+    // A helper that cannot run: the labels are unknown, not empty, and the status still works.
+    let missing = env.dir.join("no-such-helper");
+    let broken = Client::new(
+        env.conn.clone(),
+        &env.tb.env()["TESTBED_BOOTC"],
+        env.dir.join("run"),
+        &env.dir.join("host"),
+    )
+    .with_helper(&missing);
+    let deps = broken.deployments().await.expect("status without labels");
+    for d in deps.iter().filter(|d| d.booted || d.staged) {
+        assert!(d.image_labels.is_empty(), "{d:#?}");
+        let why = d.image_labels_error.as_deref().expect("unknown labels");
+        assert!(why.contains("no-such-helper"), "{why}");
+    }
+}
+
+/// The helper answers only what it understands: other arguments or an unreadable request end
+/// with exit status 2 and the reason on stderr, never an answer.
+#[test]
+fn the_label_helper_refuses_bad_requests() {
+    use std::io::Write as _;
+    let helper = env!("CARGO_BIN_EXE_streamd-verify");
+    let cases: [(&[&str], &str, &str); 3] = [
+        (&["bogus"], "{}", "unknown arguments"),
+        (&["image-configs"], "{", "not an image-configs request"),
+        (
+            &["image-configs"],
+            r#"{"repo":"/r"}"#,
+            "missing field `commits`",
+        ),
+    ];
+    for (args, input, want) in cases {
+        let mut child = std::process::Command::new(helper)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run the helper");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("write the request");
+        let out = child.wait_with_output().expect("helper output");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}: no answer");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+}

@@ -398,6 +398,19 @@ fn os_image(i: &Input<'_>) -> CheckResult {
             format!("the image is for {} but this node is {}", info.arch, i.arch),
         );
     }
+    // The booted image's labels could not be read (bootc: from its commit), so it may be
+    // on-cluster-layered; a base image does not replace it unseen.
+    if let Some(why) = &i.booted.image_labels_error
+        && info.layered_from.is_none()
+    {
+        return fail(
+            id,
+            format!(
+                "the booted image's labels could not be read ({why}), so streamd cannot tell whether the node runs an on-cluster-layered image; {} is a base image, which would drop anything layered",
+                i.desired.os_image
+            ),
+        );
+    }
     // A base image in place of an on-cluster-layered one would drop whatever was layered (in
     // resolve mode the stream's image always is a base image), unless the machine-config
     // operator makes the move: it builds the new layered image from that base.

@@ -29,12 +29,25 @@
 //! after it. bootc cannot carry rpm-ostree package overrides either;
 //! [`refusal`] says which hosts cannot use this backend.
 //!
+//! `bootc status` prints no image labels (its `ImageStatus` has only the reference, version,
+//! timestamp, digest and architecture: bootc-dev/bootc:crates/lib/src/spec.rs), although
+//! bootc reads the whole image configuration from the deployment's commit for it. So
+//! [`Client::deployments`] fills the booted and staged deployments' [`Deployment::image_labels`]
+//! from the same place, the ostree-ext key `ostree.container.image-config` of the commit
+//! metadata ([`crate::backend::helper::META_CONFIG`]), read through libostree in the
+//! `streamd-verify` helper ([`crate::backend::helper`]); a commit's labels never change, so
+//! each is read once. An absent key (an import by an ostree-ext that did not store the
+//! configuration) or format v0's `"null"` means no labels, as ostree-ext itself takes it; a
+//! failed read or a malformed configuration leaves the labels unknown
+//! ([`Deployment::image_labels_error`]), never the status unusable.
+//!
 //! Like [`crate::backend::rpmostree`], this is an edge: replies become typed values and typed errors;
 //! no policy lives here.
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
@@ -53,6 +66,8 @@ use crate::backend::systemd::{
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long `bootc switch` may take (it pulls a whole OS image).
 pub const SWITCH_TIMEOUT: Duration = Duration::from_secs(3600);
+/// How long the helper may take to read the image configuration of two commits.
+const LABELS_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The unit every bootc command that writes the sysroot runs in: one at a time, and joined
 /// by a retry while it runs.
@@ -295,13 +310,21 @@ pub struct Client {
     write_timeout: Duration,
     /// Whether the last `bootc status` came from a bootc that can hold a stage.
     holds: Arc<AtomicBool>,
+    /// The `streamd-verify` helper that reads image configurations (or why it is unknown).
+    helper: Result<PathBuf, String>,
+    /// The ostree repository (`host-root/sysroot/ostree/repo`).
+    repo: PathBuf,
+    /// The labels of the commits read so far (commits are immutable); only those of the
+    /// current deployments are kept.
+    labels: Arc<Mutex<HashMap<String, BTreeMap<String, String>>>>,
 }
 
 impl Client {
     /// A client on `conn` (the system bus) running `bootc` (e.g. `/usr/bin/bootc`) and writing
     /// status output below `runtime_dir` (streamd's runtime directory, which systemd can write).
     /// `host_root` is the host's `/` (`host-root`): the units find libostree's runtime state
-    /// below it.
+    /// below it, and the image labels are read from its `sysroot/ostree/repo` by the
+    /// `streamd-verify` helper next to the running program.
     pub fn new(
         conn: zbus::Connection,
         bootc: impl Into<PathBuf>,
@@ -317,7 +340,17 @@ impl Client {
             status_timeout: STATUS_TIMEOUT,
             write_timeout: SWITCH_TIMEOUT,
             holds: Arc::new(AtomicBool::new(false)),
+            helper: crate::backend::helper::beside_current_exe(),
+            repo: host_root.join("sysroot/ostree/repo"),
+            labels: Arc::new(Mutex::new(HashMap::new())),
         }
+    }
+
+    /// The same client reading image labels with the helper at `helper` instead of the one
+    /// next to the running program.
+    pub fn with_helper(mut self, helper: impl Into<PathBuf>) -> Self {
+        self.helper = Ok(helper.into());
+        self
     }
 
     /// The same client with other limits for `bootc status` and for the commands that write
@@ -333,7 +366,8 @@ impl Client {
         &self.conn
     }
 
-    /// Every deployment bootc reports, staged first, then booted, rollback and the others.
+    /// Every deployment bootc reports, staged first, then booted, rollback and the others; the
+    /// staged and booted ones with their image labels (or why they are unknown).
     pub async fn deployments(&self) -> Result<Vec<Deployment>, BootcError> {
         let n = self.next();
         let output = self.runtime_dir.join(format!("bootc-status-{n}.json"));
@@ -353,9 +387,85 @@ impl Client {
         // The file is only a channel; a failed run's partial output goes too.
         let _ = std::fs::remove_file(&output);
         run?;
-        let (deployments, holds) = parse_host(&read?)?;
+        let (mut deployments, holds) = parse_host(&read?)?;
         self.holds.store(holds, Ordering::SeqCst);
+        self.fill_labels(&mut deployments).await;
         Ok(deployments)
+    }
+
+    /// Fills the image labels of the booted and staged deployments from their commits' stored
+    /// image configuration: cached ones at once, the others in one helper run. A failure
+    /// leaves [`Deployment::image_labels_error`] set (and is tried again next time).
+    async fn fill_labels(&self, deployments: &mut [Deployment]) {
+        let wanted = |d: &Deployment| d.booted || d.staged;
+        let missing: Vec<String> = {
+            let mut cache = self.labels.lock().unwrap_or_else(|p| p.into_inner());
+            cache.retain(|c, _| deployments.iter().any(|d| &d.checksum == c));
+            let mut m: Vec<String> = deployments
+                .iter()
+                .filter(|d| wanted(d) && !cache.contains_key(&d.checksum))
+                .map(|d| d.checksum.clone())
+                .collect();
+            m.sort();
+            m.dedup();
+            m
+        };
+        let mut failed: HashMap<String, String> = HashMap::new();
+        if !missing.is_empty() {
+            let read = self.read_configs(&missing).await;
+            let mut cache = self.labels.lock().unwrap_or_else(|p| p.into_inner());
+            for commit in &missing {
+                let labels = match &read {
+                    Err(e) => Err(e.clone()),
+                    Ok(answer) => match answer.get(commit) {
+                        None => Err("the helper did not answer for this commit".to_string()),
+                        Some(Err(e)) => Err(e.clone()),
+                        Some(Ok(config)) => labels_of_config(config.as_deref()),
+                    },
+                };
+                match labels {
+                    Ok(l) => {
+                        debug!(%commit, labels = l.len(), "read the image labels of a deployment commit");
+                        cache.insert(commit.clone(), l);
+                    }
+                    Err(e) => {
+                        warn!(%commit, error = %e, "the image labels of a deployment commit could not be read");
+                        failed.insert(commit.clone(), e);
+                    }
+                }
+            }
+        }
+        let cache = self.labels.lock().unwrap_or_else(|p| p.into_inner());
+        for d in deployments.iter_mut().filter(|d| wanted(d)) {
+            match cache.get(&d.checksum) {
+                Some(l) => d.image_labels = l.clone(),
+                None => {
+                    d.image_labels_error = Some(
+                        failed
+                            .get(&d.checksum)
+                            .cloned()
+                            .unwrap_or_else(|| "not read".to_string()),
+                    );
+                }
+            }
+        }
+    }
+
+    /// The helper's answer for `commits`.
+    async fn read_configs(&self, commits: &[String]) -> crate::backend::helper::ImageConfigsAnswer {
+        use crate::backend::helper::{IMAGE_CONFIGS, ImageConfigs, run};
+        let helper = self.helper.as_ref().map_err(String::clone)?;
+        let req = ImageConfigs {
+            repo: self.repo.clone(),
+            commits: commits.to_vec(),
+        };
+        run::<crate::backend::helper::ImageConfigsAnswer>(
+            helper,
+            &[IMAGE_CONFIGS],
+            &req,
+            LABELS_TIMEOUT,
+        )
+        .await?
     }
 
     /// Whether this host's bootc can hold a staged deployment (v1.12.0 or later, as the last
@@ -867,6 +977,18 @@ impl BootEntry {
     }
 }
 
+/// The labels of an image configuration as ostree-ext stored it on the merge commit (`config`
+/// is the value of `ostree.container.image-config`): none when the key is absent or holds
+/// format v0's `"null"` (bootc-dev/bootc:crates/ostree-ext/src/container/store.rs
+/// `image_config_from_commitmeta` takes both as the default configuration); an error when it is
+/// not JSON.
+fn labels_of_config(config: Option<&str>) -> Result<BTreeMap<String, String>, String> {
+    match config {
+        None | Some("null") => Ok(BTreeMap::new()),
+        Some(json) => crate::backend::deployment::labels_of(json),
+    }
+}
+
 /// Parses `bootc status --json` into deployments: staged, booted, rollback, others.
 pub fn parse_status(json: &str) -> Result<Vec<Deployment>, BootcError> {
     parse_host(json).map(|(deployments, _)| deployments)
@@ -907,6 +1029,27 @@ fn parse_host(json: &str) -> Result<(Vec<Deployment>, bool), BootcError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn labels_come_from_the_stored_image_config() {
+        let labels = labels_of_config(Some(
+            r#"{"config":{"Labels":{"baseOSContainerImage":"q.io/a@sha256:00","io.openshift.os.streamclass":"rhel-9","n":1}}}"#,
+        ))
+        .expect("a configuration");
+        assert_eq!(
+            labels.get("baseOSContainerImage").map(String::as_str),
+            Some("q.io/a@sha256:00")
+        );
+        assert_eq!(labels.len(), 2, "non-string labels are skipped: {labels:?}");
+        // No key (an older ostree-ext), format v0's "null", a configuration without labels:
+        // none, as ostree-ext takes them.
+        for config in [None, Some("null"), Some(r#"{"config":{}}"#)] {
+            assert_eq!(labels_of_config(config), Ok(BTreeMap::new()), "{config:?}");
+        }
+        // Malformed: unknown, not empty.
+        let e = labels_of_config(Some("{not json")).expect_err("malformed");
+        assert!(e.contains("ostree.container.image-config"), "{e}");
+    }
 
     #[test]
     fn refspecs_follow_ostree_ext() {

@@ -52,6 +52,11 @@ pub struct Deployment {
     pub requested_base_local_replacements: Vec<String>,
     /// Labels of the image config, when the commit metadata carries it.
     pub image_labels: BTreeMap<String, String>,
+    /// Why [`Deployment::image_labels`] could not be read (bootc, which does not print them:
+    /// the libostree helper failed, or the stored image configuration is malformed); they are
+    /// then empty and say nothing. `None` when they were read, also when there are none.
+    #[serde(default)]
+    pub image_labels_error: Option<String>,
     /// bootc's `incompatible`: the origin has rpm-ostree package changes bootc cannot show or
     /// carry (their list is then unknown). Never set from rpm-ostree's own dictionaries.
     pub incompatible: bool,
@@ -123,6 +128,7 @@ impl Deployment {
             )?
             .unwrap_or_default(),
             image_labels,
+            image_labels_error: None,
             incompatible: false,
         })
     }
@@ -262,7 +268,8 @@ fn dict_of(v: &Value<'_>) -> Result<HashMap<String, String>, String> {
     }
 }
 
-fn labels_of(config_json: &str) -> Result<BTreeMap<String, String>, String> {
+/// The string labels (`config.Labels`) of an image configuration; an error when it is not JSON.
+pub(crate) fn labels_of(config_json: &str) -> Result<BTreeMap<String, String>, String> {
     let v: serde_json::Value = serde_json::from_str(config_json)
         .map_err(|e| format!("ostree.container.image-config is not JSON: {e}"))?;
     Ok(v.pointer("/config/Labels")

@@ -9,6 +9,8 @@
 
 pub mod bootc;
 pub mod deployment;
+// The libostree helper's protocol; the bootc backend reads image labels through it (issue 11 §5).
+pub mod helper;
 pub mod kernel;
 pub mod plan;
 pub mod rpmostree;

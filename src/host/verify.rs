@@ -9,7 +9,9 @@
 //!
 //! libostree is blocking and brings glib, gio and some sixty shared libraries along. The daemon
 //! therefore never links it: [`in_helper`] runs [`verify_staged`] in the `streamd-verify`
-//! helper (installed next to `streamd`), one short-lived process per check, with a timeout.
+//! helper (installed next to `streamd`), one short-lived process per check, with a timeout
+//! (`crate::backend::helper`). The helper also answers [`image_configs`], the bootc backend's
+//! question for the image labels `bootc status` does not print.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -20,6 +22,7 @@ use ostree::gio::prelude::FileExt as _;
 
 use crate::backend::Deployment;
 use crate::backend::KernelVariant;
+use crate::backend::helper::{ImageConfigs, ImageConfigsAnswer, META_CONFIG};
 use crate::host::facts::OsRelease;
 
 /// What the staged deployment must look like.
@@ -62,40 +65,50 @@ pub struct Request {
 }
 
 /// File name of the helper, next to the `streamd` executable.
-pub const HELPER: &str = "streamd-verify";
+pub use crate::backend::helper::HELPER;
 /// Longest a check may take (it reads a few files of two deployments).
 const HELPER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Runs [`verify_staged`] for `req` in the helper `helper` and returns its verdict.
 pub async fn in_helper(helper: &Path, req: &Request) -> Result<(), VerifyError> {
-    use tokio::io::AsyncWriteExt as _;
-    let fail = |what: String| VerifyError::Sysroot(format!("{}: {what}", helper.display()));
-    let input = serde_json::to_vec(req).map_err(|e| fail(e.to_string()))?;
-    let mut child = tokio::process::Command::new(helper)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| fail(format!("cannot run the verification helper: {e}")))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(&input)
-            .await
-            .map_err(|e| fail(format!("writing the request: {e}")))?;
-    }
-    let out = tokio::time::timeout(HELPER_TIMEOUT, child.wait_with_output())
+    crate::backend::helper::run::<Result<(), VerifyError>>(helper, &[], req, HELPER_TIMEOUT)
         .await
-        .map_err(|_| fail(format!("no answer within {} s", HELPER_TIMEOUT.as_secs())))?
-        .map_err(|e| fail(e.to_string()))?;
-    match serde_json::from_slice::<Result<(), VerifyError>>(&out.stdout) {
-        Ok(verdict) if out.status.success() => verdict,
-        _ => Err(fail(format!(
-            "{}: {}",
-            out.status,
-            crate::text::one_line_reason(&String::from_utf8_lossy(&out.stderr))
-        ))),
+        .map_err(VerifyError::Sysroot)?
+}
+
+/// Reads the ostree-ext image configuration of each of `req.commits` from the repository
+/// `req.repo`, read-only, as ostree-ext itself does (bootc-dev/bootc:crates/ostree-ext/src/
+/// container/store.rs `query_image_commit`: the commit object, whose metadata `a{sv}` is its
+/// first child, the key [`META_CONFIG`] holds a string). A commit without the key (an import
+/// by an ostree-ext that did not store it) is `None`; the string is returned as stored (also
+/// format v0's `"null"`), for the daemon to parse. A commit that cannot be read, or whose key
+/// is not a string, is an error of its own; the whole answer is an error when the repository
+/// cannot be opened.
+pub fn image_configs(req: &ImageConfigs) -> ImageConfigsAnswer {
+    let repo = ostree::Repo::new(&gio::File::for_path(&req.repo));
+    // `open` only reads the configuration; nothing here locks or writes the repository.
+    repo.open(gio::Cancellable::NONE)
+        .map_err(|e| format!("opening the ostree repository {}: {e}", req.repo.display()))?;
+    Ok(req
+        .commits
+        .iter()
+        .map(|c| (c.clone(), image_config(&repo, c)))
+        .collect())
+}
+
+/// [`META_CONFIG`] of commit `checksum` in `repo`.
+fn image_config(repo: &ostree::Repo, checksum: &str) -> Result<Option<String>, String> {
+    if checksum.len() != 64 || !checksum.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("{checksum:?} is not an ostree commit checksum"));
     }
+    // What `ostree_repo_load_commit` reads, without its version feature (the crate is built
+    // with none: every libostree has this).
+    let commit = repo
+        .load_variant(ostree::ObjectType::Commit, checksum)
+        .map_err(|e| format!("loading commit {checksum}: {e}"))?;
+    let meta = ostree::glib::VariantDict::new(Some(&commit.child_value(0)));
+    meta.lookup::<String>(META_CONFIG)
+        .map_err(|e| format!("commit {checksum}: {META_CONFIG} is not a string: {e}"))
 }
 
 /// Checks the node after it booted the target of `attempt`: the kernel variant and the FIPS
@@ -736,6 +749,79 @@ mod tests {
             Ok(()),
             "nothing recorded, nothing checked"
         );
+    }
+
+    /// The real `ostree` CLI (as the testbed uses it); its trimmed stdout.
+    fn ostree_cli(args: &[String]) -> String {
+        let out = std::process::Command::new("ostree")
+            .args(args)
+            .output()
+            .expect("run ostree");
+        assert!(
+            out.status.success(),
+            "ostree {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    #[test]
+    fn image_configs_are_read_from_commit_metadata_through_libostree() {
+        let t = Scratch::new("image-configs");
+        let repo = t.0.join("repo");
+        let r = format!("--repo={}", repo.display());
+        ostree_cli(&["init".into(), r.clone(), "--mode=archive".into()]);
+        t.put("tree/usr/lib/os-release", "ID=rhcos\n");
+        let commit = |n: u32, meta: Option<&str>| {
+            let mut args = vec![
+                "commit".to_string(),
+                r.clone(),
+                format!("--tree=dir={}", t.0.join("tree").display()),
+                "--orphan".into(),
+                "--subject=import".into(),
+                format!("--add-metadata-string=n={n}"),
+            ];
+            args.extend(meta.map(|m| format!("--add-metadata={META_CONFIG}={m}")));
+            ostree_cli(&args)
+        };
+        let config = r#"{"config":{"Labels":{"baseOSContainerImage":"q.io/a@sha256:00"}}}"#;
+        // GVariant text: a quoted string, and one that is not a string at all.
+        let labelled = commit(1, Some(&format!("'{config}'")));
+        let null = commit(2, Some("'null'"));
+        let broken = commit(3, Some("'{not json'"));
+        let absent = commit(4, None);
+        let number = commit(5, Some("42"));
+        let missing = "0".repeat(64);
+        let all = [&labelled, &null, &broken, &absent, &number, &missing];
+        let got = image_configs(&ImageConfigs {
+            repo: repo.clone(),
+            commits: all.iter().map(|c| c.to_string()).collect(),
+        })
+        .expect("the repository opens");
+        assert_eq!(got.len(), all.len(), "{got:#?}");
+        assert_eq!(got[&labelled], Ok(Some(config.to_string())));
+        assert_eq!(got[&null], Ok(Some("null".to_string())), "stored as is");
+        assert_eq!(got[&broken], Ok(Some("{not json".to_string())));
+        assert_eq!(got[&absent], Ok(None));
+        let e = got[&number].clone().expect_err("not a string");
+        assert!(e.contains(META_CONFIG) && e.contains(&number), "{e}");
+        let e = got[&missing].clone().expect_err("not in the repository");
+        assert!(e.contains(&missing), "{e}");
+        // Not a checksum: never handed to libostree as a path.
+        let odd = image_configs(&ImageConfigs {
+            repo: repo.clone(),
+            commits: vec!["../../etc/passwd".into()],
+        })
+        .expect("the repository opens");
+        let e = odd["../../etc/passwd"].clone().expect_err("not a checksum");
+        assert!(e.contains("not an ostree commit checksum"), "{e}");
+        // No repository there.
+        let e = image_configs(&ImageConfigs {
+            repo: t.0.join("nowhere"),
+            commits: vec![labelled],
+        })
+        .expect_err("no repository");
+        assert!(e.contains("nowhere"), "{e}");
     }
 
     #[tokio::test]

@@ -157,7 +157,7 @@ impl NodeHost {
             .context("the fake rpm-ostreed has no booted deployment")?;
         crate::host::write(&dir.join("host"), setup.node, &booted, &fixture, &cmdline)?;
         crate::host::keep_boot_id(&dir.join("host"))?;
-        // Hook (creds, issue 11 §3): the node's container stack configuration; the OS daemons
+        // The node's container stack configuration; the OS daemons
         // pull with the ostree auth file the machine-config daemon would link there.
         crate::registry::node::write_node_config(&dir.join("host"), &registry.pull_secret_json())?;
         // streamd reads the sysroot and /boot below the host root, as on a node.

@@ -131,7 +131,7 @@ impl Host {
             .resolve(&d.images, None)
             .map_err(StageError::Pull)?
             .clone();
-        // Hook (creds, issue 11 §3): bootc's pull reads the registry as the node's container
+        // bootc's pull reads the registry as the node's container
         // stack does (the host root's ostree auth file, registries.conf), as rpm-ostreed's.
         if let Some(root) = d.host_root.as_deref() {
             crate::registry::node::pull_check(root, &image.pullspec)
@@ -150,8 +150,8 @@ impl Host {
             .map_err(StageError::Deploy)
     }
 
-    /// Hook for the fake bootc's `upgrade --download-only` / `--from-downloaded` (added by the
-    /// bootc2 branch): `ostree_sysroot_change_finalization` on the staged deployment, setting
+    /// For the fake bootc's `upgrade --download-only` / `--from-downloaded`:
+    /// `ostree_sysroot_change_finalization` on the staged deployment, setting
     /// its finalization lock to `locked` (ostreedev/ostree:src/libostree/ostree-sysroot-deploy.c).
     /// Returns whether it changed; an error when nothing is staged.
     pub(crate) async fn set_finalization_lock(&self, locked: bool) -> Result<bool, String> {

@@ -512,7 +512,7 @@ impl Daemon {
             .await;
         txn.pause(STEP).await?;
         let image = imgref.resolve(&self.images, plan.revision.as_deref())?;
-        // Hook (creds, issue 11 §3): the manifest is read from the registry as the node's
+        // The manifest is read from the registry as the node's
         // container stack reads it (the host root's ostree auth file, registries.conf mirrors
         // and blocks), so a missing credential fails here as on a node.
         if let Some(root) = self.host_root.as_deref() {

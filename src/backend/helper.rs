@@ -1,0 +1,85 @@
+//! The `streamd-verify` helper: the one streamd program that links libostree (read-only).
+//!
+//! libostree is blocking and brings glib, gio and some sixty shared libraries along, so the
+//! daemon never links it: it runs the helper (installed next to `streamd`) once per question,
+//! one JSON request on stdin and one JSON answer on stdout, with a timeout
+//! (src/bin/streamd-verify.rs). Without an argument the request is a staged-deployment
+//! verification (src/host/verify.rs); with [`IMAGE_CONFIGS`] it is an [`ImageConfigs`]
+//! request, which the bootc backend asks because `bootc status` prints no image labels.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// File name of the helper, next to the `streamd` executable.
+pub const HELPER: &str = "streamd-verify";
+
+/// The helper's argument for an [`ImageConfigs`] request.
+pub const IMAGE_CONFIGS: &str = "image-configs";
+
+/// The commit metadata key under which ostree-ext stores the image configuration (JSON) on the
+/// merge commit of an imported container image: bootc-dev/bootc:crates/ostree-ext/src/container/store.rs
+/// (`META_CONFIG`).
+pub const META_CONFIG: &str = "ostree.container.image-config";
+
+/// Read the ostree-ext image configuration ([`META_CONFIG`]) of some commits, read-only.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ImageConfigs {
+    /// The ostree repository (`/sysroot/ostree/repo` on a host).
+    pub repo: PathBuf,
+    /// The commits (64 hex digits each): deployments' checksums, which for a container
+    /// deployment are ostree-ext's merge commit.
+    pub commits: Vec<String>,
+}
+
+/// The helper's answer to [`ImageConfigs`]: per commit, the [`META_CONFIG`] string of its
+/// metadata (`None` where the key is absent) or why it could not be read; an error when the
+/// repository could not be opened.
+pub type ImageConfigsAnswer = Result<BTreeMap<String, Result<Option<String>, String>>, String>;
+
+/// The helper next to the running executable (how the daemon finds it).
+pub fn beside_current_exe() -> Result<PathBuf, String> {
+    std::env::current_exe()
+        .map(|exe| exe.with_file_name(HELPER))
+        .map_err(|e| format!("locating the {HELPER} helper next to this program: {e}"))
+}
+
+/// Runs `helper ARGS` with `request` (JSON) on stdin and parses its stdout as `A`; an error
+/// names the helper and says what went wrong (could not start, no answer in `limit`, exited
+/// without an answer: then with its stderr).
+pub async fn run<A: serde::de::DeserializeOwned>(
+    helper: &Path,
+    args: &[&str],
+    request: &impl serde::Serialize,
+    limit: Duration,
+) -> Result<A, String> {
+    use tokio::io::AsyncWriteExt as _;
+    let fail = |what: String| format!("{}: {what}", helper.display());
+    let input = serde_json::to_vec(request).map_err(|e| fail(e.to_string()))?;
+    let mut child = tokio::process::Command::new(helper)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| fail(format!("cannot run the verification helper: {e}")))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(&input)
+            .await
+            .map_err(|e| fail(format!("writing the request: {e}")))?;
+    }
+    let out = tokio::time::timeout(limit, child.wait_with_output())
+        .await
+        .map_err(|_| fail(format!("no answer within {} s", limit.as_secs())))?
+        .map_err(|e| fail(e.to_string()))?;
+    match serde_json::from_slice::<A>(&out.stdout) {
+        Ok(answer) if out.status.success() => Ok(answer),
+        _ => Err(fail(format!(
+            "{}: {}",
+            out.status,
+            crate::text::one_line_reason(&String::from_utf8_lossy(&out.stderr))
+        ))),
+    }
+}
