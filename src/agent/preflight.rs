@@ -629,12 +629,22 @@ fn kernel_from_image(i: &Input<'_>, variant: KernelVariant) -> CheckResult {
         variant.as_str()
     );
     match i.os_image {
-        Ok(info) => match &info.kernel_release {
-            Some(r) if r.ends_with(variant.release_suffix()) => pass(
+        Ok(info) => match (&info.kernel_release, &info.layered_from) {
+            (Some(r), _) if r.ends_with(variant.release_suffix()) => pass(
                 id,
                 format!("{what}; the target image's kernel {r} is one too"),
             ),
-            Some(r) => fail(
+            // A layered image keeps its base's labels: a kernel swapped in by its build is
+            // invisible there, and streamd does not guess it from the layers.
+            (Some(r), Some(base)) => fail(
+                id,
+                format!(
+                    "{what}, but the target is a layered image (built from {base}) whose ostree.linux label ({r}) is its base's, so it cannot be shown to carry a {} kernel: build it from the {} variant of the base image",
+                    variant.as_str(),
+                    variant.as_str()
+                ),
+            ),
+            (Some(r), None) => fail(
                 id,
                 format!(
                     "{what}, but the target image's kernel {r} (ostree.linux) is not {}: request the {} variant of the target image",
@@ -642,7 +652,7 @@ fn kernel_from_image(i: &Input<'_>, variant: KernelVariant) -> CheckResult {
                     variant.as_str()
                 ),
             ),
-            None => fail(
+            (None, _) => fail(
                 id,
                 format!(
                     "{what}; the target image does not say which kernel it carries (no ostree.linux label), so it cannot be shown to keep it"
@@ -1231,6 +1241,33 @@ mod tests {
             "{}",
             pending.message
         );
+    }
+
+    /// A real-time node whose kernel comes from its image, asked for a layered target: the
+    /// label is the base's, so only a layered image built from the real-time variant passes.
+    #[test]
+    fn a_layered_target_keeps_a_variant_only_when_built_from_the_variant() {
+        let layered_target = |release: &str| {
+            let mut c = base();
+            c.kernel = Ok(KernelVariant::Realtime);
+            if let Ok(o) = &mut c.os {
+                o.layered_from = Some("quay.io/openshift/rhcos@sha256:10".into());
+                o.kernel_release = Some(release.into());
+            }
+            c
+        };
+        let c = layered_target("6.12.0-124.8.1.el10_1.x86_64");
+        assert_eq!(failed(&c), vec!["kernel-variant"], "{:#?}", check(&c));
+        let r = check(&c);
+        let k = result(&r, "kernel-variant");
+        assert!(
+            k.message.contains("is its base's")
+                && k.message.contains("build it from the realtime variant"),
+            "{}",
+            k.message
+        );
+        let c = layered_target("6.12.0-124.8.1.el10_1.x86_64+rt");
+        assert_eq!(failed(&c), Vec::<&str>::new(), "{:#?}", check(&c));
     }
 
     /// A node on an on-cluster-layered image: its booted image names its base.
