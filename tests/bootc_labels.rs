@@ -77,22 +77,17 @@ async fn a_layered_bootc_host_is_refused_a_base_image() {
 
     // The same request with a layered rhel-10 target passes that check.
     let base = env.rhel10();
-    let labels = [
-        ("containers.bootc", "1"),
-        ("io.openshift.os.streamclass", "rhel-10"),
-        ("baseOSContainerImage", base.as_str()),
-        ("machineconfigpool", "worker"),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    let files = vec![("usr/lib/os-release".into(), b"ID=rhcos\n".to_vec())];
-    let (layered, _) = env
-        .tb
-        .registry()
-        .push_custom("rhel-10-layered", labels, files)
-        .await
-        .expect("push");
+    let layered = push_os(
+        &env,
+        "rhel-10-layered",
+        &[
+            ("containers.bootc", "1"),
+            ("io.openshift.os.streamclass", "rhel-10"),
+            ("baseOSContainerImage", base.as_str()),
+            ("machineconfigpool", "worker"),
+        ],
+    )
+    .await;
     let (result, message) = os_image_check(&env, &layered);
     assert_eq!(result, "pass", "{message}");
     let (result, message) = os_image_check(&env, &base);

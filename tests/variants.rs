@@ -185,23 +185,6 @@ async fn inconsistent_fips_is_refused() {
     assert!(r.contains("inconsistent"), "{r}");
 }
 
-/// Pushes a one-layer image (an os-release only) with `labels` to the testbed registry; returns
-/// its pullspec.
-async fn push_os(env: &Env, tag: &str, labels: &[(&str, &str)]) -> String {
-    let labels = labels
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let files = vec![("usr/lib/os-release".into(), b"ID=rhcos\n".to_vec())];
-    let (pullspec, _) = env
-        .tb
-        .registry()
-        .push_custom(tag, labels, files)
-        .await
-        .expect("push");
-    pullspec
-}
-
 /// Pushes an image (see `push_os`) as `tag` with `labels`, requests it for `stream` and expects
 /// the refusal by `check` (see `refused`); returns the reason.
 async fn refused_image(

@@ -456,3 +456,20 @@ impl Drop for Env {
         }
     }
 }
+
+/// Pushes a one-layer image (an os-release only) with `labels` to the testbed registry; returns
+/// its pullspec.
+pub async fn push_os(env: &Env, tag: &str, labels: &[(&str, &str)]) -> String {
+    let labels = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let files = vec![("usr/lib/os-release".into(), b"ID=rhcos\n".to_vec())];
+    let (pullspec, _) = env
+        .tb
+        .registry()
+        .push_custom(tag, labels, files)
+        .await
+        .expect("push");
+    pullspec
+}
