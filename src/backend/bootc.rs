@@ -57,7 +57,7 @@ use zbus::zvariant::Value;
 
 use crate::backend::Deployment;
 use crate::backend::KernelVariant;
-// The systemd proxies are shared with the bootloader update (mcd, issue 11 §6).
+// The systemd proxies are shared with the Secure Boot bootloader update.
 use crate::backend::systemd::{
     JobEnd, JobRemovedStream, ManagerProxy, ServiceProxy, UnitProxy, job_watch, wait_job,
 };

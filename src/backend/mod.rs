@@ -9,7 +9,7 @@
 
 pub mod bootc;
 pub mod deployment;
-// The libostree helper's protocol; the bootc backend reads image labels through it (issue 11 §5).
+// The libostree helper's protocol; the bootc backend reads image labels through it.
 pub mod helper;
 pub mod kernel;
 pub mod plan;

@@ -142,7 +142,7 @@ impl NodeHost {
         let systemd = FakeSystemd::start(bus.address())
             .await
             .context("starting the fake systemd")?;
-        // mcd (issue 11 §6): StartUnit finds bootloader-update.service below the host root.
+        // StartUnit finds bootloader-update.service below the host root.
         systemd.set_host_root(dir.join("host"));
         let host = rpmostreed.host();
         let logind = FakeLogind::start(bus.address(), Box::new(move || host.record_reboot()))

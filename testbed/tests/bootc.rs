@@ -21,7 +21,7 @@ const SYSTEMD_REFERENCE: &[(&str, &str, &str, &str)] = &[
         "ssa(sv)a(sa(sv))",
         "o",
     ),
-    // mcd (issue 11 §6): bootloader-update.service is started with StartUnit.
+    // bootloader-update.service is started with StartUnit.
     (
         "org.freedesktop.systemd1.Manager.StartUnit",
         "method",

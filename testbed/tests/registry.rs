@@ -365,12 +365,13 @@ async fn serves_real_os_and_extensions_images_behind_basic_auth() {
             "rhel-10",
             "rhel-10-extensions",
             "rhel-10-rt",
+            "rhel-10-update",
             "rhel-9",
             "rhel-9-extensions",
             "rhel-9-rt"
         ]
     );
-    // The real-time variants (bootc3, issue 11 §5): `+rt` in `ostree.linux`, their own digests.
+    // The real-time variants: `+rt` in `ostree.linux`, their own digests.
     for v in reg.variant_images() {
         let by_tag = p
             .get(
@@ -382,6 +383,14 @@ async fn serves_real_os_and_extensions_images_behind_basic_auth() {
         assert!(v.linux().ends_with("+rt"), "{}", v.linux());
         assert!(reg.images().iter().all(|i| i.digest != v.digest));
     }
+    // The later rhel-10 build: the same stream, a digest of its own.
+    let update = reg.update_image();
+    let by_tag = p
+        .get("/v2/openshift/rhcos/manifests/rhel-10-update", Some(INDEX))
+        .await;
+    assert_eq!(by_tag.header("docker-content-digest"), update.digest);
+    assert_eq!(update.stream, "rhel-10");
+    assert!(reg.images().iter().all(|i| i.digest != update.digest));
     let unknown = p
         .get(
             &format!("/v2/openshift/rhcos/manifests/sha256:{}", "0".repeat(64)),
