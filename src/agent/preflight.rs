@@ -697,7 +697,7 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
         return fail(
             id,
             format!(
-                "the {} kernel must come from the target's extensions image, which is missing or unreadable{by}",
+                "the {} kernel{asked} must come from the target's extensions image, which is missing or unreadable{by}",
                 variant.as_str()
             ),
         );
