@@ -799,3 +799,70 @@ async fn a_layered_realtime_node_is_ready_only_while_the_extensions_image_has_ke
         "readiness checks change nothing"
     );
 }
+
+/// An MCD-managed on-cluster-layered node whose applied MachineConfig asks for the `usbguard`
+/// extension: the build baked it into the image (no package override shows it), and the
+/// operator's next build installs it from the stream's extensions image, so the stream is ready
+/// only while that image has it. A new MachineConfig re-runs the checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layered_node_is_ready_only_while_the_extensions_image_has_its_machine_configs_extensions()
+ {
+    const READINESS: &str = "osstream.openshift.io/readiness";
+    let mut env = Env::with_host("variant-ocl-usbguard", "mcd-layered-usbguard").await;
+    env.start_streamd();
+    let entry = |a: &BTreeMap<String, String>| {
+        a.get(READINESS)
+            .and_then(|r| serde_json::from_str::<Value>(r).ok())
+            .and_then(|r| r.get("rhel-10").cloned())
+    };
+    let a = env
+        .wait_for("rhel-10 readiness", Duration::from_secs(90), |a| {
+            entry(a).is_some()
+        })
+        .await;
+    let e = entry(&a).expect("entry");
+    assert_eq!(e["ready"], json!(true), "{e}");
+    // The cluster's rhel-10 extensions image without usbguard.
+    let ext = push_rhel10_extensions(&env, "ext-ocl-without-usbguard", |r| {
+        r.name.starts_with("kernel-rt")
+    })
+    .await;
+    let v = env.vars();
+    let patch = json!({"status": {"availableStreams": [
+        {"name": "rhel-9", "osImage": env.rhel9(), "osExtensionsImage": v["TESTBED_RHEL9_EXTENSIONS_IMAGE"]},
+        {"name": "rhel-10", "osImage": env.rhel10(), "osExtensionsImage": ext},
+    ]}})
+    .to_string();
+    env.patch_streams_status(&patch);
+    let a = env
+        .wait_for("rhel-10 not ready", Duration::from_secs(90), |a| {
+            entry(a).is_some_and(|e| e["ready"] == json!(false))
+        })
+        .await;
+    let e = entry(&a).expect("entry");
+    assert_eq!(e["failed"], json!(["layered-packages"]), "{e}");
+    let reason = e["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("preflight check layered-packages failed: the MachineConfig's spec.extensions (usbguard)")
+            && reason.ends_with(": usbguard"),
+        "{reason}"
+    );
+    // The daemon applies a MachineConfig without extensions: it rewrites its record, then the
+    // node's currentConfig annotation (pkg/daemon/writer.go `SetDone`).
+    std::fs::write(
+        env.dir.join("host/etc/machine-config-daemon/currentconfig"),
+        r#"{"kind":"MachineConfig","metadata":{"name":"rendered-worker-2"},"spec":{"kernelType":"default","extensions":[]}}"#,
+    )
+    .expect("write currentconfig");
+    env.annotate(&["machineconfiguration.openshift.io/currentConfig=rendered-worker-2"]);
+    let a = env
+        .wait_for("rhel-10 ready again", Duration::from_secs(90), |a| {
+            entry(a).is_some_and(|e| e["ready"] == json!(true))
+        })
+        .await;
+    assert_eq!(entry(&a).expect("entry")["failed"], json!([]));
+    assert!(
+        env.transactions().await.is_empty(),
+        "readiness checks change nothing"
+    );
+}

@@ -15,6 +15,7 @@ use crate::backend::KernelVariant;
 use crate::backend::StagePlan;
 use crate::cluster::protocol::Desired;
 use crate::config::Policy;
+use crate::host::facts::machineconfig::AppliedConfig;
 use crate::host::facts::{self, HostFacts, HostRoot};
 use crate::image::extensions;
 use crate::image::pullsecret::PullSecret;
@@ -253,21 +254,41 @@ impl Gatherer {
         base: StagePlan,
         purpose: Purpose,
     ) -> Result<Prepared, Transient> {
+        self.prepare_with(facts, desired, booted, foreign_staged, base, purpose, None)
+            .await
+    }
+
+    /// [`Gatherer::prepare`], given the MachineConfig the machine-config daemon applied (or why
+    /// it cannot be read), which decides what the machine-config operator's move installs.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn prepare_with(
+        &self,
+        facts: &HostFacts,
+        desired: &Desired,
+        booted: &Deployment,
+        foreign_staged: Option<&Deployment>,
+        base: StagePlan,
+        purpose: Purpose,
+        machine_config: Option<&Result<AppliedConfig, String>>,
+    ) -> Result<Prepared, Transient> {
         let kernel = facts::kernel_variant(&self.host, booted);
         let running = kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
         // What the extensions image must provide (and streamd's rebase carries as packages):
         // nothing when the image itself provides the variant (the kernel-variant check then
         // wants the target to provide it too), unless the machine-config operator rebuilds a
-        // layered image and swaps the kernel from the extensions image.
-        let variant = preflight::variant_from_extensions(booted, running, purpose.mover());
+        // layered image and swaps the kernel from the extensions image; for the operator's
+        // move, what the applied MachineConfig asks for when it is known.
+        let needed = preflight::from_extensions(booted, &kernel, purpose.mover(), machine_config);
+        let variant = needed.variant;
         let crio = facts::crio_default_runtime(&self.host).map_err(|e| e.to_string());
         let booted_major = self.host.os_release().ok().and_then(|r| r.major());
         let inspector = self.secret().and_then(|s| self.inspector(&s));
-        let layered: Vec<String> = preflight::layered_packages_of(booted, variant)
+        let layered: Vec<String> = needed
+            .layered
             .iter()
             .map(|p| package_name(p).to_string())
             .collect();
-        let mut wanted: Vec<String> = variant.packages().iter().map(|p| p.to_string()).collect();
+        let mut wanted: Vec<String> = needed.kernel.iter().map(|p| p.to_string()).collect();
         wanted.extend(layered.iter().cloned());
         // The two images are independent: read them side by side. The OS image is read where
         // and as the OS daemon will pull it (its auth file, mirrors, policy), not with
@@ -363,6 +384,7 @@ impl Gatherer {
             backend: facts.backend,
             policy: &self.policy,
             mover: purpose.mover(),
+            machine_config,
         });
         let expect = match (&os_image, target) {
             (Ok(info), Some(major)) => Some(crate::host::verify::Expectation {

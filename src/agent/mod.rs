@@ -127,6 +127,8 @@ pub struct Agent {
     boot_id: String,
     /// The signal that the machine-config daemon manages the node, if any.
     mcd: Option<facts::mcd::McdSignal>,
+    /// The MachineConfig the machine-config daemon applied (readiness.rs reads it with `mcd`).
+    machine_config: Result<Option<facts::machineconfig::AppliedConfig>, String>,
     /// The node's `check-*` keys as written.
     checks: CheckInputs,
     /// The `check-*` error last reported in manage mode (reported once).
@@ -199,6 +201,7 @@ impl Agent {
             reboot,
             boot_id,
             mcd: None,
+            machine_config: Ok(None),
             checks: CheckInputs::default(),
             check_error: None,
             readiness_key: None,

@@ -11,6 +11,7 @@ use crate::backend::KernelVariant;
 use crate::cluster::protocol::Desired;
 use crate::config::Policy;
 use crate::host::facts::Fips;
+use crate::host::facts::machineconfig::{self, AppliedConfig};
 use crate::host::ospull::{AttemptOutcome, OsPull, PolicyVerdict};
 use crate::image::registry::{ExtensionsInfo, LAYERED_FROM, OsImageInfo};
 use crate::image::rpm::{Closure, el_major, names_package, package_name};
@@ -88,6 +89,9 @@ pub struct Input<'a> {
     /// Who makes the move: streamd, or the machine-config operator (readiness of a node the
     /// machine-config daemon manages).
     pub mover: Mover,
+    /// The MachineConfig the machine-config daemon applied, or why it cannot be read; `None`
+    /// when not known (no such file). Only the machine-config operator's move looks at it.
+    pub machine_config: Option<&'a Result<AppliedConfig, String>>,
 }
 
 /// Who makes the move the checks are for.
@@ -128,6 +132,58 @@ pub fn variant_from_extensions(
         KernelVariant::Default
     } else {
         running
+    }
+}
+
+/// What the target's extensions image must provide for a move.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FromExtensions {
+    /// The kernel variant installed from it (`Default`: none).
+    pub variant: KernelVariant,
+    /// That variant's packages, as the mover installs them.
+    pub kernel: &'static [&'static str],
+    /// Every other package (names or NEVRAs, as the origin has them).
+    pub layered: Vec<String>,
+    /// Whether this is what the applied MachineConfig asks for (else it is read off the node).
+    pub from_machine_config: bool,
+}
+
+/// What the target's extensions image must provide. For the machine-config operator's move,
+/// when the MachineConfig the machine-config daemon applied is known, what it asks for: its
+/// `spec.kernelType` packages and its `spec.extensions` packages, which the operator installs
+/// from the stream's extensions image whatever runs now (the on-cluster build's `rpm-ostree
+/// install` and kernel swap: Containerfile.on-cluster-build-template; the daemon's own
+/// pkg/daemon/update.go `applyExtensions`, `switchKernel`). Otherwise it is read off the node:
+/// the variant [`variant_from_extensions`] gives and the booted deployment's other package
+/// overrides.
+pub fn from_extensions(
+    booted: &Deployment,
+    kernel: &Result<KernelVariant, String>,
+    mover: Mover,
+    machine_config: Option<&Result<AppliedConfig, String>>,
+) -> FromExtensions {
+    if mover == Mover::MachineConfigOperator
+        && let Some(Ok(mc)) = machine_config
+    {
+        let variant = mc.kernel_type.clone().unwrap_or(KernelVariant::Default);
+        return FromExtensions {
+            variant,
+            kernel: machineconfig::kernel_packages(variant, rebuilt_by_mco(booted, mover)),
+            layered: mc
+                .extension_packages()
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+            from_machine_config: true,
+        };
+    }
+    let running = kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
+    let variant = variant_from_extensions(booted, running, mover);
+    FromExtensions {
+        variant,
+        kernel: variant.packages(),
+        layered: layered_packages_of(booted, variant),
+        from_machine_config: false,
     }
 }
 
@@ -455,27 +511,54 @@ fn carried(i: &Input<'_>) -> KernelVariant {
     }
 }
 
-/// The variant the target's extensions image must provide ([`variant_from_extensions`]).
-fn provided(i: &Input<'_>) -> KernelVariant {
-    match i.kernel {
-        Ok(v) => variant_from_extensions(i.booted, *v, i.mover),
-        Err(_) => KernelVariant::Default,
-    }
+/// What the target's extensions image must provide ([`from_extensions`]).
+fn provided(i: &Input<'_>) -> FromExtensions {
+    from_extensions(i.booted, i.kernel, i.mover, i.machine_config)
+}
+
+/// The applied MachineConfig, where the move is the machine-config operator's.
+fn machine_config<'a>(i: &Input<'a>) -> Option<&'a Result<AppliedConfig, String>> {
+    i.machine_config
+        .filter(|_| i.mover == Mover::MachineConfigOperator)
 }
 
 /// Whether the node needs packages from the extensions image.
 fn needs_extensions(i: &Input<'_>) -> bool {
-    provided(i) != KernelVariant::Default || !layered(i).is_empty()
+    let p = provided(i);
+    p.variant != KernelVariant::Default || !p.layered.is_empty()
+}
+
+/// What the applied MachineConfig asks the extensions image for, for a reason.
+fn machine_config_asks(p: &FromExtensions, mc: &AppliedConfig) -> String {
+    let mut asks = Vec::new();
+    if p.variant != KernelVariant::Default {
+        asks.push(format!("spec.kernelType {}", p.variant.as_str()));
+    }
+    if !mc.extensions.is_empty() {
+        asks.push(format!("spec.extensions {}", mc.extensions.join(", ")));
+    }
+    asks.join(" and ")
 }
 
 fn extensions_image(i: &Input<'_>) -> CheckResult {
     let id = "extensions-image";
     match i.extensions {
+        None if needs_extensions(i)
+            && let Some(Ok(mc)) = machine_config(i) =>
+        {
+            fail(
+                id,
+                format!(
+                    "the MachineConfig the machine-config daemon applied asks for {}, which the machine-config operator installs from the stream's extensions image, and the target has none (the OSImageStream's osExtensionsImage, or check-extensions-image)",
+                    machine_config_asks(&provided(i), mc)
+                ),
+            )
+        }
         None if needs_extensions(i) && rebuilt_by_mco(i.booted, i.mover) => fail(
             id,
             format!(
                 "the machine-config operator's on-cluster build takes the {} kernel from the stream's extensions image, and the target has none (the OSImageStream's osExtensionsImage, or check-extensions-image)",
-                provided(i).as_str()
+                provided(i).variant.as_str()
             ),
         ),
         None if needs_extensions(i) => fail(
@@ -535,9 +618,8 @@ fn fips(i: &Input<'_>) -> CheckResult {
     }
 }
 
-fn variant_rpms(ext: &ExtensionsInfo, variant: KernelVariant) -> Vec<&str> {
-    variant
-        .packages()
+fn variant_rpms<'e>(ext: &'e ExtensionsInfo, packages: &[&str]) -> Vec<&'e str> {
+    packages
         .iter()
         .filter_map(|p| {
             ext.rpms
@@ -554,19 +636,60 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
         Ok(v) => *v,
         Err(e) => return fail(id, e.clone()),
     };
-    if variant == KernelVariant::Default {
-        return pass(id, "default kernel");
+    let provided = provided(i);
+    let want = provided.variant;
+    // The operator's own checks (pkg/controller/common/helpers.go `ValidateMachineConfig`;
+    // `switchKernel` and the build's `getKernelPackages` for 64k-pages off aarch64).
+    if let Some(Ok(mc)) = machine_config(i) {
+        if let Err(t) = &mc.kernel_type {
+            return fail(
+                id,
+                format!(
+                    "the MachineConfig's spec.kernelType {t} is none of default, realtime, 64k-pages: the machine-config operator rejects it (kernelType=… is invalid)"
+                ),
+            );
+        }
+        // A variant the booted image carries (no override, no on-cluster build) is kept only
+        // by the target image itself, whatever the MachineConfig says.
+        let image_keeps = crate::backend::kernel::from_image(i.booted, variant)
+            && !rebuilt_by_mco(i.booted, i.mover);
+        if want == KernelVariant::Default && !image_keeps {
+            return pass(
+                id,
+                "the MachineConfig's spec.kernelType is default: the machine-config operator installs no kernel from the extensions image",
+            );
+        }
     }
-    if variant == KernelVariant::SixtyFourK && i.arch != "aarch64" {
-        return fail(id, "a 64k-pages kernel exists only on aarch64");
+    if want == KernelVariant::Default {
+        return if variant == KernelVariant::Default {
+            pass(id, "default kernel")
+        } else if variant == KernelVariant::SixtyFourK && i.arch != "aarch64" {
+            fail(id, "a 64k-pages kernel exists only on aarch64")
+        } else {
+            kernel_from_image(i, variant)
+        };
     }
-    if provided(i) == KernelVariant::Default {
-        return kernel_from_image(i, variant);
+    let asked = if provided.from_machine_config {
+        format!(
+            " the MachineConfig's spec.kernelType asks for (as {})",
+            provided.kernel.join(", ")
+        )
+    } else {
+        String::new()
+    };
+    if want == KernelVariant::SixtyFourK && i.arch != "aarch64" {
+        return fail(
+            id,
+            format!("a 64k-pages kernel{asked} exists only on aarch64"),
+        );
     }
+    let variant = want;
     // Where the machine-config operator rebuilds the layered image, its build installs the
     // variant from the extensions image (Containerfile.on-cluster-build-template).
     let by = if rebuilt_by_mco(i.booted, i.mover) {
         "; the machine-config operator's on-cluster build installs it from there"
+    } else if provided.from_machine_config {
+        "; the machine-config daemon installs it from there"
     } else {
         ""
     };
@@ -574,15 +697,15 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
         return fail(
             id,
             format!(
-                "the {} kernel must come from the target's extensions image, which is missing or unreadable{by}",
+                "the {} kernel{asked} must come from the target's extensions image, which is missing or unreadable{by}",
                 variant.as_str()
             ),
         );
     };
     let target = target_major(i.desired, i.os_image);
-    let found = variant_rpms(ext, variant);
-    let missing: Vec<&str> = variant
-        .packages()
+    let found = variant_rpms(ext, provided.kernel);
+    let missing: Vec<&str> = provided
+        .kernel
         .iter()
         .copied()
         .filter(|p| !found.iter().any(|r| names_package(r, p)))
@@ -591,7 +714,7 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
         return fail(
             id,
             format!(
-                "the extensions image lacks {} for the {} kernel{by}",
+                "the extensions image lacks {} for the {} kernel{asked}{by}",
                 missing.join(", "),
                 variant.as_str()
             ),
@@ -729,13 +852,32 @@ pub fn layered_packages_of(booted: &Deployment, variant: KernelVariant) -> Vec<S
         .collect()
 }
 
-fn layered(i: &Input<'_>) -> Vec<String> {
-    layered_packages_of(i.booted, provided(i))
-}
-
 fn layered_packages(i: &Input<'_>) -> CheckResult {
     let id = "layered-packages";
-    let wanted = layered(i);
+    match machine_config(i) {
+        Some(Err(e)) => {
+            return fail(
+                id,
+                format!(
+                    "cannot read the MachineConfig the machine-config daemon applied ({e}), so what the machine-config operator installs from the extensions image is unknown"
+                ),
+            );
+        }
+        // The operator resolves the names before it installs anything
+        // (pkg/controller/common/helpers.go `GetPackagesForSupportedExtensions`).
+        Some(Ok(mc)) if !mc.unsupported.is_empty() => {
+            return fail(
+                id,
+                format!(
+                    "the MachineConfig's spec.extensions names extensions the machine-config operator does not support: {}; it rejects them (invalid extensions found)",
+                    mc.unsupported.join(", ")
+                ),
+            );
+        }
+        _ => {}
+    }
+    let provided_by = provided(i);
+    let wanted = provided_by.layered;
     if wanted.is_empty() {
         return pass(id, "no layered packages");
     }
@@ -762,13 +904,23 @@ fn layered_packages(i: &Input<'_>) -> CheckResult {
             ),
         )
     } else {
-        fail(
-            id,
-            format!(
-                "layered packages not provided for the target by the extensions image: {}",
-                missing.join(", ")
+        match machine_config(i) {
+            Some(Ok(mc)) if provided_by.from_machine_config => fail(
+                id,
+                format!(
+                    "the MachineConfig's spec.extensions ({}) needs packages the extensions image does not provide for the target: {}",
+                    mc.extensions.join(", "),
+                    missing.join(", ")
+                ),
             ),
-        )
+            _ => fail(
+                id,
+                format!(
+                    "layered packages not provided for the target by the extensions image: {}",
+                    missing.join(", ")
+                ),
+            ),
+        }
     }
 }
 
@@ -864,6 +1016,7 @@ mod tests {
         policy: Policy,
         nic_persisted: bool,
         mover: Mover,
+        machine_config: Option<Result<AppliedConfig, String>>,
     }
 
     fn base() -> Case {
@@ -908,6 +1061,7 @@ mod tests {
             policy: Policy::default(),
             nic_persisted: true,
             mover: Mover::Streamd,
+            machine_config: None,
         }
     }
 
@@ -965,6 +1119,7 @@ mod tests {
             backend: c.backend,
             policy: &c.policy,
             mover: c.mover,
+            machine_config: c.machine_config.as_ref(),
         })
     }
 
@@ -1377,6 +1532,144 @@ mod tests {
         assert_eq!(failed(&c), vec!["kernel-variant"]);
         c.mover = Mover::Streamd;
         assert_eq!(failed(&c), vec!["kernel-variant"]);
+    }
+
+    /// A MachineConfig the machine-config daemon applied, from its JSON.
+    fn applied(json: &str) -> Option<Result<AppliedConfig, String>> {
+        Some(machineconfig::parse(json))
+    }
+
+    /// An extensions image for rhel-10 holding `names` (x86_64, el10).
+    fn ext_with(names: &[&str]) -> ExtensionsInfo {
+        ExtensionsInfo {
+            rpms: names
+                .iter()
+                .map(|n| format!("{n}-6.12.0-124.8.1.el10_1.x86_64"))
+                .collect(),
+            ..rt_ext(10)
+        }
+    }
+
+    /// The machine-config operator's move installs what the applied MachineConfig asks for
+    /// from the extensions image, whatever the node runs now: its extensions on an
+    /// on-cluster-layered node (baked into the image, no override) and its kernel type.
+    #[test]
+    fn the_mco_move_needs_what_the_applied_machine_config_asks_for() {
+        let rt = [
+            "kernel-rt-core",
+            "kernel-rt-modules",
+            "kernel-rt-modules-extra",
+        ];
+        let ocl_mc = |json: &str, ext: &[&str]| {
+            let mut c = base();
+            ocl(&mut c);
+            c.mover = Mover::MachineConfigOperator;
+            c.machine_config = applied(json);
+            c.ext = Some(Ok(ext_with(ext)));
+            c
+        };
+        let usbguard = r#"{"spec":{"kernelType":"default","extensions":["usbguard"]}}"#;
+        let c = ocl_mc(usbguard, &rt);
+        assert_eq!(failed(&c), vec!["layered-packages"], "{:#?}", check(&c));
+        let r = check(&c);
+        let m = &result(&r, "layered-packages").message;
+        assert!(
+            m.contains("MachineConfig's spec.extensions (usbguard)")
+                && m.ends_with("does not provide for the target: usbguard"),
+            "{m}"
+        );
+        assert_eq!(failed(&ocl_mc(usbguard, &["usbguard"])), Vec::<&str>::new());
+        // streamd's own move ignores the MachineConfig (and refuses the base image).
+        let mut c = ocl_mc(usbguard, &rt);
+        c.mover = Mover::Streamd;
+        assert_eq!(failed(&c), vec!["os-image"]);
+        // No extensions image: the operator would have nothing to install usbguard from.
+        let mut c = ocl_mc(usbguard, &[]);
+        c.ext = None;
+        assert_eq!(failed(&c), vec!["extensions-image", "layered-packages"]);
+        let r = check(&c);
+        let m = &result(&r, "extensions-image").message;
+        assert!(m.contains("asks for spec.extensions usbguard"), "{m}");
+
+        // spec.kernelType realtime on a node running the default kernel: the on-cluster build
+        // installs GetPackagesForSupportedKernelType's list, kernel-rt-kvm included.
+        let realtime = r#"{"spec":{"kernelType":"realtime"}}"#;
+        let c = ocl_mc(realtime, &rt);
+        assert_eq!(failed(&c), vec!["kernel-variant"], "{:#?}", check(&c));
+        let r = check(&c);
+        let m = &result(&r, "kernel-variant").message;
+        assert!(
+            m.contains("lacks kernel-rt-kvm for the realtime kernel the MachineConfig's spec.kernelType asks for")
+                && m.contains("on-cluster build"),
+            "{m}"
+        );
+        let all = [
+            "kernel-rt-core",
+            "kernel-rt-modules",
+            "kernel-rt-modules-extra",
+            "kernel-rt-kvm",
+        ];
+        assert_eq!(failed(&ocl_mc(realtime, &all)), Vec::<&str>::new());
+        // The daemon's own switchKernel (no on-cluster build) installs no kernel-rt-kvm.
+        let mut c = ocl_mc(realtime, &rt);
+        c.booted.image_labels.clear();
+        assert_eq!(failed(&c), Vec::<&str>::new(), "{:#?}", check(&c));
+        c.ext = Some(Ok(ext_with(&["usbguard"])));
+        assert_eq!(failed(&c), vec!["kernel-variant"]);
+
+        // spec.kernelType default on a node whose real-time kernel the daemon layered as
+        // overrides: the operator installs no kernel, so none is needed from the image.
+        let mut c = base();
+        layer_kernel(&mut c, KernelVariant::Realtime);
+        c.mover = Mover::MachineConfigOperator;
+        c.machine_config = applied("{}");
+        c.ext = Some(Ok(ext_with(&[])));
+        assert_eq!(failed(&c), Vec::<&str>::new(), "{:#?}", check(&c));
+        c.machine_config = None;
+        assert_eq!(
+            failed(&c),
+            vec!["kernel-variant"],
+            "unknown: read off the node"
+        );
+    }
+
+    /// What the operator itself rejects is refused with the MachineConfig's field; an
+    /// unreadable MachineConfig leaves what the operator installs unknown.
+    #[test]
+    fn an_applied_machine_config_the_operator_rejects_is_refused() {
+        let mc = |json: &str| {
+            let mut c = base();
+            ocl(&mut c);
+            c.mover = Mover::MachineConfigOperator;
+            c.machine_config = applied(json);
+            c.ext = Some(Ok(ext_with(&["usbguard"])));
+            c
+        };
+        let message = |c: &Case, id: &str| {
+            let r = check(c);
+            result(&r, id).message.clone()
+        };
+        let c = mc(r#"{"spec":{"kernelType":"rt"}}"#);
+        assert_eq!(failed(&c), vec!["kernel-variant"]);
+        let m = message(&c, "kernel-variant");
+        assert!(m.contains(r#"spec.kernelType "rt" is none of"#), "{m}");
+        let c = mc(r#"{"spec":{"extensions":["usbguard","bogus"]}}"#);
+        assert_eq!(failed(&c), vec!["layered-packages"]);
+        let m = message(&c, "layered-packages");
+        assert!(m.contains(r#"does not support: "bogus""#), "{m}");
+        let c = mc(r#"{"spec":{"kernelType":"64k-pages"}}"#);
+        assert_eq!(failed(&c), vec!["kernel-variant"]);
+        let m = message(&c, "kernel-variant");
+        assert!(m.contains("exists only on aarch64"), "{m}");
+        let mut c = mc("{}");
+        c.machine_config = Some(Err(
+            "/etc/machine-config-daemon/currentconfig: not JSON".into()
+        ));
+        assert_eq!(failed(&c), vec!["layered-packages"]);
+        let m = message(&c, "layered-packages");
+        assert!(m.starts_with("cannot read the MachineConfig"), "{m}");
+        c.mover = Mover::Streamd;
+        assert_eq!(failed(&c), vec!["os-image"], "streamd's move ignores it");
     }
 
     #[test]

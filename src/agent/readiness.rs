@@ -28,6 +28,7 @@ use crate::cluster::protocol::{
 use crate::cluster::streams::{self, Catalog, ResolveError};
 use crate::config::ModeChoice;
 use crate::host::attempt::Record;
+use crate::host::facts::machineconfig::{self, AppliedConfig};
 use crate::host::facts::{HostFacts, HostRoot, mcd};
 
 /// Checks whose input did not change are run again after this long.
@@ -73,6 +74,9 @@ pub(super) struct Plan {
     /// Whose move is checked: the machine-config operator's on a node its daemon manages in
     /// readiness mode, else streamd's.
     purpose: Purpose,
+    /// For the operator's move: the MachineConfig its daemon applied (or why it cannot be
+    /// read), which decides what the move installs; `None` when not known or not asked.
+    machine_config: Option<Result<AppliedConfig, String>>,
 }
 
 impl Plan {
@@ -80,6 +84,7 @@ impl Plan {
         let mut k: Vec<String> = self.targets.iter().map(Target::key).collect();
         k.push(self.exclude_booted.to_string());
         k.push(format!("{:?}", self.purpose));
+        k.push(format!("{:?}", self.machine_config));
         k.join("\n")
     }
 }
@@ -136,12 +141,14 @@ pub(super) async fn check_only(
         record,
         desired,
         Purpose::DryRun,
+        None,
     )
     .await
 }
 
 /// Preflight for `desired` on the node as it is, changing nothing, for the move `purpose`
-/// names (a dry run of streamd's, or the machine-config operator's).
+/// names (a dry run of streamd's, or the machine-config operator's, given the MachineConfig
+/// its daemon applied).
 async fn check_for(
     gatherer: &Gatherer,
     facts: &HostFacts,
@@ -149,6 +156,7 @@ async fn check_for(
     record: &Record,
     desired: &Desired,
     purpose: Purpose,
+    machine_config: Option<&Result<AppliedConfig, String>>,
 ) -> Result<Prepared, Transient> {
     let Some(booted) = deployments.iter().find(|d| d.booted) else {
         return Err(Transient(
@@ -162,7 +170,15 @@ async fn check_for(
     );
     let foreign = planner::foreign_staged(deployments, record, facts.backend);
     gatherer
-        .prepare(facts, desired, booted, foreign, base, purpose)
+        .prepare_with(
+            facts,
+            desired,
+            booted,
+            foreign,
+            base,
+            purpose,
+            machine_config,
+        )
         .await
 }
 
@@ -218,6 +234,25 @@ impl Agent {
     pub(super) fn observe_mode(&mut self, annotations: &BTreeMap<String, String>) {
         self.checks = protocol::CheckInputs::from_annotations(annotations);
         self.mcd = mcd::detect(&self.host, annotations);
+        // Read on every node update: the daemon rewrites the file before it reboots into a
+        // new config and updates the node's currentConfig annotation after.
+        let machine_config = match self.mcd {
+            Some(_) => machineconfig::applied(&self.host),
+            None => Ok(None),
+        };
+        if machine_config != self.machine_config {
+            match &machine_config {
+                Ok(Some(mc)) => info!(
+                    kernel_type = ?mc.kernel_type,
+                    extensions = ?mc.extensions,
+                    unsupported = ?mc.unsupported,
+                    "applied MachineConfig"
+                ),
+                Ok(None) => debug!("no applied MachineConfig on the host"),
+                Err(e) => warn!(error = %e, "cannot read the applied MachineConfig"),
+            }
+            self.machine_config = machine_config;
+        }
         let mode = self.mode().0;
         if mode != self.status.mode {
             info!(%mode, signal = ?self.mcd.map(|s| s.to_string()), "mode");
@@ -279,6 +314,10 @@ impl Agent {
         } else {
             Purpose::DryRun
         };
+        let machine_config = match purpose {
+            Purpose::MachineConfigReadiness => self.machine_config.clone().transpose(),
+            _ => None,
+        };
         match request {
             Some(CheckRequest {
                 stream,
@@ -292,6 +331,7 @@ impl Agent {
                 })],
                 exclude_booted: false,
                 purpose,
+                machine_config,
             }),
             Some(CheckRequest { stream, .. }) => match resolve_target(&stream, catalog) {
                 None => Planned::Wait,
@@ -299,6 +339,7 @@ impl Agent {
                     targets: vec![t],
                     exclude_booted: false,
                     purpose,
+                    machine_config,
                 }),
             },
             None if self.status.mode == Mode::Manage => Planned::Nothing,
@@ -313,6 +354,7 @@ impl Agent {
                         .collect(),
                     exclude_booted: true,
                     purpose,
+                    machine_config,
                 }),
                 Some(Catalog::Missing) => Planned::Cannot(format!(
                     "readiness checks: {}; no stream to check (set check-stream and check-os-image to check one)",
@@ -403,7 +445,15 @@ impl Agent {
                         entry(d, Err(Transient(format!("reading deployments: {e}"))))
                     }
                     (Target::Check(d), Ok(deps)) => {
-                        let p = check_for(&gatherer, &facts, deps, &record, d, plan.purpose);
+                        let p = check_for(
+                            &gatherer,
+                            &facts,
+                            deps,
+                            &record,
+                            d,
+                            plan.purpose,
+                            plan.machine_config.as_ref(),
+                        );
                         entry(d, p.await)
                     }
                 };

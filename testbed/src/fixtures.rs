@@ -10,7 +10,7 @@ use anyhow::bail;
 use crate::images::TestImage;
 
 /// Fixture names, in table order.
-pub const NAMES: [&str; 14] = [
+pub const NAMES: [&str; 15] = [
     "default",
     "fips",
     "realtime",
@@ -25,6 +25,7 @@ pub const NAMES: [&str; 14] = [
     "secureboot",
     "layered-image",
     "realtime-layered-image",
+    "mcd-layered-usbguard",
 ];
 
 /// The CPU the host root's `/proc/cpuinfo` describes.
@@ -127,10 +128,14 @@ pub struct Fixture {
     /// The booted image was built by the machine-config operator's on-cluster layering (its
     /// labels name `baseOSContainerImage`): a base stream image would drop what was layered.
     pub layered_image: bool,
+    /// The MachineConfig the machine-config daemon applied, as it stores it in
+    /// `/etc/machine-config-daemon/currentconfig` (with `mcd`; `None`: a MachineConfig without
+    /// kernel type or extensions).
+    pub machine_config: Option<&'static str>,
 }
 
 /// Every fixture (see [`NAMES`]).
-pub const FIXTURES: [Fixture; 14] = {
+pub const FIXTURES: [Fixture; 15] = {
     const DEFAULT: Fixture = Fixture {
         name: "default",
         cpu: Cpu::X86_64V3,
@@ -143,6 +148,7 @@ pub const FIXTURES: [Fixture; 14] = {
         mcd: false,
         secure_boot: false,
         layered_image: false,
+        machine_config: None,
     };
     [
         DEFAULT,
@@ -218,8 +224,22 @@ pub const FIXTURES: [Fixture; 14] = {
             layered_image: true,
             ..DEFAULT
         },
+        // An on-cluster-layered node whose MachineConfig asks for the usbguard extension: the
+        // build installed it into the image, so the origin carries no package for it.
+        Fixture {
+            name: "mcd-layered-usbguard",
+            mcd: true,
+            layered_image: true,
+            machine_config: Some(MACHINE_CONFIG_USBGUARD),
+            ..DEFAULT
+        },
     ]
 };
+
+/// A rendered MachineConfig asking for the `usbguard` extension, as the machine-config daemon
+/// stores it (openshift/machine-config-operator:pkg/daemon/daemon.go `storeCurrentConfigOnDisk`:
+/// `json.Marshal` of the MachineConfig).
+pub const MACHINE_CONFIG_USBGUARD: &str = r#"{"kind":"MachineConfig","apiVersion":"machineconfiguration.openshift.io/v1","metadata":{"name":"rendered-worker-fedcba9876543210fedcba9876543210"},"spec":{"osImageURL":"","config":{"ignition":{"version":"3.5.0"}},"kernelArguments":null,"extensions":["usbguard"],"fips":false,"kernelType":"default"}}"#;
 
 /// The fixture called `name`.
 pub fn fixture(name: &str) -> anyhow::Result<Fixture> {

@@ -14,7 +14,7 @@
 //! | `sys/kernel/realtime` | `1`, only on real-time kernels (absent otherwise, as on a real host) |
 //! | `etc/crio/crio.conf`, `etc/crio/crio.conf.d/00-default` | `[crio.runtime] default_runtime` = `runc` or `crun` |
 //! | `usr/lib/os-release`, `etc/os-release` (link) | the booted image's os-release |
-//! | `etc/machine-config-daemon/currentconfig` | only on `mcd`: the machine-config daemon's record of the MachineConfig it applied (a JSON MachineConfig, as `storeCurrentConfigOnDisk` writes it) |
+//! | `etc/machine-config-daemon/currentconfig` | only on `mcd`: the machine-config daemon's record of the MachineConfig it applied (a JSON MachineConfig, as `storeCurrentConfigOnDisk` writes it); the fixture's `machine_config` when it has one |
 //! | `sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c` | only on `secureboot`: the EFI variable, 4 bytes of attributes (`BS|RT`, little-endian) and the value `1` |
 //! | `usr/lib/systemd/system/bootloader-update.service` | bootupd's unit (RHEL >= 9.6), which the fake systemd starts (`crate::systemd`) |
 //! | `usr/lib/systemd/system/streamd-bootloader-update.target` | streamd's unit that pulls bootupd's in, from the repository's `systemd/` |
@@ -95,6 +95,9 @@ pub fn write(
         )?;
     } else {
         remove("etc/machine-config-daemon/currentconfig");
+    }
+    if let (true, Some(mc)) = (fixture.mcd, fixture.machine_config) {
+        put("etc/machine-config-daemon/currentconfig", mc)?;
     }
     let secure_boot = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c";
     if fixture.secure_boot {

@@ -29,7 +29,7 @@ enum Command {
         dir: PathBuf,
         /// Host fixture: default, fips, realtime, fips-realtime, 64k-aarch64, old-cpu, runc,
         /// low-disk, layered, realtime-image, mcd, secureboot, layered-image,
-        /// realtime-layered-image.
+        /// realtime-layered-image, mcd-layered-usbguard.
         #[arg(long, default_value = "default")]
         host: String,
         /// The host's OS update tool: rpm-ostree (rpm-ostreed on the bus) or bootc (no

@@ -4,6 +4,7 @@ pub mod cpu;
 pub mod crio;
 pub mod fips;
 pub mod journal;
+pub mod machineconfig;
 pub mod mcd;
 pub mod osrelease;
 pub mod secureboot;

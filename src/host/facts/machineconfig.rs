@@ -1,0 +1,324 @@
+//! The MachineConfig the machine-config daemon (MCD) applied: its `spec.kernelType` and
+//! `spec.extensions` decide which packages the machine-config operator installs from a
+//! stream's extensions image when it moves the node (readiness of an MCD-managed node,
+//! docs/protocol.md "Modes and readiness").
+//!
+//! The MCD stores the whole MachineConfig as JSON at [`CURRENT_CONFIG`]
+//! (openshift/machine-config-operator:pkg/daemon/daemon.go `currentConfigPath`, written by
+//! `storeCurrentConfigOnDisk`, read back by `getCurrentConfigOnDisk`; the on-cluster build
+//! writes the same file into the image: pkg/controller/build/buildrequest/assets/
+//! Containerfile.on-cluster-build-template). The file's text is outside text: what streamd
+//! keeps of it is a kernel variant, names from the operator's own table, and quoted, bounded
+//! values.
+
+use std::io::Read;
+
+use super::HostRoot;
+use crate::backend::KernelVariant;
+use crate::text;
+
+/// Where the MCD stores the MachineConfig it applied.
+pub const CURRENT_CONFIG: &str = super::mcd::HOST_FILES[0];
+
+/// The largest file read. The operator refuses to render a MachineConfig over 1.5 MiB
+/// (pkg/controller/common/constants.go `MaxMachineConfigSize`, checked on its JSON); the MCD
+/// writes the same JSON, so a larger file is not one it wrote.
+pub const MAX_BYTES: u64 = 2 << 20;
+
+/// The most extensions kept; the operator supports seven ([`SUPPORTED_EXTENSIONS`]).
+pub const MAX_EXTENSIONS: usize = 64;
+
+/// The extensions the operator supports and the packages each installs
+/// (pkg/controller/common/helpers.go `SupportedExtensions`, resolved by
+/// `GetPackagesForSupportedExtensions`).
+pub const SUPPORTED_EXTENSIONS: [(&str, &[&str]); 7] = [
+    ("two-node-ha", &["pacemaker", "pcs", "fence-agents-all"]),
+    (
+        "ipsec",
+        &[
+            "NetworkManager-libreswan",
+            "libreswan",
+            "openvswitch3.5-ipsec",
+        ],
+    ),
+    ("usbguard", &["usbguard"]),
+    ("kerberos", &["krb5-workstation", "libkadm5"]),
+    ("kernel-devel", &["kernel-devel", "kernel-headers"]),
+    ("sandboxed-containers", &["kata-containers"]),
+    ("sysstat", &["sysstat"]),
+];
+
+/// What streamd keeps of the applied MachineConfig.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedConfig {
+    /// `spec.kernelType` (empty or absent is `default`, as the operator's
+    /// pkg/helpers/helpers.go `CanonicalizeKernelType` takes it), or the value, quoted, when
+    /// it is none the operator accepts (pkg/controller/common/helpers.go
+    /// `ValidateMachineConfig`: "kernelType=… is invalid").
+    pub kernel_type: Result<KernelVariant, String>,
+    /// `spec.extensions` the operator supports, in order, as named in [`SUPPORTED_EXTENSIONS`].
+    pub extensions: Vec<&'static str>,
+    /// `spec.extensions` it does not support, quoted: it rejects the MachineConfig
+    /// (`validateExtensions`: "invalid extensions found").
+    pub unsupported: Vec<String>,
+}
+
+impl AppliedConfig {
+    /// The packages the operator installs for `spec.extensions`, without repeats
+    /// (`GetPackagesForSupportedExtensions`).
+    pub fn extension_packages(&self) -> Vec<&'static str> {
+        let mut out: Vec<&'static str> = Vec::new();
+        for name in &self.extensions {
+            let packages = SUPPORTED_EXTENSIONS
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(&[][..], |(_, p)| p);
+            for p in packages {
+                if !out.contains(p) {
+                    out.push(p);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The kernel packages the operator installs for `variant` from the extensions image: the
+/// on-cluster build's (`on_cluster_build`: pkg/controller/common/helpers.go
+/// `GetPackagesForSupportedKernelType`, used by pkg/controller/build/buildrequest/
+/// buildrequestopts.go `getKernelPackages`), else the MCD's own `rpm-ostree override` list
+/// (pkg/daemon/update.go `getKernelPackagesForTargetRelease`, used by `switchKernel`, which
+/// leaves out kernel-rt-kvm). None for the default kernel: the image's own stays.
+pub fn kernel_packages(variant: KernelVariant, on_cluster_build: bool) -> &'static [&'static str] {
+    match (variant, on_cluster_build) {
+        (KernelVariant::Default, _) => &[],
+        (KernelVariant::Realtime, true) => &[
+            "kernel-rt-core",
+            "kernel-rt-modules",
+            "kernel-rt-modules-extra",
+            "kernel-rt-kvm",
+        ],
+        (KernelVariant::Realtime, false) => &[
+            "kernel-rt-core",
+            "kernel-rt-modules",
+            "kernel-rt-modules-extra",
+        ],
+        (KernelVariant::SixtyFourK, _) => &[
+            "kernel-64k-core",
+            "kernel-64k-modules",
+            "kernel-64k-modules-core",
+            "kernel-64k-modules-extra",
+        ],
+    }
+}
+
+/// Parses the MCD's stored MachineConfig: only `spec.kernelType` and `spec.extensions` are
+/// read, everything else ignored, and JSON `null` reads as the field's zero value, as with the
+/// MCD's `json.Decoder` into its Go type.
+pub fn parse(json: &str) -> Result<AppliedConfig, String> {
+    use serde_json::Value;
+    let mc: Value = serde_json::from_str(json)
+        .map_err(|e| format!("not JSON: {}", text::one_line(&e.to_string(), 160)))?;
+    let Value::Object(mc) = mc else {
+        return Err("not a MachineConfig: not a JSON object".into());
+    };
+    let empty = serde_json::Map::new();
+    let spec = match mc.get("spec") {
+        None | Some(Value::Null) => &empty,
+        Some(Value::Object(s)) => s,
+        Some(_) => return Err("not a MachineConfig: spec is not an object".into()),
+    };
+    let kernel_type = match spec.get("kernelType") {
+        None | Some(Value::Null) => "",
+        Some(Value::String(k)) => k.as_str(),
+        Some(_) => return Err("not a MachineConfig: spec.kernelType is not a string".into()),
+    };
+    let names: Vec<&str> = match spec.get("extensions") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(Value::as_str)
+            .collect::<Option<_>>()
+            .ok_or("not a MachineConfig: spec.extensions is not a list of strings")?,
+        Some(_) => return Err("not a MachineConfig: spec.extensions is not a list".into()),
+    };
+    let kernel_type = match kernel_type {
+        "" | "default" => Ok(KernelVariant::Default),
+        "realtime" => Ok(KernelVariant::Realtime),
+        "64k-pages" => Ok(KernelVariant::SixtyFourK),
+        other => Err(text::quote(other)),
+    };
+    if names.len() > MAX_EXTENSIONS {
+        return Err(format!(
+            "spec.extensions has {} entries, more than {MAX_EXTENSIONS}",
+            names.len()
+        ));
+    }
+    let mut extensions = Vec::new();
+    let mut unsupported = Vec::new();
+    for name in names {
+        match SUPPORTED_EXTENSIONS.iter().find(|(n, _)| *n == name) {
+            Some((n, _)) => extensions.push(*n),
+            None => unsupported.push(text::quote(name)),
+        }
+    }
+    Ok(AppliedConfig {
+        kernel_type,
+        extensions,
+        unsupported,
+    })
+}
+
+/// The MachineConfig the MCD applied on the host below `root`: `Ok(None)` when the file does
+/// not exist (not known, not an error), `Err` with the reason when it cannot be read or is
+/// not a MachineConfig (too large, not UTF-8, not JSON, fields of the wrong type).
+pub fn applied(root: &HostRoot) -> Result<Option<AppliedConfig>, String> {
+    let path = root.path(CURRENT_CONFIG);
+    let file = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{CURRENT_CONFIG}: {e}")),
+    };
+    let mut bytes = Vec::new();
+    file.take(MAX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{CURRENT_CONFIG}: {e}"))?;
+    if bytes.len() as u64 > MAX_BYTES {
+        return Err(format!(
+            "{CURRENT_CONFIG}: larger than {MAX_BYTES} bytes, more than any MachineConfig the operator renders"
+        ));
+    }
+    let json = String::from_utf8(bytes).map_err(|_| format!("{CURRENT_CONFIG}: not UTF-8"))?;
+    parse(&json)
+        .map(Some)
+        .map_err(|e| format!("{CURRENT_CONFIG}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root(name: &str) -> (std::path::PathBuf, HostRoot) {
+        let d = std::env::temp_dir().join(format!("streamd-mc-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("etc/machine-config-daemon")).expect("mkdir");
+        let r = HostRoot::new(&d);
+        (d, r)
+    }
+
+    fn write(d: &std::path::Path, content: &[u8]) {
+        std::fs::write(d.join("etc/machine-config-daemon/currentconfig"), content).expect("w");
+    }
+
+    #[test]
+    fn an_absent_file_is_unknown() {
+        let (d, r) = root("absent");
+        assert_eq!(applied(&r), Ok(None));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn an_empty_object_is_the_default_kernel_without_extensions() {
+        let want = AppliedConfig {
+            kernel_type: Ok(KernelVariant::Default),
+            extensions: Vec::new(),
+            unsupported: Vec::new(),
+        };
+        assert_eq!(parse("{}"), Ok(want.clone()));
+        assert_eq!(parse(r#"{"spec":null}"#), Ok(want.clone()));
+        assert_eq!(
+            parse(r#"{"spec":{"kernelType":"","extensions":null}}"#),
+            Ok(want)
+        );
+    }
+
+    #[test]
+    fn kernel_type_and_extensions_as_the_operator_reads_them() {
+        let mc = parse(
+            r#"{"kind":"MachineConfig","metadata":{"name":"rendered-worker-1"},"spec":{"osImageURL":"q/r@sha256:0","kernelType":"realtime","extensions":["usbguard","ipsec","usbguard"],"config":{"ignition":{"version":"3.5.0"}}}}"#,
+        )
+        .expect("parse");
+        assert_eq!(mc.kernel_type, Ok(KernelVariant::Realtime));
+        assert_eq!(mc.extensions, vec!["usbguard", "ipsec", "usbguard"]);
+        assert_eq!(
+            mc.extension_packages(),
+            vec![
+                "usbguard",
+                "NetworkManager-libreswan",
+                "libreswan",
+                "openvswitch3.5-ipsec"
+            ]
+        );
+        assert_eq!(
+            parse(r#"{"spec":{"kernelType":"64k-pages"}}"#).map(|m| m.kernel_type),
+            Ok(Ok(KernelVariant::SixtyFourK))
+        );
+        assert_eq!(kernel_packages(KernelVariant::Realtime, true).len(), 4);
+        assert_eq!(kernel_packages(KernelVariant::Realtime, false).len(), 3);
+    }
+
+    #[test]
+    fn an_unknown_kernel_type_or_extension_is_kept_quoted_and_bounded() {
+        let long = "x".repeat(5000);
+        let mc = parse(&format!(
+            r#"{{"spec":{{"kernelType":"rt\u001b[31m{long}","extensions":["usbguard","bogus\n"]}}}}"#
+        ))
+        .expect("parse");
+        let k = mc.kernel_type.expect_err("invalid kernel type");
+        assert!(
+            k.starts_with("\"rt\\u{1b}[31mxx") && k.chars().count() < 100,
+            "{k}"
+        );
+        assert_eq!(mc.extensions, vec!["usbguard"]);
+        assert_eq!(mc.unsupported, vec![r#""bogus\n""#.to_string()]);
+    }
+
+    #[test]
+    fn a_malformed_file_is_a_clear_reason() {
+        let (d, r) = root("malformed");
+        for (content, want) in [
+            (&b"{\"spec\":"[..], "not JSON: EOF while parsing"),
+            (b"[]", "not a MachineConfig: not a JSON object"),
+            (br#"{"spec":[]}"#, "spec is not an object"),
+            (
+                br#"{"spec":{"kernelType":7}}"#,
+                "spec.kernelType is not a string",
+            ),
+            (
+                br#"{"spec":{"extensions":"usbguard"}}"#,
+                "spec.extensions is not a list",
+            ),
+            (
+                br#"{"spec":{"extensions":[1]}}"#,
+                "spec.extensions is not a list of strings",
+            ),
+            (b"\xff\xfe", "not UTF-8"),
+        ] {
+            write(&d, content);
+            let e = applied(&r).expect_err("malformed");
+            assert!(
+                e.starts_with("/etc/machine-config-daemon/currentconfig: ") && e.contains(want),
+                "{e}"
+            );
+        }
+        let many: Vec<String> = (0..65).map(|i| format!("\"e{i}\"")).collect();
+        write(
+            &d,
+            format!(r#"{{"spec":{{"extensions":[{}]}}}}"#, many.join(",")).as_bytes(),
+        );
+        assert!(applied(&r).expect_err("too many").contains("65 entries"));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_huge_file_is_refused_unread() {
+        let (d, r) = root("huge");
+        let mut big = br#"{"spec":{"kernelType":"realtime"},"pad":""#.to_vec();
+        big.resize(MAX_BYTES as usize + 10, b'a');
+        big.extend_from_slice(br#""}"#);
+        write(&d, &big);
+        let e = applied(&r).expect_err("huge");
+        assert!(e.contains("larger than 2097152 bytes"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
