@@ -753,39 +753,27 @@ async fn resolve_mode_never_replaces_a_layered_image_with_the_base_image() {
 /// while the OSImageStream's extensions image provides kernel-rt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_layered_realtime_node_is_ready_only_while_the_extensions_image_has_kernel_rt() {
-    const READINESS: &str = "osstream.openshift.io/readiness";
     let mut env = Env::with_host("variant-ocl-rt-ready", "realtime-layered-image").await;
     env.annotate(&["machineconfiguration.openshift.io/currentConfig=rendered-worker-0123456789abcdef0123456789abcdef"]);
     env.start_streamd();
-    let entry = |a: &BTreeMap<String, String>| {
-        a.get(READINESS)
-            .and_then(|r| serde_json::from_str::<Value>(r).ok())
-            .and_then(|r| r.get("rhel-10").cloned())
-    };
     let a = env
         .wait_for("rhel-10 readiness", Duration::from_secs(90), |a| {
-            entry(a).is_some()
+            rhel10_readiness(a).is_some()
         })
         .await;
     assert_eq!(host_facts(&a)["kernel"], "realtime", "{a:?}");
-    let e = entry(&a).expect("entry");
+    let e = rhel10_readiness(&a).expect("entry");
     assert_eq!(e["ready"], json!(true), "{e}");
     assert_eq!(e["osImage"], json!(env.rhel10()), "{e}");
     // The cluster's rhel-10 extensions image without kernel-rt.
     let ext = push_rhel10_extensions(&env, "ext-ocl-without-rt", |r| r.name == "usbguard").await;
-    let v = env.vars();
-    let patch = json!({"status": {"availableStreams": [
-        {"name": "rhel-9", "osImage": env.rhel9(), "osExtensionsImage": v["TESTBED_RHEL9_EXTENSIONS_IMAGE"]},
-        {"name": "rhel-10", "osImage": env.rhel10(), "osExtensionsImage": ext},
-    ]}})
-    .to_string();
-    env.patch_streams_status(&patch);
+    serve_rhel10_extensions(&env, &ext);
     let a = env
         .wait_for("rhel-10 not ready", Duration::from_secs(90), |a| {
-            entry(a).is_some_and(|e| e["ready"] == json!(false))
+            rhel10_readiness(a).is_some_and(|e| e["ready"] == json!(false))
         })
         .await;
-    let e = entry(&a).expect("entry");
+    let e = rhel10_readiness(&a).expect("entry");
     assert_eq!(e["failed"], json!(["kernel-variant"]), "{e}");
     let reason = e["reason"].as_str().unwrap_or_default();
     assert!(
@@ -807,39 +795,27 @@ async fn a_layered_realtime_node_is_ready_only_while_the_extensions_image_has_ke
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_layered_node_is_ready_only_while_the_extensions_image_has_its_machine_configs_extensions()
  {
-    const READINESS: &str = "osstream.openshift.io/readiness";
     let mut env = Env::with_host("variant-ocl-usbguard", "mcd-layered-usbguard").await;
     env.start_streamd();
-    let entry = |a: &BTreeMap<String, String>| {
-        a.get(READINESS)
-            .and_then(|r| serde_json::from_str::<Value>(r).ok())
-            .and_then(|r| r.get("rhel-10").cloned())
-    };
     let a = env
         .wait_for("rhel-10 readiness", Duration::from_secs(90), |a| {
-            entry(a).is_some()
+            rhel10_readiness(a).is_some()
         })
         .await;
-    let e = entry(&a).expect("entry");
+    let e = rhel10_readiness(&a).expect("entry");
     assert_eq!(e["ready"], json!(true), "{e}");
     // The cluster's rhel-10 extensions image without usbguard.
     let ext = push_rhel10_extensions(&env, "ext-ocl-without-usbguard", |r| {
         r.name.starts_with("kernel-rt")
     })
     .await;
-    let v = env.vars();
-    let patch = json!({"status": {"availableStreams": [
-        {"name": "rhel-9", "osImage": env.rhel9(), "osExtensionsImage": v["TESTBED_RHEL9_EXTENSIONS_IMAGE"]},
-        {"name": "rhel-10", "osImage": env.rhel10(), "osExtensionsImage": ext},
-    ]}})
-    .to_string();
-    env.patch_streams_status(&patch);
+    serve_rhel10_extensions(&env, &ext);
     let a = env
         .wait_for("rhel-10 not ready", Duration::from_secs(90), |a| {
-            entry(a).is_some_and(|e| e["ready"] == json!(false))
+            rhel10_readiness(a).is_some_and(|e| e["ready"] == json!(false))
         })
         .await;
-    let e = entry(&a).expect("entry");
+    let e = rhel10_readiness(&a).expect("entry");
     assert_eq!(e["failed"], json!(["layered-packages"]), "{e}");
     let reason = e["reason"].as_str().unwrap_or_default();
     assert!(
@@ -857,12 +833,31 @@ async fn a_layered_node_is_ready_only_while_the_extensions_image_has_its_machine
     env.annotate(&["machineconfiguration.openshift.io/currentConfig=rendered-worker-2"]);
     let a = env
         .wait_for("rhel-10 ready again", Duration::from_secs(90), |a| {
-            entry(a).is_some_and(|e| e["ready"] == json!(true))
+            rhel10_readiness(a).is_some_and(|e| e["ready"] == json!(true))
         })
         .await;
-    assert_eq!(entry(&a).expect("entry")["failed"], json!([]));
+    assert_eq!(rhel10_readiness(&a).expect("entry")["failed"], json!([]));
     assert!(
         env.transactions().await.is_empty(),
         "readiness checks change nothing"
     );
+}
+
+/// The `rhel-10` entry of the `readiness` annotation.
+fn rhel10_readiness(a: &BTreeMap<String, String>) -> Option<Value> {
+    a.get("osstream.openshift.io/readiness")
+        .and_then(|r| serde_json::from_str::<Value>(r).ok())
+        .and_then(|r| r.get("rhel-10").cloned())
+}
+
+/// Publishes `ext` as the OSImageStream's rhel-10 extensions image (the images otherwise the
+/// testbed's), as the machine-config operator writes the status.
+fn serve_rhel10_extensions(env: &Env, ext: &str) {
+    let v = env.vars();
+    let patch = json!({"status": {"availableStreams": [
+        {"name": "rhel-9", "osImage": env.rhel9(), "osExtensionsImage": v["TESTBED_RHEL9_EXTENSIONS_IMAGE"]},
+        {"name": "rhel-10", "osImage": env.rhel10(), "osExtensionsImage": ext},
+    ]}})
+    .to_string();
+    env.patch_streams_status(&patch);
 }
