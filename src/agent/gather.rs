@@ -245,23 +245,11 @@ impl Gatherer {
     }
 
     /// Runs every check for `desired` on top of `booted`, completing `base` when all pass.
-    pub async fn prepare(
-        &self,
-        facts: &HostFacts,
-        desired: &Desired,
-        booted: &Deployment,
-        foreign_staged: Option<&Deployment>,
-        base: StagePlan,
-        purpose: Purpose,
-    ) -> Result<Prepared, Transient> {
-        self.prepare_with(facts, desired, booted, foreign_staged, base, purpose, None)
-            .await
-    }
-
-    /// [`Gatherer::prepare`], given the MachineConfig the machine-config daemon applied (or why
-    /// it cannot be read), which decides what the machine-config operator's move installs.
+    /// `machine_config`: the MachineConfig the machine-config daemon applied (or why it cannot
+    /// be read), which decides what the machine-config operator's move installs; `None` for
+    /// streamd's own moves.
     #[allow(clippy::too_many_arguments)]
-    pub async fn prepare_with(
+    pub async fn prepare(
         &self,
         facts: &HostFacts,
         desired: &Desired,

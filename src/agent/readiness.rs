@@ -170,7 +170,7 @@ async fn check_for(
     );
     let foreign = planner::foreign_staged(deployments, record, facts.backend);
     gatherer
-        .prepare_with(
+        .prepare(
             facts,
             desired,
             booted,

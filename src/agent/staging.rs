@@ -57,6 +57,7 @@ impl Agent {
                         run.foreign.as_ref(),
                         base,
                         Purpose::Request,
+                        None,
                     )
                     .await;
                 Outcome::Prepared(Box::new(run), result)
