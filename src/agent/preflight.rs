@@ -632,7 +632,7 @@ fn variant_rpms<'e>(ext: &'e ExtensionsInfo, packages: &[&str]) -> Vec<&'e str> 
 
 fn kernel_variant(i: &Input<'_>) -> CheckResult {
     let id = "kernel-variant";
-    let variant = match i.kernel {
+    let running = match i.kernel {
         Ok(v) => *v,
         Err(e) => return fail(id, e.clone()),
     };
@@ -651,7 +651,7 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
         }
         // A variant the booted image carries (no override, no on-cluster build) is kept only
         // by the target image itself, whatever the MachineConfig says.
-        let image_keeps = crate::backend::kernel::from_image(i.booted, variant)
+        let image_keeps = crate::backend::kernel::from_image(i.booted, running)
             && !rebuilt_by_mco(i.booted, i.mover);
         if want == KernelVariant::Default && !image_keeps {
             return pass(
@@ -661,12 +661,12 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
         }
     }
     if want == KernelVariant::Default {
-        return if variant == KernelVariant::Default {
+        return if running == KernelVariant::Default {
             pass(id, "default kernel")
-        } else if variant == KernelVariant::SixtyFourK && i.arch != "aarch64" {
+        } else if running == KernelVariant::SixtyFourK && i.arch != "aarch64" {
             fail(id, "a 64k-pages kernel exists only on aarch64")
         } else {
-            kernel_from_image(i, variant)
+            kernel_from_image(i, running)
         };
     }
     let asked = if provided.from_machine_config {
@@ -683,7 +683,6 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
             format!("a 64k-pages kernel{asked} exists only on aarch64"),
         );
     }
-    let variant = want;
     // Where the machine-config operator rebuilds the layered image, its build installs the
     // variant from the extensions image (Containerfile.on-cluster-build-template).
     let by = if rebuilt_by_mco(i.booted, i.mover) {
@@ -698,7 +697,7 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
             id,
             format!(
                 "the {} kernel{asked} must come from the target's extensions image, which is missing or unreadable{by}",
-                variant.as_str()
+                want.as_str()
             ),
         );
     };
@@ -716,7 +715,7 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
             format!(
                 "the extensions image lacks {} for the {} kernel{asked}{by}",
                 missing.join(", "),
-                variant.as_str()
+                want.as_str()
             ),
         );
     }
@@ -730,14 +729,14 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
             id,
             format!(
                 "the extensions image's {} packages are not built for the target major: {}{by}",
-                variant.as_str(),
+                want.as_str(),
                 wrong.join(", ")
             ),
         );
     }
     pass(
         id,
-        format!("{} kernel: {}", variant.as_str(), found.join(", ")),
+        format!("{} kernel: {}", want.as_str(), found.join(", ")),
     )
 }
 
