@@ -381,18 +381,6 @@ async fn fips_realtime_staging_is_verified() {
     );
 }
 
-/// `streamctl preflight --json` for rhel-10 on `os` without an extensions image.
-fn preflight_without_extensions(env: &Env, os: &str) -> std::process::Output {
-    env.streamctl(&[
-        "preflight",
-        "--json",
-        "--stream",
-        "rhel-10",
-        "--os-image",
-        os,
-    ])
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamctl_preflight_and_plan_change_nothing() {
     let mut env = Env::with_host("streamctl-preflight", "realtime").await;
@@ -447,7 +435,7 @@ async fn streamctl_preflight_and_plan_change_nothing() {
         Some(4)
     );
     // Without the extensions image: a failing check, exit 1, no plan.
-    let out = preflight_without_extensions(&env, &os);
+    let out = preflight_rhel10(&env, &os);
     assert_eq!(out.status.code(), Some(1));
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert!(
@@ -607,7 +595,7 @@ async fn preflight_beside_a_waiting_staging_keeps_its_rpms() {
     )
     .await;
     // Checks for another request prune the extraction cache of everything they do not use.
-    let out = preflight_without_extensions(&env, &os);
+    let out = preflight_rhel10(&env, &os);
     assert_eq!(
         out.status.code(),
         Some(1),
@@ -657,7 +645,7 @@ async fn a_realtime_image_host_moves_only_to_a_realtime_image() {
         .push_custom("rhel10-rt", labels, files)
         .await
         .expect("push");
-    let out = preflight_without_extensions(&env, &rt_image);
+    let out = preflight_rhel10(&env, &rt_image);
     let v: Value = serde_json::from_slice(&out.stdout).expect("preflight JSON");
     let check = |id: &str| {
         v["checks"]
@@ -756,24 +744,15 @@ async fn a_layered_realtime_node_is_ready_only_while_the_extensions_image_has_ke
     let mut env = Env::with_host("variant-ocl-rt-ready", "realtime-layered-image").await;
     env.annotate(&["machineconfiguration.openshift.io/currentConfig=rendered-worker-0123456789abcdef0123456789abcdef"]);
     env.start_streamd();
-    let a = env
-        .wait_for("rhel-10 readiness", Duration::from_secs(90), |a| {
-            rhel10_readiness(a).is_some()
-        })
-        .await;
+    let (a, e) = wait_rhel10_readiness(&env, "rhel-10 readiness", |_| true).await;
     assert_eq!(host_facts(&a)["kernel"], "realtime", "{a:?}");
-    let e = rhel10_readiness(&a).expect("entry");
     assert_eq!(e["ready"], json!(true), "{e}");
     assert_eq!(e["osImage"], json!(env.rhel10()), "{e}");
     // The cluster's rhel-10 extensions image without kernel-rt.
     let ext = push_rhel10_extensions(&env, "ext-ocl-without-rt", |r| r.name == "usbguard").await;
     serve_rhel10_extensions(&env, &ext);
-    let a = env
-        .wait_for("rhel-10 not ready", Duration::from_secs(90), |a| {
-            rhel10_readiness(a).is_some_and(|e| e["ready"] == json!(false))
-        })
-        .await;
-    let e = rhel10_readiness(&a).expect("entry");
+    let (_, e) =
+        wait_rhel10_readiness(&env, "rhel-10 not ready", |e| e["ready"] == json!(false)).await;
     assert_eq!(e["failed"], json!(["kernel-variant"]), "{e}");
     let reason = e["reason"].as_str().unwrap_or_default();
     assert!(
@@ -797,12 +776,7 @@ async fn a_layered_node_is_ready_only_while_the_extensions_image_has_its_machine
  {
     let mut env = Env::with_host("variant-ocl-usbguard", "mcd-layered-usbguard").await;
     env.start_streamd();
-    let a = env
-        .wait_for("rhel-10 readiness", Duration::from_secs(90), |a| {
-            rhel10_readiness(a).is_some()
-        })
-        .await;
-    let e = rhel10_readiness(&a).expect("entry");
+    let (_, e) = wait_rhel10_readiness(&env, "rhel-10 readiness", |_| true).await;
     assert_eq!(e["ready"], json!(true), "{e}");
     // The cluster's rhel-10 extensions image without usbguard.
     let ext = push_rhel10_extensions(&env, "ext-ocl-without-usbguard", |r| {
@@ -810,12 +784,8 @@ async fn a_layered_node_is_ready_only_while_the_extensions_image_has_its_machine
     })
     .await;
     serve_rhel10_extensions(&env, &ext);
-    let a = env
-        .wait_for("rhel-10 not ready", Duration::from_secs(90), |a| {
-            rhel10_readiness(a).is_some_and(|e| e["ready"] == json!(false))
-        })
-        .await;
-    let e = rhel10_readiness(&a).expect("entry");
+    let (_, e) =
+        wait_rhel10_readiness(&env, "rhel-10 not ready", |e| e["ready"] == json!(false)).await;
     assert_eq!(e["failed"], json!(["layered-packages"]), "{e}");
     let reason = e["reason"].as_str().unwrap_or_default();
     assert!(
@@ -831,23 +801,34 @@ async fn a_layered_node_is_ready_only_while_the_extensions_image_has_its_machine
     )
     .expect("write currentconfig");
     env.annotate(&["machineconfiguration.openshift.io/currentConfig=rendered-worker-2"]);
-    let a = env
-        .wait_for("rhel-10 ready again", Duration::from_secs(90), |a| {
-            rhel10_readiness(a).is_some_and(|e| e["ready"] == json!(true))
-        })
-        .await;
-    assert_eq!(rhel10_readiness(&a).expect("entry")["failed"], json!([]));
+    let (_, e) =
+        wait_rhel10_readiness(&env, "rhel-10 ready again", |e| e["ready"] == json!(true)).await;
+    assert_eq!(e["failed"], json!([]));
     assert!(
         env.transactions().await.is_empty(),
         "readiness checks change nothing"
     );
 }
 
-/// The `rhel-10` entry of the `readiness` annotation.
-fn rhel10_readiness(a: &BTreeMap<String, String>) -> Option<Value> {
-    a.get("osstream.openshift.io/readiness")
-        .and_then(|r| serde_json::from_str::<Value>(r).ok())
-        .and_then(|r| r.get("rhel-10").cloned())
+/// Waits until the `readiness` annotation has a `rhel-10` entry that `pred` accepts; returns
+/// the annotations and the entry.
+async fn wait_rhel10_readiness(
+    env: &Env,
+    what: &str,
+    pred: impl Fn(&Value) -> bool,
+) -> (BTreeMap<String, String>, Value) {
+    let entry = |a: &BTreeMap<String, String>| {
+        a.get("osstream.openshift.io/readiness")
+            .and_then(|r| serde_json::from_str::<Value>(r).ok())
+            .and_then(|r| r.get("rhel-10").cloned())
+    };
+    let a = env
+        .wait_for(what, Duration::from_secs(90), |a| {
+            entry(a).is_some_and(|e| pred(&e))
+        })
+        .await;
+    let e = entry(&a).unwrap_or_default();
+    (a, e)
 }
 
 /// Publishes `ext` as the OSImageStream's rhel-10 extensions image (the images otherwise the

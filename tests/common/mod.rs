@@ -473,3 +473,15 @@ pub async fn push_os(env: &Env, tag: &str, labels: &[(&str, &str)]) -> String {
         .expect("push");
     pullspec
 }
+
+/// `streamctl preflight --json` for stream rhel-10 on `os`, without an extensions image.
+pub fn preflight_rhel10(env: &Env, os: &str) -> Output {
+    env.streamctl(&[
+        "preflight",
+        "--json",
+        "--stream",
+        "rhel-10",
+        "--os-image",
+        os,
+    ])
+}
