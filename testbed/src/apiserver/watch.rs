@@ -173,9 +173,15 @@ async fn next_line(mut st: State) -> Option<(Bytes, State)> {
 pub(crate) fn lines(
     store: &Store,
     faults: &Faults,
-    served: watch::Receiver<Served>,
+    mut served: watch::Receiver<Served>,
     req: WatchRequest,
 ) -> impl Stream<Item = Bytes> + Send + 'static {
+    // The version may have stopped being served between routing the request and
+    // subscribing; subscribing marked that change seen, so without this check the watch
+    // would stay open on an unserved version until its timeout.
+    if !served.borrow_and_update().serves(req.def) {
+        return stream::empty().boxed();
+    }
     let expired = |err: ApiError| -> BoxStream<'static, Bytes> {
         stream::once(std::future::ready(error_line(&err))).boxed()
     };
@@ -203,5 +209,57 @@ pub(crate) fn lines(
             };
             stream::unfold(state, next_line).boxed()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apiserver::discovery::OSIMAGESTREAMS;
+
+    fn request() -> WatchRequest {
+        WatchRequest {
+            def: &OSIMAGESTREAMS,
+            namespace: None,
+            fields: FieldSelector::default(),
+            labels: LabelSelector::default(),
+            from: None,
+            timeout: None,
+            bookmarks: false,
+            table: None,
+        }
+    }
+
+    /// A watch routed while its version was served but started after the version went away
+    /// ends at once, as a removed CRD version's handler does; it must not wait for a change
+    /// its receiver has already seen.
+    #[tokio::test]
+    async fn a_watch_started_after_its_version_went_away_ends() {
+        let store = Store::new([7; 16]);
+        let served = watch::Sender::new(Served::default());
+        served.send_modify(|s| *s = Served::new(None).expect("no version is valid"));
+        let faults = Faults::new();
+        let lines = lines(&store, &faults, served.subscribe(), request());
+        let all = tokio::time::timeout(Duration::from_secs(5), lines.collect::<Vec<_>>())
+            .await
+            .expect("the watch ended");
+        assert!(all.is_empty(), "{all:?}");
+    }
+
+    /// While the version is served the same watch stays open, and ends when it goes away.
+    #[tokio::test]
+    async fn a_served_watch_ends_when_its_version_goes_away() {
+        let store = Store::new([7; 16]);
+        // Kept alive: a dropped fault sender ends every watch.
+        let faults = Faults::new();
+        let served = watch::Sender::new(Served::default());
+        let mut lines = Box::pin(lines(&store, &faults, served.subscribe(), request()));
+        let open = tokio::time::timeout(Duration::from_millis(200), lines.next()).await;
+        assert!(open.is_err(), "still open while served: {open:?}");
+        served.send_modify(|s| *s = Served::new(None).expect("no version is valid"));
+        let next = tokio::time::timeout(Duration::from_secs(5), lines.next())
+            .await
+            .expect("the watch ended");
+        assert!(next.is_none(), "{next:?}");
     }
 }
