@@ -7,9 +7,13 @@
 //! (openshift/machine-config-operator:pkg/daemon/daemon.go `currentConfigPath`, written by
 //! `storeCurrentConfigOnDisk`, read back by `getCurrentConfigOnDisk`; the on-cluster build
 //! writes the same file into the image: pkg/controller/build/buildrequest/assets/
-//! Containerfile.on-cluster-build-template). The file's text is outside text: what streamd
-//! keeps of it is a kernel variant, names from the operator's own table, and quoted, bounded
-//! values.
+//! Containerfile.on-cluster-build-template). On HyperShift that file exists but is empty; the
+//! MCD there keeps its record at [`HYPERSHIFT_CURRENT_CONFIG`] and, before it first applied a
+//! change, reads what the machine-config server served at provisioning,
+//! [`MCS_SERVED_CONFIG`] (pkg/daemon/daemon.go `syncNodeHypershift`, pkg/server/server.go
+//! `machineConfigContentPath`). [`applied`] reads them in that way. The file's text is
+//! outside text: what streamd keeps of it is a kernel variant, names from the operator's own
+//! table, and quoted, bounded values.
 
 use std::io::Read;
 
@@ -19,6 +23,13 @@ use crate::text;
 
 /// Where the MCD stores the MachineConfig it applied.
 pub const CURRENT_CONFIG: &str = super::mcd::HOST_FILES[0];
+
+/// Where a HyperShift-mode MCD stores it (`hypershiftCurrentConfigPath`).
+pub const HYPERSHIFT_CURRENT_CONFIG: &str = super::mcd::HOST_FILES[1];
+
+/// The MachineConfig the machine-config server served when the node was provisioned
+/// (`mcsServedConfigPath`): the applied one until an MCD first records its own.
+pub const MCS_SERVED_CONFIG: &str = "/etc/mcs-machine-config-content.json";
 
 /// The largest file read. The operator refuses to render a MachineConfig over 1.5 MiB
 /// (pkg/controller/common/constants.go `MaxMachineConfigSize`, checked on its JSON); the MCD
@@ -169,29 +180,42 @@ pub fn parse(json: &str) -> Result<AppliedConfig, String> {
     })
 }
 
-/// The MachineConfig the MCD applied on the host below `root`: `Ok(None)` when the file does
-/// not exist (not known, not an error), `Err` with the reason when it cannot be read or is
-/// not a MachineConfig (too large, not UTF-8, not JSON, fields of the wrong type).
+/// The MachineConfig the MCD applied on the host below `root`, read where the MCD reads it:
+/// [`HYPERSHIFT_CURRENT_CONFIG`] (only a HyperShift-mode MCD writes it), else a non-empty
+/// [`CURRENT_CONFIG`], else [`MCS_SERVED_CONFIG`]. `Ok(None)` when none of them has one (not
+/// known, not an error); `Err` with the file and the reason when the one read cannot be read
+/// or is not a MachineConfig (too large, not UTF-8, not JSON, fields of the wrong type).
 pub fn applied(root: &HostRoot) -> Result<Option<AppliedConfig>, String> {
-    let path = root.path(CURRENT_CONFIG);
-    let file = match std::fs::File::open(&path) {
+    for name in [HYPERSHIFT_CURRENT_CONFIG, CURRENT_CONFIG, MCS_SERVED_CONFIG] {
+        let read = read(root, name).map_err(|e| format!("{name}: {e}"))?;
+        // HyperShift nodes carry an empty `currentconfig` (the MCD's own comment in
+        // `syncNodeHypershift`): it is no record, so the next file is read.
+        if let Some(json) = read.filter(|j| !j.is_empty()) {
+            return parse(&json).map(Some).map_err(|e| format!("{name}: {e}"));
+        }
+    }
+    Ok(None)
+}
+
+/// The text of `name` below `root`, `None` if it does not exist; at most [`MAX_BYTES`].
+fn read(root: &HostRoot, name: &str) -> Result<Option<String>, String> {
+    let file = match std::fs::File::open(root.path(name)) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{CURRENT_CONFIG}: {e}")),
+        Err(e) => return Err(e.to_string()),
     };
     let mut bytes = Vec::new();
     file.take(MAX_BYTES + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("{CURRENT_CONFIG}: {e}"))?;
+        .map_err(|e| e.to_string())?;
     if bytes.len() as u64 > MAX_BYTES {
         return Err(format!(
-            "{CURRENT_CONFIG}: larger than {MAX_BYTES} bytes, more than any MachineConfig the operator renders"
+            "larger than {MAX_BYTES} bytes, more than any MachineConfig the operator renders"
         ));
     }
-    let json = String::from_utf8(bytes).map_err(|_| format!("{CURRENT_CONFIG}: not UTF-8"))?;
-    parse(&json)
+    String::from_utf8(bytes)
         .map(Some)
-        .map_err(|e| format!("{CURRENT_CONFIG}: {e}"))
+        .map_err(|_| "not UTF-8".to_string())
 }
 
 #[cfg(test)]
@@ -307,6 +331,49 @@ mod tests {
             format!(r#"{{"spec":{{"extensions":[{}]}}}}"#, many.join(",")).as_bytes(),
         );
         assert!(applied(&r).expect_err("too many").contains("65 entries"));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// HyperShift: `currentconfig` is empty, the MCD's record is `/etc/mcd-currentconfig.json`,
+    /// and before the MCD first applied a change the MCS-served config is the applied one.
+    #[test]
+    fn hypershift_nodes_are_read_where_their_mcd_keeps_the_record() {
+        let (d, r) = root("hypershift");
+        let put = |name: &str, content: &str| {
+            std::fs::write(d.join(name.trim_start_matches('/')), content).expect("w");
+        };
+        let kernel = |r: &HostRoot| applied(r).map(|m| m.map(|m| m.kernel_type));
+        write(&d, b"");
+        assert_eq!(kernel(&r), Ok(None), "an empty currentconfig is no record");
+        put(MCS_SERVED_CONFIG, r#"{"spec":{"kernelType":"64k-pages"}}"#);
+        assert_eq!(kernel(&r), Ok(Some(Ok(KernelVariant::SixtyFourK))));
+        put(
+            HYPERSHIFT_CURRENT_CONFIG,
+            r#"{"spec":{"kernelType":"realtime"}}"#,
+        );
+        assert_eq!(kernel(&r), Ok(Some(Ok(KernelVariant::Realtime))));
+        put(HYPERSHIFT_CURRENT_CONFIG, "{");
+        let e = applied(&r).expect_err("malformed");
+        assert!(
+            e.starts_with("/etc/mcd-currentconfig.json: not JSON"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A classic node: the MCD's `currentconfig` wins over what the MCS served at install.
+    #[test]
+    fn the_mcds_record_wins_over_the_config_served_at_install() {
+        let (d, r) = root("classic");
+        std::fs::write(
+            d.join(MCS_SERVED_CONFIG.trim_start_matches('/')),
+            r#"{"spec":{"kernelType":"realtime"}}"#,
+        )
+        .expect("w");
+        write(&d, br#"{"spec":{"extensions":["usbguard"]}}"#);
+        let mc = applied(&r).expect("read").expect("known");
+        assert_eq!(mc.kernel_type, Ok(KernelVariant::Default));
+        assert_eq!(mc.extensions, vec!["usbguard"]);
         let _ = std::fs::remove_dir_all(&d);
     }
 
