@@ -39,7 +39,8 @@
 //! each is read once. An absent key (an import by an ostree-ext that did not store the
 //! configuration) or format v0's `"null"` means no labels, as ostree-ext itself takes it; a
 //! failed read or a malformed configuration leaves the labels unknown
-//! ([`Deployment::image_labels_error`]), never the status unusable.
+//! ([`Deployment::image_labels_error`]), never the status unusable, and is read again after
+//! [`LABELS_RETRY`].
 //!
 //! Like [`crate::backend::rpmostree`], this is an edge: replies become typed values and typed errors;
 //! no policy lives here.
@@ -68,6 +69,10 @@ pub const STATUS_TIMEOUT: Duration = Duration::from_secs(120);
 pub const SWITCH_TIMEOUT: Duration = Duration::from_secs(3600);
 /// How long the helper may take to read the image configuration of two commits.
 const LABELS_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a commit whose labels could not be read waits before the next read: every
+/// status reads the deployments, and a read that keeps failing (a damaged repository, a
+/// missing helper) should neither run the helper nor warn each time.
+const LABELS_RETRY: Duration = Duration::from_secs(300);
 
 /// The unit every bootc command that writes the sysroot runs in: one at a time, and joined
 /// by a retry while it runs.
@@ -314,9 +319,70 @@ pub struct Client {
     helper: Result<PathBuf, String>,
     /// The ostree repository (`host-root/sysroot/ostree/repo`).
     repo: PathBuf,
-    /// The labels of the commits read so far (commits are immutable); only those of the
-    /// current deployments are kept.
-    labels: Arc<Mutex<HashMap<String, BTreeMap<String, String>>>>,
+    /// The labels of the commits read so far, and the reads that failed.
+    labels: Arc<Mutex<LabelCache>>,
+}
+
+/// The image labels read per commit (commits are immutable) and the reads that failed (tried
+/// again after [`LABELS_RETRY`]); only the current deployments' commits are kept.
+#[derive(Debug, Default)]
+struct LabelCache {
+    read: HashMap<String, BTreeMap<String, String>>,
+    /// Per commit: why its labels are unknown, and when that was found.
+    failed: HashMap<String, (String, Instant)>,
+}
+
+impl LabelCache {
+    /// Forgets the commits not in `deployed`, and says which of `wanted` to read at `now`:
+    /// those neither read nor failed within [`LABELS_RETRY`], sorted, without repeats.
+    fn due(&mut self, deployed: &[&str], wanted: &[&str], now: Instant) -> Vec<String> {
+        self.read.retain(|c, _| deployed.contains(&c.as_str()));
+        self.failed.retain(|c, _| deployed.contains(&c.as_str()));
+        let mut out: Vec<String> = wanted
+            .iter()
+            .filter(|c| !self.read.contains_key(**c))
+            .filter(|c| {
+                self.failed
+                    .get(**c)
+                    .is_none_or(|(_, at)| now.duration_since(*at) >= LABELS_RETRY)
+            })
+            .map(|c| c.to_string())
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Records what a read of `commit` found at `now`; true for a failure worth a warning (the
+    /// first one, or a reason that changed).
+    fn record(
+        &mut self,
+        commit: &str,
+        found: Result<BTreeMap<String, String>, String>,
+        now: Instant,
+    ) -> bool {
+        match found {
+            Ok(labels) => {
+                self.failed.remove(commit);
+                self.read.insert(commit.to_string(), labels);
+                false
+            }
+            Err(e) => {
+                let new = self.failed.get(commit).is_none_or(|(was, _)| *was != e);
+                self.failed.insert(commit.to_string(), (e, now));
+                new
+            }
+        }
+    }
+
+    /// The labels of `commit`, or why they are unknown.
+    fn get(&self, commit: &str) -> Result<&BTreeMap<String, String>, &str> {
+        match (self.read.get(commit), self.failed.get(commit)) {
+            (Some(labels), _) => Ok(labels),
+            (None, Some((why, _))) => Err(why),
+            (None, None) => Err("not read"),
+        }
+    }
 }
 
 impl Client {
@@ -342,7 +408,7 @@ impl Client {
             holds: Arc::new(AtomicBool::new(false)),
             helper: crate::backend::helper::beside_current_exe(),
             repo: host_root.join("sysroot/ostree/repo"),
-            labels: Arc::new(Mutex::new(HashMap::new())),
+            labels: Arc::new(Mutex::new(LabelCache::default())),
         }
     }
 
@@ -394,25 +460,24 @@ impl Client {
     }
 
     /// Fills the image labels of the booted and staged deployments from their commits' stored
-    /// image configuration: cached ones at once, the others in one helper run. A failure
-    /// leaves [`Deployment::image_labels_error`] set (and is tried again next time).
+    /// image configuration: known ones at once, the others in one helper run. A failure
+    /// leaves [`Deployment::image_labels_error`] set, is warned about once, and is tried again
+    /// after [`LABELS_RETRY`].
     async fn fill_labels(&self, deployments: &mut [Deployment]) {
-        let wanted = |d: &Deployment| d.booted || d.staged;
-        let missing: Vec<String> = {
-            let mut cache = self.labels.lock().unwrap_or_else(|p| p.into_inner());
-            cache.retain(|c, _| deployments.iter().any(|d| &d.checksum == c));
-            let mut m: Vec<String> = deployments
-                .iter()
-                .filter(|d| wanted(d) && !cache.contains_key(&d.checksum))
-                .map(|d| d.checksum.clone())
-                .collect();
-            m.sort();
-            m.dedup();
-            m
-        };
-        let mut failed: HashMap<String, String> = HashMap::new();
+        let deployed: Vec<&str> = deployments.iter().map(|d| d.checksum.as_str()).collect();
+        let wanted: Vec<&str> = deployments
+            .iter()
+            .filter(|d| d.booted || d.staged)
+            .map(|d| d.checksum.as_str())
+            .collect();
+        let missing = self.labels.lock().unwrap_or_else(|p| p.into_inner()).due(
+            &deployed,
+            &wanted,
+            Instant::now(),
+        );
         if !missing.is_empty() {
             let read = self.read_configs(&missing).await;
+            let now = Instant::now();
             let mut cache = self.labels.lock().unwrap_or_else(|p| p.into_inner());
             for commit in &missing {
                 let labels = match &read {
@@ -426,27 +491,21 @@ impl Client {
                 match labels {
                     Ok(l) => {
                         debug!(%commit, labels = l.len(), "read the image labels of a deployment commit");
-                        cache.insert(commit.clone(), l);
+                        cache.record(commit, Ok(l), now);
                     }
                     Err(e) => {
-                        warn!(%commit, error = %e, "the image labels of a deployment commit could not be read");
-                        failed.insert(commit.clone(), e);
+                        if cache.record(commit, Err(e.clone()), now) {
+                            warn!(%commit, error = %e, retry_in = ?LABELS_RETRY, "the image labels of a deployment commit could not be read");
+                        }
                     }
                 }
             }
         }
         let cache = self.labels.lock().unwrap_or_else(|p| p.into_inner());
-        for d in deployments.iter_mut().filter(|d| wanted(d)) {
+        for d in deployments.iter_mut().filter(|d| d.booted || d.staged) {
             match cache.get(&d.checksum) {
-                Some(l) => d.image_labels = l.clone(),
-                None => {
-                    d.image_labels_error = Some(
-                        failed
-                            .get(&d.checksum)
-                            .cloned()
-                            .unwrap_or_else(|| "not read".to_string()),
-                    );
-                }
+                Ok(l) => d.image_labels = l.clone(),
+                Err(why) => d.image_labels_error = Some(why.to_string()),
             }
         }
     }
@@ -1029,6 +1088,46 @@ fn parse_host(json: &str) -> Result<(Vec<Deployment>, bool), BootcError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A failed read is retried only after [`LABELS_RETRY`] and warned about once per reason;
+    /// a read is kept; commits no longer deployed are forgotten.
+    #[test]
+    fn label_reads_are_kept_and_failures_retried_later() {
+        let t0 = Instant::now();
+        let mut c = LabelCache::default();
+        let (a, b) = ("aaaa", "bbbb");
+        assert_eq!(c.due(&[a, b], &[b, a, a], t0), vec!["aaaa", "bbbb"]);
+        assert_eq!(c.get(a), Err("not read"));
+        let labels = BTreeMap::from([("k".to_string(), "v".to_string())]);
+        assert!(!c.record(a, Ok(labels.clone()), t0));
+        assert!(
+            c.record(b, Err("damaged".into()), t0),
+            "first failure warns"
+        );
+        assert_eq!(c.get(a), Ok(&labels));
+        assert_eq!(c.get(b), Err("damaged"));
+        let soon = t0 + LABELS_RETRY / 2;
+        assert!(
+            c.due(&[a, b], &[a, b], soon).is_empty(),
+            "nothing before the retry"
+        );
+        let later = t0 + LABELS_RETRY;
+        assert_eq!(c.due(&[a, b], &[a, b], later), vec!["bbbb"]);
+        assert!(
+            !c.record(b, Err("damaged".into()), later),
+            "same reason: no warning"
+        );
+        assert!(
+            c.record(b, Err("gone".into()), later + LABELS_RETRY),
+            "new reason warns"
+        );
+        assert!(!c.record(b, Ok(BTreeMap::new()), later + LABELS_RETRY));
+        assert_eq!(c.get(b), Ok(&BTreeMap::new()));
+        // `a` is no longer deployed: forgotten, and read again if it comes back.
+        assert!(c.due(&[b], &[b], later).is_empty());
+        assert_eq!(c.get(a), Err("not read"));
+        assert_eq!(c.due(&[a, b], &[a], later), vec!["aaaa"]);
+    }
 
     #[test]
     fn labels_come_from_the_stored_image_config() {
