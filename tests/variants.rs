@@ -810,6 +810,46 @@ async fn a_layered_node_is_ready_only_while_the_extensions_image_has_its_machine
     );
 }
 
+/// A classic MCD-managed node with `usbguard` layered by hand (the `layered` host): the daemon's
+/// rebase keeps it in the origin, and adds the extensions repository only for a MachineConfig
+/// with extensions or a kernel type, so the stream is not ready until the MachineConfig asks
+/// for the extension (pkg/daemon/update.go `applyLayeredOSChanges`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_package_layered_outside_the_machine_config_is_ready_only_with_its_repository() {
+    let mut env = Env::with_host("variant-mcd-by-hand", "layered").await;
+    let record = env.dir.join("host/etc/machine-config-daemon/currentconfig");
+    let write_mc = |extensions: &str| {
+        std::fs::create_dir_all(record.parent().expect("a parent")).expect("mkdir");
+        std::fs::write(
+            &record,
+            format!(
+                r#"{{"kind":"MachineConfig","metadata":{{"name":"rendered-worker-1"}},"spec":{{"kernelType":"default","extensions":{extensions}}}}}"#
+            ),
+        )
+        .expect("write currentconfig");
+    };
+    write_mc("[]");
+    env.start_streamd();
+    let (_, e) =
+        wait_rhel10_readiness(&env, "rhel-10 not ready", |e| e["ready"] == json!(false)).await;
+    assert_eq!(e["failed"], json!(["layered-packages"]), "{e}");
+    let reason = e["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("preflight check layered-packages failed: no repository provides the packages layered outside the MachineConfig"),
+        "{reason}"
+    );
+    // The MachineConfig now asks for the extension: the daemon mounts the extensions image,
+    // which has usbguard for rhel-10.
+    write_mc(r#"["usbguard"]"#);
+    env.annotate(&["machineconfiguration.openshift.io/currentConfig=rendered-worker-2"]);
+    let (_, e) = wait_rhel10_readiness(&env, "rhel-10 ready", |e| e["ready"] == json!(true)).await;
+    assert_eq!(e["failed"], json!([]), "{e}");
+    assert!(
+        env.transactions().await.is_empty(),
+        "readiness checks change nothing"
+    );
+}
+
 /// Waits until the `readiness` annotation has a `rhel-10` entry that `pred` accepts; returns
 /// the annotations and the entry.
 async fn wait_rhel10_readiness(

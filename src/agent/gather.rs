@@ -272,8 +272,7 @@ impl Gatherer {
         let booted_major = self.host.os_release().ok().and_then(|r| r.major());
         let inspector = self.secret().and_then(|s| self.inspector(&s));
         let layered: Vec<String> = needed
-            .layered
-            .iter()
+            .all_layered()
             .map(|p| package_name(p).to_string())
             .collect();
         let mut wanted: Vec<String> = needed.kernel.iter().map(|p| p.to_string()).collect();

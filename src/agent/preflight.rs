@@ -146,6 +146,19 @@ pub struct FromExtensions {
     pub layered: Vec<String>,
     /// Whether this is what the applied MachineConfig asks for (else it is read off the node).
     pub from_machine_config: bool,
+    /// With the MachineConfig: the packages layered on the node beyond what it asks for (by
+    /// hand, `rpm-ostree install`, or local RPMs), which the daemon's rebase keeps in the
+    /// origin ([`kept_by_mcd_rebase`]), so rpm-ostree must find them again
+    /// (pkg/daemon/update.go `applyLayeredOSChanges`, OCPBUGS-2269). Without the
+    /// MachineConfig they are in `layered`.
+    pub by_hand: Vec<String>,
+}
+
+impl FromExtensions {
+    /// Every package besides the kernel's: `layered`, then `by_hand`.
+    pub fn all_layered(&self) -> impl Iterator<Item = &String> {
+        self.layered.iter().chain(&self.by_hand)
+    }
 }
 
 /// What the target's extensions image must provide. For the machine-config operator's move,
@@ -166,15 +179,17 @@ pub fn from_extensions(
         && let Some(Ok(mc)) = machine_config
     {
         let variant = mc.kernel_type.clone().unwrap_or(KernelVariant::Default);
+        let asked = mc.extension_packages();
+        let by_hand = kept_by_mcd_rebase(booted)
+            .filter(|p| !asked.contains(&package_name(p)))
+            .cloned()
+            .collect();
         return FromExtensions {
             variant,
             kernel: machineconfig::kernel_packages(variant, rebuilt_by_mco(booted, mover)),
-            layered: mc
-                .extension_packages()
-                .into_iter()
-                .map(str::to_string)
-                .collect(),
+            layered: asked.into_iter().map(str::to_string).collect(),
             from_machine_config: true,
+            by_hand,
         };
     }
     let running = kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
@@ -184,6 +199,7 @@ pub fn from_extensions(
         kernel: variant.packages(),
         layered: layered_packages_of(booted, variant),
         from_machine_config: false,
+        by_hand: Vec::new(),
     }
 }
 
@@ -525,7 +541,7 @@ fn machine_config<'a>(i: &Input<'a>) -> Option<&'a Result<AppliedConfig, String>
 /// Whether the node needs packages from the extensions image.
 fn needs_extensions(i: &Input<'_>) -> bool {
     let p = provided(i);
-    p.variant != KernelVariant::Default || !p.layered.is_empty()
+    p.variant != KernelVariant::Default || p.all_layered().next().is_some()
 }
 
 /// What the applied MachineConfig asks the extensions image for, for a reason.
@@ -839,6 +855,25 @@ fn disk_space(i: &Input<'_>) -> CheckResult {
     )
 }
 
+/// The layered packages and local RPMs of the booted deployment that the machine-config
+/// daemon's rebase keeps: all of them but the `kernel-rt-*`/`kernel-64k-*` packages its
+/// kernel-swap revert uninstalls first, which it does only for a node with both such
+/// packages and a `kernel*` base removal, and never for local RPMs (pkg/daemon/update.go
+/// `queueRevertKernelSwap`, run before an OS update).
+fn kept_by_mcd_rebase(booted: &Deployment) -> impl Iterator<Item = &String> {
+    let swap_layer = |p: &String| p.starts_with("kernel-rt-") || p.starts_with("kernel-64k-");
+    let reverted = booted
+        .requested_base_removals
+        .iter()
+        .any(|r| r == "kernel" || r.starts_with("kernel-"))
+        && booted.requested_packages.iter().any(swap_layer);
+    booted
+        .requested_packages
+        .iter()
+        .filter(move |p| !(reverted && swap_layer(p)))
+        .chain(&booted.requested_local_packages)
+}
+
 /// Layered packages of the booted deployment that are not part of the kernel variant
 /// (names or NEVRAs, as the origin has them).
 pub fn layered_packages_of(booted: &Deployment, variant: KernelVariant) -> Vec<String> {
@@ -876,51 +911,76 @@ fn layered_packages(i: &Input<'_>) -> CheckResult {
         _ => {}
     }
     let provided_by = provided(i);
-    let wanted = provided_by.layered;
-    if wanted.is_empty() {
+    if provided_by.all_layered().next().is_none() {
         return pass(id, "no layered packages");
+    }
+    // The daemon mounts the extensions image as a repository only for a MachineConfig with
+    // extensions or a kernel type (`applyLayeredOSChanges`); without one, packages layered by
+    // hand must come from the target image alone, whose package list streamd cannot read.
+    if provided_by.from_machine_config
+        && !provided_by.by_hand.is_empty()
+        && provided_by.layered.is_empty()
+        && provided_by.variant == KernelVariant::Default
+    {
+        return fail(
+            id,
+            format!(
+                "no repository provides the packages layered outside the MachineConfig, which the machine-config daemon's rebase keeps (it adds the extensions image only for spec.extensions or spec.kernelType, and streamd cannot list the target image's own); remove them (rpm-ostree uninstall): {}",
+                provided_by.by_hand.join(", ")
+            ),
+        );
     }
     let target = target_major(i.desired, i.os_image);
     let provided: Vec<&String> = match i.extensions {
         Some(Ok(ext)) => ext.rpms.iter().collect(),
         _ => Vec::new(),
     };
-    let missing: Vec<&str> = wanted
-        .iter()
-        .map(|p| package_name(p))
-        .filter(|name| {
-            !provided
-                .iter()
-                .any(|r| names_package(r, name) && el_major(r) == target)
-        })
-        .collect();
-    if missing.is_empty() {
-        pass(
+    let missing_of = |wanted: &[String]| -> Vec<String> {
+        wanted
+            .iter()
+            .map(|p| package_name(p))
+            .filter(|name| {
+                !provided
+                    .iter()
+                    .any(|r| names_package(r, name) && el_major(r) == target)
+            })
+            .map(str::to_string)
+            .collect()
+    };
+    let (missing, missing_by_hand) = (
+        missing_of(&provided_by.layered),
+        missing_of(&provided_by.by_hand),
+    );
+    if missing.is_empty() && missing_by_hand.is_empty() {
+        let all: Vec<&str> = provided_by.all_layered().map(String::as_str).collect();
+        return pass(
             id,
-            format!(
-                "re-provided from the extensions image: {}",
-                wanted.join(", ")
-            ),
-        )
-    } else {
-        match machine_config(i) {
-            Some(Ok(mc)) if provided_by.from_machine_config => fail(
-                id,
-                format!(
+            format!("re-provided from the extensions image: {}", all.join(", ")),
+        );
+    }
+    let mut why = Vec::new();
+    match machine_config(i) {
+        Some(Ok(mc)) if provided_by.from_machine_config => {
+            if !missing.is_empty() {
+                why.push(format!(
                     "the MachineConfig's spec.extensions ({}) needs packages the extensions image does not provide for the target: {}",
                     mc.extensions.join(", "),
                     missing.join(", ")
-                ),
-            ),
-            _ => fail(
-                id,
-                format!(
-                    "layered packages not provided for the target by the extensions image: {}",
-                    missing.join(", ")
-                ),
-            ),
+                ));
+            }
+            if !missing_by_hand.is_empty() {
+                why.push(format!(
+                    "packages layered on the node outside the MachineConfig stay in its origin through the move, and the extensions image does not provide them for the target: {}",
+                    missing_by_hand.join(", ")
+                ));
+            }
         }
+        _ => why.push(format!(
+            "layered packages not provided for the target by the extensions image: {}",
+            missing.join(", ")
+        )),
     }
+    fail(id, why.join("; "))
 }
 
 /// The RPMs passed must be closed under Requires: rpm-ostree adds them to the sack as
@@ -1616,10 +1676,13 @@ mod tests {
         c.ext = Some(Ok(ext_with(&["usbguard"])));
         assert_eq!(failed(&c), vec!["kernel-variant"]);
 
-        // spec.kernelType default on a node whose real-time kernel the daemon layered as
-        // overrides: the operator installs no kernel, so none is needed from the image.
+        // spec.kernelType default on a node whose real-time kernel the daemon layered from
+        // the extensions repository (`switchKernel`: override remove, --install): the revert
+        // before the OS update uninstalls it and the operator installs no kernel, so none is
+        // needed from the image.
         let mut c = base();
         layer_kernel(&mut c, KernelVariant::Realtime);
+        c.booted.requested_packages = std::mem::take(&mut c.booted.requested_local_packages);
         c.mover = Mover::MachineConfigOperator;
         c.machine_config = applied("{}");
         c.ext = Some(Ok(ext_with(&[])));
@@ -1630,6 +1693,67 @@ mod tests {
             vec!["kernel-variant"],
             "unknown: read off the node"
         );
+        // As local RPMs (streamd's own carry) the revert leaves them: the el9 kernel would
+        // stay in the origin through the move.
+        let mut c = base();
+        layer_kernel(&mut c, KernelVariant::Realtime);
+        c.mover = Mover::MachineConfigOperator;
+        c.machine_config = applied("{}");
+        c.ext = Some(Ok(ext_with(&[])));
+        assert_eq!(failed(&c), vec!["layered-packages"], "{:#?}", check(&c));
+    }
+
+    /// On a classic node the daemon's rebase keeps packages layered by hand in the origin: they
+    /// are needed from the extensions image beside the MachineConfig's, and without a
+    /// MachineConfig that makes the daemon add that repository they cannot be shown to resolve.
+    #[test]
+    fn packages_layered_by_hand_are_needed_through_the_mco_move() {
+        let classic = |json: &str, ext: &[&str]| {
+            let mut c = base();
+            c.booted.requested_packages = vec!["usbguard".into(), "htop".into()];
+            c.mover = Mover::MachineConfigOperator;
+            c.machine_config = applied(json);
+            c.ext = Some(Ok(ext_with(ext)));
+            c
+        };
+        let message = |c: &Case| {
+            let r = check(c);
+            result(&r, "layered-packages").message.clone()
+        };
+        let usbguard = r#"{"spec":{"extensions":["usbguard"]}}"#;
+        let c = classic(usbguard, &["usbguard"]);
+        assert_eq!(failed(&c), vec!["layered-packages"], "{:#?}", check(&c));
+        let m = message(&c);
+        assert!(
+            m.starts_with(
+                "packages layered on the node outside the MachineConfig stay in its origin"
+            ) && m.ends_with("does not provide them for the target: htop"),
+            "{m}"
+        );
+        let c = classic(usbguard, &["htop"]);
+        let m = message(&c);
+        assert!(
+            m.contains("spec.extensions (usbguard) needs packages the extensions image does not provide for the target: usbguard")
+                && !m.contains("outside the MachineConfig"),
+            "{m}"
+        );
+        assert_eq!(
+            failed(&classic(usbguard, &["usbguard", "htop"])),
+            Vec::<&str>::new()
+        );
+        // Nothing in the MachineConfig: the daemon adds no repository for the rebase.
+        let c = classic("{}", &["usbguard", "htop"]);
+        assert_eq!(failed(&c), vec!["layered-packages"]);
+        let m = message(&c);
+        assert!(
+            m.starts_with("no repository provides the packages layered outside the MachineConfig")
+                && m.ends_with(": usbguard, htop"),
+            "{m}"
+        );
+        // streamd's own move carries them as before.
+        let mut c = classic("{}", &["usbguard", "htop"]);
+        c.mover = Mover::Streamd;
+        assert_eq!(failed(&c), Vec::<&str>::new(), "{:#?}", check(&c));
     }
 
     /// What the operator itself rejects is refused with the MachineConfig's field; an
