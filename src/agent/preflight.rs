@@ -147,11 +147,14 @@ pub struct FromExtensions {
     /// Whether this is what the applied MachineConfig asks for (else it is read off the node).
     pub from_machine_config: bool,
     /// With the MachineConfig: the packages layered on the node beyond what it asks for (by
-    /// hand, `rpm-ostree install`, or local RPMs), which the daemon's rebase keeps in the
-    /// origin ([`kept_by_mcd_rebase`]), so rpm-ostree must find them again
-    /// (pkg/daemon/update.go `applyLayeredOSChanges`, OCPBUGS-2269). Without the
-    /// MachineConfig they are in `layered`.
+    /// hand, `rpm-ostree install`), which the daemon's rebase keeps in the origin
+    /// ([`kept_by_mcd_rebase`]), so rpm-ostree must find them again (pkg/daemon/update.go
+    /// `applyLayeredOSChanges`, OCPBUGS-2269). Without the MachineConfig they are in `layered`.
     pub by_hand: Vec<String>,
+    /// With the MachineConfig: the local RPMs on the node (NEVRAs). The daemon's rebase keeps
+    /// them as built, whatever the target, so they must fit its major. Without the
+    /// MachineConfig they are in `layered` (streamd's own move passes new ones).
+    pub local: Vec<String>,
 }
 
 impl FromExtensions {
@@ -184,12 +187,14 @@ pub fn from_extensions(
             .filter(|p| !asked.contains(&package_name(p)))
             .cloned()
             .collect();
+        let local = booted.requested_local_packages.clone();
         return FromExtensions {
             variant,
             kernel: machineconfig::kernel_packages(variant, rebuilt_by_mco(booted, mover)),
             layered: asked.into_iter().map(str::to_string).collect(),
             from_machine_config: true,
             by_hand,
+            local,
         };
     }
     let running = kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
@@ -200,6 +205,7 @@ pub fn from_extensions(
         layered: layered_packages_of(booted, variant),
         from_machine_config: false,
         by_hand: Vec::new(),
+        local: Vec::new(),
     }
 }
 
@@ -855,11 +861,11 @@ fn disk_space(i: &Input<'_>) -> CheckResult {
     )
 }
 
-/// The layered packages and local RPMs of the booted deployment that the machine-config
+/// The layered (repository) packages of the booted deployment that the machine-config
 /// daemon's rebase keeps: all of them but the `kernel-rt-*`/`kernel-64k-*` packages its
 /// kernel-swap revert uninstalls first, which it does only for a node with both such
-/// packages and a `kernel*` base removal, and never for local RPMs (pkg/daemon/update.go
-/// `queueRevertKernelSwap`, run before an OS update).
+/// packages and a `kernel*` base removal (pkg/daemon/update.go `queueRevertKernelSwap`, run
+/// before an OS update). Local RPMs it never reverts: [`FromExtensions::local`].
 fn kept_by_mcd_rebase(booted: &Deployment) -> impl Iterator<Item = &String> {
     let swap_layer = |p: &String| p.starts_with("kernel-rt-") || p.starts_with("kernel-64k-");
     let reverted = booted
@@ -871,7 +877,6 @@ fn kept_by_mcd_rebase(booted: &Deployment) -> impl Iterator<Item = &String> {
         .requested_packages
         .iter()
         .filter(move |p| !(reverted && swap_layer(p)))
-        .chain(&booted.requested_local_packages)
 }
 
 /// Layered packages of the booted deployment that are not part of the kernel variant
@@ -911,6 +916,23 @@ fn layered_packages(i: &Input<'_>) -> CheckResult {
         _ => {}
     }
     let provided_by = provided(i);
+    let target = target_major(i.desired, i.os_image);
+    let stale: Vec<&str> = provided_by
+        .local
+        .iter()
+        .filter(|p| el_major(p) != target)
+        .map(String::as_str)
+        .collect();
+    if !stale.is_empty() {
+        let target = target.map_or_else(|| "unknown".to_string(), |t| format!("el{t}"));
+        return fail(
+            id,
+            format!(
+                "local RPMs stay in the origin as built through the machine-config daemon's rebase, and these are not built for the target ({target}); remove them (rpm-ostree uninstall): {}",
+                stale.join(", ")
+            ),
+        );
+    }
     if provided_by.all_layered().next().is_none() {
         return pass(id, "no layered packages");
     }
@@ -930,7 +952,6 @@ fn layered_packages(i: &Input<'_>) -> CheckResult {
             ),
         );
     }
-    let target = target_major(i.desired, i.os_image);
     let provided: Vec<&String> = match i.extensions {
         Some(Ok(ext)) => ext.rpms.iter().collect(),
         _ => Vec::new(),
@@ -1701,6 +1722,14 @@ mod tests {
         c.machine_config = applied("{}");
         c.ext = Some(Ok(ext_with(&[])));
         assert_eq!(failed(&c), vec!["layered-packages"], "{:#?}", check(&c));
+        let r = check(&c);
+        let m = &result(&r, "layered-packages").message;
+        assert!(
+            m.starts_with("local RPMs stay in the origin as built")
+                && m.contains("(el10)")
+                && m.ends_with("kernel-rt-modules-extra-5.14.0-570.60.1.el9_6.x86_64"),
+            "{m}"
+        );
     }
 
     /// On a classic node the daemon's rebase keeps packages layered by hand in the origin: they
@@ -1750,6 +1779,17 @@ mod tests {
                 && m.ends_with(": usbguard, htop"),
             "{m}"
         );
+        // Local RPMs are kept as built: only those of the target's major pass.
+        let mut c = classic(usbguard, &["usbguard", "htop"]);
+        c.booted.requested_local_packages = vec!["tool-1.0-1.el9.x86_64".into()];
+        assert_eq!(failed(&c), vec!["layered-packages"]);
+        let m = message(&c);
+        assert!(
+            m.contains("not built for the target (el10)") && m.ends_with(": tool-1.0-1.el9.x86_64"),
+            "{m}"
+        );
+        c.booted.requested_local_packages = vec!["tool-1.0-1.el10.x86_64".into()];
+        assert_eq!(failed(&c), Vec::<&str>::new(), "{:#?}", check(&c));
         // streamd's own move carries them as before.
         let mut c = classic("{}", &["usbguard", "htop"]);
         c.mover = Mover::Streamd;
