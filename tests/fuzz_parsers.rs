@@ -1472,22 +1472,31 @@ fn unwrap_v(v: &V) -> &V {
 }
 
 /// Whether `v` is acceptable for a key of `kind`: variants are looked through; an empty array
-/// of any element type is an empty list; metadata of other types is skipped, but the image
-/// config, when it is a string, must be JSON.
+/// of any element type is an empty list; metadata of other types is skipped, and an image
+/// config that is not JSON leaves the labels unknown ([`bad_image_config`]), not the
+/// deployment unreadable.
 fn conforms(kind: Kind, v: &V) -> bool {
     match (kind, unwrap_v(v)) {
         (Kind::S, V::Str(_)) | (Kind::B, V::Bool(_)) | (Kind::I, V::I32(_)) => true,
         (Kind::As, V::StrArray(_)) => true,
         (Kind::As, V::VarArray(xs)) => xs.iter().all(|x| matches!(unwrap_v(x), V::Str(_))),
         (Kind::As, V::I32Array(xs)) => xs.is_empty(),
-        (Kind::Meta, V::IntDict(_)) => true,
-        (Kind::Meta, V::Dict(entries)) => entries
+        (Kind::Meta, V::IntDict(_) | V::Dict(_)) => true,
+        _ => false,
+    }
+}
+
+/// Whether the model's commit metadata holds an image config string that is not JSON (the
+/// last entry of the key wins, as in a dictionary).
+fn bad_image_config(model: &HashMap<String, V>) -> bool {
+    match model.get("base-commit-meta").map(unwrap_v) {
+        Some(V::Dict(entries)) => entries
             .iter()
             .rev()
             .find(|(k, _)| k == CONFIG_KEY)
-            .is_none_or(|(_, x)| match unwrap_v(x) {
-                V::Str(s) => serde_json::from_str::<serde_json::Value>(s).is_ok(),
-                _ => true,
+            .is_some_and(|(_, x)| match unwrap_v(x) {
+                V::Str(s) => serde_json::from_str::<serde_json::Value>(s).is_err(),
+                _ => false,
             }),
         _ => false,
     }
@@ -1586,6 +1595,7 @@ fn check_deployment(model: &HashMap<String, V>) -> Result<(), TestCaseError> {
                 _ => false,
             };
             prop_assert_eq!(d.booted, booted);
+            prop_assert_eq!(d.image_labels_error.is_some(), bad_image_config(model));
             prop_assert_eq!(
                 d.requested_packages,
                 model

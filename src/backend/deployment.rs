@@ -52,9 +52,9 @@ pub struct Deployment {
     pub requested_base_local_replacements: Vec<String>,
     /// Labels of the image config, when the commit metadata carries it.
     pub image_labels: BTreeMap<String, String>,
-    /// Why [`Deployment::image_labels`] could not be read (bootc, which does not print them:
-    /// the libostree helper failed, or the stored image configuration is malformed); they are
-    /// then empty and say nothing. `None` when they were read, also when there are none.
+    /// Why [`Deployment::image_labels`] could not be read (the stored image configuration is
+    /// malformed, or on bootc, which does not print them, the libostree helper failed); they
+    /// are then empty and say nothing. `None` when they were read, also when there are none.
     #[serde(default)]
     pub image_labels_error: Option<String>,
     /// bootc's `incompatible`: the origin has rpm-ostree package changes bootc cannot show or
@@ -97,9 +97,16 @@ impl Deployment {
     /// Parses one dictionary.
     pub fn from_dict(d: &HashMap<String, OwnedValue>) -> Result<Self, DeploymentError> {
         let base_meta = opt(d, "base-commit-meta", dict_of)?.unwrap_or_default();
-        let image_labels = match base_meta.get("ostree.container.image-config") {
-            Some(cfg) => labels_of(cfg).map_err(|p| err("base-commit-meta", p))?,
-            None => BTreeMap::new(),
+        // A malformed configuration leaves the labels unknown, as on bootc, and the rest of
+        // the deployment usable: rpm-ostree lists such a deployment, and one bad rollback
+        // commit must not make every status unreadable.
+        let (image_labels, image_labels_error) = match base_meta
+            .get("ostree.container.image-config")
+            .map(|cfg| labels_of(cfg))
+        {
+            None => (BTreeMap::new(), None),
+            Some(Ok(labels)) => (labels, None),
+            Some(Err(e)) => (BTreeMap::new(), Some(e)),
         };
         Ok(Deployment {
             id: req(d, "id", string)?,
@@ -128,7 +135,7 @@ impl Deployment {
             )?
             .unwrap_or_default(),
             image_labels,
-            image_labels_error: None,
+            image_labels_error,
             incompatible: false,
         })
     }
@@ -418,8 +425,17 @@ mod tests {
         )
         .expect("append");
         bad_meta.insert("base-commit-meta".into(), ov(Value::Dict(meta)));
+        let dep = Deployment::from_dict(&bad_meta).expect("the rest of the deployment parses");
+        assert!(dep.image_labels.is_empty());
+        let why = dep.image_labels_error.expect("labels unknown");
+        assert!(
+            why.starts_with("ostree.container.image-config is not JSON: key must be a string"),
+            "{why}"
+        );
+        let mut wrong_meta = base();
+        wrong_meta.insert("base-commit-meta".into(), ov(Value::from("x")));
         assert_eq!(
-            Deployment::from_dict(&bad_meta).expect_err("json").key,
+            Deployment::from_dict(&wrong_meta).expect_err("type").key,
             "base-commit-meta"
         );
     }
