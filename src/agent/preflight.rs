@@ -671,6 +671,24 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
                 ),
             );
         }
+        // The daemon's `switchKernel` removes the default kernel again (`override remove`);
+        // removals its revert left in place (a kernel carried as local RPMs, streamd's own
+        // way) make that fail with "Override already exists".
+        let removals = kernel_removals(i.booted);
+        if want != KernelVariant::Default
+            && !rebuilt_by_mco(i.booted, i.mover)
+            && !removals.is_empty()
+            && !mcd_reverts_kernel_swap(i.booted)
+        {
+            return fail(
+                id,
+                format!(
+                    "the node's kernel base removals ({}) stay through the machine-config daemon's rebase (it reverts them only with kernel-rt or kernel-64k packages from a repository), so its switch to the {} kernel fails (Override already exists); reset them (rpm-ostree override reset) before the move",
+                    removals.join(", "),
+                    want.as_str()
+                ),
+            );
+        }
         // A variant the booted image carries (no override, no on-cluster build) is kept only
         // by the target image itself, whatever the MachineConfig says.
         let image_keeps = crate::backend::kernel::from_image(i.booted, running)
@@ -867,16 +885,35 @@ fn disk_space(i: &Input<'_>) -> CheckResult {
 /// packages and a `kernel*` base removal (pkg/daemon/update.go `queueRevertKernelSwap`, run
 /// before an OS update). Local RPMs it never reverts: [`FromExtensions::local`].
 fn kept_by_mcd_rebase(booted: &Deployment) -> impl Iterator<Item = &String> {
-    let swap_layer = |p: &String| p.starts_with("kernel-rt-") || p.starts_with("kernel-64k-");
-    let reverted = booted
-        .requested_base_removals
-        .iter()
-        .any(|r| r == "kernel" || r.starts_with("kernel-"))
-        && booted.requested_packages.iter().any(swap_layer);
+    let reverted = mcd_reverts_kernel_swap(booted);
     booted
         .requested_packages
         .iter()
-        .filter(move |p| !(reverted && swap_layer(p)))
+        .filter(move |p| !(reverted && is_swap_layer(p)))
+}
+
+/// A `kernel-rt-*`/`kernel-64k-*` package, as `queueRevertKernelSwap` matches them.
+fn is_swap_layer(p: &str) -> bool {
+    p.starts_with("kernel-rt-") || p.starts_with("kernel-64k-")
+}
+
+/// The booted deployment's `kernel`/`kernel-*` base removals, as `queueRevertKernelSwap`
+/// matches them.
+fn kernel_removals(booted: &Deployment) -> Vec<&str> {
+    booted
+        .requested_base_removals
+        .iter()
+        .map(String::as_str)
+        .filter(|r| *r == "kernel" || r.starts_with("kernel-"))
+        .collect()
+}
+
+/// Whether the machine-config daemon's kernel-swap revert runs before its OS update: only with
+/// both kernel base removals and `kernel-rt-*`/`kernel-64k-*` repository layers (pkg/daemon/
+/// update.go `queueRevertKernelSwap`; with one of them alone it logs a notice and leaves both).
+fn mcd_reverts_kernel_swap(booted: &Deployment) -> bool {
+    !kernel_removals(booted).is_empty()
+        && booted.requested_packages.iter().any(|p| is_swap_layer(p))
 }
 
 /// Layered packages of the booted deployment that are not part of the kernel variant
@@ -1730,6 +1767,26 @@ mod tests {
                 && m.ends_with("kernel-rt-modules-extra-5.14.0-570.60.1.el9_6.x86_64"),
             "{m}"
         );
+        // The MachineConfig asks for realtime: the daemon's override remove meets the
+        // removals its revert left (the "Override already exists").
+        c.machine_config = applied(realtime);
+        c.ext = Some(Ok(ext_with(&all)));
+        assert_eq!(
+            failed(&c),
+            vec!["kernel-variant", "layered-packages"],
+            "{:#?}",
+            check(&c)
+        );
+        let r = check(&c);
+        let m = &result(&r, "kernel-variant").message;
+        assert!(
+            m.starts_with("the node's kernel base removals (kernel, kernel-core")
+                && m.contains("Override already exists"),
+            "{m}"
+        );
+        // Its own layering from the repository is reverted first: nothing to fail.
+        c.booted.requested_packages = std::mem::take(&mut c.booted.requested_local_packages);
+        assert_eq!(failed(&c), Vec::<&str>::new(), "{:#?}", check(&c));
     }
 
     /// On a classic node the daemon's rebase keeps packages layered by hand in the origin: they
