@@ -683,9 +683,9 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
             return fail(
                 id,
                 format!(
-                    "the node's kernel base removals ({}) stay through the machine-config daemon's rebase (it reverts them only with kernel-rt or kernel-64k packages from a repository), so its switch to the {} kernel fails (Override already exists); reset them (rpm-ostree override reset) before the move",
-                    removals.join(", "),
-                    want.as_str()
+                    "the machine-config daemon's switch to the {} kernel would fail (Override already exists): its rebase keeps the node's kernel base removals, which it reverts only with kernel-rt or kernel-64k packages from a repository; reset them (rpm-ostree override reset) before the move: {}",
+                    want.as_str(),
+                    removals.join(", ")
                 ),
             );
         }
@@ -1780,8 +1780,8 @@ mod tests {
         let r = check(&c);
         let m = &result(&r, "kernel-variant").message;
         assert!(
-            m.starts_with("the node's kernel base removals (kernel, kernel-core")
-                && m.contains("Override already exists"),
+            m.starts_with("the machine-config daemon's switch to the realtime kernel would fail (Override already exists)")
+                && m.ends_with("before the move: kernel, kernel-core, kernel-modules, kernel-modules-core, kernel-modules-extra"),
             "{m}"
         );
         // Its own layering from the repository is reverted first: nothing to fail.
