@@ -1554,6 +1554,11 @@ mod tests {
         r.iter().find(|c| c.id == id).expect("check")
     }
 
+    /// The message of check `id` for `c`.
+    fn message(c: &Case, id: &str) -> String {
+        result(&check(c), id).message.clone()
+    }
+
     /// Readiness of a node the machine-config daemon manages: the machine-config operator
     /// rebuilds an on-cluster-layered image from the stream's base image, so the base image
     /// passes there, and only there (a request for a base image is still refused).
@@ -1688,8 +1693,7 @@ mod tests {
         let usbguard = r#"{"spec":{"kernelType":"default","extensions":["usbguard"]}}"#;
         let c = ocl_mc(usbguard, &rt);
         assert_eq!(failed(&c), vec!["layered-packages"], "{:#?}", check(&c));
-        let r = check(&c);
-        let m = &result(&r, "layered-packages").message;
+        let m = &message(&c, "layered-packages");
         assert!(
             m.contains("MachineConfig's spec.extensions (usbguard)")
                 && m.ends_with("does not provide for the target: usbguard"),
@@ -1704,8 +1708,7 @@ mod tests {
         let mut c = ocl_mc(usbguard, &[]);
         c.ext = None;
         assert_eq!(failed(&c), vec!["extensions-image", "layered-packages"]);
-        let r = check(&c);
-        let m = &result(&r, "extensions-image").message;
+        let m = &message(&c, "extensions-image");
         assert!(m.contains("asks for spec.extensions usbguard"), "{m}");
 
         // spec.kernelType realtime on a node running the default kernel: the on-cluster build
@@ -1713,8 +1716,7 @@ mod tests {
         let realtime = r#"{"spec":{"kernelType":"realtime"}}"#;
         let c = ocl_mc(realtime, &rt);
         assert_eq!(failed(&c), vec!["kernel-variant"], "{:#?}", check(&c));
-        let r = check(&c);
-        let m = &result(&r, "kernel-variant").message;
+        let m = &message(&c, "kernel-variant");
         assert!(
             m.contains("lacks kernel-rt-kvm for the realtime kernel the MachineConfig's spec.kernelType asks for")
                 && m.contains("on-cluster build"),
@@ -1759,8 +1761,7 @@ mod tests {
         c.machine_config = applied("{}");
         c.ext = Some(Ok(ext_with(&[])));
         assert_eq!(failed(&c), vec!["layered-packages"], "{:#?}", check(&c));
-        let r = check(&c);
-        let m = &result(&r, "layered-packages").message;
+        let m = &message(&c, "layered-packages");
         assert!(
             m.starts_with("local RPMs stay in the origin as built")
                 && m.contains("(el10)")
@@ -1777,8 +1778,7 @@ mod tests {
             "{:#?}",
             check(&c)
         );
-        let r = check(&c);
-        let m = &result(&r, "kernel-variant").message;
+        let m = &message(&c, "kernel-variant");
         assert!(
             m.starts_with("the machine-config daemon's switch to the realtime kernel would fail (Override already exists)")
                 && m.ends_with("before the move: kernel, kernel-core, kernel-modules, kernel-modules-core, kernel-modules-extra"),
@@ -1802,14 +1802,10 @@ mod tests {
             c.ext = Some(Ok(ext_with(ext)));
             c
         };
-        let message = |c: &Case| {
-            let r = check(c);
-            result(&r, "layered-packages").message.clone()
-        };
         let usbguard = r#"{"spec":{"extensions":["usbguard"]}}"#;
         let c = classic(usbguard, &["usbguard"]);
         assert_eq!(failed(&c), vec!["layered-packages"], "{:#?}", check(&c));
-        let m = message(&c);
+        let m = message(&c, "layered-packages");
         assert!(
             m.starts_with(
                 "packages layered on the node outside the MachineConfig stay in its origin"
@@ -1817,7 +1813,7 @@ mod tests {
             "{m}"
         );
         let c = classic(usbguard, &["htop"]);
-        let m = message(&c);
+        let m = message(&c, "layered-packages");
         assert!(
             m.contains("spec.extensions (usbguard) needs packages the extensions image does not provide for the target: usbguard")
                 && !m.contains("outside the MachineConfig"),
@@ -1830,7 +1826,7 @@ mod tests {
         // Nothing in the MachineConfig: the daemon adds no repository for the rebase.
         let c = classic("{}", &["usbguard", "htop"]);
         assert_eq!(failed(&c), vec!["layered-packages"]);
-        let m = message(&c);
+        let m = message(&c, "layered-packages");
         assert!(
             m.starts_with("no repository provides the packages layered outside the MachineConfig")
                 && m.ends_with(": usbguard, htop"),
@@ -1840,7 +1836,7 @@ mod tests {
         let mut c = classic(usbguard, &["usbguard", "htop"]);
         c.booted.requested_local_packages = vec!["tool-1.0-1.el9.x86_64".into()];
         assert_eq!(failed(&c), vec!["layered-packages"]);
-        let m = message(&c);
+        let m = message(&c, "layered-packages");
         assert!(
             m.contains("not built for the target (el10)") && m.ends_with(": tool-1.0-1.el9.x86_64"),
             "{m}"
@@ -1864,10 +1860,6 @@ mod tests {
             c.machine_config = applied(json);
             c.ext = Some(Ok(ext_with(&["usbguard"])));
             c
-        };
-        let message = |c: &Case, id: &str| {
-            let r = check(c);
-            result(&r, id).message.clone()
         };
         let c = mc(r#"{"spec":{"kernelType":"rt"}}"#);
         assert_eq!(failed(&c), vec!["kernel-variant"]);
