@@ -162,6 +162,11 @@ impl FromExtensions {
     pub fn all_layered(&self) -> impl Iterator<Item = &String> {
         self.layered.iter().chain(&self.by_hand)
     }
+
+    /// Whether anything is needed from the extensions image.
+    fn needed(&self) -> bool {
+        self.variant != KernelVariant::Default || self.all_layered().next().is_some()
+    }
 }
 
 /// What the target's extensions image must provide. For the machine-config operator's move,
@@ -544,12 +549,6 @@ fn machine_config<'a>(i: &Input<'a>) -> Option<&'a Result<AppliedConfig, String>
         .filter(|_| i.mover == Mover::MachineConfigOperator)
 }
 
-/// Whether the node needs packages from the extensions image.
-fn needs_extensions(i: &Input<'_>) -> bool {
-    let p = provided(i);
-    p.variant != KernelVariant::Default || p.all_layered().next().is_some()
-}
-
 /// What the applied MachineConfig asks the extensions image for, for a reason.
 fn machine_config_asks(p: &FromExtensions, mc: &AppliedConfig) -> String {
     let mut asks = Vec::new();
@@ -564,26 +563,27 @@ fn machine_config_asks(p: &FromExtensions, mc: &AppliedConfig) -> String {
 
 fn extensions_image(i: &Input<'_>) -> CheckResult {
     let id = "extensions-image";
+    let provided = provided(i);
     match i.extensions {
-        None if needs_extensions(i)
+        None if provided.needed()
             && let Some(Ok(mc)) = machine_config(i) =>
         {
             fail(
                 id,
                 format!(
                     "the MachineConfig the machine-config daemon applied asks for {}, which the machine-config operator installs from the stream's extensions image, and the target has none (the OSImageStream's osExtensionsImage, or check-extensions-image)",
-                    machine_config_asks(&provided(i), mc)
+                    machine_config_asks(&provided, mc)
                 ),
             )
         }
-        None if needs_extensions(i) && rebuilt_by_mco(i.booted, i.mover) => fail(
+        None if provided.needed() && rebuilt_by_mco(i.booted, i.mover) => fail(
             id,
             format!(
                 "the machine-config operator's on-cluster build takes the {} kernel from the stream's extensions image, and the target has none (the OSImageStream's osExtensionsImage, or check-extensions-image)",
-                provided(i).variant.as_str()
+                provided.variant.as_str()
             ),
         ),
-        None if needs_extensions(i) => fail(
+        None if provided.needed() => fail(
             id,
             "this node has a non-default kernel or layered packages, which must be re-provided for the target: set desired-extensions-image",
         ),
