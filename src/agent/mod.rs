@@ -127,7 +127,8 @@ pub struct Agent {
     boot_id: String,
     /// The signal that the machine-config daemon manages the node, if any.
     mcd: Option<facts::mcd::McdSignal>,
-    /// The MachineConfig the machine-config daemon applied (readiness.rs reads it with `mcd`).
+    /// The MachineConfig the machine-config daemon applied, read (readiness.rs) only while its
+    /// operator's move is checked: readiness mode on a node with `mcd`.
     machine_config: Result<Option<facts::machineconfig::AppliedConfig>, String>,
     /// The node's `check-*` keys as written.
     checks: CheckInputs,

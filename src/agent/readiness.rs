@@ -234,11 +234,18 @@ impl Agent {
     pub(super) fn observe_mode(&mut self, annotations: &BTreeMap<String, String>) {
         self.checks = protocol::CheckInputs::from_annotations(annotations);
         self.mcd = mcd::detect(&self.host, annotations);
-        // Read on every node update: the daemon rewrites the file before it reboots into a
-        // new config and updates the node's currentConfig annotation after.
-        let machine_config = match self.mcd {
-            Some(_) => machineconfig::applied(&self.host),
-            None => Ok(None),
+        let mode = self.mode().0;
+        if mode != self.status.mode {
+            info!(%mode, signal = ?self.mcd.map(|s| s.to_string()), "mode");
+            self.status.mode = mode;
+        }
+        // Read on every node update, and only where the operator's move is checked
+        // (`readiness_plan`): the daemon rewrites the file before it reboots into a new config
+        // and updates the node's currentConfig annotation after.
+        let machine_config = if mode == Mode::Readiness && self.mcd.is_some() {
+            machineconfig::applied(&self.host)
+        } else {
+            Ok(None)
         };
         if machine_config != self.machine_config {
             match &machine_config {
@@ -252,11 +259,6 @@ impl Agent {
                 Err(e) => warn!(error = %e, "cannot read the applied MachineConfig"),
             }
             self.machine_config = machine_config;
-        }
-        let mode = self.mode().0;
-        if mode != self.status.mode {
-            info!(%mode, signal = ?self.mcd.map(|s| s.to_string()), "mode");
-            self.status.mode = mode;
         }
     }
 
