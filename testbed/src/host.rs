@@ -88,16 +88,16 @@ pub fn write(
     }
     if fixture.mcd {
         // openshift/machine-config-operator:pkg/daemon/daemon.go `storeCurrentConfigOnDisk`
-        // writes the whole MachineConfig as JSON; streamd only looks for the file.
+        // writes the whole MachineConfig as JSON: the fixture's, else one without kernel type
+        // or extensions.
         put(
             "etc/machine-config-daemon/currentconfig",
-            r#"{"kind":"MachineConfig","apiVersion":"machineconfiguration.openshift.io/v1","metadata":{"name":"rendered-worker-0123456789abcdef0123456789abcdef"},"spec":{"osImageURL":""}}"#,
+            fixture.machine_config.unwrap_or(
+                r#"{"kind":"MachineConfig","apiVersion":"machineconfiguration.openshift.io/v1","metadata":{"name":"rendered-worker-0123456789abcdef0123456789abcdef"},"spec":{"osImageURL":""}}"#,
+            ),
         )?;
     } else {
         remove("etc/machine-config-daemon/currentconfig");
-    }
-    if let (true, Some(mc)) = (fixture.mcd, fixture.machine_config) {
-        put("etc/machine-config-daemon/currentconfig", mc)?;
     }
     let secure_boot = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c";
     if fixture.secure_boot {
