@@ -38,7 +38,7 @@ async fn base_image_refused(env: &mut Env, why: &str) {
 /// `streamctl preflight --json` for stream rhel-10 and `os`: the os-image check's result and
 /// message.
 fn os_image_check(env: &Env, os: &str) -> (String, String) {
-    let out = preflight_rhel10(env, os);
+    let out = preflight_rhel10(env, os, None);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "preflight JSON ({e}): {}{}",

@@ -435,7 +435,7 @@ async fn streamctl_preflight_and_plan_change_nothing() {
         Some(4)
     );
     // Without the extensions image: a failing check, exit 1, no plan.
-    let out = preflight_rhel10(&env, &os);
+    let out = preflight_rhel10(&env, &os, None);
     assert_eq!(out.status.code(), Some(1));
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert!(
@@ -523,18 +523,7 @@ async fn an_extensions_image_is_read_once_and_only_the_current_one_is_kept() {
     env.wait_state("Idle").await;
     let (os, ext) = (env.rhel10(), env.rhel10_extensions());
     let ext9 = env.vars()["TESTBED_RHEL9_EXTENSIONS_IMAGE"].clone();
-    let preflight = |ext: &str| {
-        env.streamctl(&[
-            "preflight",
-            "--json",
-            "--stream",
-            "rhel-10",
-            "--os-image",
-            &os,
-            "--extensions-image",
-            ext,
-        ])
-    };
+    let preflight = |ext: &str| preflight_rhel10(&env, &os, Some(ext));
     let out = preflight(&ext);
     assert_eq!(
         out.status.code(),
@@ -595,7 +584,7 @@ async fn preflight_beside_a_waiting_staging_keeps_its_rpms() {
     )
     .await;
     // Checks for another request prune the extraction cache of everything they do not use.
-    let out = preflight_rhel10(&env, &os);
+    let out = preflight_rhel10(&env, &os, None);
     assert_eq!(
         out.status.code(),
         Some(1),
@@ -645,7 +634,7 @@ async fn a_realtime_image_host_moves_only_to_a_realtime_image() {
         .push_custom("rhel10-rt", labels, files)
         .await
         .expect("push");
-    let out = preflight_rhel10(&env, &rt_image);
+    let out = preflight_rhel10(&env, &rt_image, None);
     let v: Value = serde_json::from_slice(&out.stdout).expect("preflight JSON");
     let check = |id: &str| {
         v["checks"]

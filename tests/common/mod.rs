@@ -474,14 +474,18 @@ pub async fn push_os(env: &Env, tag: &str, labels: &[(&str, &str)]) -> String {
     pullspec
 }
 
-/// `streamctl preflight --json` for stream rhel-10 on `os`, without an extensions image.
-pub fn preflight_rhel10(env: &Env, os: &str) -> Output {
-    env.streamctl(&[
+/// `streamctl preflight --json` for stream rhel-10 on `os`, with `extensions` if given.
+pub fn preflight_rhel10(env: &Env, os: &str, extensions: Option<&str>) -> Output {
+    let mut args = vec![
         "preflight",
         "--json",
         "--stream",
         "rhel-10",
         "--os-image",
         os,
-    ])
+    ];
+    if let Some(ext) = extensions {
+        args.extend(["--extensions-image", ext]);
+    }
+    env.streamctl(&args)
 }
