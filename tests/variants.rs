@@ -784,11 +784,11 @@ async fn a_layered_node_is_ready_only_while_the_extensions_image_has_its_machine
     );
     // The daemon applies a MachineConfig without extensions: it rewrites its record, then the
     // node's currentConfig annotation (pkg/daemon/writer.go `SetDone`).
-    std::fs::write(
-        env.dir.join("host/etc/machine-config-daemon/currentconfig"),
-        r#"{"kind":"MachineConfig","metadata":{"name":"rendered-worker-2"},"spec":{"kernelType":"default","extensions":[]}}"#,
-    )
-    .expect("write currentconfig");
+    write_machine_config(
+        &env,
+        "rendered-worker-2",
+        r#"{"kernelType":"default","extensions":[]}"#,
+    );
     env.annotate(&["machineconfiguration.openshift.io/currentConfig=rendered-worker-2"]);
     let (_, e) =
         wait_rhel10_readiness(&env, "rhel-10 ready again", |e| e["ready"] == json!(true)).await;
@@ -806,18 +806,11 @@ async fn a_layered_node_is_ready_only_while_the_extensions_image_has_its_machine
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_package_layered_outside_the_machine_config_is_ready_only_with_its_repository() {
     let mut env = Env::with_host("variant-mcd-by-hand", "layered").await;
-    let record = env.dir.join("host/etc/machine-config-daemon/currentconfig");
-    let write_mc = |extensions: &str| {
-        std::fs::create_dir_all(record.parent().expect("a parent")).expect("mkdir");
-        std::fs::write(
-            &record,
-            format!(
-                r#"{{"kind":"MachineConfig","metadata":{{"name":"rendered-worker-1"}},"spec":{{"kernelType":"default","extensions":{extensions}}}}}"#
-            ),
-        )
-        .expect("write currentconfig");
-    };
-    write_mc("[]");
+    write_machine_config(
+        &env,
+        "rendered-worker-1",
+        r#"{"kernelType":"default","extensions":[]}"#,
+    );
     env.start_streamd();
     let (_, e) =
         wait_rhel10_readiness(&env, "rhel-10 not ready", |e| e["ready"] == json!(false)).await;
@@ -829,7 +822,11 @@ async fn a_package_layered_outside_the_machine_config_is_ready_only_with_its_rep
     );
     // The MachineConfig now asks for the extension: the daemon mounts the extensions image,
     // which has usbguard for rhel-10.
-    write_mc(r#"["usbguard"]"#);
+    write_machine_config(
+        &env,
+        "rendered-worker-1",
+        r#"{"kernelType":"default","extensions":["usbguard"]}"#,
+    );
     env.annotate(&["machineconfiguration.openshift.io/currentConfig=rendered-worker-2"]);
     let (_, e) = wait_rhel10_readiness(&env, "rhel-10 ready", |e| e["ready"] == json!(true)).await;
     assert_eq!(e["failed"], json!([]), "{e}");
@@ -837,6 +834,18 @@ async fn a_package_layered_outside_the_machine_config_is_ready_only_with_its_rep
         env.transactions().await.is_empty(),
         "readiness checks change nothing"
     );
+}
+
+/// Writes the MachineConfig `name` with `spec` (JSON) where the machine-config daemon records
+/// the one it applied (pkg/daemon/daemon.go `storeCurrentConfigOnDisk`).
+fn write_machine_config(env: &Env, name: &str, spec: &str) {
+    let record = env.dir.join("host/etc/machine-config-daemon/currentconfig");
+    std::fs::create_dir_all(record.parent().expect("a parent")).expect("mkdir");
+    std::fs::write(
+        &record,
+        format!(r#"{{"kind":"MachineConfig","metadata":{{"name":"{name}"}},"spec":{spec}}}"#),
+    )
+    .expect("write currentconfig");
 }
 
 /// Waits until the `readiness` annotation has a `rhel-10` entry that `pred` accepts; returns
