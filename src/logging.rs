@@ -153,12 +153,18 @@ pub fn log_state(state: State, reason: &str, stream: &str, image: &str, node: &s
 }
 
 /// Logs a failed preflight check (target `streamd::agent`, level warn).
-pub fn log_preflight_failed(check: &str, message: &str, stream: &str, image: &str, node: &str) {
+pub fn log_preflight_failed(
+    check: crate::cluster::protocol::CheckId,
+    message: &str,
+    stream: &str,
+    image: &str,
+    node: &str,
+) {
     if JOURNAL.load(Ordering::Relaxed) {
         tracing::warn!(
             target: "streamd::agent",
             message_id = PREFLIGHT_FAILED_MESSAGE_ID,
-            streamd_check = check,
+            streamd_check = %check,
             streamd_reason = message,
             streamd_stream = stream,
             streamd_image = image,
@@ -166,7 +172,7 @@ pub fn log_preflight_failed(check: &str, message: &str, stream: &str, image: &st
             "preflight check {check} failed: {message}"
         );
     } else {
-        tracing::warn!(target: "streamd::agent", check, message = %message, "preflight check failed");
+        tracing::warn!(target: "streamd::agent", check = %check, message = %message, "preflight check failed");
     }
 }
 

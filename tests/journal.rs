@@ -85,7 +85,7 @@ fn child_main(mode: &str) {
         NODE,
     );
     logging::log_preflight_failed(
-        "sysroot-space",
+        streamd::cluster::protocol::CheckId::DiskSpace,
         "only 1 GiB free",
         "stable-4.20",
         "quay.io/os/rhel@sha256:abc",
@@ -201,13 +201,13 @@ fn journal_fields() {
     let pre = &entries[1];
     assert_eq!(one(pre, "MESSAGE_ID"), logging::PREFLIGHT_FAILED_MESSAGE_ID);
     assert_eq!(one(pre, "MESSAGE_ID"), "2a112241026c42db81625fa7b057ad16");
-    assert_eq!(one(pre, "STREAMD_CHECK"), "sysroot-space");
+    assert_eq!(one(pre, "STREAMD_CHECK"), "disk-space");
     assert_eq!(one(pre, "STREAMD_REASON"), "only 1 GiB free");
     assert_eq!(one(pre, "STREAMD_NODE"), NODE);
     assert_eq!(one(pre, "PRIORITY"), "4");
     assert_eq!(
         one(pre, "MESSAGE"),
-        "preflight check sysroot-space failed: only 1 GiB free"
+        "preflight check disk-space failed: only 1 GiB free"
     );
 
     let creds = &entries[2];

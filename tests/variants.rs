@@ -144,6 +144,11 @@ async fn refused(env: &Env, check: &str) -> String {
         reason.contains(&format!("preflight check {check} failed")),
         "{reason}"
     );
+    let failed = a.get(FAILED_CHECKS).map(String::as_str).unwrap_or_default();
+    assert!(
+        failed.split(',').any(|id| id == check),
+        "failed-checks {failed:?} names {check}"
+    );
     assert!(
         env.transactions().await.is_empty(),
         "no transaction for a refusal"

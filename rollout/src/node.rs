@@ -9,7 +9,8 @@ pub use streamd::cluster::protocol::{
     CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, MODE, READINESS,
 };
 use streamd::cluster::protocol::{
-    Inputs, OBSERVED_DESIRED, REASON, REBOOT_REQUESTED, STATE, State,
+    CheckId, FAILED_CHECKS, Inputs, OBSERVED_DESIRED, REASON, REBOOT_REQUESTED, STATE, State,
+    UnknownCheck, parse_check_ids, parse_failed_checks,
 };
 
 /// Written by the controller only: how far it got with the node, so that a restart or a new
@@ -131,6 +132,14 @@ impl NodeView {
         self.get(REASON).unwrap_or_default()
     }
 
+    /// streamd's `failed-checks`: the checks a `Refused` node failed (none when absent), and
+    /// the ids this controller does not know.
+    pub fn failed_checks(&self) -> (Vec<CheckId>, Vec<UnknownCheck>) {
+        self.get(FAILED_CHECKS)
+            .map(parse_failed_checks)
+            .unwrap_or_default()
+    }
+
     /// streamd's `observed-desired`.
     pub fn observed(&self) -> Option<&str> {
         self.get(OBSERVED_DESIRED)
@@ -173,7 +182,7 @@ impl NodeView {
 pub struct ReadinessEntry {
     /// Every check passed.
     pub ready: bool,
-    /// The ids of the checks that failed.
+    /// The ids of the checks that failed, as written ([`ReadinessEntry::failed_checks`]).
     #[serde(default)]
     pub failed: Vec<String>,
     /// Why, for a human.
@@ -182,6 +191,13 @@ pub struct ReadinessEntry {
     /// The request hash (as `observed-desired`) the entry is for.
     #[serde(default)]
     pub checked: String,
+}
+
+impl ReadinessEntry {
+    /// The failed checks, and the ids this controller does not know.
+    pub fn failed_checks(&self) -> (Vec<CheckId>, Vec<UnknownCheck>) {
+        parse_check_ids(self.failed.iter().map(String::as_str))
+    }
 }
 
 #[cfg(test)]
@@ -228,6 +244,26 @@ mod tests {
     }
 
     #[test]
+    fn failed_checks_are_read_from_their_own_key() {
+        let mut n = NodeView::default();
+        assert_eq!(n.failed_checks(), (vec![], vec![]));
+        n.annotations.insert(
+            REASON.into(),
+            "preflight check fips failed: mismatch".into(),
+        );
+        assert_eq!(n.failed_checks(), (vec![], vec![]), "the prose is not read");
+        n.annotations
+            .insert(FAILED_CHECKS.into(), "cpu-level,quantum".into());
+        assert_eq!(
+            n.failed_checks(),
+            (
+                vec![CheckId::CpuLevel],
+                vec![UnknownCheck("quantum".into())]
+            )
+        );
+    }
+
+    #[test]
     fn readiness_entry_parses_or_is_absent() {
         let mut n = NodeView::default();
         n.annotations.insert(
@@ -236,7 +272,7 @@ mod tests {
                 .into(),
         );
         let e = n.readiness("rhel-10").expect("entry");
-        assert_eq!(e.failed, vec!["cpu-level".to_string()]);
+        assert_eq!(e.failed_checks(), (vec![CheckId::CpuLevel], vec![]));
         assert!(n.readiness("rhel-11").is_none());
         n.annotations.insert(READINESS.into(), "{not json".into());
         assert!(n.readiness("rhel-10").is_none());

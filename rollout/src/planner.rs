@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use streamd::cluster::protocol::{Desired, Inputs, State};
+use streamd::cluster::protocol::{CheckId, Desired, Inputs, State, UnknownCheck};
 
 use crate::crd::NodeIssue;
 use crate::node::{
@@ -511,7 +511,12 @@ fn readiness(nodes: &[&NodeView], target: &Desired, hash: &str) -> String {
             }
             Some(State::Refused) if acked => {
                 refuse += 1;
-                ids.insert(preflight_id(n.reason()).unwrap_or("request").to_string());
+                let (known, unknown) = n.failed_checks();
+                if known.is_empty() && unknown.is_empty() {
+                    // Refused for something no check names: a bad request.
+                    ids.insert("request".to_string());
+                }
+                ids.extend(summary_ids(known, unknown));
                 continue;
             }
             _ => {}
@@ -520,7 +525,8 @@ fn readiness(nodes: &[&NodeView], target: &Desired, hash: &str) -> String {
             Some(e) if e.checked == hash && e.ready => ready += 1,
             Some(e) if e.checked == hash && !e.failed.is_empty() => {
                 refuse += 1;
-                ids.extend(e.failed);
+                let (known, unknown) = e.failed_checks();
+                ids.extend(summary_ids(known, unknown));
             }
             _ => {}
         }
@@ -537,17 +543,21 @@ fn readiness(nodes: &[&NodeView], target: &Desired, hash: &str) -> String {
     line
 }
 
-/// The check id of streamd's `preflight check <id> failed: …` reason.
-fn preflight_id(reason: &str) -> Option<&str> {
-    let rest = reason.strip_prefix("preflight check ")?;
-    let (id, _) = rest.split_once(" failed")?;
-    Some(id)
+/// The names the readiness summary gives failed checks: their ids, and `unknown-check` for
+/// ids of a newer streamd.
+fn summary_ids(known: Vec<CheckId>, unknown: Vec<UnknownCheck>) -> impl Iterator<Item = String> {
+    let unknown = (!unknown.is_empty()).then(|| "unknown-check".to_string());
+    known
+        .into_iter()
+        .map(|id| id.as_str().to_string())
+        .chain(unknown)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::node::{MCD_CURRENT_CONFIG, READINESS};
+    use streamd::cluster::protocol::FAILED_CHECKS;
     use streamd::cluster::protocol::{
         DESIRED_OS_IMAGE, DESIRED_STREAM, OBSERVED_DESIRED, REASON, REBOOT_REQUESTED, STATE,
     };
@@ -870,25 +880,48 @@ mod tests {
             set(
                 node("d"),
                 READINESS,
-                &entry(false, r#""cpu-level","disk""#, &h),
+                &entry(false, r#""cpu-level","disk-space""#, &h),
             ),
             // A result for other images (a stale digest) is not counted.
             set(node("e"), READINESS, &entry(true, "", "0000000000000000")),
+            // The failed checks come from their own key, never from the reason's prose.
             set(
-                in_state(node("f"), "Refused"),
-                REASON,
-                "preflight check fips failed: mismatch",
+                set(
+                    in_state(node("f"), "Refused"),
+                    REASON,
+                    "preflight check cpu-level failed: mismatch",
+                ),
+                FAILED_CHECKS,
+                "fips",
             ),
         ];
         let p = plan(&pool(), &nodes);
         assert_eq!(
             p.summary.readiness.as_deref(),
-            Some("2 of 6 ready; 3 refuse: cpu-level, disk, fips; 1 not checked")
+            Some("2 of 6 ready; 3 refuse: cpu-level, disk-space, fips; 1 not checked")
         );
         assert_eq!(p.summary.machines, 6);
         assert_eq!(p.summary.updated, 1);
         assert_eq!(p.summary.ready, 1);
         assert_eq!(p.summary.degraded_nodes, 1);
+        // A refusal no check names (a bad request), and an id of a newer streamd.
+        let nodes = vec![
+            set(
+                in_state(node("g"), "Refused"),
+                REASON,
+                "preflight check fips failed: mismatch",
+            ),
+            set(
+                node("h"),
+                READINESS,
+                &entry(false, r#""quantum-level""#, &h),
+            ),
+        ];
+        let p = plan(&pool(), &nodes);
+        assert_eq!(
+            p.summary.readiness.as_deref(),
+            Some("0 of 2 ready; 2 refuse: request, unknown-check")
+        );
     }
 
     /// Whatever the nodes look like, the plan never makes more nodes unavailable than

@@ -30,7 +30,7 @@ use crate::backend::rpmostree::UpdateDeploymentCall;
 use crate::cluster::node::{
     CREDENTIALS_CHECK, CredentialsError, EventType, NodeClient, NodeUpdate, PatchError,
 };
-use crate::cluster::protocol::{CheckInputs, Inputs, Mode, State};
+use crate::cluster::protocol::{CheckId, CheckInputs, Inputs, Mode, State};
 use crate::cluster::report::Reporter;
 use crate::cluster::status::Status;
 use crate::cluster::streams::{Catalog, ResolveError, StreamsUpdate};
@@ -652,25 +652,9 @@ impl Agent {
                 }
             }
             Decision::Done { applied } => self.done(applied, record).await,
-            other => {
-                let reason = match &other {
-                    Decision::Refuse(r) => r.clone(),
-                    // Only a locked stage waits for the approval (the planner removes an
-                    // unlocked one).
-                    Decision::AwaitApproval { token } => format!(
-                        "staged {} (finalization-locked); waiting for reboot approval: set reboot-approved to {token}",
-                        self.status.staged_os_image.as_deref().unwrap_or_default(),
-                    ),
-                    Decision::RebootPending => {
-                        "the staged deployment is finalized; waiting for the reboot".into()
-                    }
-                    Decision::AlreadyStaged => {
-                        "staged without a finalization lock (reboot = never): the next reboot applies it"
-                            .into()
-                    }
-                    _ => String::new(),
-                };
-                if let Some(state) = other.settled_state() {
+            settled => {
+                let staged = self.status.staged_os_image.as_deref().unwrap_or_default();
+                if let Some((state, reason)) = settled.settled(staged) {
                     self.set_state(state, reason).await;
                 }
             }
@@ -777,11 +761,28 @@ impl Agent {
         self.set_state_event(state, reason, None).await;
     }
 
+    /// Reports `Refused` because the checks `failed` failed; `reason` tells the first.
+    async fn set_refused_by_checks(&mut self, failed: Vec<CheckId>, reason: String) {
+        self.set_state_with(State::Refused, reason, failed, None)
+            .await;
+    }
+
     /// Like [`Self::set_state`], posting `event` instead of the state's usual one.
     async fn set_state_event(
         &mut self,
         state: State,
         reason: String,
+        event: Option<(EventType, &'static str, String)>,
+    ) {
+        self.set_state_with(state, reason, Vec::new(), event).await;
+    }
+
+    /// The one writer of the reported state, reason and failed checks.
+    async fn set_state_with(
+        &mut self,
+        state: State,
+        reason: String,
+        failed_checks: Vec<CheckId>,
         event: Option<(EventType, &'static str, String)>,
     ) {
         let explicit = event.is_some();
@@ -820,6 +821,7 @@ impl Agent {
         }
         self.status.state = state;
         self.status.reason = reason;
+        self.status.failed_checks = failed_checks;
         self.publish().await;
     }
 

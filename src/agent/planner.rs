@@ -95,13 +95,35 @@ pub fn foreign_staged<'a>(
         })
 }
 
+/// Why the planner refuses a request; its text is the reported reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// An input annotation is malformed.
+    #[error(transparent)]
+    Request(#[from] ProtocolError),
+    /// The backend lists no booted deployment.
+    #[error("rpm-ostree reports no booted deployment; refusing to stage on an unknown host")]
+    NoBootedDeployment,
+    /// Every allowed reboot into the request came up on another deployment.
+    #[error(
+        "the node was rebooted into {image} {attempts} time(s) and came up on another deployment \
+         each time; not trying again until the request changes"
+    )]
+    AttemptsExhausted {
+        /// The requested OS image.
+        image: String,
+        /// Reboots into it so far.
+        attempts: u32,
+    },
+}
+
 /// The planner's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// Nothing is requested.
     Idle,
     /// The request is invalid or unsafe: report and change nothing.
-    Refuse(String),
+    Refuse(Refusal),
     /// The booted deployment runs the desired image.
     Done {
         /// A reboot of streamd's got it there: clear the attempt record, post `Applied`.
@@ -142,14 +164,30 @@ pub enum Decision {
 }
 
 impl Decision {
-    /// The state to report for decisions that need no action.
-    pub fn settled_state(&self) -> Option<State> {
+    /// The state and reason to report for a decision that needs no action (`None` for one
+    /// that acts); `staged` is the staged image the reason names.
+    pub fn settled(&self, staged: &str) -> Option<(State, String)> {
         match self {
-            Decision::Idle => Some(State::Idle),
-            Decision::Refuse(_) => Some(State::Refused),
-            Decision::Done { .. } => Some(State::Done),
-            Decision::AwaitApproval { .. } | Decision::AlreadyStaged => Some(State::Staged),
-            Decision::RebootPending => Some(State::Rebooting),
+            Decision::Idle => Some((State::Idle, String::new())),
+            Decision::Refuse(refusal) => Some((State::Refused, refusal.to_string())),
+            Decision::Done { .. } => Some((State::Done, String::new())),
+            // Only a locked stage waits for the approval (the planner removes an unlocked one).
+            Decision::AwaitApproval { token } => Some((
+                State::Staged,
+                format!(
+                    "staged {staged} (finalization-locked); waiting for reboot approval: set \
+                     reboot-approved to {token}"
+                ),
+            )),
+            Decision::AlreadyStaged => Some((
+                State::Staged,
+                "staged without a finalization lock (reboot = never): the next reboot applies it"
+                    .into(),
+            )),
+            Decision::RebootPending => Some((
+                State::Rebooting,
+                "the staged deployment is finalized; waiting for the reboot".into(),
+            )),
             Decision::RolledBack { .. }
             | Decision::Verify
             | Decision::CleanupStale
@@ -188,7 +226,7 @@ pub fn reboot_token(desired: &Desired, boot_id: &str, record: &Record) -> String
 pub fn decide(obs: &Observation<'_>) -> Decision {
     let life = &obs.lifecycle;
     let desired = match obs.desired {
-        Err(e) => return Decision::Refuse(e.to_string()),
+        Err(e) => return Decision::Refuse(e.clone().into()),
         Ok(None) if obs.staged_is_ours() => return Decision::CleanupStale,
         Ok(None) => return Decision::Idle,
         Ok(Some(d)) => d,
@@ -196,9 +234,7 @@ pub fn decide(obs: &Observation<'_>) -> Decision {
     let digest = desired.os_image.digest();
     let hash = desired.observed_hash();
     let Some(booted) = obs.booted() else {
-        return Decision::Refuse(
-            "rpm-ostree reports no booted deployment; refusing to stage on an unknown host".into(),
-        );
+        return Decision::Refuse(Refusal::NoBootedDeployment);
     };
     let attempt = life.record.attempt.as_ref().filter(|a| a.request == hash);
     if booted.carries_digest(digest) {
@@ -220,11 +256,10 @@ pub fn decide(obs: &Observation<'_>) -> Decision {
             };
         }
         if !retry {
-            return Decision::Refuse(format!(
-                "the node was rebooted into {} {} time(s) and came up on another deployment \
-                 each time; not trying again until the request changes",
-                desired.os_image, a.attempts
-            ));
+            return Decision::Refuse(Refusal::AttemptsExhausted {
+                image: desired.os_image.to_string(),
+                attempts: a.attempts,
+            });
         }
     }
     let want_lock = life.policy != RebootPolicy::Never && life.locks;
@@ -469,10 +504,16 @@ mod tests {
 
     #[test]
     fn decisions_by_table() {
-        let invalid: Result<Option<Desired>, ProtocolError> = Err(ProtocolError {
+        let invalid_error = ProtocolError {
             key: DESIRED_OS_IMAGE,
             problem: "bad".into(),
-        });
+        };
+        assert_eq!(
+            Refusal::Request(invalid_error.clone()).to_string(),
+            "annotation osstream.openshift.io/desired-os-image: bad",
+            "a refused request reports the annotation error as it is"
+        );
+        let invalid: Result<Option<Desired>, ProtocolError> = Err(invalid_error.clone());
         let base = vec![dep(D9, true, false)];
         let staged10 = vec![dep(D10, false, true), dep(D9, true, false)];
         let reboot = |attempt| Decision::Reboot {
@@ -485,7 +526,7 @@ mod tests {
                 "invalid request",
                 invalid,
                 base.clone(),
-                Decision::Refuse("annotation osstream.openshift.io/desired-os-image: bad".into()),
+                Decision::Refuse(Refusal::Request(invalid_error.clone())),
             ),
             case("fresh request", want(D10), base.clone(), stage(D10, true)),
             case(
@@ -879,7 +920,11 @@ mod tests {
             backend: BackendKind::RpmOstree,
             lifecycle: life(&record),
         };
-        assert!(matches!(decide(&obs), Decision::Refuse(r) if r.contains("2 time(s)")));
+        assert!(matches!(
+            decide(&obs),
+            Decision::Refuse(r @ Refusal::AttemptsExhausted { attempts: 2, .. })
+                if r.to_string().contains("2 time(s)")
+        ));
     }
 
     #[test]
@@ -911,7 +956,7 @@ mod tests {
             backend: BackendKind::RpmOstree,
             lifecycle: life(&record),
         };
-        assert!(matches!(decide(&obs), Decision::Refuse(r) if r.contains("no booted")));
+        assert_eq!(decide(&obs), Decision::Refuse(Refusal::NoBootedDeployment));
     }
 
     #[test]
@@ -974,15 +1019,47 @@ mod tests {
 
     #[test]
     fn settled_states() {
-        assert_eq!(Decision::Idle.settled_state(), Some(State::Idle));
-        assert_eq!(Decision::AlreadyStaged.settled_state(), Some(State::Staged));
-        assert_eq!(
-            Decision::RebootPending.settled_state(),
-            Some(State::Rebooting)
-        );
-        assert_eq!(
-            Decision::Refuse(String::new()).settled_state(),
-            Some(State::Refused)
-        );
+        let staged = "quay.io/o/r@sha256:10";
+        let cases = [
+            (Decision::Idle, Some((State::Idle, ""))),
+            (Decision::Done { applied: true }, Some((State::Done, ""))),
+            (
+                Decision::AlreadyStaged,
+                Some((
+                    State::Staged,
+                    "staged without a finalization lock (reboot = never): the next reboot applies it",
+                )),
+            ),
+            (
+                Decision::RebootPending,
+                Some((
+                    State::Rebooting,
+                    "the staged deployment is finalized; waiting for the reboot",
+                )),
+            ),
+            (
+                Decision::AwaitApproval {
+                    token: "t.1".into(),
+                },
+                Some((
+                    State::Staged,
+                    "staged quay.io/o/r@sha256:10 (finalization-locked); waiting for reboot \
+                     approval: set reboot-approved to t.1",
+                )),
+            ),
+            (
+                Decision::Refuse(Refusal::NoBootedDeployment),
+                Some((
+                    State::Refused,
+                    "rpm-ostree reports no booted deployment; refusing to stage on an unknown host",
+                )),
+            ),
+            (Decision::Verify, None),
+            (Decision::CleanupStale, None),
+        ];
+        for (decision, want) in cases {
+            let want = want.map(|(s, r)| (s, r.to_string()));
+            assert_eq!(decision.settled(staged), want, "{decision:?}");
+        }
     }
 }

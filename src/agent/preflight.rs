@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::backend::Deployment;
 use crate::backend::KernelVariant;
-use crate::cluster::protocol::Desired;
+use crate::cluster::protocol::{CheckId, Desired};
 use crate::config::Policy;
 use crate::host::facts::Fips;
 use crate::host::facts::machineconfig::{self, AppliedConfig};
@@ -31,8 +31,8 @@ pub enum Outcome {
 /// One check's result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CheckResult {
-    /// Stable id, e.g. `cpu-level`.
-    pub id: &'static str,
+    /// Which check.
+    pub id: CheckId,
     /// Outcome.
     pub result: Outcome,
     /// What was found.
@@ -243,12 +243,21 @@ pub fn run(i: &Input<'_>) -> Vec<CheckResult> {
     ]
 }
 
+/// The ids of the failing checks, in run order.
+pub fn failed_ids(results: &[CheckResult]) -> Vec<CheckId> {
+    results
+        .iter()
+        .filter(|c| c.result == Outcome::Fail)
+        .map(|c| c.id)
+        .collect()
+}
+
 /// The first failing check, if any.
 pub fn first_failure(results: &[CheckResult]) -> Option<&CheckResult> {
     results.iter().find(|c| c.result == Outcome::Fail)
 }
 
-fn pass(id: &'static str, message: impl Into<String>) -> CheckResult {
+fn pass(id: CheckId, message: impl Into<String>) -> CheckResult {
     CheckResult {
         id,
         result: Outcome::Pass,
@@ -256,7 +265,7 @@ fn pass(id: &'static str, message: impl Into<String>) -> CheckResult {
     }
 }
 
-fn warn(id: &'static str, message: impl Into<String>) -> CheckResult {
+fn warn(id: CheckId, message: impl Into<String>) -> CheckResult {
     CheckResult {
         id,
         result: Outcome::Warn,
@@ -264,7 +273,7 @@ fn warn(id: &'static str, message: impl Into<String>) -> CheckResult {
     }
 }
 
-fn fail(id: &'static str, message: impl Into<String>) -> CheckResult {
+fn fail(id: CheckId, message: impl Into<String>) -> CheckResult {
     CheckResult {
         id,
         result: Outcome::Fail,
@@ -284,7 +293,7 @@ pub fn target_major(desired: &Desired, os_image: &Result<OsImageInfo, String>) -
 }
 
 fn pending_deployment(i: &Input<'_>) -> CheckResult {
-    let id = "pending-deployment";
+    let id = CheckId::PendingDeployment;
     let Some(staged) = i.foreign_staged else {
         return pass(id, "nothing else is staged");
     };
@@ -315,7 +324,7 @@ fn pending_deployment(i: &Input<'_>) -> CheckResult {
 }
 
 fn backend(i: &Input<'_>) -> CheckResult {
-    let id = "backend";
+    let id = CheckId::Backend;
     match i.backend {
         crate::backend::BackendKind::RpmOstree => pass(id, "rpm-ostree"),
         crate::backend::BackendKind::Bootc => {
@@ -333,13 +342,13 @@ fn backend(i: &Input<'_>) -> CheckResult {
 fn image_reference(i: &Input<'_>) -> CheckResult {
     // The annotation parser already refused anything unpinned; this records what is used.
     pass(
-        "image-reference",
+        CheckId::ImageReference,
         format!("{} (pinned by digest)", i.desired.os_image),
     )
 }
 
 fn direction(i: &Input<'_>) -> CheckResult {
-    let id = "direction";
+    let id = CheckId::Direction;
     match (i.booted_major, target_major(i.desired, i.os_image)) {
         (Some(from), Some(to)) if to < from && !i.policy.allow_downgrade => fail(
             id,
@@ -378,7 +387,7 @@ fn os_daemon(i: &Input<'_>) -> &'static str {
 /// (crate::host::ospull), not with streamd's pull secret: refused when that pull cannot
 /// succeed for a reason of credentials or configuration. streamd never writes the auth file.
 fn os_pull_credentials(i: &Input<'_>) -> CheckResult {
-    let id = "os-pull-credentials";
+    let id = CheckId::OsPullCredentials;
     let daemon = os_daemon(i);
     let p = i.os_pull;
     let auth = p.auth_file.map_or_else(
@@ -450,7 +459,7 @@ fn os_pull_credentials(i: &Input<'_>) -> CheckResult {
 }
 
 fn os_image(i: &Input<'_>) -> CheckResult {
-    let id = "os-image";
+    let id = CheckId::OsImage;
     let info = match i.os_image {
         Ok(info) => info,
         Err(e) => return fail(id, e.clone()),
@@ -562,7 +571,7 @@ fn machine_config_asks(p: &FromExtensions, mc: &AppliedConfig) -> String {
 }
 
 fn extensions_image(i: &Input<'_>) -> CheckResult {
-    let id = "extensions-image";
+    let id = CheckId::ExtensionsImage;
     let provided = provided(i);
     match i.extensions {
         None if provided.needed()
@@ -607,7 +616,7 @@ fn extensions_image(i: &Input<'_>) -> CheckResult {
 }
 
 fn cpu_level(i: &Input<'_>) -> CheckResult {
-    let id = "cpu-level";
+    let id = CheckId::CpuLevel;
     let needs_v3 =
         i.arch == "x86_64" && target_major(i.desired, i.os_image).is_some_and(|m| m >= 10);
     if !needs_v3 {
@@ -626,7 +635,7 @@ fn cpu_level(i: &Input<'_>) -> CheckResult {
 }
 
 fn fips(i: &Input<'_>) -> CheckResult {
-    let id = "fips";
+    let id = CheckId::Fips;
     match i.fips {
         Fips::Inconsistent => fail(
             id,
@@ -653,7 +662,7 @@ fn variant_rpms<'e>(ext: &'e ExtensionsInfo, packages: &[&str]) -> Vec<&'e str> 
 }
 
 fn kernel_variant(i: &Input<'_>) -> CheckResult {
-    let id = "kernel-variant";
+    let id = CheckId::KernelVariant;
     let running = match i.kernel {
         Ok(v) => *v,
         Err(e) => return fail(id, e.clone()),
@@ -785,7 +794,7 @@ fn kernel_variant(i: &Input<'_>) -> CheckResult {
 /// bootc-dev/bootc:crates/ostree-ext/src/container/encapsulate.rs) shows. A base stream image
 /// carries the default kernel and is refused: it would silently drop the variant.
 fn kernel_from_image(i: &Input<'_>, variant: KernelVariant) -> CheckResult {
-    let id = "kernel-variant";
+    let id = CheckId::KernelVariant;
     let what = format!(
         "the node's {} kernel comes from the booted image (no package override)",
         variant.as_str()
@@ -829,7 +838,7 @@ fn kernel_from_image(i: &Input<'_>, variant: KernelVariant) -> CheckResult {
 }
 
 fn container_runtime(i: &Input<'_>) -> CheckResult {
-    let id = "container-runtime";
+    let id = CheckId::ContainerRuntime;
     match i.crio_runtime {
         Err(e) => fail(id, format!("cannot read the CRI-O configuration: {e}")),
         Ok(r) if r == "runc" && target_major(i.desired, i.os_image).is_some_and(|m| m >= 10) => {
@@ -843,7 +852,7 @@ fn container_runtime(i: &Input<'_>) -> CheckResult {
 }
 
 fn disk_space(i: &Input<'_>) -> CheckResult {
-    let id = "disk-space";
+    let id = CheckId::DiskSpace;
     let image = i.os_image.as_ref().map(|o| o.size).unwrap_or(0);
     let need_sysroot = image.saturating_add(i.policy.min_free_sysroot);
     let mib = |b: u64| b >> 20;
@@ -929,7 +938,7 @@ pub fn layered_packages_of(booted: &Deployment, variant: KernelVariant) -> Vec<S
 }
 
 fn layered_packages(i: &Input<'_>) -> CheckResult {
-    let id = "layered-packages";
+    let id = CheckId::LayeredPackages;
     match machine_config(i) {
         Some(Err(e)) => {
             return fail(
@@ -1048,7 +1057,7 @@ fn layered_packages(i: &Input<'_>) -> CheckResult {
 /// base carries it); anything else the image does not provide is left to the new base,
 /// whose package list cannot be read before it is pulled.
 fn rpm_dependencies(i: &Input<'_>) -> CheckResult {
-    let id = "rpm-dependencies";
+    let id = CheckId::RpmDependencies;
     let Some(closure) = i.closure else {
         return pass(id, "no RPMs to pass");
     };
@@ -1086,7 +1095,7 @@ fn rpm_dependencies(i: &Input<'_>) -> CheckResult {
 }
 
 fn nic_names(i: &Input<'_>) -> CheckResult {
-    let id = "nic-names";
+    let id = CheckId::NicNames;
     let crosses = matches!((i.booted_major, target_major(i.desired, i.os_image)), (Some(a), Some(b)) if a != b);
     if crosses && !i.nic_names_persisted {
         warn(
@@ -1244,7 +1253,7 @@ mod tests {
         check(c)
             .into_iter()
             .filter(|r| r.result == Outcome::Fail)
-            .map(|r| r.id)
+            .map(|r| r.id.as_str())
             .collect()
     }
 
@@ -1255,7 +1264,7 @@ mod tests {
         let nic = |c: &Case| {
             check(c)
                 .into_iter()
-                .find(|r| r.id == "nic-names")
+                .find(|r| r.id == CheckId::NicNames)
                 .map(|r| r.result)
         };
         let mut c = base();
@@ -1296,7 +1305,11 @@ mod tests {
     fn default_host_passes() {
         assert_eq!(failed(&base()), Vec::<&str>::new());
         let ids: Vec<_> = check(&base()).into_iter().map(|c| c.id).collect();
-        assert_eq!(ids.len(), 15);
+        assert_eq!(
+            ids,
+            CheckId::ALL,
+            "every check runs, in the order CheckId::ALL lists"
+        );
     }
 
     #[test]
@@ -1462,7 +1475,7 @@ mod tests {
         }
         c.policy.allow_downgrade = true;
         let r = check(&c);
-        assert_eq!(r[2].id, "direction");
+        assert_eq!(r[2].id, CheckId::Direction);
         assert_eq!(r[2].result, Outcome::Warn);
     }
 
@@ -1478,7 +1491,7 @@ mod tests {
         let r = check(&c);
         let pending = r
             .iter()
-            .find(|r| r.id == "pending-deployment")
+            .find(|r| r.id == CheckId::PendingDeployment)
             .expect("check");
         assert_eq!(pending.result, Outcome::Fail);
         assert!(
@@ -1495,7 +1508,7 @@ mod tests {
         let r = check(&c);
         let pending = r
             .iter()
-            .find(|r| r.id == "pending-deployment")
+            .find(|r| r.id == CheckId::PendingDeployment)
             .expect("check");
         assert_eq!(pending.result, Outcome::Warn);
         // `ostree admin deploy` writes the pending deployment at once: not "staged".
@@ -1505,7 +1518,7 @@ mod tests {
         let r = check(&c);
         let pending = r
             .iter()
-            .find(|r| r.id == "pending-deployment")
+            .find(|r| r.id == CheckId::PendingDeployment)
             .expect("check");
         assert!(
             pending.message.contains("pending for the next boot")
@@ -1551,7 +1564,7 @@ mod tests {
     }
 
     fn result<'c>(r: &'c [CheckResult], id: &str) -> &'c CheckResult {
-        r.iter().find(|c| c.id == id).expect("check")
+        r.iter().find(|c| c.id.as_str() == id).expect("check")
     }
 
     /// The message of check `id` for `c`.

@@ -18,7 +18,7 @@ use super::work::{Kind, Outcome, Work};
 use super::{Agent, REGISTRY_MAX_BACKOFF, REGISTRY_MIN_BACKOFF, jittered};
 use crate::agent::gather::{Gatherer, Prepared, Purpose, Transient};
 use crate::agent::planner;
-use crate::agent::preflight::{self, Outcome as CheckOutcome};
+use crate::agent::preflight;
 use crate::backend::{BackendError, Deployment, StagePlan};
 use crate::cluster::node::EventType;
 use crate::cluster::protocol::{
@@ -193,15 +193,10 @@ fn entry(desired: &Desired, result: Result<Prepared, Transient>) -> (Readiness, 
     };
     match result {
         Ok(p) => {
-            r.failed = p
-                .checks
-                .iter()
-                .filter(|c| c.result == CheckOutcome::Fail)
-                .map(|c| c.id.to_string())
-                .collect();
+            r.failed = preflight::failed_ids(&p.checks);
             r.ready = r.failed.is_empty();
             if let Some(c) = preflight::first_failure(&p.checks) {
-                r.reason = format!("preflight check {} failed: {}", c.id, c.message);
+                r.reason = c.id.failure_reason(&c.message);
             }
             (r, false)
         }

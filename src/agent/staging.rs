@@ -84,7 +84,7 @@ impl Agent {
             Ok(prepared) => {
                 self.registry_backoff = REGISTRY_MIN_BACKOFF;
                 for c in &prepared.checks {
-                    debug!(check = c.id, result = ?c.result, message = %c.message, "preflight");
+                    debug!(check = %c.id, result = ?c.result, message = %c.message, "preflight");
                 }
                 match (
                     prepared.plan,
@@ -188,9 +188,10 @@ impl Agent {
                             self.status.desired_os_image.as_deref().unwrap_or_default(),
                             self.node.name(),
                         );
-                        let reason = format!("preflight check {} failed: {}", f.id, f.message);
+                        let reason = f.id.failure_reason(&f.message);
+                        let failed = crate::agent::preflight::failed_ids(&prepared.checks);
                         self.request_reboot(None, None).await;
-                        self.set_state(State::Refused, reason).await;
+                        self.set_refused_by_checks(failed, reason).await;
                     }
                     (None, None) => {
                         self.set_state(State::Refused, "preflight produced no plan".into())

@@ -55,6 +55,9 @@ pub const REBOOT_REQUESTED: &str = "osstream.openshift.io/reboot-requested";
 pub const MODE: &str = "osstream.openshift.io/mode";
 /// Output: compact JSON, the readiness of each checked stream.
 pub const READINESS: &str = "osstream.openshift.io/readiness";
+/// Output: the [`CheckId`]s whose failure the `Refused` state is for, comma-separated
+/// ([`failed_checks_value`], [`parse_failed_checks`]); absent in every other case.
+pub const FAILED_CHECKS: &str = "osstream.openshift.io/failed-checks";
 
 /// The input keys, which streamd never writes.
 pub const INPUT_KEYS: [&str; 7] = [
@@ -68,7 +71,7 @@ pub const INPUT_KEYS: [&str; 7] = [
 ];
 
 /// The output keys, which only streamd writes.
-pub const OUTPUT_KEYS: [&str; 11] = [
+pub const OUTPUT_KEYS: [&str; 12] = [
     STATE,
     REASON,
     PROGRESS,
@@ -80,6 +83,7 @@ pub const OUTPUT_KEYS: [&str; 11] = [
     REBOOT_REQUESTED,
     MODE,
     READINESS,
+    FAILED_CHECKS,
 ];
 
 /// Longest `reason` value streamd writes, in characters.
@@ -165,6 +169,142 @@ impl FromStr for State {
             .find(|st| st.as_str() == s)
             .ok_or_else(|| format!("unknown state {s:?}"))
     }
+}
+
+/// A preflight check, by the id it is known as in `reason`, the `failed-checks` and
+/// `readiness` annotations, Events, the journal's `STREAMD_CHECK` field and `streamctl
+/// preflight` (docs/protocol.md "Preflight checks").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CheckId {
+    /// The requested images are digest-pinned references.
+    ImageReference,
+    /// The move goes in the allowed direction (no 10 → 9 unless allowed).
+    Direction,
+    /// The OS daemon can pull the OS image with the host's credentials.
+    OsPullCredentials,
+    /// The OS image is bootable, of the stream and the architecture.
+    OsImage,
+    /// The extensions image provides what the move needs.
+    ExtensionsImage,
+    /// The CPU meets the target's x86-64 level.
+    CpuLevel,
+    /// The kernel's and the command line's FIPS state agree.
+    Fips,
+    /// The running kernel variant can be carried to the target.
+    KernelVariant,
+    /// The container runtime works on the target.
+    ContainerRuntime,
+    /// There is room for the new deployment.
+    DiskSpace,
+    /// The layered packages can be carried.
+    LayeredPackages,
+    /// The RPMs to pass are closed under Requires.
+    RpmDependencies,
+    /// NIC names survive the move (a warning only).
+    NicNames,
+    /// No staged deployment streamd did not create.
+    PendingDeployment,
+    /// The backend can carry what the move needs.
+    Backend,
+}
+
+impl CheckId {
+    /// Every check, in the order preflight runs them.
+    pub const ALL: [CheckId; 15] = [
+        CheckId::ImageReference,
+        CheckId::Backend,
+        CheckId::Direction,
+        CheckId::OsPullCredentials,
+        CheckId::OsImage,
+        CheckId::ExtensionsImage,
+        CheckId::CpuLevel,
+        CheckId::Fips,
+        CheckId::KernelVariant,
+        CheckId::ContainerRuntime,
+        CheckId::DiskSpace,
+        CheckId::LayeredPackages,
+        CheckId::RpmDependencies,
+        CheckId::NicNames,
+        CheckId::PendingDeployment,
+    ];
+
+    /// The id as written everywhere, e.g. `cpu-level`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckId::ImageReference => "image-reference",
+            CheckId::Direction => "direction",
+            CheckId::OsPullCredentials => "os-pull-credentials",
+            CheckId::OsImage => "os-image",
+            CheckId::ExtensionsImage => "extensions-image",
+            CheckId::CpuLevel => "cpu-level",
+            CheckId::Fips => "fips",
+            CheckId::KernelVariant => "kernel-variant",
+            CheckId::ContainerRuntime => "container-runtime",
+            CheckId::DiskSpace => "disk-space",
+            CheckId::LayeredPackages => "layered-packages",
+            CheckId::RpmDependencies => "rpm-dependencies",
+            CheckId::NicNames => "nic-names",
+            CheckId::PendingDeployment => "pending-deployment",
+            CheckId::Backend => "backend",
+        }
+    }
+
+    /// The `reason` of a request refused because this check failed with `message`.
+    pub fn failure_reason(self, message: &str) -> String {
+        format!("preflight check {self} failed: {message}")
+    }
+}
+
+impl fmt::Display for CheckId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A check id that is not one of [`CheckId::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown check id {}", quote(.0))]
+pub struct UnknownCheck(pub String);
+
+impl FromStr for CheckId {
+    type Err = UnknownCheck;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        CheckId::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| UnknownCheck(crate::text::one_line(s, 64)))
+    }
+}
+
+/// The `failed-checks` value for `ids` (sorted, no duplicates); `None` for no id.
+pub fn failed_checks_value(ids: &[CheckId]) -> Option<String> {
+    let ids: std::collections::BTreeSet<CheckId> = ids.iter().copied().collect();
+    let value: Vec<&str> = ids.into_iter().map(CheckId::as_str).collect();
+    (!value.is_empty()).then(|| value.join(","))
+}
+
+/// The ids of a `failed-checks` value ([`parse_check_ids`] of its items).
+pub fn parse_failed_checks(value: &str) -> (Vec<CheckId>, Vec<UnknownCheck>) {
+    parse_check_ids(value.split(',').map(str::trim).filter(|i| !i.is_empty()))
+}
+
+/// Check ids as another component reads them (`failed-checks`, a readiness entry's
+/// `failed`): an id this build does not know (written by a newer streamd) is an error naming
+/// it, and the known ones are still returned beside it.
+pub fn parse_check_ids<'a>(
+    items: impl IntoIterator<Item = &'a str>,
+) -> (Vec<CheckId>, Vec<UnknownCheck>) {
+    let mut known = Vec::new();
+    let mut unknown = Vec::new();
+    for item in items {
+        match item.parse() {
+            Ok(id) => known.push(id),
+            Err(e) => unknown.push(e),
+        }
+    }
+    (known, unknown)
 }
 
 /// Why an input annotation was rejected.
@@ -336,7 +476,7 @@ pub struct Readiness {
     /// Every check passed: a move to the stream would be staged.
     pub ready: bool,
     /// Ids of the failed checks (empty when ready, or when the checks could not run).
-    pub failed: Vec<String>,
+    pub failed: Vec<CheckId>,
     /// The first failure, or why the checks could not run; empty when ready.
     pub reason: String,
     /// The OS image checked (empty when it could not be resolved).
@@ -515,6 +655,43 @@ mod tests {
     }
 
     #[test]
+    fn check_ids_round_trip_in_every_form() {
+        for id in CheckId::ALL {
+            assert_eq!(id.as_str().parse::<CheckId>(), Ok(id));
+            let json = serde_json::to_string(&id).expect("json");
+            assert_eq!(
+                json,
+                format!("\"{}\"", id.as_str()),
+                "serde and as_str agree"
+            );
+            assert_eq!(serde_json::from_str::<CheckId>(&json).expect("parse"), id);
+        }
+        let distinct: std::collections::BTreeSet<&str> =
+            CheckId::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(distinct.len(), CheckId::ALL.len(), "ALL lists each id once");
+        assert!("CPU-level".parse::<CheckId>().is_err());
+        assert_eq!(
+            CheckId::CpuLevel.failure_reason("x86-64-v2"),
+            "preflight check cpu-level failed: x86-64-v2"
+        );
+    }
+
+    #[test]
+    fn failed_checks_value_round_trips() {
+        let ids = [CheckId::Fips, CheckId::CpuLevel, CheckId::Fips];
+        let value = failed_checks_value(&ids).expect("some");
+        assert_eq!(value, "cpu-level,fips", "sorted, once each");
+        assert_eq!(
+            parse_failed_checks(&value),
+            (vec![CheckId::CpuLevel, CheckId::Fips], vec![])
+        );
+        assert_eq!(failed_checks_value(&[]), None);
+        let (known, unknown) = parse_failed_checks("fips, quantum-level,,");
+        assert_eq!(known, vec![CheckId::Fips]);
+        assert_eq!(unknown, vec![UnknownCheck("quantum-level".into())]);
+    }
+
+    #[test]
     fn state_round_trips() {
         for st in State::ALL {
             assert_eq!(st.as_str().parse::<State>(), Ok(st));
@@ -637,7 +814,7 @@ mod tests {
         assert_eq!(readiness_json(&BTreeMap::new()), None);
         let entry = |reason: &str| Readiness {
             ready: false,
-            failed: vec!["cpu-level".into()],
+            failed: vec![CheckId::CpuLevel],
             reason: reason.into(),
             os_image: format!("quay.io/{}@{D}", "o".repeat(200)),
             checked: "0123456789abcdef".into(),

@@ -58,6 +58,9 @@ pub struct Status {
     /// The readiness of each checked stream, by stream name.
     #[serde(default)]
     pub readiness: BTreeMap<String, protocol::Readiness>,
+    /// The checks whose failure the state is for (`Refused` by preflight); empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_checks: Vec<protocol::CheckId>,
 }
 
 impl Status {
@@ -108,7 +111,16 @@ impl Status {
                 protocol::READINESS,
                 protocol::readiness_json(&self.readiness),
             ),
+            (protocol::FAILED_CHECKS, self.failed_checks_value()),
         ])
+    }
+
+    /// The `failed-checks` value: the failed checks while the state is one they explain.
+    fn failed_checks_value(&self) -> Option<String> {
+        match self.state {
+            State::Refused | State::Degraded => protocol::failed_checks_value(&self.failed_checks),
+            _ => None,
+        }
     }
 }
 
@@ -148,6 +160,29 @@ mod tests {
             "reason empty in Done"
         );
         assert!(a.keys().all(|k| protocol::OUTPUT_KEYS.contains(k)));
+    }
+
+    #[test]
+    fn failed_checks_are_published_only_with_the_refusal() {
+        let mut s = Status {
+            state: State::Refused,
+            reason: "preflight check fips failed: mismatch".into(),
+            failed_checks: vec![protocol::CheckId::Fips, protocol::CheckId::CpuLevel],
+            ..Status::default()
+        };
+        assert_eq!(
+            s.annotations()[protocol::FAILED_CHECKS].as_deref(),
+            Some("cpu-level,fips")
+        );
+        s.state = State::Idle;
+        assert_eq!(s.annotations()[protocol::FAILED_CHECKS], None);
+        s.state = State::Refused;
+        s.failed_checks.clear();
+        assert_eq!(
+            s.annotations()[protocol::FAILED_CHECKS],
+            None,
+            "a refusal that is no check's (a bad annotation) names none"
+        );
     }
 
     #[test]

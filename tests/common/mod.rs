@@ -24,6 +24,7 @@ pub const OBSERVED_DESIRED: &str = "osstream.openshift.io/observed-desired";
 pub const HOST: &str = "osstream.openshift.io/host";
 pub const REBOOT_REQUESTED: &str = "osstream.openshift.io/reboot-requested";
 pub const REBOOT_APPROVED: &str = "osstream.openshift.io/reboot-approved";
+pub const FAILED_CHECKS: &str = streamd::cluster::protocol::FAILED_CHECKS;
 
 /// An empty scratch path `target/tmp/<prefix>-<name>-<pid>` (a leftover of an earlier run is
 /// removed; the directory itself is not created).
