@@ -2,7 +2,8 @@
 //!
 //! The crate is grouped by concern, and each group uses only the groups listed before it:
 //!
-//! - [`text`] and [`config`]: bounded text from outside, the configuration;
+//! - [`text`], [`backoff`] and [`config`]: bounded text from outside, the one retry backoff,
+//!   the configuration;
 //! - [`image`]: image references, the registry, the extensions image, the pull secret, RPM names;
 //! - [`backend`]: the backend-neutral deployment model and plan, and the rpm-ostree and bootc
 //!   clients that read and stage deployments;
@@ -14,6 +15,7 @@
 //!
 //! `tests/layout.rs` keeps the dependencies pointing that one way.
 
+pub mod backoff;
 pub mod text;
 
 pub mod config;

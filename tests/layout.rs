@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 /// The groups, each allowed to use only those of a lower rank; `dbus_api` and `logging` share
 /// a rank, so neither uses the other.
-const ORDER: [(&str, u8); 9] = [
+const ORDER: [(&str, u8); 10] = [
     ("text", 0),
+    ("backoff", 0),
     ("config", 1),
     ("image", 2),
     ("backend", 3),

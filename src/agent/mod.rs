@@ -27,6 +27,7 @@ use tracing::{debug, info, warn};
 use crate::backend::Backend;
 use crate::backend::Deployment;
 use crate::backend::rpmostree::UpdateDeploymentCall;
+use crate::backoff::Backoff;
 use crate::cluster::node::{
     CREDENTIALS_CHECK, CredentialsError, EventType, NodeClient, NodeUpdate, PatchError,
 };
@@ -45,16 +46,16 @@ use work::{Kind, Outcome, Work};
 
 /// How rpm-ostree refuses a rebase onto the refspec the pending deployment already has.
 const REFS_EQUAL: &str = "Old and new refs are equal";
-/// First delay after a transient failure; doubles up to [`MAX_BACKOFF`].
+/// First delay after a transient failure, and the short fixed waits.
 const MIN_BACKOFF: Duration = Duration::from_secs(1);
-/// Longest delay between retries.
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
-/// Longest wait for a foreign rpm-ostree transaction before asking again.
-const BUSY_MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// First delay after a registry or DNS failure during preflight.
-const REGISTRY_MIN_BACKOFF: Duration = Duration::from_secs(10);
-/// Longest delay between preflight retries.
-const REGISTRY_MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// After a transient failure: 1 s doubling to 60 s.
+const TRANSIENT_BACKOFF: Backoff = Backoff::new(MIN_BACKOFF, Duration::from_secs(60));
+/// While a foreign rpm-ostree transaction runs: 1 s doubling to 30 s.
+const BUSY_BACKOFF: Backoff = Backoff::new(MIN_BACKOFF, Duration::from_secs(30));
+/// After a registry or DNS failure during preflight or readiness: 10 s doubling to 5 min.
+const REGISTRY_BACKOFF: Backoff = Backoff::new(Duration::from_secs(10), Duration::from_secs(300));
+/// After a failed node patch: 1 s doubling to the reporter's cap.
+const PATCH_BACKOFF: Backoff = Backoff::new(MIN_BACKOFF, crate::cluster::report::PATCH_MAX_BACKOFF);
 /// Longest wait for the last status patch when stopping.
 const STOP_FLUSH: Duration = Duration::from_secs(5);
 /// How often the credential files are looked for while there are none.
@@ -100,10 +101,10 @@ pub struct Agent {
     /// extraction directory, whose other images' RPMs a run removes.
     preflight_lock: std::sync::Arc<tokio::sync::Mutex<()>>,
     retry_at: Option<Instant>,
-    backoff: Duration,
-    registry_backoff: Duration,
+    backoff: Backoff,
+    registry_backoff: Backoff,
     patch_retry_at: Option<Instant>,
-    patch_backoff: Duration,
+    patch_backoff: Backoff,
     /// The Node object was read at least once.
     node_seen: bool,
     /// When to look at the credential files next.
@@ -141,7 +142,7 @@ pub struct Agent {
     /// `readiness_at` has passed.
     readiness_stale: bool,
     /// Delay before retrying readiness checks that could not run.
-    readiness_backoff: Duration,
+    readiness_backoff: Backoff,
     /// The digest whose bootloader update ran this boot, and its failure, if it failed.
     bootloader: Option<(String, Option<String>)>,
 }
@@ -185,10 +186,10 @@ impl Agent {
             reconcile_again: false,
             preflight_lock: std::sync::Arc::default(),
             retry_at: None,
-            backoff: MIN_BACKOFF,
-            registry_backoff: REGISTRY_MIN_BACKOFF,
+            backoff: TRANSIENT_BACKOFF,
+            registry_backoff: REGISTRY_BACKOFF,
             patch_retry_at: None,
-            patch_backoff: MIN_BACKOFF,
+            patch_backoff: PATCH_BACKOFF,
             node_seen: false,
             credentials_at: Instant::now(),
             credentials_loaded: false,
@@ -208,7 +209,7 @@ impl Agent {
             readiness_key: None,
             readiness_at: None,
             readiness_stale: false,
-            readiness_backoff: REGISTRY_MIN_BACKOFF,
+            readiness_backoff: REGISTRY_BACKOFF,
             bootloader: None,
         })
     }
@@ -448,7 +449,7 @@ impl Agent {
                 self.resolved_from = self.raw_inputs.clone();
                 self.unresolved = None;
                 self.inputs = Some(inputs);
-                self.backoff = MIN_BACKOFF;
+                self.backoff.reset();
                 self.reconcile().await;
             }
             Err(e) => {
@@ -741,8 +742,7 @@ impl Agent {
     }
 
     async fn transient_failure(&mut self, reason: String) {
-        let delay = self.backoff;
-        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        let delay = self.backoff.next_delay();
         self.retry_in(reason, delay).await;
     }
 
@@ -850,14 +850,14 @@ impl Agent {
                 if self.patch_retry_at.take().is_some() {
                     info!("patching node annotations works again");
                 }
-                self.patch_backoff = MIN_BACKOFF;
+                self.patch_backoff.reset();
             }
             Err(e) => {
                 // Whatever is pending then goes out, not this patch: the latest status wins.
                 let delay = crate::cluster::report::patch_retry_delay(
-                    self.patch_backoff,
+                    self.patch_backoff.next_delay(),
                     &e,
-                    crate::cluster::report::jitter(),
+                    crate::backoff::jitter(),
                 );
                 if e.is_transient() {
                     warn!(
@@ -880,8 +880,6 @@ impl Agent {
                     );
                 }
                 self.patch_retry_at = Some(Instant::now() + delay);
-                self.patch_backoff =
-                    (self.patch_backoff * 2).min(crate::cluster::report::PATCH_MAX_BACKOFF);
             }
         }
     }
@@ -988,10 +986,6 @@ async fn sleep_opt(at: Option<Instant>) {
 }
 
 /// `d` plus up to a quarter of it, so a fleet does not retry in lockstep.
-fn jittered(d: Duration) -> Duration {
-    d.mul_f64(1.0 + crate::cluster::report::jitter() / 4.0)
-}
-
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

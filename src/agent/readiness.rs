@@ -14,12 +14,13 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
+use super::Agent;
 use super::work::{Kind, Outcome, Work};
-use super::{Agent, REGISTRY_MAX_BACKOFF, REGISTRY_MIN_BACKOFF, jittered};
 use crate::agent::gather::{Gatherer, Prepared, Purpose, Transient};
 use crate::agent::planner;
 use crate::agent::preflight;
 use crate::backend::{BackendError, Deployment, StagePlan};
+use crate::backoff::jittered;
 use crate::cluster::node::EventType;
 use crate::cluster::protocol::{
     self, CheckRequest, Desired, Inputs, MAX_READINESS_REASON_CHARS, MAX_READINESS_STREAMS, Mode,
@@ -488,11 +489,10 @@ impl Agent {
             return;
         }
         let delay = if run.transient {
-            let d = jittered(self.readiness_backoff);
-            self.readiness_backoff = (self.readiness_backoff * 2).min(REGISTRY_MAX_BACKOFF);
+            let d = jittered(self.readiness_backoff.next_delay());
             d
         } else {
-            self.readiness_backoff = REGISTRY_MIN_BACKOFF;
+            self.readiness_backoff.reset();
             READINESS_INTERVAL
         };
         for (stream, r) in &run.entries {

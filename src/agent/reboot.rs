@@ -137,7 +137,7 @@ impl Agent {
                     self.set_state(State::Degraded, e.to_string()).await;
                     return;
                 }
-                self.backoff = MIN_BACKOFF;
+                self.backoff.reset();
                 // Decide again on the cleaned-up deployments.
                 self.retry_at = Some(Instant::now());
             }

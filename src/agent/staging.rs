@@ -8,15 +8,13 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::work::{Kind, Outcome, PreflightRun, StageStart, Work};
-use super::{
-    Agent, BUSY_MAX_BACKOFF, MIN_BACKOFF, REFS_EQUAL, REGISTRY_MAX_BACKOFF, REGISTRY_MIN_BACKOFF,
-    jittered,
-};
+use super::{Agent, BUSY_BACKOFF, REFS_EQUAL};
 use crate::agent::gather::{Holder, Purpose, Transient};
 use crate::agent::planner::Observation;
 use crate::backend::StagePlan;
 use crate::backend::rpmostree::{RpmOstreeError, TxnEvent, UpdateDeploymentCall};
 use crate::backend::{Backend, BackendError};
+use crate::backoff::jittered;
 use crate::cluster::protocol::State;
 use crate::config::RebootPolicy;
 use crate::host::attempt;
@@ -74,15 +72,14 @@ impl Agent {
         let d = &run.desired;
         match result {
             Err(Transient(msg)) => {
-                let delay = jittered(self.registry_backoff);
-                self.registry_backoff = (self.registry_backoff * 2).min(REGISTRY_MAX_BACKOFF);
+                let delay = jittered(self.registry_backoff.next_delay());
                 self.retry_at = Some(Instant::now() + delay);
                 warn!(error = %msg, retry_in = ?delay, "preflight could not reach the registry");
                 self.status.reason = format!("{msg}; retrying in {}s", delay.as_secs());
                 self.publish().await;
             }
             Ok(prepared) => {
-                self.registry_backoff = REGISTRY_MIN_BACKOFF;
+                self.registry_backoff.reset();
                 for c in &prepared.checks {
                     debug!(check = %c.id, result = ?c.result, message = %c.message, "preflight");
                 }
@@ -408,14 +405,14 @@ impl Agent {
             // The request changed while this transaction ran: its result is history, act on the
             // new request (which re-reads the deployments, so a stale stage is seen).
             info!(result = ?res.as_ref().map_err(ToString::to_string), "superseded transaction ended");
-            self.backoff = MIN_BACKOFF;
+            self.backoff.reset();
             self.reconcile().await;
             return;
         }
         match res {
             Ok(()) => {
                 info!("transaction finished");
-                self.backoff = MIN_BACKOFF;
+                self.backoff.reset();
                 self.forget_failure();
                 match done.expect {
                     Some(expect) => self.start_verify(done.hash, expect),
@@ -543,10 +540,11 @@ async fn stage_with_busy_retry(
     progress: mpsc::Sender<TxnEvent>,
     mut cancelled: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), BackendError> {
-    let mut delay = MIN_BACKOFF;
+    let mut backoff = BUSY_BACKOFF;
     loop {
         match backend.stage(&plan, &progress, cancelled.clone()).await {
             Err(BackendError::RpmOstree(RpmOstreeError::Busy(msg))) => {
+                let delay = backoff.next_delay();
                 info!(%msg, retry_in = ?delay, "rpm-ostreed busy; waiting");
                 let _ = progress.try_send(TxnEvent::Message(format!(
                     "waiting for another rpm-ostree transaction ({msg}); retrying in {}s",
@@ -558,7 +556,6 @@ async fn stage_with_busy_retry(
                         return Err(RpmOstreeError::Cancelled.into());
                     }
                 }
-                delay = (delay * 2).min(BUSY_MAX_BACKOFF);
             }
             other => return other,
         }
@@ -590,9 +587,7 @@ pub(super) async fn staging_event(staging: &mut Option<Staging>) -> StagingEvent
 /// The wait before retry `n` (from 1) of a staging that failed on the network: 10 s, doubling,
 /// at most 5 minutes — long enough for a registry or DNS blip to pass.
 fn pull_retry_delay(n: u32) -> std::time::Duration {
-    let base = super::REGISTRY_MIN_BACKOFF;
-    base.saturating_mul(1u32 << n.saturating_sub(1).min(8))
-        .min(super::REGISTRY_MAX_BACKOFF)
+    super::REGISTRY_BACKOFF.nth(n)
 }
 
 #[cfg(test)]

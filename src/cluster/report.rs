@@ -6,7 +6,6 @@
 //! [`patch_retry_delay`].
 
 use std::collections::BTreeMap;
-use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
@@ -27,7 +26,7 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 /// How long to wait before sending a failed patch again.
 ///
 /// `backoff` is the current step (the caller doubles it after each failure, up to
-/// [`PATCH_MAX_BACKOFF`]) and `jitter` a uniform sample from `[0, 1)` (see [`jitter`]).
+/// [`PATCH_MAX_BACKOFF`]) and `jitter` a uniform sample from `[0, 1)` (see [`crate::backoff::jitter`]).
 ///
 /// - Transient failures wait a uniform time in `[backoff/2, backoff]` ("equal jitter": nodes that
 ///   failed together spread out, and the cap is never exceeded), but never less than the
@@ -45,16 +44,6 @@ pub fn patch_retry_delay(backoff: Duration, error: &PatchError, jitter: f64) -> 
         Some(server) => own.max(server.min(MAX_RETRY_AFTER)),
         None => own,
     }
-}
-
-/// A uniform sample from `[0, 1)`, different on every call and in every process: std's
-/// randomly keyed SipHash over nothing, so no random-number crate is needed for jitter.
-pub fn jitter() -> f64 {
-    let bits = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    // The top 53 bits fill an f64 mantissa exactly.
-    (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// Keeps a flapping node from flooding the cluster with Events: a token bucket (a burst of
@@ -275,15 +264,6 @@ mod tests {
                 "backoff {backoff:?}, {error:?}, jitter {jitter}: got {got:?}, want {want:?}"
             );
         }
-    }
-
-    #[test]
-    fn jitter_is_uniform_enough() {
-        let samples: Vec<f64> = (0..2000).map(|_| jitter()).collect();
-        assert!(samples.iter().all(|j| (0.0..1.0).contains(j)));
-        let low = samples.iter().filter(|j| **j < 0.5).count();
-        // Binomial(2000, 0.5) has sd 22; 800..1200 fails only if the source is broken.
-        assert!((800..1200).contains(&low), "{low} of 2000 below 0.5");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
+use crate::backoff::Backoff;
 use crate::cluster::protocol::{self, DESIRED_STREAM, Inputs, ProtocolError};
 use crate::image::reference::{ImageRef, ImageRefError};
 
@@ -457,7 +458,7 @@ pub fn watch(client: kube::Client) -> impl Stream<Item = StreamsUpdate> + Send +
 /// The task behind [`watch`]; ends when the stream is dropped.
 async fn follow(client: kube::Client, tx: tokio::sync::mpsc::Sender<StreamsUpdate>) {
     let mut tracker = Tracker::default();
-    let mut backoff = REDISCOVER_MIN;
+    let mut backoff = Backoff::new(REDISCOVER_MIN, REDISCOVER_MAX);
     loop {
         let update = match discover(&client).await {
             Ok(Some(version)) => {
@@ -468,7 +469,7 @@ async fn follow(client: kube::Client, tx: tokio::sync::mpsc::Sender<StreamsUpdat
                 while let Some(ev) = events.next().await {
                     let update = match ev {
                         Ok(ev) => {
-                            backoff = REDISCOVER_MIN;
+                            backoff.reset();
                             tracker.on_event(ev)
                         }
                         Err(e) => match classify_watch(&e) {
@@ -498,8 +499,7 @@ async fn follow(client: kube::Client, tx: tokio::sync::mpsc::Sender<StreamsUpdat
         {
             return;
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(REDISCOVER_MAX);
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 
