@@ -489,8 +489,7 @@ impl Agent {
             return;
         }
         let delay = if run.transient {
-            let d = jittered(self.readiness_backoff.next_delay());
-            d
+            jittered(self.readiness_backoff.next_delay())
         } else {
             self.readiness_backoff.reset();
             READINESS_INTERVAL
