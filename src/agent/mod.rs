@@ -80,6 +80,40 @@ pub struct Settings {
     pub mode: crate::config::ModeChoice,
 }
 
+/// The streams and timers the loop owns beside the agent.
+struct Sources {
+    /// The Node watch, once there is a client.
+    watch: Option<LocalBoxStream<'static, NodeUpdate>>,
+    /// The OSImageStream watch, once resolution or the checks need it.
+    streams: Option<LocalBoxStream<'static, StreamsUpdate>>,
+    /// Half the systemd watchdog interval, when the watchdog is on.
+    watchdog: Option<tokio::time::Interval>,
+}
+
+/// What woke the loop, with what it carried.
+enum Wake {
+    /// Time to look at the credential files.
+    CredentialsDue,
+    /// The Node watch (`None`: it ended).
+    Node(Option<NodeUpdate>),
+    /// The OSImageStream watch (`None`: it ended).
+    Streams(Option<StreamsUpdate>),
+    /// The staging transaction progressed or ended.
+    Staging(StagingEvent),
+    /// Long work ended (`Err`: its task failed).
+    Work(Result<Outcome, String>),
+    /// A retry timer fired.
+    RetryDue,
+    /// The status patch is due.
+    FlushDue,
+    /// A request over streamd's D-Bus API.
+    Request(Request),
+    /// The readiness checks are due again.
+    ReadinessDue,
+    /// Time for `WATCHDOG=1`.
+    WatchdogDue,
+}
+
 /// Everything the agent needs from outside.
 pub struct Agent {
     node: NodeClient,
@@ -224,102 +258,22 @@ impl Agent {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> anyhow::Result<()> {
         notify(&[sd_notify::NotifyState::Ready]);
-        let mut watch: Option<LocalBoxStream<'static, NodeUpdate>> = None;
-        let mut streams: Option<LocalBoxStream<'static, StreamsUpdate>> = None;
+        let mut src = Sources {
+            watch: None,
+            streams: None,
+            // WATCHDOG=1 comes from this loop itself, so a wedged loop is restarted by systemd.
+            watchdog: watchdog_interval().map(tokio::time::interval),
+        };
         let mut shutdown = pin!(shutdown);
-        // WATCHDOG=1 comes from this loop itself, so a wedged loop is restarted by systemd.
-        let mut watchdog = watchdog_interval().map(tokio::time::interval);
         loop {
-            let flush_at = self.flush_at();
-            tokio::select! {
-                _ = sleep_until(self.credentials_at.into()) => {
-                    if self.load_credentials().await {
-                        // A new client: the watches must use it, and a patch refused with the
-                        // old credentials need not wait for its slow retry.
-                        self.patch_retry_at = None;
-                        watch = self.node.watch().map(StreamExt::boxed_local);
-                        streams = None;
-                    }
-                }
-                upd = next_opt(&mut watch) => match upd {
-                    Some(NodeUpdate::Annotations(a)) => self.on_node(&a).await,
-                    Some(NodeUpdate::Deleted) => warn!(node = self.node.name(), "node object deleted"),
-                    Some(NodeUpdate::Absent) => {
-                        let reason = format!(
-                            "waiting for the Node {}: the API server has no Node of that name (node-name, or the host name when it is not set, must name this node's Node object)",
-                            self.node.name()
-                        );
-                        self.waiting(reason).await;
-                    }
-                    Some(NodeUpdate::Error { message, unauthorized }) => {
-                        warn!(error = %message, "node watch failed; retrying");
-                        if unauthorized {
-                            // The kubelet may have rotated the client certificate.
-                            self.credentials_at = Instant::now();
-                        }
-                        if !self.node_seen {
-                            self.waiting(format!("waiting for the Kubernetes API server: {message}"))
-                                .await;
-                        }
-                    }
-                    None => anyhow::bail!("the node watch ended"),
-                },
-                upd = next_opt(&mut streams) => match upd {
-                    Some(StreamsUpdate::Catalog(c)) => {
-                        debug!(catalog = ?c, "os image streams changed");
-                        self.catalog = Some(c);
-                        self.inputs_changed().await;
-                    }
-                    Some(StreamsUpdate::Error(e)) => warn!(error = %e, "osimagestream watch failed; retrying"),
-                    None => anyhow::bail!("the osimagestream watch ended"),
-                },
-                ev = staging_event(&mut self.staging) => match ev {
-                    StagingEvent::Progress(ev) => self.on_progress(ev).await,
-                    StagingEvent::Finished(res) => self.on_staged(res).await,
-                },
-                done = work::finished(&mut self.work) => {
-                    match done {
-                        Ok(outcome) => self.on_work(outcome).await,
-                        Err(e) => self.transient_failure(e).await,
-                    }
-                    if self.work.is_none() && std::mem::take(&mut self.reconcile_again) {
-                        self.reconcile().await;
-                    }
-                }
-                _ = sleep_opt(self.retry_at) => {
-                    self.retry_at = None;
-                    self.reconcile().await;
-                }
-                _ = sleep_opt(flush_at) => self.flush().await,
-                Some(req) = self.requests.recv() => match req {
-                    Request::Reconcile => {
-                        info!("reconcile requested over d-bus");
-                        // Also a request whose staging (or bootloader update) failed is tried
-                        // again.
-                        self.forget_failure();
-                        self.bootloader = None;
-                        self.reconcile().await;
-                    }
-                    Request::Preflight { inputs, reply } => {
-                        // Registry reads can take minutes: answered from a task of its own.
-                        let run = self.dry_run(inputs);
-                        tokio::spawn(async move {
-                            let _ = reply.send(run.await.to_string());
-                        });
-                    }
-                },
-                _ = sleep_opt(self.readiness_at) => {
-                    self.readiness_at = None;
-                    self.readiness_stale = true;
-                }
-                _ = tick(&mut watchdog) => {
-                    notify(&[sd_notify::NotifyState::Watchdog]);
-                }
+            let wake = tokio::select! {
+                wake = self.wait(&mut src) => wake,
                 () = &mut shutdown => break,
-            }
+            };
+            self.handle(wake, &mut src).await?;
             // The cluster's streams are watched once resolution or the checks need them.
-            if streams.is_none() && (self.reboot.resolve_streams || self.wants_catalog()) {
-                streams = self
+            if src.streams.is_none() && (self.reboot.resolve_streams || self.wants_catalog()) {
+                src.streams = self
                     .node
                     .client()
                     .map(|c| crate::cluster::streams::watch(c).boxed_local());
@@ -338,6 +292,121 @@ impl Agent {
             warn!("the last status patch did not finish before stopping");
         }
         Ok(())
+    }
+
+    /// Waits for the next thing the loop reacts to.
+    async fn wait(&mut self, src: &mut Sources) -> Wake {
+        let flush_at = self.flush_at();
+        tokio::select! {
+            _ = sleep_until(self.credentials_at.into()) => Wake::CredentialsDue,
+            upd = next_opt(&mut src.watch) => Wake::Node(upd),
+            upd = next_opt(&mut src.streams) => Wake::Streams(upd),
+            ev = staging_event(&mut self.staging) => Wake::Staging(ev),
+            done = work::finished(&mut self.work) => Wake::Work(done),
+            _ = sleep_opt(self.retry_at) => Wake::RetryDue,
+            _ = sleep_opt(flush_at) => Wake::FlushDue,
+            Some(req) = self.requests.recv() => Wake::Request(req),
+            _ = sleep_opt(self.readiness_at) => Wake::ReadinessDue,
+            _ = tick(&mut src.watchdog) => Wake::WatchdogDue,
+        }
+    }
+
+    /// Reacts to one [`Wake`]; an error ends the loop (a watch that ended for good).
+    async fn handle(&mut self, wake: Wake, src: &mut Sources) -> anyhow::Result<()> {
+        match wake {
+            Wake::CredentialsDue => {
+                if self.load_credentials().await {
+                    // A new client: the watches must use it, and a patch refused with the old
+                    // credentials need not wait for its slow retry.
+                    self.patch_retry_at = None;
+                    src.watch = self.node.watch().map(StreamExt::boxed_local);
+                    src.streams = None;
+                }
+            }
+            Wake::Node(Some(upd)) => self.on_node_update(upd).await,
+            Wake::Node(None) => anyhow::bail!("the node watch ended"),
+            Wake::Streams(Some(StreamsUpdate::Catalog(c))) => {
+                debug!(catalog = ?c, "os image streams changed");
+                self.catalog = Some(c);
+                self.inputs_changed().await;
+            }
+            Wake::Streams(Some(StreamsUpdate::Error(e))) => {
+                warn!(error = %e, "osimagestream watch failed; retrying");
+            }
+            Wake::Streams(None) => anyhow::bail!("the osimagestream watch ended"),
+            Wake::Staging(StagingEvent::Progress(ev)) => self.on_progress(ev).await,
+            Wake::Staging(StagingEvent::Finished(res)) => self.on_staged(res).await,
+            Wake::Work(done) => {
+                match done {
+                    Ok(outcome) => self.on_work(outcome).await,
+                    Err(e) => self.transient_failure(e).await,
+                }
+                if self.work.is_none() && std::mem::take(&mut self.reconcile_again) {
+                    self.reconcile().await;
+                }
+            }
+            Wake::RetryDue => {
+                self.retry_at = None;
+                self.reconcile().await;
+            }
+            Wake::FlushDue => self.flush().await,
+            Wake::Request(req) => self.on_request(req).await,
+            Wake::ReadinessDue => {
+                self.readiness_at = None;
+                self.readiness_stale = true;
+            }
+            Wake::WatchdogDue => notify(&[sd_notify::NotifyState::Watchdog]),
+        }
+        Ok(())
+    }
+
+    /// What the node watch reported.
+    async fn on_node_update(&mut self, upd: NodeUpdate) {
+        match upd {
+            NodeUpdate::Annotations(a) => self.on_node(&a).await,
+            NodeUpdate::Deleted => warn!(node = self.node.name(), "node object deleted"),
+            NodeUpdate::Absent => {
+                let reason = format!(
+                    "waiting for the Node {}: the API server has no Node of that name (node-name, or the host name when it is not set, must name this node's Node object)",
+                    self.node.name()
+                );
+                self.waiting(reason).await;
+            }
+            NodeUpdate::Error {
+                message,
+                unauthorized,
+            } => {
+                warn!(error = %message, "node watch failed; retrying");
+                if unauthorized {
+                    // The kubelet may have rotated the client certificate.
+                    self.credentials_at = Instant::now();
+                }
+                if !self.node_seen {
+                    self.waiting(format!("waiting for the Kubernetes API server: {message}"))
+                        .await;
+                }
+            }
+        }
+    }
+
+    /// A request over streamd's D-Bus API.
+    async fn on_request(&mut self, req: Request) {
+        match req {
+            Request::Reconcile => {
+                info!("reconcile requested over d-bus");
+                // Also a request whose staging (or bootloader update) failed is tried again.
+                self.forget_failure();
+                self.bootloader = None;
+                self.reconcile().await;
+            }
+            Request::Preflight { inputs, reply } => {
+                // Registry reads can take minutes: answered from a task of its own.
+                let run = self.dry_run(inputs);
+                tokio::spawn(async move {
+                    let _ = reply.send(run.await.to_string());
+                });
+            }
+        }
     }
 
     /// Loads or reloads the cluster credentials; true when a new client was built. Schedules
@@ -985,7 +1054,6 @@ async fn sleep_opt(at: Option<Instant>) {
     }
 }
 
-/// `d` plus up to a quarter of it, so a fleet does not retry in lockstep.
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
