@@ -830,6 +830,12 @@ impl Agent {
         self.set_state_event(state, reason, None).await;
     }
 
+    /// Says what happens now, in the state the agent is in (progress, a retry's wait).
+    async fn set_reason(&mut self, reason: String) {
+        self.status.reason = reason;
+        self.publish().await;
+    }
+
     /// Reports `Refused` because the checks `failed` failed; `reason` tells the first.
     async fn set_refused_by_checks(&mut self, failed: Vec<CheckId>, reason: String) {
         self.set_state_with(State::Refused, reason, failed, None)

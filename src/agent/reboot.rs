@@ -335,12 +335,12 @@ impl Agent {
                 // bound) and re-read the deployments: unlocked, the reboot is pending; still
                 // locked, the planner finalizes again as this same attempt.
                 warn!(error = %e, %digest, attempt, "finalization interrupted; it may have been applied");
-                self.status.reason = format!(
+                let reason = format!(
                     "applying {} (attempt {attempt} of {}): rpm-ostreed closed the finalization without a result, re-reading the deployments",
                     self.status.desired_os_image.as_deref().unwrap_or_default(),
                     self.reboot.max_attempts
                 );
-                self.publish().await;
+                self.set_reason(reason).await;
                 self.retry_at = Some(Instant::now() + MIN_BACKOFF);
             }
             Err(e) => {

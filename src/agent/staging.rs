@@ -69,134 +69,153 @@ impl Agent {
         run: PreflightRun,
         result: Result<crate::agent::gather::Prepared, Transient>,
     ) {
-        let d = &run.desired;
-        match result {
+        let prepared = match result {
             Err(Transient(msg)) => {
                 let delay = jittered(self.registry_backoff.next_delay());
                 self.retry_at = Some(Instant::now() + delay);
                 warn!(error = %msg, retry_in = ?delay, "preflight could not reach the registry");
-                self.status.reason = format!("{msg}; retrying in {}s", delay.as_secs());
-                self.publish().await;
+                self.set_reason(format!("{msg}; retrying in {}s", delay.as_secs()))
+                    .await;
+                return;
             }
-            Ok(prepared) => {
-                self.registry_backoff.reset();
-                for c in &prepared.checks {
-                    debug!(check = %c.id, result = ?c.result, message = %c.message, "preflight");
-                }
-                match (
-                    prepared.plan,
-                    crate::agent::preflight::first_failure(&prepared.checks),
-                ) {
-                    // Approval and finalization need a passed on-disk check: never stage what
-                    // cannot be checked.
-                    (Some(_), _) if prepared.expect.is_none() => {
-                        self.set_state(
-                            State::Refused,
-                            "preflight could not tell what the staged deployment must look like (image digest or target major unknown); not staging what cannot be checked".into(),
-                        )
-                        .await;
-                    }
-                    (Some(plan), _) => {
-                        // Without a finalization lock, staging waits for the approval, asked
-                        // for with an id of its own (kept while the request stays).
-                        let mut record = run.record;
-                        let hash = d.observed_hash();
-                        if !run.locks {
-                            // Nothing of streamd's is staged when the planner says Stage: the
-                            // record of an earlier staging (one that failed, or was replaced)
-                            // must not name the staging this approval is for.
-                            let stale = record.staged.take().is_some();
-                            let ask = record.approval.as_ref().is_none_or(|a| a.request != hash);
-                            if ask {
-                                record.approval = Some(attempt::ApprovalAsk {
-                                    request: hash,
-                                    id: attempt::new_id(),
-                                });
-                            }
-                            if (stale || ask)
-                                && let Err(e) = self.store.save(&record)
-                            {
-                                self.set_state(State::Degraded, e.to_string()).await;
-                                return;
-                            }
-                        }
-                        let token = crate::agent::planner::reboot_token(d, &self.boot_id, &record);
-                        if !run.locks
-                            && self.reboot.policy == RebootPolicy::OnApproval
-                            && run.approved.as_deref() != Some(token.as_str())
-                        {
-                            self.request_reboot(Some(token.clone()), None).await;
-                            let why = if self.backend.locks() {
-                                // bootc >= 1.12 with a stage of another image in place.
-                                format!(
-                                    "{} cannot hold a stage over the one in place ({})",
-                                    self.backend.kind().as_str(),
-                                    self.status.staged_os_image.as_deref().unwrap_or_default()
-                                )
-                            } else {
-                                format!(
-                                    "{} cannot lock a staged deployment",
-                                    self.backend.kind().as_str()
-                                )
-                            };
-                            self.set_state(
-                                State::Staged,
-                                format!(
-                                    "preflight passed; {why}, so {} is staged only after the reboot is approved: set reboot-approved to {token}",
-                                    plan.os_image
-                                ),
-                            )
-                            .await;
-                            return;
-                        }
-                        let expect = prepared
-                            .expect
-                            .map(|e| (e, plan.os_image.digest().to_string()));
-                        let start = StageStart {
-                            plan,
-                            hash: d.observed_hash(),
-                            expect,
-                            record,
-                        };
-                        // Allowed by replace-foreign-staged: remove it first, because
-                        // rpm-ostree refuses a rebase onto the refspec the pending
-                        // deployment already has ("Old and new refs are equal").
-                        if let Some(f) = &run.foreign {
-                            info!(staged = %f.id, "replacing a staged deployment streamd did not create");
-                            let backend = self.backend.clone();
-                            let booted = self.status.current_os_image.clone();
-                            self.work = Some(Work::spawn(
-                                Kind::Cleanup,
-                                Some(start.hash.clone()),
-                                async move {
-                                    let result = backend.cleanup_pending(&booted).await;
-                                    Outcome::ForeignRemoved(Box::new(start), result)
-                                },
-                            ));
-                            return;
-                        }
-                        self.begin_staging(start).await;
-                    }
-                    (None, Some(f)) => {
-                        crate::logging::log_preflight_failed(
-                            f.id,
-                            &f.message,
-                            self.status.desired_stream.as_deref().unwrap_or_default(),
-                            self.status.desired_os_image.as_deref().unwrap_or_default(),
-                            self.node.name(),
-                        );
-                        let reason = f.id.failure_reason(&f.message);
-                        let failed = crate::agent::preflight::failed_ids(&prepared.checks);
-                        self.request_reboot(None, None).await;
-                        self.set_refused_by_checks(failed, reason).await;
-                    }
-                    (None, None) => {
-                        self.set_state(State::Refused, "preflight produced no plan".into())
-                            .await;
-                    }
-                }
+            Ok(prepared) => prepared,
+        };
+        self.registry_backoff.reset();
+        for c in &prepared.checks {
+            debug!(check = %c.id, result = ?c.result, message = %c.message, "preflight");
+        }
+        match (
+            prepared.plan,
+            crate::agent::preflight::first_failure(&prepared.checks),
+        ) {
+            // Approval and finalization need a passed on-disk check: never stage what cannot be
+            // checked.
+            (Some(_), _) if prepared.expect.is_none() => {
+                self.set_state(
+                    State::Refused,
+                    "preflight could not tell what the staged deployment must look like (image digest or target major unknown); not staging what cannot be checked".into(),
+                )
+                .await;
+            }
+            (Some(plan), _) => self.stage_prepared(run, plan, prepared.expect).await,
+            (None, Some(f)) => {
+                crate::logging::log_preflight_failed(
+                    f.id,
+                    &f.message,
+                    self.status.desired_stream.as_deref().unwrap_or_default(),
+                    self.status.desired_os_image.as_deref().unwrap_or_default(),
+                    self.node.name(),
+                );
+                let reason = f.id.failure_reason(&f.message);
+                let failed = crate::agent::preflight::failed_ids(&prepared.checks);
+                self.request_reboot(None, None).await;
+                self.set_refused_by_checks(failed, reason).await;
+            }
+            (None, None) => {
+                self.set_state(State::Refused, "preflight produced no plan".into())
+                    .await;
             }
         }
+    }
+
+    /// Stages a plan that passed preflight: at once, after removing a foreign stage, or (a
+    /// backend that cannot hold a stage) once the reboot is approved.
+    async fn stage_prepared(
+        &mut self,
+        run: PreflightRun,
+        plan: StagePlan,
+        expect: Option<crate::host::verify::Expectation>,
+    ) {
+        let d = &run.desired;
+        let mut record = run.record;
+        if !run.locks && !self.ask_approval_first(d, &mut record).await {
+            return;
+        }
+        let token = crate::agent::planner::reboot_token(d, &self.boot_id, &record);
+        if !run.locks
+            && self.reboot.policy == RebootPolicy::OnApproval
+            && run.approved.as_deref() != Some(token.as_str())
+        {
+            self.request_reboot(Some(token.clone()), None).await;
+            let reason = self.unheld_stage_reason(&plan, &token);
+            self.set_state(State::Staged, reason).await;
+            return;
+        }
+        let expect = expect.map(|e| (e, plan.os_image.digest().to_string()));
+        let start = StageStart {
+            plan,
+            hash: d.observed_hash(),
+            expect,
+            record,
+        };
+        // Allowed by replace-foreign-staged: remove it first, because rpm-ostree refuses a
+        // rebase onto the refspec the pending deployment already has ("Old and new refs are
+        // equal").
+        if let Some(f) = &run.foreign {
+            info!(staged = %f.id, "replacing a staged deployment streamd did not create");
+            let backend = self.backend.clone();
+            let booted = self.status.current_os_image.clone();
+            self.work = Some(Work::spawn(
+                Kind::Cleanup,
+                Some(start.hash.clone()),
+                async move {
+                    let result = backend.cleanup_pending(&booted).await;
+                    Outcome::ForeignRemoved(Box::new(start), result)
+                },
+            ));
+            return;
+        }
+        self.begin_staging(start).await;
+    }
+
+    /// Without a finalization lock, staging waits for the approval, asked for with an id of
+    /// its own (kept while the request stays): records the ask. False when the record could not
+    /// be saved (reported).
+    async fn ask_approval_first(
+        &mut self,
+        d: &crate::cluster::protocol::Desired,
+        record: &mut attempt::Record,
+    ) -> bool {
+        let hash = d.observed_hash();
+        // Nothing of streamd's is staged when the planner says Stage: the record of an earlier
+        // staging (one that failed, or was replaced) must not name the staging this approval
+        // is for.
+        let stale = record.staged.take().is_some();
+        let ask = record.approval.as_ref().is_none_or(|a| a.request != hash);
+        if ask {
+            record.approval = Some(attempt::ApprovalAsk {
+                request: hash,
+                id: attempt::new_id(),
+            });
+        }
+        if (stale || ask)
+            && let Err(e) = self.store.save(record)
+        {
+            self.set_state(State::Degraded, e.to_string()).await;
+            return false;
+        }
+        true
+    }
+
+    /// The reason of a stage that waits for the approval because the backend cannot hold it.
+    fn unheld_stage_reason(&self, plan: &StagePlan, token: &str) -> String {
+        let why = if self.backend.locks() {
+            // bootc >= 1.12 with a stage of another image in place.
+            format!(
+                "{} cannot hold a stage over the one in place ({})",
+                self.backend.kind().as_str(),
+                self.status.staged_os_image.as_deref().unwrap_or_default()
+            )
+        } else {
+            format!(
+                "{} cannot lock a staged deployment",
+                self.backend.kind().as_str()
+            )
+        };
+        format!(
+            "preflight passed; {why}, so {} is staged only after the reboot is approved: set reboot-approved to {token}",
+            plan.os_image
+        )
     }
 
     /// Stages once the foreign staged deployment is removed.
@@ -321,11 +340,11 @@ impl Agent {
             .clone()
             .unwrap_or_else(|| expect.image_digest.clone());
         info!(staged = %staged.os_image, "checking a staged deployment that was never checked on disk");
-        self.status.reason = format!(
+        self.set_reason(format!(
             "checking the staged deployment of {} on disk",
             staged.os_image
-        );
-        self.publish().await;
+        ))
+        .await;
         self.start_verify(staged.request.clone(), (expect, pinned));
     }
 
@@ -386,14 +405,14 @@ impl Agent {
     }
 
     pub(super) async fn on_progress(&mut self, ev: TxnEvent) {
-        match ev {
+        let text = match ev {
             TxnEvent::Percent(text, pct) => {
                 self.status.progress = Some(pct);
-                self.status.reason = text;
+                text
             }
-            TxnEvent::Message(text) => self.status.reason = text,
-        }
-        self.publish().await;
+            TxnEvent::Message(text) => text,
+        };
+        self.set_reason(text).await;
     }
 
     pub(super) async fn on_staged(&mut self, res: Result<(), BackendError>) {
