@@ -237,3 +237,77 @@ async fn readiness_by_config_alone_still_refuses_a_base_image_to_a_layered_node(
     assert_eq!(e["failed"], json!(["os-image"]), "{e}");
     assert_no_transaction(&env).await;
 }
+
+/// OpenShift 4.21 and 4.22 on the Default feature set (every production cluster) serve no
+/// OSImageStream API: the cluster offers no streams, which is nothing wrong with the node. It
+/// stays `Idle` with no Warning Event, says why and how to check a stream anyway, and a
+/// `check-stream` with `check-os-image` is still checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_that_offers_no_streams_leaves_a_readiness_node_idle() {
+    let mut env = Env::with_host("readiness-nostreams", "mcd").await;
+    env.apiserver(json!({"cmd": "serve-osimagestreams", "version": null}))
+        .await;
+    env.start_streamd();
+    let reason = wait_status_reason(&env, "offers no OS image streams").await;
+    assert!(
+        reason.contains("check-stream and check-os-image")
+            && reason.contains("TechPreviewNoUpgrade, DevPreviewNoUpgrade or CustomNoUpgrade")
+            && !reason.contains("set desired-os-image"),
+        "{reason}"
+    );
+    // Long enough for the old code to have gone Degraded and posted its Warning.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let a = env.annotations().await;
+    assert_eq!(a[STATE], "Idle", "{a:?}");
+    assert_eq!(a[MODE], "readiness");
+    assert_eq!(
+        a.get(REASON).map(String::as_str),
+        Some(""),
+        "Idle has no reason"
+    );
+    assert!(!a.contains_key(READINESS), "nothing was checked: {a:?}");
+    assert_eq!(warning_events(&env), Vec::<String>::new());
+
+    env.annotate(&[
+        &format!("{CHECK_STREAM}=rhel-10"),
+        &format!("{CHECK_OS_IMAGE}={}", env.rhel10()),
+    ]);
+    let e = &readiness(&wait_readiness(&env, "rhel-10").await)["rhel-10"];
+    assert_eq!(e["ready"], json!(true), "{e}");
+    assert_eq!(env.annotations().await[STATE], "Idle");
+    assert_no_transaction(&env).await;
+}
+
+/// Waits until `streamctl status --json` has a reason containing `part`; returns it.
+async fn wait_status_reason(env: &Env, part: &str) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = env.streamctl(&["status", "--json"]);
+        let reason = serde_json::from_slice::<Value>(&out.stdout)
+            .ok()
+            .and_then(|v| v["reason"].as_str().map(String::from))
+            .unwrap_or_default();
+        if reason.contains(part) {
+            return reason;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no status reason with {part:?} within 60s; last: {reason:?}\n{}",
+            env.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The reasons of the Warning Events posted so far.
+fn warning_events(env: &Env) -> Vec<String> {
+    let out = env.kubectl(&["get", "events", "-o", "json"]);
+    let events: Value = serde_json::from_slice(&out.stdout).expect("events JSON");
+    events["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["type"] == "Warning")
+        .filter_map(|e| e["reason"].as_str().map(String::from))
+        .collect()
+}

@@ -99,8 +99,12 @@ enum Planned {
     Wait,
     /// A `check-*` value is malformed.
     Invalid(String),
-    /// No stream can be checked (the cluster offers none); the reason says why.
+    /// No stream can be checked (the cluster's OSImageStream is missing, not reconciled or
+    /// unreadable); the reason says why.
     Cannot(String),
+    /// The cluster offers no OS image streams at all (it serves no OSImageStream API): nothing
+    /// is wrong with the node; the reason says how to check a stream anyway.
+    NoStreams(String),
     /// Check these.
     Run(Plan),
 }
@@ -293,6 +297,7 @@ impl Agent {
         let (state, reason) = match planned {
             _ if !refused.is_empty() => (State::Refused, refused.join("; ")),
             Planned::Cannot(reason) => (State::Degraded, reason),
+            Planned::NoStreams(reason) => (State::Idle, reason),
             _ => (State::Idle, String::new()),
         };
         self.set_state(state, reason).await;
@@ -364,6 +369,10 @@ impl Agent {
                 Some(Catalog::Unreadable(reason)) => {
                     Planned::Cannot(format!("readiness checks: {reason}"))
                 }
+                Some(Catalog::NotServed) => Planned::NoStreams(format!(
+                    "the cluster offers no OS image streams, so there is nothing to check: {}; to check one anyway, set check-stream and check-os-image (and check-extensions-image) on the node",
+                    streams::not_served()
+                )),
             },
         }
     }
@@ -387,7 +396,7 @@ impl Agent {
                 }
                 return;
             }
-            Planned::Nothing => {
+            Planned::Nothing | Planned::NoStreams(_) => {
                 self.check_error = None;
                 if !self.status.readiness.is_empty() {
                     self.status.readiness.clear();

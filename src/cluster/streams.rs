@@ -113,8 +113,10 @@ pub enum Catalog {
     Unreconciled,
     /// The streams in `status.availableStreams`, in the object's order.
     Available(Vec<StreamImages>),
-    /// The cluster does not let streamd read the object: it serves no `OSImageStream` API, or
-    /// refuses the node's identity (403). The reason says which.
+    /// The cluster serves no `OSImageStream` API: it offers no OS image streams (every
+    /// OpenShift cluster before 4.23 on the Default feature set).
+    NotServed,
+    /// The cluster refuses the node's identity (403); the reason says so.
     Unreadable(String),
 }
 
@@ -145,7 +147,10 @@ pub enum ResolveError {
     /// The object has no `status.availableStreams` yet.
     #[error("OSImageStream {NAME:?} has no status.availableStreams yet (not reconciled)")]
     Unreconciled,
-    /// The object cannot be read (no served API version, or forbidden).
+    /// The cluster serves no `OSImageStream` API.
+    #[error("{}; set desired-os-image on the node instead", not_served())]
+    NotServed,
+    /// The object cannot be read (forbidden).
     #[error("{0}")]
     Unreadable(String),
     /// The node's stream name is malformed.
@@ -195,6 +200,7 @@ impl ResolveError {
             ResolveError::Pending
             | ResolveError::Missing
             | ResolveError::Unreconciled
+            | ResolveError::NotServed
             | ResolveError::Unreadable(_) => false,
         }
     }
@@ -220,6 +226,7 @@ pub fn resolve(inputs: &Inputs, catalog: Option<&Catalog>) -> Result<Inputs, Res
         None => return Err(ResolveError::Pending),
         Some(Catalog::Missing) => return Err(ResolveError::Missing),
         Some(Catalog::Unreconciled) => return Err(ResolveError::Unreconciled),
+        Some(Catalog::NotServed) => return Err(ResolveError::NotServed),
         Some(Catalog::Unreadable(reason)) => return Err(ResolveError::Unreadable(reason.clone())),
         Some(Catalog::Available(entries)) => entries,
     };
@@ -311,9 +318,11 @@ fn listed_versions(groups: &APIGroupList) -> Vec<&'static str> {
 }
 
 /// The reason reported when no version is served.
-fn not_served() -> String {
+/// Why a cluster offers no streams: the `OSStreams` feature gate of openshift/api, per release
+/// (docs/fidelity.md "OSImageStream per release").
+pub fn not_served() -> String {
     format!(
-        "the cluster serves no OSImageStream API ({PLURAL}.{GROUP} in {}): OpenShift serves v1 from 4.23 and v1alpha1 on 4.21 and 4.22 only with the TechPreviewNoUpgrade or DevPreviewNoUpgrade feature set; set desired-os-image on the node instead",
+        "the cluster serves no OSImageStream API ({PLURAL}.{GROUP} in {}): OpenShift serves v1 from 4.23 (on HyperShift only with a no-upgrade feature set) and v1alpha1 on 4.21 and 4.22 only with the TechPreviewNoUpgrade, DevPreviewNoUpgrade or CustomNoUpgrade (OSStreams gate) feature set",
         VERSIONS.join(" or ")
     )
 }
@@ -438,7 +447,7 @@ async fn discover(client: &kube::Client) -> Result<Option<&'static str>, kube::E
 /// Watches the `OSImageStream` named `cluster` (field selector) in the version the cluster
 /// serves, found by API discovery, resuming from resourceVersion and relisting on 410 Gone
 /// like the node watch. A 404 (the version is no longer served, e.g. after an upgrade from
-/// 4.22 to 4.23) discovers again; no served version and 403 are reported as
+/// 4.22 to 4.23) discovers again; no served version is [`Catalog::NotServed`] and 403
 /// [`Catalog::Unreadable`], so the node says why it cannot resolve.
 ///
 /// The node identity needs `get`, `list` and `watch` on `osimagestreams` (docs/deploy/).
@@ -491,7 +500,7 @@ async fn follow(client: kube::Client, tx: tokio::sync::mpsc::Sender<StreamsUpdat
                 }
                 None
             }
-            Ok(None) => tracker.report(Catalog::Unreadable(not_served())),
+            Ok(None) => tracker.report(Catalog::NotServed),
             Err(e) => tracker.on_failure(VERSIONS[0], classify(&e)),
         };
         if let Some(u) = update
@@ -876,15 +885,25 @@ mod tests {
     }
 
     #[test]
-    fn unreadable_catalog_waits_with_its_reason() {
+    fn unserved_catalog_waits_with_its_reason() {
         let reason = not_served();
         let err = resolve(
             &inputs(Some("rhel-9"), None, None),
-            Some(&Catalog::Unreadable(reason.clone())),
+            Some(&Catalog::NotServed),
         )
-        .expect_err("unreadable");
+        .expect_err("not served");
         assert!(!err.refuses());
-        assert_eq!(err.to_string(), reason);
+        assert_eq!(
+            err.to_string(),
+            format!("{reason}; set desired-os-image on the node instead")
+        );
+        for set in [
+            "TechPreviewNoUpgrade",
+            "DevPreviewNoUpgrade",
+            "CustomNoUpgrade",
+        ] {
+            assert!(reason.contains(set), "names {set}: {reason}");
+        }
         assert!(
             reason.contains("osimagestreams.machineconfiguration.openshift.io in v1 or v1alpha1"),
             "{reason}"
