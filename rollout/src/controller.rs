@@ -763,6 +763,11 @@ pub async fn run(
 }
 
 #[cfg(test)]
+mod fixtures;
+#[cfg(test)]
+mod reconcile_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
