@@ -228,16 +228,6 @@ fn patch_params() -> PatchParams {
     }
 }
 
-fn node_name(action: &Action) -> &str {
-    match action {
-        Action::Check { node }
-        | Action::Target { node }
-        | Action::Cordon { node, .. }
-        | Action::Drain { node, .. }
-        | Action::Uncordon { node } => node,
-    }
-}
-
 /// What one reconcile of a pool works with.
 struct Scope<'a> {
     ctx: &'a Context,
@@ -287,6 +277,8 @@ struct Listed {
     unselected: Vec<Node>,
 }
 
+/// One pass over `pool`: lists the nodes and hands them to [`finalizer`]; its span carries the
+/// pool's name.
 #[tracing::instrument(skip(pool, ctx), fields(pool = %pool.name_any()))]
 async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let selector =
@@ -455,7 +447,7 @@ async fn execute(
 ) -> Result<Vec<(String, String)>, Error> {
     let mut blockers = Vec::new();
     for action in actions {
-        let node = node_name(action);
+        let node = action.node();
         let patch = match (action, &input.target) {
             (Action::Drain { token, .. }, _) => {
                 let pass = drain::pass(&scope.ctx.drain_client, node, settings, true)

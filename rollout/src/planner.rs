@@ -105,6 +105,19 @@ pub enum Action {
     },
 }
 
+impl Action {
+    /// The node it is for.
+    pub fn node(&self) -> &str {
+        match self {
+            Action::Check { node }
+            | Action::Target { node }
+            | Action::Cordon { node, .. }
+            | Action::Drain { node, .. }
+            | Action::Uncordon { node } => node,
+        }
+    }
+}
+
 /// Why the pool is Degraded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Degraded {

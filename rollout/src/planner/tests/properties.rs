@@ -175,16 +175,6 @@ fn gen_nodes() -> impl Strategy<Value = (Vec<Gen>, Vec<usize>)> {
     })
 }
 
-fn node_of(action: &Action) -> &str {
-    match action {
-        Action::Check { node }
-        | Action::Target { node }
-        | Action::Cordon { node, .. }
-        | Action::Drain { node, .. }
-        | Action::Uncordon { node } => node,
-    }
-}
-
 /// Not Ready, cordoned, or taken by the controller (the module's definition).
 fn unavailable_now(n: &NodeView) -> bool {
     !n.ready || n.unschedulable || n.annotations.contains_key(ROLLOUT_STEP)
@@ -201,7 +191,7 @@ fn check(
     let of = |name: &str| free.iter().find(|(_, n)| n.name == name).copied();
     let mut disruptive = BTreeSet::new();
     for a in &p.actions {
-        let name = node_of(a);
+        let name = a.node();
         let Some((g, n)) = of(name) else {
             return Err(TestCaseError::fail(format!(
                 "{a:?} for a node another pool claims"
@@ -225,7 +215,7 @@ fn check(
         .actions
         .iter()
         .filter(|a| matches!(a, Action::Check { .. }))
-        .map(node_of)
+        .map(Action::node)
         .collect();
     let mut want: Vec<&str> = free
         .iter()
@@ -260,7 +250,7 @@ fn check_step(
     n: &NodeView,
     a: &Action,
 ) -> Result<(), TestCaseError> {
-    let name = node_of(a);
+    let name = a.node();
     match a {
         Action::Check { .. } => {}
         Action::Target { .. } => {
