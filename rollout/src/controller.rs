@@ -41,7 +41,7 @@ use crate::node::{
     CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, NodeView, ROLLOUT_POOL, ROLLOUT_STEP,
     Step,
 };
-use crate::planner::{self, Action, CheckKeys, PoolInput, Release};
+use crate::planner::{self, Action, CheckKeys, Plan, PoolInput, Release, Summary};
 use crate::status;
 
 /// Field manager of every write.
@@ -81,32 +81,6 @@ pub struct Context {
     pools: Store<StreamPool>,
     recorder: Recorder,
     journal: Journal,
-}
-
-impl Context {
-    /// Publishes `note` about `pool` (and its node). Events are best effort: a failure is
-    /// logged and the rollout goes on.
-    async fn publish(
-        &self,
-        pool: &ObjectReference,
-        nodes: &BTreeMap<String, ObjectReference>,
-        note: Note,
-    ) {
-        let event = Event {
-            type_: if note.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: note.reason.into(),
-            note: Some(note.text),
-            action: note.action.into(),
-            secondary: note.node.as_ref().and_then(|n| nodes.get(n)).cloned(),
-        };
-        if let Err(e) = self.recorder.publish(&event, pool).await {
-            tracing::warn!(reason = note.reason, error = %e, "publishing an event failed");
-        }
-    }
 }
 
 /// The pool's target as the node protocol's request, resolved through the cluster's
@@ -246,18 +220,67 @@ pub fn approval_patch(token: &str) -> Value {
     ]) } })
 }
 
-fn node_name(action: &Action) -> &str {
-    match action {
-        Action::Check { node }
-        | Action::Target { node }
-        | Action::Cordon { node, .. }
-        | Action::Drain { node, .. }
-        | Action::Uncordon { node } => node,
+/// Every write is a merge patch as [`FIELD_MANAGER`].
+fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
     }
 }
 
+/// What one reconcile of a pool works with.
+struct Scope<'a> {
+    ctx: &'a Context,
+    pool: &'a StreamPool,
+    name: String,
+    nodes: Api<Node>,
+    pools: Api<StreamPool>,
+    /// The Events' references: the pool, and every listed node by name.
+    pool_ref: ObjectReference,
+    node_refs: BTreeMap<String, ObjectReference>,
+}
+
+impl Scope<'_> {
+    /// The node carries this pool's request (its name in [`ROLLOUT_POOL`]).
+    fn ours(&self, n: &Node) -> bool {
+        n.annotations().get(ROLLOUT_POOL) == Some(&self.name)
+    }
+
+    /// Publishes `note` about the pool (and its node). Events are best effort: a failure is
+    /// logged and the rollout goes on.
+    async fn publish(&self, note: Note) {
+        let event = Event {
+            type_: if note.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: note.reason.into(),
+            note: Some(note.text),
+            action: note.action.into(),
+            secondary: note
+                .node
+                .as_ref()
+                .and_then(|n| self.node_refs.get(n))
+                .cloned(),
+        };
+        if let Err(e) = self.ctx.recorder.publish(&event, &self.pool_ref).await {
+            tracing::warn!(reason = note.reason, error = %e, "publishing an event failed");
+        }
+    }
+}
+
+/// The nodes as listed: those the pool's selector selects, and the others (among which the
+/// ones that left it).
+struct Listed {
+    selected: Vec<Node>,
+    unselected: Vec<Node>,
+}
+
+/// One pass over `pool`: lists the nodes and hands them to [`finalizer`]; its span carries the
+/// pool's name.
+#[tracing::instrument(skip(pool, ctx), fields(pool = %pool.name_any()))]
 async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, Error> {
-    let name = pool.name_any();
     let selector =
         Selector::try_from(pool.spec.node_selector.clone()).map_err(|e| Error::Selector(e.0))?;
     let nodes: Api<Node> = Api::all(ctx.client.clone());
@@ -269,125 +292,165 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
             what: "listing the nodes".into(),
             source,
         })?;
-    let pool_ref = reference(pool.object_ref(&()));
-    let node_refs: BTreeMap<String, ObjectReference> = all
-        .items
-        .iter()
-        .map(|n| (n.name_any(), reference(n.object_ref(&()))))
-        .collect();
-    let ours = |n: &Node| n.annotations().get(ROLLOUT_POOL) == Some(&name);
-    let (members, gone): (Vec<Node>, Vec<Node>) = all
+    let scope = Scope {
+        ctx: &ctx,
+        pool: &pool,
+        name: pool.name_any(),
+        nodes,
+        pools: Api::all(ctx.client.clone()),
+        pool_ref: reference(pool.object_ref(&())),
+        node_refs: all
+            .items
+            .iter()
+            .map(|n| (n.name_any(), reference(n.object_ref(&()))))
+            .collect(),
+    };
+    let (selected, unselected) = all
         .items
         .into_iter()
         .partition(|n| selector.matches(n.labels()));
-    let pools: Api<StreamPool> = Api::all(ctx.client.clone());
-    if pool.meta().deletion_timestamp.is_some() {
-        // Its nodes: those carrying its request, and selected ones it cordoned before nodes
-        // carried the pool's name.
-        let own: Vec<&Node> = members
-            .iter()
-            .filter(|n| {
-                let a = n.annotations();
-                ours(n) || (!a.contains_key(ROLLOUT_POOL) && a.contains_key(ROLLOUT_STEP))
-            })
-            .chain(gone.iter().filter(|n| ours(n)))
-            .collect();
-        let mut waiting = 0;
-        for n in own {
-            if !release_node(
-                &ctx,
-                &nodes,
-                n,
-                &pool_ref,
-                &node_refs,
-                "the pool is deleted",
-            )
-            .await?
-            {
-                waiting += 1;
-            }
-        }
-        if waiting > 0 {
-            return Ok(Requeue::requeue(DRAIN_RETRY));
-        }
-        if !set_finalizer(&pools, &pool, false).await? {
-            return Ok(Requeue::requeue(CONFLICT_RETRY));
-        }
-        ctx.journal.forget(&name);
-        tracing::info!(pool = %name, "nodes released; the pool may go");
-        return Ok(Requeue::await_change());
+    finalizer(
+        &scope,
+        &Listed {
+            selected,
+            unselected,
+        },
+    )
+    .await
+}
+
+/// Between [`apply`] and [`cleanup`], as kube-runtime's `finalizer` helper: a pool being
+/// deleted is cleaned up; any other gets the [`FINALIZER`] first (in the same pass, unlike
+/// kube-runtime's, which waits for the write to come back through the watch) and is applied.
+async fn finalizer(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
+    if scope.pool.meta().deletion_timestamp.is_some() {
+        return cleanup(scope, listed).await;
     }
-    if !pool.finalizers().iter().any(|f| f == FINALIZER)
-        && !set_finalizer(&pools, &pool, true).await?
+    if !scope.pool.finalizers().iter().any(|f| f == FINALIZER)
+        && !set_finalizer(&scope.pools, scope.pool, true).await?
     {
         return Ok(Requeue::requeue(CONFLICT_RETRY));
     }
-    let mut leaving = false;
-    for n in gone.iter().filter(|n| ours(n)) {
-        leaving |= !release_node(
-            &ctx,
-            &nodes,
-            n,
-            &pool_ref,
-            &node_refs,
-            "it left the pool's selector",
-        )
-        .await?;
+    apply(scope, listed).await
+}
+
+/// The pool is being deleted: releases its nodes, then removes the [`FINALIZER`].
+async fn cleanup(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
+    // Its nodes: those carrying its request, and selected ones it cordoned before nodes
+    // carried the pool's name.
+    let own = listed
+        .selected
+        .iter()
+        .filter(|n| {
+            let a = n.annotations();
+            scope.ours(n) || (!a.contains_key(ROLLOUT_POOL) && a.contains_key(ROLLOUT_STEP))
+        })
+        .chain(listed.unselected.iter().filter(|n| scope.ours(n)));
+    let mut waiting = 0;
+    for n in own {
+        if !release_node(scope, n, "the pool is deleted").await? {
+            waiting += 1;
+        }
     }
-    let listed = members;
-    let views: Vec<NodeView> = listed.iter().map(NodeView::from_node).collect();
-    let others: Vec<Arc<StreamPool>> = ctx
+    if waiting > 0 {
+        return Ok(Requeue::requeue(DRAIN_RETRY));
+    }
+    if !set_finalizer(&scope.pools, scope.pool, false).await? {
+        return Ok(Requeue::requeue(CONFLICT_RETRY));
+    }
+    scope.ctx.journal.forget(&scope.name);
+    tracing::info!("nodes released; the pool may go");
+    Ok(Requeue::await_change())
+}
+
+/// The rollout: releases the nodes that left the selector, plans, does the plan's actions and
+/// writes the status.
+async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
+    let mut leaving = false;
+    for n in listed.unselected.iter().filter(|n| scope.ours(n)) {
+        leaving |= !release_node(scope, n, "it left the pool's selector").await?;
+    }
+    let Some((input, plan)) = plan(scope, &listed.selected) else {
+        // The first read of OSImageStream is under way; its arrival reconciles every pool.
+        return Ok(Requeue::await_change());
+    };
+    let settings = drain::Settings {
+        grace_period_seconds: scope.pool.spec.drain.grace_period_seconds,
+        delete_empty_dir_data: scope.pool.spec.drain.delete_empty_dir_data,
+    };
+    let mut blockers = execute(scope, &input, &plan.actions, settings).await?;
+    for node in &plan.summary.timed_out {
+        blockers.push((
+            node.clone(),
+            timed_out(scope, node, settings, input.drain_timeout_seconds).await,
+        ));
+    }
+    write_status(scope, &input, &plan.summary, &blockers).await?;
+    Ok(if !plan.summary.draining.is_empty() || leaving {
+        Requeue::requeue(DRAIN_RETRY)
+    } else {
+        Requeue::await_change()
+    })
+}
+
+/// The planner's input for the pool and its selected nodes, and its plan; `None` while the
+/// target waits for the first read of OSImageStream.
+fn plan(scope: &Scope<'_>, selected: &[Node]) -> Option<(PoolInput, Plan)> {
+    let spec = &scope.pool.spec;
+    let catalog = scope.ctx.catalog.borrow().clone();
+    if catalog.is_none() && spec.target.os_image.is_none() {
+        return None;
+    }
+    let others: Vec<Arc<StreamPool>> = scope
+        .ctx
         .pools
         .state()
         .into_iter()
-        .filter(|p| p.name_any() != name)
+        .filter(|p| p.name_any() != scope.name)
         .collect();
-    let claimed = listed
+    let claimed = selected
         .iter()
         .filter_map(|n| {
             let other = pools_selecting(&others, n.labels()).into_iter().next()?;
             Some((n.name_any(), other.name))
         })
         .collect();
-    let catalog = ctx.catalog.borrow().clone();
-    if catalog.is_none() && pool.spec.target.os_image.is_none() {
-        // The first read of OSImageStream is under way; its arrival reconciles every pool.
-        return Ok(Requeue::await_change());
-    }
-    let (target, check) = resolve_target(&pool.spec.target, catalog.as_ref());
-    let now = now_secs();
+    let (target, check) = resolve_target(&spec.target, catalog.as_ref());
     let input = PoolInput {
-        target: target.clone(),
-        check: check.clone(),
-        max_unavailable: pool.spec.max_unavailable.clone(),
-        max_concurrent_staging: pool
-            .spec
+        target,
+        check,
+        max_unavailable: spec.max_unavailable.clone(),
+        max_concurrent_staging: spec
             .max_concurrent_staging
             .unwrap_or(DEFAULT_MAX_CONCURRENT_STAGING) as usize,
-        paused: pool.spec.paused,
-        drain_timeout_seconds: pool
-            .spec
+        paused: spec.paused,
+        drain_timeout_seconds: spec
             .drain
             .timeout_seconds
             .unwrap_or(DEFAULT_DRAIN_TIMEOUT_SECONDS),
-        now,
+        now: now_secs(),
         claimed,
     };
+    let views: Vec<NodeView> = selected.iter().map(NodeView::from_node).collect();
     let plan = planner::plan(&input, &views);
-    let settings = drain::Settings {
-        grace_period_seconds: pool.spec.drain.grace_period_seconds,
-        delete_empty_dir_data: pool.spec.drain.delete_empty_dir_data,
-    };
-    let pp = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    };
+    Some((input, plan))
+}
+
+/// Does `actions`, one Node patch each (a drain runs a pass first and approves only once no
+/// pod is left), and tells each in an Event; returns the drains not finished, with what is
+/// left (`node`, pods).
+async fn execute(
+    scope: &Scope<'_>,
+    input: &PoolInput,
+    actions: &[Action],
+    settings: drain::Settings,
+) -> Result<Vec<(String, String)>, Error> {
     let mut blockers = Vec::new();
-    for action in &plan.actions {
-        let node = node_name(action);
-        let patch = match (action, &target) {
+    for action in actions {
+        let node = action.node();
+        let patch = match (action, &input.target) {
             (Action::Drain { token, .. }, _) => {
-                let pass = drain::pass(&ctx.drain_client, node, settings, true)
+                let pass = drain::pass(&scope.ctx.drain_client, node, settings, true)
                     .await
                     .map_err(|source| Error::Api {
                         what: format!("draining node {node}"),
@@ -397,58 +460,75 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
                     blockers.push((node.to_string(), pass.remaining.join("; ")));
                     continue;
                 }
-                tracing::info!(pool = %name, node, token, "drained; approving the reboot");
+                tracing::info!(node, token, "drained; approving the reboot");
                 approval_patch(token)
             }
-            (a, Ok(t)) => match action_patch(&name, a, t, check.as_ref(), now) {
+            (a, Ok(t)) => match action_patch(&scope.name, a, t, input.check.as_ref(), input.now) {
                 Some(p) => p,
                 None => continue,
             },
-            (Action::Check { .. }, Err(_)) => match &check {
-                Some(c) => json!({ "metadata": { "annotations": check_patch(&name, c) } }),
+            (Action::Check { .. }, Err(_)) => match &input.check {
+                Some(c) => json!({ "metadata": { "annotations": check_patch(&scope.name, c) } }),
                 None => continue,
             },
             (_, Err(_)) => continue,
         };
-        tracing::info!(pool = %name, node, action = ?action, "node step");
-        nodes
-            .patch(node, &pp, &Patch::Merge(&patch))
+        tracing::info!(node, action = ?action, "node step");
+        scope
+            .nodes
+            .patch(node, &patch_params(), &Patch::Merge(&patch))
             .await
             .map_err(|source| Error::Api {
                 what: format!("patching node {node}"),
                 source,
             })?;
-        if let Some(note) = events::for_action(action, &pool.spec.target.stream) {
-            ctx.publish(&pool_ref, &node_refs, note).await;
+        if let Some(note) = events::for_action(action, &scope.pool.spec.target.stream) {
+            scope.publish(note).await;
         }
     }
-    for node in &plan.summary.timed_out {
-        // Read-only: name what is still there for the admin.
-        let left = drain::pass(&ctx.drain_client, node, settings, false)
-            .await
-            .map(|p| p.remaining.join("; "))
-            .unwrap_or_else(|e| format!("listing its pods failed: {e}"));
-        blockers.push((
-            node.clone(),
-            format!(
-                "drain did not finish within {} s; the node stays cordoned; left: {left}",
-                input.drain_timeout_seconds
-            ),
-        ));
-    }
+    Ok(blockers)
+}
+
+/// Why `node`'s drain is stopped: it timed out after `timeout` seconds; names what is still
+/// there for the admin (read-only).
+async fn timed_out(
+    scope: &Scope<'_>,
+    node: &str,
+    settings: drain::Settings,
+    timeout: u64,
+) -> String {
+    let left = drain::pass(&scope.ctx.drain_client, node, settings, false)
+        .await
+        .map(|p| p.remaining.join("; "))
+        .unwrap_or_else(|e| format!("listing its pods failed: {e}"));
+    format!("drain did not finish within {timeout} s; the node stays cordoned; left: {left}")
+}
+
+/// Writes the pool's status when it changed, then publishes what is news in it.
+async fn write_status(
+    scope: &Scope<'_>,
+    input: &PoolInput,
+    summary: &Summary,
+    blockers: &[(String, String)],
+) -> Result<(), Error> {
+    let pool = scope.pool;
     let built = status::build(
-        &plan.summary,
+        summary,
         pool.meta().generation,
-        target
+        input
+            .target
             .as_ref()
             .ok()
             .map(|t| format!("{} {}", t.stream, t.os_image)),
         pool.spec.paused,
         pool.status.as_ref(),
-        &blockers,
+        blockers,
         Time(jiff_now()),
     );
-    let news = ctx.journal.news(&name, pool.status.as_ref(), &built);
+    let news = scope
+        .ctx
+        .journal
+        .news(&scope.name, pool.status.as_ref(), &built);
     if pool.status.as_ref() != Some(&built) {
         let mut value = serde_json::to_value(&built).unwrap_or_default();
         // A merge patch keeps keys it does not name: clear the optional ones explicitly.
@@ -457,34 +537,28 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
                 map.entry(key).or_insert(Value::Null);
             }
         }
-        pools
-            .patch_status(&name, &pp, &Patch::Merge(&json!({ "status": value })))
+        scope
+            .pools
+            .patch_status(
+                &scope.name,
+                &patch_params(),
+                &Patch::Merge(&json!({ "status": value })),
+            )
             .await
             .map_err(|source| Error::Api {
-                what: format!("writing the status of pool {name}"),
+                what: format!("writing the status of pool {}", scope.name),
                 source,
             })?;
     }
     for note in news {
-        ctx.publish(&pool_ref, &node_refs, note).await;
+        scope.publish(note).await;
     }
-    Ok(if !plan.summary.draining.is_empty() || leaving {
-        Requeue::requeue(DRAIN_RETRY)
-    } else {
-        Requeue::await_change()
-    })
+    Ok(())
 }
 
 /// Releases node `n` of the pool (`why`, for the Event); `false`: not yet (its approved reboot
 /// is under way, or it changed since it was listed).
-async fn release_node(
-    ctx: &Context,
-    nodes: &Api<Node>,
-    n: &Node,
-    pool_ref: &ObjectReference,
-    node_refs: &BTreeMap<String, ObjectReference>,
-    why: &str,
-) -> Result<bool, Error> {
+async fn release_node(scope: &Scope<'_>, n: &Node, why: &str) -> Result<bool, Error> {
     let Release::Now { withdraw, uncordon } = planner::release(&NodeView::from_node(n)) else {
         return Ok(false);
     };
@@ -494,11 +568,11 @@ async fn release_node(
         uncordon,
         &n.resource_version().unwrap_or_default(),
     );
-    let pp = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    };
-    match nodes.patch(&node, &pp, &Patch::Merge(&patch)).await {
+    match scope
+        .nodes
+        .patch(&node, &patch_params(), &Patch::Merge(&patch))
+        .await
+    {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 409 => return Ok(false),
         Err(source) => {
@@ -509,12 +583,9 @@ async fn release_node(
         }
     }
     tracing::info!(node, why, withdraw, uncordon, "node released");
-    ctx.publish(
-        pool_ref,
-        node_refs,
-        events::released(&node, why, withdraw, uncordon),
-    )
-    .await;
+    scope
+        .publish(events::released(&node, why, withdraw, uncordon))
+        .await;
     Ok(true)
 }
 
@@ -538,12 +609,8 @@ async fn set_finalizer(
         "finalizers": finalizers,
         "resourceVersion": pool.resource_version(),
     } });
-    let pp = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    };
     match pools
-        .patch(&pool.name_any(), &pp, &Patch::Merge(&patch))
+        .patch(&pool.name_any(), &patch_params(), &Patch::Merge(&patch))
         .await
     {
         Ok(_) => Ok(true),
@@ -686,6 +753,11 @@ pub async fn run(
         .await;
     follow.abort();
 }
+
+#[cfg(test)]
+mod fixtures;
+#[cfg(test)]
+mod reconcile_tests;
 
 #[cfg(test)]
 mod tests {

@@ -105,6 +105,19 @@ pub enum Action {
     },
 }
 
+impl Action {
+    /// The node it is for.
+    pub fn node(&self) -> &str {
+        match self {
+            Action::Check { node }
+            | Action::Target { node }
+            | Action::Cordon { node, .. }
+            | Action::Drain { node, .. }
+            | Action::Uncordon { node } => node,
+        }
+    }
+}
+
 /// Why the pool is Degraded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Degraded {
@@ -207,6 +220,53 @@ pub fn plan(pool: &PoolInput, nodes: &[NodeView]) -> Plan {
         mco_managed: nodes.iter().any(|n| n.mco_managed()),
         ..Summary::default()
     };
+    let nodes = unclaimed(pool, nodes, &mut summary);
+    let max = max_unavailable(pool.max_unavailable.as_ref(), nodes.len());
+    summary.max_unavailable = *max.as_ref().unwrap_or(&1);
+    summary.unavailable = nodes.iter().filter(|n| unavailable(n)).count();
+    let target = usable_target(pool, &max, &mut summary);
+    let hash = target.map(Desired::observed_hash);
+
+    let mut actions = checks(pool, &nodes, target);
+    if let (Some(t), Some(h)) = (target, &hash) {
+        summary.readiness = Some(readiness(&nodes, t, h));
+    }
+    let (Some(target), Some(hash), Ok(max)) = (target, hash, max) else {
+        return Plan { actions, summary };
+    };
+    if summary.mco_managed {
+        return Plan { actions, summary };
+    }
+
+    let phases: Vec<Phase> = nodes.iter().map(|n| phase(n, target, &hash)).collect();
+    count(&nodes, &phases, &mut summary);
+
+    // Nodes already taken go on (also while the pool is Degraded: they are unavailable
+    // already, and finishing them gives capacity back); `paused` stops them before the next
+    // disruptive step.
+    for (n, p) in nodes.iter().zip(&phases) {
+        if *p != Phase::InFlight {
+            continue;
+        }
+        if let Some(a) = in_flight(pool, n, &hash, &mut summary) {
+            actions.push(a);
+        }
+    }
+
+    let blocked = pool.paused || summary.degraded.is_some();
+    if !blocked {
+        actions.extend(new_work(pool, &nodes, &phases, max, summary.unavailable));
+    }
+    Plan { actions, summary }
+}
+
+/// The nodes sorted by name, without those another pool selects too (each an issue, and the
+/// pool Degraded).
+fn unclaimed<'a>(
+    pool: &PoolInput,
+    nodes: &'a [NodeView],
+    summary: &mut Summary,
+) -> Vec<&'a NodeView> {
     let mut all: Vec<&NodeView> = nodes.iter().collect();
     all.sort_by(|a, b| a.name.cmp(&b.name));
     let mut nodes = Vec::with_capacity(all.len());
@@ -227,13 +287,17 @@ pub fn plan(pool: &PoolInput, nodes: &[NodeView]) -> Plan {
             None => nodes.push(n),
         }
     }
-    let mut actions = Vec::new();
+    nodes
+}
 
-    let max = max_unavailable(pool.max_unavailable.as_ref(), nodes.len());
-    summary.max_unavailable = *max.as_ref().unwrap_or(&1);
-    summary.unavailable = nodes.iter().filter(|n| unavailable(n)).count();
-
-    let target = match (&pool.target, &max) {
+/// The pool's request when it and `maxUnavailable` are valid; otherwise `None`, the pool
+/// Degraded.
+fn usable_target<'a>(
+    pool: &'a PoolInput,
+    max: &Result<usize, MaxUnavailableError>,
+    summary: &mut Summary,
+) -> Option<&'a Desired> {
+    match (&pool.target, max) {
         (Err(why), _) => {
             summary.degraded.get_or_insert(Degraded {
                 reason: "TargetUnresolved",
@@ -249,33 +313,28 @@ pub fn plan(pool: &PoolInput, nodes: &[NodeView]) -> Plan {
             None
         }
         (Ok(t), Ok(_)) => Some(t),
-    };
-    let hash = target.map(Desired::observed_hash);
+    }
+}
 
-    // Readiness checks are read-only: asked of every node not yet given the request, also in
-    // a paused, degraded or machine-config-operator pool.
-    if let Some(check) = &pool.check {
-        for n in &nodes {
-            let given = target.is_some_and(|t| on_target(n, t));
-            if !given && !check.set_on(n) {
-                actions.push(Action::Check {
-                    node: n.name.clone(),
-                });
-            }
-        }
-    }
-    if let (Some(t), Some(h)) = (target, &hash) {
-        summary.readiness = Some(readiness(&nodes, t, h));
-    }
-    let (Some(target), Some(hash), Ok(max)) = (target, hash, max) else {
-        return Plan { actions, summary };
+/// Readiness checks are read-only: asked of every node not yet given the request, also in a
+/// paused, degraded or machine-config-operator pool.
+fn checks(pool: &PoolInput, nodes: &[&NodeView], target: Option<&Desired>) -> Vec<Action> {
+    let Some(check) = &pool.check else {
+        return Vec::new();
     };
-    if summary.mco_managed {
-        return Plan { actions, summary };
-    }
+    nodes
+        .iter()
+        .filter(|n| !target.is_some_and(|t| on_target(n, t)) && !check.set_on(n))
+        .map(|n| Action::Check {
+            node: n.name.clone(),
+        })
+        .collect()
+}
 
-    let phases: Vec<Phase> = nodes.iter().map(|n| phase(n, target, &hash)).collect();
-    for (n, p) in nodes.iter().zip(&phases) {
+/// Counts the updated, ready and failed nodes (each failed one an issue; the first makes the
+/// pool Degraded).
+fn count(nodes: &[&NodeView], phases: &[Phase], summary: &mut Summary) {
+    for (n, p) in nodes.iter().zip(phases) {
         match p {
             Phase::Updated => {
                 summary.updated += 1;
@@ -304,52 +363,46 @@ pub fn plan(pool: &PoolInput, nodes: &[NodeView]) -> Plan {
             _ => {}
         }
     }
+}
 
-    // Nodes already taken go on (also while the pool is Degraded: they are unavailable
-    // already, and finishing them gives capacity back); `paused` stops them before the next
-    // disruptive step.
-    for (n, p) in nodes.iter().zip(&phases) {
-        if *p != Phase::InFlight {
-            continue;
+/// New work for a pool that is neither paused nor Degraded: targets for untargeted nodes while
+/// staging slots are free, and cordons for nodes waiting to reboot while fewer than `max` are
+/// unavailable (`unavailable` now).
+fn new_work(
+    pool: &PoolInput,
+    nodes: &[&NodeView],
+    phases: &[Phase],
+    max: usize,
+    mut unavailable: usize,
+) -> Vec<Action> {
+    // Staging runs ahead, bounded so the registry is not hit by the whole pool at once.
+    let staging = phases.iter().filter(|p| **p == Phase::Staging).count();
+    let slots = pool.max_concurrent_staging.saturating_sub(staging);
+    let mut actions: Vec<Action> = nodes
+        .iter()
+        .zip(phases)
+        .filter(|(_, p)| **p == Phase::Untargeted)
+        .take(slots)
+        .map(|(n, _)| Action::Target {
+            node: n.name.clone(),
+        })
+        .collect();
+    for (n, p) in nodes.iter().zip(phases) {
+        if unavailable >= max {
+            break;
         }
-        if let Some(a) = in_flight(pool, n, &hash, &mut summary) {
-            actions.push(a);
+        if *p == Phase::Waiting
+            && !unavailable_node(n)
+            && let Some(token) = n.reboot_requested()
+        {
+            actions.push(Action::Cordon {
+                node: n.name.clone(),
+                token: token.to_string(),
+            });
+            unavailable += 1;
         }
     }
-
-    let blocked = pool.paused || summary.degraded.is_some();
-    if !blocked {
-        // Staging runs ahead, bounded so the registry is not hit by the whole pool at once.
-        let staging = phases.iter().filter(|p| **p == Phase::Staging).count();
-        let slots = pool.max_concurrent_staging.saturating_sub(staging);
-        actions.extend(
-            nodes
-                .iter()
-                .zip(&phases)
-                .filter(|(_, p)| **p == Phase::Untargeted)
-                .take(slots)
-                .map(|(n, _)| Action::Target {
-                    node: n.name.clone(),
-                }),
-        );
-        let mut unavailable = summary.unavailable;
-        for (n, p) in nodes.iter().zip(&phases) {
-            if unavailable >= max {
-                break;
-            }
-            if *p == Phase::Waiting
-                && !unavailable_node(n)
-                && let Some(token) = n.reboot_requested()
-            {
-                actions.push(Action::Cordon {
-                    node: n.name.clone(),
-                    token: token.to_string(),
-                });
-                unavailable += 1;
-            }
-        }
-    }
-    Plan { actions, summary }
+    actions
 }
 
 /// Whether the node carries the pool's request in its desired-* keys.
@@ -924,62 +977,5 @@ mod tests {
         );
     }
 
-    /// Whatever the nodes look like, the plan never makes more nodes unavailable than
-    /// maxUnavailable allows (a pool already over it takes none).
-    #[test]
-    fn never_exceeds_max_unavailable() {
-        let mut seed: u64 = 0x5eed;
-        let mut next = |m: u64| {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 33) % m
-        };
-        for round in 0..2_000 {
-            let count = 1 + next(8) as usize;
-            let max = IntOrString::Int(1 + next(3) as i32);
-            let nodes: Vec<NodeView> = (0..count)
-                .map(|i| {
-                    let name = format!("w{i}");
-                    let mut n = match next(6) {
-                        0 => node(&name),
-                        1 => in_state(node(&name), "Staging"),
-                        2 => staged(&name, "t"),
-                        3 => in_state(node(&name), "Done"),
-                        4 => step(staged(&name, "t"), draining("t", 9_999)),
-                        _ => step(
-                            in_state(node(&name), "Rebooting"),
-                            Step::Approved { token: "t".into() },
-                        ),
-                    };
-                    n.ready = next(5) != 0;
-                    if next(7) == 0 {
-                        n.unschedulable = true;
-                    }
-                    n
-                })
-                .collect();
-            let input = PoolInput {
-                max_unavailable: Some(max.clone()),
-                ..pool()
-            };
-            let p = plan(&input, &nodes);
-            let before = nodes.iter().filter(|n| unavailable(n)).count();
-            let taken = p
-                .actions
-                .iter()
-                .filter(|a| match a {
-                    Action::Cordon { node, .. } => {
-                        nodes.iter().any(|n| &n.name == node && !unavailable(n))
-                    }
-                    _ => false,
-                })
-                .count();
-            let limit = max_unavailable(Some(&max), count).expect("valid");
-            assert!(
-                taken == 0 || before + taken <= limit,
-                "round {round}: {before} unavailable + {taken} taken > {limit}"
-            );
-        }
-    }
+    mod properties;
 }

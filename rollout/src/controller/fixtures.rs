@@ -1,0 +1,722 @@
+//! A mock API server for the reconcile tests, as kube-rs/controller-rs:src/fixtures.rs
+//! `ApiServerVerifier`: a real `kube::Client` over tower-test's mock service, and a verifier
+//! that takes the client's requests one by one, asserts each (method, path and query, the
+//! meaningful parts of the body) against a named [`Scenario`], answers it with a canned object,
+//! and fails on a request the scenario does not expect, or one it expects that never came.
+
+use std::fmt::Write as _;
+
+use http::{Method, Request, Response, StatusCode};
+use kube::client::Body;
+use kube::runtime::reflector::store::Writer;
+use serde_json::{Value, json};
+use streamd::cluster::protocol::{
+    DESIRED_OS_IMAGE, DESIRED_STREAM, OBSERVED_DESIRED, REBOOT_REQUESTED, STATE,
+};
+use tokio::task::JoinHandle;
+use tower_test::mock::{self, Handle};
+
+use super::*;
+
+/// The pool's pinned image: no OSImageStream is read.
+const OS10: &str = "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010";
+/// The label the pool selects its nodes by.
+const ROLE: &str = "node-role.kubernetes.io/worker";
+/// The path and query of every merge patch the controller writes.
+const MANAGED: &str = "?&fieldManager=streamd-rollout";
+const POOL_PATH: &str = "/apis/osstream.openshift.io/v1alpha1/streampools/worker";
+const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/default/events?";
+const PDB_REFUSAL: &str = "Cannot evict pod as it would violate the pod's disruption budget.";
+
+impl Context {
+    /// A context whose clients (both) talk to the returned verifier; no OSImageStream, no other
+    /// pool.
+    pub fn test() -> (Arc<Context>, ApiServerVerifier) {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        let (_, catalog) = watch::channel(None);
+        let ctx = Context {
+            client: client.clone(),
+            drain_client: client.clone(),
+            catalog,
+            pools: Writer::<StreamPool>::default().as_reader(),
+            recorder: Recorder::new(
+                client,
+                Reporter {
+                    controller: events::REPORTER.into(),
+                    instance: Some("test".into()),
+                },
+            ),
+            journal: Journal::default(),
+        };
+        (Arc::new(ctx), ApiServerVerifier(handle))
+    }
+}
+
+/// The API server side of [`Context::test`].
+pub struct ApiServerVerifier(Handle<Request<Body>, Response<Body>>);
+
+/// The reconcile tests' scenarios: the pool they reconcile and, in [`Scenario::exchanges`],
+/// exactly what the API server sees.
+#[derive(Debug, Clone, Copy)]
+pub enum Scenario {
+    /// A new pool: the finalizer is added, its two fresh nodes get the check keys, then the
+    /// target (each told in an Event), and the status is written.
+    Create,
+    /// A node being drained whose pod's eviction a PodDisruptionBudget refuses (429): no
+    /// approval, the refusal in the status and an `EvictionBlocked` Event; looked at again.
+    DrainBlocked,
+    /// A node that left the pool's selector is released (its request withdrawn); another that
+    /// left during its approved reboot is left until it is back.
+    Release,
+    /// The release of a node that left the selector is answered 409 (it changed since it was
+    /// listed): not released, no Event, looked at again.
+    ReleaseConflict,
+    /// A pool deleted mid-rollout: its nodes (the one being drained, one it cordoned before
+    /// nodes carried the pool's name, one that left the selector) are released, then only its
+    /// own finalizer is removed.
+    Deletion,
+    /// A pool deleted while its node's approved reboot is under way: nothing is written, the
+    /// finalizer stays, looked at again.
+    DeletionWaits,
+    /// The finalizer write of a new pool is answered 409: nothing else is done, looked at again
+    /// after [`CONFLICT_RETRY`].
+    FinalizerConflict,
+    /// The status write is answered 409: the reconcile fails with it (and is retried by the
+    /// error policy).
+    StatusConflict,
+}
+
+impl Scenario {
+    /// The pool the reconcile is given.
+    pub fn pool(self) -> StreamPool {
+        let mut finalizers = vec![FINALIZER];
+        let mut deleted = None;
+        match self {
+            Scenario::Create | Scenario::FinalizerConflict => finalizers.clear(),
+            Scenario::Deletion | Scenario::DeletionWaits => {
+                finalizers.insert(0, "example.com/keep");
+                deleted = Some("2026-01-01T00:00:00Z");
+            }
+            _ => {}
+        }
+        serde_json::from_value(pool_json(&finalizers, deleted)).expect("a valid StreamPool")
+    }
+
+    /// The requests the reconcile makes, in order, each with its answer.
+    fn exchanges(self) -> Vec<Exchange> {
+        match self {
+            Scenario::Create => create(),
+            Scenario::DrainBlocked => drain_blocked(),
+            Scenario::Release => release(),
+            Scenario::ReleaseConflict => vec![
+                list_nodes(&[done("w1"), staged(Fixture::new("w3", false), "t3")]),
+                patch_node("w3", Want::Exact(release_body(true, false, "13")))
+                    .answer(StatusCode::CONFLICT, conflict()),
+                patch_status(updated_status()),
+            ],
+            Scenario::Deletion => deletion(),
+            Scenario::DeletionWaits => vec![list_nodes(&[approved_rebooting("w1", true)])],
+            Scenario::FinalizerConflict => vec![
+                list_nodes(&[Fixture::new("w1", true)]),
+                patch_pool(json!({ "metadata": {
+                    "finalizers": [FINALIZER],
+                    "resourceVersion": "10",
+                } }))
+                .answer(StatusCode::CONFLICT, conflict()),
+            ],
+            Scenario::StatusConflict => vec![
+                list_nodes(&[done("w1")]),
+                patch_status(updated_status()).answer(StatusCode::CONFLICT, conflict()),
+            ],
+        }
+    }
+}
+
+fn create() -> Vec<Exchange> {
+    let fresh = [
+        Fixture::new("w1", true),
+        Fixture::new("w2", true),
+        Fixture::new("infra-0", false),
+    ];
+    let check = |n: &str| {
+        patch_node(
+            n,
+            Want::Exact(json!({ "metadata": { "annotations": {
+                CHECK_STREAM: "rhel-10",
+                CHECK_OS_IMAGE: OS10,
+                CHECK_EXTENSIONS_IMAGE: null,
+                ROLLOUT_POOL: "worker",
+            } } })),
+        )
+    };
+    let target = |n: &str| {
+        patch_node(
+            n,
+            Want::Exact(json!({ "metadata": { "annotations": {
+                DESIRED_STREAM: "rhel-10",
+                DESIRED_OS_IMAGE: OS10,
+                DESIRED_EXTENSIONS_IMAGE: null,
+                ROLLOUT_POOL: "worker",
+            } } })),
+        )
+    };
+    vec![
+        list_nodes(&fresh),
+        patch_pool(json!({ "metadata": {
+            "finalizers": [FINALIZER],
+            "resourceVersion": "10",
+        } })),
+        check("w1"),
+        check("w2"),
+        target("w1"),
+        event("NodeTargeted", "w1", "node w1: given stream rhel-10"),
+        target("w2"),
+        event("NodeTargeted", "w2", "node w2: given stream rhel-10"),
+        patch_status(json!({
+            "observedGeneration": 2,
+            "target": format!("rhel-10 {OS10}"),
+            "machineCount": 2,
+            "updatedMachineCount": 0,
+            "readyMachineCount": 0,
+            "unavailableMachineCount": 0,
+            "degradedMachineCount": 0,
+            "conditions": conditions(
+                ("True", "Updating", "0 of 2 nodes updated; 0 unavailable (max 1)"),
+                ("False", "NotUpdated"),
+                ("False", "AsExpected"),
+            ),
+            "nodes": null,
+            "readiness": "0 of 2 ready; 2 not checked",
+        })),
+    ]
+}
+
+fn drain_blocked() -> Vec<Exchange> {
+    let step = format!("draining:{}:t1", now_secs());
+    let draining = staged(Fixture::new("w1", true), "t1")
+        .with(ROLLOUT_STEP, &step)
+        .cordoned();
+    let why = format!("shop/web-a: eviction refused (429): {PDB_REFUSAL}");
+    vec![
+        list_nodes(&[draining, staged(Fixture::new("w2", true), "t2")]),
+        Exchange::new(
+            Method::GET,
+            "/api/v1/pods?&fieldSelector=spec.nodeName%3Dw1",
+            Want::Empty,
+        )
+        .answer(
+            StatusCode::OK,
+            json!({
+                "apiVersion": "v1",
+                "kind": "PodList",
+                "metadata": {},
+                "items": [pod("web-a", "ReplicaSet"), pod("agent-0", "DaemonSet")],
+            }),
+        ),
+        // The DaemonSet pod stays; the other is evicted, and the budget refuses.
+        Exchange::new(
+            Method::POST,
+            "/api/v1/namespaces/shop/pods/web-a/eviction?",
+            // kube-core's body: the pod's name (its namespace is in the path) and
+            // `delete_options`, so spelled (kube-core 5 `Request::evict`).
+            Want::Includes(json!({ "metadata": { "name": "web-a" } })),
+        )
+        .answer(
+            StatusCode::TOO_MANY_REQUESTS,
+            api_status(429, "TooManyRequests", PDB_REFUSAL),
+        ),
+        patch_status(json!({
+            "machineCount": 2,
+            "unavailableMachineCount": 1,
+            "conditions": conditions(
+                ("True", "Updating", "0 of 2 nodes updated; 1 unavailable (max 1)"),
+                ("False", "NotUpdated"),
+                ("False", "AsExpected"),
+            ),
+            "nodes": [{ "name": "w1", "state": "Draining", "reason": why }],
+            "readiness": "2 of 2 ready",
+        })),
+        warning(
+            "EvictionBlocked",
+            "w1",
+            "node w1: a PodDisruptionBudget refuses an eviction; retrying",
+        ),
+    ]
+}
+
+fn release() -> Vec<Exchange> {
+    vec![
+        list_nodes(&[
+            done("w1"),
+            staged(Fixture::new("w3", false), "t3"),
+            approved_rebooting("w4", false),
+            Fixture::new("infra-0", false),
+        ]),
+        patch_node("w3", Want::Exact(release_body(true, false, "13"))),
+        event(
+            "NodeReleased",
+            "w3",
+            "node w3: released because it left the pool's selector; the pool's request withdrawn",
+        ),
+        patch_status(updated_status()),
+    ]
+}
+
+fn deletion() -> Vec<Exchange> {
+    let draining = staged(Fixture::new("w1", true), "t1")
+        .with(ROLLOUT_STEP, "draining:1:t1")
+        .cordoned();
+    // Cordoned by the pool before nodes carried its name: only the mark tells.
+    let mut marked = staged(Fixture::new("w5", true), "t5")
+        .with(ROLLOUT_STEP, "draining:1:t5")
+        .cordoned();
+    marked.annotations.retain(|(k, _)| k != ROLLOUT_POOL);
+    let mut left = done("w3");
+    left.selected = false;
+    vec![
+        list_nodes(&[draining, Fixture::new("w2", true), marked, left]),
+        patch_node("w1", Want::Exact(release_body(true, true, "11"))),
+        event(
+            "NodeReleased",
+            "w1",
+            "node w1: released because the pool is deleted; uncordoned; the pool's request withdrawn",
+        ),
+        patch_node("w5", Want::Exact(release_body(true, true, "15"))),
+        event(
+            "NodeReleased",
+            "w5",
+            "node w5: released because the pool is deleted",
+        ),
+        // It runs the pool's request: it keeps it.
+        patch_node("w3", Want::Exact(release_body(false, false, "13"))),
+        event(
+            "NodeReleased",
+            "w3",
+            "node w3: released because the pool is deleted",
+        ),
+        patch_pool(json!({ "metadata": {
+            "finalizers": ["example.com/keep"],
+            "resourceVersion": "10",
+        } })),
+    ]
+}
+
+impl ApiServerVerifier {
+    /// Answers the requests of `scenario` in order; the task panics at the first one that
+    /// differs, at a request past the scenario's end, or when the client goes away (every
+    /// clone of it dropped: the reconcile is over) before the scenario's last request came.
+    pub fn run(mut self, scenario: Scenario) -> JoinHandle<()> {
+        tokio::spawn(async move {
+            for (i, want) in scenario.exchanges().into_iter().enumerate() {
+                let Some((request, send)) = self.0.next_request().await else {
+                    panic!(
+                        "{scenario:?}: request {i} never came: {} {}",
+                        want.method, want.uri
+                    );
+                };
+                let (parts, body) = request.into_parts();
+                assert_eq!(
+                    (&parts.method, parts.uri.to_string()),
+                    (&want.method, want.uri.clone()),
+                    "{scenario:?}: request {i}"
+                );
+                let bytes = body.collect_bytes().await.expect("a request body");
+                let what = format!("{scenario:?}: request {i} ({} {})", want.method, want.uri);
+                let echo = want.body.check(&bytes, &what);
+                let (status, reply) = match want.answer {
+                    Answer::Echo => (StatusCode::OK, echo),
+                    Answer::Json(s, v) => (s, serde_json::to_vec(&v).expect("json")),
+                };
+                let response = Response::builder()
+                    .status(status)
+                    .body(Body::from(reply))
+                    .expect("a response");
+                send.send_response(response);
+            }
+            if let Some((request, _)) = self.0.next_request().await {
+                panic!(
+                    "{scenario:?}: unexpected request {} {}",
+                    request.method(),
+                    request.uri()
+                );
+            }
+        })
+    }
+}
+
+/// One request the controller is expected to make, and the API server's answer.
+struct Exchange {
+    method: Method,
+    /// Path and query, as the client sends them.
+    uri: String,
+    body: Want,
+    answer: Answer,
+}
+
+impl Exchange {
+    fn new(method: Method, uri: &str, body: Want) -> Exchange {
+        Exchange {
+            method,
+            uri: uri.into(),
+            body,
+            answer: Answer::Echo,
+        }
+    }
+
+    fn answer(mut self, status: StatusCode, body: Value) -> Exchange {
+        self.answer = Answer::Json(status, body);
+        self
+    }
+}
+
+/// What a request's body must be.
+enum Want {
+    /// None (a read).
+    Empty,
+    /// Exactly this JSON.
+    Exact(Value),
+    /// JSON with at least these members (see [`includes`]).
+    Includes(Value),
+}
+
+impl Want {
+    /// Asserts `body`; returns it (an echo answers with it).
+    fn check(&self, body: &[u8], what: &str) -> Vec<u8> {
+        let value = || -> Value {
+            serde_json::from_slice(body)
+                .unwrap_or_else(|e| panic!("{what}: the body is not JSON: {e}"))
+        };
+        match self {
+            Want::Empty => assert!(body.is_empty(), "{what}: a body on a read"),
+            Want::Exact(want) => assert_eq!(&value(), want, "{what}"),
+            Want::Includes(want) => {
+                let got = value();
+                let mut miss = String::new();
+                includes(&got, want, "", &mut miss);
+                assert!(miss.is_empty(), "{what}:{miss}\nbody: {got:#}");
+            }
+        }
+        body.to_vec()
+    }
+}
+
+/// The answer to a request.
+enum Answer {
+    /// 200 with the request's own body (an Event created as asked).
+    Echo,
+    /// This status and body.
+    Json(StatusCode, Value),
+}
+
+/// Appends to `miss` where `got` lacks what `want` has: every member of an object (others may
+/// be there), every element of an array (same length, in order), equal scalars; a string that
+/// `want` ends with `…` only needs that start.
+fn includes(got: &Value, want: &Value, at: &str, miss: &mut String) {
+    match (got, want) {
+        (Value::Object(g), Value::Object(w)) => {
+            for (k, wv) in w {
+                let here = format!("{at}.{k}");
+                match g.get(k) {
+                    Some(gv) => includes(gv, wv, &here, miss),
+                    None => {
+                        let _ = write!(miss, "\n  {here}: missing");
+                    }
+                }
+            }
+        }
+        (Value::Array(g), Value::Array(w)) if g.len() == w.len() => {
+            for (i, (gv, wv)) in g.iter().zip(w).enumerate() {
+                includes(gv, wv, &format!("{at}[{i}]"), miss);
+            }
+        }
+        (Value::String(g), Value::String(w))
+            if w.strip_suffix('…').is_some_and(|p| g.starts_with(p)) => {}
+        _ if got == want => {}
+        _ => {
+            let _ = write!(miss, "\n  {at}: {got} is not {want}");
+        }
+    }
+}
+
+fn list_nodes(nodes: &[Fixture]) -> Exchange {
+    Exchange::new(Method::GET, "/api/v1/nodes?", Want::Empty).answer(
+        StatusCode::OK,
+        json!({
+            "apiVersion": "v1",
+            "kind": "NodeList",
+            "metadata": { "resourceVersion": "100" },
+            "items": nodes.iter().map(Fixture::json).collect::<Vec<_>>(),
+        }),
+    )
+}
+
+fn patch_node(name: &str, body: Want) -> Exchange {
+    // The controller reads nothing of the patched node but that it is one.
+    let answer = json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": name } });
+    Exchange::new(
+        Method::PATCH,
+        &format!("/api/v1/nodes/{name}{MANAGED}"),
+        body,
+    )
+    .answer(StatusCode::OK, answer)
+}
+
+fn patch_pool(body: Value) -> Exchange {
+    let answer = pool_json(&[FINALIZER], None);
+    Exchange::new(
+        Method::PATCH,
+        &format!("{POOL_PATH}{MANAGED}"),
+        Want::Exact(body),
+    )
+    .answer(StatusCode::OK, answer)
+}
+
+fn patch_status(status: Value) -> Exchange {
+    let answer = pool_json(&[FINALIZER], None);
+    Exchange::new(
+        Method::PATCH,
+        &format!("{POOL_PATH}/status{MANAGED}"),
+        Want::Includes(json!({ "status": status })),
+    )
+    .answer(StatusCode::OK, answer)
+}
+
+/// A Normal Event about the pool with `node` related, whose note starts with `note`.
+fn event(reason: &str, node: &str, note: &str) -> Exchange {
+    event_of("Normal", reason, node, note)
+}
+
+/// A Warning Event, as [`event`].
+fn warning(reason: &str, node: &str, note: &str) -> Exchange {
+    event_of("Warning", reason, node, note)
+}
+
+fn event_of(type_: &str, reason: &str, node: &str, note: &str) -> Exchange {
+    Exchange::new(
+        Method::POST,
+        EVENTS_PATH,
+        Want::Includes(json!({
+            "type": type_,
+            "reason": reason,
+            "note": format!("{note}…"),
+            "reportingController": "streamd-rollout",
+            "regarding": { "kind": "StreamPool", "name": "worker" },
+            "related": { "kind": "Node", "name": node },
+        })),
+    )
+}
+
+/// The Updating, Updated and Degraded conditions (and Paused, false), without transition
+/// times: (status, reason, message) or (status, reason).
+fn conditions(
+    updating: (&str, &str, &str),
+    updated: (&str, &str),
+    degraded: (&str, &str),
+) -> Value {
+    json!([
+        { "type": "Updating", "status": updating.0, "reason": updating.1, "message": updating.2 },
+        { "type": "Updated", "status": updated.0, "reason": updated.1 },
+        { "type": "Degraded", "status": degraded.0, "reason": degraded.1, "message": "" },
+        { "type": "Paused", "status": "False", "reason": "NotPaused" },
+    ])
+}
+
+/// The status of a pool whose one node runs the target.
+fn updated_status() -> Value {
+    json!({
+        "machineCount": 1,
+        "updatedMachineCount": 1,
+        "readyMachineCount": 1,
+        "unavailableMachineCount": 0,
+        "conditions": conditions(
+            ("False", "Updated", ""),
+            ("True", "Updated"),
+            ("False", "AsExpected"),
+        ),
+        "nodes": null,
+        "readiness": "1 of 1 ready",
+    })
+}
+
+/// The release of a node listed at `resource_version`, written out key by key.
+fn release_body(withdraw: bool, uncordon: bool, resource_version: &str) -> Value {
+    let mut annotations = json!({
+        ROLLOUT_POOL: null,
+        CHECK_STREAM: null,
+        CHECK_OS_IMAGE: null,
+        CHECK_EXTENSIONS_IMAGE: null,
+    });
+    if withdraw {
+        annotations[DESIRED_STREAM] = Value::Null;
+        annotations[DESIRED_OS_IMAGE] = Value::Null;
+        annotations[DESIRED_EXTENSIONS_IMAGE] = Value::Null;
+    }
+    if uncordon {
+        annotations[ROLLOUT_STEP] = Value::Null;
+        annotations[REBOOT_APPROVED] = Value::Null;
+    }
+    let mut body = json!({ "metadata": {
+        "annotations": annotations,
+        "resourceVersion": resource_version,
+    } });
+    if uncordon {
+        body["spec"] = json!({ "unschedulable": false });
+    }
+    body
+}
+
+fn conflict() -> Value {
+    api_status(
+        409,
+        "Conflict",
+        "the object has been modified; please apply your changes to the latest version and try again",
+    )
+}
+
+fn api_status(code: u16, reason: &str, message: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Status",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    })
+}
+
+/// The pool `worker` (resourceVersion 10, generation 2): nodes labelled [`ROLE`], stream
+/// rhel-10 pinned to [`OS10`], the defaults otherwise; no status.
+fn pool_json(finalizers: &[&str], deleted: Option<&str>) -> Value {
+    let mut pool = json!({
+        "apiVersion": "osstream.openshift.io/v1alpha1",
+        "kind": "StreamPool",
+        "metadata": {
+            "name": "worker",
+            "uid": "0b5e6a5c-0000-4000-8000-000000000001",
+            "resourceVersion": "10",
+            "generation": 2,
+            "finalizers": finalizers,
+        },
+        "spec": {
+            "nodeSelector": { "matchLabels": { ROLE: "" } },
+            "target": { "stream": "rhel-10", "osImage": OS10 },
+        },
+    });
+    if let Some(at) = deleted {
+        pool["metadata"]["deletionTimestamp"] = json!(at);
+    }
+    pool
+}
+
+fn pod(name: &str, owner: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "shop",
+            "ownerReferences": [{
+                "apiVersion": "apps/v1",
+                "kind": owner,
+                "name": "owner",
+                "uid": "0b5e6a5c-0000-4000-8000-000000000002",
+                "controller": true,
+            }],
+        },
+        "spec": { "nodeName": "w1", "containers": [] },
+        "status": { "phase": "Running" },
+    })
+}
+
+/// A Ready node as listed; `w<n>` has resourceVersion `1<n>`.
+#[derive(Clone)]
+struct Fixture {
+    name: String,
+    selected: bool,
+    cordoned: bool,
+    annotations: Vec<(String, String)>,
+}
+
+impl Fixture {
+    /// A fresh node (no key of the controller) that the pool selects or not.
+    fn new(name: &str, selected: bool) -> Fixture {
+        Fixture {
+            name: name.into(),
+            selected,
+            cordoned: false,
+            annotations: Vec::new(),
+        }
+    }
+
+    fn with(mut self, key: &str, value: &str) -> Fixture {
+        self.annotations.retain(|(k, _)| k != key);
+        self.annotations.push((key.into(), value.into()));
+        self
+    }
+
+    fn cordoned(mut self) -> Fixture {
+        self.cordoned = true;
+        self
+    }
+
+    fn json(&self) -> Value {
+        let digits = self.name.trim_start_matches(|c: char| !c.is_ascii_digit());
+        let resource_version = format!("1{digits}");
+        let labels = if self.selected {
+            json!({ ROLE: "", "kubernetes.io/hostname": self.name })
+        } else {
+            json!({ "kubernetes.io/hostname": self.name })
+        };
+        let annotations: serde_json::Map<String, Value> = self
+            .annotations
+            .iter()
+            .map(|(k, v)| (k.clone(), json!(v)))
+            .collect();
+        json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.name,
+                "resourceVersion": resource_version,
+                "labels": labels,
+                "annotations": annotations,
+            },
+            "spec": { "unschedulable": self.cordoned },
+            "status": { "conditions": [{ "type": "Ready", "status": "True" }] },
+        })
+    }
+}
+
+/// `n` given the pool's request (streamd acknowledged it, in `state`).
+fn on_target(n: Fixture, state: &str) -> Fixture {
+    let pool: StreamPool = serde_json::from_value(pool_json(&[], None)).expect("a StreamPool");
+    let hash = resolve_target(&pool.spec.target, None)
+        .0
+        .expect("the pool's target")
+        .observed_hash();
+    n.with(ROLLOUT_POOL, "worker")
+        .with(DESIRED_STREAM, "rhel-10")
+        .with(DESIRED_OS_IMAGE, OS10)
+        .with(OBSERVED_DESIRED, &hash)
+        .with(STATE, state)
+}
+
+/// `n` staged and asking to reboot with `token`.
+fn staged(n: Fixture, token: &str) -> Fixture {
+    on_target(n, "Staged").with(REBOOT_REQUESTED, token)
+}
+
+/// A selected node that runs the pool's request.
+fn done(name: &str) -> Fixture {
+    on_target(Fixture::new(name, true), "Done")
+}
+
+/// A node rebooting into the target the pool approved, still cordoned.
+fn approved_rebooting(name: &str, selected: bool) -> Fixture {
+    on_target(Fixture::new(name, selected), "Rebooting")
+        .with(ROLLOUT_STEP, "approved:t9")
+        .with(REBOOT_APPROVED, "t9")
+        .cordoned()
+}

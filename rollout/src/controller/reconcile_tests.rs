@@ -1,0 +1,84 @@
+//! `reconcile` against the mock API server of [`fixtures`](super::fixtures): each test runs one
+//! named [`Scenario`] and checks what the reconcile returned; the verifier checks every request.
+
+use super::fixtures::Scenario;
+use super::*;
+
+/// Reconciles the pool of `scenario` against it; panics where the requests differ.
+async fn reconciled(scenario: Scenario) -> Result<Requeue, Error> {
+    let (ctx, server) = Context::test();
+    let pool = Arc::new(scenario.pool());
+    let verified = server.run(scenario);
+    // `ctx` goes with the reconcile: the client's last clone dropped ends the scenario.
+    let result = reconcile(pool, ctx).await;
+    if let Err(e) = verified.await {
+        std::panic::resume_unwind(e.into_panic());
+    }
+    result
+}
+
+#[tokio::test]
+async fn create() {
+    let r = reconciled(Scenario::Create).await.expect("reconcile");
+    assert_eq!(r, Requeue::await_change());
+}
+
+#[tokio::test]
+async fn drain_blocked() {
+    let r = reconciled(Scenario::DrainBlocked).await.expect("reconcile");
+    assert_eq!(r, Requeue::requeue(DRAIN_RETRY));
+}
+
+#[tokio::test]
+async fn release() {
+    let r = reconciled(Scenario::Release).await.expect("reconcile");
+    // w4 is still rebooting.
+    assert_eq!(r, Requeue::requeue(DRAIN_RETRY));
+}
+
+#[tokio::test]
+async fn release_conflict() {
+    let r = reconciled(Scenario::ReleaseConflict)
+        .await
+        .expect("reconcile");
+    assert_eq!(r, Requeue::requeue(DRAIN_RETRY));
+}
+
+#[tokio::test]
+async fn deletion() {
+    let r = reconciled(Scenario::Deletion).await.expect("reconcile");
+    assert_eq!(r, Requeue::await_change());
+}
+
+#[tokio::test]
+async fn deletion_waits() {
+    let r = reconciled(Scenario::DeletionWaits)
+        .await
+        .expect("reconcile");
+    assert_eq!(r, Requeue::requeue(DRAIN_RETRY));
+}
+
+#[tokio::test]
+async fn finalizer_conflict() {
+    let r = reconciled(Scenario::FinalizerConflict)
+        .await
+        .expect("reconcile");
+    assert_eq!(r, Requeue::requeue(CONFLICT_RETRY));
+}
+
+#[tokio::test]
+async fn status_conflict() {
+    let e = reconciled(Scenario::StatusConflict)
+        .await
+        .expect_err("a 409 on the status");
+    match e {
+        Error::Api {
+            what,
+            source: kube::Error::Api(s),
+        } => {
+            assert_eq!(what, "writing the status of pool worker");
+            assert_eq!(s.code, 409);
+        }
+        other => panic!("not the status write's 409: {other}"),
+    }
+}
