@@ -182,5 +182,42 @@ for ty in rpm_t install_t container_var_lib_t; do
         opt+=" $ty:off"
     fi
 done
+# 5. The rules for Fedora/RHEL's types (rpm-ostreed as install_t, its transaction
+# socket install_var_run_t: anaconda.te in fedora-selinux/selinux-policy, RHEL 9.2+
+# and 10). Debian's policy has neither type, so the optional blocks are off above;
+# a stub module declaring them (named as Fedora names them, nothing else of
+# Fedora's policy) turns them on, and the linked policy must then hold exactly
+# what anaconda_stream_connect() grants, and no write to the generic var_run_t
+# socket type.
+mkdir "$t/fedora"
+cat >"$t/fedora/fedora_types.te" <<'POL'
+module fedora_types 1.0;
+require {
+	class dbus send_msg;
+	class sock_file write;
+	class unix_stream_socket connectto;
+	attribute domain;
+}
+type install_t, domain;
+type install_var_run_t;
+POL
+checkmodule -M -m -o "$t/fedora/fedora_types.mod" "$t/fedora/fedora_types.te" >"$t/fedora/build.log" 2>&1 ||
+    die "fedora type stub does not compile: $(cat "$t/fedora/build.log")"
+semodule_package -o "$t/fedora/fedora_types.pp" -m "$t/fedora/fedora_types.mod"
+mods+=("$t/fedora/fedora_types.pp")
+link_policy "$t/src/streamd.pp" "$t/policy-fedora.bin"
+fpol="$t/policy-fedora.bin"
+fallows() { local out; out="$(sesearch -A "$@" "$fpol")" && [[ -n "$out" ]]; }
+fallows -s streamd_t -t install_var_run_t -c sock_file -p write ||
+    die "with Fedora's types, streamd_t may not write rpm-ostreed's transaction socket (install_var_run_t)"
+fallows -s streamd_t -t install_t -c unix_stream_socket -p connectto ||
+    die "with Fedora's types, streamd_t may not connect to install_t's socket"
+fallows -s streamd_t -t install_t -c dbus -p send_msg && fallows -s install_t -t streamd_t -c dbus -p send_msg ||
+    die "with Fedora's types, streamd_t and install_t may not exchange D-Bus messages"
+if fallows -s streamd_t -t var_run_t -c sock_file -p write; then
+    die "streamd_t may write any var_run_t socket: the transaction socket is install_var_run_t"
+fi
+opt+=" install_t:on(fedora types: install_var_run_t sock_file write, connectto, dbus)"
+
 log "streamd_t: $n_allow allow rules, no capabilities, writes only:" "$(tr '\n' ' ' <<<"$writes")"
 result "selinux: streamd.pp builds (also DISTRO=redhat), links and expands with Debian's full policy; $n_allow allow rules, 0 capabilities, reads fips_enabled, starts only its bootloader-update target (streamd_bootc off) and transient units too (on), reads the journal; optional blocks$opt"
