@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use super::work::{Kind, Outcome, Work};
+use super::work::{Kind, Outcome, ReadinessRun, Work};
 use super::{Agent, REGISTRY_MAX_BACKOFF, REGISTRY_MIN_BACKOFF, jittered};
 use crate::agent::gather::{Gatherer, Prepared, Purpose, Transient};
 use crate::agent::planner;
 use crate::agent::preflight;
-use crate::backend::{BackendError, Deployment, StagePlan};
+use crate::backend::{Deployment, StagePlan};
 use crate::cluster::node::EventType;
 use crate::cluster::protocol::{
     self, CheckRequest, Desired, Inputs, MAX_READINESS_REASON_CHARS, MAX_READINESS_STREAMS, Mode,
@@ -102,17 +102,6 @@ enum Planned {
     Cannot(String),
     /// Check these.
     Run(Plan),
-}
-
-/// A finished readiness run.
-pub(super) struct ReadinessRun {
-    /// [`Plan::key`] of the plan it ran.
-    key: String,
-    /// The deployments it read (they also update the reported current stream and image).
-    deployments: Result<Vec<Deployment>, BackendError>,
-    entries: BTreeMap<String, Readiness>,
-    /// Some check could not run and is to be retried soon.
-    transient: bool,
 }
 
 /// The stream the booted deployment runs: its image's `io.openshift.os.streamclass` label,
