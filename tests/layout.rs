@@ -2,6 +2,7 @@
 //! the groups before it in [`ORDER`] (README "Layout", `src/lib.rs`). A `crate::<group>` path that
 //! points the other way fails here with the file and line.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The groups, each allowed to use only those of a lower rank; `dbus_api` and `logging` share
@@ -123,4 +124,609 @@ fn the_rule_catches_a_backward_use() {
         crate_paths("use crate::agent::planner; x(crate::text::quote(a))"),
         [(1, "agent".to_string()), (1, "text".to_string())]
     );
+}
+
+// ---- Module cycles and crate boundaries -------------------------------------------------------
+
+/// Rust source reduced to its code: comments and the insides of string and char literals become
+/// spaces (newlines kept, so line numbers still hold), so a path in a doc comment or a message
+/// is no dependency.
+fn code_only(text: &str) -> String {
+    let c: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let blank = |out: &mut String, ch: char| out.push(if ch == '\n' { '\n' } else { ' ' });
+    let mut i = 0;
+    while i < c.len() {
+        let next = c.get(i + 1).copied();
+        if c[i] == '/' && next == Some('/') {
+            while i < c.len() && c[i] != '\n' {
+                blank(&mut out, c[i]);
+                i += 1;
+            }
+        } else if c[i] == '/' && next == Some('*') {
+            let mut depth = 0;
+            while i < c.len() {
+                if c[i] == '/' && c.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    out.push_str("  ");
+                    i += 2;
+                } else if c[i] == '*' && c.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    out.push_str("  ");
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    blank(&mut out, c[i]);
+                    i += 1;
+                }
+            }
+        } else if let Some(hashes) = raw_string_start(&c, i) {
+            // r"…", r#"…"#, br"…": no escapes; ends at the quote and as many #.
+            let open = c[i..].iter().position(|&ch| ch == '"').unwrap_or(0) + 1;
+            for _ in 0..open {
+                out.push(' ');
+            }
+            i += open;
+            while i < c.len() {
+                if c[i] == '"' && (1..=hashes).all(|h| c.get(i + h) == Some(&'#')) {
+                    for _ in 0..=hashes {
+                        out.push(' ');
+                    }
+                    i += hashes + 1;
+                    break;
+                }
+                blank(&mut out, c[i]);
+                i += 1;
+            }
+        } else if c[i] == '"' || (c[i] == '\'' && is_char_literal(&c, i)) {
+            let quote = c[i];
+            out.push(' ');
+            i += 1;
+            while i < c.len() && c[i] != quote {
+                if c[i] == '\\' {
+                    out.push(' ');
+                    i += 1;
+                }
+                if i < c.len() {
+                    blank(&mut out, c[i]);
+                    i += 1;
+                }
+            }
+            out.push(' ');
+            i += 1;
+        } else {
+            out.push(c[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The number of `#` of a raw string literal starting at `i`, if one does.
+fn raw_string_start(c: &[char], i: usize) -> Option<usize> {
+    let ident_before = i > 0 && (c[i - 1].is_alphanumeric() || c[i - 1] == '_');
+    if ident_before {
+        return None;
+    }
+    let mut j = i;
+    if c.get(j) == Some(&'b') {
+        j += 1;
+    }
+    if c.get(j) != Some(&'r') {
+        return None;
+    }
+    j += 1;
+    let hashes = c[j..].iter().take_while(|&&ch| ch == '#').count();
+    (c.get(j + hashes) == Some(&'"')).then_some(hashes)
+}
+
+/// Whether the `'` at `i` opens a char literal (`'a'`, `'\n'`), not a lifetime (`'a`).
+fn is_char_literal(c: &[char], i: usize) -> bool {
+    match c.get(i + 1) {
+        Some('\\') => true,
+        Some(_) => c.get(i + 2) == Some(&'\''),
+        None => false,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Tok {
+    Ident(String),
+    /// `::`
+    Sep,
+    Punct(char),
+}
+
+/// The tokens of `code` (from [`code_only`]) that paths are made of, with their line numbers.
+fn tokens(code: &str) -> Vec<(usize, Tok)> {
+    let mut out = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+        let c: Vec<char> = line.chars().collect();
+        let mut i = 0;
+        while i < c.len() {
+            if c[i].is_alphabetic() || c[i] == '_' {
+                let start = i;
+                while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_') {
+                    i += 1;
+                }
+                out.push((n + 1, Tok::Ident(c[start..i].iter().collect())));
+            } else if c[i] == ':' && c.get(i + 1) == Some(&':') {
+                out.push((n + 1, Tok::Sep));
+                i += 2;
+            } else {
+                if !c[i].is_whitespace() {
+                    out.push((n + 1, Tok::Punct(c[i])));
+                }
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// One path a file uses: where, the inline modules it sits in, and its segments with use trees
+/// expanded (`a::{b, c::d}` is `a::b` and `a::c::d`; `self` in a tree is dropped).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PathUse {
+    line: usize,
+    inline: Vec<String>,
+    segments: Vec<String>,
+}
+
+/// Every path in `text` that starts with one of `roots` (`crate`, `super`, an extern crate).
+fn path_uses(text: &str, roots: &[&str]) -> Vec<PathUse> {
+    let toks = tokens(&code_only(text));
+    let is = |i: usize, t: &Tok| toks.get(i).is_some_and(|(_, x)| x == t);
+    let mut out = Vec::new();
+    // Inline modules (`mod tests { … }`) with the brace depth their body opened at.
+    let mut inline: Vec<(String, usize)> = Vec::new();
+    let mut depth = 0;
+    let mut i = 0;
+    while i < toks.len() {
+        match &toks[i].1 {
+            Tok::Ident(m) if m == "mod" => {
+                if let (Some((_, Tok::Ident(name))), true) =
+                    (toks.get(i + 1), is(i + 2, &Tok::Punct('{')))
+                {
+                    depth += 1;
+                    inline.push((name.clone(), depth));
+                    i += 3;
+                    continue;
+                }
+            }
+            Tok::Ident(root)
+                if roots.contains(&root.as_str())
+                    && is(i + 1, &Tok::Sep)
+                    && !continues(&toks, i) =>
+            {
+                let mut found = Vec::new();
+                let line = toks[i].0;
+                i = use_tree(&toks, i, Vec::new(), &mut found);
+                let names: Vec<String> = inline.iter().map(|(n, _)| n.clone()).collect();
+                out.extend(found.into_iter().map(|segments| PathUse {
+                    line,
+                    inline: names.clone(),
+                    segments,
+                }));
+                continue;
+            }
+            Tok::Punct('{') => depth += 1,
+            Tok::Punct('}') => {
+                if inline.last().is_some_and(|(_, d)| *d == depth) {
+                    inline.pop();
+                }
+                depth -= 1;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Whether the token at `i` continues a longer path (`a::crate`), rather than starting one
+/// (`use ::streamd::x` starts one).
+fn continues(toks: &[(usize, Tok)], i: usize) -> bool {
+    if i == 0 || toks[i - 1].1 != Tok::Sep {
+        return false;
+    }
+    match i.checked_sub(2).map(|j| &toks[j].1) {
+        Some(Tok::Ident(s)) => s != "use",
+        Some(Tok::Punct(c)) => matches!(c, '>' | ')'),
+        _ => false,
+    }
+}
+
+/// Reads the path or use tree at `i` below `prefix` into `out`; the index after it.
+fn use_tree(
+    toks: &[(usize, Tok)],
+    mut i: usize,
+    mut prefix: Vec<String>,
+    out: &mut Vec<Vec<String>>,
+) -> usize {
+    loop {
+        match toks.get(i).map(|(_, t)| t) {
+            Some(Tok::Punct('{')) => {
+                i += 1;
+                while i < toks.len() && toks[i].1 != Tok::Punct('}') {
+                    i = use_tree(toks, i, prefix.clone(), out);
+                    if toks.get(i).is_some_and(|(_, t)| *t == Tok::Punct(',')) {
+                        i += 1;
+                    }
+                }
+                return i + 1;
+            }
+            Some(Tok::Ident(s)) => {
+                if s != "self" {
+                    prefix.push(s.clone());
+                }
+                i += 1;
+                if toks.get(i).is_some_and(|(_, t)| *t == Tok::Sep) {
+                    i += 1;
+                    continue;
+                }
+                if toks
+                    .get(i)
+                    .is_some_and(|(_, t)| *t == Tok::Ident("as".into()))
+                {
+                    i += 2;
+                }
+                out.push(prefix);
+                return i;
+            }
+            // `*`, or the `<` of a turbofish: the path so far.
+            _ => {
+                out.push(prefix);
+                return i;
+            }
+        }
+    }
+}
+
+/// One crate's files by module path (`[]` is the root, `["agent", "gather"]` is
+/// `crate::agent::gather`).
+type Modules = BTreeMap<Vec<String>, PathBuf>;
+
+/// The module path of `file` below the crate root directory `root`.
+fn module_of(root: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(root).unwrap_or(file);
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().to_string())
+        .collect();
+    let last = parts.pop().unwrap_or_default();
+    match last.trim_end_matches(".rs") {
+        "mod" | "lib" | "main" if parts.is_empty() || last == "mod.rs" => {}
+        name => parts.push(name.to_string()),
+    }
+    parts
+}
+
+/// The library crate under `src` (every file but `main.rs` and `bin/`), by module path.
+fn library_modules(src: &Path) -> Modules {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    files
+        .into_iter()
+        .filter(|f| f.file_name().is_none_or(|n| n != "main.rs") || f.parent() != Some(src))
+        .filter(|f| !f.starts_with(src.join("bin")))
+        .map(|f| (module_of(src, &f), f))
+        .collect()
+}
+
+/// The file module a `crate::`/`super::` path used in module `from` (with its inline modules)
+/// lands in: the longest module path of `modules` it starts with.
+fn resolve(modules: &Modules, from: &[String], u: &PathUse) -> Option<Vec<String>> {
+    let mut here: Vec<String> = from.iter().chain(&u.inline).cloned().collect();
+    let mut segs = u.segments.iter().peekable();
+    match segs.peek().map(|s| s.as_str()) {
+        Some("crate") => {
+            segs.next();
+            here.clear();
+        }
+        Some("super") => {
+            while segs.peek().is_some_and(|s| *s == "super") {
+                segs.next();
+                here.pop()?;
+            }
+        }
+        _ => return None,
+    }
+    here.extend(segs.cloned());
+    (0..=here.len())
+        .rev()
+        .map(|n| here[..n].to_vec())
+        .find(|m| modules.contains_key(m))
+}
+
+/// Which file modules each file module uses, each with the first line that does.
+type Graph = BTreeMap<Vec<String>, BTreeMap<Vec<String>, usize>>;
+
+/// The graph of `modules`, each file's text given by `read`. A module's use of its own
+/// submodules is no edge: it declares them (`mod x;`) and uses them by relative paths, which
+/// are not read here either; what a submodule uses of its parent is.
+fn module_graph(modules: &Modules, read: impl Fn(&Path) -> String) -> Graph {
+    let mut graph = Graph::new();
+    for (m, file) in modules {
+        let text = read(file);
+        let edges = graph.entry(m.clone()).or_default();
+        for u in path_uses(&text, &["crate", "super"]) {
+            if let Some(to) = resolve(modules, m, &u)
+                && !to.starts_with(m)
+            {
+                edges.entry(to).or_insert(u.line);
+            }
+        }
+    }
+    graph
+}
+
+/// The groups of modules that use each other, directly or not (strongly connected components
+/// of more than one module), each sorted; sorted.
+fn cycles(graph: &Graph) -> Vec<Vec<Vec<String>>> {
+    let reach = |from: &Vec<String>| {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from.clone()];
+        while let Some(m) = todo.pop() {
+            for to in graph.get(&m).into_iter().flat_map(BTreeMap::keys) {
+                if seen.insert(to.clone()) {
+                    todo.push(to.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reaches: BTreeMap<&Vec<String>, BTreeSet<Vec<String>>> =
+        graph.keys().map(|m| (m, reach(m))).collect();
+    let mut out: Vec<Vec<Vec<String>>> = Vec::new();
+    for (m, r) in &reaches {
+        if !r.contains(*m) || out.iter().any(|c| c.contains(m)) {
+            continue;
+        }
+        let group: Vec<Vec<String>> = reaches
+            .iter()
+            .filter(|(o, ro)| r.contains(**o) && ro.contains(*m))
+            .map(|(o, _)| (*o).clone())
+            .collect();
+        out.push(group);
+    }
+    out
+}
+
+/// A cycle as its files, and the uses that close it (`file:line uses module`).
+fn describe(modules: &Modules, graph: &Graph, cycle: &[Vec<String>], root: &Path) -> String {
+    let file = |m: &Vec<String>| {
+        let f = &modules[m];
+        f.strip_prefix(root).unwrap_or(f).display().to_string()
+    };
+    let mut lines = vec![format!(
+        "cycle: {}",
+        cycle.iter().map(file).collect::<Vec<_>>().join(" <-> ")
+    )];
+    for m in cycle {
+        for (to, line) in &graph[m] {
+            if cycle.contains(to) {
+                lines.push(format!("  {}:{line} uses {}", file(m), file(to)));
+            }
+        }
+    }
+    lines.join("\n")
+}
+
+/// TEMPORARY: cycles allowed for now, by their files (relative to the workspace root). An entry
+/// that no longer matches a cycle fails the test, so each goes once its cycle is broken.
+const KNOWN_CYCLES: &[&[&str]] = &[
+    // The fake rpm-ostreed's: being broken on the testbed-layout branch.
+    &[
+        "testbed/src/rpmostreed/control.rs",
+        "testbed/src/rpmostreed/os.rs",
+        "testbed/src/rpmostreed/transaction.rs",
+    ],
+    &[
+        "testbed/src/rpmostreed/model.rs",
+        "testbed/src/rpmostreed/ostree.rs",
+    ],
+    // The testbed's fixtures and images use each other (and fixtures' tests the host root and
+    // the fake rpm-ostreed, which use both): not yet broken anywhere.
+    &[
+        "testbed/src/fixtures.rs",
+        "testbed/src/host.rs",
+        "testbed/src/images.rs",
+        "testbed/src/rpmostreed/mod.rs",
+    ],
+];
+
+#[test]
+fn modules_do_not_import_each_other_in_a_cycle() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    let mut known_seen = BTreeSet::new();
+    for dir in ["src", "rollout/src", "testbed/src"] {
+        let modules = library_modules(&root.join(dir));
+        assert!(modules.len() > 5, "read {dir}: {modules:?}");
+        let graph = module_graph(&modules, |f| {
+            std::fs::read_to_string(f).expect("read source")
+        });
+        for c in cycles(&graph) {
+            let mut files: Vec<String> = c
+                .iter()
+                .map(|m| {
+                    modules[m]
+                        .strip_prefix(root)
+                        .unwrap_or(&modules[m])
+                        .display()
+                        .to_string()
+                })
+                .collect();
+            files.sort();
+            match KNOWN_CYCLES.iter().position(|k| {
+                let mut k: Vec<&str> = k.to_vec();
+                k.sort_unstable();
+                k == files
+            }) {
+                Some(k) => {
+                    known_seen.insert(k);
+                }
+                None => found.push(describe(&modules, &graph, &c, root)),
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "modules import each other in a cycle; move what they share to the lower one or a third module:\n{}",
+        found.join("\n")
+    );
+    let stale: Vec<_> = (0..KNOWN_CYCLES.len())
+        .filter(|k| !known_seen.contains(k))
+        .map(|k| KNOWN_CYCLES[k])
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "these cycles are gone: remove them from KNOWN_CYCLES: {stale:?}"
+    );
+}
+
+/// What of the `streamd` crate each other crate may use: the paths below these. rollout reads
+/// and writes the annotation protocol, resolves streams as the agent does, and bounds its texts
+/// as the protocol's fields are bounded (`text`, which depends on nothing); testbed only speaks
+/// the protocol.
+const STREAMD_USES: [(&str, &[&str]); 2] = [
+    (
+        "rollout/src",
+        &[
+            "streamd::cluster::protocol",
+            "streamd::cluster::streams",
+            "streamd::text",
+        ],
+    ),
+    ("testbed/src", &["streamd::cluster::protocol"]),
+];
+
+/// Every use of crate `krate` in `text` (of `file`) that is below none of `allowed`, as
+/// `file:line: uses path`.
+fn forbidden_uses(file: &str, text: &str, krate: &str, allowed: &[&str]) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for u in path_uses(text, &[krate]) {
+        let path = u.segments.join("::");
+        let below = |a: &&str| path == *a || path.starts_with(&format!("{a}::"));
+        if !allowed.iter().any(below) {
+            wrong.push(format!("{file}:{}: uses {path}", u.line));
+        }
+    }
+    // `use streamd;`, `use streamd as s;`, `extern crate streamd`: the whole crate.
+    let toks = tokens(&code_only(text));
+    for (i, (line, t)) in toks.iter().enumerate() {
+        let whole = *t == Tok::Ident(krate.into())
+            && i > 0
+            && matches!(&toks[i - 1].1, Tok::Ident(k) if k == "use" || k == "crate")
+            && toks.get(i + 1).is_none_or(|(_, n)| *n != Tok::Sep);
+        if whole {
+            wrong.push(format!("{file}:{line}: uses all of {krate}"));
+        }
+    }
+    wrong
+}
+
+#[test]
+fn other_crates_use_only_what_streamd_shares() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut wrong = Vec::new();
+    for (dir, allowed) in STREAMD_USES {
+        let mut files = Vec::new();
+        rust_files(&root.join(dir), &mut files);
+        files.sort();
+        assert!(files.len() > 5, "read {dir}: {files:?}");
+        for f in &files {
+            let text = std::fs::read_to_string(f).expect("read source");
+            let name = f.strip_prefix(root).unwrap_or(f).display().to_string();
+            wrong.extend(forbidden_uses(&name, &text, "streamd", allowed));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "uses of streamd beyond {STREAMD_USES:?}:\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// The cycle detector on a made-up crate: `a::b` and `c` use each other (through `crate::`);
+/// `a::b` and `c` use `a` one way (through `super::` and `crate::`), and `a`'s use of its own
+/// submodule is no edge; paths in comments and strings, and an inline module's `super`, are no
+/// uses.
+#[test]
+fn the_cycle_detector_finds_a_cycle_and_only_that() {
+    let texts: BTreeMap<&str, &str> = [
+        ("lib.rs", "pub mod a;\npub mod c;\n"),
+        (
+            "a.rs",
+            "pub mod b;\nuse crate::a::b::Thing;\npub fn g() {}\n",
+        ),
+        (
+            "a/b.rs",
+            "use crate::c::y;\npub struct Thing;\n\npub fn f() {\n    super::g()\n}\n",
+        ),
+        (
+            "c.rs",
+            "use crate::a::{self, b::Thing};\n// crate::lib in a comment\n\
+             fn y() -> &'static str { \"crate::lib\" }\n\
+             mod tests {\n    use super::y;\n}\n",
+        ),
+    ]
+    .into_iter()
+    .collect();
+    let modules: Modules = texts
+        .keys()
+        .map(|f| (module_of(Path::new(""), Path::new(f)), PathBuf::from(f)))
+        .collect();
+    let graph = module_graph(&modules, |f| texts[f.to_str().expect("name")].to_string());
+    let m = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let uses = |from: &[&str]| graph[&m(from)].keys().cloned().collect::<Vec<_>>();
+    assert_eq!(
+        uses(&["c"]),
+        [m(&["a"]), m(&["a", "b"])],
+        "not itself, not the root"
+    );
+    assert_eq!(uses(&["a", "b"]), [m(&["a"]), m(&["c"])]);
+    assert!(uses(&["a"]).is_empty(), "a parent's use of its submodule");
+    let found = cycles(&graph);
+    assert_eq!(found, [vec![m(&["a", "b"]), m(&["c"])]]);
+    let told = describe(&modules, &graph, &found[0], Path::new(""));
+    assert_eq!(
+        told,
+        "cycle: a/b.rs <-> c.rs\n  a/b.rs:1 uses c.rs\n  c.rs:1 uses a/b.rs"
+    );
+}
+
+/// The crate rule on made-up text: a use tree is split into its paths, each judged; comments
+/// and strings are no uses; the whole crate is no exception.
+#[test]
+fn the_crate_rule_names_the_file_and_line_of_a_forbidden_use() {
+    let text = "use streamd::cluster::{protocol::Desired, streams};\n\
+                use streamd::agent::gather;\n\
+                fn f() { streamd::host::facts::x(); let _ = \"streamd::agent\"; } // streamd::agent\n\
+                use ::streamd::backend::{self};\n\
+                use streamd as s;\n";
+    let allowed = ["streamd::cluster::protocol", "streamd::cluster::streams"];
+    assert_eq!(
+        forbidden_uses("x.rs", text, "streamd", &allowed),
+        [
+            "x.rs:2: uses streamd::agent::gather",
+            "x.rs:3: uses streamd::host::facts::x",
+            "x.rs:4: uses streamd::backend",
+            "x.rs:5: uses all of streamd",
+        ]
+    );
+    assert!(forbidden_uses("x.rs", "use streamd_rollout::node;", "streamd", &allowed).is_empty());
+}
+
+#[test]
+fn code_only_blanks_comments_and_literals_and_keeps_lines() {
+    let text = "a /* crate::x\n */ b // crate::y\nfn f<'a>(s: &'a str) -> char { r#\"crate::\"z\"#; '\"' }\nc::d";
+    let code = code_only(text);
+    assert_eq!(code.lines().count(), text.lines().count());
+    assert!(!code.contains("crate"), "{code}");
+    assert!(code.contains("fn f<'a>(s: &'a str)"), "{code}");
+    assert!(code.ends_with("c::d"), "{code}");
 }

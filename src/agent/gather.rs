@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tracing::{debug, warn};
 
-use crate::agent::preflight::{self, CheckResult, DiskFree, Input, Mover};
+use crate::agent::preflight::{self, CheckResult, DiskFree, FromExtensions, Input, Mover};
 use crate::backend::Deployment;
 use crate::backend::KernelVariant;
 use crate::backend::StagePlan;
@@ -22,7 +22,7 @@ use crate::image::pullsecret::PullSecret;
 use crate::image::reference::ImageRef;
 use crate::image::registry::ExtensionsInfo;
 use crate::image::registry::{InspectError, Inspector};
-use crate::image::rpm::{RpmHeader, close, el_major, package_name};
+use crate::image::rpm::{Closure, RpmHeader, close, el_major, package_name};
 
 /// What the gatherer needs from the configuration.
 #[derive(Debug, Clone)]
@@ -271,45 +271,25 @@ impl Gatherer {
         let crio = facts::crio_default_runtime(&self.host).map_err(|e| e.to_string());
         let booted_major = self.host.os_release().ok().and_then(|r| r.major());
         let inspector = self.secret().and_then(|s| self.inspector(&s));
-        let layered: Vec<String> = needed
-            .all_layered()
-            .map(|p| package_name(p).to_string())
-            .collect();
-        let mut wanted: Vec<String> = needed.kernel.iter().map(|p| p.to_string()).collect();
-        wanted.extend(layered.iter().cloned());
+        let (layered, wanted) = wanted_packages(&needed);
         // The two images are independent: read them side by side. The OS image is read where
         // and as the OS daemon will pull it (its auth file, mirrors, policy), not with
         // streamd's pull secret, which only reads the extensions image.
-        let os_image = async {
-            crate::host::ospull::inspect(
-                &self.host,
-                &desired.os_image,
-                &facts.arch,
-                &self.insecure_registries,
-            )
-            .await
-            .map_err(|e| Transient(e.to_string()))
-        };
-        let extensions = async {
-            match (&desired.extensions_image, &inspector) {
-                (None, _) => {
-                    if purpose == Purpose::Request {
-                        self.in_use.hold(Holder::Request, None);
-                    }
-                    self.cache().prune(&self.in_use.keep(None));
-                    Ok(None)
-                }
-                (Some(_), Err(e)) => Ok(Some(Err(e.clone()))),
-                (Some(img), Ok(i)) => {
-                    match self.extensions(i, img, &facts.arch, &wanted, purpose).await {
-                        Ok(found) => Ok(Some(Ok(found))),
-                        Err(e) => split(e).map(Some),
-                    }
-                }
-            }
-        };
+        let os_image = crate::host::ospull::inspect(
+            &self.host,
+            &desired.os_image,
+            &facts.arch,
+            &self.insecure_registries,
+        );
+        let extensions = self.read_extensions(
+            desired.extensions_image.as_ref(),
+            &inspector,
+            &facts.arch,
+            &wanted,
+            purpose,
+        );
         let (os_image, extensions) = tokio::join!(os_image, extensions);
-        let (os_pull, os_image) = os_image?;
+        let (os_pull, os_image) = os_image.map_err(|e| Transient(e.to_string()))?;
         // One answer for the checks, the verification and the RPM choice.
         let target = preflight::target_major(desired, &os_image);
         let (mut extensions, mut extracted) = match extensions? {
@@ -317,83 +297,49 @@ impl Gatherer {
             Some(Ok((info, files))) => (Some(Ok(info)), files),
             Some(Err(e)) => (Some(Err(e)), Vec::new()),
         };
-        // The wanted packages closed under Requires over the image's RPMs that fit the target.
-        let closure = match &extensions {
-            Some(Ok(info)) if !wanted.is_empty() => {
-                let fitting: Vec<RpmHeader> = info
-                    .headers
-                    .iter()
-                    .filter(|h| h.arch == facts.arch || h.arch == "noarch")
-                    .filter(|h| el_major(&h.release).is_none_or(|m| Some(m) == target))
-                    .cloned()
-                    .collect();
-                Some(close(&fitting, &wanted, &|d| variant.owns_requirement(d)))
-            }
-            _ => None,
-        };
+        let closure = closure_of(&extensions, &facts.arch, target, &wanted, variant);
         // Providers the closure added are extracted now; the cache then serves the wanted
         // packages from the larger extraction.
-        if let (Some(c), Some(img), Ok(i)) = (&closure, &desired.extensions_image, &inspector) {
-            let have = |file: &str| {
-                extracted
-                    .iter()
-                    .any(|p| p.file_name().and_then(|n| n.to_str()) == Some(file))
-            };
-            if !c.files().all(have) {
-                let mut more = wanted.clone();
-                for p in &c.packages {
-                    if !more.contains(&p.name) {
-                        more.push(p.name.clone());
-                    }
-                }
-                match self.extensions(i, img, &facts.arch, &more, purpose).await {
-                    Ok((_, files)) => extracted = files,
-                    Err(e) => extensions = Some(Err(split::<()>(e)?.err().unwrap_or_default())),
-                }
+        if let (Some(c), Some(img), Ok(i)) = (&closure, &desired.extensions_image, &inspector)
+            && !c
+                .files()
+                .all(|file| extracted.iter().any(|p| file_name(p) == Some(file)))
+        {
+            match self
+                .extract_closure(i, img, &facts.arch, &wanted, c, purpose)
+                .await?
+            {
+                Ok(files) => extracted = files,
+                Err(e) => extensions = Some(Err(e)),
             }
         }
-        let checks = preflight::run(&Input {
-            desired,
-            booted,
+        let input = Input {
+            desired: desired.clone(),
+            booted: booted.clone(),
             booted_major,
-            arch: &facts.arch,
+            arch: facts.arch.clone(),
             x86_64_level: facts.x86_64_level,
             fips: facts.fips,
-            kernel: &kernel,
-            crio_runtime: &crio,
-            os_image: &os_image,
-            os_pull: &os_pull,
-            extensions: extensions.as_ref(),
-            closure: closure.as_ref(),
+            kernel,
+            crio_runtime: crio,
+            os_image,
+            os_pull,
+            extensions,
+            closure,
             disk: self.disk(),
             nic_names_persisted: self.nic_names_persisted(),
-            foreign_staged,
+            foreign_staged: foreign_staged.cloned(),
             backend: facts.backend,
-            policy: &self.policy,
+            policy: self.policy.clone(),
             mover: purpose.mover(),
-            machine_config,
-        });
-        let expect = match (&os_image, target) {
-            (Ok(info), Some(major)) => Some(crate::host::verify::Expectation {
-                image_digest: info.manifest_digest.clone(),
-                target_major: major,
-                kernel: running,
-                fips: facts.fips == crate::host::facts::Fips::Enabled,
-            }),
-            _ => None,
+            machine_config: machine_config.cloned(),
         };
+        let checks = preflight::run(&input);
+        let expect = expectation(&input, target, running);
         let ours = purpose.mover() == Mover::Streamd;
         let plan = (ours && preflight::first_failure(&checks).is_none()).then(|| {
             // Exactly the closure is passed: preflight made sure it is complete.
-            let rpms: Vec<PathBuf> = extracted
-                .into_iter()
-                .filter(|p| {
-                    let name = p.file_name().and_then(|n| n.to_str());
-                    closure
-                        .as_ref()
-                        .is_some_and(|c| c.files().any(|f| Some(f) == name))
-                })
-                .collect();
+            let rpms = closure_files(extracted, input.closure.as_ref());
             base.carry(booted, variant, &layered, &rpms)
         });
         Ok(Prepared {
@@ -401,6 +347,129 @@ impl Gatherer {
             plan,
             expect,
         })
+    }
+
+    /// The extensions image `image` asks for and the `wanted` RPMs from it ([`Self::extensions`]),
+    /// or why it cannot be read; `None` without an image, when only the extractions others
+    /// hold are kept.
+    async fn read_extensions(
+        &self,
+        image: Option<&ImageRef>,
+        inspector: &Result<Inspector, String>,
+        arch: &str,
+        wanted: &[String],
+        purpose: Purpose,
+    ) -> Result<Option<Result<(ExtensionsInfo, Vec<PathBuf>), String>>, Transient> {
+        match (image, inspector) {
+            (None, _) => {
+                if purpose == Purpose::Request {
+                    self.in_use.hold(Holder::Request, None);
+                }
+                self.cache().prune(&self.in_use.keep(None));
+                Ok(None)
+            }
+            (Some(_), Err(e)) => Ok(Some(Err(e.clone()))),
+            (Some(img), Ok(i)) => match self.extensions(i, img, arch, wanted, purpose).await {
+                Ok(found) => Ok(Some(Ok(found))),
+                Err(e) => split(e).map(Some),
+            },
+        }
+    }
+
+    /// Extracts the `wanted` RPMs and the providers `closure` added from `image`: the files
+    /// then extracted, or why the image could not be read again.
+    async fn extract_closure(
+        &self,
+        inspector: &Inspector,
+        image: &ImageRef,
+        arch: &str,
+        wanted: &[String],
+        closure: &Closure,
+        purpose: Purpose,
+    ) -> Result<Result<Vec<PathBuf>, String>, Transient> {
+        let mut more = wanted.to_vec();
+        for p in &closure.packages {
+            if !more.contains(&p.name) {
+                more.push(p.name.clone());
+            }
+        }
+        match self
+            .extensions(inspector, image, arch, &more, purpose)
+            .await
+        {
+            Ok((_, files)) => Ok(Ok(files)),
+            Err(e) => split(e),
+        }
+    }
+}
+
+/// The `wanted` packages closed under Requires over the RPMs of the extensions image that fit
+/// the target: built for `arch` (or noarch) and for the `target` major (or for none); the
+/// requirements of `variant`'s own kernel are its own. None when nothing is wanted or the image
+/// was not read.
+fn closure_of(
+    extensions: &Option<Result<ExtensionsInfo, String>>,
+    arch: &str,
+    target: Option<u32>,
+    wanted: &[String],
+    variant: KernelVariant,
+) -> Option<Closure> {
+    let Some(Ok(info)) = extensions else {
+        return None;
+    };
+    if wanted.is_empty() {
+        return None;
+    }
+    let fitting: Vec<RpmHeader> = info
+        .headers
+        .iter()
+        .filter(|h| h.arch == arch || h.arch == "noarch")
+        .filter(|h| el_major(&h.release).is_none_or(|m| Some(m) == target))
+        .cloned()
+        .collect();
+    Some(close(&fitting, wanted, &|d| variant.owns_requirement(d)))
+}
+
+/// The names of the layered packages `needed` from the extensions image, and every package
+/// wanted from it: the kernel's, then those.
+fn wanted_packages(needed: &FromExtensions) -> (Vec<String>, Vec<String>) {
+    let layered: Vec<String> = needed
+        .all_layered()
+        .map(|p| package_name(p).to_string())
+        .collect();
+    let mut wanted: Vec<String> = needed.kernel.iter().map(|p| p.to_string()).collect();
+    wanted.extend(layered.iter().cloned());
+    (layered, wanted)
+}
+
+/// The files of `extracted` that are `closure`'s (none without one).
+fn closure_files(extracted: Vec<PathBuf>, closure: Option<&Closure>) -> Vec<PathBuf> {
+    extracted
+        .into_iter()
+        .filter(|p| closure.is_some_and(|c| c.files().any(|f| Some(f) == file_name(p))))
+        .collect()
+}
+
+/// The file name of `p`, where it is UTF-8.
+fn file_name(p: &Path) -> Option<&str> {
+    p.file_name().and_then(|n| n.to_str())
+}
+
+/// What the staged deployment must look like, when the OS image was read and the target major
+/// is known: the image's digest, that major, and the node's kernel variant and FIPS mode.
+fn expectation(
+    input: &Input,
+    target: Option<u32>,
+    running: KernelVariant,
+) -> Option<crate::host::verify::Expectation> {
+    match (&input.os_image, target) {
+        (Ok(info), Some(major)) => Some(crate::host::verify::Expectation {
+            image_digest: info.manifest_digest.clone(),
+            target_major: major,
+            kernel: running,
+            fips: input.fips == crate::host::facts::Fips::Enabled,
+        }),
+        _ => None,
     }
 }
 

@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 use super::Agent;
-use super::work::{Kind, Outcome, Work};
+use super::work::{Kind, Outcome, ReadinessRun, Work};
 use crate::agent::gather::{Gatherer, Prepared, Purpose, Transient};
 use crate::agent::planner;
 use crate::agent::preflight;
-use crate::backend::{BackendError, Deployment, StagePlan};
+use crate::backend::{Deployment, StagePlan};
 use crate::backoff::jittered;
 use crate::cluster::node::EventType;
 use crate::cluster::protocol::{
@@ -107,17 +107,6 @@ enum Planned {
     NoStreams(String),
     /// Check these.
     Run(Plan),
-}
-
-/// A finished readiness run.
-pub(super) struct ReadinessRun {
-    /// [`Plan::key`] of the plan it ran.
-    key: String,
-    /// The deployments it read (they also update the reported current stream and image).
-    deployments: Result<Vec<Deployment>, BackendError>,
-    entries: BTreeMap<String, Readiness>,
-    /// Some check could not run and is to be retried soon.
-    transient: bool,
 }
 
 /// The stream the booted deployment runs: its image's `io.openshift.os.streamclass` label,

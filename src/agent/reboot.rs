@@ -24,7 +24,7 @@ impl Agent {
             self.status
                 .host
                 .as_ref()
-                .map_or(Ok(()), |facts| crate::host::verify::after_boot(a, facts))
+                .map_or(Ok(()), |facts| crate::host::attempt::after_boot(a, facts))
         });
         if let Some(Err(problem)) = checked {
             warn!(%problem, "the new boot does not match the node before the update");

@@ -8,11 +8,13 @@
 //! `WATCHDOG=1` measures the loop, not the network. One piece of work runs at a time; a
 //! reconcile asked for meanwhile runs once it is done.
 
+use std::collections::BTreeMap;
+
 use tokio::task::JoinHandle;
 
 use crate::agent::gather::{Prepared, Transient};
 use crate::backend::{BackendError, Deployment, StagePlan};
-use crate::cluster::protocol::Desired;
+use crate::cluster::protocol::{Desired, Readiness};
 use crate::host::attempt::Record;
 use crate::host::verify::Expectation;
 
@@ -91,6 +93,18 @@ pub(super) struct Applying {
     pub(super) attempt: u32,
 }
 
+/// A finished readiness run.
+pub(super) struct ReadinessRun {
+    /// The key of the plan it ran (readiness's `Plan::key`): its results are dropped when the
+    /// plan changed meanwhile.
+    pub(super) key: String,
+    /// The deployments it read (they also update the reported current stream and image).
+    pub(super) deployments: Result<Vec<Deployment>, BackendError>,
+    pub(super) entries: BTreeMap<String, Readiness>,
+    /// Some check could not run and is to be retried soon.
+    pub(super) transient: bool,
+}
+
 /// How a piece of work ended.
 pub(super) enum Outcome {
     Observed(Result<Vec<Deployment>, BackendError>),
@@ -101,7 +115,7 @@ pub(super) enum Outcome {
     CleanedUp(Box<Record>, Result<(), BackendError>),
     Applied(Box<Applying>, Result<(), BackendError>),
     /// What the readiness checks found.
-    Checked(Box<crate::agent::readiness::ReadinessRun>),
+    Checked(Box<ReadinessRun>),
     /// The bootloader update before finalizing this digest ended.
     BootloaderUpdated(String, Result<(), crate::host::bootloader::BootloaderError>),
 }

@@ -5,12 +5,15 @@
 //! is never mistaken for ours, and a stale one of ours is cleaned up), and how often the node
 //! was rebooted into the current request (so a rollback cannot become a reboot loop). Writes are
 //! atomic (temporary file, fsync, rename, fsync of the directory): after a crash or a power cut
-//! the file is either the old or the new record, never a torn one.
+//! the file is either the old or the new record, never a torn one. [`after_boot`] checks the new
+//! boot against what the attempt recorded before the reboot.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::host::facts::HostFacts;
 
 /// File name below the state directory.
 pub const FILE_NAME: &str = "attempt.json";
@@ -133,6 +136,43 @@ pub struct Attempt {
     /// Whether the node was in FIPS mode then; the new boot must be too (never toggled).
     #[serde(default)]
     pub fips: Option<bool>,
+}
+
+/// Checks the node after it booted the target of `attempt`: the kernel variant and the FIPS
+/// mode it had when the reboot was approved must have come along (`facts` are this boot's).
+/// Every difference is one sentence.
+pub fn after_boot(attempt: &Attempt, facts: &HostFacts) -> Result<(), String> {
+    let mut problems = Vec::new();
+    if let Some(want) = attempt.kernel
+        && facts.kernel != Some(want)
+    {
+        problems.push(format!(
+            "the node ran the {} kernel before the reboot but now runs {}",
+            want.as_str(),
+            facts
+                .kernel
+                .map_or("a kernel that does not match its overrides", |k| k.as_str())
+        ));
+    }
+    if let Some(was) = attempt.fips {
+        let now = facts.fips.enabled();
+        if now != Some(was) {
+            problems.push(format!(
+                "FIPS mode was {} before the reboot and is {} now",
+                if was { "on" } else { "off" },
+                match now {
+                    Some(true) => "on",
+                    Some(false) => "off",
+                    None => "inconsistent (kernel and command line disagree)",
+                }
+            ));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
 }
 
 /// Why the record could not be read or written.
@@ -331,5 +371,64 @@ mod tests {
         std::fs::write(store.path(), newer).expect("write");
         let rec = store.load().expect("a newer record is read");
         assert_eq!(rec.staged.and_then(|s| s.verified).as_deref(), Some("c1"));
+    }
+
+    #[test]
+    fn after_boot_checks_kernel_and_fips() {
+        use crate::backend::BackendKind as Backend;
+        use crate::backend::KernelVariant;
+        use crate::host::facts::Fips;
+        let attempt = Attempt {
+            request: "r".into(),
+            os_image: "i".into(),
+            digest: "d".into(),
+            boot_id: "b".into(),
+            attempts: 1,
+            reported_boot: None,
+            kernel: Some(KernelVariant::Realtime),
+            fips: Some(true),
+        };
+        let facts = |kernel, fips| HostFacts {
+            arch: "x86_64".into(),
+            backend: Backend::RpmOstree,
+            fips,
+            kernel,
+            x86_64_level: Some(3),
+        };
+        assert_eq!(
+            after_boot(
+                &attempt,
+                &facts(Some(KernelVariant::Realtime), Fips::Enabled)
+            ),
+            Ok(())
+        );
+        let err = after_boot(
+            &attempt,
+            &facts(Some(KernelVariant::Default), Fips::Disabled),
+        )
+        .expect_err("both lost");
+        assert!(
+            err.contains("realtime kernel before the reboot but now runs default"),
+            "{err}"
+        );
+        assert!(
+            err.contains("FIPS mode was on before the reboot and is off now"),
+            "{err}"
+        );
+        let err = after_boot(&attempt, &facts(None, Fips::Inconsistent)).expect_err("unknown");
+        assert!(
+            err.contains("does not match its overrides") && err.contains("inconsistent"),
+            "{err}"
+        );
+        let unknown = Attempt {
+            kernel: None,
+            fips: None,
+            ..attempt
+        };
+        assert_eq!(
+            after_boot(&unknown, &facts(None, Fips::Disabled)),
+            Ok(()),
+            "nothing recorded, nothing checked"
+        );
     }
 }

@@ -111,46 +111,6 @@ fn image_config(repo: &ostree::Repo, checksum: &str) -> Result<Option<String>, S
         .map_err(|e| format!("commit {checksum}: {META_CONFIG} is not a string: {e}"))
 }
 
-/// Checks the node after it booted the target of `attempt`: the kernel variant and the FIPS
-/// mode it had when the reboot was approved must have come along (`facts` are this boot's).
-/// Every difference is one sentence.
-pub fn after_boot(
-    attempt: &crate::host::attempt::Attempt,
-    facts: &crate::host::facts::HostFacts,
-) -> Result<(), String> {
-    let mut problems = Vec::new();
-    if let Some(want) = attempt.kernel
-        && facts.kernel != Some(want)
-    {
-        problems.push(format!(
-            "the node ran the {} kernel before the reboot but now runs {}",
-            want.as_str(),
-            facts
-                .kernel
-                .map_or("a kernel that does not match its overrides", |k| k.as_str())
-        ));
-    }
-    if let Some(was) = attempt.fips {
-        let now = facts.fips.enabled();
-        if now != Some(was) {
-            problems.push(format!(
-                "FIPS mode was {} before the reboot and is {} now",
-                if was { "on" } else { "off" },
-                match now {
-                    Some(true) => "on",
-                    Some(false) => "off",
-                    None => "inconsistent (kernel and command line disagree)",
-                }
-            ));
-        }
-    }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(problems.join("; "))
-    }
-}
-
 /// Kernel arguments that differ per deployment by construction.
 const PER_DEPLOYMENT_KARGS: [&str; 2] = ["ostree=", "BOOT_IMAGE="];
 
@@ -691,64 +651,6 @@ mod tests {
         assert_eq!(problems.len(), 2, "{problems:#?}");
         assert!(problems[0].contains("no kernel directory"), "{problems:#?}");
         assert!(problems[1].contains("no os-release"), "{problems:#?}");
-    }
-
-    #[test]
-    fn after_boot_checks_kernel_and_fips() {
-        use crate::backend::BackendKind as Backend;
-        use crate::host::facts::{Fips, HostFacts};
-        let attempt = crate::host::attempt::Attempt {
-            request: "r".into(),
-            os_image: "i".into(),
-            digest: "d".into(),
-            boot_id: "b".into(),
-            attempts: 1,
-            reported_boot: None,
-            kernel: Some(KernelVariant::Realtime),
-            fips: Some(true),
-        };
-        let facts = |kernel, fips| HostFacts {
-            arch: "x86_64".into(),
-            backend: Backend::RpmOstree,
-            fips,
-            kernel,
-            x86_64_level: Some(3),
-        };
-        assert_eq!(
-            after_boot(
-                &attempt,
-                &facts(Some(KernelVariant::Realtime), Fips::Enabled)
-            ),
-            Ok(())
-        );
-        let err = after_boot(
-            &attempt,
-            &facts(Some(KernelVariant::Default), Fips::Disabled),
-        )
-        .expect_err("both lost");
-        assert!(
-            err.contains("realtime kernel before the reboot but now runs default"),
-            "{err}"
-        );
-        assert!(
-            err.contains("FIPS mode was on before the reboot and is off now"),
-            "{err}"
-        );
-        let err = after_boot(&attempt, &facts(None, Fips::Inconsistent)).expect_err("unknown");
-        assert!(
-            err.contains("does not match its overrides") && err.contains("inconsistent"),
-            "{err}"
-        );
-        let unknown = crate::host::attempt::Attempt {
-            kernel: None,
-            fips: None,
-            ..attempt
-        };
-        assert_eq!(
-            after_boot(&unknown, &facts(None, Fips::Disabled)),
-            Ok(()),
-            "nothing recorded, nothing checked"
-        );
     }
 
     /// The real `ostree` CLI (as the testbed uses it); its trimmed stdout.
