@@ -38,6 +38,7 @@ pub enum Request {
 const PREFLIGHT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// The exported object.
+#[derive(Debug)]
 pub struct OSStream1 {
     status: Status,
     requests: mpsc::Sender<Request>,
@@ -193,6 +194,12 @@ impl OSStream1 {
 /// Handle the agent uses to publish status.
 pub struct Api {
     iface: zbus::object_server::InterfaceRef<OSStream1>,
+}
+
+impl std::fmt::Debug for Api {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Api").finish_non_exhaustive()
+    }
 }
 
 impl Api {

@@ -56,6 +56,8 @@ fn ms(d: Duration) -> u128 {
     d.as_millis()
 }
 
+// one scenario, step by step, as bootc and systemd see it
+#[allow(clippy::too_many_lines)]
 #[tokio::test]
 async fn switch_stages_and_reboot_is_recorded() {
     let env = Env::new("happy", "default").await;

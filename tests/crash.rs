@@ -153,6 +153,43 @@ impl Outcome {
 }
 
 /// Calls that created a transaction (refused calls are recorded with id 0).
+impl Outcome {
+    fn new(target: &'static str, plan: Plan) -> Self {
+        Outcome {
+            target,
+            plan,
+            kill: None,
+            duration: Duration::ZERO,
+            converged: false,
+            staged_ok: 0,
+            staged_other: Vec::new(),
+            finalizes: 0,
+            reboots: 0,
+            unapproved: Vec::new(),
+            lost: Vec::new(),
+        }
+    }
+}
+
+/// Whether the migration reached the phase a kill is planned in.
+fn phase_reached(
+    phase: Phase,
+    a: &BTreeMap<String, String>,
+    txns: &[Value],
+    approved: bool,
+) -> bool {
+    match phase {
+        Phase::BeforePreflight => true,
+        Phase::Staging => {
+            a.get(STATE).map(String::as_str) == Some("Staging")
+                || calls(txns, "UpdateDeployment").next().is_some()
+        }
+        Phase::AwaitingApproval => a.contains_key(REBOOT_REQUESTED),
+        Phase::AfterApproval => approved,
+        Phase::AfterReboot => false, // set when streamd starts after the reboot
+    }
+}
+
 fn calls<'a>(txns: &'a [Value], method: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
     txns.iter()
         .filter(move |t| t["method"] == method && t["id"] != json!(0))
@@ -192,19 +229,7 @@ async fn migrate(env: &mut Env, target: &'static str, image: &str, plan: Plan) -
     let digest = digest_of(image).to_string();
     let start = Instant::now();
     env.request(target, image, None);
-    let mut out = Outcome {
-        target,
-        plan,
-        kill: None,
-        duration: Duration::ZERO,
-        converged: false,
-        staged_ok: 0,
-        staged_other: Vec::new(),
-        finalizes: 0,
-        reboots: 0,
-        unapproved: Vec::new(),
-        lost: Vec::new(),
-    };
+    let mut out = Outcome::new(target, plan);
     let mut trigger: Option<Instant> = (plan.phase == Phase::BeforePreflight).then_some(start);
     // The token approved in this boot, and the FinalizeDeployment calls made before this boot.
     let mut approved: Option<String> = None;
@@ -225,19 +250,8 @@ async fn migrate(env: &mut Env, target: &'static str, image: &str, plan: Plan) -
 
         // The kill.
         if out.kill.is_none() {
-            if trigger.is_none() {
-                let hit = match plan.phase {
-                    Phase::BeforePreflight => true,
-                    Phase::Staging => {
-                        state == "Staging" || calls(&txns, "UpdateDeployment").next().is_some()
-                    }
-                    Phase::AwaitingApproval => a.contains_key(REBOOT_REQUESTED),
-                    Phase::AfterApproval => approved.is_some(),
-                    Phase::AfterReboot => false, // set when streamd starts after the reboot
-                };
-                if hit {
-                    trigger = Some(Instant::now());
-                }
+            if trigger.is_none() && phase_reached(plan.phase, &a, &txns, approved.is_some()) {
+                trigger = Some(Instant::now());
             }
             if trigger.is_some_and(|t| t.elapsed() >= plan.offset) {
                 // The state annotation may still be the previous migration's Done.
@@ -313,8 +327,17 @@ async fn migrate(env: &mut Env, target: &'static str, image: &str, plan: Plan) -
         );
     }
     let txns = env.transactions().await;
-    for t in calls(&txns, "UpdateDeployment") {
-        if !t["modifiers"].to_string().contains(&digest) {
+    tally_stagings(&txns, &digest, &mut out);
+    out.finalizes = calls(&txns, "FinalizeDeployment").count();
+
+    lost_reports(env, &digest, applied_before, &mut out).await;
+    out
+}
+
+/// Counts the stagings of `digest` that went through, and says what happened to the others.
+fn tally_stagings(txns: &[Value], digest: &str, out: &mut Outcome) {
+    for t in calls(txns, "UpdateDeployment") {
+        if !t["modifiers"].to_string().contains(digest) {
             continue;
         }
         let ok = t["result"]["ok"] == json!(true);
@@ -349,10 +372,11 @@ async fn migrate(env: &mut Env, target: &'static str, image: &str, plan: Plan) -
             t["error"].as_str().unwrap_or_default()
         ));
     }
-    out.finalizes = calls(&txns, "FinalizeDeployment").count();
+}
 
-    // Lost reports: the host is on the target but the cluster was not told.
-    if host_booted(env, &digest).await {
+/// Lost reports: the host is on the target but the cluster was not told.
+async fn lost_reports(env: &Env, digest: &str, applied_before: usize, out: &mut Outcome) {
+    if host_booted(env, digest).await {
         if !out.converged {
             out.lost
                 .push("the host booted the target but state=Done was never reported".into());
@@ -366,7 +390,6 @@ async fn migrate(env: &mut Env, target: &'static str, image: &str, plan: Plan) -
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    out
 }
 
 fn seed() -> u64 {

@@ -83,6 +83,12 @@ pub struct Context {
     journal: Journal,
 }
 
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").finish_non_exhaustive()
+    }
+}
+
 /// The pool's target as the node protocol's request, resolved through the cluster's
 /// OSImageStream when the spec names only a stream (streamd's own resolution,
 /// `streamd::cluster::streams::resolve`), and the check-* keys its not-yet-moved nodes get.
@@ -654,6 +660,7 @@ fn pools_selecting(
 
 /// The controller's API clients.
 #[derive(Clone)]
+#[allow(missing_debug_implementations)] // kube::Client is not Debug
 pub struct Clients {
     /// Everything but evictions.
     pub main: kube::Client,

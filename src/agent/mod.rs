@@ -181,6 +181,15 @@ pub struct Agent {
     bootloader: Option<(String, Option<String>)>,
 }
 
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("node", &self.node)
+            .field("state", &self.status.state)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Agent {
     /// Builds the agent and exports the D-Bus API.
     pub async fn new(

@@ -502,6 +502,8 @@ mod tests {
         }
     }
 
+    // a table test: one named row per decision case
+    #[allow(clippy::too_many_lines)]
     #[test]
     fn decisions_by_table() {
         let invalid_error = ProtocolError {

@@ -700,13 +700,6 @@ impl Client {
             .collect();
         let shown = shown.join(" && ");
         let description = format!("streamd: {shown}");
-        let exec = |cmds: &[Vec<String>]| {
-            Value::from(
-                cmds.iter()
-                    .map(|c| (c[0].clone(), c.clone(), false))
-                    .collect::<Vec<_>>(),
-            )
-        };
         let stderr_file = match slot {
             Slot::Write => self.runtime_dir.join(WRITE_STDERR),
             Slot::Read => self
@@ -715,27 +708,7 @@ impl Client {
         };
         let stderr_path = stderr_file.to_string_lossy().into_owned();
         let started = Instant::now();
-        let mut props: Vec<(&str, Value<'_>)> = vec![
-            ("Description", Value::from(description.as_str())),
-            ("Type", Value::from("oneshot")),
-            ("ExecStart", exec(commands)),
-            // Keep the unit loaded until its result is read, then let it go even if failed
-            // (the journal keeps its output).
-            ("AddRef", Value::from(true)),
-            ("CollectMode", Value::from("inactive-or-failed")),
-            // bootc's error chain, for the reason; the journal keeps a copy only when
-            // stderr goes there, so the file is the one place it is read from. Appended to:
-            // systemd opens it anew for each command, and truncating would leave only the
-            // last one's (`ExecStopPost`'s) words.
-            (
-                "StandardErrorFileToAppend",
-                Value::from(stderr_path.as_str()),
-            ),
-        ];
-        if let Some(post) = stop_post {
-            props.push(("ExecStopPost", exec(std::slice::from_ref(&post.to_vec()))));
-        }
-        props.extend(extra.iter().map(|(k, v)| (*k, v.clone())));
+        let props = unit_properties(&description, commands, stop_post, extra, &stderr_path);
         let (unit, job_result) = loop {
             let unit = match slot {
                 Slot::Write => WRITE_UNIT.to_string(),
@@ -1034,6 +1007,43 @@ impl BootEntry {
             ..Deployment::default()
         })
     }
+}
+
+/// The transient oneshot unit's properties: `commands`, then `stop_post` whatever happened,
+/// bootc's stderr appended to `stderr_path`, and `extra`.
+fn unit_properties<'a>(
+    description: &'a str,
+    commands: &[Vec<String>],
+    stop_post: Option<&[String]>,
+    extra: &[(&'a str, Value<'a>)],
+    stderr_path: &'a str,
+) -> Vec<(&'a str, Value<'a>)> {
+    let exec = |cmds: &[Vec<String>]| {
+        Value::from(
+            cmds.iter()
+                .map(|c| (c[0].clone(), c.clone(), false))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let mut props: Vec<(&str, Value<'_>)> = vec![
+        ("Description", Value::from(description)),
+        ("Type", Value::from("oneshot")),
+        ("ExecStart", exec(commands)),
+        // Keep the unit loaded until its result is read, then let it go even if failed (the
+        // journal keeps its output).
+        ("AddRef", Value::from(true)),
+        ("CollectMode", Value::from("inactive-or-failed")),
+        // bootc's error chain, for the reason; the journal keeps a copy only when stderr goes
+        // there, so the file is the one place it is read from. Appended to: systemd opens it
+        // anew for each command, and truncating would leave only the last one's
+        // (`ExecStopPost`'s) words.
+        ("StandardErrorFileToAppend", Value::from(stderr_path)),
+    ];
+    if let Some(post) = stop_post {
+        props.push(("ExecStopPost", exec(std::slice::from_ref(&post.to_vec()))));
+    }
+    props.extend(extra.iter().map(|(k, v)| (*k, v.clone())));
+    props
 }
 
 /// The labels of an image configuration as ostree-ext stored it on the merge commit (`config`

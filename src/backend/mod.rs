@@ -48,7 +48,7 @@ impl BackendKind {
 }
 
 /// The backend in use.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub enum Backend {
     /// rpm-ostreed.
     RpmOstree(rpmostree::Client),

@@ -6,42 +6,50 @@
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use zbus::zvariant::{OwnedObjectPath, Value};
+use zbus::zvariant::OwnedObjectPath;
 
 /// systemd's answer to a second `Subscribe` of the same client.
 pub const ALREADY_SUBSCRIBED: &str = "org.freedesktop.systemd1.AlreadySubscribed";
 
 /// `org.freedesktop.systemd1.Manager`.
-#[zbus::proxy(
-    interface = "org.freedesktop.systemd1.Manager",
-    default_service = "org.freedesktop.systemd1",
-    default_path = "/org/freedesktop/systemd1"
-)]
-pub trait Manager {
-    /// Creates and starts a transient unit; returns the start job.
-    fn start_transient_unit(
-        &self,
-        name: &str,
-        mode: &str,
-        properties: &[(&str, Value<'_>)],
-        aux: &[(&str, &[(&str, Value<'_>)])],
-    ) -> zbus::Result<OwnedObjectPath>;
-    /// Starts a unit from its unit file; returns the start job.
-    fn start_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
-    /// Asks for the manager's signals.
-    fn subscribe(&self) -> zbus::Result<()>;
-    /// The object path of a loaded unit.
-    fn get_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
-    /// A job ended: `done`, `canceled`, `timeout`, `failed`, `dependency` or `skipped`.
-    #[zbus(signal)]
-    fn job_removed(
-        &self,
-        id: u32,
-        job: OwnedObjectPath,
-        unit: String,
-        result: String,
-    ) -> zbus::Result<()>;
+// The proxy macro generates the `JobRemoved` signal's argument struct and accessors, which it
+// cannot document: the proxy lives in a module of its own that allows that.
+#[allow(missing_docs)]
+mod manager {
+    use zbus::zvariant::{OwnedObjectPath, Value};
+
+    #[zbus::proxy(
+        interface = "org.freedesktop.systemd1.Manager",
+        default_service = "org.freedesktop.systemd1",
+        default_path = "/org/freedesktop/systemd1"
+    )]
+    pub trait Manager {
+        /// Creates and starts a transient unit; returns the start job.
+        fn start_transient_unit(
+            &self,
+            name: &str,
+            mode: &str,
+            properties: &[(&str, Value<'_>)],
+            aux: &[(&str, &[(&str, Value<'_>)])],
+        ) -> zbus::Result<OwnedObjectPath>;
+        /// Starts a unit from its unit file; returns the start job.
+        fn start_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+        /// Asks for the manager's signals.
+        fn subscribe(&self) -> zbus::Result<()>;
+        /// The object path of a loaded unit.
+        fn get_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+        /// A job ended: `done`, `canceled`, `timeout`, `failed`, `dependency` or `skipped`.
+        #[zbus(signal)]
+        fn job_removed(
+            &self,
+            id: u32,
+            job: OwnedObjectPath,
+            unit: String,
+            result: String,
+        ) -> zbus::Result<()>;
+    }
 }
+pub use manager::{JobRemovedStream, ManagerProxy};
 
 /// `org.freedesktop.systemd1.Unit`.
 #[zbus::proxy(

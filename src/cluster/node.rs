@@ -257,6 +257,16 @@ pub struct NodeClient {
     loaded: Arc<RwLock<Option<Loaded>>>,
 }
 
+// By hand: the loaded credentials must never reach a log line.
+impl std::fmt::Debug for NodeClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeClient")
+            .field("name", &self.name)
+            .field("kubeconfig", &self.kubeconfig)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A client built from one version of the credential files.
 struct Loaded {
     client: kube::Client,

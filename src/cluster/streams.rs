@@ -558,6 +558,8 @@ mod tests {
         Result<Inputs, &'a str>,
     );
 
+    // a table test: one named row per resolution case
+    #[allow(clippy::too_many_lines)]
     #[test]
     fn resolution_table() {
         let cat = catalog();

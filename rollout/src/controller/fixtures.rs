@@ -54,6 +54,7 @@ impl Context {
 }
 
 /// The API server side of [`Context::test`].
+#[allow(missing_debug_implementations)] // tower-test's handle is not Debug
 pub struct ApiServerVerifier(Handle<Request<Body>, Response<Body>>);
 
 /// The reconcile tests' scenarios: the pool they reconcile and, in [`Scenario::exchanges`],
