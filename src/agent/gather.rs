@@ -327,7 +327,7 @@ impl Gatherer {
                     .filter(|h| el_major(&h.release).is_none_or(|m| Some(m) == target))
                     .cloned()
                     .collect();
-                Some(close(&fitting, &wanted, &|d| variant.owns_requirement(d)))
+                Some(close(fitting, &wanted, move |d| variant.owns_requirement(d)).await)
             }
             _ => None,
         };
