@@ -15,6 +15,8 @@
 //!
 //! `tests/layout.rs` keeps the dependencies pointing that one way.
 
+#![forbid(unsafe_code)]
+
 pub mod backoff;
 pub mod text;
 

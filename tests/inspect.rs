@@ -601,6 +601,15 @@ async fn layer_sizes_that_would_wrap_are_refused() {
     assert!(e.to_string().contains("layer sizes do not add up"), "{e}");
 }
 
+/// The descriptor of a gzip'd layer.
+fn gzip_layer(layer: &[u8]) -> serde_json::Value {
+    serde_json::json!({
+        "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+        "digest": hostile::sha(layer),
+        "size": layer.len(),
+    })
+}
+
 /// A gzip'd tar layer with one RPM in the extensions directory.
 fn rpm_layer(name: &str, data: &[u8]) -> Vec<u8> {
     use std::io::Write as _;
@@ -686,6 +695,33 @@ async fn a_refused_extraction_leaves_nothing_behind() {
     assert!(e.to_string().contains("digest mismatch"), "{e}");
     let left: Vec<_> = walk(&out);
     assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_rpm_header_refuses_the_image_naming_the_file() {
+    // An RPM lead, then a signature header claiming 4G index entries.
+    let mut rpm = vec![0u8; 96];
+    rpm[..4].copy_from_slice(&[0xed, 0xab, 0xee, 0xdb]);
+    rpm.extend([
+        0x8e, 0xad, 0xe8, 1, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0,
+    ]);
+    let layer = rpm_layer("usbguard-1.1.3-3.el10.x86_64.rpm", &rpm);
+    let config = hostile::config(0);
+    let manifest = hostile::manifest(&config, config.len() as i64, vec![gzip_layer(&layer)]);
+    let server = serve(manifest.clone(), vec![config, layer]).await;
+    let out = dir("bad-header-out");
+    std::fs::create_dir_all(&out).expect("mkdir");
+    let e = rt_core_extensions(&server.host, &manifest, &out)
+        .await
+        .expect_err("a malformed header is refused");
+    let (text, img) = (e.to_string(), hostile_image(&server.host, &manifest));
+    assert!(!e.is_transient(), "{e}");
+    assert!(text.starts_with(&img.to_string()), "{e}");
+    assert!(
+        text.contains("usbguard-1.1.3-3.el10.x86_64.rpm: malformed RPM header"),
+        "{e}"
+    );
+    assert!(walk(&out).is_empty(), "left behind: {:?}", walk(&out));
 }
 
 /// Reads the extensions image `manifest` names on the hostile registry at `host`, wanting

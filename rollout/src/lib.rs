@@ -13,6 +13,8 @@
 //! - [`controller`]: the kube-runtime controller, target resolution and the Node patches;
 //! - [`leader`]: leader election on a Lease.
 
+#![forbid(unsafe_code)]
+
 pub mod crd;
 pub mod node;
 pub mod planner;

@@ -1,5 +1,7 @@
 //! `streamd-rollout`: the StreamPool controller (docs in README "Pools").
 
+#![forbid(unsafe_code)]
+
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use rollout::leader::{self, Lease};

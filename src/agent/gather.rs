@@ -297,7 +297,7 @@ impl Gatherer {
             Some(Ok((info, files))) => (Some(Ok(info)), files),
             Some(Err(e)) => (Some(Err(e)), Vec::new()),
         };
-        let closure = closure_of(&extensions, &facts.arch, target, &wanted, variant);
+        let closure = closure_of(&extensions, &facts.arch, target, &wanted, variant).await;
         // Providers the closure added are extracted now; the cache then serves the wanted
         // packages from the larger extraction.
         if let (Some(c), Some(img), Ok(i)) = (&closure, &desired.extensions_image, &inspector)
@@ -407,7 +407,9 @@ impl Gatherer {
 /// the target: built for `arch` (or noarch) and for the `target` major (or for none); the
 /// requirements of `variant`'s own kernel are its own. None when nothing is wanted or the image
 /// was not read.
-fn closure_of(
+/// The wanted packages closed under Requires over the image's RPMs that fit the target (off
+/// the async loop: thousands of headers).
+async fn closure_of(
     extensions: &Option<Result<ExtensionsInfo, String>>,
     arch: &str,
     target: Option<u32>,
@@ -427,7 +429,7 @@ fn closure_of(
         .filter(|h| el_major(&h.release).is_none_or(|m| Some(m) == target))
         .cloned()
         .collect();
-    Some(close(&fitting, wanted, &|d| variant.owns_requirement(d)))
+    Some(close(fitting, wanted, move |d| variant.owns_requirement(d)).await)
 }
 
 /// The names of the layered packages `needed` from the extensions image, and every package

@@ -1,5 +1,7 @@
 //! `streamctl`: the admin's view of streamd on the host.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

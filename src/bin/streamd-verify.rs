@@ -9,6 +9,8 @@
 //! child of the daemon so that libostree, glib and their libraries are never resident in it.
 //! Exit codes: 0 an answer was printed, 2 the request (or the argument) was unreadable.
 
+#![forbid(unsafe_code)]
+
 use std::io::Read as _;
 use std::process::ExitCode;
 

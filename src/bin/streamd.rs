@@ -1,5 +1,7 @@
 //! `streamd`: the node agent daemon.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -15,6 +15,7 @@ use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use crate::image::pullsecret::{Credentials, PullSecret};
 use crate::image::reference::ImageRef;
+use crate::image::rpm::{HEADER_LIMITS, HeaderBudget, HeaderError, HeaderLimits, RpmHeader};
 
 /// What the registry says about the OS image (from its manifest and config).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -56,7 +57,7 @@ pub struct ExtensionsInfo {
     /// The headers of those RPMs that could be read (Requires/Provides for the dependency
     /// closure, src/image/rpm.rs). No default: an extraction record from before it existed
     /// is read again.
-    pub headers: Vec<crate::image::rpm::RpmHeader>,
+    pub headers: Vec<RpmHeader>,
 }
 
 /// Where real extensions images keep their RPM repository.
@@ -943,6 +944,8 @@ pub struct ExtractLimits {
     /// Largest GNU long name/link or PAX extension record, bytes. tar reads these whole into
     /// memory; a path is at most `PATH_MAX` (4096), the rest is generous room for xattrs.
     pub max_header: u64,
+    /// What the RPMs' own headers may make streamd read and keep over all layers.
+    pub rpm_headers: HeaderLimits,
 }
 
 /// The limits streamd extracts with. A real extensions image carries a few hundred files and
@@ -952,6 +955,7 @@ pub const EXTRACT_LIMITS: ExtractLimits = ExtractLimits {
     max_total: 512 << 20,
     max_entries: 20_000,
     max_header: 64 << 10,
+    rpm_headers: HEADER_LIMITS,
 };
 
 /// What is left of [`ExtractLimits`] while an image's layers are read one after the other.
@@ -960,6 +964,7 @@ pub struct ExtractBudget {
     limits: ExtractLimits,
     written: u64,
     entries: u64,
+    headers: HeaderBudget,
 }
 
 impl ExtractBudget {
@@ -969,6 +974,7 @@ impl ExtractBudget {
             limits,
             written: 0,
             entries: 0,
+            headers: HeaderBudget::new(limits.rpm_headers),
         }
     }
 
@@ -983,16 +989,18 @@ fn too_big(what: String) -> std::io::Error {
 }
 
 /// What one layer holds under [`EXTENSIONS_DIR`]: the RPM names, the extracted files and the
-/// headers that could be read.
-pub type LayerRpms = (Vec<String>, Vec<PathBuf>, Vec<crate::image::rpm::RpmHeader>);
+/// headers of the files that are RPMs.
+pub type LayerRpms = (Vec<String>, Vec<PathBuf>, Vec<RpmHeader>);
 
 /// Lists the RPMs under [`EXTENSIONS_DIR`] in a (gzip'd or plain) tar layer, reads every RPM's header and writes the
 /// wanted ones into `dest`. Names are `name-version-release.arch` (the file name without `.rpm`).
 ///
 /// Entries are read raw, so GNU long names and PAX records are read here, each at most
 /// [`ExtractLimits::max_header`] bytes, instead of whole by the tar reader; the files written,
-/// their sum and the entries are counted against `budget`. On an error, files already written
-/// stay: the caller extracts into a directory it removes.
+/// their sum, the entries and the RPM headers are counted against `budget`. A file that is no
+/// RPM at all (no lead) is listed but offers nothing to the closure; an RPM whose header is
+/// malformed or over a limit refuses the layer, naming the file. On an error, files already
+/// written stay: the caller extracts into a directory it removes.
 pub fn rpms_in_layer<R: Read>(
     layer: R,
     media_type: &str,
@@ -1030,25 +1038,8 @@ pub fn rpms_in_layer<R: Read>(
             || kind.is_pax_local_extensions()
             || kind.is_pax_global_extensions()
         {
-            if size > limits.max_header {
-                return Err(too_big(format!(
-                    "a tar header record of {size} bytes (at most {})",
-                    limits.max_header
-                )));
-            }
-            let mut data = Vec::new();
-            entry.read_to_end(&mut data)?;
-            if kind.is_gnu_longname() {
-                let end = data.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
-                data.truncate(end);
-                long_path = Some(data);
-            } else if kind.is_pax_local_extensions() {
-                for ext in tar::PaxExtensions::new(&data) {
-                    let ext = ext?;
-                    if ext.key_bytes() == b"path" {
-                        long_path = Some(ext.value_bytes().to_vec());
-                    }
-                }
+            if let Some(path) = path_record(&mut entry, kind, size, limits.max_header)? {
+                long_path = Some(path);
             }
             continue;
         }
@@ -1073,7 +1064,7 @@ pub fn rpms_in_layer<R: Read>(
         let want = wanted
             .iter()
             .any(|w| crate::image::rpm::names_package(&nevra, w));
-        if want {
+        let header = if want {
             if size > limits.max_file {
                 return Err(too_big(format!(
                     "{file} is {size} bytes (at most {} per RPM)",
@@ -1091,24 +1082,72 @@ pub fn rpms_in_layer<R: Read>(
             let out = dest.join(file);
             std::io::copy(&mut entry, &mut std::fs::File::create(&out)?)?;
             budget.written = total;
-            headers.push(crate::image::rpm::RpmHeader::read_file(&out));
+            let header = RpmHeader::read_file(&out, &mut budget.headers);
             files.push(out);
+            header
         } else {
             // The header is the first few KiB of the file: read from the stream for every RPM,
-            // as the dependency closure needs all of them (each bounded by rpm::MAX_HEADER).
-            headers.push(crate::image::rpm::RpmHeader::read(&mut entry, file));
+            // as the dependency closure needs all of them.
+            RpmHeader::read(&mut entry, file, &mut budget.headers)
+        };
+        if let Some(h) = header_of(header, file)? {
+            headers.push(h);
         }
         names.push(nevra);
     }
-    let headers = headers
-        .into_iter()
-        .filter_map(|h| {
-            // Not a candidate for the closure; a wanted one missing from it is refused there.
-            h.map_err(|e| tracing::debug!(error = %e, "unreadable rpm header"))
-                .ok()
-        })
-        .collect();
     Ok((names, files, headers))
+}
+
+/// Reads a GNU long name or link, or a PAX record, of `size` bytes (at most `max`); the path it
+/// gives the next entry, if it gives one.
+fn path_record(
+    entry: &mut impl Read,
+    kind: tar::EntryType,
+    size: u64,
+    max: u64,
+) -> std::io::Result<Option<Vec<u8>>> {
+    if size > max {
+        return Err(too_big(format!(
+            "a tar header record of {size} bytes (at most {max})"
+        )));
+    }
+    let mut data = Vec::new();
+    entry.read_to_end(&mut data)?;
+    let mut path = None;
+    if kind.is_gnu_longname() {
+        let end = data.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
+        data.truncate(end);
+        path = Some(data);
+    } else if kind.is_pax_local_extensions() {
+        for ext in tar::PaxExtensions::new(&data) {
+            let ext = ext?;
+            if ext.key_bytes() == b"path" {
+                path = Some(ext.value_bytes().to_vec());
+            }
+        }
+    }
+    Ok(path)
+}
+
+/// The header read from `file`: none for a file that is no RPM at all (listed, but no candidate
+/// for the closure; a wanted one missing from it is refused there), an error naming the file for
+/// a malformed one.
+fn header_of(
+    read: Result<RpmHeader, HeaderError>,
+    file: &str,
+) -> std::io::Result<Option<RpmHeader>> {
+    match read {
+        Ok(h) => Ok(Some(h)),
+        Err(HeaderError::NotRpm) => {
+            tracing::debug!(file, "not an rpm package");
+            Ok(None)
+        }
+        Err(HeaderError::Io(e)) => Err(std::io::Error::new(e.kind(), format!("{file}: {e}"))),
+        Err(e @ HeaderError::Invalid(_)) => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{file}: {e}"),
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,12 @@
 //! RPM names: a package name or a NEVRA (`name-version-release.arch`), as rpm-ostree reports
-//! layered packages and as extensions images name their files.
+//! layered packages and as extensions images name their files; their headers (src/image/rpm/header.rs);
+//! and the dependency closure over them.
+
+mod header;
+
+pub use header::{HEADER_LIMITS, HeaderBudget, HeaderError, HeaderLimits};
+
+use std::collections::{HashMap, HashSet};
 
 /// Whether `spec` (a name or a NEVRA) names package `name`.
 pub fn names_package(spec: &str, name: &str) -> bool {
@@ -38,12 +45,8 @@ pub fn el_major(release: &str) -> Option<u32> {
     })
 }
 
-/// The largest RPM header (signature or main) that is read: kernel module packages carry a few
-/// MiB of file lists and `kmod(…)` provides; anything near this is not a real package.
-pub const MAX_HEADER: u64 = 64 << 20;
-
 /// How a versioned dependency compares (`RPMSENSE_LESS|GREATER|EQUAL`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Op {
     /// `<`
     Lt,
@@ -70,7 +73,7 @@ impl Op {
 }
 
 /// One Requires or Provides entry of an RPM header.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Dep {
     /// Capability name (`kernel-rt-modules-core-uname-r`, `/bin/sh`, `libc.so.6()(64bit)`).
     pub name: String,
@@ -165,17 +168,6 @@ pub struct RpmHeader {
     pub requires: Vec<Dep>,
 }
 
-/// Why an RPM header could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum HeaderError {
-    /// Reading failed (short file, I/O error).
-    #[error("reading the RPM header: {0}")]
-    Io(#[from] std::io::Error),
-    /// Not an RPM, or a header too large to be one.
-    #[error("not an RPM package: {0}")]
-    Invalid(String),
-}
-
 impl RpmHeader {
     /// `name-[epoch:]version-release.arch`, as rpm-ostree prints a package.
     pub fn nevra(&self) -> String {
@@ -200,101 +192,28 @@ impl RpmHeader {
     }
 
     /// Reads the header at the start of `reader` (an RPM file or a stream of one), leaving
-    /// the payload unread. `file` is the name recorded for it.
-    pub fn read(reader: impl std::io::Read, file: &str) -> Result<Self, HeaderError> {
-        let bytes = header_bytes(reader)?;
-        let meta = ::rpm::PackageMetadata::parse(&mut std::io::Cursor::new(bytes))
-            .map_err(|e| HeaderError::Invalid(e.to_string()))?;
-        let bad = |e: ::rpm::Error| HeaderError::Invalid(e.to_string());
-        let deps = |list: Vec<::rpm::Dependency>| -> Vec<Dep> {
-            list.into_iter()
-                .filter(|d| !d.name.starts_with("rpmlib("))
-                .map(|d| {
-                    let f = d.flags;
-                    let op = match (
-                        f.contains(::rpm::DependencyFlags::LESS),
-                        f.contains(::rpm::DependencyFlags::GREATER),
-                        f.contains(::rpm::DependencyFlags::EQUAL),
-                    ) {
-                        (true, false, false) => Some(Op::Lt),
-                        (true, false, true) => Some(Op::Le),
-                        (false, false, true) => Some(Op::Eq),
-                        (false, true, true) => Some(Op::Ge),
-                        (false, true, false) => Some(Op::Gt),
-                        _ => None,
-                    };
-                    Dep {
-                        name: d.name,
-                        version: op.filter(|_| !d.version.is_empty()).map(|o| (o, d.version)),
-                    }
-                })
-                .collect()
-        };
-        Ok(RpmHeader {
-            file: file.to_string(),
-            name: meta.get_name().map_err(bad)?.to_string(),
-            epoch: meta.get_epoch().unwrap_or(0),
-            version: meta.get_version().map_err(bad)?.to_string(),
-            release: meta.get_release().map_err(bad)?.to_string(),
-            arch: meta.get_arch().map_err(bad)?.to_string(),
-            provides: deps(meta.get_provides().map_err(bad)?),
-            requires: deps(meta.get_requires().map_err(bad)?),
-        })
+    /// the payload unread, within what is left of `budget` (src/image/rpm/header.rs). `file` is the
+    /// name recorded for it.
+    pub fn read(
+        reader: impl std::io::Read,
+        file: &str,
+        budget: &mut HeaderBudget,
+    ) -> Result<Self, HeaderError> {
+        header::read(reader, file, budget)
     }
 
     /// Reads the header of the RPM file at `path`.
-    pub fn read_file(path: &std::path::Path) -> Result<Self, HeaderError> {
+    pub fn read_file(
+        path: &std::path::Path,
+        budget: &mut HeaderBudget,
+    ) -> Result<Self, HeaderError> {
         let file = path
             .file_name()
             .and_then(|n| n.to_str())
             .unwrap_or_default()
             .to_string();
-        Self::read(std::fs::File::open(path)?, &file)
+        Self::read(std::fs::File::open(path)?, &file, budget)
     }
-}
-
-/// The lead, signature header (padded to 8 bytes) and main header at the start of `reader`,
-/// with both headers' sizes checked against [`MAX_HEADER`] before anything is allocated for
-/// them (the `rpm` crate allocates what a header's intro claims).
-fn header_bytes(mut reader: impl std::io::Read) -> Result<Vec<u8>, HeaderError> {
-    const LEAD: usize = 96;
-    const LEAD_MAGIC: [u8; 4] = [0xed, 0xab, 0xee, 0xdb];
-    const HEADER_MAGIC: [u8; 3] = [0x8e, 0xad, 0xe8];
-    let mut out = vec![0u8; LEAD];
-    reader.read_exact(&mut out)?;
-    if out[..4] != LEAD_MAGIC {
-        return Err(HeaderError::Invalid("bad lead magic".into()));
-    }
-    for (which, pad) in [("signature", true), ("main", false)] {
-        let mut intro = [0u8; 16];
-        reader.read_exact(&mut intro)?;
-        if intro[..3] != HEADER_MAGIC {
-            return Err(HeaderError::Invalid(format!("bad {which} header magic")));
-        }
-        let be = |i: usize| {
-            u64::from(u32::from_be_bytes([
-                intro[i],
-                intro[i + 1],
-                intro[i + 2],
-                intro[i + 3],
-            ]))
-        };
-        let size = be(8) * 16 + be(12);
-        if size > MAX_HEADER {
-            return Err(HeaderError::Invalid(format!(
-                "the {which} header claims {size} bytes"
-            )));
-        }
-        let padding = if pad { (8 - size % 8) % 8 } else { 0 };
-        out.extend_from_slice(&intro);
-        let start = out.len();
-        // Bounded by MAX_HEADER above, so the conversion cannot truncate on 64-bit hosts.
-        let body = usize::try_from(size + padding)
-            .map_err(|_| HeaderError::Invalid(format!("the {which} header is too large")))?;
-        out.resize(start + body, 0);
-        reader.read_exact(&mut out[start..])?;
-    }
-    Ok(out)
 }
 
 /// A requirement of a chosen package that nothing chosen or offered provides.
@@ -341,64 +260,139 @@ impl Closure {
 /// the base, unless `own(requirement)` says no base can have it (the variant kernel's own
 /// packages), which makes it missing. File and rich (`(… if …)`) requirements are always left
 /// to the base: no file lists are read and their conditions are about the base.
-pub fn close(offered: &[RpmHeader], wanted: &[String], own: &dyn Fn(&Dep) -> bool) -> Closure {
+///
+/// Runs on a blocking thread: an image may offer thousands of headers with tens of thousands
+/// of Provides, and the async loop keeps serving the node watch and D-Bus meanwhile.
+pub async fn close(
+    offered: Vec<RpmHeader>,
+    wanted: &[String],
+    own: impl Fn(&Dep) -> bool + Send + 'static,
+) -> Closure {
+    let owned = wanted.to_vec();
+    match tokio::task::spawn_blocking(move || resolve(&offered, &owned, &own)).await {
+        Ok(closure) => closure,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Cancelled, which happens only as the runtime shuts down: nothing counts as found.
+        Err(_) => Closure {
+            absent: wanted.to_vec(),
+            ..Closure::default()
+        },
+    }
+}
+
+/// The chosen packages (indices into the offered ones), in the order chosen, with what they
+/// provide by capability name.
+struct Chosen<'a> {
+    order: Vec<usize>,
+    names: HashSet<&'a str>,
+    by_capability: HashMap<&'a str, Vec<usize>>,
+}
+
+impl<'a> Chosen<'a> {
+    /// Chooses offered package `i`, named `name`, whose Provides are `provides`.
+    fn add(&mut self, i: usize, name: &'a str, provides: impl Iterator<Item = &'a Dep>) {
+        self.order.push(i);
+        self.names.insert(name);
+        for p in provides {
+            self.by_capability
+                .entry(p.name.as_str())
+                .or_default()
+                .push(i);
+        }
+    }
+}
+
+/// The highest EVR of the candidates (by name on a tie; the last of equal ones).
+fn best(offered: &[RpmHeader], candidates: impl Iterator<Item = usize>) -> Option<usize> {
+    let evr = |h: &RpmHeader| {
+        rpm_version::Evr::new(h.epoch.to_string(), h.version.clone(), h.release.clone())
+    };
+    candidates.max_by(|&a, &b| {
+        let (a, b) = (&offered[a], &offered[b]);
+        evr(a).cmp(&evr(b)).then_with(|| b.name.cmp(&a.name))
+    })
+}
+
+/// [`close`] on the calling thread. Providers are looked up by capability name, so the cost is
+/// that of indexing the offered Provides, plus for each requirement the Provides of its name.
+fn resolve(offered: &[RpmHeader], wanted: &[String], own: &dyn Fn(&Dep) -> bool) -> Closure {
+    // Each header's Provides, its own `name = [epoch:]version-release` first.
+    let own_provides: Vec<Dep> = offered
+        .iter()
+        .map(|h| Dep::versioned(h.name.clone(), Op::Eq, h.evr()))
+        .collect();
+    let provides_of = |i: usize| std::iter::once(&own_provides[i]).chain(&offered[i].provides);
+    let provides = |i: usize, req: &Dep| provides_of(i).any(|p| p.satisfies(req));
+    // The offered headers providing each capability name, in offered order, each once.
+    let mut providers: HashMap<&str, Vec<usize>> = HashMap::new();
+    for i in 0..offered.len() {
+        for p in provides_of(i) {
+            let list = providers.entry(p.name.as_str()).or_default();
+            if list.last() != Some(&i) {
+                list.push(i);
+            }
+        }
+    }
+    let candidates = |name: &str| providers.get(name).into_iter().flatten().copied();
+    let mut chosen = Chosen {
+        order: Vec::new(),
+        names: HashSet::new(),
+        by_capability: HashMap::new(),
+    };
     let mut out = Closure::default();
-    let best = |cands: Vec<&RpmHeader>| -> Option<RpmHeader> {
-        cands
-            .into_iter()
-            .max_by(|a, b| {
-                let evr = |h: &RpmHeader| {
-                    rpm_version::Evr::new(h.epoch.to_string(), h.version.clone(), h.release.clone())
-                };
-                evr(a).cmp(&evr(b)).then_with(|| b.name.cmp(&a.name))
-            })
-            .cloned()
-    };
-    let self_provide = |h: &RpmHeader| Dep::versioned(h.name.clone(), Op::Eq, h.evr());
-    let provides = |h: &RpmHeader, req: &Dep| {
-        self_provide(h).satisfies(req) || h.provides.iter().any(|p| p.satisfies(req))
-    };
     for name in wanted {
-        if out.packages.iter().any(|p| &p.name == name) {
+        if chosen.names.contains(name.as_str()) {
             continue;
         }
-        match best(offered.iter().filter(|h| &h.name == name).collect()) {
-            Some(h) => out.packages.push(h),
+        match best(
+            offered,
+            candidates(name).filter(|&i| offered[i].name == *name),
+        ) {
+            Some(i) => chosen.add(i, &offered[i].name, provides_of(i)),
             None => out.absent.push(name.clone()),
         }
     }
+    let mut left_to_base: HashSet<&Dep> = HashSet::new();
     let mut next = 0;
-    while let Some(pkg) = out.packages.get(next).cloned() {
+    while let Some(&i) = chosen.order.get(next) {
         next += 1;
-        for req in &pkg.requires {
-            if out.packages.iter().any(|p| provides(p, req)) {
+        for req in &offered[i].requires {
+            let met = chosen
+                .by_capability
+                .get(req.name.as_str())
+                .is_some_and(|list| list.iter().any(|&j| provides(j, req)));
+            if met {
                 continue;
             }
-            let unresolved = Unresolved {
-                package: pkg.nevra(),
-                requirement: req.clone(),
-            };
             let checkable = !req.name.starts_with('/') && !req.name.starts_with('(');
             let provider = checkable
-                .then(|| best(offered.iter().filter(|h| provides(h, req)).collect()))
+                .then(|| best(offered, candidates(&req.name).filter(|&j| provides(j, req))))
                 .flatten();
+            let unresolved = || Unresolved {
+                package: offered[i].nevra(),
+                requirement: req.clone(),
+            };
             match provider {
-                Some(h) => out.packages.push(h),
-                None if checkable && own(req) => out.missing.push(unresolved),
+                Some(j) => chosen.add(j, &offered[j].name, provides_of(j)),
+                None if checkable && own(req) => out.missing.push(unresolved()),
                 None => {
-                    if !out.from_base.iter().any(|u| u.requirement == *req) {
-                        out.from_base.push(unresolved);
+                    if left_to_base.insert(req) {
+                        out.from_base.push(unresolved());
                     }
                 }
             }
         }
     }
+    out.packages = chosen.order.iter().map(|&i| offered[i].clone()).collect();
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    use proptest::sample::select;
 
     fn dep(spec: &str) -> Dep {
         let parts: Vec<&str> = spec.split(' ').collect();
@@ -618,12 +612,12 @@ mod tests {
             },
         ];
         for c in cases {
-            let got = close(&c.offered, &c.wanted, &c.own);
+            let got = resolve(&c.offered, &c.wanted, &c.own);
             assert_eq!(names(&got), c.chosen, "{}", c.what);
             let missing: Vec<String> = got.missing.iter().map(|u| u.to_string()).collect();
             assert_eq!(missing, c.missing, "{}", c.what);
         }
-        let base = close(&kernel("rt", el10, "x86_64", &ALL), &seeds("rt"), &rt_own);
+        let base = resolve(&kernel("rt", el10, "x86_64", &ALL), &seeds("rt"), &rt_own);
         let left: Vec<String> = base
             .from_base
             .iter()
@@ -640,7 +634,7 @@ mod tests {
             ],
             "left to the base, each once"
         );
-        let absent = close(&[], &seeds("rt"), &rt_own);
+        let absent = resolve(&[], &seeds("rt"), &rt_own);
         assert_eq!(absent.absent, seeds("rt"));
     }
 
@@ -668,26 +662,113 @@ mod tests {
         }
     }
 
-    #[test]
-    fn bad_headers_are_errors_without_allocating_what_they_claim() {
-        assert!(matches!(
-            RpmHeader::read(&b"not an rpm"[..], "x.rpm"),
-            Err(HeaderError::Io(_))
-        ));
-        let mut lead = vec![0u8; 96];
-        lead[..4].copy_from_slice(&[0xed, 0xab, 0xee, 0xdb]);
-        let mut huge = lead.clone();
-        huge.extend_from_slice(&[0x8e, 0xad, 0xe8, 1, 0, 0, 0, 0]);
-        huge.extend_from_slice(&u32::MAX.to_be_bytes());
-        huge.extend_from_slice(&u32::MAX.to_be_bytes());
-        match RpmHeader::read(&huge[..], "x.rpm") {
-            Err(HeaderError::Invalid(m)) => assert!(m.contains("claims"), "{m}"),
-            other => panic!("{other:?}"),
+    /// The closure as first written, scanning every chosen and offered package for each
+    /// requirement: the reference the indexed one must agree with.
+    fn scanning(offered: &[RpmHeader], wanted: &[String], own: &dyn Fn(&Dep) -> bool) -> Closure {
+        let mut out = Closure::default();
+        let best = |cands: Vec<&RpmHeader>| -> Option<RpmHeader> {
+            let evr = |h: &RpmHeader| {
+                rpm_version::Evr::new(h.epoch.to_string(), h.version.clone(), h.release.clone())
+            };
+            cands
+                .into_iter()
+                .max_by(|a, b| evr(a).cmp(&evr(b)).then_with(|| b.name.cmp(&a.name)))
+                .cloned()
+        };
+        let provides = |h: &RpmHeader, req: &Dep| {
+            Dep::versioned(h.name.clone(), Op::Eq, h.evr()).satisfies(req)
+                || h.provides.iter().any(|p| p.satisfies(req))
+        };
+        for name in wanted {
+            if !out.packages.iter().any(|p| &p.name == name) {
+                match best(offered.iter().filter(|h| &h.name == name).collect()) {
+                    Some(h) => out.packages.push(h),
+                    None => out.absent.push(name.clone()),
+                }
+            }
         }
-        lead.extend_from_slice(&[0u8; 16]);
-        assert!(matches!(
-            RpmHeader::read(&lead[..], "x.rpm"),
-            Err(HeaderError::Invalid(_))
-        ));
+        let mut next = 0;
+        while let Some(pkg) = out.packages.get(next).cloned() {
+            next += 1;
+            for req in &pkg.requires {
+                if out.packages.iter().any(|p| provides(p, req)) {
+                    continue;
+                }
+                let unresolved = Unresolved {
+                    package: pkg.nevra(),
+                    requirement: req.clone(),
+                };
+                let checkable = !req.name.starts_with('/') && !req.name.starts_with('(');
+                let provider = checkable
+                    .then(|| best(offered.iter().filter(|h| provides(h, req)).collect()))
+                    .flatten();
+                match provider {
+                    Some(h) => out.packages.push(h),
+                    None if checkable && own(req) => out.missing.push(unresolved),
+                    None if out.from_base.iter().any(|u| u.requirement == *req) => {}
+                    None => out.from_base.push(unresolved),
+                }
+            }
+        }
+        out
+    }
+
+    fn any_dep() -> impl Strategy<Value = Dep> {
+        let names = vec!["a", "b", "c", "d", "x", "/bin/sh", "(a if b)"];
+        let evrs = vec!["1.0", "2.0", "1.0-1", "1.0-2", "1:0.5-1"];
+        let ops = vec![Op::Lt, Op::Le, Op::Eq, Op::Ge, Op::Gt];
+        (
+            select(names),
+            proptest::option::of((select(ops), select(evrs))),
+        )
+            .prop_map(|(name, version)| Dep {
+                name: name.into(),
+                version: version.map(|(op, evr)| (op, evr.to_string())),
+            })
+    }
+
+    fn any_header() -> impl Strategy<Value = RpmHeader> {
+        (
+            select(vec!["a", "b", "c", "d"]),
+            0..2u32,
+            select(vec!["1.0", "2.0"]),
+            select(vec!["1", "2"]),
+            vec(any_dep(), 0..3),
+            vec(any_dep(), 0..4),
+        )
+            .prop_map(
+                |(name, epoch, version, release, provides, requires)| RpmHeader {
+                    file: format!("{name}-{version}-{release}.noarch.rpm"),
+                    name: name.into(),
+                    epoch,
+                    version: version.into(),
+                    release: release.into(),
+                    arch: "noarch".into(),
+                    provides,
+                    requires,
+                },
+            )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn the_indexed_closure_is_the_scanning_one(
+            offered in vec(any_header(), 0..10),
+            wanted in vec(select(vec!["a", "b", "c", "e"]).prop_map(String::from), 0..4),
+        ) {
+            let own = |d: &Dep| d.name.starts_with('a');
+            prop_assert_eq!(resolve(&offered, &wanted, &own), scanning(&offered, &wanted, &own));
+        }
+    }
+
+    #[tokio::test]
+    async fn close_gives_what_resolving_on_the_thread_gives() {
+        let offered = kernel("rt", "6.12.0-124.8.1.el10_1", "x86_64", &ALL);
+        let own = own("kernel-rt-", "+rt");
+        let here = resolve(&offered, &seeds("rt"), &own);
+        assert_eq!(here.packages.len(), 4);
+        assert_eq!(close(offered, &seeds("rt"), own).await, here);
     }
 }
