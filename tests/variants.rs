@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{Value, json};
-use testbed::registry::stored_blob;
+use testbed::fakes::registry::stored_blob;
 
 /// Stages rhel-10 (with the extensions image) on `host` and returns the one transaction.
 async fn stage_on(host: &str) -> (Env, Value) {
@@ -287,11 +287,11 @@ async fn image_refusals() {
 async fn push_rhel10_extensions(
     env: &Env,
     tag: &str,
-    keep: impl Fn(&testbed::registry::Rpm) -> bool,
+    keep: impl Fn(&testbed::fakes::registry::Rpm) -> bool,
 ) -> String {
     let reg = env.tb.registry();
     let files = reg
-        .extensions_files("rhel-10", testbed::registry::Arch::Amd64, keep)
+        .extensions_files("rhel-10", testbed::fakes::registry::Arch::Amd64, keep)
         .expect("files");
     let (ext, _) = reg
         .push_custom(
@@ -623,8 +623,9 @@ async fn a_realtime_image_host_moves_only_to_a_realtime_image() {
     // The real-time variant of the target (its `ostree.linux` a `+rt` release) passes the
     // check, and needs no extensions image: nothing is carried.
     let rhel10 = &env.tb.images()[1];
-    let mut labels = testbed::registry::content::os_labels(rhel10, testbed::registry::Arch::Amd64)
-        .expect("labels");
+    let mut labels =
+        testbed::fakes::registry::content::os_labels(rhel10, testbed::fakes::registry::Arch::Amd64)
+            .expect("labels");
     let rt_release = format!("{}+rt", labels["ostree.linux"]);
     labels.insert("ostree.linux".into(), rt_release.clone());
     let files = vec![("usr/lib/os-release".into(), b"ID=rhcos\n".to_vec())];

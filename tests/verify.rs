@@ -13,7 +13,7 @@ use futures::StreamExt;
 use streamd::backend::Deployment;
 use streamd::backend::KernelVariant;
 use streamd::host::verify::{Expectation, VerifyError, verify_staged};
-use testbed::images::TestImage;
+use testbed::fixtures::images::TestImage;
 use testbed::{Backend, Testbed};
 use zbus::zvariant::{self, OwnedValue, Value};
 use zbus::{Connection, MessageStream};
@@ -382,11 +382,13 @@ async fn realtime_host_staged_with_el10_kernel_rt_verifies() {
     let files: Vec<std::fs::File> = KERNEL_RT
         .iter()
         .map(|name| {
-            let nevra =
-                testbed::fixtures::Nevra::parse(&format!("{name}-{version}-{release}.x86_64"))
-                    .expect("nevra");
+            let nevra = testbed::fixtures::packages::Nevra::parse(&format!(
+                "{name}-{version}-{release}.x86_64"
+            ))
+            .expect("nevra");
             let path = rpm_dir.join(format!("{nevra}.rpm"));
-            std::fs::write(&path, testbed::fixtures::fake_rpm(&nevra)).expect("write rpm");
+            std::fs::write(&path, testbed::fixtures::packages::fake_rpm(&nevra))
+                .expect("write rpm");
             std::fs::File::open(&path).expect("open rpm")
         })
         .collect();

@@ -2,22 +2,22 @@
 //! fake Kubernetes API server, started together so that the real `streamd`,
 //! `streamctl` and `kubectl` binaries can run against them.
 //!
+//! The crate is grouped by what a part is:
+//!
+//! - [`fakes`]: the services a node talks to, each standing in for the real one (rpm-ostreed,
+//!   kube-apiserver, systemd, logind, bootc) or, for the registry, a real one with the
+//!   testbed's images;
+//! - [`harness`]: what starts, wires and stops them: the single-node [`Testbed`], the
+//!   [`Fleet`], the private bus, the host root, the control socket, scratch directories;
+//! - [`fixtures`]: plain data: the host fixtures, the image catalog, the packages;
+//! - [`bench`]: `testbed bench`.
+//!
 //! The contract every component follows is written down in `docs/testbed.md`.
 
-pub mod apiserver;
 pub mod bench;
-pub mod bootc;
-pub mod bus;
-mod dbus_error;
+pub mod fakes;
 pub mod fixtures;
-pub mod fleet;
-pub mod host;
-pub mod images;
-pub mod logind;
-pub mod registry;
-pub mod rpmostreed;
-pub mod systemd;
-pub mod testbed;
+pub mod harness;
 
-pub use fleet::{Fleet, FleetOptions};
-pub use testbed::{Backend, NODE_NAME, Options, Testbed};
+pub use harness::fleet::{Fleet, FleetOptions};
+pub use harness::testbed::{Backend, NODE_NAME, Options, Testbed};

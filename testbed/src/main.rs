@@ -203,7 +203,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             let streamd = streamd_or_default(streamd)?;
             if let Some(nodes) = fleet {
                 let figures =
-                    testbed::fleet::bench::run(&testbed::fleet::bench::FleetBenchOptions {
+                    testbed::bench::fleet::run(&testbed::bench::fleet::FleetBenchOptions {
                         dir: dir.clone(),
                         nodes,
                         streamd,
@@ -239,14 +239,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
             if let Some(node) = node {
                 cmd["node"] = serde_json::json!(node);
             }
-            let reply = testbed::testbed::control_client(&dir, &cmd).await?;
+            let reply = testbed::harness::control_socket::control_client(&dir, &cmd).await?;
             println!("{}", serde_json::to_string_pretty(&reply)?);
             Ok(())
         }
         Command::Ctl { dir, json } => {
             let cmd: serde_json::Value =
                 serde_json::from_str(&json).context("the command is not JSON")?;
-            let reply = testbed::testbed::control_client(&dir, &cmd).await?;
+            let reply = testbed::harness::control_socket::control_client(&dir, &cmd).await?;
             println!("{}", serde_json::to_string_pretty(&reply)?);
             Ok(())
         }

@@ -216,7 +216,7 @@ async fn each_node_runs_its_own_streamd_moves_and_reboots_on_its_own() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fleet_bench_measures_the_real_controller() {
     let dir = scratch("bench");
-    let figures = testbed::fleet::bench::run(&testbed::fleet::bench::FleetBenchOptions {
+    let figures = testbed::bench::fleet::run(&testbed::bench::fleet::FleetBenchOptions {
         dir: dir.clone(),
         nodes: 2,
         streamd: streamd_bin(),

@@ -11,7 +11,7 @@ use common::{NODE, Out, Watch, run_kubectl, start_apiserver};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::{Value, json};
-use testbed::apiserver::ApiServer;
+use testbed::fakes::apiserver::ApiServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{NODE, Out, Watch, run_kubectl, start_apiserver};
 use serde_json::{Value, json};
-use testbed::apiserver::{ApiServer, StreamImages};
+use testbed::fakes::apiserver::{ApiServer, StreamImages};
 
 fn digest(fill: char) -> String {
     format!("sha256:{}", fill.to_string().repeat(64))

@@ -14,8 +14,8 @@ use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
-use testbed::images::{self, TestImage};
-use testbed::registry::{Arch, CustomImage, Entry, Registry, RegistryConfig};
+use testbed::fakes::registry::{Arch, CustomImage, Entry, Registry, RegistryConfig};
+use testbed::fixtures::images::{self, TestImage};
 use tokio::net::TcpStream;
 use tokio::process::Command;
 
@@ -344,7 +344,7 @@ async fn serves_real_os_and_extensions_images_behind_basic_auth() {
     assert_eq!(anon_manifest.status, 401);
     let wrong = format!(
         "Basic {}",
-        testbed::registry::client::base64(b"testbed:wrong")
+        testbed::fakes::registry::client::base64(b"testbed:wrong")
     );
     assert_eq!(get(&host, "/v2/", Some(&wrong), None).await.status, 401);
     let p = Puller::from_pull_secret(&reg);

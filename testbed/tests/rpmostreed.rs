@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::json;
+use testbed::fakes::rpmostreed::{FakeRpmOstreed, RpmOstreedConfig};
+use testbed::fixtures::images::{DEFAULT_REGISTRY, TestImage, catalog};
 use testbed::fixtures::{self, Fixture};
-use testbed::images::{DEFAULT_REGISTRY, TestImage, catalog};
-use testbed::rpmostreed::{FakeRpmOstreed, RpmOstreedConfig};
 use zbus::message::Message;
 use zbus::zvariant::{self, OwnedValue, Value};
 use zbus::{Connection, MessageStream};
@@ -130,7 +130,7 @@ impl Env {
             .await
             .expect("start fake");
         let cmdline = fake.booted_cmdline().expect("booted cmdline");
-        testbed::host::write(
+        testbed::harness::host_root::write(
             &env.dir.0.join("host"),
             "worker-0",
             &env.images[0],
@@ -1287,7 +1287,7 @@ async fn finalize_deployment_checks_and_reboots() {
     let expect_checksum = |checksum: &str| dict(&[("checksum", Value::from(checksum))]);
     let digest = env.rhel10().digest.clone();
     // rpm-ostreed asks logind for inhibitors before it reboots.
-    let logind = testbed::logind::FakeLogind::start(&env.bus.address, Box::new(|| Ok(())))
+    let logind = testbed::fakes::logind::FakeLogind::start(&env.bus.address, Box::new(|| Ok(())))
         .await
         .expect("fake logind");
 
@@ -1515,9 +1515,9 @@ fn rpm_files(dir: &Path, nevras: &[&str]) -> Vec<std::fs::File> {
     nevras
         .iter()
         .map(|n| {
-            let nevra = fixtures::Nevra::parse(n).expect("nevra");
+            let nevra = fixtures::packages::Nevra::parse(n).expect("nevra");
             let path = dir.join(format!("{n}.rpm"));
-            std::fs::write(&path, fixtures::fake_rpm(&nevra)).expect("write rpm");
+            std::fs::write(&path, fixtures::packages::fake_rpm(&nevra)).expect("write rpm");
             std::fs::File::open(&path).expect("open rpm")
         })
         .collect()
@@ -1723,7 +1723,7 @@ async fn realtime_hosts_carry_el9_kernel_overrides_until_replaced() {
     ]);
     // The el10 RPMs without -modules-core are not dependency-closed: the local packages
     // depsolve against the el10 base (its kernel removed) and each other, as the real daemon
-    // does (testbed/src/rpmostreed/depsolve.rs), and fail before anything is staged.
+    // does (testbed/src/fakes/rpmostreed/depsolve.rs), and fail before anything is staged.
     let open = [
         "kernel-rt-core-6.12.0-124.8.1.el10_1.x86_64",
         "kernel-rt-modules-6.12.0-124.8.1.el10_1.x86_64",

@@ -17,7 +17,7 @@ use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
-use testbed::apiserver::ApiServer;
+use testbed::fakes::apiserver::ApiServer;
 use testbed::{Fleet, FleetOptions};
 
 /// The node protocol's key prefix.
@@ -132,7 +132,7 @@ impl Pool {
         tweak(&mut opts);
         let fleet = Fleet::start(opts).await.expect("fleet");
         let sa_kubeconfig =
-            testbed::fleet::controller::install(fleet.apiserver()).expect("CRD and RBAC");
+            testbed::harness::fleet::controller::install(fleet.apiserver()).expect("CRD and RBAC");
         let admin = client_for(&fleet.dir().join("kubeconfig-admin")).await;
         let seen = Arc::new(Mutex::new(Seen::default()));
         let watch = {

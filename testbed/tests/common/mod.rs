@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use testbed::apiserver::{ApiServer, ApiServerConfig};
+use testbed::fakes::apiserver::{ApiServer, ApiServerConfig};
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, ChildStdout, Command};
 
