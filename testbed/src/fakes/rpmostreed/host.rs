@@ -5,13 +5,14 @@
 use tracing::info;
 
 use super::deploy::{NewDeployment, low_disk, write_deployment};
-use super::model::{Layering, Refspec};
+use super::model::Layering;
+use super::refspec::Refspec;
 use std::sync::{Arc, Weak};
 
 use super::{Daemon, FakeRpmOstreed, lock, ostree};
 use crate::fixtures::images::TestImage;
 
-pub(crate) use super::model::{ImageRef, SigVerify, Transport};
+pub(crate) use super::refspec::{ImageRef, SigVerify, Transport};
 
 /// One deployment as the host's other tools see it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,6 +14,8 @@ mod model;
 mod os;
 mod ostree;
 mod reboot;
+mod records;
+mod refspec;
 mod rpm;
 mod runstate;
 mod sysroot;
@@ -36,7 +38,7 @@ use zbus::{Connection, object_server::SignalEmitter};
 use crate::fixtures::Fixture;
 // The fixture tests build a sysroot and check it against the host root.
 use crate::fixtures::images::TestImage;
-use control::{Knobs, TxnRecord};
+use control::Knobs;
 #[cfg(test)]
 pub(crate) use deploy::{create_initial, low_disk, names_package, sanity_check};
 use model::State;
@@ -44,6 +46,7 @@ use os::OsIface;
 #[cfg(test)]
 pub(crate) use ostree::read_deployments;
 pub use reboot::RebootOutcome;
+use records::TxnRecord;
 use sysroot::SysrootIface;
 use transaction::Txn;
 

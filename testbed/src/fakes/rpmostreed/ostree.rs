@@ -251,7 +251,7 @@ pub(crate) fn write_tree(
 /// reference without its signature policy (`ostree-unverified-registry:NAME` is stored as
 /// `docker://NAME`), escaped for a ref name.
 pub(crate) fn image_ref(refspec: &str) -> String {
-    let imgref = super::model::ImageRef::parse(refspec)
+    let imgref = super::refspec::ImageRef::parse(refspec)
         .map(|r| r.image_reference())
         .unwrap_or_else(|| refspec.to_string());
     format!("ostree/container/image/{}", escape_for_ref(&imgref))

@@ -19,13 +19,14 @@ use tracing::{debug, info, warn};
 use zbus::object_server::SignalEmitter;
 use zbus::{Connection, interface};
 
-use super::control::TxnRecord;
 use super::deploy::{
     NewDeployment, PackageChanges, add_removals, apply_changes, commit_image, depsolve,
     drop_inactive_removals, low_disk, resolve_removals, sanity_check, write_deployment,
 };
 use super::errors::DaemonError;
-use super::model::{CHUNK_BYTES, CHUNK_COUNT, Refspec};
+use super::model::{CHUNK_BYTES, CHUNK_COUNT};
+use super::records::TxnRecord;
+use super::refspec::Refspec;
 use super::{Daemon, address_escape, lock, ostree};
 use crate::fixtures::images::TestImage;
 
@@ -84,6 +85,34 @@ pub(crate) struct TxnRequest {
     pub(crate) options: serde_json::Value,
     pub(crate) args: serde_json::Value,
     pub(crate) fds: u32,
+}
+
+impl TxnRequest {
+    /// The log record of this call as transaction `id` (0: refused, no transaction).
+    pub(crate) fn record(&self, id: u64) -> TxnRecord {
+        TxnRecord {
+            id,
+            method: self.method.to_string(),
+            sender: self.sender.clone(),
+            title: self.title.clone(),
+            modifiers: self.modifiers.clone(),
+            options: self.options.clone(),
+            args: self.args.clone(),
+            fds: self.fds,
+            started: false,
+            started_ms: None,
+            finished_ms: None,
+            joined: 0,
+            result: None,
+            cancelled: false,
+            dropped: false,
+            crashed: false,
+            reboot_requested: false,
+            error: None,
+            journal: Vec::new(),
+            pulled: false,
+        }
+    }
 }
 
 /// A transaction and its peers.
@@ -250,7 +279,7 @@ impl Daemon {
         let result = self.begin_txn_locked(&req, prepare).await;
         if let Err(e) = &result {
             info!(method = req.method, sender = %req.sender, error = %e, "transaction method refused");
-            let mut record = TxnRecord::new(0, &req);
+            let mut record = req.record(0);
             record.error = Some(e.describe());
             lock(&self.records).push(record);
         }
@@ -315,7 +344,7 @@ impl Daemon {
         });
         self.activate(&txn)
             .map_err(|e| DaemonError::GioFailed(format!("{e:#}")))?;
-        lock(&self.records).push(TxnRecord::new(txn.id, req));
+        lock(&self.records).push(req.record(txn.id));
         info!(txn = txn.id, method = req.method, sender = %req.sender, address = %txn.address, "transaction created");
         self.notify_active_txn().await;
         Ok(txn.address.clone())
@@ -918,7 +947,7 @@ impl Daemon {
         info!(txn = txn.id, ok, message = %message, "transaction finished");
         let now = crate::fakes::apiserver::clock::unix_ms();
         self.update_record(txn.id, |r| {
-            r.result = Some(super::control::TxnResult {
+            r.result = Some(super::records::TxnResult {
                 ok,
                 message: message.clone(),
             });
