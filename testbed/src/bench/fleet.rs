@@ -17,13 +17,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
+use streamd::cluster::protocol::STATE;
 
 use super::{cpu_ticks, status_kib};
 use crate::fakes::apiserver::clock::unix_ms;
 use crate::harness::fleet::controller::{self, Replica, SERVICE_ACCOUNT};
 use crate::harness::fleet::{Fleet, FleetOptions};
 
-const PREFIX: &str = "osstream.openshift.io/";
 /// USER_HZ on Linux.
 const TICKS_PER_S: f64 = 100.0;
 /// Replicas of the controller: two, as docs/deploy/rollout/deployment.yaml runs it, so the
@@ -311,7 +311,7 @@ fn max(xs: &[f64]) -> f64 {
 }
 
 fn state(a: &Value) -> Option<&str> {
-    a.get(format!("{PREFIX}state")).and_then(Value::as_str)
+    a.get(STATE).and_then(Value::as_str)
 }
 
 async fn wait_for(

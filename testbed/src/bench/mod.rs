@@ -23,16 +23,14 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
+use streamd::cluster::protocol::{
+    DESIRED_OS_IMAGE, DESIRED_STREAM, REASON, REBOOT_APPROVED, REBOOT_REQUESTED, STATE,
+};
+
 use crate::harness::testbed::{NODE_NAME, Options, Testbed};
 
 pub mod fleet;
 
-const DESIRED_STREAM: &str = "osstream.openshift.io/desired-stream";
-const DESIRED_OS_IMAGE: &str = "osstream.openshift.io/desired-os-image";
-const STATE: &str = "osstream.openshift.io/state";
-const REASON: &str = "osstream.openshift.io/reason";
-const REBOOT_REQUESTED: &str = "osstream.openshift.io/reboot-requested";
-const REBOOT_APPROVED: &str = "osstream.openshift.io/reboot-approved";
 /// How long a staged migration is watched before the approval: a re-pull loop (cleanup and
 /// stage again) shows up as more transactions, imports and registry GETs.
 const STAGED_WATCH: Duration = Duration::from_secs(10);
