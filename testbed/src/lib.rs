@@ -5,10 +5,10 @@
 //! The crate is grouped by what a part is:
 //!
 //! - [`fakes`]: the services a node talks to, each standing in for the real one (rpm-ostreed,
-//!   kube-apiserver, systemd, logind, bootc) or, for the registry, a real one with the
-//!   testbed's images;
+//!   kube-apiserver, systemd, logind, bootc), and the real ones the testbed runs privately (the
+//!   system bus, the registry with the testbed's images);
 //! - [`harness`]: what starts, wires and stops them: the single-node [`Testbed`], the
-//!   [`Fleet`], the private bus, the host root, the control socket, scratch directories;
+//!   [`Fleet`], the host root, the control socket;
 //! - [`fixtures`]: plain data: the host fixtures, the image catalog, the packages;
 //! - [`bench`]: `testbed bench`.
 //!

@@ -23,11 +23,11 @@ use zbus::message::Header;
 use zbus::{Connection, interface};
 
 use crate::fakes::apiserver::clock::format_rfc3339;
+use crate::fakes::bus::Bus;
 use crate::fakes::rpmostreed::FakeRpmOstreed;
 use crate::fakes::rpmostreed::host::{
     Host, HostDeployment, ImageRef, SigVerify, StageError, Transport,
 };
-use crate::harness::bus::Bus;
 
 /// The testbed-private name the script calls.
 pub const BUS_NAME: &str = "org.streamd.Testbed1.Bootc";

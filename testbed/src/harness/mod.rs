@@ -2,7 +2,6 @@
 //! the D-Bus fakes, the host root and streamd's config), the single-node [`testbed`] and the
 //! [`fleet`] around one API server and registry, the control socket, scratch directories.
 
-pub mod bus;
 mod cluster;
 pub mod control_socket;
 pub mod fleet;

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use serde_json::{Value, json};
 
-use super::bus::Bus;
 use super::testbed::Backend;
 use crate::fakes::bootc::FakeBootc;
+use crate::fakes::bus::Bus;
 use crate::fakes::logind::FakeLogind;
 use crate::fakes::registry::Registry;
 use crate::fakes::rpmostreed::{FakeRpmOstreed, RpmOstreedConfig};

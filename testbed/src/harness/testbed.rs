@@ -8,11 +8,11 @@ use std::sync::Arc;
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use super::bus::Bus;
 use super::cluster::{image_env, prepare_cluster, start_registry, write_env};
 use super::control_socket::serve_control;
 use super::node_host::{HostSetup, NodeHost};
 use crate::fakes::apiserver::{ApiServer, ApiServerConfig};
+use crate::fakes::bus::Bus;
 use crate::fakes::registry::Registry;
 use crate::fixtures::images::TestImage;
 
