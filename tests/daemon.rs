@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use futures::StreamExt;
+use testbed::control::{ApiServerCmd, Fault, RpmOstreedCmd};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sd_notify_ready_status_and_stopping() {
@@ -122,8 +123,11 @@ trait OSStream1 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dbus_properties_and_changed_signals() {
     let mut env = Env::new("dbusapi").await;
-    env.rpmostreed(serde_json::json!({"cmd": "progress", "signals": 10, "per-second": 10}))
-        .await;
+    env.rpmostreed(RpmOstreedCmd::Progress {
+        signals: 10,
+        per_second: 10,
+    })
+    .await;
     env.start_streamd();
     env.wait_state("Idle").await;
     let conn = zbus::connection::Builder::address(env.vars()["DBUS_SYSTEM_BUS_ADDRESS"].as_str())
@@ -460,7 +464,7 @@ async fn outage_at_start_is_a_reported_wait_then_converges() {
     let notes = Notifications::listen(&sock_path);
     // A new node: the kubelet's kubeconfig does not exist yet, and the API server is down.
     let kubeconfig = env.dir.join("kubelet").join("kubeconfig");
-    env.apiserver(serde_json::json!({"cmd": "fault", "kind": "refuse", "on": true}))
+    env.apiserver(ApiServerCmd::Fault(Fault::Refuse { on: true }))
         .await;
     let started = Instant::now();
     env.start_streamd_with(&[
@@ -501,8 +505,7 @@ async fn outage_at_start_is_a_reported_wait_then_converges() {
         "streamd exited during the outage\n{}",
         env.log()
     );
-    env.apiserver(serde_json::json!({"cmd": "fault", "kind": "clear"}))
-        .await;
+    env.apiserver(ApiServerCmd::Fault(Fault::Clear)).await;
     let up = Instant::now();
     env.wait_state("Idle").await;
     let idle = up.elapsed();
@@ -558,9 +561,7 @@ async fn rotated_client_certificate_is_reloaded() {
     let mut env = Env::new("rotate").await;
     env.start_streamd();
     env.wait_state("Idle").await;
-    let rotated = env
-        .apiserver(serde_json::json!({"cmd": "rotate-client-ca"}))
-        .await;
+    let rotated = env.apiserver(ApiServerCmd::RotateClientCa).await;
     assert_eq!(rotated["generation"], 1);
     let at = Instant::now();
     env.request_rhel10();

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{Value, json};
+use testbed::control::RpmOstreedCmd;
 use testbed::fakes::registry::stored_blob;
 
 /// Stages rhel-10 (with the extensions image) on `host` and returns the one transaction.
@@ -346,7 +347,7 @@ async fn extensions_image_missing_a_dependency_is_refused_before_any_transaction
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn staged_tree_without_rt_fails_verification_and_is_cleaned_up() {
     let mut env = Env::with_host("verify-rt", "realtime").await;
-    env.rpmostreed(json!({"cmd": "drop-variant-next"})).await;
+    env.rpmostreed(RpmOstreedCmd::DropVariantNext).await;
     env.start_streamd();
     env.wait_state("Idle").await;
     let (os, ext) = (env.rhel10(), env.rhel10_extensions());
@@ -361,7 +362,7 @@ async fn staged_tree_without_rt_fails_verification_and_is_cleaned_up() {
     let txns = env.transactions().await;
     let methods: Vec<&str> = txns.iter().filter_map(|t| t["method"].as_str()).collect();
     assert_eq!(methods, vec!["UpdateDeployment", "Cleanup"], "{txns:#?}");
-    let deps = env.rpmostreed(json!({"cmd": "deployments"})).await;
+    let deps = env.rpmostreed(RpmOstreedCmd::Deployments).await;
     assert!(
         deps.as_array()
             .is_some_and(|d| d.iter().all(|d| d["staged"] != json!(true))),
@@ -567,7 +568,7 @@ async fn an_extensions_image_is_read_once_and_only_the_current_one_is_kept() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preflight_beside_a_waiting_staging_keeps_its_rpms() {
     let mut env = Env::with_host("preflight-beside-staging", "realtime").await;
-    env.rpmostreed(json!({"cmd": "hold-foreign", "on": true}))
+    env.rpmostreed(RpmOstreedCmd::HoldForeign { on: true })
         .await;
     env.start_streamd();
     env.wait_state("Idle").await;
@@ -590,7 +591,7 @@ async fn preflight_beside_a_waiting_staging_keeps_its_rpms() {
         Some(1),
         "no extensions image: a failed check"
     );
-    env.rpmostreed(json!({"cmd": "hold-foreign", "on": false}))
+    env.rpmostreed(RpmOstreedCmd::HoldForeign { on: false })
         .await;
     let a = env.wait_state("Staged").await;
     assert_eq!(a.get(STATE).map(String::as_str), Some("Staged"), "{a:#?}");

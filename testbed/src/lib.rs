@@ -10,11 +10,13 @@
 //! - [`harness`]: what starts, wires and stops them: the single-node [`Testbed`], the
 //!   [`Fleet`], the host root, the control socket;
 //! - [`fixtures`]: plain data: the host fixtures, the image catalog, the packages;
+//! - [`control`]: the control commands (`testbed ctl`, [`Testbed::control`]) as types;
 //! - [`bench`]: `testbed bench`.
 //!
 //! The contract every component follows is written down in `docs/testbed.md`.
 
 pub mod bench;
+pub mod control;
 pub mod fakes;
 pub mod fixtures;
 pub mod harness;

@@ -9,6 +9,8 @@ use std::os::unix::process::CommandExt as _;
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
+use testbed::control::{Request, TestbedCmd};
+use testbed::harness::control_socket::control_client;
 use testbed::{Backend, Fleet, FleetOptions, Options, Testbed};
 
 /// The streamd testbed: a private dbus-daemon, a fake rpm-ostreed and a fake Kubernetes API
@@ -235,18 +237,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
             fail_finalize,
             node,
         } => {
-            let mut cmd = serde_json::json!({"target": "testbed", "cmd": "reboot", "fail-finalize": fail_finalize});
-            if let Some(node) = node {
-                cmd["node"] = serde_json::json!(node);
-            }
-            let reply = testbed::harness::control_socket::control_client(&dir, &cmd).await?;
+            let cmd = Request {
+                command: TestbedCmd::Reboot { fail_finalize }.into(),
+                node,
+            };
+            let reply = control_client(&dir, &cmd).await?;
             println!("{}", serde_json::to_string_pretty(&reply)?);
             Ok(())
         }
         Command::Ctl { dir, json } => {
             let cmd: serde_json::Value =
                 serde_json::from_str(&json).context("the command is not JSON")?;
-            let reply = testbed::harness::control_socket::control_client(&dir, &cmd).await?;
+            let cmd: Request = serde_json::from_value(cmd).context("not a control command")?;
+            let reply = control_client(&dir, &cmd).await?;
             println!("{}", serde_json::to_string_pretty(&reply)?);
             Ok(())
         }

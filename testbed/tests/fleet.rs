@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use testbed::control::{ApiServerCmd, TestbedCmd};
 use testbed::{Fleet, FleetOptions};
 
 const PREFIX: &str = "osstream.openshift.io/";
@@ -111,10 +112,7 @@ async fn each_node_runs_its_own_streamd_moves_and_reboots_on_its_own() {
         assert_eq!(node_ready(&fleet, &node), "True");
     }
     // Each agent authenticated as its own node.
-    let stats = fleet
-        .control(&json!({"target": "apiserver", "cmd": "stats"}))
-        .await
-        .expect("stats");
+    let stats = fleet.control(ApiServerCmd::STATS).await.expect("stats");
     for node in fleet.nodes() {
         assert!(
             stats["by_user"][format!("system:node:{node}")]["patch"].as_u64() >= Some(1),
@@ -122,7 +120,7 @@ async fn each_node_runs_its_own_streamd_moves_and_reboots_on_its_own() {
         );
     }
     fleet
-        .control(&json!({"target": "apiserver", "cmd": "reset-unavailable"}))
+        .control(ApiServerCmd::ResetUnavailable)
         .await
         .expect("reset");
 
@@ -165,7 +163,7 @@ async fn each_node_runs_its_own_streamd_moves_and_reboots_on_its_own() {
         assert_eq!(annotation(&fleet, other, "state").as_deref(), Some("Idle"));
     }
     let record = fleet
-        .control(&json!({"target": "apiserver", "cmd": "unavailable"}))
+        .control(ApiServerCmd::Unavailable)
         .await
         .expect("record");
     assert_eq!(record["max"], 1, "{record}");
@@ -182,7 +180,12 @@ async fn each_node_runs_its_own_streamd_moves_and_reboots_on_its_own() {
     let pid = fleet.streamd_pid("worker-2").await.expect("pid");
     let before = boot_id(&fleet, "worker-2");
     let reboot = fleet
-        .control(&json!({"target": "testbed", "cmd": "reboot", "node": "worker-2"}))
+        .control(
+            TestbedCmd::Reboot {
+                fail_finalize: false,
+            }
+            .on("worker-2"),
+        )
         .await
         .expect("reboot");
     assert_eq!(reboot["applied"], false, "nothing was staged: {reboot}");
@@ -190,7 +193,7 @@ async fn each_node_runs_its_own_streamd_moves_and_reboots_on_its_own() {
     let new_pid = fleet.streamd_pid("worker-2").await.expect("pid");
     assert!(new_pid.is_some() && new_pid != pid, "{pid:?} → {new_pid:?}");
     let record = fleet
-        .control(&json!({"target": "apiserver", "cmd": "unavailable"}))
+        .control(ApiServerCmd::Unavailable)
         .await
         .expect("record");
     assert!(

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::json;
+use testbed::control::{InhibitMode, Inhibitor, LogindCmd, RpmOstreedCmd};
 use testbed::fakes::rpmostreed::{FakeRpmOstreed, RpmOstreedConfig};
 use testbed::fixtures::images::{DEFAULT_REGISTRY, TestImage, catalog};
 use testbed::fixtures::{self, Fixture};
@@ -172,11 +173,11 @@ impl Env {
         &self.images[1]
     }
 
-    async fn control(&self, cmd: serde_json::Value) -> serde_json::Value {
+    async fn control(&self, cmd: RpmOstreedCmd) -> serde_json::Value {
         self.fake
             .as_ref()
             .expect("fake running")
-            .control(&cmd)
+            .control(cmd)
             .await
             .expect("control command")
     }
@@ -895,7 +896,7 @@ async fn rebase_transaction_stages_a_locked_deployment() {
     let path = prop(&env.client, SYSROOT_PATH, SYSROOT, "ActiveTransactionPath").await;
     assert_eq!(&*path, &Value::from(""));
 
-    let records = env.control(json!({"cmd": "transactions"})).await;
+    let records = env.control(RpmOstreedCmd::Transactions).await;
     let record = &records[0];
     assert_eq!(record["method"], "UpdateDeployment");
     assert_eq!(record["modifiers"]["set-refspec"], imgref);
@@ -906,7 +907,7 @@ async fn rebase_transaction_stages_a_locked_deployment() {
     assert_eq!(record["result"], json!({"ok": true, "message": ""}));
     assert_eq!(record["cancelled"], false);
 
-    let json = env.control(json!({"cmd": "deployments"})).await;
+    let json = env.control(RpmOstreedCmd::Deployments).await;
     assert_eq!(
         json[0]["container-image-reference-digest"],
         env.rhel10().digest
@@ -919,8 +920,7 @@ async fn rebase_transaction_stages_a_locked_deployment() {
 #[tokio::test]
 async fn busy_error_and_joining() {
     let env = Env::new().await;
-    env.control(json!({"cmd": "hold-foreign", "on": true}))
-        .await;
+    env.control(RpmOstreedCmd::HoldForeign { on: true }).await;
     assert_eq!(env.active_transaction().await.0, "Upgrade");
     let modifiers = rebase_to(env.rhel10());
     let options = Dict::new();
@@ -936,8 +936,7 @@ async fn busy_error_and_joining() {
     let path = prop(&env.client, SYSROOT_PATH, SYSROOT, "ActiveTransactionPath").await;
     let mut watcher = Peer::connect(&String::try_from(path).expect("s")).await;
     assert!(!watcher.start().await, "someone else started it");
-    env.control(json!({"cmd": "hold-foreign", "on": false}))
-        .await;
+    env.control(RpmOstreedCmd::HoldForeign { on: false }).await;
     assert_eq!(
         watcher.until_finished().await.finished,
         Some((true, String::new()))
@@ -946,7 +945,7 @@ async fn busy_error_and_joining() {
     env.wait_idle().await;
 
     // An identical request joins the running transaction.
-    env.control(json!({"cmd": "slow", "ms": 400})).await;
+    env.control(RpmOstreedCmd::Slow { ms: 400 }).await;
     let addr = update_deployment(&env.client, &modifiers, &options)
         .await
         .expect("UpdateDeployment");
@@ -978,7 +977,7 @@ async fn busy_error_and_joining() {
     );
     drop((first, second));
     env.wait_idle().await;
-    let records = env.control(json!({"cmd": "transactions"})).await;
+    let records = env.control(RpmOstreedCmd::Transactions).await;
     let ok: Vec<_> = records
         .as_array()
         .expect("array")
@@ -1003,7 +1002,7 @@ async fn caller_leaving_before_start_drops_the_transaction() {
 
     let signals = env.rebase(&registry_ref(env.rhel10()), &Dict::new()).await;
     assert_eq!(signals.finished, Some((true, String::new())));
-    let records = env.control(json!({"cmd": "transactions"})).await;
+    let records = env.control(RpmOstreedCmd::Transactions).await;
     assert_eq!(records[0]["dropped"], true);
     assert_eq!(records[0]["started"], false);
     assert_eq!(records[1]["result"]["ok"], true);
@@ -1012,8 +1011,10 @@ async fn caller_leaving_before_start_drops_the_transaction() {
 #[tokio::test]
 async fn failures_inside_transactions() {
     let env = Env::new().await;
-    env.control(json!({"cmd": "fail-next", "message": "injected failure"}))
-        .await;
+    env.control(RpmOstreedCmd::FailNext {
+        message: "injected failure".into(),
+    })
+    .await;
     let signals = env.rebase(&registry_ref(env.rhel10()), &Dict::new()).await;
     assert_eq!(
         signals.finished,
@@ -1158,7 +1159,7 @@ async fn method_argument_errors() {
         dbus_error(os_call(&env.client, "GetDeploymentBootConfig", &("7", false)).await);
     assert_eq!(name, "org.projectatomic.rpmostreed.Error.Failed");
     assert_eq!(message, "Out of range deployment index 7, expected < 1");
-    let records = env.control(json!({"cmd": "transactions"})).await;
+    let records = env.control(RpmOstreedCmd::Transactions).await;
     let refused: Vec<&str> = records
         .as_array()
         .expect("records")
@@ -1179,7 +1180,7 @@ async fn daemon_crash_mid_transaction() {
         .get_name_owner(BUS_NAME.try_into().expect("name"))
         .await
         .expect("owner");
-    env.control(json!({"cmd": "exit-mid-transaction"})).await;
+    env.control(RpmOstreedCmd::ExitMidTransaction).await;
     let modifiers = rebase_to(env.rhel10());
     let addr = update_deployment(&env.client, &modifiers, &Dict::new())
         .await
@@ -1208,7 +1209,7 @@ async fn daemon_crash_mid_transaction() {
     assert_eq!(env.deployments().await.len(), 1, "nothing was staged");
     assert_eq!(env.active_transaction().await.0, "");
     assert_eq!(
-        env.control(json!({"cmd": "transactions"})).await[0]["crashed"],
+        env.control(RpmOstreedCmd::Transactions).await[0]["crashed"],
         true
     );
     // The restarted daemon works.
@@ -1247,7 +1248,7 @@ async fn cleanup_cancel_and_restart() {
     assert!(bool_of(&env.deployments().await[0], "pinned"));
 
     // Cancel stops a running transaction before it stages anything.
-    env.control(json!({"cmd": "slow", "ms": 5000})).await;
+    env.control(RpmOstreedCmd::Slow { ms: 5000 }).await;
     let modifiers = rebase_to(env.rhel10());
     let addr = update_deployment(&env.client, &modifiers, &Dict::new())
         .await
@@ -1305,10 +1306,14 @@ async fn finalize_deployment_checks_and_reboots() {
     // Checksum, then inhibitors, then the lock (finalize_deployment_transaction_execute):
     // a block inhibitor is reported even for an unlocked deployment.
     logind
-        .control(
-            &json!({"cmd": "inhibit", "what": "shutdown", "who": "early",
-            "why": "first", "mode": "block"}),
-        )
+        .control(LogindCmd::Inhibit(Inhibitor {
+            what: "shutdown".into(),
+            who: "early".into(),
+            why: "first".into(),
+            mode: InhibitMode::Block,
+            uid: 0,
+            pid: 0,
+        }))
         .await
         .expect("inhibit");
     assert_eq!(
@@ -1321,7 +1326,9 @@ async fn finalize_deployment_checks_and_reboots() {
     );
     env.wait_idle().await;
     logind
-        .control(&json!({"cmd": "release", "who": "early"}))
+        .control(LogindCmd::Release {
+            who: "early".into(),
+        })
         .await
         .expect("release");
 
@@ -1357,10 +1364,19 @@ async fn finalize_deployment_checks_and_reboots() {
     );
     env.wait_idle().await;
     // A block-mode shutdown inhibitor stops it with rpm-ostree's message; a delay one does not.
-    for (who, mode) in [("backup", "block"), ("updater", "delay")] {
+    for (who, mode) in [
+        ("backup", InhibitMode::Block),
+        ("updater", InhibitMode::Delay),
+    ] {
         logind
-            .control(&json!({"cmd": "inhibit", "what": "shutdown", "who": who,
-                "why": "busy", "mode": mode}))
+            .control(LogindCmd::Inhibit(Inhibitor {
+                what: "shutdown".into(),
+                who: who.to_string(),
+                why: "busy".into(),
+                mode,
+                uid: 0,
+                pid: 0,
+            }))
             .await
             .expect("inhibit");
     }
@@ -1376,7 +1392,9 @@ async fn finalize_deployment_checks_and_reboots() {
     );
     env.wait_idle().await;
     logind
-        .control(&json!({"cmd": "release", "who": "backup"}))
+        .control(LogindCmd::Release {
+            who: "backup".into(),
+        })
         .await
         .expect("release");
     assert_eq!(
@@ -1408,8 +1426,11 @@ async fn finalize_deployment_checks_and_reboots() {
 #[tokio::test]
 async fn progress_at_a_thousand_signals_per_second() {
     let env = Env::new().await;
-    env.control(json!({"cmd": "progress", "signals": 1000, "per-second": 1000}))
-        .await;
+    env.control(RpmOstreedCmd::Progress {
+        signals: 1000,
+        per_second: 1000,
+    })
+    .await;
     let modifiers = rebase_to(env.rhel10());
     let addr = update_deployment(&env.client, &modifiers, &Dict::new())
         .await
@@ -1596,7 +1617,7 @@ impl Env {
     }
 
     async fn last_record(&self) -> serde_json::Value {
-        let records = self.control(json!({"cmd": "transactions"})).await;
+        let records = self.control(RpmOstreedCmd::Transactions).await;
         records
             .as_array()
             .and_then(|r| r.last())
@@ -1981,7 +2002,7 @@ async fn testbed_start_takes_the_host_fixture() {
         "5.14.0-570.60.1.el9_6.aarch64+64k\n"
     );
     let deployments = tb
-        .control(&json!({"target": "rpmostreed", "cmd": "deployments"}))
+        .control(RpmOstreedCmd::Deployments)
         .await
         .expect("deployments");
     assert_eq!(
@@ -2003,7 +2024,7 @@ async fn testbed_start_takes_the_host_fixture() {
 #[tokio::test]
 async fn legacy_lock_file_mode_reports_the_lock_on_dbus() {
     let env = Env::new().await;
-    env.control(json!({"cmd": "legacy-lock-file", "on": true}))
+    env.control(RpmOstreedCmd::LegacyLockFile { on: true })
         .await;
     let options = dict(&[("lock-finalization", Value::from(true))]);
     assert_eq!(
@@ -2114,8 +2135,10 @@ async fn overrides_are_edited_on_the_pending_origin_and_inactive_ones_dropped() 
 #[tokio::test]
 async fn an_admin_deployed_pending_deployment_is_the_origin_but_not_staged() {
     let env = Env::with_host("layered").await;
-    env.control(json!({"cmd": "admin-deploy", "image": env.rhel9().pullspec}))
-        .await;
+    env.control(RpmOstreedCmd::AdminDeploy {
+        image: env.rhel9().pullspec.clone(),
+    })
+    .await;
     let deployments = env.deployments().await;
     assert_eq!(deployments.len(), 2);
     assert!(!bool_of(&deployments[0], "staged"));
@@ -2163,7 +2186,7 @@ async fn a_deployment_whose_image_metadata_is_lost_has_no_digest() {
     let env = Env::new().await;
     let booted = &env.deployments().await[0];
     assert!(booted.contains_key("container-image-reference-digest"));
-    env.control(json!({"cmd": "lose-image-metadata", "index": 0}))
+    env.control(RpmOstreedCmd::LoseImageMetadata { index: 0 })
         .await;
     let booted = &env.deployments().await[0];
     assert!(!booted.contains_key("container-image-reference-digest"));

@@ -9,6 +9,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use testbed::control::{ApiServerCmd, RpmOstreedCmd, SystemdCmd};
 use testbed::{Options, Testbed};
 
 pub const STATE: &str = "osstream.openshift.io/state";
@@ -220,7 +221,7 @@ impl Env {
     pub async fn annotations(&self) -> BTreeMap<String, String> {
         let v = self
             .tb
-            .control(&json!({"target": "apiserver", "cmd": "node-annotations"}))
+            .control(ApiServerCmd::NodeAnnotations)
             .await
             .expect("node-annotations");
         serde_json::from_value(v).expect("annotation map")
@@ -258,22 +259,18 @@ impl Env {
     }
 
     /// Control command to the fake rpm-ostreed.
-    pub async fn rpmostreed(&self, cmd: Value) -> Value {
-        let mut cmd = cmd;
-        cmd["target"] = json!("rpmostreed");
-        self.tb.control(&cmd).await.expect("rpmostreed control")
+    pub async fn rpmostreed(&self, cmd: RpmOstreedCmd) -> Value {
+        self.tb.control(cmd).await.expect("rpmostreed control")
     }
 
     /// Control command to the fake API server.
-    pub async fn apiserver(&self, cmd: Value) -> Value {
-        let mut cmd = cmd;
-        cmd["target"] = json!("apiserver");
-        self.tb.control(&cmd).await.expect("apiserver control")
+    pub async fn apiserver(&self, cmd: ApiServerCmd) -> Value {
+        self.tb.control(cmd).await.expect("apiserver control")
     }
 
     /// Transactions the fake rpm-ostreed recorded.
     pub async fn transactions(&self) -> Vec<Value> {
-        let v = self.rpmostreed(json!({"cmd": "transactions"})).await;
+        let v = self.rpmostreed(RpmOstreedCmd::Transactions).await;
         v.as_array().cloned().expect("transactions is a list")
     }
 
@@ -312,10 +309,7 @@ impl Env {
 
     /// The fake systemd's units (what ran in transient units so far).
     pub async fn systemd_units(&self) -> Value {
-        self.tb
-            .control(&json!({"target": "systemd", "cmd": "units"}))
-            .await
-            .expect("units")
+        self.tb.control(SystemdCmd::Units).await.expect("units")
     }
 }
 

@@ -17,6 +17,7 @@ use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
+use testbed::control::ApiServerCmd;
 use testbed::fakes::apiserver::ApiServer;
 use testbed::{Fleet, FleetOptions};
 
@@ -418,7 +419,7 @@ impl Pool {
     pub async fn max_unavailable_seen(&self) -> u64 {
         let rec = self
             .api()
-            .control(&json!({"cmd": "unavailable"}))
+            .control(ApiServerCmd::Unavailable)
             .await
             .expect("unavailable");
         rec["max"].as_u64().unwrap_or(u64::MAX)

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use streamd::cluster::protocol::STATE;
 
 use super::{cpu_ticks, status_kib};
+use crate::control::{ApiServerCmd, RpmOstreedCmd};
 use crate::fakes::apiserver::clock::unix_ms;
 use crate::harness::fleet::controller::{self, Replica, SERVICE_ACCOUNT};
 use crate::harness::fleet::{Fleet, FleetOptions};
@@ -141,9 +142,9 @@ pub async fn run(opts: &FleetBenchOptions) -> anyhow::Result<Value> {
         r.pid()?;
     }
     // The leader's start (lease, lists, watches) apart from the migration.
-    let startup = api.control(&json!({"cmd": "stats"})).await?;
-    api.control(&json!({"cmd": "reset-stats"})).await?;
-    api.control(&json!({"cmd": "reset-unavailable"})).await?;
+    let startup = api.control(ApiServerCmd::STATS).await?;
+    api.control(ApiServerCmd::ResetStats).await?;
+    api.control(ApiServerCmd::ResetUnavailable).await?;
 
     let t0_ms = unix_ms();
     let t0 = Instant::now();
@@ -163,8 +164,8 @@ pub async fn run(opts: &FleetBenchOptions) -> anyhow::Result<Value> {
     let wall_s = t0.elapsed().as_secs_f64();
     let watched = watched?;
 
-    let stats = api.control(&json!({"cmd": "stats"})).await?;
-    let record = api.control(&json!({"cmd": "unavailable"})).await?;
+    let stats = api.control(ApiServerCmd::STATS).await?;
+    let record = api.control(ApiServerCmd::Unavailable).await?;
     let cycles = unavailable_spells(&record, unix_ms());
     let pulls = pulling_transactions(&fleet).await?;
     let leader = controller::leader(api);
@@ -335,7 +336,7 @@ async fn wait_for_settled_watches(fleet: &Fleet) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut last = (0, Instant::now());
     loop {
-        let stats = fleet.apiserver().control(&json!({"cmd": "stats"})).await?;
+        let stats = fleet.apiserver().control(ApiServerCmd::STATS).await?;
         let open = stats["watches_open"][SERVICE_ACCOUNT].as_u64().unwrap_or(0);
         if open != last.0 {
             last = (open, Instant::now());
@@ -469,9 +470,7 @@ fn unavailable_spells(record: &Value, end_ms: u64) -> Vec<(String, f64)> {
 async fn pulling_transactions(fleet: &Fleet) -> anyhow::Result<Vec<(u64, u64)>> {
     let mut out = Vec::new();
     for node in fleet.nodes() {
-        let records = fleet
-            .control(&json!({"target": "rpmostreed", "cmd": "transactions", "node": node}))
-            .await?;
+        let records = fleet.control(RpmOstreedCmd::Transactions.on(node)).await?;
         for r in records.as_array().into_iter().flatten() {
             if r["pulled"] == true
                 && let (Some(a), Some(b)) = (r["started_ms"].as_u64(), r["finished_ms"].as_u64())

@@ -27,6 +27,7 @@ use streamd::cluster::protocol::{
     DESIRED_OS_IMAGE, DESIRED_STREAM, REASON, REBOOT_APPROVED, REBOOT_REQUESTED, STATE,
 };
 
+use crate::control::{ApiServerCmd, RpmOstreedCmd};
 use crate::harness::testbed::{NODE_NAME, Options, Testbed};
 
 pub mod fleet;
@@ -127,10 +128,12 @@ async fn measure(tb: &Testbed, streamd: &mut Child, opts: &BenchOptions) -> anyh
     let idle_cpu_pct = (cpu1 - cpu0) as f64 / ticks_per_s / opts.idle.as_secs_f64() * 100.0;
 
     // Progress storm: 1000 signals per second for `storm`.
-    let signals = (opts.storm.as_secs() * 1000).max(1000);
-    tb.control(
-        &json!({"target": "rpmostreed", "cmd": "progress", "signals": signals, "per-second": 1000}),
-    )
+    let signals =
+        u32::try_from((opts.storm.as_secs() * 1000).max(1000)).context("the storm is too long")?;
+    tb.control(RpmOstreedCmd::Progress {
+        signals,
+        per_second: 1000,
+    })
     .await?;
     let patches0 = requests_by(tb, STREAMD_USER)
         .await?
@@ -154,9 +157,7 @@ async fn measure(tb: &Testbed, streamd: &mut Child, opts: &BenchOptions) -> anyh
 
     // The rest of that migration: watched while staged, approved, rebooted, `Done`.
     tokio::time::sleep(STAGED_WATCH).await;
-    let a = tb
-        .control(&json!({"target": "apiserver", "cmd": "node-annotations"}))
-        .await?;
+    let a = tb.control(ApiServerCmd::NodeAnnotations).await?;
     let token = a
         .get(REBOOT_REQUESTED)
         .and_then(Value::as_str)
@@ -286,9 +287,7 @@ fn log_field<'a>(line: &'a str, key: &str) -> &'a str {
 }
 
 async fn transactions(tb: &Testbed) -> anyhow::Result<Vec<Value>> {
-    let t = tb
-        .control(&json!({"target": "rpmostreed", "cmd": "transactions"}))
-        .await?;
+    let t = tb.control(RpmOstreedCmd::Transactions).await?;
     Ok(t.as_array().cloned().unwrap_or_default())
 }
 
@@ -340,9 +339,7 @@ async fn wait_annotations(
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
-        let a = tb
-            .control(&json!({"target": "apiserver", "cmd": "node-annotations"}))
-            .await?;
+        let a = tb.control(ApiServerCmd::NodeAnnotations).await?;
         if pred(&a) {
             return Ok(());
         }
@@ -354,9 +351,7 @@ async fn wait_annotations(
 }
 
 async fn requests_by(tb: &Testbed, user: &str) -> anyhow::Result<HashMap<String, u64>> {
-    let s = tb
-        .control(&json!({"target": "apiserver", "cmd": "stats"}))
-        .await?;
+    let s = tb.control(ApiServerCmd::STATS).await?;
     Ok(serde_json::from_value(s["by_user"][user].clone()).unwrap_or_default())
 }
 

@@ -22,6 +22,7 @@ use zbus::fdo::DBusProxy;
 use zbus::message::Header;
 use zbus::{Connection, interface};
 
+use crate::control::BootcCmd;
 use crate::fakes::apiserver::clock::format_rfc3339;
 use crate::fakes::bus::Bus;
 use crate::fakes::rpmostreed::FakeRpmOstreed;
@@ -277,59 +278,35 @@ impl FakeBootc {
         &self.program
     }
 
-    /// Control commands: `{"cmd":"version","version":"1.2.0"}` makes the fake behave as that
-    /// release (flags and JSON shape) → `{"version":…}`; `{"cmd":"version"}` only reads it.
-    /// `{"cmd":"fail-next-switch","message":M}`: the next `bootc switch` fails while pulling,
-    /// as bootc reports it (`error: Switching: Pulling: M` on stderr, exit 1) → `{}`.
-    /// `{"cmd":"delay-next-switch","ms":N}`: the next `bootc switch` pulls for N ms before it
-    /// stages (a slow registry), so its unit can outlive the caller's timeout → `{}`.
-    /// `{"cmd":"pause-after-next-switch","ms":N}`: the next `bootc switch` that stages waits N ms
-    /// after staging before it exits (the time a real one takes to print and exit, stretched),
-    /// so a reboot can be injected while the new stage is on disk and the command still runs
-    /// → `{}`.
-    /// `{"cmd":"fail-next-upgrade","message":M}`: the next `bootc upgrade` that pulls (not
-    /// `--from-downloaded`) fails as a broken pull does (`error: Upgrading: Pulling: M`) → `{}`.
-    pub fn control(&self, cmd: &Json) -> anyhow::Result<Json> {
-        match cmd.get("cmd").and_then(Json::as_str) {
-            Some("version") => {
+    /// Runs one control command (see `docs/testbed.md`): `version` makes the fake behave as
+    /// that release (flags and JSON shape), or only reads it, → `{"version":…}`; the others
+    /// arm a one-shot knob for the next `bootc switch` or `bootc upgrade` → `{}`.
+    pub fn control(&self, cmd: BootcCmd) -> anyhow::Result<Json> {
+        match cmd {
+            BootcCmd::Version { version } => {
                 let mut current = self.version.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(v) = cmd.get("version") {
-                    let text = v.as_str().context("\"version\" must be a string")?;
-                    *current = Version::parse(text)
+                if let Some(text) = version {
+                    *current = Version::parse(&text)
                         .with_context(|| format!("bootc version {text:?} is not X.Y.Z"))?;
                 }
-                Ok(json!({ "version": current.to_string() }))
+                return Ok(json!({ "version": current.to_string() }));
             }
-            Some("fail-next-switch") => arm(&self.fail_next_switch, cmd),
-            Some("fail-next-upgrade") => arm(&self.fail_next_upgrade, cmd),
-            Some("delay-next-switch") => arm_ms(&self.delay_next_switch, cmd),
-            Some("pause-after-next-switch") => arm_ms(&self.pause_after_next_switch, cmd),
-            other => anyhow::bail!(
-                "unknown bootc command {other:?} (version, fail-next-switch, delay-next-switch, \
-                 pause-after-next-switch, fail-next-upgrade)"
-            ),
+            BootcCmd::FailNextSwitch { message } => arm(&self.fail_next_switch, message),
+            BootcCmd::FailNextUpgrade { message } => arm(&self.fail_next_upgrade, message),
+            BootcCmd::DelayNextSwitch { ms } => {
+                arm(&self.delay_next_switch, Duration::from_millis(ms))
+            }
+            BootcCmd::PauseAfterNextSwitch { ms } => {
+                arm(&self.pause_after_next_switch, Duration::from_millis(ms))
+            }
         }
+        Ok(json!({}))
     }
 }
 
-/// Arms a one-shot failure knob with the command's `"message"`.
-fn arm(knob: &Mutex<Option<String>>, cmd: &Json) -> anyhow::Result<Json> {
-    let message = cmd
-        .get("message")
-        .and_then(Json::as_str)
-        .context("\"message\" must be a string")?;
-    *knob.lock().unwrap_or_else(|p| p.into_inner()) = Some(message.to_string());
-    Ok(json!({}))
-}
-
-/// Arms a one-shot wait with the command's `"ms"`.
-fn arm_ms(knob: &Mutex<Option<Duration>>, cmd: &Json) -> anyhow::Result<Json> {
-    let ms = cmd
-        .get("ms")
-        .and_then(Json::as_u64)
-        .context("\"ms\" must be a number")?;
-    *knob.lock().unwrap_or_else(|p| p.into_inner()) = Some(Duration::from_millis(ms));
-    Ok(json!({}))
+/// Arms a one-shot knob with `value`.
+fn arm<T>(knob: &Mutex<Option<T>>, value: T) {
+    *knob.lock().unwrap_or_else(|p| p.into_inner()) = Some(value);
 }
 
 impl Drop for FakeBootc {

@@ -7,12 +7,12 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use anyhow::{Context as _, bail};
-use serde::{Deserialize, Serialize};
+use anyhow::Context as _;
 use serde_json::{Value as Json, json};
 use tracing::info;
 use zbus::{Connection, interface};
 
+use crate::control::{InhibitMode, Inhibitor, LogindCmd};
 use crate::fakes::dbus_error::NamedError;
 
 /// logind's well-known bus name.
@@ -23,25 +23,6 @@ const BLOCKED: &str = "org.freedesktop.login1.BlockedByInhibitorLock";
 
 /// Records a requested reboot in the host model.
 pub type RebootHook = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
-
-/// One inhibitor lock, as `ListInhibitors` returns it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Inhibitor {
-    /// Colon-separated: `shutdown`, `sleep`, `idle`, …
-    pub what: String,
-    /// The program holding it.
-    pub who: String,
-    /// Its reason.
-    pub why: String,
-    /// `block`, `block-weak` or `delay`.
-    pub mode: String,
-    /// Holder's uid.
-    #[serde(default)]
-    pub uid: u32,
-    /// Holder's pid.
-    #[serde(default)]
-    pub pid: u32,
-}
 
 struct Shared {
     inhibitors: Mutex<Vec<Inhibitor>>,
@@ -83,36 +64,24 @@ impl FakeLogind {
         Ok(FakeLogind { shared, conn })
     }
 
-    /// Runs one control command: `inhibit` (an [`Inhibitor`]'s fields), `release` (`who`),
-    /// `inhibitors`, `reboots`.
-    pub async fn control(&self, cmd: &Json) -> anyhow::Result<Json> {
-        match cmd.get("cmd").and_then(Json::as_str) {
-            Some("inhibit") => {
-                let inhibitor: Inhibitor = serde_json::from_value(cmd.clone())
-                    .context("inhibit needs what, who, why, mode")?;
-                if !["block", "block-weak", "delay"].contains(&inhibitor.mode.as_str()) {
-                    bail!("mode must be block, block-weak or delay");
-                }
-                lock(&self.shared.inhibitors).push(inhibitor);
-                Ok(json!(lock(&self.shared.inhibitors).len()))
+    /// Runs one control command: `inhibit` (replies how many inhibitors there are), `release`
+    /// (how many it removed), `inhibitors`, `reboots`.
+    pub async fn control(&self, cmd: LogindCmd) -> anyhow::Result<Json> {
+        Ok(match cmd {
+            LogindCmd::Inhibit(inhibitor) => {
+                let mut list = lock(&self.shared.inhibitors);
+                list.push(inhibitor);
+                json!(list.len())
             }
-            Some("release") => {
-                let who = cmd
-                    .get("who")
-                    .and_then(Json::as_str)
-                    .context("release needs who")?;
+            LogindCmd::Release { who } => {
                 let mut list = lock(&self.shared.inhibitors);
                 let before = list.len();
                 list.retain(|i| i.who != who);
-                Ok(json!(before - list.len()))
+                json!(before - list.len())
             }
-            Some("inhibitors") => Ok(serde_json::to_value(&*lock(&self.shared.inhibitors))?),
-            Some("reboots") => Ok(json!(*lock(&self.shared.reboots))),
-            Some(other) => {
-                bail!("unknown logind command {other:?} (inhibit, release, inhibitors, reboots)")
-            }
-            None => bail!("control command without \"cmd\""),
-        }
+            LogindCmd::Inhibitors => serde_json::to_value(&*lock(&self.shared.inhibitors))?,
+            LogindCmd::Reboots => json!(*lock(&self.shared.reboots)),
+        })
     }
 }
 
@@ -143,7 +112,7 @@ impl ManagerIface {
                     i.what.clone(),
                     i.who.clone(),
                     i.why.clone(),
-                    i.mode.clone(),
+                    i.mode.as_str().to_string(),
                     i.uid,
                     i.pid,
                 )
@@ -155,7 +124,7 @@ impl ManagerIface {
     async fn reboot(&self, interactive: bool) -> Result<(), NamedError> {
         let blocked = lock(&self.shared.inhibitors)
             .iter()
-            .any(|i| i.mode == "block" && i.what.split(':').any(|w| w == "shutdown"));
+            .any(|i| i.mode == InhibitMode::Block && i.what.split(':').any(|w| w == "shutdown"));
         if blocked {
             return Err(NamedError::new(
                 BLOCKED,

@@ -45,6 +45,7 @@ use zbus::object_server::SignalEmitter;
 use zbus::zvariant::{ObjectPath, OwnedObjectPath, OwnedValue};
 use zbus::{Connection, interface};
 
+use crate::control::SystemdCmd;
 use crate::fakes::dbus_error::{INVALID_ARGS, NOT_SUPPORTED, NamedError};
 
 /// systemd's well-known bus name.
@@ -408,16 +409,14 @@ impl FakeSystemd {
         *lock(&self.shared.host_root) = Some(root);
     }
 
-    /// Runs one control command (`{"cmd": "units"}`, see `docs/testbed.md`).
-    pub async fn control(&self, cmd: &Json) -> anyhow::Result<Json> {
-        match cmd.get("cmd").and_then(Json::as_str) {
-            Some("units") => Ok(serde_json::to_value(&*lock(&self.shared.records))?),
-            Some("loaded") => Ok(json!(
-                lock(&self.shared.units).keys().cloned().collect::<Vec<_>>()
-            )),
-            Some(other) => anyhow::bail!("unknown systemd command {other:?} (units, loaded)"),
-            None => anyhow::bail!("control command without \"cmd\""),
-        }
+    /// Runs one control command (see `docs/testbed.md`).
+    pub async fn control(&self, cmd: SystemdCmd) -> anyhow::Result<Json> {
+        Ok(match cmd {
+            SystemdCmd::Units => serde_json::to_value(&*lock(&self.shared.records))?,
+            SystemdCmd::Loaded => {
+                json!(lock(&self.shared.units).keys().cloned().collect::<Vec<_>>())
+            }
+        })
     }
 }
 

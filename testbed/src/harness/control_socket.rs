@@ -9,10 +9,13 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::warn;
 
-/// Serves `DIR/control.sock`: one JSON command per line, answered by `handle`.
+use crate::control::Request;
+
+/// Serves `DIR/control.sock`: one JSON command per line, parsed into a [`Request`] and
+/// answered by `handle`.
 pub(crate) fn serve_control<F, Fut>(path: &Path, handle: F) -> anyhow::Result<()>
 where
-    F: Fn(Value) -> Fut + Send + Sync + 'static,
+    F: Fn(Request) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = anyhow::Result<Value>> + Send + 'static,
 {
     let _ = std::fs::remove_file(path);
@@ -37,16 +40,19 @@ where
 
 async fn control_session<F, Fut>(stream: UnixStream, handle: &F) -> anyhow::Result<()>
 where
-    F: Fn(Value) -> Fut,
+    F: Fn(Request) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<Value>>,
 {
     let (r, mut w) = stream.into_split();
     let mut lines = BufReader::new(r).lines();
     while let Some(line) = lines.next_line().await? {
         let reply = match serde_json::from_str::<Value>(&line) {
-            Ok(cmd) => match handle(cmd).await {
-                Ok(result) => json!({ "ok": true, "result": result }),
-                Err(e) => json!({ "ok": false, "error": format!("{e:#}") }),
+            Ok(cmd) => match serde_json::from_value::<Request>(cmd) {
+                Ok(request) => match handle(request).await {
+                    Ok(result) => json!({ "ok": true, "result": result }),
+                    Err(e) => json!({ "ok": false, "error": format!("{e:#}") }),
+                },
+                Err(e) => json!({ "ok": false, "error": format!("not a control command: {e}") }),
             },
             Err(e) => json!({ "ok": false, "error": format!("not JSON: {e}") }),
         };
@@ -56,13 +62,14 @@ where
 }
 
 /// Sends one command to a testbed's control socket (what `testbed ctl` does).
-pub async fn control_client(dir: &Path, cmd: &Value) -> anyhow::Result<Value> {
+pub async fn control_client(dir: &Path, cmd: &Request) -> anyhow::Result<Value> {
     let path = dir.join("control.sock");
     let stream = UnixStream::connect(&path)
         .await
         .with_context(|| format!("connecting to {} (is the testbed up?)", path.display()))?;
     let (r, mut w) = stream.into_split();
-    w.write_all(format!("{cmd}\n").as_bytes()).await?;
+    let line = serde_json::to_string(cmd).context("serializing the command")?;
+    w.write_all(format!("{line}\n").as_bytes()).await?;
     let mut lines = BufReader::new(r).lines();
     let line = lines
         .next_line()

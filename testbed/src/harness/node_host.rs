@@ -5,10 +5,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
 use super::testbed::Backend;
+use crate::control::Command;
 use crate::fakes::bootc::FakeBootc;
 use crate::fakes::bus::Bus;
 use crate::fakes::logind::FakeLogind;
@@ -243,14 +244,16 @@ impl NodeHost {
     }
 
     /// Runs a control command for one of the host's fakes (`target` rpmostreed, systemd,
-    /// logind or bootc); `None` for other targets.
-    pub(crate) async fn control(&self, cmd: &Value) -> Option<anyhow::Result<Value>> {
-        Some(match cmd.get("target").and_then(Value::as_str) {
-            Some("rpmostreed") => self.rpmostreed.control(cmd).await,
-            Some("systemd") => self.systemd.control(cmd).await,
-            Some("logind") => self.logind.control(cmd).await,
-            Some("bootc") => self.bootc.control(cmd),
-            _ => return None,
-        })
+    /// logind or bootc).
+    pub(crate) async fn control(&self, cmd: Command) -> anyhow::Result<Value> {
+        match cmd {
+            Command::Rpmostreed(cmd) => self.rpmostreed.control(cmd).await,
+            Command::Systemd(cmd) => self.systemd.control(cmd).await,
+            Command::Logind(cmd) => self.logind.control(cmd).await,
+            Command::Bootc(cmd) => self.bootc.control(cmd),
+            Command::Testbed(_) | Command::Apiserver(_) => {
+                bail!("{cmd:?} is not for a node's host (rpmostreed, systemd, logind, bootc)")
+            }
+        }
     }
 }

@@ -11,6 +11,7 @@ use serde_json::Value;
 use super::cluster::{image_env, prepare_cluster, start_registry, write_env};
 use super::control_socket::serve_control;
 use super::node_host::{HostSetup, NodeHost};
+use crate::control::{Command, Request, TestbedCmd};
 use crate::fakes::apiserver::{ApiServer, ApiServerConfig};
 use crate::fakes::bus::Bus;
 use crate::fakes::registry::Registry;
@@ -115,7 +116,7 @@ impl Testbed {
             let c = control.upgrade();
             async move {
                 let c = c.context("the testbed has stopped")?;
-                dispatch(&c, &cmd).await
+                dispatch(&c, cmd).await
             }
         })?;
         write_env(&dir, &env)?;
@@ -158,34 +159,22 @@ impl Testbed {
         self.inner.host.reboot(fail_finalize).await
     }
 
-    /// Runs one control command (the same JSON as on `DIR/control.sock`).
-    pub async fn control(&self, cmd: &Value) -> anyhow::Result<Value> {
-        dispatch(&self.inner, cmd).await
+    /// Runs one control command (what `DIR/control.sock` takes as JSON).
+    pub async fn control(&self, cmd: impl Into<Request>) -> anyhow::Result<Value> {
+        dispatch(&self.inner, cmd.into()).await
     }
 }
 
-/// Reads the `"fail-finalize"` flag of a reboot command.
-pub(crate) fn fail_finalize_flag(cmd: &Value) -> anyhow::Result<bool> {
-    Ok(cmd
-        .get("fail-finalize")
-        .map(|v| v.as_bool().context("\"fail-finalize\" must be a boolean"))
-        .transpose()?
-        .unwrap_or(false))
-}
-
-async fn dispatch(c: &Components, cmd: &Value) -> anyhow::Result<Value> {
-    match cmd.get("target").and_then(Value::as_str) {
-        Some("testbed") => match cmd.get("cmd").and_then(Value::as_str) {
-            Some("reboot") => c.host.reboot(fail_finalize_flag(cmd)?).await,
-            other => bail!("unknown testbed command {other:?} (reboot)"),
-        },
-        Some("apiserver") => c.apiserver.control(cmd).await,
-        Some(other) => match c.host.control(cmd).await {
-            Some(result) => result,
-            None => bail!(
-                "unknown control target {other:?} (testbed, rpmostreed, apiserver, systemd, logind, bootc)"
-            ),
-        },
-        None => bail!("control command without \"target\""),
+/// Runs `request` on the single node; its `node` is ignored.
+async fn dispatch(c: &Components, request: Request) -> anyhow::Result<Value> {
+    match request.command {
+        Command::Testbed(TestbedCmd::Reboot { fail_finalize }) => {
+            c.host.reboot(fail_finalize).await
+        }
+        Command::Testbed(other) => {
+            bail!("{other:?} is a fleet command (the single-node testbed has reboot)")
+        }
+        Command::Apiserver(cmd) => c.apiserver.control(cmd).await,
+        host => c.host.control(host).await,
     }
 }

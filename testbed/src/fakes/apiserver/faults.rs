@@ -4,12 +4,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::bail;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::clock::unix_ms;
 use super::status::ApiError;
+use crate::control::Fault;
 
 /// At most this many injected faults are remembered (a runaway client must not grow memory).
 const MAX_INJECTED: usize = 10_000;
@@ -23,20 +24,11 @@ struct Scope {
 }
 
 impl Scope {
-    fn parse(cmd: &Value) -> anyhow::Result<Self> {
-        let field = |name: &str| -> anyhow::Result<Option<String>> {
-            match cmd.get(name) {
-                None => Ok(None),
-                Some(v) => v
-                    .as_str()
-                    .map(|s| Some(s.to_string()))
-                    .with_context(|| format!("{name:?} must be a string")),
-            }
-        };
-        Ok(Scope {
-            user: field("user")?,
-            verb: field("verb")?,
-        })
+    fn new(user: &Option<String>, verb: &Option<String>) -> Self {
+        Scope {
+            user: user.clone(),
+            verb: verb.clone(),
+        }
     }
 
     fn matches(&self, user: &str, verb: &str) -> bool {
@@ -95,15 +87,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn count(cmd: &Value, field: &str, default: u64) -> anyhow::Result<u64> {
-    match cmd.get(field) {
-        None => Ok(default),
-        Some(v) => v
-            .as_u64()
-            .with_context(|| format!("{field:?} must be a non-negative integer")),
-    }
-}
-
 impl Faults {
     pub(crate) fn new() -> Self {
         Faults {
@@ -121,55 +104,49 @@ impl Faults {
 
     /// Applies one `fault` command and returns the resulting fault state. Bad input is an error
     /// and changes nothing.
-    pub(crate) fn apply(&self, cmd: &Value) -> anyhow::Result<Value> {
-        let kind = cmd
-            .get("kind")
-            .and_then(Value::as_str)
-            .ok_or_else(|| anyhow!("fault needs a \"kind\""))?;
-        match kind {
-            "drop-watches" => {
+    pub(crate) fn apply(&self, fault: &Fault) -> anyhow::Result<Value> {
+        match fault {
+            Fault::DropWatches => {
                 self.drop_watches.send_modify(|n| *n += 1);
             }
-            "gone" => self.gone.store(count(cmd, "count", 1)?, Ordering::SeqCst),
-            "throttle" => {
-                let retry_after = count(cmd, "retry_after", 1)?;
-                let throttle = Counted {
-                    left: count(cmd, "count", 1)?,
-                    scope: Scope::parse(cmd)?,
-                };
+            Fault::Gone { count } => self.gone.store(*count, Ordering::SeqCst),
+            Fault::Throttle {
+                count,
+                retry_after,
+                user,
+                verb,
+            } => {
                 let mut knobs = lock(&self.knobs);
-                knobs.retry_after = retry_after;
-                knobs.throttle = throttle;
+                knobs.retry_after = *retry_after;
+                knobs.throttle = Counted {
+                    left: *count,
+                    scope: Scope::new(user, verb),
+                };
             }
-            "error" => {
-                let code = count(cmd, "code", 500)?;
-                if code != 500 && code != 503 {
+            Fault::Error {
+                count,
+                code,
+                user,
+                verb,
+            } => {
+                if *code != 500 && *code != 503 {
                     bail!("\"code\" must be 500 or 503, not {code}");
                 }
-                let errors = Counted {
-                    left: count(cmd, "count", 1)?,
-                    scope: Scope::parse(cmd)?,
-                };
                 let mut knobs = lock(&self.knobs);
-                knobs.error_code = code as u16;
-                knobs.errors = errors;
+                knobs.error_code = *code;
+                knobs.errors = Counted {
+                    left: *count,
+                    scope: Scope::new(user, verb),
+                };
             }
-            "delay" => {
-                let ms = cmd
-                    .get("ms")
-                    .and_then(Value::as_u64)
-                    .ok_or_else(|| anyhow!("delay needs \"ms\""))?;
-                let scope = Scope::parse(cmd)?;
-                lock(&self.knobs).delay = (ms > 0).then(|| (Duration::from_millis(ms), scope));
+            Fault::Delay { ms, user, verb } => {
+                let scope = Scope::new(user, verb);
+                lock(&self.knobs).delay = (*ms > 0).then(|| (Duration::from_millis(*ms), scope));
             }
-            "refuse" => {
-                let on = cmd
-                    .get("on")
-                    .and_then(Value::as_bool)
-                    .ok_or_else(|| anyhow!("refuse needs \"on\": true|false"))?;
-                self.refuse.send_replace(on);
+            Fault::Refuse { on } => {
+                self.refuse.send_replace(*on);
             }
-            "clear" => {
+            Fault::Clear => {
                 self.gone.store(0, Ordering::SeqCst);
                 *lock(&self.knobs) = Knobs {
                     retry_after: 1,
@@ -178,9 +155,8 @@ impl Faults {
                 };
                 self.refuse.send_replace(false);
             }
-            other => bail!("unknown fault kind {other:?}"),
         }
-        tracing::info!(kind, state = %self.state(), "apiserver fault set");
+        tracing::info!(fault = ?fault, state = %self.state(), "apiserver fault set");
         Ok(self.state())
     }
 
@@ -280,11 +256,19 @@ impl Faults {
 mod tests {
     use super::*;
 
+    /// Parses `cmd` as the control socket does, then applies it.
+    fn apply(f: &Faults, cmd: Value) -> anyhow::Result<Value> {
+        f.apply(&serde_json::from_value(cmd)?)
+    }
+
     #[test]
     fn scoped_counted_faults_hit_only_matching_requests() {
         let f = Faults::new();
-        f.apply(&json!({"kind": "error", "count": 2, "code": 503, "user": "u", "verb": "patch"}))
-            .unwrap();
+        apply(
+            &f,
+            json!({"kind": "error", "count": 2, "code": 503, "user": "u", "verb": "patch"}),
+        )
+        .unwrap();
         assert!(f.take_error("admin", "patch").is_none(), "other user");
         assert!(f.take_error("u", "get").is_none(), "other verb");
         assert_eq!(f.take_error("u", "patch").map(|e| e.code), Some(503));
@@ -298,16 +282,18 @@ mod tests {
     #[test]
     fn throttle_and_delay_scopes() {
         let f = Faults::new();
-        f.apply(&json!({"kind": "throttle", "count": 1, "retry_after": 3, "verb": "watch"}))
-            .unwrap();
+        apply(
+            &f,
+            json!({"kind": "throttle", "count": 1, "retry_after": 3, "verb": "watch"}),
+        )
+        .unwrap();
         assert_eq!(f.take_throttle("u", "list"), None);
         assert_eq!(f.take_throttle("u", "watch"), Some(3));
         assert_eq!(f.take_throttle("u", "watch"), None);
-        f.apply(&json!({"kind": "delay", "ms": 5, "user": "u"}))
-            .unwrap();
+        apply(&f, json!({"kind": "delay", "ms": 5, "user": "u"})).unwrap();
         assert_eq!(f.delay("u", "get"), Some(Duration::from_millis(5)));
         assert_eq!(f.delay("v", "get"), None);
-        f.apply(&json!({"kind": "clear"})).unwrap();
+        apply(&f, json!({"kind": "clear"})).unwrap();
         assert_eq!(f.delay("u", "get"), None);
     }
 
@@ -322,7 +308,7 @@ mod tests {
             json!({"kind": "delay", "ms": 5, "verb": ["patch"]}),
             json!({"kind": "nonsense"}),
         ] {
-            assert!(f.apply(&bad).is_err(), "{bad}");
+            assert!(apply(&f, bad.clone()).is_err(), "{bad}");
         }
         assert_eq!(f.state(), before);
     }

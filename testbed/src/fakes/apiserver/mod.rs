@@ -41,6 +41,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
+use crate::control::{ApiServerCmd, Fault};
+
 use availability::Availability;
 use discovery::{CUSTOMRESOURCEDEFINITIONS, NODES, Served};
 use faults::Faults;
@@ -243,112 +245,83 @@ impl ApiServer {
         &self.url
     }
 
-    /// Runs one control command (the `cmd` field of a control-socket request):
-    ///
-    /// - `{"cmd":"stats"}` → `{"total":N,"by_user":{user:{verb:n}}}` (optionally only within
-    ///   `since_ms`..`until_ms`, Unix milliseconds); `{"cmd":"reset-stats"}` → `{}`;
-    ///   `{"cmd":"requests"}` → `[{"at_ms","user","verb"}]`; `{"cmd":"injected-faults"}` →
-    ///   `[{"at_ms","kind","user","verb","code"}]`
-    /// - `{"cmd":"fault","kind":K,…}` → the resulting fault state. `K` is one of
-    ///   `drop-watches` (end every open watch now), `gone` (`count`: the next watches get a
-    ///   410 `ERROR` event; the history is compacted too), `throttle` (`count`,
-    ///   `retry_after`: 429 with `Retry-After`), `error` (`count`, `code` 500 or 503),
-    ///   `delay` (`ms`, 0 to stop), `refuse` (`on`: the port is closed and open connections
-    ///   are cut; returns once that is so) or `clear`. `throttle`, `error` and `delay` apply
-    ///   to the requests of anyone, or only to those of `user` and/or `verb` if given.
-    /// - `{"cmd":"serve-osimagestreams","version":V}` with `V` `"v1"` (OpenShift 4.23 and
-    ///   later, the default), `"v1alpha1"` (4.21 and 4.22 with a no-upgrade feature set) or
-    ///   `null` (before 4.21, or without the feature set): discovery, the resource paths and
-    ///   the objects' `apiVersion` follow; open watches on a version no longer served end
-    ///   (as when a CRD version is removed); the stored object is kept → `{}`
-    /// - `{"cmd":"get-node"}` → the Node; `{"cmd":"node-annotations"}` → its annotations
-    pub async fn control(&self, cmd: &Value) -> anyhow::Result<Value> {
-        let name = cmd
-            .get("cmd")
-            .and_then(Value::as_str)
-            .ok_or_else(|| anyhow!("control command needs a \"cmd\" string"))?;
-        match name {
-            "stats" => self.shared.stats.snapshot(cmd),
-            "requests" => Ok(self.shared.stats.requests()),
-            "injected-faults" => Ok(self.shared.faults.injected()),
-            "reset-stats" => {
+    /// Runs one control command (see `docs/testbed.md`): `stats` → `{"total":N,"by_user":…}`,
+    /// `fault` → the resulting fault state (`refuse` and `clear` return once the port is closed
+    /// or open again; `gone` compacts the history too), `serve-osimagestreams` switches the
+    /// served OSImageStream version (discovery, paths and `apiVersion` follow; open watches on a
+    /// version no longer served end; the stored object is kept), `get-node` → the Node,
+    /// `node-annotations` → its annotations.
+    pub async fn control(&self, cmd: ApiServerCmd) -> anyhow::Result<Value> {
+        Ok(match cmd {
+            ApiServerCmd::Stats { since_ms, until_ms } => {
+                self.shared.stats.snapshot(since_ms, until_ms)
+            }
+            ApiServerCmd::Requests => self.shared.stats.requests(),
+            ApiServerCmd::InjectedFaults => self.shared.faults.injected(),
+            ApiServerCmd::ResetStats => {
                 self.shared.stats.reset();
-                Ok(json!({}))
+                json!({})
             }
-            "unavailable" => Ok(self.shared.availability.snapshot()),
-            "reset-unavailable" => {
+            ApiServerCmd::Unavailable => self.shared.availability.snapshot(),
+            ApiServerCmd::ResetUnavailable => {
                 self.shared.availability.reset(&self.shared.store);
-                Ok(self.shared.availability.snapshot())
+                self.shared.availability.snapshot()
             }
-            "pod-removal" => {
-                let ms = cmd
-                    .get("delay_ms")
-                    .and_then(Value::as_u64)
-                    .context("pod-removal needs \"delay_ms\" (milliseconds)")?;
+            ApiServerCmd::PodRemoval { delay_ms } => {
                 self.shared
                     .pod_removal_delay_ms
-                    .store(ms, std::sync::atomic::Ordering::Relaxed);
-                Ok(json!({ "delay_ms": ms }))
+                    .store(delay_ms, std::sync::atomic::Ordering::Relaxed);
+                json!({ "delay_ms": delay_ms })
             }
-            "add-user" => {
-                let user = cmd
-                    .get("user")
-                    .and_then(Value::as_str)
-                    .context("add-user needs a \"user\" string")?;
-                let kubeconfig = self.add_user(user)?;
-                Ok(json!({ "kubeconfig": kubeconfig }))
+            ApiServerCmd::AddUser { user } => json!({ "kubeconfig": self.add_user(&user)? }),
+            ApiServerCmd::Fault(fault) => self.fault(&fault).await?,
+            ApiServerCmd::ServeOsimagestreams { version } => {
+                self.serve_os_image_streams(version.as_deref())?;
+                json!({})
             }
-            "fault" => {
-                let state = self.shared.faults.apply(cmd)?;
-                match cmd.get("kind").and_then(Value::as_str) {
-                    // Resuming from any resourceVersion seen so far must now also get 410.
-                    Some("gone") => self.shared.store.compact(),
-                    // Return only once the port is actually closed or open again.
-                    Some("refuse" | "clear") => {
-                        let open = state["refuse"] == false;
-                        let mut listening = self.shared.listening.subscribe();
-                        tokio::time::timeout(
-                            Duration::from_secs(10),
-                            listening.wait_for(|l| *l == open),
-                        )
-                        .await
-                        .context("the API server port did not change state")??;
-                    }
-                    _ => {}
-                }
-                Ok(state)
-            }
-            "serve-osimagestreams" => {
-                let version = match cmd.get("version") {
-                    None | Some(Value::Null) => None,
-                    Some(Value::String(v)) => Some(v.as_str()),
-                    Some(other) => bail!("serve-osimagestreams: version {other} is not a string"),
-                };
-                self.serve_os_image_streams(version)?;
-                Ok(json!({}))
-            }
-            "rotate-client-ca" => {
-                let shared = &self.shared;
-                let generation = shared
-                    .client_generation
-                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-                    + 1;
-                let verifier =
-                    pki::rotate_client_ca(&shared.pki_dir, &shared.node_name, generation)?;
-                *shared
-                    .client_verifier
-                    .write()
-                    .map_err(|_| anyhow!("client verifier lock poisoned"))? = verifier;
-                Ok(json!({ "generation": generation }))
-            }
-            "get-node" => Ok((*self.node()?).clone()),
-            "node-annotations" => Ok(self
+            ApiServerCmd::RotateClientCa => self.rotate_client_ca()?,
+            ApiServerCmd::GetNode => (*self.node()?).clone(),
+            ApiServerCmd::NodeAnnotations => self
                 .node()?
                 .pointer("/metadata/annotations")
                 .cloned()
-                .unwrap_or_else(|| json!({}))),
-            other => bail!("unknown apiserver command {other:?}"),
+                .unwrap_or_else(|| json!({})),
+        })
+    }
+
+    /// Applies `fault` and returns the fault state.
+    async fn fault(&self, fault: &Fault) -> anyhow::Result<Value> {
+        let state = self.shared.faults.apply(fault)?;
+        match fault {
+            // Resuming from any resourceVersion seen so far must now also get 410.
+            Fault::Gone { .. } => self.shared.store.compact(),
+            // Return only once the port is actually closed or open again.
+            Fault::Refuse { .. } | Fault::Clear => {
+                let open = state["refuse"] == false;
+                let mut listening = self.shared.listening.subscribe();
+                tokio::time::timeout(Duration::from_secs(10), listening.wait_for(|l| *l == open))
+                    .await
+                    .context("the API server port did not change state")??;
+            }
+            _ => {}
         }
+        Ok(state)
+    }
+
+    /// A new client CA: the kubelet's next client certificate is signed by it and only its
+    /// certificates authenticate from now on.
+    fn rotate_client_ca(&self) -> anyhow::Result<Value> {
+        let shared = &self.shared;
+        let generation = shared
+            .client_generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
+        let verifier = pki::rotate_client_ca(&shared.pki_dir, &shared.node_name, generation)?;
+        *shared
+            .client_verifier
+            .write()
+            .map_err(|_| anyhow!("client verifier lock poisoned"))? = verifier;
+        Ok(json!({ "generation": generation }))
     }
 
     /// Serves the OSImageStream CRD as `version` (`"v1"`, `"v1alpha1"`) or not at all (`None`);

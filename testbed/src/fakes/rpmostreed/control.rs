@@ -3,11 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use serde_json::{Value, json};
 use tracing::info;
 
 use super::{Daemon, lock, os};
+use crate::control::RpmOstreedCmd;
 
 /// Behaviour switches for the coming transactions.
 #[derive(Debug, Clone)]
@@ -57,121 +57,44 @@ impl Default for Knobs {
     }
 }
 
-fn u32_field(cmd: &Value, key: &str) -> anyhow::Result<u32> {
-    let n = cmd
-        .get(key)
-        .and_then(Value::as_u64)
-        .with_context(|| format!("\"{key}\" must be a non-negative integer"))?;
-    u32::try_from(n).with_context(|| format!("\"{key}\" is too large"))
-}
-
 impl Daemon {
-    /// Run one control command; see `docs/testbed.md`.
-    pub(crate) async fn control(self: &Arc<Self>, cmd: &Value) -> anyhow::Result<Value> {
-        let name = cmd
-            .get("cmd")
-            .and_then(Value::as_str)
-            .context("control command without \"cmd\"")?;
-        info!(cmd = name, "rpmostreed control command");
-        match name {
-            "fail-next" => {
-                let message = cmd
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .context("\"message\" must be a string")?;
-                lock(&self.knobs).fail_next = Some(message.to_string());
-                Ok(json!({}))
-            }
-            "hold-foreign" => {
-                let on = cmd
-                    .get("on")
-                    .and_then(Value::as_bool)
-                    .context("\"on\" must be a boolean")?;
-                self.hold_foreign(on).await?;
-                Ok(json!({}))
-            }
-            "progress" => {
-                let signals = u32_field(cmd, "signals")?;
-                let per_second = u32_field(cmd, "per-second")?;
+    /// Runs one control command; see `docs/testbed.md`.
+    pub(crate) async fn control(self: &Arc<Self>, cmd: RpmOstreedCmd) -> anyhow::Result<Value> {
+        info!(cmd = ?cmd, "rpmostreed control command");
+        match cmd {
+            RpmOstreedCmd::FailNext { message } => lock(&self.knobs).fail_next = Some(message),
+            RpmOstreedCmd::HoldForeign { on } => self.hold_foreign(on).await?,
+            RpmOstreedCmd::Progress {
+                signals,
+                per_second,
+            } => {
                 anyhow::ensure!(per_second > 0, "\"per-second\" must be positive");
                 let mut knobs = lock(&self.knobs);
                 knobs.progress_signals = signals;
                 knobs.progress_per_second = per_second;
-                Ok(json!({}))
             }
-            "slow" => {
-                let ms = cmd
-                    .get("ms")
-                    .and_then(Value::as_u64)
-                    .context("\"ms\" must be a non-negative integer")?;
-                lock(&self.knobs).slow = Duration::from_millis(ms);
-                Ok(json!({}))
-            }
-            "drop-variant-next" => {
-                lock(&self.knobs).drop_variant_next = true;
-                Ok(serde_json::json!({}))
-            }
-            "legacy-lock-file" => {
-                let on = cmd
-                    .get("on")
-                    .and_then(Value::as_bool)
-                    .context("\"on\" must be a boolean")?;
-                lock(&self.knobs).legacy_lock_file = on;
-                Ok(json!({}))
-            }
-            "deny-calls" => {
-                let on = cmd
-                    .get("on")
-                    .and_then(Value::as_bool)
-                    .context("\"on\" must be a boolean")?;
-                lock(&self.knobs).deny_calls = on;
-                Ok(json!({}))
-            }
-            "drop-peer-next" => {
-                lock(&self.knobs).drop_peer_next = true;
-                Ok(json!({}))
-            }
-            "drop-after-unlock" => {
-                lock(&self.knobs).drop_after_unlock = true;
-                Ok(json!({}))
-            }
-            "admin-deploy" => {
-                let image = cmd
-                    .get("image")
-                    .and_then(Value::as_str)
-                    .context("\"image\" must be a pullspec string")?;
-                self.admin_deploy(image).await?;
-                Ok(json!({}))
-            }
-            "lose-image-metadata" => {
-                let index = cmd
-                    .get("index")
-                    .and_then(Value::as_u64)
-                    .and_then(|i| usize::try_from(i).ok())
-                    .context("\"index\" must be a deployment index")?;
-                self.lose_image_metadata(index).await?;
-                Ok(json!({}))
-            }
-            "exit-mid-transaction" => {
-                lock(&self.knobs).exit_mid_transaction = true;
-                Ok(json!({}))
-            }
-            "transactions" => Ok(serde_json::to_value(&*lock(&self.records))?),
-            "clients" => {
+            RpmOstreedCmd::Slow { ms } => lock(&self.knobs).slow = Duration::from_millis(ms),
+            RpmOstreedCmd::DropVariantNext => lock(&self.knobs).drop_variant_next = true,
+            RpmOstreedCmd::LegacyLockFile { on } => lock(&self.knobs).legacy_lock_file = on,
+            RpmOstreedCmd::DenyCalls { on } => lock(&self.knobs).deny_calls = on,
+            RpmOstreedCmd::DropPeerNext => lock(&self.knobs).drop_peer_next = true,
+            RpmOstreedCmd::DropAfterUnlock => lock(&self.knobs).drop_after_unlock = true,
+            RpmOstreedCmd::AdminDeploy { image } => self.admin_deploy(&image).await?,
+            RpmOstreedCmd::LoseImageMetadata { index } => self.lose_image_metadata(index).await?,
+            RpmOstreedCmd::ExitMidTransaction => lock(&self.knobs).exit_mid_transaction = true,
+            RpmOstreedCmd::Transactions => return Ok(serde_json::to_value(&*lock(&self.records))?),
+            RpmOstreedCmd::Clients => {
                 let clients = lock(&self.clients);
                 let mut ids: Vec<&str> = clients
                     .values()
                     .map(|id| id.as_deref().unwrap_or(""))
                     .collect();
                 ids.sort_unstable();
-                Ok(json!(ids))
+                return Ok(json!(ids));
             }
-            "deployments" => os::deployments_json(self),
-            "reset-transactions" => {
-                lock(&self.records).clear();
-                Ok(json!({}))
-            }
-            other => Err(anyhow::anyhow!("unknown rpmostreed command \"{other}\"")),
+            RpmOstreedCmd::Deployments => return os::deployments_json(self),
+            RpmOstreedCmd::ResetTransactions => lock(&self.records).clear(),
         }
+        Ok(json!({}))
     }
 }

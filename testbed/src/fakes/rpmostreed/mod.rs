@@ -35,6 +35,7 @@ use tracing::{debug, info, warn};
 use zbus::fdo::{DBusProxy, RequestNameFlags};
 use zbus::{Connection, object_server::SignalEmitter};
 
+use crate::control::RpmOstreedCmd;
 use crate::fixtures::Fixture;
 // The fixture tests build a sysroot and check it against the host root.
 use crate::fixtures::images::TestImage;
@@ -154,8 +155,8 @@ impl FakeRpmOstreed {
         &self.daemon.sysroot
     }
 
-    /// Run one control command (`{"cmd": …}`, see `docs/testbed.md`) and return its result.
-    pub async fn control(&self, cmd: &serde_json::Value) -> anyhow::Result<serde_json::Value> {
+    /// Runs one control command (see `docs/testbed.md`) and returns its result.
+    pub async fn control(&self, cmd: RpmOstreedCmd) -> anyhow::Result<serde_json::Value> {
         self.daemon.control(cmd).await
     }
 }

@@ -20,13 +20,14 @@ use sha2::Digest as _;
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 
+use crate::control::{self, Request, TestbedCmd};
 use crate::fakes::apiserver::{ApiServer, ApiServerConfig};
 use crate::fakes::registry::Registry;
 use crate::fixtures::images::TestImage;
 use crate::harness::cluster::{image_env, prepare_cluster, start_registry, write_env};
 use crate::harness::control_socket::serve_control;
 use crate::harness::node_host::{HostSetup, NodeHost};
-use crate::harness::testbed::{self, Backend};
+use crate::harness::testbed::Backend;
 
 pub mod controller;
 
@@ -178,7 +179,7 @@ impl Fleet {
         let control = Arc::downgrade(&inner);
         serve_control(&dir.join("control.sock"), move |cmd| {
             let inner = control.upgrade();
-            async move { inner.context("the fleet has stopped")?.dispatch(&cmd).await }
+            async move { inner.context("the fleet has stopped")?.dispatch(cmd).await }
         })?;
         write_env(&dir, &env)?;
         Ok(Fleet {
@@ -330,9 +331,9 @@ impl Fleet {
         })
     }
 
-    /// Runs one control command (the same JSON as on `DIR/control.sock`).
-    pub async fn control(&self, cmd: &Value) -> anyhow::Result<Value> {
-        self.inner.dispatch(cmd).await
+    /// Runs one control command (what `DIR/control.sock` takes as JSON).
+    pub async fn control(&self, cmd: impl Into<Request>) -> anyhow::Result<Value> {
+        self.inner.dispatch(cmd.into()).await
     }
 }
 
@@ -456,42 +457,35 @@ impl Inner {
         Ok(out)
     }
 
-    async fn dispatch(&self, cmd: &Value) -> anyhow::Result<Value> {
+    async fn dispatch(&self, request: Request) -> anyhow::Result<Value> {
         let node = || {
-            let name = cmd
-                .get("node")
-                .and_then(Value::as_str)
+            let name = request
+                .node
+                .as_deref()
                 .context("this command needs a \"node\"")?;
             self.node(name)
         };
-        match cmd.get("target").and_then(Value::as_str) {
-            Some("testbed") => match cmd.get("cmd").and_then(Value::as_str) {
-                Some("reboot") => {
-                    if testbed::fail_finalize_flag(cmd)? {
+        match request.command {
+            control::Command::Testbed(cmd) => match cmd {
+                TestbedCmd::Reboot { fail_finalize } => {
+                    if fail_finalize {
                         bail!("fail-finalize is for the single-node testbed");
                     }
                     self.reboot(node()?).await
                 }
-                Some("start-streamd") => {
+                TestbedCmd::StartStreamd => {
                     self.start_streamd(node()?).await?;
                     Ok(json!({}))
                 }
-                Some("stop-streamd") => Ok(json!({ "stopped": self.stop_streamd(node()?).await? })),
-                Some("nodes") => Ok(json!(
+                TestbedCmd::StopStreamd => {
+                    Ok(json!({ "stopped": self.stop_streamd(node()?).await? }))
+                }
+                TestbedCmd::Nodes => Ok(json!(
                     self.nodes.iter().map(|n| &n.name).collect::<Vec<_>>()
                 )),
-                other => bail!(
-                    "unknown fleet command {other:?} (reboot, start-streamd, stop-streamd, nodes)"
-                ),
             },
-            Some("apiserver") => self.apiserver.control(cmd).await,
-            Some(_) => match node()?.host.control(cmd).await {
-                Some(result) => result,
-                None => bail!(
-                    "unknown control target (testbed, apiserver, rpmostreed, systemd, logind, bootc)"
-                ),
-            },
-            None => bail!("control command without \"target\""),
+            control::Command::Apiserver(cmd) => self.apiserver.control(cmd).await,
+            host => node()?.host.control(host).await,
         }
     }
 }
