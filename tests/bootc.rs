@@ -15,20 +15,15 @@ use streamd::backend::bootc::{BootcError, Client, parse_status, refusal, rpm_ost
 use testbed::control::{
     BootcCmd, InhibitMode, Inhibitor, LogindCmd, Request, SystemdCmd, TestbedCmd,
 };
+use testbed::scratch::ScratchDir;
 use testbed::{Backend, Testbed};
 
-/// A bootc testbed on `host`, a bus connection and a client; the directory goes on drop.
+/// A bootc testbed on `host`, a bus connection and a client; the directory goes last.
 struct Env {
     tb: Testbed,
     client: Client,
     conn: zbus::Connection,
-    dir: PathBuf,
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    dir: ScratchDir,
 }
 
 impl Env {

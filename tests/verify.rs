@@ -14,6 +14,7 @@ use streamd::backend::Deployment;
 use streamd::backend::KernelVariant;
 use streamd::host::verify::{Expectation, VerifyError, verify_staged};
 use testbed::fixtures::images::TestImage;
+use testbed::scratch::ScratchDir;
 use testbed::{Backend, Testbed};
 use zbus::zvariant::{self, OwnedValue, Value};
 use zbus::{Connection, MessageStream};
@@ -34,21 +35,15 @@ const KERNEL_RT: [&str; 4] = [
 
 type Dict = HashMap<String, OwnedValue>;
 
-/// A testbed on one host fixture and a system-bus client; the directory goes on drop.
+/// A testbed on one host fixture and a system-bus client; the directory goes last.
 struct Env {
     tb: Testbed,
     client: Connection,
-    dir: PathBuf,
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    dir: ScratchDir,
 }
 
 impl Env {
-    /// A testbed in `target/tmp/verify-<name>-<pid>` on the host fixture `host`.
+    /// A testbed in a scratch directory `verify-<name>` on the host fixture `host`.
     async fn new(name: &str, host: &str) -> Env {
         let dir = scratch_dir("verify", name);
         let tb = start_testbed(&dir, host, Backend::default()).await;

@@ -11,6 +11,7 @@
 //!   [`Fleet`], the host root, the control socket;
 //! - [`fixtures`]: plain data: the host fixtures, the image catalog, the packages;
 //! - [`control`]: the control commands (`testbed ctl`, [`Testbed::control`]) as types;
+//! - [`scratch`]: scratch directories for tests, short enough for the sockets inside;
 //! - [`bench`]: `testbed bench`.
 //!
 //! The contract every component follows is written down in `docs/testbed.md`.
@@ -20,6 +21,7 @@ pub mod control;
 pub mod fakes;
 pub mod fixtures;
 pub mod harness;
+pub mod scratch;
 
 pub use harness::fleet::{Fleet, FleetOptions};
 pub use harness::testbed::{Backend, NODE_NAME, Options, Testbed};

@@ -1,12 +1,12 @@
 //! The fake systemd, logind and bootc of a bootc testbed host against real clients: `busctl`,
 //! `dbus-send` (inside the fake bootc script), `setpriv` and zbus.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use futures::StreamExt as _;
 use serde_json::json;
 use testbed::control::{BootcCmd, InhibitMode, Inhibitor, LogindCmd, SystemdCmd, TestbedCmd};
+use testbed::scratch::ScratchDir;
 use testbed::{Backend, Options, Testbed};
 use zbus::zvariant::{OwnedObjectPath, Value};
 
@@ -122,23 +122,16 @@ const SYSTEMD_REFERENCE: &[(&str, &str, &str, &str)] = &[
 struct Env {
     tb: Testbed,
     conn: zbus::Connection,
-    dir: PathBuf,
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    /// Last: removed once the testbed stopped.
+    dir: ScratchDir,
 }
 
 impl Env {
     async fn new(name: &str) -> Env {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("fake-bootc-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = ScratchDir::new(&format!("fake-bootc-{name}")).expect("scratch dir");
         let tb = Testbed::start(Options {
             backend: Backend::Bootc,
-            ..Options::new(dir.clone())
+            ..Options::new(dir.to_path_buf())
         })
         .await
         .expect("testbed starts");

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use testbed::control::{ApiServerCmd, TestbedCmd};
+use testbed::scratch::ScratchDir;
 use testbed::{Fleet, FleetOptions};
 
 const PREFIX: &str = "osstream.openshift.io/";
@@ -31,10 +32,8 @@ fn streamd_bin() -> PathBuf {
     workspace_bin("streamd", "streamd")
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("testbed-fleet-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+fn scratch(name: &str) -> ScratchDir {
+    ScratchDir::new(&format!("fleet-{name}")).expect("scratch dir")
 }
 
 fn annotation(fleet: &Fleet, node: &str, key: &str) -> Option<String> {
@@ -97,7 +96,7 @@ async fn each_node_runs_its_own_streamd_moves_and_reboots_on_its_own() {
     let dir = scratch("move");
     let fleet = Fleet::start(FleetOptions {
         streamd: Some(streamd_bin()),
-        ..FleetOptions::new(&dir, 3)
+        ..FleetOptions::new(dir.to_path_buf(), 3)
     })
     .await
     .expect("fleet starts");
@@ -220,7 +219,7 @@ async fn each_node_runs_its_own_streamd_moves_and_reboots_on_its_own() {
 async fn the_fleet_bench_measures_the_real_controller() {
     let dir = scratch("bench");
     let figures = testbed::bench::fleet::run(&testbed::bench::fleet::FleetBenchOptions {
-        dir: dir.clone(),
+        dir: dir.to_path_buf(),
         nodes: 2,
         streamd: streamd_bin(),
         controller: workspace_bin("streamd-rollout", "rollout"),

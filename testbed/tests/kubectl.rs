@@ -13,6 +13,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::{Value, json};
 use testbed::control::{ApiServerCmd, Fault};
 use testbed::fakes::apiserver::ApiServer;
+use testbed::scratch::ScratchDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -21,8 +22,9 @@ const NODE_USER: &str = "system:node:worker-0";
 const STREAM_KEY: &str = "osstream.openshift.io/desired-stream";
 
 struct Env {
-    dir: PathBuf,
     server: ApiServer,
+    /// After the server: dropped once it stopped.
+    dir: ScratchDir,
 }
 
 /// A raw HTTP response.

@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt as _, Empty};
@@ -16,22 +15,15 @@ use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 use testbed::fakes::registry::{Arch, CustomImage, Entry, Registry, RegistryConfig};
 use testbed::fixtures::images::{self, TestImage};
+use testbed::scratch::ScratchDir;
 use tokio::net::TcpStream;
 use tokio::process::Command;
 
 const INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 
-fn temp_dir(name: &str) -> PathBuf {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "testbed-registry-{}-{}-{name}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn temp_dir(name: &str) -> ScratchDir {
+    ScratchDir::new(&format!("registry-{name}")).expect("scratch dir")
 }
 
 fn sha(data: &[u8]) -> String {

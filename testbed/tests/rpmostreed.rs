@@ -5,7 +5,6 @@ use std::io::{BufRead, BufReader};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -14,6 +13,7 @@ use testbed::control::{InhibitMode, Inhibitor, LogindCmd, RpmOstreedCmd};
 use testbed::fakes::rpmostreed::{FakeRpmOstreed, RpmOstreedConfig};
 use testbed::fixtures::images::{DEFAULT_REGISTRY, TestImage, catalog};
 use testbed::fixtures::{self, Fixture};
+use testbed::scratch::ScratchDir;
 use zbus::message::Message;
 use zbus::zvariant::{self, OwnedValue, Value};
 use zbus::{Connection, MessageStream};
@@ -30,28 +30,6 @@ const GIO_BUSY: &str = "org.gtk.GDBus.UnmappedGError.Quark._g_2dio_2derror_2dqua
 const WAIT: Duration = Duration::from_secs(10);
 
 type Dict = HashMap<String, OwnedValue>;
-
-/// A scratch directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> TempDir {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "rpmostreed-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&path).expect("create temp dir");
-        TempDir(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A private system-bus-like `dbus-daemon`, killed on drop.
 struct BusDaemon {
@@ -106,7 +84,7 @@ struct Env {
     images: Vec<TestImage>,
     fixture: Fixture,
     bus: BusDaemon,
-    dir: TempDir,
+    dir: ScratchDir,
 }
 
 impl Env {
@@ -116,8 +94,8 @@ impl Env {
 
     /// A fake on the host fixture `name`, with its host root written the way the testbed does.
     async fn with_host(name: &str) -> Env {
-        let dir = TempDir::new();
-        let bus = BusDaemon::start(&dir.0);
+        let dir = ScratchDir::new("rpmostreed").expect("scratch dir");
+        let bus = BusDaemon::start(&dir);
         let images = catalog(DEFAULT_REGISTRY);
         let mut env = Env {
             client: connect(&bus.address).await,
@@ -132,7 +110,7 @@ impl Env {
             .expect("start fake");
         let cmdline = fake.booted_cmdline().expect("booted cmdline");
         testbed::harness::host_root::write(
-            &env.dir.0.join("host"),
+            &env.dir.join("host"),
             "worker-0",
             &env.images[0],
             &env.fixture,
@@ -144,16 +122,16 @@ impl Env {
     }
 
     fn sysroot(&self) -> PathBuf {
-        self.dir.0.join("sysroot")
+        self.dir.join("sysroot")
     }
 
     fn config(&self) -> RpmOstreedConfig {
         RpmOstreedConfig {
             bus_address: self.bus.address.clone(),
             txn_socket: self.socket(),
-            state_dir: self.dir.0.join("state"),
-            sysroot: self.dir.0.join("sysroot"),
-            host_root: Some(self.dir.0.join("host")),
+            state_dir: self.dir.join("state"),
+            sysroot: self.dir.join("sysroot"),
+            host_root: Some(self.dir.join("host")),
             fixture: self.fixture,
             osname: "rhcos".into(),
             images: self.images.clone(),
@@ -162,7 +140,7 @@ impl Env {
     }
 
     fn socket(&self) -> PathBuf {
-        self.dir.0.join("rpm-ostree-transaction.sock")
+        self.dir.join("rpm-ostree-transaction.sock")
     }
 
     fn rhel9(&self) -> &TestImage {
@@ -1236,7 +1214,7 @@ async fn cleanup_cancel_and_restart() {
     assert!(bool_of(&deployments[0], "booted"));
 
     // Reload() picks up an edit of state.json made behind the daemon's back.
-    let state_file = env.dir.0.join("state/state.json");
+    let state_file = env.dir.join("state/state.json");
     let mut on_disk = env.state_on_disk();
     on_disk["deployments"][0]["pinned"] = json!(true);
     std::fs::write(&state_file, on_disk.to_string()).expect("write");
@@ -1580,7 +1558,7 @@ impl Env {
 
     /// libostree's `/run/ostree/staged-deployment` below the host root, decoded.
     fn staged_record(&self) -> Option<HashMap<String, OwnedValue>> {
-        let bytes = std::fs::read(self.dir.0.join("host/run/ostree/staged-deployment")).ok()?;
+        let bytes = std::fs::read(self.dir.join("host/run/ostree/staged-deployment")).ok()?;
         let ctxt = zvariant::serialized::Context::new(
             zvariant::serialized::Format::GVariant,
             zvariant::NATIVE_ENDIAN,
@@ -1592,13 +1570,13 @@ impl Env {
 
     /// The legacy `/run/ostree/staged-deployment-locked` below the host root.
     fn legacy_lock_file(&self) -> PathBuf {
-        self.dir.0.join("host/run/ostree/staged-deployment-locked")
+        self.dir.join("host/run/ostree/staged-deployment-locked")
     }
 
     /// The fake's `state/state.json` as it is on disk.
     fn state_on_disk(&self) -> serde_json::Value {
         serde_json::from_slice(
-            &std::fs::read(self.dir.0.join("state/state.json")).expect("state.json"),
+            &std::fs::read(self.dir.join("state/state.json")).expect("state.json"),
         )
         .expect("state json")
     }
@@ -1719,7 +1697,7 @@ async fn realtime_hosts_carry_el9_kernel_overrides_until_replaced() {
     assert!(booted.contains_key("base-checksum"), "layered");
     let booted_options = entry_options(&sysroot, &string_of(booted, "checksum"), serial_of(booted));
     assert!(booted_options.contains("fips=1"), "{booted_options}");
-    let cmdline = std::fs::read_to_string(env.dir.0.join("host/proc/cmdline")).expect("cmdline");
+    let cmdline = std::fs::read_to_string(env.dir.join("host/proc/cmdline")).expect("cmdline");
     assert!(cmdline.trim_end().ends_with(&booted_options), "{cmdline}");
 
     // A plain rebase carries the el9 kernel-rt overrides onto el10: depsolve fails.
@@ -1750,7 +1728,7 @@ async fn realtime_hosts_carry_el9_kernel_overrides_until_replaced() {
         "kernel-rt-modules-6.12.0-124.8.1.el10_1.x86_64",
         "kernel-rt-modules-extra-6.12.0-124.8.1.el10_1.x86_64",
     ];
-    let files = rpm_files(&env.dir.0, &open);
+    let files = rpm_files(&env.dir, &open);
     let modifiers = dict(&[
         set_refspec.clone(),
         ("uninstall-packages", uninstall.clone()),
@@ -1781,7 +1759,7 @@ async fn realtime_hosts_carry_el9_kernel_overrides_until_replaced() {
         "kernel-rt-modules-core-6.12.0-124.8.1.el10_1.x86_64",
         "kernel-rt-modules-extra-6.12.0-124.8.1.el10_1.x86_64",
     ];
-    let files = rpm_files(&env.dir.0, &el10);
+    let files = rpm_files(&env.dir, &el10);
     let fds = handles(&files);
     let modifiers = dict(&[
         set_refspec,
@@ -1839,7 +1817,7 @@ async fn package_failures_of_the_real_daemon() {
     let set_refspec = ("set-refspec", Value::from(registry_ref(env.rhel10())));
 
     // An el9 RPM onto an el10 target.
-    let files = rpm_files(&env.dir.0, &["usbguard-1.1.3-1.el9.x86_64"]);
+    let files = rpm_files(&env.dir, &["usbguard-1.1.3-1.el9.x86_64"]);
     let fds = handles(&files);
     let (ok, message) = env
         .deploy(&dict(&[
@@ -1858,7 +1836,7 @@ async fn package_failures_of_the_real_daemon() {
         json!(["usbguard-1.1.3-1.el9.x86_64"])
     );
     // The same RPM built for el10 is fine.
-    let files = rpm_files(&env.dir.0, &["usbguard-1.1.3-1.el10.x86_64"]);
+    let files = rpm_files(&env.dir, &["usbguard-1.1.3-1.el10.x86_64"]);
     let fds = handles(&files);
     let (ok, message) = env
         .deploy(&dict(&[
@@ -1911,7 +1889,7 @@ async fn old_cpu_fails_the_el10_sanity_check() {
     assert_eq!(ostree_status(&env.sysroot()).len(), 1, "nothing staged");
     // An x86-64-v3 CPU passes (the host root is what the fake reads).
     let v3 = fixtures::fixture("default").expect("default").cpuinfo();
-    std::fs::write(env.dir.0.join("host/proc/cpuinfo"), v3).expect("cpuinfo");
+    std::fs::write(env.dir.join("host/proc/cpuinfo"), v3).expect("cpuinfo");
     let (ok, message) = env.deploy(&rebase_to(env.rhel10())).await;
     assert!(ok, "{message}");
 }
@@ -1932,7 +1910,7 @@ async fn low_disk_fails_the_import() {
         "{message}"
     );
     assert_eq!(ostree_status(&env.sysroot()).len(), 1, "nothing staged");
-    std::fs::remove_file(env.dir.0.join("host/run/testbed/low-disk")).expect("marker");
+    std::fs::remove_file(env.dir.join("host/run/testbed/low-disk")).expect("marker");
     let (ok, message) = env.deploy(&rebase_to(env.rhel10())).await;
     assert!(ok, "{message}");
 }
@@ -1967,7 +1945,7 @@ async fn every_fixture_starts() {
         let booted = &env.deployments().await[0];
         assert!(bool_of(booted, "booted"), "{name}");
         let config = env.boot_config("").await;
-        let release = std::fs::read_to_string(env.dir.0.join("host/proc/sys/kernel/osrelease"))
+        let release = std::fs::read_to_string(env.dir.join("host/proc/sys/kernel/osrelease"))
             .expect("osrelease");
         assert!(
             string_of(&config, "linux").ends_with(&format!("/vmlinuz-{}", release.trim())),
@@ -1988,14 +1966,14 @@ async fn every_fixture_starts() {
 
 #[tokio::test]
 async fn testbed_start_takes_the_host_fixture() {
-    let dir = TempDir::new();
+    let dir = ScratchDir::new("rpmostreed").expect("scratch dir");
     let tb = testbed::Testbed::start(testbed::Options {
         host: "64k-aarch64".into(),
-        ..testbed::Options::new(dir.0.clone())
+        ..testbed::Options::new(dir.to_path_buf())
     })
     .await
     .expect("testbed starts");
-    let read = |rel: &str| std::fs::read_to_string(dir.0.join(rel)).expect(rel);
+    let read = |rel: &str| std::fs::read_to_string(dir.join(rel)).expect(rel);
     assert_eq!(read("host/proc/sys/kernel/arch"), "aarch64\n");
     assert_eq!(
         read("host/proc/sys/kernel/osrelease"),
@@ -2012,7 +1990,7 @@ async fn testbed_start_takes_the_host_fixture() {
     assert!(
         testbed::Testbed::start(testbed::Options {
             host: "nope".into(),
-            ..testbed::Options::new(dir.0.join("other"))
+            ..testbed::Options::new(dir.join("other"))
         })
         .await
         .is_err()
@@ -2203,7 +2181,7 @@ async fn a_deployment_whose_image_metadata_is_lost_has_no_digest() {
 async fn local_packages_are_layered_once_and_uninstalled_one_entry_at_a_time() {
     let env = Env::with_host("realtime").await;
     let core = "kernel-rt-core-5.14.0-570.60.1.el9_6.x86_64";
-    let files = rpm_files(&env.dir.0, &[core]);
+    let files = rpm_files(&env.dir, &[core]);
     let (ok, message) = env
         .deploy(&dict(&[(
             "install-local-packages",
@@ -2220,7 +2198,7 @@ async fn local_packages_are_layered_once_and_uninstalled_one_entry_at_a_time() {
 
     let env = Env::with_host("layered").await;
     let local = "usbguard-1.1.3-1.el9.x86_64";
-    let files = rpm_files(&env.dir.0, &[local]);
+    let files = rpm_files(&env.dir, &[local]);
     let (ok, message) = env
         .deploy(&dict(&[(
             "install-local-packages",

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use testbed::control::{ApiServerCmd, RpmOstreedCmd, SystemdCmd};
+use testbed::scratch::ScratchDir;
 use testbed::{Options, Testbed};
 
 pub const STATE: &str = "osstream.openshift.io/state";
@@ -26,13 +27,10 @@ pub const HOST: &str = "osstream.openshift.io/host";
 pub const REBOOT_REQUESTED: &str = "osstream.openshift.io/reboot-requested";
 pub const REBOOT_APPROVED: &str = "osstream.openshift.io/reboot-approved";
 
-/// An empty scratch path `target/tmp/<prefix>-<name>-<pid>` (a leftover of an earlier run is
-/// removed; the directory itself is not created).
-pub fn scratch_dir(prefix: &str, name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("{prefix}-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+/// A fresh scratch directory for test `name` (see `testbed::scratch`: short, outside the
+/// clone, removed unless the test failed).
+pub fn scratch_dir(prefix: &str, name: &str) -> ScratchDir {
+    ScratchDir::new(&format!("{prefix}-{name}")).expect("scratch dir")
 }
 
 /// Starts a testbed in `dir` on host fixture `host` whose update tool is `backend`.
@@ -69,10 +67,12 @@ pub struct Env {
     pub tb: Testbed,
     pub dir: PathBuf,
     streamd: Option<Child>,
+    /// The directory when the harness chose it; goes after the testbed.
+    _scratch: Option<ScratchDir>,
 }
 
 impl Env {
-    /// A fresh testbed in `target/tmp/e2e-<name>-<pid>` on the default host.
+    /// A fresh testbed in a scratch directory `e2e-<name>` on the default host.
     pub async fn new(name: &str) -> Env {
         Env::with_host(name, "default").await
     }
@@ -84,12 +84,13 @@ impl Env {
 
     /// A fresh testbed on host fixture `host` whose update tool is `backend`.
     pub async fn with_backend(name: &str, host: &str, backend: testbed::Backend) -> Env {
-        let dir = scratch_dir("e2e", name);
-        let tb = start_testbed(&dir, host, backend).await;
+        let scratch = scratch_dir("e2e", name);
+        let tb = start_testbed(&scratch, host, backend).await;
         Env {
             tb,
-            dir,
+            dir: scratch.to_path_buf(),
             streamd: None,
+            _scratch: Some(scratch),
         }
     }
 
@@ -101,6 +102,7 @@ impl Env {
             tb,
             dir,
             streamd: None,
+            _scratch: None,
         }
     }
 

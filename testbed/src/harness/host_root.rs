@@ -274,10 +274,11 @@ mod tests {
     use super::*;
     use crate::fixtures::fixture;
     use crate::fixtures::images::{DEFAULT_REGISTRY, catalog};
+    use crate::scratch::ScratchDir;
 
     #[test]
     fn writes_a_readable_root() {
-        let d = std::env::temp_dir().join(format!("testbed-host-{}", std::process::id()));
+        let d = ScratchDir::new("host-root").expect("scratch dir");
         let img = &catalog(DEFAULT_REGISTRY)[0];
         let rt = fixture("fips-realtime").expect("fixture");
         write(&d, "worker-0", img, &rt, "BOOT_IMAGE=x rw fips=1").expect("write");
@@ -300,6 +301,5 @@ mod tests {
         assert_ne!(read(BOOT_ID), first, "a reboot is a new boot");
         assert_eq!(read(BOOT_ID).len(), 37);
         assert_eq!(read("sys/kernel/realtime"), "1\n");
-        std::fs::remove_dir_all(&d).ok();
     }
 }

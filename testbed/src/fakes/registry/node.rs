@@ -496,8 +496,7 @@ mod tests {
 
     #[test]
     fn longest_prefix_and_drop_ins() {
-        let dir = std::env::temp_dir().join(format!("testbed-node-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = crate::scratch::ScratchDir::new("node-config").expect("scratch dir");
         std::fs::create_dir_all(dir.join(REGISTRIES_CONF_D)).unwrap();
         std::fs::write(
             dir.join(REGISTRIES_CONF),

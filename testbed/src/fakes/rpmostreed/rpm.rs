@@ -193,12 +193,12 @@ fn header_at(
 mod tests {
     use super::*;
     use crate::fixtures::packages::fake_rpm;
+    use crate::scratch::ScratchDir;
     use std::os::fd::AsFd;
 
     #[test]
     fn reads_the_nevra_of_a_fixture_rpm() {
-        let dir = std::env::temp_dir().join(format!("testbed-rpmhdr-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
+        let dir = ScratchDir::new("rpm-header").expect("scratch dir");
         let nevra = Nevra::parse("usbguard-1:1.1.3-1.el10.x86_64").expect("nevra");
         let path = dir.join("u.rpm");
         std::fs::write(&path, fake_rpm(&nevra)).expect("write");
@@ -225,6 +225,5 @@ mod tests {
         assert!(read_nevra(f.as_fd()).is_err());
         let null = File::open("/dev/null").expect("null");
         assert!(read_nevra(null.as_fd()).is_err());
-        std::fs::remove_dir_all(&dir).ok();
     }
 }
