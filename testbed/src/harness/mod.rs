@@ -4,6 +4,8 @@
 
 mod cluster;
 pub mod control_socket;
+#[cfg(test)]
+mod fixture_tests;
 pub mod fleet;
 pub mod host_root;
 mod node_host;
