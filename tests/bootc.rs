@@ -12,20 +12,18 @@ use serde_json::json;
 use streamd::backend::Deployment;
 use streamd::backend::KernelVariant;
 use streamd::backend::bootc::{BootcError, Client, parse_status, refusal, rpm_ostreed_available};
+use testbed::control::{
+    BootcCmd, InhibitMode, Inhibitor, LogindCmd, Request, SystemdCmd, TestbedCmd,
+};
+use testbed::scratch::ScratchDir;
 use testbed::{Backend, Testbed};
 
-/// A bootc testbed on `host`, a bus connection and a client; the directory goes on drop.
+/// A bootc testbed on `host`, a bus connection and a client; the directory goes last.
 struct Env {
     tb: Testbed,
     client: Client,
     conn: zbus::Connection,
-    dir: PathBuf,
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    dir: ScratchDir,
 }
 
 impl Env {
@@ -47,8 +45,8 @@ impl Env {
         }
     }
 
-    async fn ctl(&self, cmd: serde_json::Value) -> serde_json::Value {
-        self.tb.control(&cmd).await.expect("control command")
+    async fn ctl(&self, cmd: impl Into<Request>) -> serde_json::Value {
+        self.tb.control(cmd).await.expect("control command")
     }
 }
 
@@ -116,7 +114,7 @@ async fn switch_stages_and_reboot_is_recorded() {
     assert!(after[1].booted);
 
     // The unit ran the configured bootc with the documented arguments, in a oneshot unit.
-    let units = env.ctl(json!({"target": "systemd", "cmd": "units"})).await;
+    let units = env.ctl(SystemdCmd::Units).await;
     let switch = units
         .as_array()
         .expect("units")
@@ -142,16 +140,17 @@ async fn switch_stages_and_reboot_is_recorded() {
         "{switch}"
     );
     // Collected after the result was read: nothing stays loaded.
-    assert_eq!(
-        env.ctl(json!({"target": "systemd", "cmd": "loaded"})).await,
-        json!([])
-    );
+    assert_eq!(env.ctl(SystemdCmd::Loaded).await, json!([]));
 
     // An inhibitor blocks the reboot with who and why; releasing it lets the reboot through.
-    env.ctl(
-        json!({"target": "logind", "cmd": "inhibit", "what": "sleep:shutdown",
-                   "who": "etcd-backup", "why": "backup running", "mode": "block"}),
-    )
+    env.ctl(LogindCmd::Inhibit(Inhibitor {
+        what: "sleep:shutdown".into(),
+        who: "etcd-backup".into(),
+        why: "backup running".into(),
+        mode: InhibitMode::Block,
+        uid: 0,
+        pid: 0,
+    }))
     .await;
     match env.client.reboot().await {
         Err(BootcError::Inhibited { who, why }) => {
@@ -162,23 +161,23 @@ async fn switch_stages_and_reboot_is_recorded() {
         }
         other => panic!("expected Inhibited, got {other:?}"),
     }
-    assert_eq!(
-        env.ctl(json!({"target": "logind", "cmd": "reboots"})).await,
-        0
-    );
-    env.ctl(json!({"target": "logind", "cmd": "release", "who": "etcd-backup"}))
-        .await;
+    assert_eq!(env.ctl(LogindCmd::Reboots).await, 0);
+    env.ctl(LogindCmd::Release {
+        who: "etcd-backup".into(),
+    })
+    .await;
     // A delay inhibitor does not block.
-    env.ctl(
-        json!({"target": "logind", "cmd": "inhibit", "what": "shutdown",
-                   "who": "kubelet", "why": "drain", "mode": "delay"}),
-    )
+    env.ctl(LogindCmd::Inhibit(Inhibitor {
+        what: "shutdown".into(),
+        who: "kubelet".into(),
+        why: "drain".into(),
+        mode: InhibitMode::Delay,
+        uid: 0,
+        pid: 0,
+    }))
     .await;
     env.client.reboot().await.expect("reboot");
-    assert_eq!(
-        env.ctl(json!({"target": "logind", "cmd": "reboots"})).await,
-        1
-    );
+    assert_eq!(env.ctl(LogindCmd::Reboots).await, 1);
     let state: serde_json::Value = serde_json::from_slice(
         &std::fs::read(env.dir.join("rpmostreed/state.json")).expect("state.json"),
     )
@@ -226,7 +225,7 @@ async fn failing_units_name_the_unit() {
         }
         other => panic!("expected UnitFailed, got {other:?}"),
     }
-    let units = env.ctl(json!({"target": "systemd", "cmd": "units"})).await;
+    let units = env.ctl(SystemdCmd::Units).await;
     assert!(
         units[0]["spec"]["stderr"]["path"]
             .as_str()
@@ -244,8 +243,7 @@ async fn failing_units_name_the_unit() {
     );
 
     // A pull that broke on the network reads as one, in bootc's words.
-    env.ctl(json!({"target": "bootc", "cmd": "fail-next-switch",
-                   "message": "Creating importer: failed to invoke method OpenImage: pinging container registry quay.io: Get \"https://quay.io/v2/\": dial tcp: lookup quay.io: no such host"}))
+    env.ctl(BootcCmd::FailNextSwitch { message: "Creating importer: failed to invoke method OpenImage: pinging container registry quay.io: Get \"https://quay.io/v2/\": dial tcp: lookup quay.io: no such host".into() })
         .await;
     let rhel10 = &env.tb.images()[1];
     match env.client.switch(&rhel10.pullspec, false).await {
@@ -445,8 +443,10 @@ async fn every_status_shape_since_json_output_parses() {
         ("1.12.0", true),
         ("1.16.9", true),
     ] {
-        env.ctl(json!({"target": "bootc", "cmd": "version", "version": version}))
-            .await;
+        env.ctl(BootcCmd::Version {
+            version: Some(version.to_string()),
+        })
+        .await;
         let deps = env
             .client
             .deployments()
@@ -470,7 +470,7 @@ async fn every_status_shape_since_json_output_parses() {
         );
     }
     // The legacy flag is what streamd runs: it works on every release.
-    let units = env.ctl(json!({"target": "systemd", "cmd": "units"})).await;
+    let units = env.ctl(SystemdCmd::Units).await;
     assert!(
         units
             .as_array()
@@ -492,7 +492,10 @@ async fn signed_hosts_keep_enforcing_the_signature_policy() {
         .switch(&rhel9.pullspec, true)
         .await
         .expect("signed switch");
-    env.ctl(json!({"target": "testbed", "cmd": "reboot"})).await;
+    env.ctl(TestbedCmd::Reboot {
+        fail_finalize: false,
+    })
+    .await;
     let deps = env.client.deployments().await.expect("status");
     let booted = deps.iter().find(|d| d.booted).expect("booted");
     assert_eq!(
@@ -527,7 +530,7 @@ async fn signed_hosts_keep_enforcing_the_signature_policy() {
         staged_ref(&deps),
         Some(format!("ostree-image-signed:docker://{}", rhel9.pullspec))
     );
-    let units = env.ctl(json!({"target": "systemd", "cmd": "units"})).await;
+    let units = env.ctl(SystemdCmd::Units).await;
     // Every `bootc switch` command line, also the held one's (after its lock step).
     let switches: Vec<&serde_json::Value> = units
         .as_array()
@@ -562,8 +565,7 @@ async fn a_timed_out_switch_is_joined_never_started_twice() {
     let env = Env::new("timeout", "default").await;
     let rhel10 = &env.tb.images()[1];
     // A pull slower than the caller's limit: the unit outlives the first call.
-    env.ctl(json!({"target": "bootc", "cmd": "delay-next-switch", "ms": 4000}))
-        .await;
+    env.ctl(BootcCmd::DelayNextSwitch { ms: 4000 }).await;
     let hasty = env
         .client
         .clone()
@@ -579,7 +581,7 @@ async fn a_timed_out_switch_is_joined_never_started_twice() {
         other => panic!("expected Timeout, got {other:?}"),
     };
     assert_eq!(
-        env.ctl(json!({"target": "systemd", "cmd": "loaded"})).await,
+        env.ctl(SystemdCmd::Loaded).await,
         json!([unit]),
         "the unit is left running"
     );
@@ -591,13 +593,13 @@ async fn a_timed_out_switch_is_joined_never_started_twice() {
         .await
         .expect("the retry joins the running switch");
     println!("retry joined the running unit for {} ms", ms(t.elapsed()));
-    let units = env.ctl(json!({"target": "systemd", "cmd": "units"})).await;
+    let units = env.ctl(SystemdCmd::Units).await;
     let switches = units_running(&units, "switch");
     assert_eq!(switches.len(), 1, "one bootc switch only: {units:#}");
     let staged = env.client.deployments().await.expect("status");
     assert!(staged[0].staged && staged[0].carries_digest(&rhel10.digest));
     assert_eq!(
-        env.ctl(json!({"target": "systemd", "cmd": "loaded"})).await,
+        env.ctl(SystemdCmd::Loaded).await,
         json!([]),
         "collected once its result was read"
     );
@@ -605,8 +607,7 @@ async fn a_timed_out_switch_is_joined_never_started_twice() {
     // Another command while one runs (the request changed meanwhile) waits for it to end,
     // then runs: never two beside each other.
     let rhel9 = &env.tb.images()[0];
-    env.ctl(json!({"target": "bootc", "cmd": "delay-next-switch", "ms": 3000}))
-        .await;
+    env.ctl(BootcCmd::DelayNextSwitch { ms: 3000 }).await;
     let slow = {
         let c = env.client.clone();
         let image = rhel10.pullspec.clone();
@@ -620,7 +621,7 @@ async fn a_timed_out_switch_is_joined_never_started_twice() {
         tokio::spawn(async move { c.switch(&image, false).await })
     };
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    let loaded = env.ctl(json!({"target": "systemd", "cmd": "loaded"})).await;
+    let loaded = env.ctl(SystemdCmd::Loaded).await;
     assert_eq!(
         loaded.as_array().map(Vec::len),
         Some(1),
@@ -631,7 +632,7 @@ async fn a_timed_out_switch_is_joined_never_started_twice() {
         .await
         .expect("join")
         .expect("the second command runs after the first");
-    let units = env.ctl(json!({"target": "systemd", "cmd": "units"})).await;
+    let units = env.ctl(SystemdCmd::Units).await;
     let switches = units_running(&units, "switch");
     assert_eq!(switches.len(), 3, "{units:#}");
     assert!(
@@ -670,8 +671,10 @@ async fn a_stage_is_held_and_released_only_where_bootc_can() {
     assert!(released[0].staged && !released[0].finalization_locked);
 
     // bootc 1.11: no downloadOnly in the status, and clap refuses the flag.
-    env.ctl(json!({"target": "bootc", "cmd": "version", "version": "1.11.0"}))
-        .await;
+    env.ctl(BootcCmd::Version {
+        version: Some("1.11.0".into()),
+    })
+    .await;
     env.client.deployments().await.expect("status");
     assert!(!env.client.can_hold());
     match env.client.hold().await {
@@ -695,8 +698,7 @@ async fn a_stage_that_cannot_be_held_does_not_stay() {
     let backend = streamd::backend::Backend::Bootc(env.client.clone());
     env.client.deployments().await.expect("status");
     assert!(backend.locks());
-    env.ctl(json!({"target": "bootc", "cmd": "fail-next-upgrade",
-                   "message": "Creating importer: failed to invoke method OpenImage: pinging container registry: dial tcp: lookup quay.io: no such host"}))
+    env.ctl(BootcCmd::FailNextUpgrade { message: "Creating importer: failed to invoke method OpenImage: pinging container registry: dial tcp: lookup quay.io: no such host".into() })
         .await;
     let image: streamd::image::reference::ImageRef = rhel10.pullspec.parse().expect("image");
     let plan = streamd::backend::StagePlan::rebase("rhel-10", &image, false);
@@ -731,8 +733,7 @@ async fn a_reboot_between_the_switch_and_the_hold_does_not_apply_the_stage() {
     env.client.deployments().await.expect("status");
     assert!(backend.locks());
     // The switch stays running for 20 s once it staged: the window, stretched.
-    env.ctl(json!({"target": "bootc", "cmd": "pause-after-next-switch", "ms": 20_000}))
-        .await;
+    env.ctl(BootcCmd::PauseAfterNextSwitch { ms: 20_000 }).await;
     let image: streamd::image::reference::ImageRef = rhel10.pullspec.parse().expect("image");
     let plan = streamd::backend::StagePlan::rebase("rhel-10", &image, false);
     let staging = tokio::spawn(async move {
@@ -747,7 +748,11 @@ async fn a_reboot_between_the_switch_and_the_hold_does_not_apply_the_stage() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // The host goes down now, while the switch's unit still runs.
-    let out = env.ctl(json!({"target": "testbed", "cmd": "reboot"})).await;
+    let out = env
+        .ctl(TestbedCmd::Reboot {
+            fail_finalize: false,
+        })
+        .await;
     assert_eq!(out["applied"], json!(false), "{out}");
     assert_eq!(out["booted"], json!(rhel9.digest), "{out}");
     assert!(
@@ -765,8 +770,7 @@ async fn a_failed_held_switch_leaves_no_lock_file() {
     let rhel10 = &env.tb.images()[1];
     let backend = streamd::backend::Backend::Bootc(env.client.clone());
     env.client.deployments().await.expect("status");
-    env.ctl(json!({"target": "bootc", "cmd": "fail-next-switch",
-                   "message": "Creating importer: failed to invoke method OpenImage: reading manifest: manifest unknown"}))
+    env.ctl(BootcCmd::FailNextSwitch { message: "Creating importer: failed to invoke method OpenImage: reading manifest: manifest unknown".into() })
         .await;
     let image: streamd::image::reference::ImageRef = rhel10.pullspec.parse().expect("image");
     let plan = streamd::backend::StagePlan::rebase("rhel-10", &image, false);
@@ -811,7 +815,7 @@ async fn an_unheld_stage_of_the_target_is_held_and_another_stage_is_not_replaced
         deps[0].staged && deps[0].finalization_locked && deps[0].carries_digest(&rhel10.digest),
         "{deps:#?}"
     );
-    let units = env.ctl(json!({"target": "systemd", "cmd": "units"})).await;
+    let units = env.ctl(SystemdCmd::Units).await;
     let switches = units
         .as_array()
         .expect("units")

@@ -5,6 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use testbed::control::BootcCmd;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bootc_host_stages_only_after_approval_then_reboots_into_rhel10() {
@@ -12,7 +13,9 @@ async fn bootc_host_stages_only_after_approval_then_reboots_into_rhel10() {
     // Before v1.12.0 bootc cannot hold a stage (no `upgrade --download-only`).
     bootc(
         &env,
-        serde_json::json!({"cmd": "version", "version": "1.11.0"}),
+        BootcCmd::Version {
+            version: Some("1.11.0".into()),
+        },
     )
     .await;
     env.start_streamd();
@@ -95,10 +98,8 @@ async fn rebooting(env: &Env) {
 }
 
 /// A control command to the fake bootc.
-async fn bootc(env: &Env, cmd: serde_json::Value) -> serde_json::Value {
-    let mut cmd = cmd;
-    cmd["target"] = serde_json::json!("bootc");
-    env.tb.control(&cmd).await.expect("bootc control")
+async fn bootc(env: &Env, cmd: BootcCmd) -> serde_json::Value {
+    env.tb.control(cmd).await.expect("bootc control")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -107,7 +108,9 @@ async fn a_bootc_from_before_format_and_stateroot_is_driven_all_the_way() {
     // bootc v0.1.12: only `--json`, `org.containers.bootc/v1alpha1`, no `ostree.stateroot`.
     bootc(
         &env,
-        serde_json::json!({"cmd": "version", "version": "0.1.12"}),
+        BootcCmd::Version {
+            version: Some("0.1.12".into()),
+        },
     )
     .await;
     env.start_streamd();
@@ -124,15 +127,16 @@ async fn a_bootc_switch_broken_by_the_network_is_retried_with_bootcs_words() {
     // A bootc that cannot hold a stage: the switch runs after the approval.
     bootc(
         &env,
-        serde_json::json!({"cmd": "version", "version": "1.11.0"}),
+        BootcCmd::Version {
+            version: Some("1.11.0".into()),
+        },
     )
     .await;
     env.start_streamd();
     env.wait_state("Idle").await;
     bootc(
         &env,
-        serde_json::json!({"cmd": "fail-next-switch", "message":
-            "Creating importer: failed to invoke method OpenImage: pinging container registry quay.io: Get \"https://quay.io/v2/\": dial tcp: lookup quay.io: no such host"}),
+        BootcCmd::FailNextSwitch { message: "Creating importer: failed to invoke method OpenImage: pinging container registry quay.io: Get \"https://quay.io/v2/\": dial tcp: lookup quay.io: no such host".into() },
     )
     .await;
     env.request_rhel10();
@@ -278,11 +282,7 @@ async fn a_bootc_that_can_lock_stages_before_the_approval_and_holds_it() {
 async fn a_reboot_while_streamd_stages_early_leaves_the_node_on_its_os() {
     let mut env = Env::with_backend("bootc-window", "default", testbed::Backend::Bootc).await;
     // The switch stays running for 3 s once it staged: the window before the hold, stretched.
-    bootc(
-        &env,
-        serde_json::json!({"cmd": "pause-after-next-switch", "ms": 3000}),
-    )
-    .await;
+    bootc(&env, BootcCmd::PauseAfterNextSwitch { ms: 3000 }).await;
     env.start_streamd();
     env.wait_state("Idle").await;
     env.request_rhel10();
@@ -371,8 +371,7 @@ async fn a_failed_hold_is_retried_after_the_approval() {
     env.wait_state("Idle").await;
     bootc(
         &env,
-        serde_json::json!({"cmd": "fail-next-upgrade", "message":
-            "Creating importer: failed to invoke method OpenImage: pinging container registry: dial tcp: lookup quay.io: no such host"}),
+        BootcCmd::FailNextUpgrade { message: "Creating importer: failed to invoke method OpenImage: pinging container registry: dial tcp: lookup quay.io: no such host".into() },
     )
     .await;
     env.request_rhel10();

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{Value, json};
+use testbed::control::RpmOstreedCmd;
 
 /// A migration that has not reached `Done` on its target by then has not converged.
 const MIGRATION_TIMEOUT: Duration = Duration::from_secs(180);
@@ -209,7 +210,7 @@ fn applied_events(env: &Env) -> usize {
 /// Whether the fake's booted deployment carries `digest` (the host's truth, whatever streamd
 /// reports).
 async fn host_booted(env: &Env, digest: &str) -> bool {
-    let deps = env.rpmostreed(json!({"cmd": "deployments"})).await;
+    let deps = env.rpmostreed(RpmOstreedCmd::Deployments).await;
     deps.as_array().is_some_and(|d| {
         d.iter()
             .any(|d| d["booted"] == json!(true) && d.to_string().contains(digest))
@@ -224,7 +225,7 @@ fn kill_and_restart(env: &mut Env, down: Duration) {
 
 /// Runs one migration to `target` under `plan`, playing the cluster and the host.
 async fn migrate(env: &mut Env, target: &'static str, image: &str, plan: Plan) -> Outcome {
-    env.rpmostreed(json!({"cmd": "reset-transactions"})).await;
+    env.rpmostreed(RpmOstreedCmd::ResetTransactions).await;
     let applied_before = applied_events(env);
     let digest = digest_of(image).to_string();
     let start = Instant::now();
@@ -427,9 +428,12 @@ async fn sigkill_at_any_point_of_a_migration_converges() {
     let mut env = Env::new("crash").await;
     env.config("60-crash.toml", "allow-downgrade = true\n");
     // Staging long enough to be hit: 20 progress signals over 2 s, then 1 s more.
-    env.rpmostreed(json!({"cmd": "progress", "signals": 20, "per-second": 10}))
-        .await;
-    env.rpmostreed(json!({"cmd": "slow", "ms": 1000})).await;
+    env.rpmostreed(RpmOstreedCmd::Progress {
+        signals: 20,
+        per_second: 10,
+    })
+    .await;
+    env.rpmostreed(RpmOstreedCmd::Slow { ms: 1000 }).await;
     env.start_streamd();
     env.wait_state("Idle").await;
 

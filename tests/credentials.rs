@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::*;
-use testbed::registry::mirror::Mirror;
-use testbed::registry::node;
+use testbed::fakes::registry::mirror::Mirror;
+use testbed::fakes::registry::node;
 
 /// The ostree auth file the testbed writes, as the machine-config daemon links it.
 fn etc_auth(env: &Env) -> PathBuf {
@@ -256,7 +256,7 @@ async fn the_fake_bootc_pulls_with_the_host_auth_file() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_anonymous_registry_needs_no_auth_file() {
-    use testbed::registry::{Auth, Registry, RegistryConfig};
+    use testbed::fakes::registry::{Auth, Registry, RegistryConfig};
     let dir = scratch_dir("creds", "anonymous");
     let reg = Registry::start_with(
         RegistryConfig {

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use futures::StreamExt;
+use testbed::control::{ApiServerCmd, Fault, RpmOstreedCmd};
+use testbed::scratch::ScratchDir;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sd_notify_ready_status_and_stopping() {
@@ -122,8 +124,11 @@ trait OSStream1 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dbus_properties_and_changed_signals() {
     let mut env = Env::new("dbusapi").await;
-    env.rpmostreed(serde_json::json!({"cmd": "progress", "signals": 10, "per-second": 10}))
-        .await;
+    env.rpmostreed(RpmOstreedCmd::Progress {
+        signals: 10,
+        per_second: 10,
+    })
+    .await;
     env.start_streamd();
     env.wait_state("Idle").await;
     let conn = zbus::connection::Builder::address(env.vars()["DBUS_SYSTEM_BUS_ADDRESS"].as_str())
@@ -236,17 +241,15 @@ fn as_nobody(env: &Env, program: &str, args: &[&str]) -> std::process::Output {
         .expect("setpriv runs")
 }
 
-/// A scratch directory other users can traverse (mode 0711, not listable) outside the build
-/// tree, which may sit below a directory only its owner enters (a clone in root's home or in a
-/// `mktemp -d`); removed on drop.
-struct Reachable(std::path::PathBuf);
+/// A scratch directory other users can traverse (mode 0711, not listable): the build tree may
+/// sit below a directory only its owner enters (a clone in root's home or in a `mktemp -d`),
+/// the scratch directory does not (`testbed::scratch`).
+struct Reachable(ScratchDir);
 
 impl Reachable {
     fn new(name: &str) -> Reachable {
         use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("streamd-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir(&dir).expect("scratch dir");
+        let dir = ScratchDir::new(&format!("reachable-{name}")).expect("scratch dir");
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).expect("chmod");
         Reachable(dir)
     }
@@ -256,7 +259,7 @@ impl Reachable {
     fn open_path_to(&self, path: &std::path::Path) {
         use std::os::unix::fs::PermissionsExt;
         let mut dir = path.parent();
-        while let Some(d) = dir.filter(|d| d.starts_with(&self.0)) {
+        while let Some(d) = dir.filter(|d| d.starts_with(&*self.0)) {
             // Traverse only: nobody lists or reads the testbed's credentials on the way.
             let mode = std::fs::metadata(d).expect("stat").permissions().mode() & 0o700;
             std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode | 0o011))
@@ -273,12 +276,6 @@ impl Reachable {
         std::fs::copy(src, &dst).expect("copy binary");
         std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         dst
-    }
-}
-
-impl Drop for Reachable {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -460,7 +457,7 @@ async fn outage_at_start_is_a_reported_wait_then_converges() {
     let notes = Notifications::listen(&sock_path);
     // A new node: the kubelet's kubeconfig does not exist yet, and the API server is down.
     let kubeconfig = env.dir.join("kubelet").join("kubeconfig");
-    env.apiserver(serde_json::json!({"cmd": "fault", "kind": "refuse", "on": true}))
+    env.apiserver(ApiServerCmd::Fault(Fault::Refuse { on: true }))
         .await;
     let started = Instant::now();
     env.start_streamd_with(&[
@@ -501,8 +498,7 @@ async fn outage_at_start_is_a_reported_wait_then_converges() {
         "streamd exited during the outage\n{}",
         env.log()
     );
-    env.apiserver(serde_json::json!({"cmd": "fault", "kind": "clear"}))
-        .await;
+    env.apiserver(ApiServerCmd::Fault(Fault::Clear)).await;
     let up = Instant::now();
     env.wait_state("Idle").await;
     let idle = up.elapsed();
@@ -558,9 +554,7 @@ async fn rotated_client_certificate_is_reloaded() {
     let mut env = Env::new("rotate").await;
     env.start_streamd();
     env.wait_state("Idle").await;
-    let rotated = env
-        .apiserver(serde_json::json!({"cmd": "rotate-client-ca"}))
-        .await;
+    let rotated = env.apiserver(ApiServerCmd::RotateClientCa).await;
     assert_eq!(rotated["generation"], 1);
     let at = Instant::now();
     env.request_rhel10();

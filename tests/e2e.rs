@@ -7,12 +7,16 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::json;
+use testbed::control::{ApiServerCmd, Fault, RpmOstreedCmd};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn happy_path_stages_rhel10_with_progress() {
     let mut env = Env::new("happy").await;
-    env.rpmostreed(json!({"cmd": "progress", "signals": 40, "per-second": 8}))
-        .await;
+    env.rpmostreed(RpmOstreedCmd::Progress {
+        signals: 40,
+        per_second: 8,
+    })
+    .await;
     env.start_streamd();
     let idle = env.wait_state("Idle").await;
     assert_eq!(idle.get(CURRENT_STREAM).map(String::as_str), Some("rhel-9"));
@@ -232,7 +236,7 @@ async fn invalid_annotations_are_refused_without_transactions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_rpm_ostreed_is_waited_for() {
     let mut env = Env::new("busy").await;
-    env.rpmostreed(json!({"cmd": "hold-foreign", "on": true}))
+    env.rpmostreed(RpmOstreedCmd::HoldForeign { on: true })
         .await;
     env.start_streamd();
     env.wait_state("Idle").await;
@@ -243,7 +247,7 @@ async fn busy_rpm_ostreed_is_waited_for() {
                 .is_some_and(|r| r.contains("Transaction in progress"))
     })
     .await;
-    env.rpmostreed(json!({"cmd": "hold-foreign", "on": false}))
+    env.rpmostreed(RpmOstreedCmd::HoldForeign { on: false })
         .await;
     env.wait_state("Staged").await;
     assert_eq!(started(&env.transactions().await).len(), 1);
@@ -252,8 +256,10 @@ async fn busy_rpm_ostreed_is_waited_for() {
 /// Starts streamd with the fake's next transaction failing with `message`, asks for rhel-10 and
 /// returns the annotations once the node is `Degraded`.
 async fn first_staging_fails(env: &mut Env, message: &str) -> BTreeMap<String, String> {
-    env.rpmostreed(json!({"cmd": "fail-next", "message": message}))
-        .await;
+    env.rpmostreed(RpmOstreedCmd::FailNext {
+        message: message.to_string(),
+    })
+    .await;
     env.start_streamd();
     env.wait_state("Idle").await;
     env.request_rhel10();
@@ -345,15 +351,14 @@ async fn watch_drop_and_410_are_survived() {
     let mut env = Env::new("watchfaults").await;
     env.start_streamd();
     env.wait_state("Idle").await;
-    env.apiserver(json!({"cmd": "fault", "kind": "gone", "count": 2}))
+    env.apiserver(ApiServerCmd::Fault(Fault::Gone { count: 2 }))
         .await;
-    env.apiserver(json!({"cmd": "fault", "kind": "drop-watches"}))
-        .await;
+    env.apiserver(ApiServerCmd::Fault(Fault::DropWatches)).await;
     // Let the watcher fail and relist before the request arrives.
     tokio::time::sleep(Duration::from_millis(500)).await;
     env.request_rhel10();
     env.wait_state("Staged").await;
-    let stats = env.apiserver(json!({"cmd": "stats"})).await;
+    let stats = env.apiserver(ApiServerCmd::STATS).await;
     let watches = stats["by_user"]["system:node:worker-0"]["watch"]
         .as_u64()
         .unwrap_or(0);
@@ -398,7 +403,7 @@ async fn sigterm_stops_cleanly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_the_request_mid_staging_cancels_it() {
     let mut env = Env::new("cancel").await;
-    env.rpmostreed(json!({"cmd": "slow", "ms": 5000})).await;
+    env.rpmostreed(RpmOstreedCmd::Slow { ms: 5000 }).await;
     env.start_streamd();
     env.wait_state("Idle").await;
     env.request_rhel10();
@@ -411,7 +416,7 @@ async fn removing_the_request_mid_staging_cancels_it() {
     let txns = env.transactions().await;
     assert_eq!(txns.len(), 1, "{txns:#?}");
     assert_eq!(txns[0]["cancelled"], json!(true), "{txns:#?}");
-    let deps = env.rpmostreed(json!({"cmd": "deployments"})).await;
+    let deps = env.rpmostreed(RpmOstreedCmd::Deployments).await;
     assert!(
         deps.as_array()
             .is_some_and(|d| d.iter().all(|d| d["staged"] != json!(true))),
@@ -456,8 +461,10 @@ async fn the_pull_retry_count_survives_a_restart() {
     let a = first_staging_fails(&mut env, msg).await;
     assert!(a[REASON].contains("retry 1 of 3"), "{}", a[REASON]);
     env.kill_streamd();
-    env.rpmostreed(json!({"cmd": "fail-next", "message": msg}))
-        .await;
+    env.rpmostreed(RpmOstreedCmd::FailNext {
+        message: msg.to_string(),
+    })
+    .await;
     env.start_streamd();
     // The restarted streamd stages again (the retry's wait does not survive a restart) and the
     // transaction fails on the network once more.

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::*;
 use serde_json::{Value, json};
+use testbed::control::{ApiServerCmd, Fault, RpmOstreedCmd};
 
 /// The user streamd authenticates as (the node's client certificate).
 fn node_user() -> String {
@@ -25,15 +26,14 @@ fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
-async fn fault(env: &Env, mut cmd: Value) -> Value {
-    cmd["cmd"] = json!("fault");
-    env.apiserver(cmd).await
+async fn fault(env: &Env, fault: Fault) -> Value {
+    env.apiserver(ApiServerCmd::Fault(fault)).await
 }
 
 /// `at_ms` of each entry of streamd's with `verb` in a list control command's answer:
 /// `requests` (when received) or `injected-faults` (when answered).
-async fn times(env: &Env, list: &str, verb: &str) -> Vec<u64> {
-    let all = env.apiserver(json!({ "cmd": list })).await;
+async fn times(env: &Env, list: ApiServerCmd, verb: &str) -> Vec<u64> {
+    let all = env.apiserver(list).await;
     all.as_array()
         .expect("array")
         .iter()
@@ -46,7 +46,7 @@ async fn times(env: &Env, list: &str, verb: &str) -> Vec<u64> {
 async fn wait_injected(env: &Env, verb: &str, n: usize) -> Vec<u64> {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let hits = times(env, "injected-faults", verb).await;
+        let hits = times(env, ApiServerCmd::InjectedFaults, verb).await;
         if hits.len() >= n {
             return hits;
         }
@@ -63,7 +63,10 @@ async fn wait_injected(env: &Env, verb: &str, n: usize) -> Vec<u64> {
 /// streamd's request counts by verb in `[since, until)`.
 async fn counts(env: &Env, since: u64, until: u64) -> BTreeMap<String, u64> {
     let stats = env
-        .apiserver(json!({"cmd": "stats", "since_ms": since, "until_ms": until}))
+        .apiserver(ApiServerCmd::Stats {
+            since_ms: Some(since),
+            until_ms: Some(until),
+        })
         .await;
     serde_json::from_value(stats["by_user"][node_user()].clone()).unwrap_or_default()
 }
@@ -94,16 +97,16 @@ async fn converged(env: &Env, what: &str, since: Instant) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_dropped_converges() {
     let env = idle("fault-drop").await;
-    env.apiserver(json!({"cmd": "reset-stats"})).await;
+    env.apiserver(ApiServerCmd::ResetStats).await;
     for _ in 0..3 {
-        fault(&env, json!({"kind": "drop-watches"})).await;
+        fault(&env, Fault::DropWatches).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    fault(&env, json!({"kind": "drop-watches"})).await;
+    fault(&env, Fault::DropWatches).await;
     env.request_rhel10();
     let off = Instant::now();
     converged(&env, "watch dropped, then the request", off).await;
-    let watches = times(&env, "requests", "watch").await.len();
+    let watches = times(&env, ApiServerCmd::Requests, "watch").await.len();
     assert!(
         watches >= 4,
         "streamd re-opened its watch after each drop: {watches}"
@@ -113,16 +116,16 @@ async fn watch_dropped_converges() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gone_410_relists_and_converges() {
     let env = idle("fault-gone").await;
-    env.apiserver(json!({"cmd": "reset-stats"})).await;
-    fault(&env, json!({"kind": "gone", "count": 2})).await;
-    fault(&env, json!({"kind": "drop-watches"})).await;
+    env.apiserver(ApiServerCmd::ResetStats).await;
+    fault(&env, Fault::Gone { count: 2 }).await;
+    fault(&env, Fault::DropWatches).await;
     env.request_rhel10();
     let off = Instant::now();
     converged(&env, "410 Gone, then the request", off).await;
     // The request may arrive with the first relist; the second 410 still has to end in one.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let lists = times(&env, "requests", "list").await.len();
+        let lists = times(&env, ApiServerCmd::Requests, "list").await.len();
         if lists >= 2 {
             break;
         }
@@ -141,16 +144,20 @@ async fn throttled_patches_honour_retry_after() {
     let env = idle("fault-429").await;
     fault(
         &env,
-        json!({"kind": "throttle", "count": 3, "retry_after": RETRY_AFTER_S,
-               "user": node_user(), "verb": "patch"}),
+        Fault::Throttle {
+            count: 3,
+            retry_after: RETRY_AFTER_S,
+            user: Some(node_user()),
+            verb: Some("patch".into()),
+        },
     )
     .await;
     env.request_rhel10();
     let throttled = wait_injected(&env, "patch", 3).await;
-    fault(&env, json!({"kind": "clear"})).await;
+    fault(&env, Fault::Clear).await;
     let off = Instant::now();
     converged(&env, "429 on patch ended", off).await;
-    let patches = times(&env, "requests", "patch").await;
+    let patches = times(&env, ApiServerCmd::Requests, "patch").await;
     for t in &throttled {
         let next = patches
             .iter()
@@ -173,14 +180,19 @@ async fn server_errors_are_retried(name: &str, verb: &str, code: u16, count: usi
     let env = idle(name).await;
     fault(
         &env,
-        json!({"kind": "error", "count": count, "code": code, "user": node_user(), "verb": verb}),
+        Fault::Error {
+            count: count as u64,
+            code,
+            user: Some(node_user()),
+            verb: Some(verb.to_string()),
+        },
     )
     .await;
     // An open watch is not affected by a new fault; end it so streamd has to re-open.
-    fault(&env, json!({"kind": "drop-watches"})).await;
+    fault(&env, Fault::DropWatches).await;
     env.request_rhel10();
     let failed = wait_injected(&env, verb, count).await;
-    fault(&env, json!({"kind": "clear"})).await;
+    fault(&env, Fault::Clear).await;
     let off = Instant::now();
     converged(&env, &format!("{code} on {verb} ended"), off).await;
     let gaps: Vec<u64> = failed.windows(2).map(|w| w[1] - w[0]).collect();
@@ -202,16 +214,20 @@ async fn slow_responses_converge() {
     let env = idle("fault-slow").await;
     fault(
         &env,
-        json!({"kind": "delay", "ms": 2000, "user": node_user()}),
+        Fault::Delay {
+            ms: 2000,
+            user: Some(node_user()),
+            verb: None,
+        },
     )
     .await;
     // The watch is re-opened under the delay too.
-    fault(&env, json!({"kind": "drop-watches"})).await;
+    fault(&env, Fault::DropWatches).await;
     let on = Instant::now();
     env.request_rhel10();
     // Converges while every answer still takes 2 s (below the patch timeout).
     converged(&env, "request under 2 s responses", on).await;
-    fault(&env, json!({"kind": "clear"})).await;
+    fault(&env, Fault::Clear).await;
 }
 
 /// Waits until the (slowed) staging transaction has finished in rpm-ostreed.
@@ -231,7 +247,7 @@ async fn wait_transaction_finished(env: &Env) {
 /// streamd running and `Staging` a slowed transaction, so `Staged` becomes due during a fault.
 async fn staging(name: &str, slow_ms: u64) -> Env {
     let env = idle(name).await;
-    env.rpmostreed(json!({"cmd": "slow", "ms": slow_ms})).await;
+    env.rpmostreed(RpmOstreedCmd::Slow { ms: slow_ms }).await;
     env.request_rhel10();
     env.wait_state("Staging").await;
     env
@@ -240,10 +256,10 @@ async fn staging(name: &str, slow_ms: u64) -> Env {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_refused_converges() {
     let env = staging("fault-refused", 2000).await;
-    fault(&env, json!({"kind": "refuse", "on": true})).await;
+    fault(&env, Fault::Refuse { on: true }).await;
     wait_transaction_finished(&env).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    fault(&env, json!({"kind": "refuse", "on": false})).await;
+    fault(&env, Fault::Refuse { on: false }).await;
     let off = Instant::now();
     converged(&env, "connection refused ended", off).await;
 }
@@ -293,14 +309,19 @@ async fn outage_503() -> Outage {
     let env = staging("fault-outage-503", 4000).await;
     fault(
         &env,
-        json!({"kind": "error", "count": 1_000_000, "code": 503, "user": node_user()}),
+        Fault::Error {
+            count: 1_000_000,
+            code: 503,
+            user: Some(node_user()),
+            verb: None,
+        },
     )
     .await;
     let since = now_ms();
-    fault(&env, json!({"kind": "drop-watches"})).await;
+    fault(&env, Fault::DropWatches).await;
     tokio::time::sleep(OUTAGE).await;
     let until = now_ms();
-    fault(&env, json!({"kind": "clear"})).await;
+    fault(&env, Fault::Clear).await;
     let off = Instant::now();
     let by_verb = counts(&env, since, until).await;
     converged(&env, "60 s of 503 ended", off).await;
@@ -316,12 +337,12 @@ async fn outage_503() -> Outage {
 async fn outage_refused() -> Outage {
     let env = staging("fault-outage-refused", 4000).await;
     let start = Instant::now();
-    fault(&env, json!({"kind": "refuse", "on": true})).await;
+    fault(&env, Fault::Refuse { on: true }).await;
     let log_from = env.log().len();
     tokio::time::sleep(OUTAGE).await;
     let log = env.log();
     let secs = start.elapsed().as_secs_f64();
-    fault(&env, json!({"kind": "refuse", "on": false})).await;
+    fault(&env, Fault::Refuse { on: false }).await;
     let off = Instant::now();
     let during = &log[log_from..];
     let mut by_verb = BTreeMap::new();

@@ -11,7 +11,7 @@ use std::time::Duration;
 use streamd::image::pullsecret::PullSecret;
 use streamd::image::reference::ImageRef;
 use streamd::image::registry::{EXTENSIONS_DIR, EXTRACT_LIMITS, Inspector};
-use testbed::registry::hostile;
+use testbed::fakes::registry::hostile;
 
 /// Peak resident set of this process, bytes.
 fn vm_hwm() -> u64 {

@@ -7,7 +7,7 @@ use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};
 
 use common::*;
-use testbed::registry::hostile;
+use testbed::fakes::registry::hostile;
 
 const BODY: &[u8] = b"\nWATCHDOG=trigger\n\x1b[31mdenied\x1b[0m\r\nREADY=1\n";
 

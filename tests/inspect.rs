@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use streamd::image::pullsecret::PullSecret;
 use streamd::image::reference::ImageRef;
 use streamd::image::registry::{InspectError, Inspector};
-use testbed::registry::{Registry, RegistryConfig, hostile, stored_blob};
+use testbed::fakes::registry::{Registry, RegistryConfig, hostile, stored_blob};
 
 fn dir(name: &str) -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))

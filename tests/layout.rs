@@ -515,34 +515,10 @@ fn describe(modules: &Modules, graph: &Graph, cycle: &[Vec<String>], root: &Path
     lines.join("\n")
 }
 
-/// TEMPORARY: cycles allowed for now, by their files (relative to the workspace root). An entry
-/// that no longer matches a cycle fails the test, so each goes once its cycle is broken.
-const KNOWN_CYCLES: &[&[&str]] = &[
-    // The fake rpm-ostreed's: being broken on the testbed-layout branch.
-    &[
-        "testbed/src/rpmostreed/control.rs",
-        "testbed/src/rpmostreed/os.rs",
-        "testbed/src/rpmostreed/transaction.rs",
-    ],
-    &[
-        "testbed/src/rpmostreed/model.rs",
-        "testbed/src/rpmostreed/ostree.rs",
-    ],
-    // The testbed's fixtures and images use each other (and fixtures' tests the host root and
-    // the fake rpm-ostreed, which use both): not yet broken anywhere.
-    &[
-        "testbed/src/fixtures.rs",
-        "testbed/src/host.rs",
-        "testbed/src/images.rs",
-        "testbed/src/rpmostreed/mod.rs",
-    ],
-];
-
 #[test]
 fn modules_do_not_import_each_other_in_a_cycle() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut found = Vec::new();
-    let mut known_seen = BTreeSet::new();
     for dir in ["src", "rollout/src", "testbed/src"] {
         let modules = library_modules(&root.join(dir));
         assert!(modules.len() > 5, "read {dir}: {modules:?}");
@@ -550,41 +526,13 @@ fn modules_do_not_import_each_other_in_a_cycle() {
             std::fs::read_to_string(f).expect("read source")
         });
         for c in cycles(&graph) {
-            let mut files: Vec<String> = c
-                .iter()
-                .map(|m| {
-                    modules[m]
-                        .strip_prefix(root)
-                        .unwrap_or(&modules[m])
-                        .display()
-                        .to_string()
-                })
-                .collect();
-            files.sort();
-            match KNOWN_CYCLES.iter().position(|k| {
-                let mut k: Vec<&str> = k.to_vec();
-                k.sort_unstable();
-                k == files
-            }) {
-                Some(k) => {
-                    known_seen.insert(k);
-                }
-                None => found.push(describe(&modules, &graph, &c, root)),
-            }
+            found.push(describe(&modules, &graph, &c, root));
         }
     }
     assert!(
         found.is_empty(),
         "modules import each other in a cycle; move what they share to the lower one or a third module:\n{}",
         found.join("\n")
-    );
-    let stale: Vec<_> = (0..KNOWN_CYCLES.len())
-        .filter(|k| !known_seen.contains(k))
-        .map(|k| KNOWN_CYCLES[k])
-        .collect();
-    assert!(
-        stale.is_empty(),
-        "these cycles are gone: remove them from KNOWN_CYCLES: {stale:?}"
     );
 }
 

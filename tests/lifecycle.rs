@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{Value, json};
+use testbed::control::{InhibitMode, Inhibitor, LogindCmd, RpmOstreedCmd};
 
 fn methods(txns: &[Value]) -> Vec<String> {
     started(txns)
@@ -276,12 +277,12 @@ async fn changed_request_mid_staging_cancels_and_stages_the_new_one() {
     let mut env = Env::new("change").await;
     // Long enough that the change always arrives mid-transaction, even on a loaded machine;
     // the cancellation ends the pause at once.
-    env.rpmostreed(json!({"cmd": "slow", "ms": 20000})).await;
+    env.rpmostreed(RpmOstreedCmd::Slow { ms: 20000 }).await;
     env.start_streamd();
     env.request_rhel10();
     env.wait_state("Staging").await;
     env.request_rhel10_extensions();
-    env.rpmostreed(json!({"cmd": "slow", "ms": 0})).await;
+    env.rpmostreed(RpmOstreedCmd::Slow { ms: 0 }).await;
     let a = env.wait_reboot_request().await;
     let txns = env.transactions().await;
     let updates = started_updates(&txns);
@@ -294,7 +295,7 @@ async fn changed_request_mid_staging_cancels_and_stages_the_new_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rpm_ostreed_exiting_mid_transaction_is_recovered() {
     let mut env = Env::new("daemon-exit").await;
-    env.rpmostreed(json!({"cmd": "exit-mid-transaction"})).await;
+    env.rpmostreed(RpmOstreedCmd::ExitMidTransaction).await;
     env.start_streamd();
     env.request_rhel10();
     env.wait_for(
@@ -318,10 +319,14 @@ async fn rpm_ostreed_exiting_mid_transaction_is_recovered() {
 async fn inhibitor_lock_degrades_naming_it_and_retries() {
     let mut env = Env::new("inhibit").await;
     env.tb
-        .control(
-            &json!({"target": "logind", "cmd": "inhibit", "what": "shutdown:sleep",
-            "who": "etcd-backup", "why": "snapshot in progress", "mode": "block"}),
-        )
+        .control(LogindCmd::Inhibit(Inhibitor {
+            what: "shutdown:sleep".into(),
+            who: "etcd-backup".into(),
+            why: "snapshot in progress".into(),
+            mode: InhibitMode::Block,
+            uid: 0,
+            pid: 0,
+        }))
         .await
         .expect("inhibit");
     env.start_streamd();
@@ -343,7 +348,9 @@ async fn inhibitor_lock_degrades_naming_it_and_retries() {
         "a blocked reboot is not an attempt"
     );
     env.tb
-        .control(&json!({"target": "logind", "cmd": "release", "who": "etcd-backup"}))
+        .control(LogindCmd::Release {
+            who: "etcd-backup".into(),
+        })
         .await
         .expect("release");
     env.wait_state("Rebooting").await;
@@ -471,8 +478,8 @@ async fn reboot_policy_immediate_finalizes_without_asking() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stage_never_checked_is_checked_after_a_restart_before_any_approval() {
     let mut env = Env::with_host("verify-restart", "realtime").await;
-    env.rpmostreed(json!({"cmd": "slow", "ms": 3000})).await;
-    env.rpmostreed(json!({"cmd": "drop-variant-next"})).await;
+    env.rpmostreed(RpmOstreedCmd::Slow { ms: 3000 }).await;
+    env.rpmostreed(RpmOstreedCmd::DropVariantNext).await;
     env.start_streamd();
     env.wait_state("Idle").await;
     let (os, ext) = (env.rhel10(), env.rhel10_extensions());
@@ -488,7 +495,7 @@ async fn a_stage_never_checked_is_checked_after_a_restart_before_any_approval() 
     }
     env.kill_streamd();
     loop {
-        let deps = env.rpmostreed(json!({"cmd": "deployments"})).await;
+        let deps = env.rpmostreed(RpmOstreedCmd::Deployments).await;
         if deps
             .as_array()
             .is_some_and(|d| d.iter().any(|d| d["staged"] == json!(true)))

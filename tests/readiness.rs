@@ -245,7 +245,7 @@ async fn readiness_by_config_alone_still_refuses_a_base_image_to_a_layered_node(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_that_offers_no_streams_leaves_a_readiness_node_idle() {
     let mut env = Env::with_host("readiness-nostreams", "mcd").await;
-    env.apiserver(json!({"cmd": "serve-osimagestreams", "version": null}))
+    env.apiserver(testbed::control::ApiServerCmd::ServeOsimagestreams { version: None })
         .await;
     env.start_streamd();
     let reason = wait_status_reason(&env, "offers no OS image streams").await;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::json;
+use testbed::control::ApiServerCmd;
 
 async fn resolving_env(name: &str) -> Env {
     resolving_env_spread(name, 0).await
@@ -87,7 +88,7 @@ async fn a_changed_digest_re_targets_the_node() {
 async fn a_cluster_serving_no_stream_api_is_reported_then_v1alpha1_is_used() {
     // A cluster before 4.21 (or 4.21/4.22 without a no-upgrade feature set).
     let mut env = Env::new("resolve-unserved").await;
-    env.apiserver(json!({"cmd": "serve-osimagestreams", "version": null}))
+    env.apiserver(ApiServerCmd::ServeOsimagestreams { version: None })
         .await;
     env.config(
         "60-resolve.toml",
@@ -109,8 +110,10 @@ async fn a_cluster_serving_no_stream_api_is_reported_then_v1alpha1_is_used() {
     );
     assert!(env.transactions().await.is_empty());
     // The TechPreview API of 4.21/4.22 appears: streamd finds it and resolves through it.
-    env.apiserver(json!({"cmd": "serve-osimagestreams", "version": "v1alpha1"}))
-        .await;
+    env.apiserver(ApiServerCmd::ServeOsimagestreams {
+        version: Some("v1alpha1".into()),
+    })
+    .await;
     let staged = env.wait_reboot_request().await;
     assert_eq!(staged[STAGED_OS_IMAGE], env.rhel10());
 }

@@ -8,18 +8,21 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::json;
+use testbed::control::RpmOstreedCmd;
 
 /// Stages rhel-10 and checks the agent stays `Staged` on its one locked stage: no
 /// `Cleanup`, no second `UpdateDeployment` (each would be a full image download on a node).
 async fn locked_stage_stays_staged(name: &str, legacy_lock_file: bool) {
     let mut env = Env::new(name).await;
-    env.rpmostreed(json!({"cmd": "legacy-lock-file", "on": legacy_lock_file}))
-        .await;
+    env.rpmostreed(RpmOstreedCmd::LegacyLockFile {
+        on: legacy_lock_file,
+    })
+    .await;
     env.start_streamd();
     env.wait_state("Idle").await;
     env.request_rhel10();
     env.wait_state("Staged").await;
-    let deployments = env.rpmostreed(json!({"cmd": "deployments"})).await;
+    let deployments = env.rpmostreed(RpmOstreedCmd::Deployments).await;
     // What rpm-ostreed reports depends on its version; the lock is real either way.
     assert_eq!(
         deployments[0].get("finalization-locked").is_some(),
@@ -86,8 +89,7 @@ async fn rebase_to_an_older_build_of_a_newer_major_is_staged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_call_degrades_once() {
     let mut env = Env::new("refused").await;
-    env.rpmostreed(json!({"cmd": "deny-calls", "on": true}))
-        .await;
+    env.rpmostreed(RpmOstreedCmd::DenyCalls { on: true }).await;
     env.start_streamd();
     env.wait_state("Idle").await;
     env.request_rhel10();
@@ -116,7 +118,7 @@ async fn a_refused_call_degrades_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn layer_tasks_are_reported_as_progress() {
     let mut env = Env::new("layer-progress").await;
-    env.rpmostreed(json!({"cmd": "slow", "ms": 4000})).await;
+    env.rpmostreed(RpmOstreedCmd::Slow { ms: 4000 }).await;
     env.start_streamd();
     env.wait_state("Idle").await;
     env.request_rhel10();
@@ -143,7 +145,7 @@ async fn interrupted_finalization_is_possibly_applied() {
     env.wait_state("Idle").await;
     env.request_rhel10();
     env.wait_reboot_request().await;
-    env.rpmostreed(json!({"cmd": "drop-after-unlock"})).await;
+    env.rpmostreed(RpmOstreedCmd::DropAfterUnlock).await;
     env.approve_reboot().await;
     env.wait_for("a reboot initiated", Duration::from_secs(30), |_| {
         env.reboot_initiated()
@@ -180,14 +182,14 @@ async fn a_restarted_daemon_is_registered_with_again() {
     env.start_streamd();
     env.wait_state("Idle").await;
     assert_eq!(
-        env.rpmostreed(json!({"cmd": "clients"})).await,
+        env.rpmostreed(RpmOstreedCmd::Clients).await,
         json!(["streamd"])
     );
-    env.rpmostreed(json!({"cmd": "exit-mid-transaction"})).await;
+    env.rpmostreed(RpmOstreedCmd::ExitMidTransaction).await;
     env.request_rhel10();
     env.wait_state("Staged").await;
     assert_eq!(
-        env.rpmostreed(json!({"cmd": "clients"})).await,
+        env.rpmostreed(RpmOstreedCmd::Clients).await,
         json!(["streamd"]),
         "{}",
         env.log()
@@ -201,7 +203,7 @@ async fn a_restarted_daemon_is_registered_with_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unstarted_transaction_is_dropped_not_joined() {
     let mut env = Env::new("wedged").await;
-    env.rpmostreed(json!({"cmd": "drop-peer-next"})).await;
+    env.rpmostreed(RpmOstreedCmd::DropPeerNext).await;
     env.start_streamd();
     env.wait_state("Idle").await;
     env.request_rhel10();
@@ -226,7 +228,7 @@ async fn an_unstarted_transaction_is_dropped_not_joined() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pending_deployment_from_ostree_admin_deploy_is_foreign() {
     let mut env = Env::with_host("admin-pending", "layered").await;
-    env.rpmostreed(json!({"cmd": "admin-deploy", "image": env.rhel9()}))
+    env.rpmostreed(RpmOstreedCmd::AdminDeploy { image: env.rhel9() })
         .await;
     env.start_streamd();
     let (os, ext) = (env.rhel10(), env.rhel10_extensions());
@@ -251,7 +253,7 @@ async fn a_pending_deployment_from_ostree_admin_deploy_is_foreign() {
     let txns = env.transactions().await;
     let methods: Vec<&str> = txns.iter().filter_map(|t| t["method"].as_str()).collect();
     assert_eq!(methods, ["Cleanup", "UpdateDeployment"], "{txns:#?}");
-    let deployments = env.rpmostreed(json!({"cmd": "deployments"})).await;
+    let deployments = env.rpmostreed(RpmOstreedCmd::Deployments).await;
     assert_eq!(
         deployments.as_array().map(Vec::len),
         Some(2),
@@ -272,7 +274,7 @@ async fn a_pending_deployment_from_ostree_admin_deploy_is_foreign() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_booted_deployment_without_a_digest_is_known_by_its_reference() {
     let mut env = Env::new("no-digest").await;
-    env.rpmostreed(json!({"cmd": "lose-image-metadata", "index": 0}))
+    env.rpmostreed(RpmOstreedCmd::LoseImageMetadata { index: 0 })
         .await;
     env.start_streamd();
     env.wait_state("Idle").await;

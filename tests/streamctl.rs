@@ -3,16 +3,14 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
+use testbed::scratch::ScratchDir;
 
-fn tmp(name: &str) -> PathBuf {
-    let d = scratch_dir("streamctl", name);
-    std::fs::create_dir_all(&d).expect("mkdir");
-    d
+fn tmp(name: &str) -> ScratchDir {
+    scratch_dir("streamctl", name)
 }
 
 fn streamctl(args: &[&str]) -> std::process::Output {

@@ -12,6 +12,7 @@ use serde_json::json;
 use streamd::cluster::node::NodeClient;
 use streamd::cluster::protocol::Inputs;
 use streamd::cluster::streams::{self, Catalog, ResolveError, StreamsUpdate};
+use testbed::control::{ApiServerCmd, Fault};
 
 /// The next catalog the watch yields within 30 s (watch errors are printed and skipped);
 /// prints the time since `since` (just before the change was made).
@@ -101,10 +102,9 @@ async fn watch_resolves_follows_a_digest_change_and_sees_deletion() {
 
     // The watch survives a dropped connection and a 410 Gone (relist): the change made
     // meanwhile still arrives.
-    env.apiserver(json!({"cmd": "fault", "kind": "gone", "count": 1}))
+    env.apiserver(ApiServerCmd::Fault(Fault::Gone { count: 1 }))
         .await;
-    env.apiserver(json!({"cmd": "fault", "kind": "drop-watches"}))
-        .await;
+    env.apiserver(ApiServerCmd::Fault(Fault::DropWatches)).await;
     let again = format!("{repo}@sha256:{}", "d".repeat(64));
     let since = Instant::now();
     env.patch_streams_status(&catalog_json(&again));
@@ -178,8 +178,10 @@ fn rhel10_of(catalog: &Catalog) -> Option<String> {
 async fn watch_reads_the_served_version_and_says_when_it_cannot() {
     let env = Env::new("streams-versions").await;
     // OpenShift 4.21/4.22 with TechPreviewNoUpgrade: only v1alpha1 is served.
-    env.apiserver(json!({"cmd": "serve-osimagestreams", "version": "v1alpha1"}))
-        .await;
+    env.apiserver(ApiServerCmd::ServeOsimagestreams {
+        version: Some("v1alpha1".into()),
+    })
+    .await;
     let mut updates = watch_as_node(&env).await;
     let catalog = next_catalog(&mut updates, Instant::now()).await;
     assert_eq!(rhel10_of(&catalog), Some(env.rhel10()), "{catalog:?}");
@@ -189,8 +191,10 @@ async fn watch_reads_the_served_version_and_says_when_it_cannot() {
     let rhel10 = env.rhel10();
     let (repo, _) = rhel10.split_once('@').expect("pinned");
     let retarget = format!("{repo}@sha256:{}", "c".repeat(64));
-    env.apiserver(json!({"cmd": "serve-osimagestreams", "version": "v1"}))
-        .await;
+    env.apiserver(ApiServerCmd::ServeOsimagestreams {
+        version: Some("v1".into()),
+    })
+    .await;
     let since = Instant::now();
     patch_status(&env, "v1", &retarget);
     let catalog = next_catalog(&mut updates, since).await;
@@ -198,7 +202,7 @@ async fn watch_reads_the_served_version_and_says_when_it_cannot() {
 
     // No served version at all (the CRD is gone): said, not silent.
     let since = Instant::now();
-    env.apiserver(json!({"cmd": "serve-osimagestreams", "version": null}))
+    env.apiserver(ApiServerCmd::ServeOsimagestreams { version: None })
         .await;
     let unserved = next_catalog(&mut updates, since).await;
     let err = streams::resolve(&stream_only("rhel-10"), Some(&unserved)).expect_err("unserved");
@@ -210,18 +214,19 @@ async fn watch_reads_the_served_version_and_says_when_it_cannot() {
 
     // Served again: found on the next discovery.
     let since = Instant::now();
-    env.apiserver(json!({"cmd": "serve-osimagestreams", "version": "v1"}))
-        .await;
+    env.apiserver(ApiServerCmd::ServeOsimagestreams {
+        version: Some("v1".into()),
+    })
+    .await;
     let catalog = next_catalog(&mut updates, since).await;
     assert_eq!(rhel10_of(&catalog), Some(retarget), "{catalog:?}");
 
     // The node's identity loses its RBAC grant: 403 is reported with the server's words.
     env.kubectl_ok(&["delete", "clusterrolebinding", "streamd-node"]);
     let since = Instant::now();
-    env.apiserver(json!({"cmd": "fault", "kind": "gone", "count": 1}))
+    env.apiserver(ApiServerCmd::Fault(Fault::Gone { count: 1 }))
         .await;
-    env.apiserver(json!({"cmd": "fault", "kind": "drop-watches"}))
-        .await;
+    env.apiserver(ApiServerCmd::Fault(Fault::DropWatches)).await;
     let forbidden = next_catalog(&mut updates, since).await;
     let reason = streams::resolve(&stream_only("rhel-10"), Some(&forbidden))
         .expect_err("forbidden")

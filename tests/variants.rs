@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{Value, json};
-use testbed::registry::stored_blob;
+use testbed::control::RpmOstreedCmd;
+use testbed::fakes::registry::stored_blob;
 
 /// Stages rhel-10 (with the extensions image) on `host` and returns the one transaction.
 async fn stage_on(host: &str) -> (Env, Value) {
@@ -292,11 +293,11 @@ async fn image_refusals() {
 async fn push_rhel10_extensions(
     env: &Env,
     tag: &str,
-    keep: impl Fn(&testbed::registry::Rpm) -> bool,
+    keep: impl Fn(&testbed::fakes::registry::Rpm) -> bool,
 ) -> String {
     let reg = env.tb.registry();
     let files = reg
-        .extensions_files("rhel-10", testbed::registry::Arch::Amd64, keep)
+        .extensions_files("rhel-10", testbed::fakes::registry::Arch::Amd64, keep)
         .expect("files");
     let (ext, _) = reg
         .push_custom(
@@ -351,7 +352,7 @@ async fn extensions_image_missing_a_dependency_is_refused_before_any_transaction
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn staged_tree_without_rt_fails_verification_and_is_cleaned_up() {
     let mut env = Env::with_host("verify-rt", "realtime").await;
-    env.rpmostreed(json!({"cmd": "drop-variant-next"})).await;
+    env.rpmostreed(RpmOstreedCmd::DropVariantNext).await;
     env.start_streamd();
     env.wait_state("Idle").await;
     let (os, ext) = (env.rhel10(), env.rhel10_extensions());
@@ -366,7 +367,7 @@ async fn staged_tree_without_rt_fails_verification_and_is_cleaned_up() {
     let txns = env.transactions().await;
     let methods: Vec<&str> = txns.iter().filter_map(|t| t["method"].as_str()).collect();
     assert_eq!(methods, vec!["UpdateDeployment", "Cleanup"], "{txns:#?}");
-    let deps = env.rpmostreed(json!({"cmd": "deployments"})).await;
+    let deps = env.rpmostreed(RpmOstreedCmd::Deployments).await;
     assert!(
         deps.as_array()
             .is_some_and(|d| d.iter().all(|d| d["staged"] != json!(true))),
@@ -572,7 +573,7 @@ async fn an_extensions_image_is_read_once_and_only_the_current_one_is_kept() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preflight_beside_a_waiting_staging_keeps_its_rpms() {
     let mut env = Env::with_host("preflight-beside-staging", "realtime").await;
-    env.rpmostreed(json!({"cmd": "hold-foreign", "on": true}))
+    env.rpmostreed(RpmOstreedCmd::HoldForeign { on: true })
         .await;
     env.start_streamd();
     env.wait_state("Idle").await;
@@ -595,7 +596,7 @@ async fn preflight_beside_a_waiting_staging_keeps_its_rpms() {
         Some(1),
         "no extensions image: a failed check"
     );
-    env.rpmostreed(json!({"cmd": "hold-foreign", "on": false}))
+    env.rpmostreed(RpmOstreedCmd::HoldForeign { on: false })
         .await;
     let a = env.wait_state("Staged").await;
     assert_eq!(a.get(STATE).map(String::as_str), Some("Staged"), "{a:#?}");
@@ -628,8 +629,9 @@ async fn a_realtime_image_host_moves_only_to_a_realtime_image() {
     // The real-time variant of the target (its `ostree.linux` a `+rt` release) passes the
     // check, and needs no extensions image: nothing is carried.
     let rhel10 = &env.tb.images()[1];
-    let mut labels = testbed::registry::content::os_labels(rhel10, testbed::registry::Arch::Amd64)
-        .expect("labels");
+    let mut labels =
+        testbed::fakes::registry::content::os_labels(rhel10, testbed::fakes::registry::Arch::Amd64)
+            .expect("labels");
     let rt_release = format!("{}+rt", labels["ostree.linux"]);
     labels.insert("ostree.linux".into(), rt_release.clone());
     let files = vec![("usr/lib/os-release".into(), b"ID=rhcos\n".to_vec())];

@@ -13,7 +13,8 @@ use futures::StreamExt;
 use streamd::backend::Deployment;
 use streamd::backend::KernelVariant;
 use streamd::host::verify::{Expectation, VerifyError, verify_staged};
-use testbed::images::TestImage;
+use testbed::fixtures::images::TestImage;
+use testbed::scratch::ScratchDir;
 use testbed::{Backend, Testbed};
 use zbus::zvariant::{self, OwnedValue, Value};
 use zbus::{Connection, MessageStream};
@@ -34,21 +35,15 @@ const KERNEL_RT: [&str; 4] = [
 
 type Dict = HashMap<String, OwnedValue>;
 
-/// A testbed on one host fixture and a system-bus client; the directory goes on drop.
+/// A testbed on one host fixture and a system-bus client; the directory goes last.
 struct Env {
     tb: Testbed,
     client: Connection,
-    dir: PathBuf,
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    dir: ScratchDir,
 }
 
 impl Env {
-    /// A testbed in `target/tmp/verify-<name>-<pid>` on the host fixture `host`.
+    /// A testbed in a scratch directory `verify-<name>` on the host fixture `host`.
     async fn new(name: &str, host: &str) -> Env {
         let dir = scratch_dir("verify", name);
         let tb = start_testbed(&dir, host, Backend::default()).await;
@@ -382,11 +377,13 @@ async fn realtime_host_staged_with_el10_kernel_rt_verifies() {
     let files: Vec<std::fs::File> = KERNEL_RT
         .iter()
         .map(|name| {
-            let nevra =
-                testbed::fixtures::Nevra::parse(&format!("{name}-{version}-{release}.x86_64"))
-                    .expect("nevra");
+            let nevra = testbed::fixtures::packages::Nevra::parse(&format!(
+                "{name}-{version}-{release}.x86_64"
+            ))
+            .expect("nevra");
             let path = rpm_dir.join(format!("{nevra}.rpm"));
-            std::fs::write(&path, testbed::fixtures::fake_rpm(&nevra)).expect("write rpm");
+            std::fs::write(&path, testbed::fixtures::packages::fake_rpm(&nevra))
+                .expect("write rpm");
             std::fs::File::open(&path).expect("open rpm")
         })
         .collect();

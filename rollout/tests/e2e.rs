@@ -250,7 +250,7 @@ async fn a_controller_killed_mid_drain_continues_without_a_second_approval() {
 }
 
 fn leader_of(p: &Pool) -> Option<String> {
-    testbed::fleet::controller::leader(p.api())
+    testbed::harness::fleet::controller::leader(p.api())
 }
 
 /// Two replicas elect a leader on the Lease; the leader is SIGKILLed mid-drain and the other

@@ -495,6 +495,8 @@ mod tests {
         c.packages.iter().map(|p| p.name.as_str()).collect()
     }
 
+    // a table test: one named row per closure case
+    #[allow(clippy::too_many_lines)]
     #[test]
     fn closures_by_table() {
         let el10 = "6.12.0-124.8.1.el10_1";

@@ -1,5 +1,7 @@
 //! `testbed`: runs the streamd testbed (see docs/testbed.md).
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -9,6 +11,8 @@ use std::os::unix::process::CommandExt as _;
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
+use testbed::control::{Request, TestbedCmd};
+use testbed::harness::control_socket::control_client;
 use testbed::{Backend, Fleet, FleetOptions, Options, Testbed};
 
 /// The streamd testbed: a private dbus-daemon, a fake rpm-ostreed and a fake Kubernetes API
@@ -203,7 +207,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             let streamd = streamd_or_default(streamd)?;
             if let Some(nodes) = fleet {
                 let figures =
-                    testbed::fleet::bench::run(&testbed::fleet::bench::FleetBenchOptions {
+                    testbed::bench::fleet::run(&testbed::bench::fleet::FleetBenchOptions {
                         dir: dir.clone(),
                         nodes,
                         streamd,
@@ -235,18 +239,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
             fail_finalize,
             node,
         } => {
-            let mut cmd = serde_json::json!({"target": "testbed", "cmd": "reboot", "fail-finalize": fail_finalize});
-            if let Some(node) = node {
-                cmd["node"] = serde_json::json!(node);
-            }
-            let reply = testbed::testbed::control_client(&dir, &cmd).await?;
+            let cmd = Request {
+                command: TestbedCmd::Reboot { fail_finalize }.into(),
+                node,
+            };
+            let reply = control_client(&dir, &cmd).await?;
             println!("{}", serde_json::to_string_pretty(&reply)?);
             Ok(())
         }
         Command::Ctl { dir, json } => {
             let cmd: serde_json::Value =
                 serde_json::from_str(&json).context("the command is not JSON")?;
-            let reply = testbed::testbed::control_client(&dir, &cmd).await?;
+            let cmd: Request = serde_json::from_value(cmd).context("not a control command")?;
+            let reply = control_client(&dir, &cmd).await?;
             println!("{}", serde_json::to_string_pretty(&reply)?);
             Ok(())
         }

@@ -1,11 +1,12 @@
 //! The fake systemd, logind and bootc of a bootc testbed host against real clients: `busctl`,
 //! `dbus-send` (inside the fake bootc script), `setpriv` and zbus.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use futures::StreamExt as _;
 use serde_json::json;
+use testbed::control::{BootcCmd, InhibitMode, Inhibitor, LogindCmd, SystemdCmd, TestbedCmd};
+use testbed::scratch::ScratchDir;
 use testbed::{Backend, Options, Testbed};
 use zbus::zvariant::{OwnedObjectPath, Value};
 
@@ -121,23 +122,16 @@ const SYSTEMD_REFERENCE: &[(&str, &str, &str, &str)] = &[
 struct Env {
     tb: Testbed,
     conn: zbus::Connection,
-    dir: PathBuf,
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    /// Last: removed once the testbed stopped.
+    dir: ScratchDir,
 }
 
 impl Env {
     async fn new(name: &str) -> Env {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("fake-bootc-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = ScratchDir::new(&format!("fake-bootc-{name}")).expect("scratch dir");
         let tb = Testbed::start(Options {
             backend: Backend::Bootc,
-            ..Options::new(dir.clone())
+            ..Options::new(dir.to_path_buf())
         })
         .await
         .expect("testbed starts");
@@ -389,11 +383,7 @@ async fn fakes_match_the_real_interfaces_and_run_units() {
             .await;
         assert_eq!((code, value.trim()), (0, want), "{prop}: {err}");
     }
-    let units = env
-        .tb
-        .control(&json!({"target": "systemd", "cmd": "units"}))
-        .await
-        .expect("units");
+    let units = env.tb.control(SystemdCmd::Units).await.expect("units");
     let rec = units
         .as_array()
         .expect("list")
@@ -447,7 +437,14 @@ async fn fakes_match_the_real_interfaces_and_run_units() {
 
     // logind: a block inhibitor refuses Reboot with logind's error, and nothing is recorded.
     env.tb
-        .control(&json!({"target": "logind", "cmd": "inhibit", "what": "shutdown", "who": "t", "why": "w", "mode": "block"}))
+        .control(LogindCmd::Inhibit(Inhibitor {
+            what: "shutdown".into(),
+            who: "t".into(),
+            why: "w".into(),
+            mode: InhibitMode::Block,
+            uid: 0,
+            pid: 0,
+        }))
         .await
         .expect("inhibit");
     let (code, list, _) = env
@@ -607,9 +604,11 @@ async fn fake_bootc_prints_the_real_shape_and_stages() {
 #[tokio::test]
 async fn fake_bootc_prints_the_shape_of_older_releases() {
     let env = Env::new("bootc-versions").await;
-    let set = |v: &str| json!({"target": "bootc", "cmd": "version", "version": v});
+    let set = |v: &str| BootcCmd::Version {
+        version: Some(v.to_string()),
+    };
     // v0.1.12: `--format` did not exist yet (clap's error, exit 2); `--json` did.
-    env.tb.control(&set("0.1.12")).await.expect("version");
+    env.tb.control(set("0.1.12")).await.expect("version");
     let (code, _, err) = env.bootc(&["status", "--format=json"]).await;
     assert_eq!(code, 2, "{err}");
     assert!(
@@ -628,7 +627,7 @@ async fn fake_bootc_prints_the_shape_of_older_releases() {
     }
     assert!(booted["image"].get("architecture").is_none(), "{booted}");
     // v1.3.0: v1, stateroot, architecture; not yet downloadOnly.
-    env.tb.control(&set("1.3.0")).await.expect("version");
+    env.tb.control(set("1.3.0")).await.expect("version");
     let (_, out, _) = env.bootc(&["status", "--format=json"]).await;
     let doc: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     assert_eq!(doc["apiVersion"], "org.containers.bootc/v1");
@@ -638,7 +637,7 @@ async fn fake_bootc_prints_the_shape_of_older_releases() {
     assert!(booted.get("downloadOnly").is_none(), "{booted}");
     let (_, version, _) = env.bootc(&["--version"]).await;
     assert_eq!(version, "bootc 1.3.0\n");
-    assert!(env.tb.control(&set("1.x")).await.is_err());
+    assert!(env.tb.control(set("1.x")).await.is_err());
 }
 
 /// libostree's legacy lock file, whoever made it: the finalization at shutdown honours it, a
@@ -665,7 +664,9 @@ async fn the_legacy_lock_file_is_kept_dropped_and_honoured_as_libostree_does() {
     );
     let rebooted = env
         .tb
-        .control(&json!({"target": "testbed", "cmd": "reboot"}))
+        .control(TestbedCmd::Reboot {
+            fail_finalize: false,
+        })
         .await
         .expect("reboot");
     assert_eq!(rebooted["applied"], json!(false), "{rebooted}");
@@ -691,7 +692,9 @@ async fn the_legacy_lock_file_is_kept_dropped_and_honoured_as_libostree_does() {
     assert!(!lock.exists());
     let rebooted = env
         .tb
-        .control(&json!({"target": "testbed", "cmd": "reboot"}))
+        .control(TestbedCmd::Reboot {
+            fail_finalize: false,
+        })
         .await
         .expect("reboot");
     assert_eq!(rebooted["applied"], json!(true), "{rebooted}");

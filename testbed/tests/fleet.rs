@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use testbed::control::{ApiServerCmd, TestbedCmd};
+use testbed::scratch::ScratchDir;
 use testbed::{Fleet, FleetOptions};
 
 const PREFIX: &str = "osstream.openshift.io/";
@@ -30,10 +32,8 @@ fn streamd_bin() -> PathBuf {
     workspace_bin("streamd", "streamd")
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("testbed-fleet-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+fn scratch(name: &str) -> ScratchDir {
+    ScratchDir::new(&format!("fleet-{name}")).expect("scratch dir")
 }
 
 fn annotation(fleet: &Fleet, node: &str, key: &str) -> Option<String> {
@@ -96,7 +96,7 @@ async fn each_node_runs_its_own_streamd_moves_and_reboots_on_its_own() {
     let dir = scratch("move");
     let fleet = Fleet::start(FleetOptions {
         streamd: Some(streamd_bin()),
-        ..FleetOptions::new(&dir, 3)
+        ..FleetOptions::new(dir.to_path_buf(), 3)
     })
     .await
     .expect("fleet starts");
@@ -111,10 +111,7 @@ async fn each_node_runs_its_own_streamd_moves_and_reboots_on_its_own() {
         assert_eq!(node_ready(&fleet, &node), "True");
     }
     // Each agent authenticated as its own node.
-    let stats = fleet
-        .control(&json!({"target": "apiserver", "cmd": "stats"}))
-        .await
-        .expect("stats");
+    let stats = fleet.control(ApiServerCmd::STATS).await.expect("stats");
     for node in fleet.nodes() {
         assert!(
             stats["by_user"][format!("system:node:{node}")]["patch"].as_u64() >= Some(1),
@@ -122,7 +119,7 @@ async fn each_node_runs_its_own_streamd_moves_and_reboots_on_its_own() {
         );
     }
     fleet
-        .control(&json!({"target": "apiserver", "cmd": "reset-unavailable"}))
+        .control(ApiServerCmd::ResetUnavailable)
         .await
         .expect("reset");
 
@@ -165,7 +162,7 @@ async fn each_node_runs_its_own_streamd_moves_and_reboots_on_its_own() {
         assert_eq!(annotation(&fleet, other, "state").as_deref(), Some("Idle"));
     }
     let record = fleet
-        .control(&json!({"target": "apiserver", "cmd": "unavailable"}))
+        .control(ApiServerCmd::Unavailable)
         .await
         .expect("record");
     assert_eq!(record["max"], 1, "{record}");
@@ -182,7 +179,12 @@ async fn each_node_runs_its_own_streamd_moves_and_reboots_on_its_own() {
     let pid = fleet.streamd_pid("worker-2").await.expect("pid");
     let before = boot_id(&fleet, "worker-2");
     let reboot = fleet
-        .control(&json!({"target": "testbed", "cmd": "reboot", "node": "worker-2"}))
+        .control(
+            TestbedCmd::Reboot {
+                fail_finalize: false,
+            }
+            .on("worker-2"),
+        )
         .await
         .expect("reboot");
     assert_eq!(reboot["applied"], false, "nothing was staged: {reboot}");
@@ -190,7 +192,7 @@ async fn each_node_runs_its_own_streamd_moves_and_reboots_on_its_own() {
     let new_pid = fleet.streamd_pid("worker-2").await.expect("pid");
     assert!(new_pid.is_some() && new_pid != pid, "{pid:?} → {new_pid:?}");
     let record = fleet
-        .control(&json!({"target": "apiserver", "cmd": "unavailable"}))
+        .control(ApiServerCmd::Unavailable)
         .await
         .expect("record");
     assert!(
@@ -216,8 +218,8 @@ async fn each_node_runs_its_own_streamd_moves_and_reboots_on_its_own() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fleet_bench_measures_the_real_controller() {
     let dir = scratch("bench");
-    let figures = testbed::fleet::bench::run(&testbed::fleet::bench::FleetBenchOptions {
-        dir: dir.clone(),
+    let figures = testbed::bench::fleet::run(&testbed::bench::fleet::FleetBenchOptions {
+        dir: dir.to_path_buf(),
         nodes: 2,
         streamd: streamd_bin(),
         controller: workspace_bin("streamd-rollout", "rollout"),

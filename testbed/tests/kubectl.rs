@@ -11,7 +11,9 @@ use common::{NODE, Out, Watch, run_kubectl, start_apiserver};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::{Value, json};
-use testbed::apiserver::ApiServer;
+use testbed::control::{ApiServerCmd, Fault};
+use testbed::fakes::apiserver::ApiServer;
+use testbed::scratch::ScratchDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -20,8 +22,9 @@ const NODE_USER: &str = "system:node:worker-0";
 const STREAM_KEY: &str = "osstream.openshift.io/desired-stream";
 
 struct Env {
-    dir: PathBuf,
     server: ApiServer,
+    /// After the server: dropped once it stopped.
+    dir: ScratchDir,
 }
 
 /// A raw HTTP response.
@@ -95,16 +98,16 @@ impl Env {
         out.stdout
     }
 
-    async fn control(&self, cmd: Value) -> Value {
-        self.server.control(&cmd).await.expect("control command")
+    async fn control(&self, cmd: ApiServerCmd) -> Value {
+        self.server.control(cmd).await.expect("control command")
     }
 
     async fn annotations(&self) -> Value {
-        self.control(json!({"cmd": "node-annotations"})).await
+        self.control(ApiServerCmd::NodeAnnotations).await
     }
 
     async fn node(&self) -> Value {
-        self.control(json!({"cmd": "get-node"})).await
+        self.control(ApiServerCmd::GetNode).await
     }
 
     fn node_rv(node: &Value) -> u64 {
@@ -392,7 +395,7 @@ async fn watch_sees_annotation_from_node_identity() {
     assert_eq!(found["type"], "MODIFIED");
     let _ = watch.child.kill().await;
 
-    let stats = env.control(json!({"cmd": "stats"})).await;
+    let stats = env.control(ApiServerCmd::STATS).await;
     assert_eq!(stats["by_user"]["admin"]["watch"], 1, "{stats}");
     assert_eq!(stats["by_user"][NODE_USER]["patch"], 1, "{stats}");
 }
@@ -698,7 +701,7 @@ async fn anonymous_and_wrong_token_are_unauthorized() {
         )
         .await;
     assert_eq!(raw.status, 200, "{}", raw.body);
-    let stats = env.control(json!({"cmd": "stats"})).await;
+    let stats = env.control(ApiServerCmd::STATS).await;
     assert_eq!(stats["by_user"][NODE_USER]["get"], 1, "{stats}");
     assert!(
         stats["by_user"]["system:anonymous"]["list"].as_u64() >= Some(1),
@@ -872,7 +875,7 @@ async fn watch_resume_expiry_and_gone_fault() {
     assert_eq!(events[0]["type"], "ADDED");
 
     // `gone` compacts the history: the old resourceVersion is now too old.
-    env.control(json!({"cmd": "fault", "kind": "gone", "count": 1}))
+    env.control(ApiServerCmd::Fault(Fault::Gone { count: 1 }))
         .await;
     let current = Env::node_rv(&env.node().await);
     let forced = env
@@ -946,8 +949,13 @@ async fn throttle_error_delay_refuse_and_drop_faults() {
     let env = Env::start("faults").await;
     let node_path = format!("/api/v1/nodes/{NODE}");
 
-    env.control(json!({"cmd": "fault", "kind": "throttle", "count": 1, "retry_after": 3}))
-        .await;
+    env.control(ApiServerCmd::Fault(Fault::Throttle {
+        count: 1,
+        retry_after: 3,
+        user: None,
+        verb: None,
+    }))
+    .await;
     let raw = env.raw("GET", &node_path, Identity::Admin, None).await;
     assert_eq!(raw.status, 429);
     assert!(
@@ -957,8 +965,13 @@ async fn throttle_error_delay_refuse_and_drop_faults() {
     );
     assert_eq!(raw.json()["reason"], "TooManyRequests");
 
-    env.control(json!({"cmd": "fault", "kind": "error", "count": 1}))
-        .await;
+    env.control(ApiServerCmd::Fault(Fault::Error {
+        count: 1,
+        code: 500,
+        user: None,
+        verb: None,
+    }))
+    .await;
     let raw = env.raw("GET", &node_path, Identity::Admin, None).await;
     assert_eq!(raw.status, 500);
     assert_eq!(raw.json()["reason"], "InternalError");
@@ -971,16 +984,21 @@ async fn throttle_error_delay_refuse_and_drop_faults() {
 
     // kubectl honours Retry-After and succeeds after the throttled attempts.
     env.kubectl(&["get", "node", NODE]).await; // warm the discovery cache
-    env.control(json!({"cmd": "reset-stats"})).await;
-    env.control(json!({"cmd": "fault", "kind": "throttle", "count": 2, "retry_after": 1}))
-        .await;
+    env.control(ApiServerCmd::ResetStats).await;
+    env.control(ApiServerCmd::Fault(Fault::Throttle {
+        count: 2,
+        retry_after: 1,
+        user: None,
+        verb: None,
+    }))
+    .await;
     let started = Instant::now();
     let out = env.kubectl(&["get", "--raw", &node_path]).await;
     assert_eq!(parse(&out)["metadata"]["name"], NODE);
     // At least one Retry-After wait; the gcloud kubectl dispatcher's own /version probe
     // may take one of the 429s, so the exact split between the two is not fixed.
     assert!(started.elapsed() >= Duration::from_secs(1));
-    let stats = env.control(json!({"cmd": "stats"})).await;
+    let stats = env.control(ApiServerCmd::STATS).await;
     assert!(
         stats["by_user"]["admin"]["get"].as_u64() >= Some(3),
         "{stats}"
@@ -993,8 +1011,12 @@ async fn throttle_error_delay_refuse_and_drop_faults() {
         "throttle used up"
     );
 
-    env.control(json!({"cmd": "fault", "kind": "delay", "ms": 400}))
-        .await;
+    env.control(ApiServerCmd::Fault(Fault::Delay {
+        ms: 400,
+        user: None,
+        verb: None,
+    }))
+    .await;
     let started = Instant::now();
     assert_eq!(
         env.raw("GET", &node_path, Identity::Admin, None)
@@ -1003,8 +1025,12 @@ async fn throttle_error_delay_refuse_and_drop_faults() {
         200
     );
     assert!(started.elapsed() >= Duration::from_millis(400));
-    env.control(json!({"cmd": "fault", "kind": "delay", "ms": 0}))
-        .await;
+    env.control(ApiServerCmd::Fault(Fault::Delay {
+        ms: 0,
+        user: None,
+        verb: None,
+    }))
+    .await;
 
     // An open watch ends when watches are dropped.
     let connection = env.raw_connect(Identity::Admin).await.expect("connect");
@@ -1016,8 +1042,7 @@ async fn throttle_error_delay_refuse_and_drop_faults() {
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!watch.is_finished());
-    env.control(json!({"cmd": "fault", "kind": "drop-watches"}))
-        .await;
+    env.control(ApiServerCmd::Fault(Fault::DropWatches)).await;
     let dropped = tokio::time::timeout(Duration::from_secs(5), watch)
         .await
         .expect("watch ends after drop-watches")
@@ -1031,7 +1056,7 @@ async fn throttle_error_delay_refuse_and_drop_faults() {
         raw_exchange(connection, "GET", "/api/v1/nodes?watch=1", &token, None).await
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    env.control(json!({"cmd": "fault", "kind": "refuse", "on": true}))
+    env.control(ApiServerCmd::Fault(Fault::Refuse { on: true }))
         .await;
     tokio::time::timeout(Duration::from_secs(5), watch)
         .await
@@ -1044,7 +1069,7 @@ async fn throttle_error_delay_refuse_and_drop_faults() {
     );
     let err = env.kubectl_fails(&["get", "node", NODE]).await;
     assert!(err.contains("refused"), "{err}");
-    env.control(json!({"cmd": "fault", "kind": "refuse", "on": false}))
+    env.control(ApiServerCmd::Fault(Fault::Refuse { on: false }))
         .await;
     assert_eq!(
         env.raw("GET", &node_path, Identity::Admin, None)
@@ -1053,22 +1078,30 @@ async fn throttle_error_delay_refuse_and_drop_faults() {
         200
     );
 
-    env.control(json!({"cmd": "fault", "kind": "error", "count": 5}))
-        .await;
-    env.control(json!({"cmd": "fault", "kind": "clear"})).await;
+    env.control(ApiServerCmd::Fault(Fault::Error {
+        count: 5,
+        code: 500,
+        user: None,
+        verb: None,
+    }))
+    .await;
+    env.control(ApiServerCmd::Fault(Fault::Clear)).await;
     assert_eq!(
         env.raw("GET", &node_path, Identity::Admin, None)
             .await
             .status,
         200
     );
-    assert!(
-        env.server
-            .control(&json!({"cmd": "fault", "kind": "nope"}))
-            .await
-            .is_err()
-    );
-    assert!(env.server.control(&json!({"cmd": "nope"})).await.is_err());
+    // Unknown commands do not get past the control socket's parser.
+    for unknown in [
+        json!({"cmd": "fault", "kind": "nope"}),
+        json!({"cmd": "nope"}),
+    ] {
+        assert!(
+            serde_json::from_value::<ApiServerCmd>(unknown.clone()).is_err(),
+            "{unknown}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -1078,7 +1111,7 @@ async fn stats_count_kubectl_requests_by_user_and_verb() {
     env.kubectl_as_node(&["annotate", "node", NODE, "a=b"])
         .await;
     env.kubectl_as_node(&["label", "node", NODE, "c=d"]).await;
-    let stats = env.control(json!({"cmd": "stats"})).await;
+    let stats = env.control(ApiServerCmd::STATS).await;
     let admin = &stats["by_user"]["admin"];
     let node = &stats["by_user"][NODE_USER];
     assert!(admin["get"].as_u64() >= Some(1), "{stats}");
@@ -1093,8 +1126,8 @@ async fn stats_count_kubectl_requests_by_user_and_verb() {
         .filter_map(Value::as_u64)
         .sum();
     assert_eq!(stats["total"], sum);
-    env.control(json!({"cmd": "reset-stats"})).await;
-    let reset = env.control(json!({"cmd": "stats"})).await;
+    env.control(ApiServerCmd::ResetStats).await;
+    let reset = env.control(ApiServerCmd::STATS).await;
     assert_eq!(
         (&reset["total"], &reset["by_user"]),
         (&json!(0), &json!({}))
@@ -1273,7 +1306,7 @@ async fn posted_crd_is_served_with_generation_status_and_watch() {
 #[tokio::test]
 async fn kubectl_cordon_and_uncordon_are_recorded_as_unavailability() {
     let env = Env::start("cordon").await;
-    env.control(json!({"cmd": "reset-unavailable"})).await;
+    env.control(ApiServerCmd::ResetUnavailable).await;
     let out = env.kubectl(&["cordon", NODE]).await;
     assert!(out.contains("cordoned"), "{out}");
     assert_eq!(env.node().await["spec"]["unschedulable"], true);
@@ -1281,7 +1314,7 @@ async fn kubectl_cordon_and_uncordon_are_recorded_as_unavailability() {
     assert!(table.contains("Ready,SchedulingDisabled"), "{table}");
     env.kubectl(&["uncordon", NODE]).await;
     assert!(env.node().await["spec"].get("unschedulable").is_none());
-    let record = env.control(json!({"cmd": "unavailable"})).await;
+    let record = env.control(ApiServerCmd::Unavailable).await;
     assert_eq!(record["max"], 1, "{record}");
     assert_eq!(record["now"], json!([]), "{record}");
     let sets: Vec<Value> = record["timeline"]
@@ -1347,7 +1380,7 @@ async fn kubectl_drain_evicts_through_the_disruption_budget() {
         (&json!(2), &json!(1), &json!(1), &json!(2)),
         "{status}"
     );
-    env.control(json!({"cmd": "pod-removal", "delay_ms": 300}))
+    env.control(ApiServerCmd::PodRemoval { delay_ms: 300 })
         .await;
     let pods = parse(
         &env.kubectl(&[
@@ -1474,7 +1507,7 @@ async fn eviction_statuses_and_graceful_deletion_are_the_real_ones() {
     env.kubectl(&["delete", "pdb", "web"]).await;
 
     // Allowed: 201 Success, the pod terminates gracefully (deletionTimestamp, then gone).
-    env.control(json!({"cmd": "pod-removal", "delay_ms": 1500}))
+    env.control(ApiServerCmd::PodRemoval { delay_ms: 1500 })
         .await;
     let raw = evict(
         &env,
@@ -1584,7 +1617,11 @@ async fn leases_conflict_on_a_stale_resource_version() {
 async fn a_service_account_gets_exactly_what_rbac_binds() {
     let env = Env::start("rbac").await;
     let sa = "system:serviceaccount:streamd:streamd-rollout";
-    let reply = env.control(json!({"cmd": "add-user", "user": sa})).await;
+    let reply = env
+        .control(ApiServerCmd::AddUser {
+            user: sa.to_string(),
+        })
+        .await;
     let kubeconfig = PathBuf::from(reply["kubeconfig"].as_str().expect("kubeconfig path"));
     let as_sa = |args: &'static [&'static str]| {
         let kubeconfig = kubeconfig.clone();
@@ -1648,7 +1685,7 @@ subjects: [{kind: ServiceAccount, name: streamd-rollout}]
     );
     let out = as_sa(&["delete", "pod", "-n", "default", "x"]).await;
     assert!(out.stderr.contains("Forbidden"), "{}", out.stderr);
-    let stats = env.control(json!({"cmd": "stats"})).await;
+    let stats = env.control(ApiServerCmd::STATS).await;
     assert!(
         stats["by_resource"][sa]["pods"]["list"].as_u64() >= Some(2),
         "{stats}"
@@ -1665,7 +1702,7 @@ subjects: [{kind: ServiceAccount, name: streamd-rollout}]
     );
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let stats = env.control(json!({"cmd": "stats"})).await;
+        let stats = env.control(ApiServerCmd::STATS).await;
         if stats["watches_open"][sa] == 1 {
             assert_eq!(stats["watches_max"][sa], 1);
             break;
@@ -1678,7 +1715,7 @@ subjects: [{kind: ServiceAccount, name: streamd-rollout}]
     }
     watch.child.kill().await.expect("kill kubectl -w");
     let deadline = Instant::now() + Duration::from_secs(20);
-    while env.control(json!({"cmd": "stats"})).await["watches_open"][sa] != 0 {
+    while env.control(ApiServerCmd::STATS).await["watches_open"][sa] != 0 {
         assert!(Instant::now() < deadline, "the closed watch stays counted");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::{NODE, Out, Watch, run_kubectl, start_apiserver};
 use serde_json::{Value, json};
-use testbed::apiserver::{ApiServer, StreamImages};
+use testbed::fakes::apiserver::{ApiServer, StreamImages};
+use testbed::scratch::ScratchDir;
 
 fn digest(fill: char) -> String {
     format!("sha256:{}", fill.to_string().repeat(64))
@@ -34,9 +35,10 @@ fn status_patch(patch: &str) -> [&str; 7] {
 }
 
 struct Env {
-    dir: PathBuf,
     /// Kept alive for the test; dropping it stops the server.
     _server: ApiServer,
+    /// After the server: dropped once it stopped.
+    dir: ScratchDir,
 }
 
 impl Env {

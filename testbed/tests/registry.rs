@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt as _, Empty};
@@ -14,24 +13,17 @@ use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
-use testbed::images::{self, TestImage};
-use testbed::registry::{Arch, CustomImage, Entry, Registry, RegistryConfig};
+use testbed::fakes::registry::{Arch, CustomImage, Entry, Registry, RegistryConfig};
+use testbed::fixtures::images::{self, TestImage};
+use testbed::scratch::ScratchDir;
 use tokio::net::TcpStream;
 use tokio::process::Command;
 
 const INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 
-fn temp_dir(name: &str) -> PathBuf {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "testbed-registry-{}-{}-{name}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn temp_dir(name: &str) -> ScratchDir {
+    ScratchDir::new(&format!("registry-{name}")).expect("scratch dir")
 }
 
 fn sha(data: &[u8]) -> String {
@@ -344,7 +336,7 @@ async fn serves_real_os_and_extensions_images_behind_basic_auth() {
     assert_eq!(anon_manifest.status, 401);
     let wrong = format!(
         "Basic {}",
-        testbed::registry::client::base64(b"testbed:wrong")
+        testbed::fakes::registry::client::base64(b"testbed:wrong")
     );
     assert_eq!(get(&host, "/v2/", Some(&wrong), None).await.status, 401);
     let p = Puller::from_pull_secret(&reg);

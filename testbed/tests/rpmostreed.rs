@@ -5,14 +5,15 @@ use std::io::{BufRead, BufReader};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::json;
+use testbed::control::{InhibitMode, Inhibitor, LogindCmd, RpmOstreedCmd};
+use testbed::fakes::rpmostreed::{FakeRpmOstreed, RpmOstreedConfig};
+use testbed::fixtures::images::{DEFAULT_REGISTRY, TestImage, catalog};
 use testbed::fixtures::{self, Fixture};
-use testbed::images::{DEFAULT_REGISTRY, TestImage, catalog};
-use testbed::rpmostreed::{FakeRpmOstreed, RpmOstreedConfig};
+use testbed::scratch::ScratchDir;
 use zbus::message::Message;
 use zbus::zvariant::{self, OwnedValue, Value};
 use zbus::{Connection, MessageStream};
@@ -29,28 +30,6 @@ const GIO_BUSY: &str = "org.gtk.GDBus.UnmappedGError.Quark._g_2dio_2derror_2dqua
 const WAIT: Duration = Duration::from_secs(10);
 
 type Dict = HashMap<String, OwnedValue>;
-
-/// A scratch directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> TempDir {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "rpmostreed-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&path).expect("create temp dir");
-        TempDir(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A private system-bus-like `dbus-daemon`, killed on drop.
 struct BusDaemon {
@@ -105,7 +84,7 @@ struct Env {
     images: Vec<TestImage>,
     fixture: Fixture,
     bus: BusDaemon,
-    dir: TempDir,
+    dir: ScratchDir,
 }
 
 impl Env {
@@ -115,8 +94,8 @@ impl Env {
 
     /// A fake on the host fixture `name`, with its host root written the way the testbed does.
     async fn with_host(name: &str) -> Env {
-        let dir = TempDir::new();
-        let bus = BusDaemon::start(&dir.0);
+        let dir = ScratchDir::new("rpmostreed").expect("scratch dir");
+        let bus = BusDaemon::start(&dir);
         let images = catalog(DEFAULT_REGISTRY);
         let mut env = Env {
             client: connect(&bus.address).await,
@@ -130,8 +109,8 @@ impl Env {
             .await
             .expect("start fake");
         let cmdline = fake.booted_cmdline().expect("booted cmdline");
-        testbed::host::write(
-            &env.dir.0.join("host"),
+        testbed::harness::host_root::write(
+            &env.dir.join("host"),
             "worker-0",
             &env.images[0],
             &env.fixture,
@@ -143,16 +122,16 @@ impl Env {
     }
 
     fn sysroot(&self) -> PathBuf {
-        self.dir.0.join("sysroot")
+        self.dir.join("sysroot")
     }
 
     fn config(&self) -> RpmOstreedConfig {
         RpmOstreedConfig {
             bus_address: self.bus.address.clone(),
             txn_socket: self.socket(),
-            state_dir: self.dir.0.join("state"),
-            sysroot: self.dir.0.join("sysroot"),
-            host_root: Some(self.dir.0.join("host")),
+            state_dir: self.dir.join("state"),
+            sysroot: self.dir.join("sysroot"),
+            host_root: Some(self.dir.join("host")),
             fixture: self.fixture,
             osname: "rhcos".into(),
             images: self.images.clone(),
@@ -161,7 +140,7 @@ impl Env {
     }
 
     fn socket(&self) -> PathBuf {
-        self.dir.0.join("rpm-ostree-transaction.sock")
+        self.dir.join("rpm-ostree-transaction.sock")
     }
 
     fn rhel9(&self) -> &TestImage {
@@ -172,11 +151,11 @@ impl Env {
         &self.images[1]
     }
 
-    async fn control(&self, cmd: serde_json::Value) -> serde_json::Value {
+    async fn control(&self, cmd: RpmOstreedCmd) -> serde_json::Value {
         self.fake
             .as_ref()
             .expect("fake running")
-            .control(&cmd)
+            .control(cmd)
             .await
             .expect("control command")
     }
@@ -895,7 +874,7 @@ async fn rebase_transaction_stages_a_locked_deployment() {
     let path = prop(&env.client, SYSROOT_PATH, SYSROOT, "ActiveTransactionPath").await;
     assert_eq!(&*path, &Value::from(""));
 
-    let records = env.control(json!({"cmd": "transactions"})).await;
+    let records = env.control(RpmOstreedCmd::Transactions).await;
     let record = &records[0];
     assert_eq!(record["method"], "UpdateDeployment");
     assert_eq!(record["modifiers"]["set-refspec"], imgref);
@@ -906,7 +885,7 @@ async fn rebase_transaction_stages_a_locked_deployment() {
     assert_eq!(record["result"], json!({"ok": true, "message": ""}));
     assert_eq!(record["cancelled"], false);
 
-    let json = env.control(json!({"cmd": "deployments"})).await;
+    let json = env.control(RpmOstreedCmd::Deployments).await;
     assert_eq!(
         json[0]["container-image-reference-digest"],
         env.rhel10().digest
@@ -919,8 +898,7 @@ async fn rebase_transaction_stages_a_locked_deployment() {
 #[tokio::test]
 async fn busy_error_and_joining() {
     let env = Env::new().await;
-    env.control(json!({"cmd": "hold-foreign", "on": true}))
-        .await;
+    env.control(RpmOstreedCmd::HoldForeign { on: true }).await;
     assert_eq!(env.active_transaction().await.0, "Upgrade");
     let modifiers = rebase_to(env.rhel10());
     let options = Dict::new();
@@ -936,8 +914,7 @@ async fn busy_error_and_joining() {
     let path = prop(&env.client, SYSROOT_PATH, SYSROOT, "ActiveTransactionPath").await;
     let mut watcher = Peer::connect(&String::try_from(path).expect("s")).await;
     assert!(!watcher.start().await, "someone else started it");
-    env.control(json!({"cmd": "hold-foreign", "on": false}))
-        .await;
+    env.control(RpmOstreedCmd::HoldForeign { on: false }).await;
     assert_eq!(
         watcher.until_finished().await.finished,
         Some((true, String::new()))
@@ -946,7 +923,7 @@ async fn busy_error_and_joining() {
     env.wait_idle().await;
 
     // An identical request joins the running transaction.
-    env.control(json!({"cmd": "slow", "ms": 400})).await;
+    env.control(RpmOstreedCmd::Slow { ms: 400 }).await;
     let addr = update_deployment(&env.client, &modifiers, &options)
         .await
         .expect("UpdateDeployment");
@@ -978,7 +955,7 @@ async fn busy_error_and_joining() {
     );
     drop((first, second));
     env.wait_idle().await;
-    let records = env.control(json!({"cmd": "transactions"})).await;
+    let records = env.control(RpmOstreedCmd::Transactions).await;
     let ok: Vec<_> = records
         .as_array()
         .expect("array")
@@ -1003,7 +980,7 @@ async fn caller_leaving_before_start_drops_the_transaction() {
 
     let signals = env.rebase(&registry_ref(env.rhel10()), &Dict::new()).await;
     assert_eq!(signals.finished, Some((true, String::new())));
-    let records = env.control(json!({"cmd": "transactions"})).await;
+    let records = env.control(RpmOstreedCmd::Transactions).await;
     assert_eq!(records[0]["dropped"], true);
     assert_eq!(records[0]["started"], false);
     assert_eq!(records[1]["result"]["ok"], true);
@@ -1012,8 +989,10 @@ async fn caller_leaving_before_start_drops_the_transaction() {
 #[tokio::test]
 async fn failures_inside_transactions() {
     let env = Env::new().await;
-    env.control(json!({"cmd": "fail-next", "message": "injected failure"}))
-        .await;
+    env.control(RpmOstreedCmd::FailNext {
+        message: "injected failure".into(),
+    })
+    .await;
     let signals = env.rebase(&registry_ref(env.rhel10()), &Dict::new()).await;
     assert_eq!(
         signals.finished,
@@ -1083,6 +1062,8 @@ async fn method_argument_errors() {
         .expect("interface")
         .endian(zvariant::LE);
     // SAFETY: the body was serialized for exactly this signature, endianness and descriptor.
+    // A raw, malformed body is what this test sends: the one unsafe call of the testbed's tests.
+    #[allow(unsafe_code)]
     let msg =
         unsafe { msg.build_raw_body(&bytes, "(a{sv}a{sv})", vec![fd.into()]) }.expect("build");
     let serial = msg.primary_header().serial_num();
@@ -1158,7 +1139,7 @@ async fn method_argument_errors() {
         dbus_error(os_call(&env.client, "GetDeploymentBootConfig", &("7", false)).await);
     assert_eq!(name, "org.projectatomic.rpmostreed.Error.Failed");
     assert_eq!(message, "Out of range deployment index 7, expected < 1");
-    let records = env.control(json!({"cmd": "transactions"})).await;
+    let records = env.control(RpmOstreedCmd::Transactions).await;
     let refused: Vec<&str> = records
         .as_array()
         .expect("records")
@@ -1179,7 +1160,7 @@ async fn daemon_crash_mid_transaction() {
         .get_name_owner(BUS_NAME.try_into().expect("name"))
         .await
         .expect("owner");
-    env.control(json!({"cmd": "exit-mid-transaction"})).await;
+    env.control(RpmOstreedCmd::ExitMidTransaction).await;
     let modifiers = rebase_to(env.rhel10());
     let addr = update_deployment(&env.client, &modifiers, &Dict::new())
         .await
@@ -1208,7 +1189,7 @@ async fn daemon_crash_mid_transaction() {
     assert_eq!(env.deployments().await.len(), 1, "nothing was staged");
     assert_eq!(env.active_transaction().await.0, "");
     assert_eq!(
-        env.control(json!({"cmd": "transactions"})).await[0]["crashed"],
+        env.control(RpmOstreedCmd::Transactions).await[0]["crashed"],
         true
     );
     // The restarted daemon works.
@@ -1235,7 +1216,7 @@ async fn cleanup_cancel_and_restart() {
     assert!(bool_of(&deployments[0], "booted"));
 
     // Reload() picks up an edit of state.json made behind the daemon's back.
-    let state_file = env.dir.0.join("state/state.json");
+    let state_file = env.dir.join("state/state.json");
     let mut on_disk = env.state_on_disk();
     on_disk["deployments"][0]["pinned"] = json!(true);
     std::fs::write(&state_file, on_disk.to_string()).expect("write");
@@ -1247,7 +1228,7 @@ async fn cleanup_cancel_and_restart() {
     assert!(bool_of(&env.deployments().await[0], "pinned"));
 
     // Cancel stops a running transaction before it stages anything.
-    env.control(json!({"cmd": "slow", "ms": 5000})).await;
+    env.control(RpmOstreedCmd::Slow { ms: 5000 }).await;
     let modifiers = rebase_to(env.rhel10());
     let addr = update_deployment(&env.client, &modifiers, &Dict::new())
         .await
@@ -1287,7 +1268,7 @@ async fn finalize_deployment_checks_and_reboots() {
     let expect_checksum = |checksum: &str| dict(&[("checksum", Value::from(checksum))]);
     let digest = env.rhel10().digest.clone();
     // rpm-ostreed asks logind for inhibitors before it reboots.
-    let logind = testbed::logind::FakeLogind::start(&env.bus.address, Box::new(|| Ok(())))
+    let logind = testbed::fakes::logind::FakeLogind::start(&env.bus.address, Box::new(|| Ok(())))
         .await
         .expect("fake logind");
 
@@ -1305,10 +1286,14 @@ async fn finalize_deployment_checks_and_reboots() {
     // Checksum, then inhibitors, then the lock (finalize_deployment_transaction_execute):
     // a block inhibitor is reported even for an unlocked deployment.
     logind
-        .control(
-            &json!({"cmd": "inhibit", "what": "shutdown", "who": "early",
-            "why": "first", "mode": "block"}),
-        )
+        .control(LogindCmd::Inhibit(Inhibitor {
+            what: "shutdown".into(),
+            who: "early".into(),
+            why: "first".into(),
+            mode: InhibitMode::Block,
+            uid: 0,
+            pid: 0,
+        }))
         .await
         .expect("inhibit");
     assert_eq!(
@@ -1321,7 +1306,9 @@ async fn finalize_deployment_checks_and_reboots() {
     );
     env.wait_idle().await;
     logind
-        .control(&json!({"cmd": "release", "who": "early"}))
+        .control(LogindCmd::Release {
+            who: "early".into(),
+        })
         .await
         .expect("release");
 
@@ -1357,10 +1344,19 @@ async fn finalize_deployment_checks_and_reboots() {
     );
     env.wait_idle().await;
     // A block-mode shutdown inhibitor stops it with rpm-ostree's message; a delay one does not.
-    for (who, mode) in [("backup", "block"), ("updater", "delay")] {
+    for (who, mode) in [
+        ("backup", InhibitMode::Block),
+        ("updater", InhibitMode::Delay),
+    ] {
         logind
-            .control(&json!({"cmd": "inhibit", "what": "shutdown", "who": who,
-                "why": "busy", "mode": mode}))
+            .control(LogindCmd::Inhibit(Inhibitor {
+                what: "shutdown".into(),
+                who: who.to_string(),
+                why: "busy".into(),
+                mode,
+                uid: 0,
+                pid: 0,
+            }))
             .await
             .expect("inhibit");
     }
@@ -1376,7 +1372,9 @@ async fn finalize_deployment_checks_and_reboots() {
     );
     env.wait_idle().await;
     logind
-        .control(&json!({"cmd": "release", "who": "backup"}))
+        .control(LogindCmd::Release {
+            who: "backup".into(),
+        })
         .await
         .expect("release");
     assert_eq!(
@@ -1408,8 +1406,11 @@ async fn finalize_deployment_checks_and_reboots() {
 #[tokio::test]
 async fn progress_at_a_thousand_signals_per_second() {
     let env = Env::new().await;
-    env.control(json!({"cmd": "progress", "signals": 1000, "per-second": 1000}))
-        .await;
+    env.control(RpmOstreedCmd::Progress {
+        signals: 1000,
+        per_second: 1000,
+    })
+    .await;
     let modifiers = rebase_to(env.rhel10());
     let addr = update_deployment(&env.client, &modifiers, &Dict::new())
         .await
@@ -1515,9 +1516,9 @@ fn rpm_files(dir: &Path, nevras: &[&str]) -> Vec<std::fs::File> {
     nevras
         .iter()
         .map(|n| {
-            let nevra = fixtures::Nevra::parse(n).expect("nevra");
+            let nevra = fixtures::packages::Nevra::parse(n).expect("nevra");
             let path = dir.join(format!("{n}.rpm"));
-            std::fs::write(&path, fixtures::fake_rpm(&nevra)).expect("write rpm");
+            std::fs::write(&path, fixtures::packages::fake_rpm(&nevra)).expect("write rpm");
             std::fs::File::open(&path).expect("open rpm")
         })
         .collect()
@@ -1559,7 +1560,7 @@ impl Env {
 
     /// libostree's `/run/ostree/staged-deployment` below the host root, decoded.
     fn staged_record(&self) -> Option<HashMap<String, OwnedValue>> {
-        let bytes = std::fs::read(self.dir.0.join("host/run/ostree/staged-deployment")).ok()?;
+        let bytes = std::fs::read(self.dir.join("host/run/ostree/staged-deployment")).ok()?;
         let ctxt = zvariant::serialized::Context::new(
             zvariant::serialized::Format::GVariant,
             zvariant::NATIVE_ENDIAN,
@@ -1571,13 +1572,13 @@ impl Env {
 
     /// The legacy `/run/ostree/staged-deployment-locked` below the host root.
     fn legacy_lock_file(&self) -> PathBuf {
-        self.dir.0.join("host/run/ostree/staged-deployment-locked")
+        self.dir.join("host/run/ostree/staged-deployment-locked")
     }
 
     /// The fake's `state/state.json` as it is on disk.
     fn state_on_disk(&self) -> serde_json::Value {
         serde_json::from_slice(
-            &std::fs::read(self.dir.0.join("state/state.json")).expect("state.json"),
+            &std::fs::read(self.dir.join("state/state.json")).expect("state.json"),
         )
         .expect("state json")
     }
@@ -1596,7 +1597,7 @@ impl Env {
     }
 
     async fn last_record(&self) -> serde_json::Value {
-        let records = self.control(json!({"cmd": "transactions"})).await;
+        let records = self.control(RpmOstreedCmd::Transactions).await;
         records
             .as_array()
             .and_then(|r| r.last())
@@ -1698,7 +1699,7 @@ async fn realtime_hosts_carry_el9_kernel_overrides_until_replaced() {
     assert!(booted.contains_key("base-checksum"), "layered");
     let booted_options = entry_options(&sysroot, &string_of(booted, "checksum"), serial_of(booted));
     assert!(booted_options.contains("fips=1"), "{booted_options}");
-    let cmdline = std::fs::read_to_string(env.dir.0.join("host/proc/cmdline")).expect("cmdline");
+    let cmdline = std::fs::read_to_string(env.dir.join("host/proc/cmdline")).expect("cmdline");
     assert!(cmdline.trim_end().ends_with(&booted_options), "{cmdline}");
 
     // A plain rebase carries the el9 kernel-rt overrides onto el10: depsolve fails.
@@ -1723,13 +1724,13 @@ async fn realtime_hosts_carry_el9_kernel_overrides_until_replaced() {
     ]);
     // The el10 RPMs without -modules-core are not dependency-closed: the local packages
     // depsolve against the el10 base (its kernel removed) and each other, as the real daemon
-    // does (testbed/src/rpmostreed/depsolve.rs), and fail before anything is staged.
+    // does (testbed/src/fakes/rpmostreed/depsolve.rs), and fail before anything is staged.
     let open = [
         "kernel-rt-core-6.12.0-124.8.1.el10_1.x86_64",
         "kernel-rt-modules-6.12.0-124.8.1.el10_1.x86_64",
         "kernel-rt-modules-extra-6.12.0-124.8.1.el10_1.x86_64",
     ];
-    let files = rpm_files(&env.dir.0, &open);
+    let files = rpm_files(&env.dir, &open);
     let modifiers = dict(&[
         set_refspec.clone(),
         ("uninstall-packages", uninstall.clone()),
@@ -1760,7 +1761,7 @@ async fn realtime_hosts_carry_el9_kernel_overrides_until_replaced() {
         "kernel-rt-modules-core-6.12.0-124.8.1.el10_1.x86_64",
         "kernel-rt-modules-extra-6.12.0-124.8.1.el10_1.x86_64",
     ];
-    let files = rpm_files(&env.dir.0, &el10);
+    let files = rpm_files(&env.dir, &el10);
     let fds = handles(&files);
     let modifiers = dict(&[
         set_refspec,
@@ -1818,7 +1819,7 @@ async fn package_failures_of_the_real_daemon() {
     let set_refspec = ("set-refspec", Value::from(registry_ref(env.rhel10())));
 
     // An el9 RPM onto an el10 target.
-    let files = rpm_files(&env.dir.0, &["usbguard-1.1.3-1.el9.x86_64"]);
+    let files = rpm_files(&env.dir, &["usbguard-1.1.3-1.el9.x86_64"]);
     let fds = handles(&files);
     let (ok, message) = env
         .deploy(&dict(&[
@@ -1837,7 +1838,7 @@ async fn package_failures_of_the_real_daemon() {
         json!(["usbguard-1.1.3-1.el9.x86_64"])
     );
     // The same RPM built for el10 is fine.
-    let files = rpm_files(&env.dir.0, &["usbguard-1.1.3-1.el10.x86_64"]);
+    let files = rpm_files(&env.dir, &["usbguard-1.1.3-1.el10.x86_64"]);
     let fds = handles(&files);
     let (ok, message) = env
         .deploy(&dict(&[
@@ -1890,7 +1891,7 @@ async fn old_cpu_fails_the_el10_sanity_check() {
     assert_eq!(ostree_status(&env.sysroot()).len(), 1, "nothing staged");
     // An x86-64-v3 CPU passes (the host root is what the fake reads).
     let v3 = fixtures::fixture("default").expect("default").cpuinfo();
-    std::fs::write(env.dir.0.join("host/proc/cpuinfo"), v3).expect("cpuinfo");
+    std::fs::write(env.dir.join("host/proc/cpuinfo"), v3).expect("cpuinfo");
     let (ok, message) = env.deploy(&rebase_to(env.rhel10())).await;
     assert!(ok, "{message}");
 }
@@ -1911,7 +1912,7 @@ async fn low_disk_fails_the_import() {
         "{message}"
     );
     assert_eq!(ostree_status(&env.sysroot()).len(), 1, "nothing staged");
-    std::fs::remove_file(env.dir.0.join("host/run/testbed/low-disk")).expect("marker");
+    std::fs::remove_file(env.dir.join("host/run/testbed/low-disk")).expect("marker");
     let (ok, message) = env.deploy(&rebase_to(env.rhel10())).await;
     assert!(ok, "{message}");
 }
@@ -1946,7 +1947,7 @@ async fn every_fixture_starts() {
         let booted = &env.deployments().await[0];
         assert!(bool_of(booted, "booted"), "{name}");
         let config = env.boot_config("").await;
-        let release = std::fs::read_to_string(env.dir.0.join("host/proc/sys/kernel/osrelease"))
+        let release = std::fs::read_to_string(env.dir.join("host/proc/sys/kernel/osrelease"))
             .expect("osrelease");
         assert!(
             string_of(&config, "linux").ends_with(&format!("/vmlinuz-{}", release.trim())),
@@ -1967,21 +1968,21 @@ async fn every_fixture_starts() {
 
 #[tokio::test]
 async fn testbed_start_takes_the_host_fixture() {
-    let dir = TempDir::new();
+    let dir = ScratchDir::new("rpmostreed").expect("scratch dir");
     let tb = testbed::Testbed::start(testbed::Options {
         host: "64k-aarch64".into(),
-        ..testbed::Options::new(dir.0.clone())
+        ..testbed::Options::new(dir.to_path_buf())
     })
     .await
     .expect("testbed starts");
-    let read = |rel: &str| std::fs::read_to_string(dir.0.join(rel)).expect(rel);
+    let read = |rel: &str| std::fs::read_to_string(dir.join(rel)).expect(rel);
     assert_eq!(read("host/proc/sys/kernel/arch"), "aarch64\n");
     assert_eq!(
         read("host/proc/sys/kernel/osrelease"),
         "5.14.0-570.60.1.el9_6.aarch64+64k\n"
     );
     let deployments = tb
-        .control(&json!({"target": "rpmostreed", "cmd": "deployments"}))
+        .control(RpmOstreedCmd::Deployments)
         .await
         .expect("deployments");
     assert_eq!(
@@ -1991,7 +1992,7 @@ async fn testbed_start_takes_the_host_fixture() {
     assert!(
         testbed::Testbed::start(testbed::Options {
             host: "nope".into(),
-            ..testbed::Options::new(dir.0.join("other"))
+            ..testbed::Options::new(dir.join("other"))
         })
         .await
         .is_err()
@@ -2003,7 +2004,7 @@ async fn testbed_start_takes_the_host_fixture() {
 #[tokio::test]
 async fn legacy_lock_file_mode_reports_the_lock_on_dbus() {
     let env = Env::new().await;
-    env.control(json!({"cmd": "legacy-lock-file", "on": true}))
+    env.control(RpmOstreedCmd::LegacyLockFile { on: true })
         .await;
     let options = dict(&[("lock-finalization", Value::from(true))]);
     assert_eq!(
@@ -2114,8 +2115,10 @@ async fn overrides_are_edited_on_the_pending_origin_and_inactive_ones_dropped() 
 #[tokio::test]
 async fn an_admin_deployed_pending_deployment_is_the_origin_but_not_staged() {
     let env = Env::with_host("layered").await;
-    env.control(json!({"cmd": "admin-deploy", "image": env.rhel9().pullspec}))
-        .await;
+    env.control(RpmOstreedCmd::AdminDeploy {
+        image: env.rhel9().pullspec.clone(),
+    })
+    .await;
     let deployments = env.deployments().await;
     assert_eq!(deployments.len(), 2);
     assert!(!bool_of(&deployments[0], "staged"));
@@ -2163,7 +2166,7 @@ async fn a_deployment_whose_image_metadata_is_lost_has_no_digest() {
     let env = Env::new().await;
     let booted = &env.deployments().await[0];
     assert!(booted.contains_key("container-image-reference-digest"));
-    env.control(json!({"cmd": "lose-image-metadata", "index": 0}))
+    env.control(RpmOstreedCmd::LoseImageMetadata { index: 0 })
         .await;
     let booted = &env.deployments().await[0];
     assert!(!booted.contains_key("container-image-reference-digest"));
@@ -2180,7 +2183,7 @@ async fn a_deployment_whose_image_metadata_is_lost_has_no_digest() {
 async fn local_packages_are_layered_once_and_uninstalled_one_entry_at_a_time() {
     let env = Env::with_host("realtime").await;
     let core = "kernel-rt-core-5.14.0-570.60.1.el9_6.x86_64";
-    let files = rpm_files(&env.dir.0, &[core]);
+    let files = rpm_files(&env.dir, &[core]);
     let (ok, message) = env
         .deploy(&dict(&[(
             "install-local-packages",
@@ -2197,7 +2200,7 @@ async fn local_packages_are_layered_once_and_uninstalled_one_entry_at_a_time() {
 
     let env = Env::with_host("layered").await;
     let local = "usbguard-1.1.3-1.el9.x86_64";
-    let files = rpm_files(&env.dir.0, &[local]);
+    let files = rpm_files(&env.dir, &[local]);
     let (ok, message) = env
         .deploy(&dict(&[(
             "install-local-packages",

@@ -9,6 +9,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use testbed::control::{ApiServerCmd, RpmOstreedCmd, SystemdCmd};
+use testbed::scratch::ScratchDir;
 use testbed::{Options, Testbed};
 
 pub const STATE: &str = "osstream.openshift.io/state";
@@ -26,13 +28,10 @@ pub const REBOOT_REQUESTED: &str = "osstream.openshift.io/reboot-requested";
 pub const REBOOT_APPROVED: &str = "osstream.openshift.io/reboot-approved";
 pub const FAILED_CHECKS: &str = streamd::cluster::protocol::FAILED_CHECKS;
 
-/// An empty scratch path `target/tmp/<prefix>-<name>-<pid>` (a leftover of an earlier run is
-/// removed; the directory itself is not created).
-pub fn scratch_dir(prefix: &str, name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("{prefix}-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+/// A fresh scratch directory for test `name` (see `testbed::scratch`: short, outside the
+/// clone, removed unless the test failed).
+pub fn scratch_dir(prefix: &str, name: &str) -> ScratchDir {
+    ScratchDir::new(&format!("{prefix}-{name}")).expect("scratch dir")
 }
 
 /// Starts a testbed in `dir` on host fixture `host` whose update tool is `backend`.
@@ -69,10 +68,12 @@ pub struct Env {
     pub tb: Testbed,
     pub dir: PathBuf,
     streamd: Option<Child>,
+    /// The directory when the harness chose it; goes after the testbed.
+    _scratch: Option<ScratchDir>,
 }
 
 impl Env {
-    /// A fresh testbed in `target/tmp/e2e-<name>-<pid>` on the default host.
+    /// A fresh testbed in a scratch directory `e2e-<name>` on the default host.
     pub async fn new(name: &str) -> Env {
         Env::with_host(name, "default").await
     }
@@ -84,12 +85,13 @@ impl Env {
 
     /// A fresh testbed on host fixture `host` whose update tool is `backend`.
     pub async fn with_backend(name: &str, host: &str, backend: testbed::Backend) -> Env {
-        let dir = scratch_dir("e2e", name);
-        let tb = start_testbed(&dir, host, backend).await;
+        let scratch = scratch_dir("e2e", name);
+        let tb = start_testbed(&scratch, host, backend).await;
         Env {
             tb,
-            dir,
+            dir: scratch.to_path_buf(),
             streamd: None,
+            _scratch: Some(scratch),
         }
     }
 
@@ -101,6 +103,7 @@ impl Env {
             tb,
             dir,
             streamd: None,
+            _scratch: None,
         }
     }
 
@@ -221,7 +224,7 @@ impl Env {
     pub async fn annotations(&self) -> BTreeMap<String, String> {
         let v = self
             .tb
-            .control(&json!({"target": "apiserver", "cmd": "node-annotations"}))
+            .control(ApiServerCmd::NodeAnnotations)
             .await
             .expect("node-annotations");
         serde_json::from_value(v).expect("annotation map")
@@ -259,22 +262,18 @@ impl Env {
     }
 
     /// Control command to the fake rpm-ostreed.
-    pub async fn rpmostreed(&self, cmd: Value) -> Value {
-        let mut cmd = cmd;
-        cmd["target"] = json!("rpmostreed");
-        self.tb.control(&cmd).await.expect("rpmostreed control")
+    pub async fn rpmostreed(&self, cmd: RpmOstreedCmd) -> Value {
+        self.tb.control(cmd).await.expect("rpmostreed control")
     }
 
     /// Control command to the fake API server.
-    pub async fn apiserver(&self, cmd: Value) -> Value {
-        let mut cmd = cmd;
-        cmd["target"] = json!("apiserver");
-        self.tb.control(&cmd).await.expect("apiserver control")
+    pub async fn apiserver(&self, cmd: ApiServerCmd) -> Value {
+        self.tb.control(cmd).await.expect("apiserver control")
     }
 
     /// Transactions the fake rpm-ostreed recorded.
     pub async fn transactions(&self) -> Vec<Value> {
-        let v = self.rpmostreed(json!({"cmd": "transactions"})).await;
+        let v = self.rpmostreed(RpmOstreedCmd::Transactions).await;
         v.as_array().cloned().expect("transactions is a list")
     }
 
@@ -313,10 +312,7 @@ impl Env {
 
     /// The fake systemd's units (what ran in transient units so far).
     pub async fn systemd_units(&self) -> Value {
-        self.tb
-            .control(&json!({"target": "systemd", "cmd": "units"}))
-            .await
-            .expect("units")
+        self.tb.control(SystemdCmd::Units).await.expect("units")
     }
 }
 

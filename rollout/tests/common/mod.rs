@@ -17,7 +17,9 @@ use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
-use testbed::apiserver::ApiServer;
+use testbed::control::ApiServerCmd;
+use testbed::fakes::apiserver::ApiServer;
+use testbed::scratch::ScratchDir;
 use testbed::{Fleet, FleetOptions};
 
 /// The node protocol's key prefix.
@@ -105,6 +107,9 @@ pub struct Pool {
     watch: tokio::task::JoinHandle<()>,
     name: String,
     started: Instant,
+    /// The fleet's directory; after the fleet, so it goes once the fleet stopped (kept when a
+    /// test failed).
+    _dir: ScratchDir,
 }
 
 impl Pool {
@@ -120,10 +125,9 @@ impl Pool {
         overrides: &[(&str, &str)],
         tweak: impl FnOnce(&mut FleetOptions),
     ) -> Pool {
-        let dir = std::env::temp_dir().join(format!("rollout-e2e-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = ScratchDir::new(&format!("rollout-{name}")).expect("scratch dir");
         let started = Instant::now();
-        let mut opts = FleetOptions::new(&dir, nodes);
+        let mut opts = FleetOptions::new(dir.to_path_buf(), nodes);
         opts.streamd = Some(streamd_bin());
         opts.host_overrides = overrides
             .iter()
@@ -132,7 +136,7 @@ impl Pool {
         tweak(&mut opts);
         let fleet = Fleet::start(opts).await.expect("fleet");
         let sa_kubeconfig =
-            testbed::fleet::controller::install(fleet.apiserver()).expect("CRD and RBAC");
+            testbed::harness::fleet::controller::install(fleet.apiserver()).expect("CRD and RBAC");
         let admin = client_for(&fleet.dir().join("kubeconfig-admin")).await;
         let seen = Arc::new(Mutex::new(Seen::default()));
         let watch = {
@@ -156,6 +160,7 @@ impl Pool {
             watch,
             name: name.to_string(),
             started,
+            _dir: dir,
         }
     }
 
@@ -418,7 +423,7 @@ impl Pool {
     pub async fn max_unavailable_seen(&self) -> u64 {
         let rec = self
             .api()
-            .control(&json!({"cmd": "unavailable"}))
+            .control(ApiServerCmd::Unavailable)
             .await
             .expect("unavailable");
         rec["max"].as_u64().unwrap_or(u64::MAX)
@@ -486,9 +491,6 @@ impl Drop for Pool {
         }
         // The wall time of each test, for the CI budget (docs: README "Pools").
         eprintln!("{}: {:.1?}", self.name, self.started.elapsed());
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(self.fleet.dir());
-        }
     }
 }
 

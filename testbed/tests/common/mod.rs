@@ -3,20 +3,18 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use testbed::apiserver::{ApiServer, ApiServerConfig};
+use testbed::fakes::apiserver::{ApiServer, ApiServerConfig};
+use testbed::scratch::ScratchDir;
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, ChildStdout, Command};
 
 /// The node the API server serves.
 pub const NODE: &str = "worker-0";
-
-static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
 
 /// What one `kubectl` run printed, and whether it succeeded.
 pub struct Out {
@@ -25,18 +23,11 @@ pub struct Out {
     pub stderr: String,
 }
 
-/// A fresh directory `<tmp>/testbed-<prefix>-<pid>-<n>-<test>` with an API server for `NODE`
-/// started in it.
-pub async fn start_apiserver(prefix: &str, test: &str) -> (PathBuf, ApiServer) {
-    let dir = std::env::temp_dir().join(format!(
-        "testbed-{prefix}-{}-{}-{test}",
-        std::process::id(),
-        NEXT_DIR.fetch_add(1, Ordering::SeqCst)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create test dir");
+/// A fresh scratch directory `<prefix>-<test>` with an API server for `NODE` started in it.
+pub async fn start_apiserver(prefix: &str, test: &str) -> (ScratchDir, ApiServer) {
+    let dir = ScratchDir::new(&format!("{prefix}-{test}")).expect("scratch dir");
     let server = ApiServer::start(ApiServerConfig {
-        dir: dir.clone(),
+        dir: dir.to_path_buf(),
         node_name: NODE.into(),
     })
     .await
