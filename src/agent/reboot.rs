@@ -345,6 +345,16 @@ impl Agent {
             }
             Err(e) => {
                 // Nothing was applied: this boot's attempt did not happen.
+                let mut record = record;
+                if matches!(
+                    e,
+                    BackendError::RpmOstree(RpmOstreeError::StagedMismatch(_))
+                ) && let Some(staged) = record.staged.as_mut()
+                {
+                    // rpm-ostreed finalizes only the deployment it has staged: what is staged
+                    // now is checked on disk again before anything is approved or finalized.
+                    staged.verified = None;
+                }
                 if let Err(s) = self.store.save(&record) {
                     warn!(error = %s, "restoring the attempt record failed");
                 }

@@ -28,6 +28,10 @@ pub struct Deployment {
     pub serial: i32,
     /// Deployment commit.
     pub checksum: String,
+    /// The base image's commit under layered packages (`base-checksum`; absent when nothing
+    /// is layered, the base is then `checksum`).
+    #[serde(default)]
+    pub base_checksum: Option<String>,
     /// Currently booted.
     pub booted: bool,
     /// Staged for the next boot.
@@ -94,6 +98,12 @@ pub fn pullspec_of_refspec(refspec: &str) -> Option<&str> {
 }
 
 impl Deployment {
+    /// The commit of the base image: what rpm-ostreed before v2025.7 compares
+    /// `FinalizeDeployment`'s checksum with (`base-checksum`, else `checksum`).
+    pub fn base_commit(&self) -> &str {
+        self.base_checksum.as_deref().unwrap_or(&self.checksum)
+    }
+
     /// Parses one dictionary.
     pub fn from_dict(d: &HashMap<String, OwnedValue>) -> Result<Self, DeploymentError> {
         let base_meta = opt(d, "base-commit-meta", dict_of)?.unwrap_or_default();
@@ -116,6 +126,7 @@ impl Deployment {
                 other => Err(type_problem("i", other)),
             })?,
             checksum: req(d, "checksum", string)?,
+            base_checksum: opt(d, "base-checksum", string)?,
             booted: opt(d, "booted", boolean)?.unwrap_or(false),
             staged: opt(d, "staged", boolean)?.unwrap_or(false),
             pinned: opt(d, "pinned", boolean)?.unwrap_or(false),

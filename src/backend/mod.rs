@@ -284,7 +284,15 @@ impl Backend {
     /// `FinalizeDeployment` on rpm-ostree, logind's `Reboot` on bootc.
     pub async fn apply(&self, digest: &str) -> Result<(), BackendError> {
         match self {
-            Backend::RpmOstree(c) => Ok(c.finalize_deployment(digest).await?),
+            Backend::RpmOstree(c) => {
+                // Up to v2025.6 rpm-ostreed compares the checksum with the base commit.
+                let staged = c.deployments().await?.into_iter().find(|d| d.staged);
+                let base = staged
+                    .filter(|s| s.carries_digest(digest))
+                    .map(|s| s.base_commit().to_string())
+                    .unwrap_or_default();
+                Ok(c.finalize_deployment(digest, &base).await?)
+            }
             Backend::Bootc(c) => {
                 // A held stage (bootc >= 1.12) is let go first, after the inhibitor check, as
                 // rpm-ostreed checks inhibitors before unlocking.

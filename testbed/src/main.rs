@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 
 use testbed::control::{Request, TestbedCmd};
 use testbed::harness::control_socket::control_client;
-use testbed::{Backend, Fleet, FleetOptions, Options, Testbed};
+use testbed::{Backend, Fleet, FleetOptions, Options, RpmOstreeVersion, Testbed};
 
 /// The streamd testbed: a private dbus-daemon, a fake rpm-ostreed and a fake Kubernetes API
 /// server, for the demo and the end-to-end tests.
@@ -40,6 +40,10 @@ enum Command {
         /// rpm-ostreed; bootc through systemd).
         #[arg(long, value_enum, default_value = "rpm-ostree")]
         backend: Backend,
+        /// The rpm-ostree release the fake rpm-ostreed plays: 2025.5 (RHEL 10.0's; finalizes by
+        /// base commit, counts layers from 0) to 2026.2 (finalizes by image digest).
+        #[arg(long = "rpm-ostree", default_value_t = RpmOstreeVersion::NEWEST)]
+        rpm_ostree: RpmOstreeVersion,
         #[command(flatten)]
         fleet: FleetArgs,
     },
@@ -54,6 +58,9 @@ enum Command {
         /// The host's OS update tool (see `up`).
         #[arg(long, value_enum, default_value = "rpm-ostree")]
         backend: Backend,
+        /// The rpm-ostree release played (see `up`).
+        #[arg(long = "rpm-ostree", default_value_t = RpmOstreeVersion::NEWEST)]
+        rpm_ostree: RpmOstreeVersion,
         #[command(flatten)]
         fleet: FleetArgs,
     },
@@ -184,14 +191,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
             dir,
             host,
             backend,
+            rpm_ostree,
             fleet,
-        } => up(&dir, &host, backend, &fleet).await,
+        } => up(&dir, &host, (backend, rpm_ostree), &fleet).await,
         Command::Serve {
             dir,
             host,
             backend,
+            rpm_ostree,
             fleet,
-        } => serve(dir, host, backend, fleet).await,
+        } => serve(dir, host, (backend, rpm_ostree), fleet).await,
         Command::Down { dir } => down(&dir).await,
         Command::Bench {
             dir,
@@ -258,7 +267,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-async fn up(dir: &Path, host: &str, backend: Backend, fleet: &FleetArgs) -> anyhow::Result<()> {
+/// `up` and `serve`'s host tools: the backend, and the rpm-ostree release played.
+type Tools = (Backend, RpmOstreeVersion);
+
+async fn up(dir: &Path, host: &str, tools: Tools, fleet: &FleetArgs) -> anyhow::Result<()> {
+    let (backend, rpm_ostree) = tools;
     // Refuse an unknown fixture here rather than in the background process.
     testbed::fixtures::fixture(host)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -271,7 +284,8 @@ async fn up(dir: &Path, host: &str, backend: Backend, fleet: &FleetArgs) -> anyh
         .args(["serve", "--dir"])
         .arg(dir)
         .args(["--host", host])
-        .args(["--backend", backend_arg(backend)]);
+        .args(["--backend", backend_arg(backend)])
+        .args(["--rpm-ostree", &rpm_ostree.to_string()]);
     if let Some(nodes) = fleet.nodes {
         serve
             .args(["--nodes", &nodes.to_string(), "--streamd"])
@@ -315,18 +329,15 @@ fn backend_arg(backend: Backend) -> &'static str {
     }
 }
 
-async fn serve(
-    dir: PathBuf,
-    host: String,
-    backend: Backend,
-    fleet: FleetArgs,
-) -> anyhow::Result<()> {
+async fn serve(dir: PathBuf, host: String, tools: Tools, fleet: FleetArgs) -> anyhow::Result<()> {
+    let (backend, rpm_ostree) = tools;
     // Either runs until the signal; dropping it stops everything.
     let running: (PathBuf, Box<dyn std::any::Any>) = match fleet.nodes {
         Some(nodes) => {
             let fleet = Fleet::start(FleetOptions {
                 host,
                 backend,
+                rpm_ostree,
                 streamd: Some(streamd_or_default(fleet.streamd)?),
                 ..FleetOptions::new(dir, nodes)
             })
@@ -335,7 +346,13 @@ async fn serve(
             (fleet.dir().to_path_buf(), Box::new(fleet))
         }
         None => {
-            let tb = Testbed::start(Options { dir, host, backend }).await?;
+            let tb = Testbed::start(Options {
+                dir,
+                host,
+                backend,
+                rpm_ostree,
+            })
+            .await?;
             tracing::info!(dir = %tb.dir().display(), "testbed up");
             (tb.dir().to_path_buf(), Box::new(tb))
         }

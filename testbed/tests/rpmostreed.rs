@@ -136,6 +136,7 @@ impl Env {
             osname: "rhcos".into(),
             images: self.images.clone(),
             booted: 0,
+            version: testbed::RpmOstreeVersion::default(),
         }
     }
 

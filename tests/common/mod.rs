@@ -95,6 +95,25 @@ impl Env {
         }
     }
 
+    /// A fresh testbed on host fixture `host` whose fake rpm-ostreed plays `version`.
+    pub async fn with_rpm_ostree(
+        name: &str,
+        host: &str,
+        version: testbed::RpmOstreeVersion,
+    ) -> Env {
+        let scratch = scratch_dir("e2e", name);
+        let mut opts = Options::new(scratch.to_path_buf());
+        opts.host = host.to_string();
+        opts.rpm_ostree = version;
+        let tb = Testbed::start(opts).await.expect("testbed starts");
+        Env {
+            tb,
+            dir: scratch.to_path_buf(),
+            streamd: None,
+            _scratch: Some(scratch),
+        }
+    }
+
     /// A fresh testbed on the default host in `dir`, a directory the caller chose (one other
     /// users can reach, for tests that run clients as them).
     pub async fn in_dir(dir: PathBuf) -> Env {

@@ -25,6 +25,9 @@ pub const CLIENT_ID: &str = "streamd";
 pub const BUSY_ERROR: &str = "org.gtk.GDBus.UnmappedGError.Quark._g_2dio_2derror_2dquark.Code26";
 /// How rpm-ostreed's message starts when a shutdown inhibitor in `block` mode stops a reboot.
 const INHIBITED_PREFIX: &str = "Reboot blocked by a systemd inhibitor lock";
+/// How rpm-ostreed's `FinalizeDeployment` says the checksum it was given is not the staged
+/// deployment's (every version: "Expected staged base checksum %s, but found %s").
+const MISMATCH_PREFIX: &str = "Expected staged base checksum ";
 /// Raised when the daemon caught a call while exiting for idleness.
 const NO_REPLY_ERROR: &str = "org.freedesktop.DBus.Error.NoReply";
 
@@ -38,6 +41,12 @@ pub async fn system_bus() -> zbus::Result<zbus::Connection> {
         .method_timeout(CALL_TIMEOUT)
         .build()
         .await
+}
+
+/// The failure of a `FinalizeDeployment` with `sent` when the staged deployment's value is
+/// `found`.
+fn mismatch(sent: &str, found: &str) -> String {
+    format!("{MISMATCH_PREFIX}{sent}, but found {found}")
 }
 
 /// Errors the agent branches on.
@@ -61,6 +70,12 @@ pub enum RpmOstreeError {
     /// A systemd inhibitor lock blocks the reboot; the message names who holds it and why.
     #[error("{0}")]
     Inhibited(String),
+    /// `FinalizeDeployment` found another staged deployment than the one it was asked to
+    /// finalize, by digest and by base commit: the same call fails the same way.
+    #[error(
+        "rpm-ostreed's staged deployment is not the one streamd staged and checked ({0}); it is checked again"
+    )]
+    StagedMismatch(String),
     /// rpm-ostreed answered the call with an error of its own (polkit said no, a reboot is
     /// under way, bad arguments): the same call gets the same answer, so it is not retried.
     #[error("rpm-ostreed refused {call}: {message}")]
@@ -338,6 +353,9 @@ fn to_dict<'a>(
 pub struct Client {
     conn: zbus::Connection,
     sysroot: SysrootProxy<'static>,
+    /// This rpm-ostreed compares `FinalizeDeployment`'s checksum with the base commit (before
+    /// v2025.7), learnt from its answer (see [`Client::finalize_deployment`]).
+    finalize_by_commit: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The booted OS object, looked up once: the stateroot does not change under a running agent.
     os: std::sync::Arc<tokio::sync::OnceCell<OSProxy<'static>>>,
     /// The host's root, where libostree's `run/ostree/staged-deployment` records the lock.
@@ -362,6 +380,7 @@ impl Client {
         let client = Client {
             conn,
             sysroot,
+            finalize_by_commit: Default::default(),
             os: Default::default(),
             host_root: host_root.to_path_buf(),
             registered_with: Default::default(),
@@ -513,9 +532,46 @@ impl Client {
         transaction::run(&address, &tx, None).await
     }
 
-    /// Unlocks the finalization-locked staged deployment whose manifest digest is `checksum`
-    /// and lets rpm-ostreed reboot into it: `FinalizeDeployment({"checksum": …})`.
-    pub async fn finalize_deployment(&self, checksum: &str) -> Result<(), RpmOstreeError> {
+    /// Unlocks the finalization-locked staged deployment whose manifest digest is `digest` and
+    /// whose base commit is `base_commit`, and lets rpm-ostreed reboot into it:
+    /// `FinalizeDeployment({"checksum": …})`.
+    ///
+    /// What `checksum` is compared with depends on the daemon (coreos/rpm-ostree:
+    /// src/daemon/rpmostreed-transaction-types.cxx `finalize_deployment_transaction_execute`):
+    /// the staged deployment's base commit up to v2025.6, its image's manifest digest from
+    /// v2025.7 (e47214b7; the commit when the image metadata cannot be read). The D-Bus API names
+    /// no version, so the digest goes first; the daemon's one deterministic answer to a
+    /// commit-comparing daemon, "Expected staged base checksum <digest>, but found <this
+    /// commit>", is answered once with the commit, and the client remembers that this daemon
+    /// compares commits. Any other mismatch is [`RpmOstreeError::StagedMismatch`].
+    pub async fn finalize_deployment(
+        &self,
+        digest: &str,
+        base_commit: &str,
+    ) -> Result<(), RpmOstreeError> {
+        let by_commit = self
+            .finalize_by_commit
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let first = if by_commit { base_commit } else { digest };
+        match self.finalize_with(first).await {
+            Err(RpmOstreeError::Failed(m)) if !by_commit && m == mismatch(digest, base_commit) => {
+                tracing::info!(%digest, base_commit, "rpm-ostreed compares the staged base commit (before v2025.7); finalizing by commit");
+                self.finalize_by_commit
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                self.finalize_with(base_commit).await
+            }
+            other => other,
+        }
+        .map_err(|e| match e {
+            RpmOstreeError::Failed(m) if m.starts_with(MISMATCH_PREFIX) => {
+                RpmOstreeError::StagedMismatch(m)
+            }
+            e => e,
+        })
+    }
+
+    /// One `FinalizeDeployment` transaction with `checksum`.
+    async fn finalize_with(&self, checksum: &str) -> Result<(), RpmOstreeError> {
         let mut options = BTreeMap::new();
         options.insert("checksum", Value::from(checksum));
         options.insert(

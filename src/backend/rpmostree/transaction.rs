@@ -79,23 +79,36 @@ async fn wait_cancel(cancel: Option<tokio::sync::watch::Receiver<bool>>) -> Resu
     }
 }
 
-/// A container pull reports no `PercentProgress`: each layer starts a task
-/// "[n/N] Fetching ostree chunk …" (1-based; coreos/rpm-ostree:rust/src/sysroot_upgrade.rs
-/// `layer_progress_print`). Layer n starting means n - 1 are done.
-fn layer_percent(task: &str) -> Option<u8> {
-    let (counts, _) = task.strip_prefix('[')?.split_once("] ")?;
-    let (n, total) = counts.split_once('/')?;
-    let (n, total) = (n.parse::<u64>().ok()?, total.parse::<u64>().ok()?);
-    if n == 0 || n > total {
-        return None;
+/// How a daemon numbers the layers of a container pull in its "[k/N] Fetching ostree chunk …"
+/// tasks (coreos/rpm-ostree:rust/src/sysroot_upgrade.rs `layer_progress_print`): k is the count
+/// of layers already done up to v2026.1 (the first layer is `[0/N]`, since v2024.9) and the
+/// layer starting from v2026.2 (the first is `[1/N]`, da4b4fa0). The first task of a pull says
+/// which.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct LayerNumbering {
+    zero_based: Option<bool>,
+}
+
+impl LayerNumbering {
+    /// The share of layers done when `task` starts, if it is a layer task.
+    fn percent(&mut self, task: &str) -> Option<u8> {
+        let (counts, _) = task.strip_prefix('[')?.split_once("] ")?;
+        let (k, total) = counts.split_once('/')?;
+        let (k, total) = (k.parse::<u64>().ok()?, total.parse::<u64>().ok()?);
+        if total == 0 || k > total {
+            return None;
+        }
+        let zero_based = *self.zero_based.get_or_insert(k == 0);
+        let done = if zero_based { k } else { k.checked_sub(1)? };
+        u8::try_from(done.min(total) * 100 / total).ok()
     }
-    u8::try_from((n - 1) * 100 / total).ok()
 }
 
 async fn wait_finished(
     stream: &mut zbus::MessageStream,
     events: &tokio::sync::mpsc::Sender<TxnEvent>,
 ) -> Result<(), RpmOstreeError> {
+    let mut layers = LayerNumbering::default();
     while let Some(msg) = stream.next().await {
         let Ok(msg) = msg else { continue };
         let header = msg.header();
@@ -130,7 +143,7 @@ async fn wait_finished(
             }
             "TaskBegin" => {
                 if let Ok((text,)) = body.deserialize::<(String,)>() {
-                    let _ = events.try_send(match layer_percent(&text) {
+                    let _ = events.try_send(match layers.percent(&text) {
                         Some(pct) => TxnEvent::Percent(text, pct),
                         None => TxnEvent::Message(text),
                     });
@@ -144,29 +157,43 @@ async fn wait_finished(
 
 #[cfg(test)]
 mod tests {
-    use super::layer_percent;
+    use super::LayerNumbering;
+
+    /// The percentages a pull's tasks give, in order.
+    fn pull(tasks: &[&str]) -> Vec<Option<u8>> {
+        let mut n = LayerNumbering::default();
+        tasks.iter().map(|t| n.percent(t)).collect()
+    }
 
     #[test]
-    fn layer_tasks_are_progress() {
-        let task = |s: &str| layer_percent(s);
+    fn layer_tasks_are_progress_on_either_numbering() {
+        // v2026.2: the layer starting, from 1; the v2024.9 to v2026.1 spelling has no sha256:.
         assert_eq!(
-            task("[1/12] Fetching ostree chunk sha256:ab12 (100.0 MB)"),
-            Some(0)
+            pull(&[
+                "[1/12] Fetching ostree chunk sha256:ab12 (100.0 MB)",
+                "[7/12] Fetching ostree chunk sha256:ab12 (100.0 MB)",
+                "[12/12] Fetching layer sha256:ab12 (5 MB)",
+            ]),
+            vec![Some(0), Some(50), Some(91)]
         );
+        // v2024.9 to v2026.1: the layers done, from 0 — not one layer behind.
         assert_eq!(
-            task("[7/12] Fetching ostree chunk sha256:ab12 (100.0 MB)"),
-            Some(50)
+            pull(&[
+                "[0/12] Fetching ostree chunk 0123456789abcdef012 (100.0 MB)",
+                "[6/12] Fetching ostree chunk 0123456789abcdef012 (100.0 MB)",
+                "[11/12] Fetching ostree chunk 0123456789abcdef012 (100.0 MB)",
+            ]),
+            vec![Some(0), Some(50), Some(91)]
         );
-        assert_eq!(task("[12/12] Fetching layer sha256:ab12 (5 MB)"), Some(91));
         for other in [
             "Staging deployment",
-            "[0/12] x",
             "[13/12] x",
+            "[1/0] x",
             "[a/b] x",
             "[1/2]x",
             "",
         ] {
-            assert_eq!(task(other), None, "{other}");
+            assert_eq!(pull(&[other]), vec![None], "{other}");
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::fakes::bootc::FakeBootc;
 use crate::fakes::bus::Bus;
 use crate::fakes::logind::FakeLogind;
 use crate::fakes::registry::Registry;
-use crate::fakes::rpmostreed::{FakeRpmOstreed, RpmOstreedConfig};
+use crate::fakes::rpmostreed::{FakeRpmOstreed, RpmOstreeVersion, RpmOstreedConfig};
 use crate::fakes::systemd::FakeSystemd;
 use crate::fixtures::images::TestImage;
 
@@ -55,6 +55,8 @@ pub(crate) struct HostSetup<'a> {
     /// Host fixture name.
     pub(crate) host: &'a str,
     pub(crate) backend: Backend,
+    /// The rpm-ostree release the fake rpm-ostreed plays.
+    pub(crate) rpm_ostree: RpmOstreeVersion,
     pub(crate) registry: &'a Registry,
     /// The node identity's kubeconfig (it may be written after the host starts).
     pub(crate) kubeconfig: &'a Path,
@@ -91,6 +93,7 @@ impl NodeHost {
             osname: "rhcos".into(),
             images: images.clone(),
             booted: 0,
+            version: setup.rpm_ostree,
         })
         .await
         .context("starting the fake rpm-ostreed")?;

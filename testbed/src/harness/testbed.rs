@@ -16,6 +16,7 @@ use crate::control::{Command, Request, TestbedCmd};
 use crate::fakes::apiserver::{ApiServer, ApiServerConfig};
 use crate::fakes::bus::Bus;
 use crate::fakes::registry::Registry;
+pub use crate::fakes::rpmostreed::RpmOstreeVersion;
 use crate::fixtures::images::TestImage;
 
 /// Node name of the testbed's node.
@@ -30,6 +31,8 @@ pub struct Options {
     pub host: String,
     /// Which OS update tool the host has.
     pub backend: Backend,
+    /// The rpm-ostree release the fake rpm-ostreed plays (default: the newest).
+    pub rpm_ostree: RpmOstreeVersion,
 }
 
 impl Options {
@@ -39,6 +42,7 @@ impl Options {
             dir: dir.into(),
             host: "default".into(),
             backend: Backend::default(),
+            rpm_ostree: RpmOstreeVersion::default(),
         }
     }
 }
@@ -81,6 +85,7 @@ impl Testbed {
                 node: NODE_NAME,
                 host: &opts.host,
                 backend: opts.backend,
+                rpm_ostree: opts.rpm_ostree,
                 registry: &registry,
                 kubeconfig: &kubeconfig,
                 pull_secret: &pull_secret,

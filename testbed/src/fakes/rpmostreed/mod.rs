@@ -21,6 +21,9 @@ mod runstate;
 mod sysroot;
 mod transaction;
 mod vardict;
+mod version;
+
+pub use version::RpmOstreeVersion;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -81,6 +84,8 @@ pub struct RpmOstreedConfig {
     pub images: Vec<TestImage>,
     /// Index into `images` of the booted image, used when the sysroot has no deployment yet.
     pub booted: usize,
+    /// The rpm-ostree release the fake plays.
+    pub version: RpmOstreeVersion,
 }
 
 /// A running fake `rpm-ostreed`. Dropping it takes the daemon off the bus.
@@ -125,6 +130,7 @@ impl FakeRpmOstreed {
         };
         let daemon = Arc::new(Daemon {
             os_path: model::os_object_path(&cfg.osname),
+            version: cfg.version,
             osname: cfg.osname,
             images: cfg.images,
             state_dir: cfg.state_dir,
@@ -186,6 +192,8 @@ struct Bus {
 
 /// The daemon's state, shared by its D-Bus objects and tasks.
 pub(crate) struct Daemon {
+    /// The rpm-ostree release played.
+    version: RpmOstreeVersion,
     osname: String,
     os_path: String,
     images: Vec<TestImage>,

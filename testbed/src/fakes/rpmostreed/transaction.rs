@@ -675,6 +675,25 @@ impl Daemon {
         Ok(())
     }
 
+    /// The task that starts layer `i` (from 0) of a pull: rpm-ostree's `layer_progress_print`
+    /// counts the layers done, from 0, and prints 19 hex digits of the digest (v2024.9 to
+    /// v2026.1), or the layer starting, from 1, with `sha256:` (v2026.2, da4b4fa0).
+    fn layer_task(&self, i: u32, layer: &str) -> String {
+        let size = format_size(CHUNK_BYTES);
+        if self.version.layers_from_one() {
+            format!(
+                "[{}/{CHUNK_COUNT}] Fetching ostree chunk sha256:{} ({size})",
+                i + 1,
+                &layer[..12]
+            )
+        } else {
+            format!(
+                "[{i}/{CHUNK_COUNT}] Fetching ostree chunk {} ({size})",
+                &layer[..19]
+            )
+        }
+    }
+
     /// The messages and tasks of an ostree-ext container import. On a `low-disk` host the
     /// first layer's write fails with ostree's min-free-space error, chained the way
     /// ostree-ext reports it (ublue-os/cosmic#40 shows the chain; C-locale size format).
@@ -690,14 +709,8 @@ impl Daemon {
         .await;
         for i in 0..CHUNK_COUNT {
             let layer = format!("{:x}", Sha256::digest(format!("{digest}/chunk/{i}")));
-            // 1-based, as `layer_progress_print` counts a layer once it starts.
-            txn.emit(Signal::TaskBegin(&format!(
-                "[{}/{CHUNK_COUNT}] Fetching ostree chunk sha256:{} ({})",
-                i + 1,
-                &layer[..12],
-                format_size(CHUNK_BYTES)
-            )))
-            .await;
+            txn.emit(Signal::TaskBegin(&self.layer_task(i, &layer)))
+                .await;
             txn.pause(STEP).await?;
             if low_disk(self.host_root.as_deref()) {
                 let object = format!("{:x}", Sha256::digest(format!("{layer}/object")));
@@ -825,13 +838,16 @@ impl Daemon {
                     self.osname
                 ));
             }
-            // The image digest, or the base commit when the image's metadata cannot be
-            // read (the `query_container_image_commit` fallback).
+            // From v2025.7 (e47214b7) the image digest, or the base commit when the image's
+            // metadata cannot be read (the `query_container_image_commit` fallback); before,
+            // always the base commit (`layeredmeta.base_commit`).
+            let base = first
+                .base_checksum
+                .clone()
+                .unwrap_or_else(|| first.checksum.clone());
             let found = match first.container_image_reference_digest.as_str() {
-                "" => first
-                    .base_checksum
-                    .clone()
-                    .unwrap_or_else(|| first.checksum.clone()),
+                "" => base,
+                _ if !self.version.finalizes_by_digest() => base,
                 digest => digest.to_string(),
             };
             match &plan.checksum {

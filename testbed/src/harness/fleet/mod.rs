@@ -23,6 +23,7 @@ use tokio::task::JoinHandle;
 use crate::control::{self, Request, TestbedCmd};
 use crate::fakes::apiserver::{ApiServer, ApiServerConfig};
 use crate::fakes::registry::Registry;
+use crate::fakes::rpmostreed::RpmOstreeVersion;
 use crate::fixtures::images::TestImage;
 use crate::harness::cluster::{image_env, prepare_cluster, start_registry, write_env};
 use crate::harness::control_socket::serve_control;
@@ -50,6 +51,8 @@ pub struct FleetOptions {
     pub host_overrides: BTreeMap<String, String>,
     /// The OS update tool of every node.
     pub backend: Backend,
+    /// The rpm-ostree release every node's fake rpm-ostreed plays.
+    pub rpm_ostree: RpmOstreeVersion,
     /// The streamd binary each node runs; `None`: none is started (start them yourself).
     pub streamd: Option<PathBuf>,
     /// How long a rebooting node stays down (NotReady, streamd stopped) before it boots.
@@ -65,6 +68,7 @@ impl FleetOptions {
             host: "default".into(),
             host_overrides: BTreeMap::new(),
             backend: Backend::default(),
+            rpm_ostree: RpmOstreeVersion::default(),
             streamd: None,
             reboot_downtime: Duration::from_millis(500),
         }
@@ -141,6 +145,7 @@ impl Fleet {
                     node: &name,
                     host: fixture,
                     backend: opts.backend,
+                    rpm_ostree: opts.rpm_ostree,
                     registry: &registry,
                     kubeconfig: &kubeconfig,
                     pull_secret: &pull_secret,

@@ -1,0 +1,94 @@
+//! End-to-end: the manage-mode migrations through `Done` on each rpm-ostree release the
+//! testbed plays (`testbed::RpmOstreeVersion::SUPPORTED`, docs/fidelity.md "since"): RHEL
+//! 10.0's 2025.5, whose `FinalizeDeployment` compares the checksum with the staged base commit
+//! and whose layer tasks count from 0, and 2026.2, which compares the image digest.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+use testbed::RpmOstreeVersion;
+
+/// Moves host `host` to rhel-10 (with the extensions image when it carries a variant kernel)
+/// through the approval, the reboot and `Done`; returns the FinalizeDeployment records.
+async fn migrate(version: RpmOstreeVersion, host: &str, extensions: bool) -> Vec<Value> {
+    let name = format!("ver-{version}-{host}");
+    let mut env = Env::with_rpm_ostree(&name, host, version).await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    if extensions {
+        env.request_rhel10_extensions();
+    }
+    env.request_rhel10();
+    env.approve_reboot().await;
+    env.wait_for(
+        "rpm-ostreed initiates the reboot",
+        Duration::from_secs(60),
+        |_| env.reboot_initiated(),
+    )
+    .await;
+    let finalizes: Vec<Value> = env
+        .transactions()
+        .await
+        .into_iter()
+        .filter(|t| t["method"] == "FinalizeDeployment")
+        .collect();
+    let done = env.reboot_into_rhel10().await;
+    if host == "realtime" {
+        assert_eq!(host_facts(&done)["kernel"], "realtime", "{done:?}");
+    }
+    finalizes
+}
+
+/// The checksum a FinalizeDeployment record was called with.
+fn checksum(t: &Value) -> &str {
+    t["options"]["checksum"].as_str().unwrap_or_default()
+}
+
+/// 2025.5 refuses the digest ("Expected staged base checksum …, but found <commit>"); streamd
+/// answers once with the base commit, and the node moves.
+async fn oldest(host: &str, extensions: bool) {
+    let fin = migrate(RpmOstreeVersion::OLDEST, host, extensions).await;
+    assert_eq!(fin.len(), 2, "the digest, then the commit: {fin:#?}");
+    assert!(checksum(&fin[0]).starts_with("sha256:"), "{fin:#?}");
+    assert!(
+        fin[0]["result"]["message"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("Expected staged base checksum sha256:")),
+        "{fin:#?}"
+    );
+    let commit = checksum(&fin[1]);
+    assert!(
+        commit.len() == 64 && commit.bytes().all(|b| b.is_ascii_hexdigit()),
+        "an ostree commit: {fin:#?}"
+    );
+}
+
+/// 2026.2 takes the digest at once.
+async fn newest(host: &str, extensions: bool) {
+    let fin = migrate(RpmOstreeVersion::NEWEST, host, extensions).await;
+    assert_eq!(fin.len(), 1, "{fin:#?}");
+    assert!(checksum(&fin[0]).starts_with("sha256:"), "{fin:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_default_host_moves_on_the_oldest_rpm_ostree() {
+    oldest("default", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_realtime_host_moves_on_the_oldest_rpm_ostree() {
+    oldest("realtime", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_default_host_moves_on_the_newest_rpm_ostree() {
+    newest("default", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_realtime_host_moves_on_the_newest_rpm_ostree() {
+    newest("realtime", true).await;
+}
