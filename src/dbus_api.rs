@@ -40,8 +40,20 @@ const PREFLIGHT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(12
 /// The exported object.
 #[derive(Debug)]
 pub struct OSStream1 {
-    status: Status,
+    /// Behind its own lock, never held across an await: the agent publishes with the
+    /// interface's shared lock, so a method call that awaits (`Preflight`, up to 120 s) never
+    /// holds up the loop, and with it the watchdog.
+    status: std::sync::Mutex<Status>,
     requests: mpsc::Sender<Request>,
+}
+
+impl OSStream1 {
+    /// The status published last.
+    fn current(&self) -> std::sync::MutexGuard<'_, Status> {
+        self.status
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// Property name → value, for diffing and `PropertiesChanged`.
@@ -114,52 +126,52 @@ impl OSStream1 {
     /// Node name.
     #[zbus(property)]
     fn node(&self) -> String {
-        self.status.node.clone()
+        self.current().node.clone()
     }
     /// Agent state (`Idle`, `Staging`, …).
     #[zbus(property)]
     fn state(&self) -> String {
-        self.status.state.to_string()
+        self.current().state.to_string()
     }
     /// One-line reason.
     #[zbus(property)]
     fn reason(&self) -> String {
-        one_line_reason(&self.status.reason)
+        one_line_reason(&self.current().reason)
     }
     /// Staging progress, 0 unless `Staging`.
     #[zbus(property)]
     fn progress(&self) -> u32 {
-        self.status.progress_value()
+        self.current().progress_value()
     }
     /// Booted stream.
     #[zbus(property)]
     fn current_stream(&self) -> String {
-        self.status.current_stream.clone()
+        self.current().current_stream.clone()
     }
     /// Booted image.
     #[zbus(property)]
     fn current_os_image(&self) -> String {
-        self.status.current_os_image.clone()
+        self.current().current_os_image.clone()
     }
     /// Staged image, empty if none.
     #[zbus(property)]
     fn staged_os_image(&self) -> String {
-        self.status.staged_os_image.clone().unwrap_or_default()
+        self.current().staged_os_image.clone().unwrap_or_default()
     }
     /// Requested stream.
     #[zbus(property)]
     fn desired_stream(&self) -> String {
-        self.status.desired_stream.clone().unwrap_or_default()
+        self.current().desired_stream.clone().unwrap_or_default()
     }
     /// Requested OS image.
     #[zbus(property)]
     fn desired_os_image(&self) -> String {
-        self.status.desired_os_image.clone().unwrap_or_default()
+        self.current().desired_os_image.clone().unwrap_or_default()
     }
     /// Requested extensions image.
     #[zbus(property)]
     fn desired_extensions_image(&self) -> String {
-        self.status
+        self.current()
             .desired_extensions_image
             .clone()
             .unwrap_or_default()
@@ -167,27 +179,27 @@ impl OSStream1 {
     /// Hash of the request the state refers to.
     #[zbus(property)]
     fn observed_desired(&self) -> String {
-        self.status.observed_desired.clone().unwrap_or_default()
+        self.current().observed_desired.clone().unwrap_or_default()
     }
     /// Host facts as compact JSON.
     #[zbus(property)]
     fn host(&self) -> String {
-        self.status.host_json()
+        self.current().host_json()
     }
     /// Staging backend.
     #[zbus(property)]
     fn backend(&self) -> String {
-        self.status.backend_name().to_string()
+        self.current().backend_name().to_string()
     }
     /// Unix time of the last state change.
     #[zbus(property)]
     fn last_change(&self) -> u64 {
-        self.status.last_change
+        self.current().last_change
     }
     /// The whole status as the JSON document `streamctl status --json` prints.
     #[zbus(property)]
     fn status(&self) -> String {
-        status_json(&self.status)
+        status_json(&self.current())
     }
 }
 
@@ -210,7 +222,7 @@ impl Api {
         requests: mpsc::Sender<Request>,
     ) -> zbus::Result<Self> {
         let obj = OSStream1 {
-            status: initial,
+            status: std::sync::Mutex::new(initial),
             requests,
         };
         conn.object_server().at(OBJECT_PATH, obj).await?;
@@ -224,10 +236,11 @@ impl Api {
 
     /// Publishes a new status, emitting `PropertiesChanged` for the properties that changed.
     pub async fn publish(&self, status: &Status) -> zbus::Result<()> {
-        let mut obj = self.iface.get_mut().await;
-        let before: HashMap<_, _> = properties(&obj.status).into_iter().collect();
-        obj.status = status.clone();
+        // The shared lock: a method call holding it across an await does not block this.
+        let obj = self.iface.get().await;
+        let before = std::mem::replace(&mut *obj.current(), status.clone());
         drop(obj);
+        let before: HashMap<_, _> = properties(&before).into_iter().collect();
         let changed: HashMap<&str, Value<'_>> = properties(status)
             .into_iter()
             .filter(|(k, v)| before.get(k) != Some(v))

@@ -672,3 +672,79 @@ async fn stalled_registry_does_not_stall_the_loop() {
     env.stop_streamd();
     println!("stopped {:?} after SIGTERM mid-preflight", term.elapsed());
 }
+
+/// `streamctl preflight` against a registry that accepts and never answers, then a new request
+/// on the node: the D-Bus method waits for its answer, and meanwhile the loop still publishes,
+/// takes the request and pings the watchdog (it used to wait for the method's lock on the
+/// interface: no `WATCHDOG=1` for the whole preflight).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_preflight_call_does_not_stall_the_loop() {
+    let mut env = Env::new("stall-call").await;
+    let registry = StalledRegistry::start();
+    let sock_path = env.dir.join("notify.sock");
+    let notes = Notifications::listen(&sock_path);
+    env.start_streamd_with(&[
+        ("NOTIFY_SOCKET", sock_path.to_str().expect("utf-8")),
+        // WatchdogSec=2s: pings every second.
+        ("WATCHDOG_USEC", "2000000"),
+    ]);
+    env.wait_state("Idle").await;
+    let mut call = env
+        .streamctl_command(&[
+            "preflight",
+            "--stream",
+            "rhel-10",
+            "--os-image",
+            &registry.image(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("streamctl preflight starts");
+    let called = Instant::now();
+    while registry.accepted.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            called.elapsed() < Duration::from_secs(20),
+            "the preflight never reached the stalled registry\n{}",
+            env.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A new request on the node while the call waits: the loop takes it and publishes.
+    env.request_rhel10();
+    env.wait_for("the request taken", Duration::from_secs(10), |a| {
+        a.get(STATE).map(String::as_str) == Some("Preflight")
+    })
+    .await;
+    // Until the registry read's own deadline ends the call.
+    let mut ended = None;
+    while ended.is_none() && called.elapsed() < Duration::from_secs(60) {
+        if call.try_wait().expect("wait").is_some() {
+            ended = Some(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let window = (
+        called + Duration::from_secs(2),
+        ended.unwrap_or_else(Instant::now),
+    );
+    let span = window.1.saturating_duration_since(window.0);
+    assert!(
+        span >= Duration::from_secs(4),
+        "the call waited long enough to matter: {span:?}"
+    );
+    let pings = notes
+        .all()
+        .iter()
+        .filter(|(at, m)| m.contains("WATCHDOG=1") && *at >= window.0 && *at <= window.1)
+        .count();
+    println!("while a preflight call waited {span:?}: {pings} WATCHDOG=1");
+    assert!(
+        pings as u64 >= span.as_secs() - 2,
+        "{pings} pings in {span:?}\n{}",
+        env.log()
+    );
+    env.wait_state("Staged").await;
+    let _ = call.kill();
+    let _ = call.wait();
+}

@@ -233,10 +233,16 @@ impl Env {
 
     /// Runs streamctl.
     pub fn streamctl(&self, args: &[&str]) -> Output {
-        self.command(env!("CARGO_BIN_EXE_streamctl"))
-            .args(args)
+        self.streamctl_command(args)
             .output()
             .expect("streamctl runs")
+    }
+
+    /// `streamctl ARGS` against the testbed, not started yet.
+    pub fn streamctl_command(&self, args: &[&str]) -> Command {
+        let mut c = self.command(env!("CARGO_BIN_EXE_streamctl"));
+        c.args(args);
+        c
     }
 
     /// The node's annotations, read through the fake's control API.
