@@ -62,7 +62,8 @@ async fn an_mcd_annotated_node_refuses_requests_naming_the_mcd_and_the_config_ke
     assert!(
         reason.contains("machine-config daemon")
             && reason.contains(MCD_CURRENT_CONFIG)
-            && reason.contains(r#"mode = "manage""#),
+            && reason.contains("set its MachineConfigPool's spec.osImageStream.name")
+            && !reason.contains(r#"mode = "manage""#),
         "{reason}"
     );
     // Long enough for a staging to have started, were streamd to stage.

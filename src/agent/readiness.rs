@@ -275,8 +275,15 @@ impl Agent {
         let why = self.mode().1.unwrap_or_default();
         let mut refused = Vec::new();
         if raw.stream.is_some() || raw.os_image.is_some() || raw.extensions_image.is_some() {
+            // The way to move the node is the platform's: the pool's stream where the MCD
+            // manages it (handing such a node to streamd breaks the MCD, README "Modes").
+            let how = if self.mcd.is_some() {
+                "to move this node, set its MachineConfigPool's spec.osImageStream.name: the machine-config operator moves it, and the readiness annotation says whether it would pass"
+            } else {
+                "to let streamd move this node, remove mode = \"readiness\" from streamd's config"
+            };
             refused.push(format!(
-                "{why}: streamd runs in readiness mode, never stages or reboots, and refuses desired-stream/desired-os-image; set mode = \"manage\" in streamd's config to hand the node to streamd (README \"Modes\")"
+                "{why}: streamd runs in readiness mode, never stages or reboots, and refuses desired-stream/desired-os-image; {how}"
             ));
         }
         let planned = self.readiness_plan();
