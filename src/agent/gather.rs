@@ -14,7 +14,7 @@ use crate::backend::Deployment;
 use crate::backend::KernelVariant;
 use crate::backend::StagePlan;
 use crate::cluster::protocol::Desired;
-use crate::config::Policy;
+use crate::config::{ImagePolicy, Policy};
 use crate::host::facts::machineconfig::AppliedConfig;
 use crate::host::facts::{self, HostFacts, HostRoot};
 use crate::image::extensions;
@@ -37,6 +37,8 @@ pub struct Gatherer {
     pub runtime_dir: PathBuf,
     /// Preflight policy.
     pub policy: Policy,
+    /// Which images the node takes.
+    pub images: ImagePolicy,
     /// The registry client of the last preflight and the pull secret it was made for: kept
     /// while the secret is unchanged, so its connections and tokens serve the next preflight.
     pub inspector: std::sync::Arc<std::sync::Mutex<Option<(PullSecret, Inspector)>>>,
@@ -110,6 +112,17 @@ pub struct Prepared {
     pub plan: Option<StagePlan>,
     /// What the staged deployment must look like (with `plan`).
     pub expect: Option<crate::host::verify::Expectation>,
+}
+
+impl Prepared {
+    /// A request the image policy refused for `reason`: that check alone, nothing read.
+    pub fn refused_by_image_policy(reason: String) -> Prepared {
+        Prepared {
+            checks: preflight::refused_by_image_policy(reason),
+            plan: None,
+            expect: None,
+        }
+    }
 }
 
 /// A preflight that could not finish and will be retried.
@@ -247,7 +260,8 @@ impl Gatherer {
     /// Runs every check for `desired` on top of `booted`, completing `base` when all pass.
     /// `machine_config`: the MachineConfig the machine-config daemon applied (or why it cannot
     /// be read), which decides what the machine-config operator's move installs; `None` for
-    /// streamd's own moves.
+    /// streamd's own moves. `image_policy`: the image policy's verdict on `desired`
+    /// (`crate::cluster::policy`); a refusal reads nothing.
     #[allow(clippy::too_many_arguments)]
     pub async fn prepare(
         &self,
@@ -258,7 +272,12 @@ impl Gatherer {
         base: StagePlan,
         purpose: Purpose,
         machine_config: Option<&Result<AppliedConfig, String>>,
+        image_policy: Result<String, String>,
     ) -> Result<Prepared, Transient> {
+        let allowed = match image_policy {
+            Ok(why) => why,
+            Err(reason) => return Ok(Prepared::refused_by_image_policy(reason)),
+        };
         let kernel = facts::kernel_variant(&self.host, booted);
         let running = kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
         // What the extensions image must provide (and streamd's rebase carries as packages):
@@ -315,6 +334,7 @@ impl Gatherer {
         }
         let input = Input {
             desired: desired.clone(),
+            image_policy: Ok(allowed),
             booted: booted.clone(),
             booted_major,
             arch: facts.arch.clone(),
@@ -485,6 +505,7 @@ mod tests {
             insecure_registries: Vec::new(),
             runtime_dir: PathBuf::from("/nonexistent/run"),
             policy: Policy::default(),
+            images: ImagePolicy::default(),
             inspector: Default::default(),
             in_use: InUse::default(),
         };

@@ -22,6 +22,7 @@ use crate::agent::preflight;
 use crate::backend::{Deployment, StagePlan};
 use crate::backoff::jittered;
 use crate::cluster::node::EventType;
+use crate::cluster::policy::{self, Verdict};
 use crate::cluster::protocol::{
     self, CheckRequest, Desired, Inputs, MAX_READINESS_REASON_CHARS, MAX_READINESS_STREAMS, Mode,
     Readiness, State,
@@ -120,13 +121,14 @@ pub(super) fn booted_stream(host: &HostRoot, deployments: &[Deployment]) -> Stri
 }
 
 /// Preflight for `desired` on the node as it is, changing nothing: what `streamctl preflight`
-/// runs (streamd's own move).
+/// runs (streamd's own move). `catalog`: the cluster's streams, for the image policy.
 pub(super) async fn check_only(
     gatherer: &Gatherer,
     facts: &HostFacts,
     deployments: &[Deployment],
     record: &Record,
     desired: &Desired,
+    catalog: Option<&Catalog>,
 ) -> Result<Prepared, Transient> {
     check_for(
         gatherer,
@@ -136,13 +138,16 @@ pub(super) async fn check_only(
         desired,
         Purpose::DryRun,
         None,
+        catalog,
     )
     .await
 }
 
 /// Preflight for `desired` on the node as it is, changing nothing, for the move `purpose`
 /// names (a dry run of streamd's, or the machine-config operator's, given the MachineConfig
-/// its daemon applied).
+/// its daemon applied). The image policy judges `desired` first, with the cluster's streams
+/// `catalog`; one that needs them before they can be used is retried like a registry failure.
+#[allow(clippy::too_many_arguments)]
 async fn check_for(
     gatherer: &Gatherer,
     facts: &HostFacts,
@@ -151,11 +156,17 @@ async fn check_for(
     desired: &Desired,
     purpose: Purpose,
     machine_config: Option<&Result<AppliedConfig, String>>,
+    catalog: Option<&Catalog>,
 ) -> Result<Prepared, Transient> {
     let Some(booted) = deployments.iter().find(|d| d.booted) else {
         return Err(Transient(
             "the update backend reports no booted deployment".into(),
         ));
+    };
+    let image_policy = match policy::judge(&gatherer.images, desired, booted.pullspec(), catalog) {
+        Verdict::Allowed(why) => Ok(why),
+        Verdict::Refused(why) => Err(why),
+        Verdict::Wait(wait) => return Err(Transient(wait.to_string())),
     };
     let base = StagePlan::rebase(
         &desired.stream,
@@ -172,6 +183,7 @@ async fn check_for(
             base,
             purpose,
             machine_config,
+            image_policy,
         )
         .await
 }
@@ -255,6 +267,7 @@ impl Agent {
     pub(super) fn wants_catalog(&self) -> bool {
         self.status.mode == Mode::Readiness
             || (self.checks.stream.is_some() && self.checks.os_image.is_none())
+            || self.images_watch
     }
 
     /// The readiness-mode answer to every request: stage nothing, report why, cancel a
@@ -404,11 +417,16 @@ impl Agent {
         let Some(facts) = self.status.host.clone() else {
             return;
         };
+        self.watch_streams_for(plan.targets.iter().filter_map(|t| match t {
+            Target::Check(d) => Some(d),
+            Target::Unresolved { .. } => None,
+        }));
         debug!(?plan, "running readiness checks");
         let backend = self.backend.clone();
         let gatherer = self.gatherer.clone();
         let store = self.store.clone();
         let lock = self.preflight_lock.clone();
+        let catalog = self.catalog.clone();
         self.work = Some(Work::spawn(Kind::Readiness, None, async move {
             let _one_at_a_time = lock.lock().await;
             let deployments = backend.deployments().await;
@@ -449,6 +467,7 @@ impl Agent {
                             d,
                             plan.purpose,
                             plan.machine_config.as_ref(),
+                            catalog.as_ref(),
                         );
                         entry(d, p.await)
                     }
