@@ -102,6 +102,12 @@ fn repository(image: &ImageRef) -> String {
     format!("{}/{}", image.registry(), image.repository())
 }
 
+/// `image` for a reason: its repository quoted (so cut to a bounded length) and its whole
+/// digest, which tells two images of one repository apart.
+fn shown(image: &ImageRef) -> String {
+    format!("{}@{}", quote(&repository(image)), image.digest())
+}
+
 fn allows(scope: &RepositoryScope, image: &ImageRef) -> bool {
     scope.allows(image.registry(), image.repository())
 }
@@ -229,16 +235,16 @@ fn resolved(desired: &Desired, catalog: Option<&Catalog>) -> Result<String, Verd
         ),
     ];
     for (what, image, theirs) in given {
-        if let Some(image) = image.map(ToString::to_string)
-            && image != *theirs
+        if let Some(image) = image
+            && image.to_string() != *theirs
         {
             let theirs = match theirs.as_str() {
                 "" => "none".to_string(),
-                t => quote(t),
+                t => t.parse().map_or_else(|_| quote(t), |t| shown(&t)),
             };
             return refuse(format!(
                 "the {what} {} is not the one the cluster's OSImageStream gives stream {stream} ({theirs})",
-                quote(&image)
+                shown(image)
             ));
         }
     }
@@ -613,6 +619,18 @@ mod tests {
             assert!(text.contains(words), "{what}: {text}");
             assert!(needs_catalog(&policy, &d, Some(&booted)), "{what}");
         }
+        // Two images of one repository differ in the digest: both are shown whole.
+        let (_, text) = kind(&judge(
+            &policy,
+            &desired(&other, None),
+            Some(&booted),
+            Some(&cat),
+        ));
+        let digests = |c: char| format!("@sha256:{}", c.to_string().repeat(64));
+        assert!(
+            text.contains(&digests('3')) && text.contains(&digests('1')),
+            "{text}"
+        );
         // The repository rule is judged first and names itself.
         let listed = ImagePolicy {
             resolved_only: true,
