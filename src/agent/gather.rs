@@ -260,8 +260,8 @@ impl Gatherer {
     /// Runs every check for `desired` on top of `booted`, completing `base` when all pass.
     /// `machine_config`: the MachineConfig the machine-config daemon applied (or why it cannot
     /// be read), which decides what the machine-config operator's move installs; `None` for
-    /// streamd's own moves. `image_policy`: the image policy's verdict on `desired`
-    /// (`crate::cluster::policy`); a refusal reads nothing.
+    /// streamd's own moves. `allowed`: why the image policy (`crate::cluster::policy`) takes
+    /// `desired`, judged by the caller before anything is read.
     #[allow(clippy::too_many_arguments)]
     pub async fn prepare(
         &self,
@@ -272,12 +272,8 @@ impl Gatherer {
         base: StagePlan,
         purpose: Purpose,
         machine_config: Option<&Result<AppliedConfig, String>>,
-        image_policy: Result<String, String>,
+        allowed: String,
     ) -> Result<Prepared, Transient> {
-        let allowed = match image_policy {
-            Ok(why) => why,
-            Err(reason) => return Ok(Prepared::refused_by_image_policy(reason)),
-        };
         let kernel = facts::kernel_variant(&self.host, booted);
         let running = kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
         // What the extensions image must provide (and streamd's rebase carries as packages):
@@ -286,7 +282,6 @@ impl Gatherer {
         // layered image and swaps the kernel from the extensions image; for the operator's
         // move, what the applied MachineConfig asks for when it is known.
         let needed = preflight::from_extensions(booted, &kernel, purpose.mover(), machine_config);
-        let variant = needed.variant;
         let crio = facts::crio_default_runtime(&self.host).map_err(|e| e.to_string());
         let booted_major = self.host.os_release().ok().and_then(|r| r.major());
         let inspector = self.secret().and_then(|s| self.inspector(&s));
@@ -316,7 +311,7 @@ impl Gatherer {
             Some(Ok((info, files))) => (Some(Ok(info)), files),
             Some(Err(e)) => (Some(Err(e)), Vec::new()),
         };
-        let closure = closure_of(&extensions, &facts.arch, target, &wanted, variant);
+        let closure = closure_of(&extensions, &facts.arch, target, &wanted, needed.variant);
         // Providers the closure added are extracted now; the cache then serves the wanted
         // packages from the larger extraction.
         if let (Some(c), Some(img), Ok(i)) = (&closure, &desired.extensions_image, &inspector)
@@ -360,7 +355,7 @@ impl Gatherer {
         let plan = (ours && preflight::first_failure(&checks).is_none()).then(|| {
             // Exactly the closure is passed: preflight made sure it is complete.
             let rpms = closure_files(extracted, input.closure.as_ref());
-            base.carry(booted, variant, &layered, &rpms)
+            base.carry(booted, needed.variant, &layered, &rpms)
         });
         Ok(Prepared {
             checks,

@@ -82,6 +82,14 @@ pub(super) struct Plan {
 }
 
 impl Plan {
+    /// The requests of the streams to check.
+    fn checked(&self) -> impl Iterator<Item = &Desired> {
+        self.targets.iter().filter_map(|t| match t {
+            Target::Check(d) => Some(d),
+            Target::Unresolved { .. } => None,
+        })
+    }
+
     fn key(&self) -> String {
         let mut k: Vec<String> = self.targets.iter().map(Target::key).collect();
         k.push(self.exclude_booted.to_string());
@@ -163,9 +171,9 @@ async fn check_for(
             "the update backend reports no booted deployment".into(),
         ));
     };
-    let image_policy = match policy::judge(&gatherer.images, desired, booted.pullspec(), catalog) {
-        Verdict::Allowed(why) => Ok(why),
-        Verdict::Refused(why) => Err(why),
+    let allowed = match policy::judge(&gatherer.images, desired, booted.pullspec(), catalog) {
+        Verdict::Allowed(why) => why,
+        Verdict::Refused(why) => return Ok(Prepared::refused_by_image_policy(why)),
         Verdict::Wait(wait) => return Err(Transient(wait.to_string())),
     };
     let base = StagePlan::rebase(
@@ -183,9 +191,20 @@ async fn check_for(
             base,
             purpose,
             machine_config,
-            image_policy,
+            allowed,
         )
         .await
+}
+
+/// The readiness of a stream whose images could not be resolved, for `reason`.
+fn unresolved(stream: &str, reason: &str) -> Readiness {
+    Readiness {
+        ready: false,
+        failed: Vec::new(),
+        reason: reason.to_string(),
+        os_image: String::new(),
+        checked: protocol::short_hash(stream, "", None),
+    }
 }
 
 /// One stream's readiness from its preflight.
@@ -417,10 +436,7 @@ impl Agent {
         let Some(facts) = self.status.host.clone() else {
             return;
         };
-        self.watch_streams_for(plan.targets.iter().filter_map(|t| match t {
-            Target::Check(d) => Some(d),
-            Target::Unresolved { .. } => None,
-        }));
+        self.watch_streams_for(plan.checked());
         debug!(?plan, "running readiness checks");
         let backend = self.backend.clone();
         let gatherer = self.gatherer.clone();
@@ -445,16 +461,9 @@ impl Agent {
                     continue;
                 }
                 let (e, again) = match (target, &deployments) {
-                    (Target::Unresolved { stream, reason }, _) => (
-                        Readiness {
-                            ready: false,
-                            failed: Vec::new(),
-                            reason: reason.clone(),
-                            os_image: String::new(),
-                            checked: protocol::short_hash(stream, "", None),
-                        },
-                        false,
-                    ),
+                    (Target::Unresolved { stream, reason }, _) => {
+                        (unresolved(stream, reason), false)
+                    }
                     (Target::Check(d), Err(e)) => {
                         entry(d, Err(Transient(format!("reading deployments: {e}"))))
                     }

@@ -70,7 +70,7 @@ impl Agent {
                         base,
                         Purpose::Request,
                         None,
-                        Ok(allowed),
+                        allowed,
                     )
                     .await;
                 Outcome::Prepared(Box::new(run), result)

@@ -276,6 +276,8 @@ mod tests {
     }
 
     const BOOTED: &str = "quay.io/openshift-release-dev/ocp-v4.0-art-dev";
+    /// A repository the cluster's OSImageStream names, and the node did not boot from.
+    const MIRROR: &str = "mirror.example:5000/ocp/release";
 
     fn desired(os: &str, ext: Option<&str>) -> Desired {
         Inputs {
@@ -300,6 +302,11 @@ mod tests {
                 })
                 .collect(),
         )
+    }
+
+    /// The cluster offers rhel-10 from [`MIRROR`], its extensions from `quay.io/ext/os`.
+    fn mirror_catalog() -> Catalog {
+        catalog(&[("rhel-10", &pin(MIRROR, '1'), &pin("quay.io/ext/os", '2'))])
     }
 
     fn scopes(s: &[&str]) -> ImagePolicy {
@@ -329,13 +336,21 @@ mod tests {
         }
     }
 
+    /// Judges every case under `policy`.
+    fn judged(policy: &ImagePolicy, cases: Vec<Case>) {
+        for (what, d, booted, cat, want, words) in cases {
+            let (got, text) = kind(&judge(policy, &d, booted, cat));
+            assert_eq!(got, want, "{what}: {text}");
+            assert!(text.contains(words), "{what}: {text}");
+        }
+    }
+
     #[test]
-    fn the_default_takes_the_booted_repository_and_the_clusters() {
+    fn the_default_takes_the_booted_repository_without_reading_the_catalog() {
         let booted = pin(BOOTED, 'b');
-        let mirror = "mirror.example:5000/ocp/release";
-        let cat = catalog(&[("rhel-10", &pin(mirror, '1'), &pin("quay.io/ext/os", '2'))]);
-        let default = ImagePolicy::default();
-        let forbidden = Catalog::Unreadable("forbidden".into());
+        let cat = mirror_catalog();
+        let by_tag = format!("{BOOTED}:4.19");
+        let below = format!("{BOOTED}x");
         // (what, desired, booted, catalog, verdict, words in the text)
         let cases: Vec<Case> = vec![
             (
@@ -347,8 +362,16 @@ mod tests {
                 "booted image's",
             ),
             (
-                "a repository below the booted one is not it",
-                desired(&pin(&format!("{BOOTED}x"), 'a'), None),
+                "booted by tag",
+                desired(&pin(BOOTED, 'a'), None),
+                Some(&by_tag),
+                None,
+                "Allowed",
+                "booted image's",
+            ),
+            (
+                "a longer last component is another repository",
+                desired(&pin(&below, 'a'), None),
                 Some(&booted),
                 Some(&cat),
                 "Refused",
@@ -371,8 +394,33 @@ mod tests {
                 "\"evil.example/os\"",
             ),
             (
+                "extensions image elsewhere",
+                desired(&pin(BOOTED, 'a'), Some(&pin("evil.example/ext", '7'))),
+                Some(&booted),
+                Some(&cat),
+                "Refused",
+                "the extensions image's repository \"evil.example/ext\"",
+            ),
+        ];
+        judged(&ImagePolicy::default(), cases);
+        // The OSImageStream is watched only for what the booted repository does not cover.
+        let default = ImagePolicy::default();
+        let inside = desired(&pin(BOOTED, 'a'), Some(&pin(BOOTED, 'e')));
+        let outside_ext = desired(&pin(BOOTED, 'a'), Some(&pin(MIRROR, 'e')));
+        assert!(!needs_catalog(&default, &inside, Some(&booted)));
+        assert!(needs_catalog(&default, &outside_ext, Some(&booted)));
+        assert!(needs_catalog(&default, &inside, None));
+    }
+
+    #[test]
+    fn the_default_takes_the_clusters_repositories_once_it_knows_them() {
+        let booted = pin(BOOTED, 'b');
+        let cat = mirror_catalog();
+        let forbidden = Catalog::Unreadable("forbidden".into());
+        let cases: Vec<Case> = vec![
+            (
                 "the catalog's repository, another digest",
-                desired(&pin(mirror, '9'), None),
+                desired(&pin(MIRROR, '9'), None),
                 Some(&booted),
                 Some(&cat),
                 "Allowed",
@@ -387,14 +435,6 @@ mod tests {
                 "extensions image's repository",
             ),
             (
-                "extensions image elsewhere",
-                desired(&pin(BOOTED, 'a'), Some(&pin("evil.example/ext", '7'))),
-                Some(&booted),
-                Some(&cat),
-                "Refused",
-                "the extensions image's repository \"evil.example/ext\"",
-            ),
-            (
                 "no booted image: only the catalog",
                 desired(&pin(BOOTED, 'a'), None),
                 None,
@@ -404,23 +444,15 @@ mod tests {
             ),
             (
                 "no booted image, catalog repository",
-                desired(&pin(mirror, 'a'), None),
+                desired(&pin(MIRROR, 'a'), None),
                 None,
                 Some(&cat),
                 "Allowed",
                 "one of the cluster's",
             ),
             (
-                "booted by tag",
-                desired(&pin(BOOTED, 'a'), None),
-                Some("quay.io/openshift-release-dev/ocp-v4.0-art-dev:4.19"),
-                None,
-                "Allowed",
-                "booted image's",
-            ),
-            (
                 "no OSImageStream",
-                desired(&pin(mirror, 'a'), None),
+                desired(&pin(MIRROR, 'a'), None),
                 Some(&booted),
                 Some(&Catalog::Missing),
                 "Refused",
@@ -428,7 +460,7 @@ mod tests {
             ),
             (
                 "no OSImageStream API",
-                desired(&pin(mirror, 'a'), None),
+                desired(&pin(MIRROR, 'a'), None),
                 Some(&booted),
                 Some(&Catalog::NotServed),
                 "Refused",
@@ -436,7 +468,7 @@ mod tests {
             ),
             (
                 "not reconciled: wait",
-                desired(&pin(mirror, 'a'), None),
+                desired(&pin(MIRROR, 'a'), None),
                 Some(&booted),
                 Some(&Catalog::Unreconciled),
                 "Wait",
@@ -444,24 +476,14 @@ mod tests {
             ),
             (
                 "forbidden: wait",
-                desired(&pin(mirror, 'a'), None),
+                desired(&pin(MIRROR, 'a'), None),
                 Some(&booted),
                 Some(&forbidden),
                 "Wait",
                 "forbidden",
             ),
         ];
-        for (what, d, booted, cat, want, words) in cases {
-            let (got, text) = kind(&judge(&default, &d, booted, cat));
-            assert_eq!(got, want, "{what}: {text}");
-            assert!(text.contains(words), "{what}: {text}");
-        }
-        // The OSImageStream is watched only for what the booted repository does not cover.
-        let inside = desired(&pin(BOOTED, 'a'), Some(&pin(BOOTED, 'e')));
-        let outside_ext = desired(&pin(BOOTED, 'a'), Some(&pin(mirror, 'e')));
-        assert!(!needs_catalog(&default, &inside, Some(&booted)));
-        assert!(needs_catalog(&default, &outside_ext, Some(&booted)));
-        assert!(needs_catalog(&default, &inside, None));
+        judged(&ImagePolicy::default(), cases);
     }
 
     #[test]
@@ -536,22 +558,30 @@ mod tests {
         assert!(text.contains("and 12 more") && text.len() < 400, "{text}");
     }
 
-    #[test]
-    fn resolved_only_takes_only_the_streams_images() {
+    /// With `resolved-only`, rhel-10's images in the catalog: `1` and `2` of [`BOOTED`].
+    fn resolved_only() -> (ImagePolicy, Catalog) {
         let (os, ext) = (pin(BOOTED, '1'), pin(BOOTED, '2'));
-        let cat = catalog(&[("rhel-9", &pin(BOOTED, '8'), ""), ("rhel-10", &os, &ext)]);
         let policy = ImagePolicy {
             allowed_repositories: None,
             resolved_only: true,
         };
+        (
+            policy,
+            catalog(&[("rhel-9", &pin(BOOTED, '8'), ""), ("rhel-10", &os, &ext)]),
+        )
+    }
+
+    #[test]
+    fn resolved_only_takes_only_the_streams_images() {
+        let (policy, cat) = resolved_only();
+        let (os, ext, other) = (pin(BOOTED, '1'), pin(BOOTED, '2'), pin(BOOTED, '3'));
         let booted = pin(BOOTED, 'b');
-        let other = pin(BOOTED, '3');
         let only_rhel9 = catalog(&[("rhel-9", &os, "")]);
-        // (what, desired, catalog, verdict, words)
-        let cases: Vec<(&str, Desired, Option<&Catalog>, &str, &str)> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "the stream's images",
                 desired(&os, Some(&ext)),
+                Some(&booted),
                 Some(&cat),
                 "Allowed",
                 "resolved-only: the images are those",
@@ -559,6 +589,7 @@ mod tests {
             (
                 "without the extensions image",
                 desired(&os, None),
+                Some(&booted),
                 Some(&cat),
                 "Allowed",
                 "resolved-only",
@@ -566,6 +597,7 @@ mod tests {
             (
                 "another OS image of the same repository",
                 desired(&other, Some(&ext)),
+                Some(&booted),
                 Some(&cat),
                 "Refused",
                 "resolved-only: the OS image",
@@ -573,6 +605,7 @@ mod tests {
             (
                 "another extensions image",
                 desired(&os, Some(&other)),
+                Some(&booted),
                 Some(&cat),
                 "Refused",
                 "resolved-only: the extensions image",
@@ -580,6 +613,7 @@ mod tests {
             (
                 "another stream's image",
                 desired(&pin(BOOTED, '8'), None),
+                Some(&booted),
                 Some(&cat),
                 "Refused",
                 "gives stream \"rhel-10\"",
@@ -587,6 +621,7 @@ mod tests {
             (
                 "not read yet",
                 desired(&os, None),
+                Some(&booted),
                 None,
                 "Wait",
                 "first read",
@@ -594,6 +629,7 @@ mod tests {
             (
                 "no OSImageStream",
                 desired(&os, None),
+                Some(&booted),
                 Some(&Catalog::Missing),
                 "Refused",
                 "does not exist",
@@ -601,6 +637,7 @@ mod tests {
             (
                 "no such stream",
                 desired(&os, None),
+                Some(&booted),
                 Some(&only_rhel9),
                 "Refused",
                 "stream \"rhel-10\" is not in the cluster's OSImageStream \"cluster\" (available: \"rhel-9\")",
@@ -608,27 +645,26 @@ mod tests {
             (
                 "no API",
                 desired(&os, None),
+                Some(&booted),
                 Some(&Catalog::NotServed),
                 "Refused",
                 "serves no OSImageStream API",
             ),
         ];
-        for (what, d, cat, want, words) in cases {
-            let (got, text) = kind(&judge(&policy, &d, Some(&booted), cat));
-            assert_eq!(got, want, "{what}: {text}");
-            assert!(text.contains(words), "{what}: {text}");
-            assert!(needs_catalog(&policy, &d, Some(&booted)), "{what}");
-        }
+        judged(&policy, cases);
+        assert!(needs_catalog(&policy, &desired(&os, None), Some(&booted)));
+    }
+
+    #[test]
+    fn a_resolved_only_refusal_shows_both_digests_after_the_repository_rule() {
+        let (policy, cat) = resolved_only();
+        let booted = pin(BOOTED, 'b');
+        let other = desired(&pin(BOOTED, '3'), None);
+        let (_, text) = kind(&judge(&policy, &other, Some(&booted), Some(&cat)));
         // Two images of one repository differ in the digest: both are shown whole.
-        let (_, text) = kind(&judge(
-            &policy,
-            &desired(&other, None),
-            Some(&booted),
-            Some(&cat),
-        ));
-        let digests = |c: char| format!("@sha256:{}", c.to_string().repeat(64));
+        let digest = |c: char| format!("@sha256:{}", c.to_string().repeat(64));
         assert!(
-            text.contains(&digests('3')) && text.contains(&digests('1')),
+            text.contains(&digest('3')) && text.contains(&digest('1')),
             "{text}"
         );
         // The repository rule is judged first and names itself.
@@ -636,12 +672,7 @@ mod tests {
             resolved_only: true,
             ..scopes(&["r.example"])
         };
-        let (got, text) = kind(&judge(
-            &listed,
-            &desired(&os, None),
-            Some(&booted),
-            Some(&cat),
-        ));
+        let (got, text) = kind(&judge(&listed, &other, Some(&booted), Some(&cat)));
         assert_eq!(
             (got, text.starts_with("allowed-repositories:")),
             ("Refused", true),

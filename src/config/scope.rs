@@ -1,6 +1,6 @@
 //! Repository scopes of `allowed-repositories` (`host[:port]`, `host[:port]/path…`, `*`), and
 //! the distribution reference grammar of registry hosts and repository path components they
-//! share with image references ([`crate::image::reference`]). The grammar is here, below both,
+//! share with image references (`image::reference`). The grammar is here, below both,
 //! so a scope is checked when the configuration is read and the error names `file:line:column`.
 
 use std::fmt;
