@@ -49,6 +49,14 @@ impl Agent {
         }
     }
 
+    /// A dry run (`streamctl preflight`) is judged with the cluster's streams as last read: when
+    /// the policy may need them, they are watched from now on (a dry run before their first
+    /// read says it waits for it).
+    pub(super) fn watch_streams_for_dry_runs(&mut self) {
+        let images = &self.gatherer.images;
+        self.images_watch |= images.allowed_repositories.is_none() || images.resolved_only;
+    }
+
     /// The cluster's streams changed: when the image policy reads them, the readiness checks
     /// run again, and a request waiting for them or refused by the policy is judged again.
     pub(super) async fn rejudge_images(&mut self) {

@@ -408,6 +408,7 @@ impl Agent {
                 self.reconcile().await;
             }
             Request::Preflight { inputs, reply } => {
+                self.watch_streams_for_dry_runs();
                 // Registry reads can take minutes: answered from a task of its own.
                 let run = self.dry_run(inputs);
                 tokio::spawn(async move {
