@@ -141,19 +141,14 @@ fn by_default(
             "the {what}'s repository {repo} is the booted image's"
         ));
     }
-    let (entries, none) = match catalog {
-        None => return Err(Verdict::Wait(Wait::NotRead)),
-        Some(Catalog::Unreconciled) => {
-            return Err(Verdict::Wait(Wait::Unusable(
-                ResolveError::Unreconciled.to_string(),
-            )));
-        }
-        Some(Catalog::Unreadable(reason)) => {
-            return Err(Verdict::Wait(Wait::Unusable(reason.clone())));
-        }
-        Some(Catalog::Available(entries)) => (entries.as_slice(), ""),
-        Some(Catalog::Missing) => (&[][..], "none: it does not exist"),
-        Some(Catalog::NotServed) => (&[][..], "none: the cluster serves no OSImageStream API"),
+    // The streams, and why there are none.
+    let (entries, none) = match known(catalog)? {
+        Known::Streams(entries) => (entries, None),
+        Known::Missing => (&[][..], Some("none: it does not exist")),
+        Known::NotServed => (
+            &[][..],
+            Some("none: the cluster serves no OSImageStream API"),
+        ),
     };
     let offered = catalog_repositories(entries);
     if offered.iter().any(|s| allows(s, image)) {
@@ -165,14 +160,38 @@ fn by_default(
         || "unknown: the booted deployment names no container image".to_string(),
         |b| quote(&b.to_string()),
     );
-    let offered = match none {
-        "" => list(offered.iter().map(ToString::to_string)),
-        none => none.to_string(),
-    };
+    let offered = none.map_or_else(
+        || list(offered.iter().map(ToString::to_string)),
+        String::from,
+    );
     Err(Verdict::Refused(format!(
         "default image policy (allowed-repositories unset): the {what}'s repository {repo} is neither the booted image's ({booted}) nor one of the cluster's OSImageStream {:?} ({offered}); to take it, list it in allowed-repositories in streamd's config",
         streams::NAME
     )))
+}
+
+/// What the cluster's OSImageStream says, once the policy can use it.
+enum Known<'a> {
+    /// These streams.
+    Streams(&'a [StreamImages]),
+    /// There is no OSImageStream `cluster`.
+    Missing,
+    /// The cluster serves no OSImageStream API.
+    NotServed,
+}
+
+/// `catalog` as the policy can use it, or the verdict to wait: not read yet, not reconciled,
+/// or forbidden.
+fn known(catalog: Option<&Catalog>) -> Result<Known<'_>, Verdict> {
+    let unusable = |why: String| Err(Verdict::Wait(Wait::Unusable(why)));
+    match catalog {
+        None => Err(Verdict::Wait(Wait::NotRead)),
+        Some(Catalog::Unreconciled) => unusable(ResolveError::Unreconciled.to_string()),
+        Some(Catalog::Unreadable(reason)) => unusable(reason.clone()),
+        Some(Catalog::Available(entries)) => Ok(Known::Streams(entries)),
+        Some(Catalog::Missing) => Ok(Known::Missing),
+        Some(Catalog::NotServed) => Ok(Known::NotServed),
+    }
 }
 
 /// The repositories of every image the cluster's streams name, each once, in their order.
@@ -195,28 +214,19 @@ fn catalog_repositories(entries: &[StreamImages]) -> Vec<RepositoryScope> {
 /// (a request without an extensions image takes none).
 fn resolved(desired: &Desired, catalog: Option<&Catalog>) -> Result<String, Verdict> {
     let refuse = |why: String| Err(Verdict::Refused(format!("resolved-only: {why}")));
-    let entries = match catalog {
-        None => return Err(Verdict::Wait(Wait::NotRead)),
-        Some(Catalog::Unreconciled) => {
-            return Err(Verdict::Wait(Wait::Unusable(
-                ResolveError::Unreconciled.to_string(),
-            )));
-        }
-        Some(Catalog::Unreadable(reason)) => {
-            return Err(Verdict::Wait(Wait::Unusable(reason.clone())));
-        }
-        Some(Catalog::Missing) => {
+    let entries = match known(catalog)? {
+        Known::Missing => {
             return refuse(format!(
                 "OSImageStream {:?} does not exist, so no image is the cluster's",
                 streams::NAME
             ));
         }
-        Some(Catalog::NotServed) => {
+        Known::NotServed => {
             return refuse(
                 "the cluster serves no OSImageStream API, so no image is the cluster's".into(),
             );
         }
-        Some(Catalog::Available(entries)) => entries,
+        Known::Streams(entries) => entries,
     };
     let stream = quote(&desired.stream);
     let Some(entry) = entries.iter().find(|e| e.name == desired.stream) else {
