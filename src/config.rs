@@ -11,6 +11,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub mod scope;
+
+pub use scope::RepositoryScope;
+
 /// The default drop-in directories, lowest priority first.
 pub const DEFAULT_DIRS: [&str; 3] = [
     "/usr/lib/streamd/config.d",
@@ -97,6 +101,35 @@ impl Default for Policy {
             min_free_boot: 150 << 20,
             replace_foreign_staged: false,
         }
+    }
+}
+
+/// Which images the node takes from its annotations (docs/config.md "Image policy").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImagePolicy {
+    /// `allowed-repositories`; `None`: the default, the booted image's repository and those of
+    /// the cluster's OSImageStream.
+    pub allowed_repositories: Option<Vec<RepositoryScope>>,
+    /// `resolved-only`: only the images the cluster's OSImageStream gives the requested stream.
+    pub resolved_only: bool,
+}
+
+/// `allowed-repositories` as written: at least one scope (an empty list would refuse every
+/// image, which is what `mode = "readiness"` says plainly).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "Vec<RepositoryScope>")]
+pub struct AllowedRepositories(pub Vec<RepositoryScope>);
+
+impl TryFrom<Vec<RepositoryScope>> for AllowedRepositories {
+    type Error = &'static str;
+
+    fn try_from(scopes: Vec<RepositoryScope>) -> Result<Self, Self::Error> {
+        if scopes.is_empty() {
+            return Err(
+                "allowed-repositories is empty, which would refuse every image; leave it unset for the default (the booted image's repository and the cluster's OSImageStream's), or set mode = \"readiness\"",
+            );
+        }
+        Ok(AllowedRepositories(scopes))
     }
 }
 
@@ -202,6 +235,10 @@ pub struct Fragment {
     pub resolve_spread_seconds: Option<u64>,
     /// Who manages the node's OS.
     pub mode: Option<ModeChoice>,
+    /// Repositories the node takes images from.
+    pub allowed_repositories: Option<AllowedRepositories>,
+    /// Take only the images the cluster's OSImageStream gives the requested stream.
+    pub resolved_only: Option<bool>,
 }
 
 /// The effective configuration.
@@ -240,6 +277,8 @@ pub struct Config {
     pub resolve_spread: std::time::Duration,
     /// Who manages the node's OS.
     pub mode: ModeChoice,
+    /// Which images the node takes.
+    pub images: ImagePolicy,
     /// The files that were read, in order (for `streamctl config check` and logs).
     pub sources: Vec<PathBuf>,
 }
@@ -263,6 +302,7 @@ impl Default for Config {
             resolve_streams: false,
             resolve_spread: std::time::Duration::from_secs(DEFAULT_RESOLVE_SPREAD_SECONDS),
             mode: ModeChoice::default(),
+            images: ImagePolicy::default(),
             sources: Vec::new(),
         }
     }
@@ -327,6 +367,12 @@ impl Config {
         }
         if let Some(v) = f.mode {
             self.mode = v;
+        }
+        if let Some(v) = f.allowed_repositories {
+            self.images.allowed_repositories = Some(v.0);
+        }
+        if let Some(v) = f.resolved_only {
+            self.images.resolved_only = v;
         }
     }
 }
@@ -573,6 +619,80 @@ mod tests {
             Config::default().resolve_spread,
             std::time::Duration::from_secs(DEFAULT_RESOLVE_SPREAD_SECONDS)
         );
+    }
+
+    #[test]
+    fn image_policy_keys_parse_and_bad_scopes_name_their_place() {
+        let f = parse_fragment(
+            Path::new("a.toml"),
+            "allowed-repositories = [\"quay.io/openshift-release-dev\", \"r.example:5000\", \"*\"]\nresolved-only = true\n",
+        )
+        .expect("parses");
+        let mut cfg = Config::default();
+        cfg.apply(f);
+        let scopes: Vec<String> = cfg
+            .images
+            .allowed_repositories
+            .iter()
+            .flatten()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            scopes,
+            ["quay.io/openshift-release-dev", "r.example:5000", "*"]
+        );
+        assert!(cfg.images.resolved_only);
+        assert_eq!(Config::default().images, ImagePolicy::default());
+        assert_eq!(Config::default().images.allowed_repositories, None);
+        // (text, the value the error points at, words it names)
+        for (text, at, names) in [
+            (
+                r#"allowed-repositories = ["quay.io/a", ""]"#,
+                r#""""#,
+                "empty repository scope",
+            ),
+            (
+                r#"allowed-repositories = ["quay.io/a", "openshift/rhcos"]"#,
+                r#""openshift/rhcos""#,
+                "registry host",
+            ),
+            (
+                r#"allowed-repositories = ["*.example.com"]"#,
+                r#""*.example.com""#,
+                "wildcard",
+            ),
+            (
+                r#"allowed-repositories = ["quay.io/a:latest"]"#,
+                r#""quay.io/a:latest""#,
+                "names an image",
+            ),
+            (
+                r#"allowed-repositories = ["quay.io/A"]"#,
+                r#""quay.io/A""#,
+                "path component",
+            ),
+            (
+                "allowed-repositories = []",
+                "[]",
+                "allowed-repositories is empty",
+            ),
+            (
+                r#"allowed-repositories = "quay.io""#,
+                r#""quay.io""#,
+                "sequence",
+            ),
+            (r#"resolved-only = "yes""#, r#""yes""#, "bool"),
+        ] {
+            let col = text.find(at).expect("in the text") + 1;
+            let msg = parse_fragment(Path::new("a.toml"), text)
+                .expect_err(text)
+                .to_string();
+            assert!(
+                msg.starts_with(&format!("a.toml:1:{col}: ")),
+                "{text}: {msg}"
+            );
+            assert!(msg.contains(names), "{text}: {msg}");
+        }
     }
 
     #[test]

@@ -605,6 +605,7 @@ const STALL: Duration = Duration::from_secs(12);
 async fn stalled_registry_does_not_stall_the_loop() {
     let mut env = Env::new("stall").await;
     let registry = StalledRegistry::start();
+    env.allow_registries(&[&registry.addr.to_string()]);
     let sock_path = env.dir.join("notify.sock");
     let notes = Notifications::listen(&sock_path);
     env.start_streamd_with(&[

@@ -30,6 +30,7 @@ async fn a_registry_error_body_reaches_status_annotations_and_events_inert() {
             registry.host
         ),
     );
+    env.allow_registries(&[&registry.host]);
     let sock_path = env.dir.join("notify.sock");
     let sock = UnixDatagram::bind(&sock_path).expect("notify socket");
     sock.set_read_timeout(Some(Duration::from_millis(200)))

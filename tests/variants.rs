@@ -468,6 +468,7 @@ async fn streamctl_preflight_and_plan_change_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_registry_is_retried_not_refused() {
     let mut env = Env::new("registry-down").await;
+    env.allow_registries(&["127.0.0.1:1"]);
     env.start_streamd();
     env.wait_state("Idle").await;
     // Nothing listens on port 1: connection refused, a transient failure.

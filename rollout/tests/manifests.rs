@@ -60,15 +60,53 @@ fn rbac_is_least_privilege() {
     assert_eq!(
         rules,
         vec![
-            "ClusterRole osstream.openshift.io streampools [] get,list,watch,patch",
+            "ClusterRole osstream.openshift.io streampools [] list,watch,patch",
             "ClusterRole osstream.openshift.io streampools/status [] patch",
             "ClusterRole  nodes [] list,watch,patch",
             "ClusterRole  pods [] list",
             "ClusterRole  pods/eviction [] create",
-            "ClusterRole machineconfiguration.openshift.io osimagestreams [] get,list,watch",
+            "ClusterRole machineconfiguration.openshift.io osimagestreams [] list,watch",
             "Role coordination.k8s.io leases [] create",
             "Role coordination.k8s.io leases [streamd-rollout] get,patch",
             "Role events.k8s.io events [] create,patch",
+        ]
+    );
+}
+
+/// The controller's service account may patch every Node, so its pods run on the control plane
+/// only: selected there, tolerating the control-plane taint under both its names.
+#[test]
+fn the_controller_runs_on_control_plane_nodes_only() {
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&manifest("deployment.yaml")).expect("yaml");
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("a Deployment");
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["nodeSelector"],
+        serde_json::json!({"node-role.kubernetes.io/control-plane": ""})
+    );
+    let mut tolerated: Vec<String> = pod["tolerations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            format!(
+                "{} {} {}",
+                t["key"].as_str().unwrap_or_default(),
+                t["operator"].as_str().unwrap_or_default(),
+                t["effect"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
+    tolerated.sort();
+    assert_eq!(
+        tolerated,
+        [
+            "node-role.kubernetes.io/control-plane Exists NoSchedule",
+            "node-role.kubernetes.io/master Exists NoSchedule",
         ]
     );
 }

@@ -14,7 +14,7 @@ use crate::backend::Deployment;
 use crate::backend::KernelVariant;
 use crate::backend::StagePlan;
 use crate::cluster::protocol::Desired;
-use crate::config::Policy;
+use crate::config::{ImagePolicy, Policy};
 use crate::host::facts::machineconfig::AppliedConfig;
 use crate::host::facts::{self, HostFacts, HostRoot};
 use crate::image::extensions;
@@ -37,6 +37,8 @@ pub struct Gatherer {
     pub runtime_dir: PathBuf,
     /// Preflight policy.
     pub policy: Policy,
+    /// Which images the node takes.
+    pub images: ImagePolicy,
     /// The registry client of the last preflight and the pull secret it was made for: kept
     /// while the secret is unchanged, so its connections and tokens serve the next preflight.
     pub inspector: std::sync::Arc<std::sync::Mutex<Option<(PullSecret, Inspector)>>>,
@@ -110,6 +112,17 @@ pub struct Prepared {
     pub plan: Option<StagePlan>,
     /// What the staged deployment must look like (with `plan`).
     pub expect: Option<crate::host::verify::Expectation>,
+}
+
+impl Prepared {
+    /// A request the image policy refused for `reason`: that check alone, nothing read.
+    pub fn refused_by_image_policy(reason: String) -> Prepared {
+        Prepared {
+            checks: preflight::refused_by_image_policy(reason),
+            plan: None,
+            expect: None,
+        }
+    }
 }
 
 /// A preflight that could not finish and will be retried.
@@ -247,7 +260,8 @@ impl Gatherer {
     /// Runs every check for `desired` on top of `booted`, completing `base` when all pass.
     /// `machine_config`: the MachineConfig the machine-config daemon applied (or why it cannot
     /// be read), which decides what the machine-config operator's move installs; `None` for
-    /// streamd's own moves.
+    /// streamd's own moves. `allowed`: why the image policy (`crate::cluster::policy`) takes
+    /// `desired`, judged by the caller before anything is read.
     #[allow(clippy::too_many_arguments)]
     pub async fn prepare(
         &self,
@@ -258,6 +272,7 @@ impl Gatherer {
         base: StagePlan,
         purpose: Purpose,
         machine_config: Option<&Result<AppliedConfig, String>>,
+        allowed: String,
     ) -> Result<Prepared, Transient> {
         let kernel = facts::kernel_variant(&self.host, booted);
         let running = kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
@@ -267,7 +282,6 @@ impl Gatherer {
         // layered image and swaps the kernel from the extensions image; for the operator's
         // move, what the applied MachineConfig asks for when it is known.
         let needed = preflight::from_extensions(booted, &kernel, purpose.mover(), machine_config);
-        let variant = needed.variant;
         let crio = facts::crio_default_runtime(&self.host).map_err(|e| e.to_string());
         let booted_major = self.host.os_release().ok().and_then(|r| r.major());
         let inspector = self.secret().and_then(|s| self.inspector(&s));
@@ -297,7 +311,7 @@ impl Gatherer {
             Some(Ok((info, files))) => (Some(Ok(info)), files),
             Some(Err(e)) => (Some(Err(e)), Vec::new()),
         };
-        let closure = closure_of(&extensions, &facts.arch, target, &wanted, variant).await;
+        let closure = closure_of(&extensions, &facts.arch, target, &wanted, needed.variant).await;
         // Providers the closure added are extracted now; the cache then serves the wanted
         // packages from the larger extraction.
         if let (Some(c), Some(img), Ok(i)) = (&closure, &desired.extensions_image, &inspector)
@@ -315,6 +329,7 @@ impl Gatherer {
         }
         let input = Input {
             desired: desired.clone(),
+            image_policy: Ok(allowed),
             booted: booted.clone(),
             booted_major,
             arch: facts.arch.clone(),
@@ -340,7 +355,7 @@ impl Gatherer {
         let plan = (ours && preflight::first_failure(&checks).is_none()).then(|| {
             // Exactly the closure is passed: preflight made sure it is complete.
             let rpms = closure_files(extracted, input.closure.as_ref());
-            base.carry(booted, variant, &layered, &rpms)
+            base.carry(booted, needed.variant, &layered, &rpms)
         });
         Ok(Prepared {
             checks,
@@ -487,6 +502,7 @@ mod tests {
             insecure_registries: Vec::new(),
             runtime_dir: PathBuf::from("/nonexistent/run"),
             policy: Policy::default(),
+            images: ImagePolicy::default(),
             inspector: Default::default(),
             in_use: InUse::default(),
         };

@@ -8,6 +8,7 @@
 //! stage, finalizing) runs in a task and comes back as an event (`work.rs`).
 
 pub mod gather;
+mod images;
 pub mod planner;
 pub mod preflight;
 mod readiness;
@@ -179,6 +180,10 @@ pub struct Agent {
     readiness_backoff: Backoff,
     /// The digest whose bootloader update ran this boot, and its failure, if it failed.
     bootloader: Option<(String, Option<String>)>,
+    /// The image policy needed the cluster's streams once: they are watched from then on.
+    images_watch: bool,
+    /// The request waits for the cluster's streams, which the image policy needs to judge it.
+    images_waiting: bool,
 }
 
 impl std::fmt::Debug for Agent {
@@ -254,6 +259,8 @@ impl Agent {
             readiness_stale: false,
             readiness_backoff: REGISTRY_BACKOFF,
             bootloader: None,
+            images_watch: false,
+            images_waiting: false,
         })
     }
 
@@ -338,6 +345,7 @@ impl Agent {
                 debug!(catalog = ?c, "os image streams changed");
                 self.catalog = Some(c);
                 self.inputs_changed().await;
+                self.rejudge_images().await;
             }
             Wake::Streams(Some(StreamsUpdate::Error(e))) => {
                 warn!(error = %e, "osimagestream watch failed; retrying");
@@ -409,6 +417,7 @@ impl Agent {
                 self.reconcile().await;
             }
             Request::Preflight { inputs, reply } => {
+                self.watch_streams_for_dry_runs();
                 // Registry reads can take minutes: answered from a task of its own.
                 let run = self.dry_run(inputs);
                 tokio::spawn(async move {
@@ -771,6 +780,7 @@ impl Agent {
         let facts = self.status.host.clone();
         let store = self.store.clone();
         let lock = self.preflight_lock.clone();
+        let catalog = self.catalog.clone();
         async move {
             let _one_at_a_time = lock.lock().await;
             let inputs = if given.is_empty() {
@@ -807,7 +817,15 @@ impl Agent {
                 return serde_json::json!({"error": "the host facts are not known yet"});
             };
             let record = store.load().unwrap_or_default();
-            match readiness::check_only(&gatherer, &facts, &deployments, &record, &desired).await {
+            let checked = readiness::check_only(
+                &gatherer,
+                &facts,
+                &deployments,
+                &record,
+                &desired,
+                catalog.as_ref(),
+            );
+            match checked.await {
                 Err(Transient(e)) => serde_json::json!({"error": e}),
                 Ok(p) => serde_json::json!({
                     "backend": backend.kind().as_str(),

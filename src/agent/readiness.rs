@@ -22,6 +22,7 @@ use crate::agent::preflight;
 use crate::backend::{Deployment, StagePlan};
 use crate::backoff::jittered;
 use crate::cluster::node::EventType;
+use crate::cluster::policy::{self, Verdict};
 use crate::cluster::protocol::{
     self, CheckRequest, Desired, Inputs, MAX_READINESS_REASON_CHARS, MAX_READINESS_STREAMS, Mode,
     Readiness, State,
@@ -81,6 +82,14 @@ pub(super) struct Plan {
 }
 
 impl Plan {
+    /// The requests of the streams to check.
+    fn checked(&self) -> impl Iterator<Item = &Desired> {
+        self.targets.iter().filter_map(|t| match t {
+            Target::Check(d) => Some(d),
+            Target::Unresolved { .. } => None,
+        })
+    }
+
     fn key(&self) -> String {
         let mut k: Vec<String> = self.targets.iter().map(Target::key).collect();
         k.push(self.exclude_booted.to_string());
@@ -120,13 +129,14 @@ pub(super) fn booted_stream(host: &HostRoot, deployments: &[Deployment]) -> Stri
 }
 
 /// Preflight for `desired` on the node as it is, changing nothing: what `streamctl preflight`
-/// runs (streamd's own move).
+/// runs (streamd's own move). `catalog`: the cluster's streams, for the image policy.
 pub(super) async fn check_only(
     gatherer: &Gatherer,
     facts: &HostFacts,
     deployments: &[Deployment],
     record: &Record,
     desired: &Desired,
+    catalog: Option<&Catalog>,
 ) -> Result<Prepared, Transient> {
     check_for(
         gatherer,
@@ -136,13 +146,16 @@ pub(super) async fn check_only(
         desired,
         Purpose::DryRun,
         None,
+        catalog,
     )
     .await
 }
 
 /// Preflight for `desired` on the node as it is, changing nothing, for the move `purpose`
 /// names (a dry run of streamd's, or the machine-config operator's, given the MachineConfig
-/// its daemon applied).
+/// its daemon applied). The image policy judges `desired` first, with the cluster's streams
+/// `catalog`; one that needs them before they can be used is retried like a registry failure.
+#[allow(clippy::too_many_arguments)]
 async fn check_for(
     gatherer: &Gatherer,
     facts: &HostFacts,
@@ -151,11 +164,17 @@ async fn check_for(
     desired: &Desired,
     purpose: Purpose,
     machine_config: Option<&Result<AppliedConfig, String>>,
+    catalog: Option<&Catalog>,
 ) -> Result<Prepared, Transient> {
     let Some(booted) = deployments.iter().find(|d| d.booted) else {
         return Err(Transient(
             "the update backend reports no booted deployment".into(),
         ));
+    };
+    let allowed = match policy::judge(&gatherer.images, desired, booted.pullspec(), catalog) {
+        Verdict::Allowed(why) => why,
+        Verdict::Refused(why) => return Ok(Prepared::refused_by_image_policy(why)),
+        Verdict::Wait(wait) => return Err(Transient(wait.to_string())),
     };
     let base = StagePlan::rebase(
         &desired.stream,
@@ -172,8 +191,20 @@ async fn check_for(
             base,
             purpose,
             machine_config,
+            allowed,
         )
         .await
+}
+
+/// The readiness of a stream whose images could not be resolved, for `reason`.
+fn unresolved(stream: &str, reason: &str) -> Readiness {
+    Readiness {
+        ready: false,
+        failed: Vec::new(),
+        reason: reason.to_string(),
+        os_image: String::new(),
+        checked: protocol::short_hash(stream, "", None),
+    }
 }
 
 /// One stream's readiness from its preflight.
@@ -255,6 +286,7 @@ impl Agent {
     pub(super) fn wants_catalog(&self) -> bool {
         self.status.mode == Mode::Readiness
             || (self.checks.stream.is_some() && self.checks.os_image.is_none())
+            || self.images_watch
     }
 
     /// The readiness-mode answer to every request: stage nothing, report why, cancel a
@@ -411,11 +443,13 @@ impl Agent {
         let Some(facts) = self.status.host.clone() else {
             return;
         };
+        self.watch_streams_for(plan.checked());
         debug!(?plan, "running readiness checks");
         let backend = self.backend.clone();
         let gatherer = self.gatherer.clone();
         let store = self.store.clone();
         let lock = self.preflight_lock.clone();
+        let catalog = self.catalog.clone();
         self.work = Some(Work::spawn(Kind::Readiness, None, async move {
             let _one_at_a_time = lock.lock().await;
             let deployments = backend.deployments().await;
@@ -434,16 +468,9 @@ impl Agent {
                     continue;
                 }
                 let (e, again) = match (target, &deployments) {
-                    (Target::Unresolved { stream, reason }, _) => (
-                        Readiness {
-                            ready: false,
-                            failed: Vec::new(),
-                            reason: reason.clone(),
-                            os_image: String::new(),
-                            checked: protocol::short_hash(stream, "", None),
-                        },
-                        false,
-                    ),
+                    (Target::Unresolved { stream, reason }, _) => {
+                        (unresolved(stream, reason), false)
+                    }
                     (Target::Check(d), Err(e)) => {
                         entry(d, Err(Transient(format!("reading deployments: {e}"))))
                     }
@@ -456,6 +483,7 @@ impl Agent {
                             d,
                             plan.purpose,
                             plan.machine_config.as_ref(),
+                            catalog.as_ref(),
                         );
                         entry(d, p.await)
                     }

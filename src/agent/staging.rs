@@ -9,12 +9,13 @@ use tracing::{debug, info, warn};
 
 use super::work::{Kind, Outcome, PreflightRun, StageStart, Work};
 use super::{Agent, BUSY_BACKOFF, REFS_EQUAL};
-use crate::agent::gather::{Holder, Purpose, Transient};
+use crate::agent::gather::{Holder, Prepared, Purpose, Transient};
 use crate::agent::planner::Observation;
 use crate::backend::StagePlan;
 use crate::backend::rpmostree::{RpmOstreeError, TxnEvent, UpdateDeploymentCall};
 use crate::backend::{Backend, BackendError};
 use crate::backoff::jittered;
+use crate::cluster::policy::Verdict;
 use crate::cluster::protocol::State;
 use crate::config::RebootPolicy;
 use crate::host::attempt;
@@ -22,7 +23,8 @@ use crate::host::attempt;
 impl Agent {
     /// Starts preflight for `desired` (in a task: it reads registries); [`Self::on_prepared`]
     /// stages it when every check passes (on a backend without a finalization lock: once the
-    /// reboot is approved).
+    /// reboot is approved). The image policy judges it first: a refusal reads nothing, and a
+    /// verdict that needs the cluster's streams waits for them.
     pub(super) async fn preflight_and_stage(&mut self, obs: &Observation<'_>, base: StagePlan) {
         let (Some(d), Some(booted), Some(facts)) = (
             obs.desired.as_ref().ok().and_then(Option::as_ref),
@@ -37,6 +39,18 @@ impl Agent {
             approved: obs.lifecycle.approved.map(String::from),
             locks: obs.lifecycle.locks,
             record: obs.lifecycle.record.clone(),
+        };
+        let allowed = match self.judge_images(d, booted.pullspec()) {
+            Verdict::Allowed(why) => why,
+            Verdict::Refused(reason) => {
+                let refused = Prepared::refused_by_image_policy(reason);
+                self.on_prepared(run, Ok(refused)).await;
+                return;
+            }
+            Verdict::Wait(wait) => {
+                self.wait_for_streams(wait).await;
+                return;
+            }
         };
         self.set_state(State::Preflight, "running preflight checks".into())
             .await;
@@ -56,6 +70,7 @@ impl Agent {
                         base,
                         Purpose::Request,
                         None,
+                        allowed,
                     )
                     .await;
                 Outcome::Prepared(Box::new(run), result)
@@ -67,7 +82,7 @@ impl Agent {
     pub(super) async fn on_prepared(
         &mut self,
         run: PreflightRun,
-        result: Result<crate::agent::gather::Prepared, Transient>,
+        result: Result<Prepared, Transient>,
     ) {
         let prepared = match result {
             Err(Transient(msg)) => {

@@ -115,6 +115,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         insecure_registries: cfg.insecure_registries.clone(),
         runtime_dir: cfg.runtime_dir.clone(),
         policy: cfg.policy.clone(),
+        images: cfg.images.clone(),
         inspector: Default::default(),
         in_use: Default::default(),
     };

@@ -1,7 +1,9 @@
 //! The cluster side: the node annotation protocol, the Node client and its Events, the cluster's
-//! OSImageStream, the typed status and the patches that report it.
+//! OSImageStream, the image policy that judges what the cluster asks for, the typed status and
+//! the patches that report it.
 
 pub mod node;
+pub mod policy;
 pub mod protocol;
 pub mod report;
 pub mod status;

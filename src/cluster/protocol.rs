@@ -177,6 +177,9 @@ impl FromStr for State {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CheckId {
+    /// The requested images are ones the node's image policy takes (`allowed-repositories`,
+    /// `resolved-only`); judged before any registry is read.
+    ImagePolicy,
     /// The requested images are digest-pinned references.
     ImageReference,
     /// The move goes in the allowed direction (no 10 → 9 unless allowed).
@@ -211,7 +214,8 @@ pub enum CheckId {
 
 impl CheckId {
     /// Every check, in the order preflight runs them.
-    pub const ALL: [CheckId; 15] = [
+    pub const ALL: [CheckId; 16] = [
+        CheckId::ImagePolicy,
         CheckId::ImageReference,
         CheckId::Backend,
         CheckId::Direction,
@@ -232,6 +236,7 @@ impl CheckId {
     /// The id as written everywhere, e.g. `cpu-level`.
     pub fn as_str(self) -> &'static str {
         match self {
+            CheckId::ImagePolicy => "image-policy",
             CheckId::ImageReference => "image-reference",
             CheckId::Direction => "direction",
             CheckId::OsPullCredentials => "os-pull-credentials",

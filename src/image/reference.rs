@@ -6,6 +6,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::config::scope::{valid_path_component, valid_registry};
+
 /// Longest reference accepted (the OSImageStream API limit).
 pub const MAX_LEN: usize = 447;
 
@@ -138,54 +140,6 @@ fn validate_digest(digest: &str) -> Result<(), ImageRefError> {
         }
         _ => Err(ImageRefError::BadDigest(crate::text::quote(digest))),
     }
-}
-
-fn valid_registry(host: &str) -> bool {
-    let (name, port) = match host.rsplit_once(':') {
-        Some((n, p)) => (n, Some(p)),
-        None => (host, None),
-    };
-    if let Some(p) = port
-        && !(p.parse::<u16>().is_ok_and(|p| p > 0) && p.bytes().all(|c| c.is_ascii_digit()))
-    {
-        return false;
-    }
-    !name.is_empty()
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|c| c.is_ascii_alphanumeric() || c == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
-}
-
-/// Docker distribution grammar: `[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*`.
-fn valid_path_component(c: &str) -> bool {
-    let b = c.as_bytes();
-    let alnum = |x: &u8| x.is_ascii_lowercase() || x.is_ascii_digit();
-    if b.is_empty() || !alnum(&b[0]) || !alnum(&b[b.len() - 1]) {
-        return false;
-    }
-    let mut i = 0;
-    while i < b.len() {
-        if alnum(&b[i]) {
-            i += 1;
-            continue;
-        }
-        let start = i;
-        while i < b.len() && !alnum(&b[i]) {
-            i += 1;
-        }
-        let sep = &c[start..i];
-        let ok = sep == "." || sep == "_" || sep == "__" || sep.bytes().all(|x| x == b'-');
-        if !ok {
-            return false;
-        }
-    }
-    true
 }
 
 #[cfg(test)]

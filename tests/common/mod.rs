@@ -348,6 +348,18 @@ impl Env {
         std::fs::write(self.dir.join("config.d").join(name), text).expect("config drop-in");
     }
 
+    /// Allows images from the registries `hosts` besides the testbed's (`allowed-repositories`,
+    /// applied at the next start): for a test that asks for an image elsewhere to see what
+    /// streamd makes of that registry, which the default image policy would refuse unread.
+    pub fn allow_registries(&self, hosts: &[&str]) {
+        let mut all = vec![self.tb.registry().host().to_string()];
+        all.extend(hosts.iter().map(|h| h.to_string()));
+        self.config(
+            "60-allowed-repositories.toml",
+            &format!("allowed-repositories = {all:?}\n"),
+        );
+    }
+
     /// Whether streamd is running (started by this harness and not exited).
     pub fn streamd_running(&mut self) -> bool {
         self.streamd

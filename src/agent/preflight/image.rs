@@ -8,6 +8,16 @@ use crate::cluster::protocol::CheckId;
 use crate::host::ospull::{AttemptOutcome, PolicyVerdict};
 use crate::image::registry::LAYERED_FROM;
 
+/// The image policy's verdict on the request (`crate::cluster::policy`): why it is allowed, or
+/// why it is refused. Judged before anything is read, so a refusal is reported alone
+/// ([`super::refused_by_image_policy`]).
+pub(super) fn image_policy(verdict: &Result<String, String>) -> CheckResult {
+    match verdict {
+        Ok(why) => pass(CheckId::ImagePolicy, why.clone()),
+        Err(why) => fail(CheckId::ImagePolicy, why.clone()),
+    }
+}
+
 pub(super) fn image_reference(i: &Input) -> CheckResult {
     // The annotation parser already refused anything unpinned; this records what is used.
     pass(
@@ -254,7 +264,22 @@ mod tests {
         c.os_pull.problem = Some("/etc/containers/policy.json rejects it".into());
         c.os_pull.attempts.clear();
         cases.push(("os-pull-credentials", c));
+        let mut c = base();
+        c.image_policy = Err("allowed-repositories: the OS image's repository is not in it".into());
+        cases.push(("image-policy", c));
         assert_refused(cases);
+    }
+
+    #[test]
+    fn an_image_policy_refusal_is_reported_alone() {
+        let why = "resolved-only: the OS image is not the stream's";
+        let checks = super::super::refused_by_image_policy(why.into());
+        assert_eq!(checks.len(), 1);
+        assert_eq!(
+            (checks[0].id, checks[0].result, checks[0].message.as_str()),
+            (CheckId::ImagePolicy, Outcome::Fail, why)
+        );
+        assert_eq!(result(&run(&base()), "image-policy").result, Outcome::Pass);
     }
 
     #[test]
@@ -266,9 +291,7 @@ mod tests {
             o.stream_class = Some("rhel-9".into());
         }
         c.policy.allow_downgrade = true;
-        let r = run(&c);
-        assert_eq!(r[2].id, CheckId::Direction);
-        assert_eq!(r[2].result, Outcome::Warn);
+        assert_eq!(result(&run(&c), "direction").result, Outcome::Warn);
     }
 
     /// Readiness of a node the machine-config daemon manages: the machine-config operator

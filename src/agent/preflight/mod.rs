@@ -4,7 +4,7 @@
 //! `reason`, Events, the journal's `STREAMD_CHECK` field and `streamctl preflight`), a result and a
 //! message that says what is wrong and what to do.
 //!
-//! One file per family of checks: `image.rs` (the OS image and its pull), `kernel.rs` (CPU,
+//! One file per family of checks: `image.rs` (the image policy, the OS image and its pull), `kernel.rs` (CPU,
 //! FIPS, kernel variant), `packages.rs` (the extensions image and what it re-provides),
 //! `host.rs` (backend, runtime, disk, NICs, a pending deployment); `needs.rs` is what a move
 //! needs from the extensions image, which several of them judge.
@@ -67,6 +67,8 @@ pub struct DiskFree {
 pub struct Input {
     /// The request.
     pub desired: Desired,
+    /// The image policy's verdict on the request: why it is allowed, or why refused.
+    pub image_policy: Result<String, String>,
     /// The booted deployment.
     pub booted: Deployment,
     /// Booted OS major (os-release).
@@ -144,6 +146,7 @@ pub fn target_major(desired: &Desired, os_image: &Result<OsImageInfo, String>) -
 /// Runs every check, in a fixed order.
 pub fn run(i: &Input) -> Vec<CheckResult> {
     vec![
+        image::image_policy(&i.image_policy),
         image::image_reference(i),
         // Early: on bootc the overrides are hidden, so later checks would give a misleading
         // reason for the same refusal.
@@ -163,6 +166,12 @@ pub fn run(i: &Input) -> Vec<CheckResult> {
         host::nic_names(i),
         host::pending_deployment(i),
     ]
+}
+
+/// The checks of a request the image policy refused for `reason`: that check alone, since
+/// nothing was read for it.
+pub fn refused_by_image_policy(reason: String) -> Vec<CheckResult> {
+    vec![image::image_policy(&Err(reason))]
 }
 
 /// The ids of the failing checks, in run order.
@@ -233,6 +242,9 @@ mod fixtures {
     pub(super) fn base() -> Input {
         Input {
             desired: desired("rhel-10"),
+            image_policy: Ok(
+                "the OS image's repository \"quay.io/o/r\" is the booted image's".into(),
+            ),
             booted: Deployment::default(),
             booted_major: Some(9),
             arch: "x86_64".into(),
