@@ -682,6 +682,7 @@ async fn stalled_registry_does_not_stall_the_loop() {
 async fn a_waiting_preflight_call_does_not_stall_the_loop() {
     let mut env = Env::new("stall-call").await;
     let registry = StalledRegistry::start();
+    env.allow_registries(&[&registry.addr.to_string()]);
     let sock_path = env.dir.join("notify.sock");
     let notes = Notifications::listen(&sock_path);
     env.start_streamd_with(&[
