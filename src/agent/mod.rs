@@ -3,10 +3,12 @@
 //! All policy lives in the planner; this loop only gathers observations, runs the decision, and
 //! reports. It reacts to changes of the input annotations (its own writes do not wake it), to the
 //! running transaction, to retry timers and to `streamctl reconcile`. Preflight and the staging
-//! transaction are in `staging.rs`, the reboot handshake and the after-boot outcome in `reboot.rs`;
+//! transaction are in `staging.rs`, what wakes the loop and how each is handled in
+//! `event_loop.rs`, the reboot handshake and the after-boot outcome in `reboot.rs`;
 //! everything that can take long (reading deployments, preflight, verification, removing a
 //! stage, finalizing) runs in a task and comes back as an event (`work.rs`).
 
+mod event_loop;
 pub mod gather;
 mod images;
 pub mod planner;
@@ -16,13 +18,9 @@ mod reboot;
 mod staging;
 mod work;
 
-use std::pin::pin;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use futures::StreamExt;
-use futures::stream::LocalBoxStream;
 use tokio::sync::mpsc;
-use tokio::time::sleep_until;
 use tracing::{debug, info, warn};
 
 use crate::backend::Backend;
@@ -30,19 +28,19 @@ use crate::backend::Deployment;
 use crate::backend::rpmostree::UpdateDeploymentCall;
 use crate::backoff::Backoff;
 use crate::cluster::node::{
-    CREDENTIALS_CHECK, CredentialsError, EventType, NodeClient, NodeUpdate, PatchError,
+    CREDENTIALS_CHECK, CredentialsError, EventType, NodeClient, PatchError,
 };
 use crate::cluster::protocol::{CheckId, CheckInputs, Inputs, Mode, State};
 use crate::cluster::report::Reporter;
 use crate::cluster::status::Status;
-use crate::cluster::streams::{Catalog, ResolveError, StreamsUpdate};
+use crate::cluster::streams::{Catalog, ResolveError};
 use crate::config::RebootPolicy;
 use crate::dbus_api::{self, Request};
 use crate::host::attempt;
 use crate::host::facts::{self, HostRoot};
 use gather::{Gatherer, Transient};
 use planner::{Decision, Lifecycle, Observation};
-use staging::{Staging, StagingEvent, staging_event};
+use staging::Staging;
 use work::{Kind, Outcome, Work};
 
 /// How rpm-ostree refuses a rebase onto the refspec the pending deployment already has.
@@ -57,8 +55,6 @@ const BUSY_BACKOFF: Backoff = Backoff::new(MIN_BACKOFF, Duration::from_secs(30))
 const REGISTRY_BACKOFF: Backoff = Backoff::new(Duration::from_secs(10), Duration::from_secs(300));
 /// After a failed node patch: 1 s doubling to the reporter's cap.
 const PATCH_BACKOFF: Backoff = Backoff::new(MIN_BACKOFF, crate::cluster::report::PATCH_MAX_BACKOFF);
-/// Longest wait for the last status patch when stopping.
-const STOP_FLUSH: Duration = Duration::from_secs(5);
 /// How often the credential files are looked for while there are none.
 const CREDENTIALS_WAIT: Duration = Duration::from_secs(5);
 
@@ -79,40 +75,6 @@ pub struct Settings {
     pub resolve_spread: Duration,
     /// Who manages the node's OS.
     pub mode: crate::config::ModeChoice,
-}
-
-/// The streams and timers the loop owns beside the agent.
-struct Sources {
-    /// The Node watch, once there is a client.
-    watch: Option<LocalBoxStream<'static, NodeUpdate>>,
-    /// The OSImageStream watch, once resolution or the checks need it.
-    streams: Option<LocalBoxStream<'static, StreamsUpdate>>,
-    /// Half the systemd watchdog interval, when the watchdog is on.
-    watchdog: Option<tokio::time::Interval>,
-}
-
-/// What woke the loop, with what it carried.
-enum Wake {
-    /// Time to look at the credential files.
-    CredentialsDue,
-    /// The Node watch (`None`: it ended).
-    Node(Option<NodeUpdate>),
-    /// The OSImageStream watch (`None`: it ended).
-    Streams(Option<StreamsUpdate>),
-    /// The staging transaction progressed or ended.
-    Staging(StagingEvent),
-    /// Long work ended (`Err`: its task failed).
-    Work(Result<Outcome, String>),
-    /// A retry timer fired.
-    RetryDue,
-    /// The status patch is due.
-    FlushDue,
-    /// A request over streamd's D-Bus API.
-    Request(Request),
-    /// The readiness checks are due again.
-    ReadinessDue,
-    /// Time for `WATCHDOG=1`.
-    WatchdogDue,
 }
 
 /// Everything the agent needs from outside.
@@ -262,169 +224,6 @@ impl Agent {
             images_watch: false,
             images_waiting: false,
         })
-    }
-
-    /// Runs until `shutdown` resolves.
-    ///
-    /// Ready (`READY=1`) as soon as the local set-up is done: waiting for the kubeconfig, the API
-    /// server or the Node object is a reported state (journal, `STATUS=`, `streamctl status`),
-    /// never an exit, so an unreachable cluster cannot use up systemd's start limit.
-    pub async fn run(
-        mut self,
-        shutdown: impl std::future::Future<Output = ()>,
-    ) -> anyhow::Result<()> {
-        notify(&[sd_notify::NotifyState::Ready]);
-        let mut src = Sources {
-            watch: None,
-            streams: None,
-            // WATCHDOG=1 comes from this loop itself, so a wedged loop is restarted by systemd.
-            watchdog: watchdog_interval().map(tokio::time::interval),
-        };
-        let mut shutdown = pin!(shutdown);
-        loop {
-            let wake = tokio::select! {
-                wake = self.wait(&mut src) => wake,
-                () = &mut shutdown => break,
-            };
-            self.handle(wake, &mut src).await?;
-            // The cluster's streams are watched once resolution or the checks need them.
-            if src.streams.is_none() && (self.reboot.resolve_streams || self.wants_catalog()) {
-                src.streams = self
-                    .node
-                    .client()
-                    .map(|c| crate::cluster::streams::watch(c).boxed_local());
-            }
-            self.readiness_tick().await;
-        }
-        info!("stopping");
-        notify(&[sd_notify::NotifyState::Stopping]);
-        // A running transaction keeps running in rpm-ostreed, and work in its task is dropped
-        // (nothing it does is left half-done by that: see `work.rs`); the next start reads the
-        // result. The last status gets a short chance to go out, inside TimeoutStopSec.
-        if tokio::time::timeout(STOP_FLUSH, self.flush())
-            .await
-            .is_err()
-        {
-            warn!("the last status patch did not finish before stopping");
-        }
-        Ok(())
-    }
-
-    /// Waits for the next thing the loop reacts to.
-    async fn wait(&mut self, src: &mut Sources) -> Wake {
-        let flush_at = self.flush_at();
-        tokio::select! {
-            _ = sleep_until(self.credentials_at.into()) => Wake::CredentialsDue,
-            upd = next_opt(&mut src.watch) => Wake::Node(upd),
-            upd = next_opt(&mut src.streams) => Wake::Streams(upd),
-            ev = staging_event(&mut self.staging) => Wake::Staging(ev),
-            done = work::finished(&mut self.work) => Wake::Work(done),
-            _ = sleep_opt(self.retry_at) => Wake::RetryDue,
-            _ = sleep_opt(flush_at) => Wake::FlushDue,
-            Some(req) = self.requests.recv() => Wake::Request(req),
-            _ = sleep_opt(self.readiness_at) => Wake::ReadinessDue,
-            _ = tick(&mut src.watchdog) => Wake::WatchdogDue,
-        }
-    }
-
-    /// Reacts to one [`Wake`]; an error ends the loop (a watch that ended for good).
-    async fn handle(&mut self, wake: Wake, src: &mut Sources) -> anyhow::Result<()> {
-        match wake {
-            Wake::CredentialsDue => {
-                if self.load_credentials().await {
-                    // A new client: the watches must use it, and a patch refused with the old
-                    // credentials need not wait for its slow retry.
-                    self.patch_retry_at = None;
-                    src.watch = self.node.watch().map(StreamExt::boxed_local);
-                    src.streams = None;
-                }
-            }
-            Wake::Node(Some(upd)) => self.on_node_update(upd).await,
-            Wake::Node(None) => anyhow::bail!("the node watch ended"),
-            Wake::Streams(Some(StreamsUpdate::Catalog(c))) => {
-                debug!(catalog = ?c, "os image streams changed");
-                self.catalog = Some(c);
-                self.inputs_changed().await;
-                self.rejudge_images().await;
-            }
-            Wake::Streams(Some(StreamsUpdate::Error(e))) => {
-                warn!(error = %e, "osimagestream watch failed; retrying");
-            }
-            Wake::Streams(None) => anyhow::bail!("the osimagestream watch ended"),
-            Wake::Staging(StagingEvent::Progress(ev)) => self.on_progress(ev).await,
-            Wake::Staging(StagingEvent::Finished(res)) => self.on_staged(res).await,
-            Wake::Work(done) => {
-                match done {
-                    Ok(outcome) => self.on_work(outcome).await,
-                    Err(e) => self.transient_failure(e).await,
-                }
-                if self.work.is_none() && std::mem::take(&mut self.reconcile_again) {
-                    self.reconcile().await;
-                }
-            }
-            Wake::RetryDue => {
-                self.retry_at = None;
-                self.reconcile().await;
-            }
-            Wake::FlushDue => self.flush().await,
-            Wake::Request(req) => self.on_request(req).await,
-            Wake::ReadinessDue => {
-                self.readiness_at = None;
-                self.readiness_stale = true;
-            }
-            Wake::WatchdogDue => notify(&[sd_notify::NotifyState::Watchdog]),
-        }
-        Ok(())
-    }
-
-    /// What the node watch reported.
-    async fn on_node_update(&mut self, upd: NodeUpdate) {
-        match upd {
-            NodeUpdate::Annotations(a) => self.on_node(&a).await,
-            NodeUpdate::Deleted => warn!(node = self.node.name(), "node object deleted"),
-            NodeUpdate::Absent => {
-                let reason = format!(
-                    "waiting for the Node {}: the API server has no Node of that name (node-name, or the host name when it is not set, must name this node's Node object)",
-                    self.node.name()
-                );
-                self.waiting(reason).await;
-            }
-            NodeUpdate::Error {
-                message,
-                unauthorized,
-            } => {
-                warn!(error = %message, "node watch failed; retrying");
-                if unauthorized {
-                    // The kubelet may have rotated the client certificate.
-                    self.credentials_at = Instant::now();
-                }
-                if !self.node_seen {
-                    self.waiting(format!("waiting for the Kubernetes API server: {message}"))
-                        .await;
-                }
-            }
-        }
-    }
-
-    /// A request over streamd's D-Bus API.
-    async fn on_request(&mut self, req: Request) {
-        match req {
-            Request::Reconcile => {
-                info!("reconcile requested over d-bus");
-                // Also a request whose staging (or bootloader update) failed is tried again.
-                self.forget_failure();
-                self.bootloader = None;
-                self.reconcile().await;
-            }
-            Request::Preflight { inputs, reply } => {
-                self.watch_streams_for_dry_runs();
-                // Registry reads can take minutes: answered from a task of its own.
-                let run = self.dry_run(inputs);
-                tokio::spawn(async move {
-                    let _ = reply.send(run.await.to_string());
-                });
-            }
-        }
     }
 
     /// Loads or reloads the cluster credentials; true when a new client was built. Schedules
@@ -1055,36 +854,6 @@ fn send_nonblocking(path: &std::ffi::OsStr, msg: &[u8]) -> std::io::Result<()> {
     };
     sock.send_to_addr(msg, &addr)?;
     Ok(())
-}
-
-/// Half the watchdog timeout systemd asked for (`WATCHDOG_USEC`), if any.
-fn watchdog_interval() -> Option<Duration> {
-    let mut usec = 0u64;
-    (sd_notify::watchdog_enabled(false, &mut usec) && usec > 0)
-        .then(|| Duration::from_micros(usec / 2))
-}
-
-async fn tick(interval: &mut Option<tokio::time::Interval>) {
-    match interval {
-        Some(i) => {
-            i.tick().await;
-        }
-        None => std::future::pending().await,
-    }
-}
-
-async fn next_opt<S: futures::Stream + Unpin>(s: &mut Option<S>) -> Option<S::Item> {
-    match s {
-        Some(s) => s.next().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_opt(at: Option<Instant>) {
-    match at {
-        Some(t) => sleep_until(t.into()).await,
-        None => std::future::pending().await,
-    }
 }
 
 fn unix_now() -> u64 {

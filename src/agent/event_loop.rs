@@ -1,0 +1,248 @@
+//! The loop itself: what wakes it (the Node and OSImageStream watches, the running
+//! transaction, long work, timers, streamd's D-Bus API, the watchdog) and how each is handled.
+
+use std::pin::pin;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::stream::LocalBoxStream;
+use tokio::time::sleep_until;
+use tracing::{debug, info, warn};
+
+use super::staging::{StagingEvent, staging_event};
+use super::work::{self, Outcome};
+use super::{Agent, notify};
+use crate::cluster::node::NodeUpdate;
+use crate::cluster::streams::StreamsUpdate;
+use crate::dbus_api::Request;
+
+/// Longest wait for the last status patch when stopping.
+const STOP_FLUSH: Duration = Duration::from_secs(5);
+/// The streams and timers the loop owns beside the agent.
+struct Sources {
+    /// The Node watch, once there is a client.
+    watch: Option<LocalBoxStream<'static, NodeUpdate>>,
+    /// The OSImageStream watch, once resolution or the checks need it.
+    streams: Option<LocalBoxStream<'static, StreamsUpdate>>,
+    /// Half the systemd watchdog interval, when the watchdog is on.
+    watchdog: Option<tokio::time::Interval>,
+}
+
+/// What woke the loop, with what it carried.
+enum Wake {
+    /// Time to look at the credential files.
+    CredentialsDue,
+    /// The Node watch (`None`: it ended).
+    Node(Option<NodeUpdate>),
+    /// The OSImageStream watch (`None`: it ended).
+    Streams(Option<StreamsUpdate>),
+    /// The staging transaction progressed or ended.
+    Staging(StagingEvent),
+    /// Long work ended (`Err`: its task failed).
+    Work(Result<Outcome, String>),
+    /// A retry timer fired.
+    RetryDue,
+    /// The status patch is due.
+    FlushDue,
+    /// A request over streamd's D-Bus API.
+    Request(Request),
+    /// The readiness checks are due again.
+    ReadinessDue,
+    /// Time for `WATCHDOG=1`.
+    WatchdogDue,
+}
+
+impl Agent {
+    /// Runs until `shutdown` resolves.
+    ///
+    /// Ready (`READY=1`) as soon as the local set-up is done: waiting for the kubeconfig, the API
+    /// server or the Node object is a reported state (journal, `STATUS=`, `streamctl status`),
+    /// never an exit, so an unreachable cluster cannot use up systemd's start limit.
+    pub async fn run(
+        mut self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> anyhow::Result<()> {
+        notify(&[sd_notify::NotifyState::Ready]);
+        let mut src = Sources {
+            watch: None,
+            streams: None,
+            // WATCHDOG=1 comes from this loop itself, so a wedged loop is restarted by systemd.
+            watchdog: watchdog_interval().map(tokio::time::interval),
+        };
+        let mut shutdown = pin!(shutdown);
+        loop {
+            let wake = tokio::select! {
+                wake = self.wait(&mut src) => wake,
+                () = &mut shutdown => break,
+            };
+            self.handle(wake, &mut src).await?;
+            // The cluster's streams are watched once resolution or the checks need them.
+            if src.streams.is_none() && (self.reboot.resolve_streams || self.wants_catalog()) {
+                src.streams = self
+                    .node
+                    .client()
+                    .map(|c| crate::cluster::streams::watch(c).boxed_local());
+            }
+            self.readiness_tick().await;
+        }
+        info!("stopping");
+        notify(&[sd_notify::NotifyState::Stopping]);
+        // A running transaction keeps running in rpm-ostreed, and work in its task is dropped
+        // (nothing it does is left half-done by that: see `work.rs`); the next start reads the
+        // result. The last status gets a short chance to go out, inside TimeoutStopSec.
+        if tokio::time::timeout(STOP_FLUSH, self.flush())
+            .await
+            .is_err()
+        {
+            warn!("the last status patch did not finish before stopping");
+        }
+        Ok(())
+    }
+
+    /// Waits for the next thing the loop reacts to.
+    async fn wait(&mut self, src: &mut Sources) -> Wake {
+        let flush_at = self.flush_at();
+        tokio::select! {
+            _ = sleep_until(self.credentials_at.into()) => Wake::CredentialsDue,
+            upd = next_opt(&mut src.watch) => Wake::Node(upd),
+            upd = next_opt(&mut src.streams) => Wake::Streams(upd),
+            ev = staging_event(&mut self.staging) => Wake::Staging(ev),
+            done = work::finished(&mut self.work) => Wake::Work(done),
+            _ = sleep_opt(self.retry_at) => Wake::RetryDue,
+            _ = sleep_opt(flush_at) => Wake::FlushDue,
+            Some(req) = self.requests.recv() => Wake::Request(req),
+            _ = sleep_opt(self.readiness_at) => Wake::ReadinessDue,
+            _ = tick(&mut src.watchdog) => Wake::WatchdogDue,
+        }
+    }
+
+    /// Reacts to one [`Wake`]; an error ends the loop (a watch that ended for good).
+    async fn handle(&mut self, wake: Wake, src: &mut Sources) -> anyhow::Result<()> {
+        match wake {
+            Wake::CredentialsDue => {
+                if self.load_credentials().await {
+                    // A new client: the watches must use it, and a patch refused with the old
+                    // credentials need not wait for its slow retry.
+                    self.patch_retry_at = None;
+                    src.watch = self.node.watch().map(StreamExt::boxed_local);
+                    src.streams = None;
+                }
+            }
+            Wake::Node(Some(upd)) => self.on_node_update(upd).await,
+            Wake::Node(None) => anyhow::bail!("the node watch ended"),
+            Wake::Streams(Some(StreamsUpdate::Catalog(c))) => {
+                debug!(catalog = ?c, "os image streams changed");
+                self.catalog = Some(c);
+                self.inputs_changed().await;
+                self.rejudge_images().await;
+            }
+            Wake::Streams(Some(StreamsUpdate::Error(e))) => {
+                warn!(error = %e, "osimagestream watch failed; retrying");
+            }
+            Wake::Streams(None) => anyhow::bail!("the osimagestream watch ended"),
+            Wake::Staging(StagingEvent::Progress(ev)) => self.on_progress(ev).await,
+            Wake::Staging(StagingEvent::Finished(res)) => self.on_staged(res).await,
+            Wake::Work(done) => {
+                match done {
+                    Ok(outcome) => self.on_work(outcome).await,
+                    Err(e) => self.transient_failure(e).await,
+                }
+                if self.work.is_none() && std::mem::take(&mut self.reconcile_again) {
+                    self.reconcile().await;
+                }
+            }
+            Wake::RetryDue => {
+                self.retry_at = None;
+                self.reconcile().await;
+            }
+            Wake::FlushDue => self.flush().await,
+            Wake::Request(req) => self.on_request(req).await,
+            Wake::ReadinessDue => {
+                self.readiness_at = None;
+                self.readiness_stale = true;
+            }
+            Wake::WatchdogDue => notify(&[sd_notify::NotifyState::Watchdog]),
+        }
+        Ok(())
+    }
+
+    /// What the node watch reported.
+    async fn on_node_update(&mut self, upd: NodeUpdate) {
+        match upd {
+            NodeUpdate::Annotations(a) => self.on_node(&a).await,
+            NodeUpdate::Deleted => warn!(node = self.node.name(), "node object deleted"),
+            NodeUpdate::Absent => {
+                let reason = format!(
+                    "waiting for the Node {}: the API server has no Node of that name (node-name, or the host name when it is not set, must name this node's Node object)",
+                    self.node.name()
+                );
+                self.waiting(reason).await;
+            }
+            NodeUpdate::Error {
+                message,
+                unauthorized,
+            } => {
+                warn!(error = %message, "node watch failed; retrying");
+                if unauthorized {
+                    // The kubelet may have rotated the client certificate.
+                    self.credentials_at = Instant::now();
+                }
+                if !self.node_seen {
+                    self.waiting(format!("waiting for the Kubernetes API server: {message}"))
+                        .await;
+                }
+            }
+        }
+    }
+
+    /// A request over streamd's D-Bus API.
+    async fn on_request(&mut self, req: Request) {
+        match req {
+            Request::Reconcile => {
+                info!("reconcile requested over d-bus");
+                // Also a request whose staging (or bootloader update) failed is tried again.
+                self.forget_failure();
+                self.bootloader = None;
+                self.reconcile().await;
+            }
+            Request::Preflight { inputs, reply } => {
+                self.watch_streams_for_dry_runs();
+                // Registry reads can take minutes: answered from a task of its own.
+                let run = self.dry_run(inputs);
+                tokio::spawn(async move {
+                    let _ = reply.send(run.await.to_string());
+                });
+            }
+        }
+    }
+}
+
+/// Half the watchdog timeout systemd asked for (`WATCHDOG_USEC`), if any.
+fn watchdog_interval() -> Option<Duration> {
+    let mut usec = 0u64;
+    (sd_notify::watchdog_enabled(false, &mut usec) && usec > 0)
+        .then(|| Duration::from_micros(usec / 2))
+}
+
+async fn tick(interval: &mut Option<tokio::time::Interval>) {
+    match interval {
+        Some(i) => {
+            i.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn next_opt<S: futures::Stream + Unpin>(s: &mut Option<S>) -> Option<S::Item> {
+    match s {
+        Some(s) => s.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_opt(at: Option<Instant>) {
+    match at {
+        Some(t) => sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
+}
