@@ -382,7 +382,7 @@ async fn removing_the_request_returns_to_idle() {
 async fn streamctl_without_daemon_says_so() {
     let env = Env::new("nodaemon").await;
     let out = env.streamctl(&["status"]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(3));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("streamd is not running"), "{err}");
     assert!(

@@ -66,6 +66,24 @@ fn config_check_reports_file_line_column() {
 }
 
 #[test]
+fn a_usage_error_has_its_own_exit_code() {
+    // 2 is clap's usage error; streamd unreachable (3) and checks that could not run (4) are
+    // asserted where a daemon is at hand (tests/e2e.rs, tests/variants.rs).
+    let out = streamctl(&["statuss"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = streamctl(&["--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    for code in [
+        "2 a usage error",
+        "3 streamd could not be reached",
+        "4 the checks could not run",
+    ] {
+        assert!(help.contains(code), "{code:?} in --help: {help}");
+    }
+}
+
+#[test]
 fn man_pages_and_completions_are_generated() {
     let d = tmp("generate");
     let man = d.join("man");

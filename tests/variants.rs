@@ -453,9 +453,9 @@ async fn streamctl_preflight_and_plan_change_nothing() {
     );
     let out = env.streamctl(&["plan", "--stream", "rhel-10", "--os-image", &os]);
     assert_eq!(out.status.code(), Some(1));
-    // An invalid request cannot be checked: exit 2 with the annotation error.
+    // An invalid request cannot be checked: exit 4 with the annotation error.
     let out = env.streamctl(&["preflight", "--stream", "RHEL", "--os-image", &os]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(4));
     assert!(String::from_utf8_lossy(&out.stderr).contains("desired-stream"));
     // Nothing happened on the node.
     assert!(env.transactions().await.is_empty());

@@ -14,8 +14,10 @@ use streamd::text::printable;
 
 /// Shows and steers streamd on this host.
 ///
-/// Exit codes: 0 success; 1 the request failed (or, for preflight and plan, a check failed); 2
-/// streamd could not be reached (not running, or no system bus) or the checks could not run.
+/// Exit codes: 0 success; 1 the request failed (or, for preflight and plan, a check failed); 2 a
+/// usage error (an unknown command or flag); 3 streamd could not be reached (not running, or no
+/// system bus); 4 the checks could not run (preflight and plan: an invalid request, or a fact
+/// the daemon could not read).
 #[derive(Debug, Parser)]
 #[command(name = "streamctl", version)]
 struct Args {
@@ -34,7 +36,7 @@ enum Command {
     /// Ask the daemon to re-evaluate the node now.
     Reconcile,
     /// Run the preflight checks for a request (default: the node's current one) and print a
-    /// table. Exit code 0: all pass; 1: a check fails; 2: the checks could not run.
+    /// table. Exit code 0: all pass; 1: a check fails; 4: the checks could not run.
     Preflight {
         #[command(flatten)]
         request: RequestArgs,
@@ -114,8 +116,10 @@ impl RequestArgs {
     }
 }
 
-/// Exit code when the daemon is unreachable.
-const EXIT_UNREACHABLE: u8 = 2;
+/// Exit code when the daemon is unreachable (2 is clap's usage error).
+const EXIT_UNREACHABLE: u8 = 3;
+/// Exit code when preflight or plan could not run its checks.
+const EXIT_CANNOT_CHECK: u8 = 4;
 
 #[zbus::proxy(
     interface = "io.openshift.OSStream1",
@@ -165,12 +169,21 @@ fn main() -> ExitCode {
             eprintln!("streamctl: {}", printable(&msg));
             ExitCode::FAILURE
         }
+        Err(Failure::CannotCheck(msg)) => {
+            eprintln!("streamctl: {}", printable(&msg));
+            ExitCode::from(EXIT_CANNOT_CHECK)
+        }
     }
 }
 
+/// Why a command did not succeed; each has its own exit code.
 enum Failure {
+    /// The daemon or the bus could not be reached.
     Unreachable(String),
+    /// The daemon refused or the request failed.
     Failed(String),
+    /// Preflight or plan could not run its checks.
+    CannotCheck(String),
 }
 
 async fn proxy() -> Result<OSStream1Proxy<'static>, Failure> {
@@ -364,12 +377,12 @@ async fn dry_run(
         .await
         .map_err(|e| explain("running preflight", &e))?;
     let v: serde_json::Value = serde_json::from_str(&raw).map_err(|e| {
-        Failure::Unreachable(format!(
+        Failure::CannotCheck(format!(
             "streamd sent an answer this streamctl cannot read ({e})"
         ))
     })?;
     match v.get("error").and_then(|e| e.as_str()) {
-        Some(e) => Err(Failure::Unreachable(format!(
+        Some(e) => Err(Failure::CannotCheck(format!(
             "preflight could not run: {e}"
         ))),
         None => Ok(v),
