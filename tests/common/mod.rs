@@ -268,6 +268,13 @@ impl Env {
             if pred(&a) {
                 return a;
             }
+            // A streamd that died says so at once, not as a timeout.
+            if self.streamd_exited() {
+                panic!(
+                    "streamd exited while waiting for {what}; annotations: {a:#?}\nstreamd log:\n{}",
+                    self.log()
+                );
+            }
             if Instant::now() > deadline {
                 panic!(
                     "timed out waiting for {what}; annotations: {a:#?}\nstreamd log:\n{}",
@@ -275,6 +282,20 @@ impl Env {
                 );
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// streamd was started and has exited since (a zombie until `stop_streamd` reaps it).
+    fn streamd_exited(&self) -> bool {
+        let Some(child) = &self.streamd else {
+            return false;
+        };
+        match std::fs::read_to_string(format!("/proc/{}/stat", child.id())) {
+            // The state follows the parenthesised command name.
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+            Err(_) => true,
         }
     }
 

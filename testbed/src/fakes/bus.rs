@@ -5,6 +5,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use tokio::io::AsyncReadExt as _;
 use tokio::process::{Child, Command};
 
 /// A running bus; the daemon is killed when this is dropped.
@@ -35,22 +36,38 @@ impl Bus {
         let conf = dir.join("system.conf");
         std::fs::write(&conf, config(&socket, &policy_dir))
             .with_context(|| format!("writing {}", conf.display()))?;
-        let child = Command::new("dbus-daemon")
+        let mut child = Command::new("dbus-daemon")
             .arg(format!("--config-file={}", conf.display()))
             .arg("--nofork")
             .arg("--nopidfile")
             .stdin(Stdio::null())
+            .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .context("starting dbus-daemon (is the dbus package installed?)")?;
+        let mut stderr = child.stderr.take().context("dbus-daemon's stderr")?;
         let address = format!("unix:path={}", socket.display());
         for _ in 0..200 {
             if socket.exists() {
+                // Its messages (reloads, denials) stay visible in the test's output.
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut stderr, &mut tokio::io::stderr()).await;
+                });
                 return Ok(Bus {
                     child,
                     address,
                     policy_dir,
                 });
+            }
+            // A daemon that gave up (a socket path too long, a bad config) says why at once.
+            if let Some(status) = child.try_wait().context("polling dbus-daemon")? {
+                let mut said = String::new();
+                let _ = stderr.read_to_string(&mut said).await;
+                bail!(
+                    "dbus-daemon exited ({status}) before creating {}: {}",
+                    socket.display(),
+                    said.trim()
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -113,4 +130,25 @@ fn config(socket: &Path, policy_dir: &Path) -> String {
         socket = socket.display(),
         policy = policy_dir.display(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_daemon_that_cannot_listen_is_reported_with_its_own_words() {
+        let dir = crate::scratch::ScratchDir::new("bus-long").expect("scratch");
+        // Past dbus-daemon's socket-name limit (sun_path, 108 bytes).
+        let deep = dir.join("d".repeat(120));
+        std::fs::create_dir_all(&deep).expect("mkdir");
+        let e = Bus::start(&deep)
+            .await
+            .expect_err("no bus on a too-long path");
+        let text = format!("{e:#}");
+        assert!(text.contains("exited"), "{text}");
+        assert!(text.contains("too long"), "{text}");
+        // Reported as the daemon's exit, well before the 4 s socket timeout.
+        assert!(!text.contains("within 4 s"), "{text}");
+    }
 }
