@@ -1,5 +1,5 @@
 //! The source tree shows the architecture: `src/` is grouped by concern, and a group uses only
-//! the groups before it in [`ORDER`] (README "Layout", `src/lib.rs`). A `crate::<group>` path that
+//! the groups before it in [`ORDER`] (docs/architecture.md, `src/lib.rs`). A `crate::<group>` path that
 //! points the other way fails here with the file and line.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -90,7 +90,7 @@ fn groups_depend_one_way() {
         };
         assert!(
             rank(&group).is_some(),
-            "{}: group {group:?} is not in the layout (tests/layout.rs ORDER, README)",
+            "{}: group {group:?} is not in the layout (tests/layout.rs ORDER, docs/architecture.md)",
             f.display()
         );
         groups_seen.insert(group.clone());

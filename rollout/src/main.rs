@@ -1,4 +1,4 @@
-//! `streamd-rollout`: the StreamPool controller (docs in README "Pools").
+//! `streamd-rollout`: the StreamPool controller (docs/pools.md).
 
 #![forbid(unsafe_code)]
 // Functions fit on a screen (threshold 100 in clippy.toml); the tests' crates are not held to it.

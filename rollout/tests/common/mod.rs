@@ -489,7 +489,7 @@ impl Drop for Pool {
         for (_, c) in &mut self.controllers {
             let _ = c.start_kill();
         }
-        // The wall time of each test, for the CI budget (docs: README "Pools").
+        // The wall time of each test, for the CI budget (docs/pools.md).
         eprintln!("{}: {:.1?}", self.name, self.started.elapsed());
     }
 }

@@ -3,7 +3,7 @@
 //! On an OpenShift node the MCD owns the OS: it checks after every boot that the booted image is
 //! the one its MachineConfig names and degrades the node otherwise, rebases the node back at its
 //! next rollout, and runs `rpm-ostree cleanup -p` before applying OS changes (deleting any other
-//! stage). streamd therefore never stages or reboots where it finds the MCD (README "Modes").
+//! stage). streamd therefore never stages or reboots where it finds the MCD (docs/modes.md).
 //! The signals, each written only by the MCD or the machine-config server:
 //!
 //! - node annotations `machineconfiguration.openshift.io/currentConfig` and `desiredConfig`

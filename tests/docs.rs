@@ -1,0 +1,171 @@
+//! The documentation holds together: the README is the entry page (short, linking every
+//! document), and every relative link in the Markdown files, anchors included, points at
+//! something that exists.
+
+use std::path::{Path, PathBuf};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The README's budget: an entry page, the manual lives in docs/.
+const README_MAX_CHARS: usize = 8_000;
+
+fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = e.file_name();
+        if p.is_dir() {
+            if name != "target" && name != ".git" && name != "node_modules" {
+                markdown_files(&p, out);
+            }
+        } else if p.extension().is_some_and(|x| x == "md") {
+            out.push(p);
+        }
+    }
+}
+
+/// `[text](target)` targets, with the line they are on; code spans and fenced blocks skipped.
+fn links(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for (n, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        // Inline code is not a link.
+        let prose: String = line
+            .split('`')
+            .enumerate()
+            .filter(|(i, _)| i % 2 == 0)
+            .map(|(_, s)| s)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut rest = prose.as_str();
+        while let Some(i) = rest.find("](") {
+            rest = &rest[i + 2..];
+            if let Some(end) = rest.find(')') {
+                out.push((n + 1, rest[..end].to_string()));
+                rest = &rest[end..];
+            }
+        }
+    }
+    out
+}
+
+/// GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+fn anchors(text: &str) -> Vec<String> {
+    let mut fenced = false;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && line.starts_with('#') {
+            out.push(slug(line.trim_start_matches('#')));
+        }
+    }
+    out
+}
+
+/// What is wrong with one link from `file`, if anything.
+fn broken(file: &Path, target: &str) -> Option<String> {
+    if target.contains("://") || target.starts_with("mailto:") {
+        return None;
+    }
+    let (path, anchor) = match target.split_once('#') {
+        Some((p, a)) => (p, Some(a)),
+        None => (target, None),
+    };
+    let dest = if path.is_empty() {
+        file.to_path_buf()
+    } else {
+        file.parent()?.join(path)
+    };
+    if !dest.exists() {
+        return Some(format!("{target}: no such file"));
+    }
+    let anchor = anchor?;
+    if dest.extension().is_some_and(|x| x == "md") {
+        let text = std::fs::read_to_string(&dest).ok()?;
+        if !anchors(&text).iter().any(|a| a == anchor) {
+            return Some(format!("{target}: no heading with anchor #{anchor}"));
+        }
+    }
+    None
+}
+
+#[test]
+fn every_relative_link_resolves() {
+    let mut files = Vec::new();
+    markdown_files(Path::new(ROOT), &mut files);
+    assert!(files.len() > 10, "found the Markdown files: {files:?}");
+    let mut wrong = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("read");
+        for (line, target) in links(&text) {
+            if let Some(why) = broken(f, &target) {
+                let shown = f.strip_prefix(ROOT).unwrap_or(f).display().to_string();
+                wrong.push(format!("{shown}:{line}: {why}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "broken links:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_readme_is_an_entry_page_that_links_every_document() {
+    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).expect("README");
+    let chars = readme.chars().count();
+    assert!(
+        chars <= README_MAX_CHARS,
+        "README.md has {chars} characters; the manual belongs in docs/ (at most {README_MAX_CHARS})"
+    );
+    let linked: Vec<String> = links(&readme).into_iter().map(|(_, t)| t).collect();
+    let mut missing = Vec::new();
+    for e in std::fs::read_dir(Path::new(ROOT).join("docs"))
+        .expect("docs/")
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".md") && !linked.iter().any(|l| l == &format!("docs/{name}")) {
+            missing.push(name);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "documents the README does not link: {missing:?}"
+    );
+}
+
+#[test]
+fn the_link_checker_sees_a_broken_link_and_anchor() {
+    let text = "see [a](x.md) and `[b](code.md)`\n```\n[c](fenced.md)\n```\n[d](y.md#two-words)";
+    assert_eq!(
+        links(text),
+        [(1, "x.md".to_string()), (5, "y.md#two-words".to_string())]
+    );
+    assert_eq!(
+        slug(" The rollout controller (streamd-rollout)"),
+        "the-rollout-controller-streamd-rollout"
+    );
+    let readme = Path::new(ROOT).join("README.md");
+    assert!(broken(&readme, "docs/nonexistent.md").is_some());
+    assert!(broken(&readme, "docs/protocol.md#no-such-heading").is_some());
+    assert!(broken(&readme, "docs/protocol.md").is_none());
+    assert!(broken(&readme, "https://example.com/x").is_none());
+}
