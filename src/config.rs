@@ -39,6 +39,8 @@ pub const DEFAULT_PULL_RETRIES: u32 = 3;
 /// Default spread, in seconds, of the staging that follows a digest change of the node's
 /// stream in the cluster's OSImageStream.
 pub const DEFAULT_RESOLVE_SPREAD_SECONDS: u64 = 600;
+/// Default `heartbeat-namespace` (docs/deploy/rbac.yaml creates it).
+pub const DEFAULT_HEARTBEAT_NAMESPACE: &str = "streamd-node-lease";
 
 /// Which OS update backend to drive.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -130,6 +132,34 @@ impl TryFrom<Vec<RepositoryScope>> for AllowedRepositories {
             );
         }
         Ok(AllowedRepositories(scopes))
+    }
+}
+
+/// `heartbeat-namespace` as written: a namespace name (an RFC 1123 label), or `""` for no
+/// heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct HeartbeatNamespace(pub Option<String>);
+
+impl TryFrom<String> for HeartbeatNamespace {
+    type Error = &'static str;
+
+    fn try_from(ns: String) -> Result<Self, Self::Error> {
+        if ns.is_empty() {
+            return Ok(HeartbeatNamespace(None));
+        }
+        let label = ns.len() <= 63
+            && ns
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !ns.starts_with('-')
+            && !ns.ends_with('-');
+        if !label {
+            return Err(
+                "heartbeat-namespace must be a namespace name (at most 63 lower-case letters, digits and '-', not starting or ending with '-'), or \"\" for no heartbeat",
+            );
+        }
+        Ok(HeartbeatNamespace(Some(ns)))
     }
 }
 
@@ -239,6 +269,8 @@ pub struct Fragment {
     pub allowed_repositories: Option<AllowedRepositories>,
     /// Take only the images the cluster's OSImageStream gives the requested stream.
     pub resolved_only: Option<bool>,
+    /// Namespace of the node's heartbeat Lease (`""`: none).
+    pub heartbeat_namespace: Option<HeartbeatNamespace>,
 }
 
 /// The effective configuration.
@@ -279,6 +311,8 @@ pub struct Config {
     pub mode: ModeChoice,
     /// Which images the node takes.
     pub images: ImagePolicy,
+    /// Namespace of the node's heartbeat Lease; `None`: no heartbeat.
+    pub heartbeat_namespace: Option<String>,
     /// The files that were read, in order (for `streamctl config check` and logs).
     pub sources: Vec<PathBuf>,
 }
@@ -303,6 +337,7 @@ impl Default for Config {
             resolve_spread: std::time::Duration::from_secs(DEFAULT_RESOLVE_SPREAD_SECONDS),
             mode: ModeChoice::default(),
             images: ImagePolicy::default(),
+            heartbeat_namespace: Some(DEFAULT_HEARTBEAT_NAMESPACE.to_string()),
             sources: Vec::new(),
         }
     }
@@ -373,6 +408,9 @@ impl Config {
         }
         if let Some(v) = f.resolved_only {
             self.images.resolved_only = v;
+        }
+        if let Some(v) = f.heartbeat_namespace {
+            self.heartbeat_namespace = v.0;
         }
     }
 }
@@ -619,6 +657,29 @@ mod tests {
             Config::default().resolve_spread,
             std::time::Duration::from_secs(DEFAULT_RESOLVE_SPREAD_SECONDS)
         );
+    }
+
+    #[test]
+    fn heartbeat_namespace_defaults_turns_off_and_refuses_bad_names() {
+        assert_eq!(
+            Config::default().heartbeat_namespace.as_deref(),
+            Some(DEFAULT_HEARTBEAT_NAMESPACE)
+        );
+        for (text, want) in [
+            ("heartbeat-namespace = \"\"\n", None),
+            ("heartbeat-namespace = \"ops-1\"\n", Some("ops-1")),
+        ] {
+            let mut cfg = Config::default();
+            cfg.apply(parse_fragment(Path::new("h.toml"), text).expect("parses"));
+            assert_eq!(cfg.heartbeat_namespace.as_deref(), want, "{text}");
+        }
+        for bad in ["Ops", "-ops", "a.b", &"n".repeat(64)] {
+            let text = format!("heartbeat-namespace = \"{bad}\"\n");
+            let e = parse_fragment(Path::new("h.toml"), &text).expect_err(bad);
+            let shown = e.to_string();
+            assert!(shown.starts_with("h.toml:1:"), "{shown}");
+            assert!(shown.contains("namespace name"), "{shown}");
+        }
     }
 
     #[test]

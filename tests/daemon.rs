@@ -748,3 +748,41 @@ async fn a_waiting_preflight_call_does_not_stall_the_loop() {
     let _ = call.kill();
     let _ = call.wait();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_heartbeat_lease_names_the_node() {
+    let mut env = Env::new("heartbeat").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let get = [
+        "get",
+        "lease",
+        "-n",
+        "streamd-node-lease",
+        testbed::NODE_NAME,
+        "-o",
+        "json",
+    ];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let lease: serde_json::Value = loop {
+        let out = env.kubectl(&get);
+        if out.status.success() {
+            break serde_json::from_slice(&out.stdout).expect("lease JSON");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no heartbeat Lease: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            env.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(lease["spec"]["holderIdentity"], testbed::NODE_NAME);
+    assert_eq!(lease["spec"]["leaseDurationSeconds"], 360);
+    let renewed = lease["spec"]["renewTime"].as_str().expect("renewTime");
+    assert!(
+        renewed.len() == "2026-12-04T10:00:00.000000Z".len() && renewed.ends_with('Z'),
+        "MicroTime with microseconds: {renewed}"
+    );
+    env.stop_streamd();
+}

@@ -74,6 +74,10 @@ async fn counts(env: &Env, since: u64, until: u64) -> BTreeMap<String, u64> {
 /// A testbed with streamd running and `Idle`.
 async fn idle(name: &str) -> Env {
     let mut env = Env::new(name).await;
+    // These tests time the Node patches against the faults they inject per user and verb; the
+    // heartbeat Lease's patches (same user, same verb, their own schedule) would take faults
+    // meant for them.
+    env.config("50-no-heartbeat.toml", "heartbeat-namespace = \"\"\n");
     env.start_streamd();
     env.wait_state("Idle").await;
     env

@@ -128,6 +128,9 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         resolve_spread: cfg.resolve_spread,
         mode: cfg.mode,
     };
+    if let Some(ns) = cfg.heartbeat_namespace.clone() {
+        tokio::spawn(streamd::cluster::heartbeat::run(node.clone(), ns));
+    }
     let agent = Agent::new(node, backend, gatherer, reboot).await?;
     agent.run(shutdown_signal()).await
 }

@@ -2,6 +2,7 @@
 //! OSImageStream, the image policy that judges what the cluster asks for, the typed status and
 //! the patches that report it.
 
+pub mod heartbeat;
 pub mod node;
 pub mod policy;
 pub mod protocol;
