@@ -546,6 +546,8 @@ const STREAMD_USES: [(&str, &[&str]); 2] = [
         &[
             "streamd::cluster::protocol",
             "streamd::cluster::streams",
+            // The heartbeat Lease's shape and expiry, shared like the annotations.
+            "streamd::cluster::heartbeat",
             "streamd::text",
         ],
     ),

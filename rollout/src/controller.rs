@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -37,6 +38,7 @@ use crate::crd::{
 };
 use crate::drain;
 use crate::events::{self, Journal, Note};
+use crate::heartbeat;
 use crate::node::{
     CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, NodeView, ROLLOUT_POOL, ROLLOUT_STEP,
     Step,
@@ -81,6 +83,8 @@ pub struct Context {
     pools: Store<StreamPool>,
     recorder: Recorder,
     journal: Journal,
+    /// The nodes' heartbeat Leases; `None`: not read (every heartbeat unknown).
+    heartbeats: Option<Api<Lease>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -376,7 +380,11 @@ async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
     for n in listed.unselected.iter().filter(|n| scope.ours(n)) {
         leaving |= !release_node(scope, n, "it left the pool's selector").await?;
     }
-    let Some((input, plan)) = plan(scope, &listed.selected) else {
+    let leases = match &scope.ctx.heartbeats {
+        Some(api) => heartbeat::read(api).await,
+        None => BTreeMap::new(),
+    };
+    let Some((input, plan)) = plan(scope, &listed.selected, &leases) else {
         // The first read of OSImageStream is under way; its arrival reconciles every pool.
         return Ok(Requeue::await_change());
     };
@@ -392,8 +400,16 @@ async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
         ));
     }
     write_status(scope, &input, &plan.summary, &blockers).await?;
+    let now = i64::try_from(input.now).unwrap_or(i64::MAX);
+    let ours = listed
+        .selected
+        .iter()
+        .filter_map(|n| leases.get(&n.name_any()));
     Ok(if !plan.summary.draining.is_empty() || leaving {
         Requeue::requeue(DRAIN_RETRY)
+    } else if let Some(after) = heartbeat::recheck_after(ours, now) {
+        // A heartbeat that runs out changes nothing the watches see.
+        Requeue::requeue(after)
     } else {
         Requeue::await_change()
     })
@@ -401,7 +417,11 @@ async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
 
 /// The planner's input for the pool and its selected nodes, and its plan; `None` while the
 /// target waits for the first read of OSImageStream.
-fn plan(scope: &Scope<'_>, selected: &[Node]) -> Option<(PoolInput, Plan)> {
+fn plan(
+    scope: &Scope<'_>,
+    selected: &[Node],
+    leases: &BTreeMap<String, Lease>,
+) -> Option<(PoolInput, Plan)> {
     let spec = &scope.pool.spec;
     let catalog = scope.ctx.catalog.borrow().clone();
     if catalog.is_none() && spec.target.os_image.is_none() {
@@ -437,7 +457,14 @@ fn plan(scope: &Scope<'_>, selected: &[Node]) -> Option<(PoolInput, Plan)> {
         now: now_secs(),
         claimed,
     };
-    let views: Vec<NodeView> = selected.iter().map(NodeView::from_node).collect();
+    let now = i64::try_from(input.now).unwrap_or(i64::MAX);
+    let views: Vec<NodeView> = selected
+        .iter()
+        .map(|n| NodeView {
+            heartbeat: heartbeat::of(leases.get(&n.name_any()), now),
+            ..NodeView::from_node(n)
+        })
+        .collect();
     let plan = planner::plan(&input, &views);
     Some((input, plan))
 }
@@ -685,10 +712,12 @@ impl Clients {
 }
 
 /// Runs the controller until `shutdown` completes (leadership lost, or a signal); `identity`
-/// (the pod name) is the Events' reporting instance.
+/// (the pod name) is the Events' reporting instance; the nodes' heartbeat Leases are read in
+/// `heartbeat_namespace` (`None`: not at all).
 pub async fn run(
     clients: Clients,
     identity: &str,
+    heartbeat_namespace: Option<&str>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = clients.main;
@@ -730,6 +759,7 @@ pub async fn run(
             },
         ),
         journal: Journal::default(),
+        heartbeats: heartbeat_namespace.map(|ns| Api::namespaced(client.clone(), ns)),
     });
     controller
         .watches(

@@ -37,6 +37,7 @@ pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: u64 = 600;
     printcolumn = r#"{"name":"Degraded","type":"string","jsonPath":".status.conditions[?(@.type==\"Degraded\")].status"}"#,
     printcolumn = r#"{"name":"Machines","type":"integer","jsonPath":".status.machineCount"}"#,
     printcolumn = r#"{"name":"Updated Machines","type":"integer","jsonPath":".status.updatedMachineCount"}"#,
+    printcolumn = r#"{"name":"No Heartbeat","type":"integer","jsonPath":".status.noHeartbeatMachineCount","priority":1}"#,
     printcolumn = r#"{"name":"Readiness","type":"string","jsonPath":".status.readiness","priority":1}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -118,6 +119,10 @@ pub struct StreamPoolStatus {
     pub unavailable_machine_count: i32,
     /// Nodes whose streamd reports `Degraded` or `Refused` for the pool's request.
     pub degraded_machine_count: i32,
+    /// Ready nodes whose streamd heartbeat Lease ran out (streamd not running, or cut off from
+    /// the API server); each is in `nodes` with state `NoHeartbeat`.
+    #[serde(default)]
+    pub no_heartbeat_machine_count: i32,
     /// `Updating`, `Updated`, `Degraded`, `Paused`.
     #[serde(default)]
     pub conditions: Vec<Condition>,

@@ -11,7 +11,8 @@
 //! - [`drain`]: the Eviction API drain;
 //! - [`events`]: the Events an admin follows a rollout by;
 //! - [`controller`]: the kube-runtime controller, target resolution and the Node patches;
-//! - [`leader`]: leader election on a Lease.
+//! - [`leader`]: leader election on a Lease;
+//! - [`heartbeat`]: the nodes' streamd heartbeat Leases.
 
 #![forbid(unsafe_code)]
 // Functions fit on a screen (threshold 100 in clippy.toml); the tests' crates are not held to it.
@@ -24,6 +25,7 @@ pub mod status;
 
 pub mod drain;
 pub mod events;
+pub mod heartbeat;
 
 pub mod controller;
 pub mod leader;

@@ -39,6 +39,10 @@ enum Command {
         /// Lease validity in seconds: how long a new leader waits after the old one stopped.
         #[arg(long, default_value_t = leader::LEASE_SECONDS, value_parser = clap::value_parser!(u64).range(2..=3600))]
         lease_seconds: u64,
+        /// Namespace of the nodes' streamd heartbeat Leases (streamd's `heartbeat-namespace`);
+        /// "" reads none. A Ready node whose Lease ran out is reported and not taken for a reboot.
+        #[arg(long, env = "HEARTBEAT_NAMESPACE", default_value = rollout::heartbeat::DEFAULT_NAMESPACE)]
+        heartbeat_namespace: String,
     },
 }
 
@@ -56,10 +60,12 @@ async fn main() -> anyhow::Result<()> {
             identity,
             leader_elect,
             lease_seconds,
+            heartbeat_namespace,
         } => {
             tracing_subscriber::fmt()
                 .with_writer(std::io::stderr)
                 .init();
+            let heartbeats = Some(heartbeat_namespace.as_str()).filter(|ns| !ns.is_empty());
             let config = kube::Config::infer()
                 .await
                 .context("reading the API server's configuration")?;
@@ -76,7 +82,8 @@ async fn main() -> anyhow::Result<()> {
             };
             if !leader_elect {
                 tracing::info!("running without leader election");
-                rollout::controller::run(clients, &identity, stopped(stop.clone())).await;
+                rollout::controller::run(clients, &identity, heartbeats, stopped(stop.clone()))
+                    .await;
                 return Ok(());
             }
             let lease = Lease {
@@ -101,9 +108,14 @@ async fn main() -> anyhow::Result<()> {
                 tracing::info!(identity = %lease.identity, "leading");
                 let lost = leader::lost(held.clone());
                 let stopping = stopped(stop.clone());
-                rollout::controller::run(clients.clone(), &lease.identity, async move {
-                    tokio::select! { () = lost => {}, () = stopping => {} }
-                })
+                rollout::controller::run(
+                    clients.clone(),
+                    &lease.identity,
+                    heartbeats,
+                    async move {
+                        tokio::select! { () = lost => {}, () = stopping => {} }
+                    },
+                )
                 .await;
                 if *stop.borrow() {
                     break;

@@ -85,6 +85,21 @@ impl Step {
     }
 }
 
+/// What the node's streamd heartbeat Lease says (streamd's `cluster::heartbeat`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Heartbeat {
+    /// No Lease read: heartbeats off, an older streamd, or the Leases unreadable.
+    #[default]
+    Unknown,
+    /// Renewed within its duration.
+    Alive,
+    /// Ran out; the last renewal, as the Lease gives it.
+    Stale {
+        /// `spec.renewTime`, RFC 3339.
+        renewed: String,
+    },
+}
+
 /// One node as the planner sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NodeView {
@@ -96,6 +111,8 @@ pub struct NodeView {
     pub unschedulable: bool,
     /// All annotations.
     pub annotations: BTreeMap<String, String>,
+    /// The node's streamd heartbeat.
+    pub heartbeat: Heartbeat,
 }
 
 impl NodeView {
@@ -115,6 +132,7 @@ impl NodeView {
                 .and_then(|s| s.unschedulable)
                 .unwrap_or(false),
             annotations: node.metadata.annotations.clone().unwrap_or_default(),
+            heartbeat: Heartbeat::Unknown,
         }
     }
 

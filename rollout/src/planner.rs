@@ -17,7 +17,7 @@ use streamd::cluster::protocol::{CheckId, Desired, Inputs, State, UnknownCheck};
 
 use crate::crd::NodeIssue;
 use crate::node::{
-    CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, NodeView, ROLLOUT_STEP, Step,
+    CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, Heartbeat, NodeView, ROLLOUT_STEP, Step,
 };
 
 /// The check-* keys the pool asks its not-yet-moved nodes to dry-run.
@@ -155,6 +155,8 @@ pub struct Summary {
     pub readiness: Option<String>,
     /// The pool's nodes are the machine-config operator's: readiness only.
     pub mco_managed: bool,
+    /// Nodes whose streamd heartbeat ran out (each also an issue).
+    pub agents_down: usize,
 }
 
 /// The next actions and the status.
@@ -240,6 +242,7 @@ pub fn plan(pool: &PoolInput, nodes: &[NodeView]) -> Plan {
 
     let phases: Vec<Phase> = nodes.iter().map(|n| phase(n, target, &hash)).collect();
     count(&nodes, &phases, &mut summary);
+    agents_down(&nodes, &mut summary);
 
     // Nodes already taken go on (also while the pool is Degraded: they are unavailable
     // already, and finishing them gives capacity back); `paused` stops them before the next
@@ -365,6 +368,29 @@ fn count(nodes: &[&NodeView], phases: &[Phase], summary: &mut Summary) {
     }
 }
 
+/// Nodes whose streamd stopped renewing its heartbeat while the node is Ready: streamd is not
+/// running there, or cannot reach the API server. Each is an issue (the pool goes on with the
+/// others); a node that is not Ready, or rebooting, is expected to be quiet.
+fn agents_down(nodes: &[&NodeView], summary: &mut Summary) {
+    for n in nodes {
+        let Heartbeat::Stale { renewed } = &n.heartbeat else {
+            continue;
+        };
+        if !n.ready || n.state() == Some(State::Rebooting) {
+            continue;
+        }
+        summary.agents_down += 1;
+        summary.issues.push(NodeIssue {
+            name: n.name.clone(),
+            state: "NoHeartbeat".into(),
+            reason: format!(
+                "streamd's heartbeat Lease was last renewed at {}: streamd is not running on the node or cannot reach the API server; see systemctl status streamd there",
+                streamd::text::one_line(renewed, 64)
+            ),
+        });
+    }
+}
+
 /// New work for a pool that is neither paused nor Degraded: targets for untargeted nodes while
 /// staging slots are free, and cordons for nodes waiting to reboot while fewer than `max` are
 /// unavailable (`unavailable` now).
@@ -391,8 +417,11 @@ fn new_work(
         if unavailable >= max {
             break;
         }
+        // A node whose agent is gone could not take the approval: cordoned and drained, it
+        // would stay so.
         if *p == Phase::Waiting
             && !unavailable_node(n)
+            && !matches!(n.heartbeat, Heartbeat::Stale { .. })
             && let Some(token) = n.reboot_requested()
         {
             actions.push(Action::Cordon {
@@ -916,6 +945,48 @@ mod tests {
         assert!(max_unavailable(Some(&IntOrString::Int(-1)), 10).is_err());
         assert!(max_unavailable(s("25").as_ref(), 10).is_err());
         assert!(max_unavailable(s("x%").as_ref(), 10).is_err());
+    }
+
+    #[test]
+    fn a_node_whose_agent_stopped_is_an_issue_and_never_cordoned() {
+        let stale = |n: NodeView| NodeView {
+            heartbeat: Heartbeat::Stale {
+                renewed: "2026-12-04T10:00:00.000000Z".into(),
+            },
+            ..n
+        };
+        // Waiting for its reboot, but its streamd is gone: the next node is taken instead.
+        let plan = super::plan(&pool(), &[stale(staged("w1", "t1")), staged("w2", "t2")]);
+        assert_eq!(plan.actions, vec![cordon("w2", "t2")]);
+        assert_eq!(plan.summary.agents_down, 1);
+        let issue = &plan.summary.issues[0];
+        assert_eq!(
+            (issue.name.as_str(), issue.state.as_str()),
+            ("w1", "NoHeartbeat")
+        );
+        assert!(
+            issue.reason.contains("2026-12-04T10:00:00"),
+            "{}",
+            issue.reason
+        );
+        assert_eq!(
+            plan.summary.degraded, None,
+            "the pool goes on with the others"
+        );
+        // Quiet while rebooting or NotReady; alive or unknown is no issue.
+        let mut not_ready = stale(staged("w1", "t1"));
+        not_ready.ready = false;
+        let rebooting = stale(step(
+            in_state(node("w2"), "Rebooting"),
+            Step::Approved { token: "t2".into() },
+        ));
+        let alive = NodeView {
+            heartbeat: Heartbeat::Alive,
+            ..staged("w3", "t3")
+        };
+        let plan = super::plan(&pool(), &[not_ready, rebooting, alive, staged("w4", "t4")]);
+        assert_eq!(plan.summary.agents_down, 0);
+        assert!(plan.summary.issues.is_empty(), "{:?}", plan.summary.issues);
     }
 
     #[test]

@@ -96,6 +96,7 @@ pub fn build(
         ready_machine_count: count(summary.ready),
         unavailable_machine_count: count(summary.unavailable),
         degraded_machine_count: count(summary.degraded_nodes),
+        no_heartbeat_machine_count: count(summary.agents_down),
         conditions,
         nodes,
         readiness: summary.readiness.clone(),

@@ -16,6 +16,9 @@ use serde_json::{Value, json};
 
 use super::node::{FIELD_MANAGER, PATCH_TIMEOUT};
 
+/// The namespace of the Leases unless `heartbeat-namespace` says otherwise.
+pub use crate::config::DEFAULT_HEARTBEAT_NAMESPACE as DEFAULT_NAMESPACE;
+
 /// How often the loop renews the Lease: one request per node every two minutes when idle.
 pub const INTERVAL: Duration = Duration::from_secs(120);
 

@@ -48,6 +48,7 @@ impl Context {
                 },
             ),
             journal: Journal::default(),
+            heartbeats: None,
         };
         (Arc::new(ctx), ApiServerVerifier(handle))
     }
@@ -182,6 +183,7 @@ fn create() -> Vec<Exchange> {
             "readyMachineCount": 0,
             "unavailableMachineCount": 0,
             "degradedMachineCount": 0,
+            "noHeartbeatMachineCount": 0,
             "conditions": conditions(
                 ("True", "Updating", "0 of 2 nodes updated; 0 unavailable (max 1)"),
                 ("False", "NotUpdated"),
