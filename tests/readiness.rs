@@ -279,6 +279,71 @@ async fn a_cluster_that_offers_no_streams_leaves_a_readiness_node_idle() {
     assert_no_transaction(&env).await;
 }
 
+/// The rhel-10 readiness entry of an MCD-annotated node on host `host` of a cluster playing
+/// OpenShift `release`.
+async fn rhel10_readiness_on(name: &str, host: &str, release: testbed::OpenShift) -> Value {
+    let mut env = Env::with_openshift(name, host, release).await;
+    env.annotate(&[&format!(
+        "{MCD_CURRENT_CONFIG}=rendered-worker-0123456789abcdef0123456789abcdef"
+    )]);
+    env.start_streamd();
+    let r = readiness(&wait_readiness(&env, "rhel-10").await);
+    assert_no_transaction(&env).await;
+    r["rhel-10"].clone()
+}
+
+/// 4.21's machine-config daemon adds kernel-rt-kvm for a real-time MachineConfig while the
+/// node runs EL9, and the rhel-10 extensions image has none: the move would fail. 4.22's
+/// never asks for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_4_21_realtime_node_is_not_ready_for_rhel_10_without_kernel_rt_kvm() {
+    let e = rhel10_readiness_on(
+        "readiness-421-rt",
+        "mcd-realtime",
+        testbed::OpenShift::V4_21,
+    )
+    .await;
+    assert_eq!(e["ready"], json!(false), "{e}");
+    assert_eq!(e["failed"], json!(["kernel-variant"]), "{e}");
+    let reason = e["reason"].as_str().unwrap_or_default();
+    assert!(
+        // The reason is bounded: the release is named before the cut.
+        reason.contains("lacks kernel-rt-kvm for the realtime kernel")
+            && reason.contains("by release 4.21's"),
+        "{reason}"
+    );
+    let e = rhel10_readiness_on(
+        "readiness-422-rt",
+        "mcd-realtime",
+        testbed::OpenShift::V4_22,
+    )
+    .await;
+    assert_eq!(e["ready"], json!(true), "{e}");
+}
+
+/// `wasm` is an extension of 4.21's operator (crun-wasm, which the testbed's rhel-10 extensions
+/// image, like RHCOS's, does not have); 4.22's rejects the MachineConfig.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_4_21_wasm_node_needs_crun_wasm_where_4_22_rejects_it() {
+    let e = rhel10_readiness_on("readiness-421-wasm", "mcd-wasm", testbed::OpenShift::V4_21).await;
+    assert_eq!(e["failed"], json!(["layered-packages"]), "{e}");
+    let reason = e["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("spec.extensions (wasm) needs packages")
+            && reason.ends_with(": crun-wasm")
+            && !reason.contains("does not support"),
+        "{reason}"
+    );
+    let e = rhel10_readiness_on("readiness-422-wasm", "mcd-wasm", testbed::OpenShift::V4_22).await;
+    assert_eq!(e["failed"], json!(["layered-packages"]), "{e}");
+    let reason = e["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains(r#"does not support: "wasm""#)
+            && reason.contains("by release 4.22's machine-config operator"),
+        "{reason}"
+    );
+}
+
 /// Waits until `streamctl status --json` has a reason containing `part`; returns it.
 async fn wait_status_reason(env: &Env, part: &str) -> String {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);

@@ -281,9 +281,15 @@ impl Gatherer {
         // wants the target to provide it too), unless the machine-config operator rebuilds a
         // layered image and swaps the kernel from the extensions image; for the operator's
         // move, what the applied MachineConfig asks for when it is known.
-        let needed = preflight::from_extensions(booted, &kernel, purpose.mover(), machine_config);
-        let crio = facts::crio_default_runtime(&self.host).map_err(|e| e.to_string());
         let booted_major = self.host.os_release().ok().and_then(|r| r.major());
+        let needed = preflight::from_extensions(
+            booted,
+            &kernel,
+            purpose.mover(),
+            machine_config,
+            booted_major,
+        );
+        let crio = facts::crio_default_runtime(&self.host).map_err(|e| e.to_string());
         let inspector = self.secret().and_then(|s| self.inspector(&s));
         let (layered, wanted) = wanted_packages(&needed);
         // The two images are independent: read them side by side. The OS image is read where

@@ -37,11 +37,15 @@ pub fn package_name(spec: &str) -> &str {
     }
 }
 
-/// The `el<N>` major of a kernel release or NEVRA (`…el10_1.x86_64` → 10).
+/// The `el<N>` major of a kernel release or NEVRA (`…el10_1.x86_64` → 10), also where the dist
+/// tag carries a product suffix of letters (Fast Datapath's `el9fdp`, `el10fdp`).
 pub fn el_major(release: &str) -> Option<u32> {
     release.split(['.', '-', '_', '+']).find_map(|part| {
-        let digits = part.strip_prefix("el")?;
-        digits.parse().ok()
+        let tag = part.strip_prefix("el")?;
+        let digits = tag.trim_end_matches(|c: char| c.is_ascii_lowercase());
+        (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| digits.parse().ok())
+            .flatten()
     })
 }
 
@@ -772,5 +776,19 @@ mod tests {
         let here = resolve(&offered, &seeds("rt"), &own);
         assert_eq!(here.packages.len(), 4);
         assert_eq!(close(offered, &seeds("rt"), own).await, here);
+    }
+
+    /// Fast Datapath's dist tags (openvswitch, which 4.23's ipsec extension installs) name
+    /// their major too; a letter suffix does not make a name part a dist tag.
+    #[test]
+    fn product_dist_tags_name_their_major() {
+        assert_eq!(el_major("openvswitch3.5-3.5.0-71.el9fdp.x86_64"), Some(9));
+        assert_eq!(
+            el_major("openvswitch3.5-ipsec-3.5.0-71.el10fdp.x86_64"),
+            Some(10)
+        );
+        assert_eq!(el_major("leapp-el8toel9-1-1.noarch"), None);
+        assert_eq!(el_major("elfutils-0.192-5.el10.x86_64"), Some(10));
+        assert_eq!(el_major("foo-1-1.fc41"), None);
     }
 }

@@ -26,4 +26,4 @@ pub mod harness;
 pub mod scratch;
 
 pub use harness::fleet::{Fleet, FleetOptions};
-pub use harness::testbed::{Backend, NODE_NAME, Options, RpmOstreeVersion, Testbed};
+pub use harness::testbed::{Backend, NODE_NAME, OpenShift, Options, RpmOstreeVersion, Testbed};

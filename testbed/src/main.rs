@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 
 use testbed::control::{Request, TestbedCmd};
 use testbed::harness::control_socket::control_client;
-use testbed::{Backend, Fleet, FleetOptions, Options, RpmOstreeVersion, Testbed};
+use testbed::{Backend, Fleet, FleetOptions, OpenShift, Options, RpmOstreeVersion, Testbed};
 
 /// The streamd testbed: a private dbus-daemon, a fake rpm-ostreed and a fake Kubernetes API
 /// server, for the demo and the end-to-end tests.
@@ -33,7 +33,7 @@ enum Command {
         dir: PathBuf,
         /// Host fixture: default, fips, realtime, fips-realtime, 64k-aarch64, old-cpu, runc,
         /// low-disk, layered, realtime-image, mcd, secureboot, layered-image,
-        /// realtime-layered-image, mcd-layered-usbguard.
+        /// realtime-layered-image, mcd-layered-usbguard, mcd-realtime, mcd-wasm.
         #[arg(long, default_value = "default")]
         host: String,
         /// The host's OS update tool: rpm-ostree (rpm-ostreed on the bus) or bootc (no
@@ -44,6 +44,10 @@ enum Command {
         /// base commit, counts layers from 0) to 2026.2 (finalizes by image digest).
         #[arg(long = "rpm-ostree", default_value_t = RpmOstreeVersion::NEWEST)]
         rpm_ostree: RpmOstreeVersion,
+        /// The OpenShift release played: 4.21, 4.22 or 4.23 (the machine-config operator whose
+        /// release annotation the node's rendered MachineConfig carries).
+        #[arg(long, default_value_t = OpenShift::default())]
+        openshift: OpenShift,
         #[command(flatten)]
         fleet: FleetArgs,
     },
@@ -61,6 +65,9 @@ enum Command {
         /// The rpm-ostree release played (see `up`).
         #[arg(long = "rpm-ostree", default_value_t = RpmOstreeVersion::NEWEST)]
         rpm_ostree: RpmOstreeVersion,
+        /// The OpenShift release played (see `up`).
+        #[arg(long, default_value_t = OpenShift::default())]
+        openshift: OpenShift,
         #[command(flatten)]
         fleet: FleetArgs,
     },
@@ -192,15 +199,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
             host,
             backend,
             rpm_ostree,
+            openshift,
             fleet,
-        } => up(&dir, &host, (backend, rpm_ostree), &fleet).await,
+        } => up(&dir, &host, (backend, rpm_ostree, openshift), &fleet).await,
         Command::Serve {
             dir,
             host,
             backend,
             rpm_ostree,
+            openshift,
             fleet,
-        } => serve(dir, host, (backend, rpm_ostree), fleet).await,
+        } => serve(dir, host, (backend, rpm_ostree, openshift), fleet).await,
         Command::Down { dir } => down(&dir).await,
         Command::Bench {
             dir,
@@ -267,11 +276,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-/// `up` and `serve`'s host tools: the backend, and the rpm-ostree release played.
-type Tools = (Backend, RpmOstreeVersion);
+/// `up` and `serve`'s host tools: the backend, the rpm-ostree release and the OpenShift
+/// release played.
+type Tools = (Backend, RpmOstreeVersion, OpenShift);
 
 async fn up(dir: &Path, host: &str, tools: Tools, fleet: &FleetArgs) -> anyhow::Result<()> {
-    let (backend, rpm_ostree) = tools;
+    let (backend, rpm_ostree, openshift) = tools;
     // Refuse an unknown fixture here rather than in the background process.
     testbed::fixtures::fixture(host)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -285,7 +295,8 @@ async fn up(dir: &Path, host: &str, tools: Tools, fleet: &FleetArgs) -> anyhow::
         .arg(dir)
         .args(["--host", host])
         .args(["--backend", backend_arg(backend)])
-        .args(["--rpm-ostree", &rpm_ostree.to_string()]);
+        .args(["--rpm-ostree", &rpm_ostree.to_string()])
+        .args(["--openshift", &openshift.to_string()]);
     if let Some(nodes) = fleet.nodes {
         serve
             .args(["--nodes", &nodes.to_string(), "--streamd"])
@@ -330,7 +341,7 @@ fn backend_arg(backend: Backend) -> &'static str {
 }
 
 async fn serve(dir: PathBuf, host: String, tools: Tools, fleet: FleetArgs) -> anyhow::Result<()> {
-    let (backend, rpm_ostree) = tools;
+    let (backend, rpm_ostree, openshift) = tools;
     // Either runs until the signal; dropping it stops everything.
     let running: (PathBuf, Box<dyn std::any::Any>) = match fleet.nodes {
         Some(nodes) => {
@@ -338,6 +349,7 @@ async fn serve(dir: PathBuf, host: String, tools: Tools, fleet: FleetArgs) -> an
                 host,
                 backend,
                 rpm_ostree,
+                openshift,
                 streamd: Some(streamd_or_default(fleet.streamd)?),
                 ..FleetOptions::new(dir, nodes)
             })
@@ -351,6 +363,7 @@ async fn serve(dir: PathBuf, host: String, tools: Tools, fleet: FleetArgs) -> an
                 host,
                 backend,
                 rpm_ostree,
+                openshift,
             })
             .await?;
             tracing::info!(dir = %tb.dir().display(), "testbed up");

@@ -101,10 +101,20 @@ impl Env {
         host: &str,
         version: testbed::RpmOstreeVersion,
     ) -> Env {
+        Env::with_options(name, host, |o| o.rpm_ostree = version).await
+    }
+
+    /// A fresh testbed on host fixture `host` playing OpenShift `release`.
+    pub async fn with_openshift(name: &str, host: &str, release: testbed::OpenShift) -> Env {
+        Env::with_options(name, host, |o| o.openshift = release).await
+    }
+
+    /// A fresh testbed on host fixture `host` with the options `edit` sets.
+    async fn with_options(name: &str, host: &str, edit: impl FnOnce(&mut Options)) -> Env {
         let scratch = scratch_dir("e2e", name);
         let mut opts = Options::new(scratch.to_path_buf());
         opts.host = host.to_string();
-        opts.rpm_ostree = version;
+        edit(&mut opts);
         let tb = Testbed::start(opts).await.expect("testbed starts");
         Env {
             tb,

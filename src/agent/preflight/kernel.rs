@@ -138,10 +138,13 @@ fn machine_config_kernel(
 fn kernel_from_extensions(i: &Input, provided: &FromExtensions) -> CheckResult {
     let id = CheckId::KernelVariant;
     let want = provided.variant;
-    let asked = if provided.from_machine_config {
+    let asked = if let Some(Ok(mc)) = needs::machine_config(i)
+        && provided.from_machine_config
+    {
         format!(
-            " the MachineConfig's spec.kernelType asks for (as {})",
-            provided.kernel.join(", ")
+            " the MachineConfig's spec.kernelType asks for (as {}, {})",
+            provided.kernel.join(", "),
+            mc.release.by()
         )
     } else {
         String::new()

@@ -25,6 +25,8 @@ mod image;
 mod kernel;
 mod needs;
 mod packages;
+#[cfg(test)]
+mod release_tests;
 
 pub use needs::{FromExtensions, from_extensions, layered_packages_of, variant_from_extensions};
 
@@ -223,6 +225,7 @@ mod fixtures {
     use super::*;
     use crate::cluster::protocol::Inputs;
     use crate::host::facts::machineconfig;
+    use crate::host::facts::mco_release::{McoRelease, Named, ReleaseOf};
     use crate::host::ospull::{AttemptOutcome, PolicyVerdict};
     use crate::image::registry::LAYERED_FROM;
 
@@ -350,8 +353,14 @@ mod fixtures {
     }
 
     /// A MachineConfig the machine-config daemon applied, from its JSON.
+    /// Rendered by the newest release streamd knows, unless `json` names one.
     pub(super) fn applied(json: &str) -> Option<Result<AppliedConfig, String>> {
-        Some(machineconfig::parse(json))
+        Some(machineconfig::parse(json).map(|mut mc| {
+            if mc.release.named == Named::Absent {
+                mc.release = ReleaseOf::known(McoRelease::NEWEST);
+            }
+            mc
+        }))
     }
 
     /// An extensions image for rhel-10 holding `names` (x86_64, el10).

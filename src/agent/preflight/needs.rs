@@ -4,7 +4,7 @@
 
 use super::{Input, Mover};
 use crate::backend::{Deployment, KernelVariant};
-use crate::host::facts::machineconfig::{self, AppliedConfig};
+use crate::host::facts::machineconfig::AppliedConfig;
 use crate::image::registry::LAYERED_FROM;
 use crate::image::rpm::package_name;
 
@@ -73,12 +73,14 @@ impl FromExtensions {
 /// install` and kernel swap: Containerfile.on-cluster-build-template; the daemon's own
 /// pkg/daemon/update.go `applyExtensions`, `switchKernel`). Otherwise it is read off the node:
 /// the variant [`variant_from_extensions`] gives and the booted deployment's other package
-/// overrides.
+/// overrides. The kernel packages are those of the MachineConfig's release, which on 4.21
+/// depend on the booted OS's major (`booted_major`).
 pub fn from_extensions(
     booted: &Deployment,
     kernel: &Result<KernelVariant, String>,
     mover: Mover,
     machine_config: Option<&Result<AppliedConfig, String>>,
+    booted_major: Option<u32>,
 ) -> FromExtensions {
     if mover == Mover::MachineConfigOperator
         && let Some(Ok(mc)) = machine_config
@@ -92,7 +94,11 @@ pub fn from_extensions(
         let local = booted.requested_local_packages.clone();
         return FromExtensions {
             variant,
-            kernel: machineconfig::kernel_packages(variant, rebuilt_by_mco(booted, mover)),
+            kernel: mc.release.release.kernel_packages(
+                variant,
+                rebuilt_by_mco(booted, mover),
+                booted_major,
+            ),
             layered: asked.into_iter().map(str::to_string).collect(),
             from_machine_config: true,
             by_hand,
@@ -171,7 +177,13 @@ pub(super) fn carried(i: &Input) -> KernelVariant {
 
 /// What the target's extensions image must provide ([`from_extensions`]).
 pub(super) fn provided(i: &Input) -> FromExtensions {
-    from_extensions(&i.booted, &i.kernel, i.mover, i.machine_config.as_ref())
+    from_extensions(
+        &i.booted,
+        &i.kernel,
+        i.mover,
+        i.machine_config.as_ref(),
+        i.booted_major,
+    )
 }
 
 /// The applied MachineConfig, where the move is the machine-config operator's.

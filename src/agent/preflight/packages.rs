@@ -2,10 +2,11 @@
 //! packages it must re-provide, and the RPMs' dependencies.
 
 use super::needs::{FromExtensions, machine_config, provided, rebuilt_by_mco};
-use super::{CheckResult, Input, fail, pass, target_major};
+use super::{CheckResult, Input, Mover, fail, pass, target_major};
 use crate::backend::KernelVariant;
 use crate::cluster::protocol::CheckId;
 use crate::host::facts::machineconfig::AppliedConfig;
+use crate::host::facts::mco_release::Named;
 use crate::image::rpm::{el_major, names_package, package_name};
 
 /// What the applied MachineConfig asks the extensions image for, for a reason.
@@ -128,8 +129,9 @@ fn machine_config_refusal(i: &Input) -> Option<CheckResult> {
         Ok(mc) if !mc.unsupported.is_empty() => Some(fail(
             id,
             format!(
-                "the MachineConfig's spec.extensions names extensions the machine-config operator does not support: {}; it rejects them (invalid extensions found)",
-                mc.unsupported.join(", ")
+                "the MachineConfig's spec.extensions names extensions the machine-config operator does not support: {}; it rejects them (invalid extensions found, {})",
+                mc.unsupported.join(", "),
+                mc.release.by()
             ),
         )),
         Ok(_) => None,
@@ -137,12 +139,22 @@ fn machine_config_refusal(i: &Input) -> Option<CheckResult> {
 }
 
 /// The layered packages (and those layered by hand) must be in the extensions image, built for
-/// the `target` major.
+/// the `target` major, except where the machine-config operator installs them from the
+/// stream's own extensions image: it takes whatever that repository holds, which for rhel-10
+/// includes el9 builds on purpose (openshift/os `extensions/rhel-10.2.yaml` adds an el9
+/// `server-ose` repository for kata-containers on 4.21, 4.22 and 4.23).
 fn reprovided(i: &Input, provided_by: &FromExtensions, target: Option<u32>) -> CheckResult {
     let id = CheckId::LayeredPackages;
-    let provided: Vec<&String> = match &i.extensions {
-        Some(Ok(ext)) => ext.rpms.iter().collect(),
-        _ => Vec::new(),
+    let (provided, any_dist): (Vec<&String>, bool) = match &i.extensions {
+        Some(Ok(ext)) => (
+            ext.rpms.iter().collect(),
+            i.mover == Mover::MachineConfigOperator
+                && ext
+                    .stream_class
+                    .as_ref()
+                    .is_none_or(|c| c == &i.desired.stream),
+        ),
+        _ => (Vec::new(), false),
     };
     let missing_of = |wanted: &[String]| -> Vec<String> {
         wanted
@@ -151,7 +163,7 @@ fn reprovided(i: &Input, provided_by: &FromExtensions, target: Option<u32>) -> C
             .filter(|name| {
                 !provided
                     .iter()
-                    .any(|r| names_package(r, name) && el_major(r) == target)
+                    .any(|r| names_package(r, name) && (any_dist || el_major(r) == target))
             })
             .map(str::to_string)
             .collect()
@@ -188,6 +200,12 @@ fn reprovided(i: &Input, provided_by: &FromExtensions, target: Option<u32>) -> C
             "layered packages not provided for the target by the extensions image: {}",
             missing.join(", ")
         )),
+    }
+    if let Some(Ok(mc)) = machine_config(i)
+        && provided_by.from_machine_config
+        && mc.release.named != Named::Known
+    {
+        why.push(format!("judged {}", mc.release.by()));
     }
     fail(id, why.join("; "))
 }

@@ -18,6 +18,7 @@
 use std::io::Read;
 
 use super::HostRoot;
+use super::mco_release::{RELEASE_ANNOTATION, ReleaseOf};
 use crate::backend::KernelVariant;
 use crate::text;
 
@@ -36,28 +37,9 @@ pub const MCS_SERVED_CONFIG: &str = "/etc/mcs-machine-config-content.json";
 /// writes the same JSON, so a larger file is not one it wrote.
 pub const MAX_BYTES: u64 = 2 << 20;
 
-/// The most extensions kept; the operator supports seven ([`SUPPORTED_EXTENSIONS`]).
+/// The most extensions kept; the operator supports at most eight
+/// ([`McoRelease::extensions`]).
 pub const MAX_EXTENSIONS: usize = 64;
-
-/// The extensions the operator supports and the packages each installs
-/// (pkg/controller/common/helpers.go `SupportedExtensions`, resolved by
-/// `GetPackagesForSupportedExtensions`).
-pub const SUPPORTED_EXTENSIONS: [(&str, &[&str]); 7] = [
-    ("two-node-ha", &["pacemaker", "pcs", "fence-agents-all"]),
-    (
-        "ipsec",
-        &[
-            "NetworkManager-libreswan",
-            "libreswan",
-            "openvswitch3.5-ipsec",
-        ],
-    ),
-    ("usbguard", &["usbguard"]),
-    ("kerberos", &["krb5-workstation", "libkadm5"]),
-    ("kernel-devel", &["kernel-devel", "kernel-headers"]),
-    ("sandboxed-containers", &["kata-containers"]),
-    ("sysstat", &["sysstat"]),
-];
 
 /// What streamd keeps of the applied MachineConfig.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,11 +49,14 @@ pub struct AppliedConfig {
     /// it is none the operator accepts (pkg/controller/common/helpers.go
     /// `ValidateMachineConfig`: "kernelType=… is invalid").
     pub kernel_type: Result<KernelVariant, String>,
-    /// `spec.extensions` the operator supports, in order, as named in [`SUPPORTED_EXTENSIONS`].
+    /// `spec.extensions` the operator supports, in order, as named in its release's table.
     pub extensions: Vec<&'static str>,
     /// `spec.extensions` it does not support, quoted: it rejects the MachineConfig
     /// (`validateExtensions`: "invalid extensions found").
     pub unsupported: Vec<String>,
+    /// The release that rendered it (`metadata.annotations`' [`RELEASE_ANNOTATION`]), whose
+    /// tables say what the operator installs.
+    pub release: ReleaseOf,
 }
 
 impl AppliedConfig {
@@ -80,9 +65,10 @@ impl AppliedConfig {
     pub fn extension_packages(&self) -> Vec<&'static str> {
         let mut out: Vec<&'static str> = Vec::new();
         for name in &self.extensions {
-            let packages = SUPPORTED_EXTENSIONS
-                .iter()
-                .find(|(n, _)| n == name)
+            let packages = self
+                .release
+                .release
+                .extension(name)
                 .map_or(&[][..], |(_, p)| p);
             for p in packages {
                 if !out.contains(p) {
@@ -94,37 +80,8 @@ impl AppliedConfig {
     }
 }
 
-/// The kernel packages the operator installs for `variant` from the extensions image: the
-/// on-cluster build's (`on_cluster_build`: pkg/controller/common/helpers.go
-/// `GetPackagesForSupportedKernelType`, used by pkg/controller/build/buildrequest/
-/// buildrequestopts.go `getKernelPackages`), else the MCD's own `rpm-ostree override` list
-/// (pkg/daemon/update.go `getKernelPackagesForTargetRelease`, used by `switchKernel`, which
-/// leaves out kernel-rt-kvm). None for the default kernel: the image's own stays.
-pub fn kernel_packages(variant: KernelVariant, on_cluster_build: bool) -> &'static [&'static str] {
-    match (variant, on_cluster_build) {
-        (KernelVariant::Default, _) => &[],
-        (KernelVariant::Realtime, true) => &[
-            "kernel-rt-core",
-            "kernel-rt-modules",
-            "kernel-rt-modules-extra",
-            "kernel-rt-kvm",
-        ],
-        (KernelVariant::Realtime, false) => &[
-            "kernel-rt-core",
-            "kernel-rt-modules",
-            "kernel-rt-modules-extra",
-        ],
-        (KernelVariant::SixtyFourK, _) => &[
-            "kernel-64k-core",
-            "kernel-64k-modules",
-            "kernel-64k-modules-core",
-            "kernel-64k-modules-extra",
-        ],
-    }
-}
-
-/// Parses the MCD's stored MachineConfig: only `spec.kernelType` and `spec.extensions` are
-/// read, everything else ignored, and JSON `null` reads as the field's zero value, as with the
+/// Parses the MCD's stored MachineConfig: only `spec.kernelType`, `spec.extensions` and the
+/// release annotation are read, everything else ignored, and JSON `null` reads as the field's zero value, as with the
 /// MCD's `json.Decoder` into its Go type.
 pub fn parse(json: &str) -> Result<AppliedConfig, String> {
     use serde_json::Value;
@@ -134,6 +91,7 @@ pub fn parse(json: &str) -> Result<AppliedConfig, String> {
         return Err("not a MachineConfig: not a JSON object".into());
     };
     let empty = serde_json::Map::new();
+    let release = ReleaseOf::from_annotation(release_annotation(&mc)?);
     let spec = match mc.get("spec") {
         None | Some(Value::Null) => &empty,
         Some(Value::Object(s)) => s,
@@ -168,8 +126,8 @@ pub fn parse(json: &str) -> Result<AppliedConfig, String> {
     let mut extensions = Vec::new();
     let mut unsupported = Vec::new();
     for name in names {
-        match SUPPORTED_EXTENSIONS.iter().find(|(n, _)| *n == name) {
-            Some((n, _)) => extensions.push(*n),
+        match release.release.extension(name) {
+            Some((n, _)) => extensions.push(n),
             None => unsupported.push(text::quote(name)),
         }
     }
@@ -177,7 +135,31 @@ pub fn parse(json: &str) -> Result<AppliedConfig, String> {
         kernel_type,
         extensions,
         unsupported,
+        release,
     })
+}
+
+/// `metadata.annotations`' [`RELEASE_ANNOTATION`], if there is one.
+fn release_annotation(
+    mc: &serde_json::Map<String, serde_json::Value>,
+) -> Result<Option<&str>, String> {
+    use serde_json::Value;
+    let annotations = match mc.get("metadata") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(m)) => m.get("annotations"),
+        Some(_) => return Err("not a MachineConfig: metadata is not an object".into()),
+    };
+    match annotations {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(a)) => match a.get(RELEASE_ANNOTATION) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(v)) => Ok(Some(v.as_str())),
+            Some(_) => Err(format!(
+                "not a MachineConfig: the {RELEASE_ANNOTATION} annotation is not a string"
+            )),
+        },
+        Some(_) => Err("not a MachineConfig: metadata.annotations is not an object".into()),
+    }
 }
 
 /// The MachineConfig the MCD applied on the host below `root`, read where the MCD reads it:
@@ -247,6 +229,7 @@ mod tests {
             kernel_type: Ok(KernelVariant::Default),
             extensions: Vec::new(),
             unsupported: Vec::new(),
+            release: ReleaseOf::from_annotation(None),
         };
         assert_eq!(parse("{}"), Ok(want.clone()));
         assert_eq!(parse(r#"{"spec":null}"#), Ok(want.clone()));
@@ -277,8 +260,56 @@ mod tests {
             parse(r#"{"spec":{"kernelType":"64k-pages"}}"#).map(|m| m.kernel_type),
             Ok(Ok(KernelVariant::SixtyFourK))
         );
-        assert_eq!(kernel_packages(KernelVariant::Realtime, true).len(), 4);
-        assert_eq!(kernel_packages(KernelVariant::Realtime, false).len(), 3);
+    }
+
+    /// The release annotation picks the table: `wasm` is an extension on 4.21 only, and
+    /// `ipsec` installs openvswitch3.5-ipsec only from 4.23.
+    #[test]
+    fn the_release_annotation_picks_the_operators_table() {
+        use super::super::mco_release::{McoRelease, Named};
+        let of = |release: &str| {
+            parse(&format!(
+                r#"{{"metadata":{{"name":"rendered-worker-1","annotations":{{"machineconfiguration.openshift.io/release-image-version":"{release}"}}}},"spec":{{"extensions":["wasm","ipsec"]}}}}"#
+            ))
+            .expect("parse")
+        };
+        let mc = of("4.21.7");
+        assert_eq!(mc.release.release, McoRelease::V4_21);
+        assert_eq!(mc.extensions, vec!["wasm", "ipsec"]);
+        assert!(mc.unsupported.is_empty());
+        assert_eq!(
+            mc.extension_packages(),
+            vec!["crun-wasm", "NetworkManager-libreswan", "libreswan"]
+        );
+        let mc = of("4.22.1");
+        assert_eq!(mc.unsupported, vec![r#""wasm""#.to_string()]);
+        assert_eq!(
+            mc.extension_packages(),
+            vec!["NetworkManager-libreswan", "libreswan"]
+        );
+        let mc = of("4.23.0");
+        assert_eq!(mc.extension_packages().len(), 3);
+        let mc = of("4.19.3");
+        assert_eq!(mc.release.release, McoRelease::NEWEST);
+        assert_eq!(mc.release.named, Named::Unknown(r#""4.19.3""#.into()));
+        assert_eq!(
+            parse(r#"{"metadata":{"annotations":null}}"#).map(|m| m.release.named),
+            Ok(Named::Absent)
+        );
+        for (json, want) in [
+            (r#"{"metadata":[]}"#, "metadata is not an object"),
+            (
+                r#"{"metadata":{"annotations":[]}}"#,
+                "metadata.annotations is not an object",
+            ),
+            (
+                r#"{"metadata":{"annotations":{"machineconfiguration.openshift.io/release-image-version":4}}}"#,
+                "annotation is not a string",
+            ),
+        ] {
+            let e = parse(json).expect_err(json);
+            assert!(e.contains(want), "{e}");
+        }
     }
 
     #[test]

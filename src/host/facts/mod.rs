@@ -6,6 +6,7 @@ pub mod fips;
 pub mod journal;
 pub mod machineconfig;
 pub mod mcd;
+pub mod mco_release;
 pub mod osrelease;
 pub mod secureboot;
 

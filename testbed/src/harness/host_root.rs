@@ -14,7 +14,7 @@
 //! | `sys/kernel/realtime` | `1`, only on real-time kernels (absent otherwise, as on a real host) |
 //! | `etc/crio/crio.conf`, `etc/crio/crio.conf.d/00-default` | `[crio.runtime] default_runtime` = `runc` or `crun` |
 //! | `usr/lib/os-release`, `etc/os-release` (link) | the booted image's os-release |
-//! | `etc/machine-config-daemon/currentconfig` | only on `mcd`: the machine-config daemon's record of the MachineConfig it applied (a JSON MachineConfig, as `storeCurrentConfigOnDisk` writes it); the fixture's `machine_config` when it has one |
+//! | `etc/machine-config-daemon/currentconfig` | only on `mcd`: the machine-config daemon's record of the MachineConfig it applied (a JSON MachineConfig, as `storeCurrentConfigOnDisk` writes it); the fixture's `machine_config` when it has one, with the `release-image-version` annotation of the release played (`--openshift`) |
 //! | `sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c` | only on `secureboot`: the EFI variable, 4 bytes of attributes (`BS|RT`, little-endian) and the value `1` |
 //! | `usr/lib/systemd/system/bootloader-update.service` | bootupd's unit (RHEL >= 9.6), which the fake systemd starts (`crate::fakes::systemd`) |
 //! | `usr/lib/systemd/system/streamd-bootloader-update.target` | streamd's unit that pulls bootupd's in, from the repository's `systemd/` |
@@ -89,12 +89,13 @@ pub fn write(
     if fixture.mcd {
         // openshift/machine-config-operator:pkg/daemon/daemon.go `storeCurrentConfigOnDisk`
         // writes the whole MachineConfig as JSON: the fixture's, else one without kernel type
-        // or extensions.
+        // or extensions, annotated with the release played.
+        let mc = fixture.machine_config.unwrap_or(
+            r#"{"kind":"MachineConfig","apiVersion":"machineconfiguration.openshift.io/v1","metadata":{"name":"rendered-worker-0123456789abcdef0123456789abcdef"},"spec":{"osImageURL":""}}"#,
+        );
         put(
             "etc/machine-config-daemon/currentconfig",
-            fixture.machine_config.unwrap_or(
-                r#"{"kind":"MachineConfig","apiVersion":"machineconfiguration.openshift.io/v1","metadata":{"name":"rendered-worker-0123456789abcdef0123456789abcdef"},"spec":{"osImageURL":""}}"#,
-            ),
+            &fixture.openshift.rendered(mc)?,
         )?;
     } else {
         remove("etc/machine-config-daemon/currentconfig");

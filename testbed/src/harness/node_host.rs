@@ -16,6 +16,7 @@ use crate::fakes::registry::Registry;
 use crate::fakes::rpmostreed::{FakeRpmOstreed, RpmOstreeVersion, RpmOstreedConfig};
 use crate::fakes::systemd::FakeSystemd;
 use crate::fixtures::images::TestImage;
+use crate::fixtures::openshift::OpenShift;
 
 /// The OS update tool of the testbed host.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -57,6 +58,8 @@ pub(crate) struct HostSetup<'a> {
     pub(crate) backend: Backend,
     /// The rpm-ostree release the fake rpm-ostreed plays.
     pub(crate) rpm_ostree: RpmOstreeVersion,
+    /// The OpenShift release whose machine-config operator rendered the host's MachineConfig.
+    pub(crate) openshift: OpenShift,
     pub(crate) registry: &'a Registry,
     /// The node identity's kubeconfig (it may be written after the host starts).
     pub(crate) kubeconfig: &'a Path,
@@ -67,7 +70,10 @@ impl NodeHost {
     /// Starts the bus and the fakes in `dir` and writes the host root (booted on the first
     /// image, `rhel-9`) and streamd's config.
     pub(crate) async fn start(dir: &Path, setup: &HostSetup<'_>) -> anyhow::Result<NodeHost> {
-        let fixture = crate::fixtures::fixture(setup.host)?;
+        let fixture = crate::fixtures::Fixture {
+            openshift: setup.openshift,
+            ..crate::fixtures::fixture(setup.host)?
+        };
         for sub in ["bus", "host", "config.d", "state", "rpmostreed", "run"] {
             std::fs::create_dir_all(dir.join(sub))
                 .with_context(|| format!("creating {}", dir.join(sub).display()))?;

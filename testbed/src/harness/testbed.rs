@@ -18,6 +18,7 @@ use crate::fakes::bus::Bus;
 use crate::fakes::registry::Registry;
 pub use crate::fakes::rpmostreed::RpmOstreeVersion;
 use crate::fixtures::images::TestImage;
+pub use crate::fixtures::openshift::OpenShift;
 
 /// Node name of the testbed's node.
 pub const NODE_NAME: &str = "worker-0";
@@ -33,6 +34,8 @@ pub struct Options {
     pub backend: Backend,
     /// The rpm-ostree release the fake rpm-ostreed plays (default: the newest).
     pub rpm_ostree: RpmOstreeVersion,
+    /// The OpenShift release played (default: the newest).
+    pub openshift: OpenShift,
 }
 
 impl Options {
@@ -43,6 +46,7 @@ impl Options {
             host: "default".into(),
             backend: Backend::default(),
             rpm_ostree: RpmOstreeVersion::default(),
+            openshift: OpenShift::default(),
         }
     }
 }
@@ -86,6 +90,7 @@ impl Testbed {
                 host: &opts.host,
                 backend: opts.backend,
                 rpm_ostree: opts.rpm_ostree,
+                openshift: opts.openshift,
                 registry: &registry,
                 kubeconfig: &kubeconfig,
                 pull_secret: &pull_secret,

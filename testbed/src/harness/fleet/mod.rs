@@ -25,6 +25,7 @@ use crate::fakes::apiserver::{ApiServer, ApiServerConfig};
 use crate::fakes::registry::Registry;
 use crate::fakes::rpmostreed::RpmOstreeVersion;
 use crate::fixtures::images::TestImage;
+use crate::fixtures::openshift::OpenShift;
 use crate::harness::cluster::{image_env, prepare_cluster, start_registry, write_env};
 use crate::harness::control_socket::serve_control;
 use crate::harness::node_host::{HostSetup, NodeHost};
@@ -53,6 +54,8 @@ pub struct FleetOptions {
     pub backend: Backend,
     /// The rpm-ostree release every node's fake rpm-ostreed plays.
     pub rpm_ostree: RpmOstreeVersion,
+    /// The OpenShift release every node's MachineConfig was rendered by.
+    pub openshift: OpenShift,
     /// The streamd binary each node runs; `None`: none is started (start them yourself).
     pub streamd: Option<PathBuf>,
     /// How long a rebooting node stays down (NotReady, streamd stopped) before it boots.
@@ -69,6 +72,7 @@ impl FleetOptions {
             host_overrides: BTreeMap::new(),
             backend: Backend::default(),
             rpm_ostree: RpmOstreeVersion::default(),
+            openshift: OpenShift::default(),
             streamd: None,
             reboot_downtime: Duration::from_millis(500),
         }
@@ -146,6 +150,7 @@ impl Fleet {
                     host: fixture,
                     backend: opts.backend,
                     rpm_ostree: opts.rpm_ostree,
+                    openshift: opts.openshift,
                     registry: &registry,
                     kubeconfig: &kubeconfig,
                     pull_secret: &pull_secret,
