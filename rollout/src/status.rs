@@ -88,6 +88,11 @@ pub fn build(
         reason: why.clone(),
     }));
     nodes.truncate(MAX_ISSUES);
+    // What a node (or whoever can annotate it) wrote reaches the pool's status inert and bounded,
+    // like the Events' text.
+    for n in &mut nodes {
+        n.reason = streamd::text::one_line(&n.reason, crate::events::MAX_NOTE_CHARS);
+    }
     StreamPoolStatus {
         observed_generation: generation,
         target,
@@ -140,6 +145,35 @@ mod tests {
                 .map(|t| t.0.as_second())
                 .unwrap_or_default(),
         )
+    }
+
+    #[test]
+    fn node_reasons_are_one_capped_line() {
+        let summary = Summary {
+            machines: 1,
+            issues: vec![NodeIssue {
+                name: "w1".into(),
+                state: "Degraded".into(),
+                reason: format!("first\nsecond\u{1b}[31m {}", "x".repeat(2_000)),
+            }],
+            ..Summary::default()
+        };
+        let blockers = [("w2".to_string(), "pod a\rpod b".to_string())];
+        let s = build(&summary, None, None, false, None, &blockers, at(1));
+        for n in &s.nodes {
+            assert!(!n.reason.chars().any(char::is_control), "{:?}", n.reason);
+            assert!(
+                n.reason.chars().count() <= crate::events::MAX_NOTE_CHARS,
+                "{}",
+                n.reason.len()
+            );
+        }
+        assert!(
+            s.nodes[0].reason.starts_with("first"),
+            "{}",
+            s.nodes[0].reason
+        );
+        assert_eq!(s.nodes.len(), 2);
     }
 
     #[test]
