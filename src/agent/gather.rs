@@ -9,10 +9,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tracing::{debug, warn};
 
-use crate::agent::preflight::{self, CheckResult, DiskFree, FromExtensions, Input, Mover};
+use crate::agent::preflight::{
+    self, Cause, CheckResult, DiskFree, FactError, FromExtensions, Input, Mover,
+};
 use crate::backend::Deployment;
 use crate::backend::KernelVariant;
 use crate::backend::StagePlan;
+use crate::cluster::policy::Verdict;
 use crate::cluster::protocol::Desired;
 use crate::config::{ImagePolicy, Policy};
 use crate::host::facts::machineconfig::AppliedConfig;
@@ -130,31 +133,37 @@ impl Prepared {
 #[error("{0}")]
 pub struct Transient(pub String);
 
-/// Transient inspection errors end the preflight (it is retried); others become check failures.
-fn split<T>(e: InspectError) -> Result<Result<T, String>, Transient> {
+/// Transient inspection errors of the extensions image end the preflight (it is retried);
+/// others become check failures.
+fn split<T>(e: InspectError) -> Result<Result<T, FactError>, Transient> {
     if e.is_transient() {
         Err(Transient(e.to_string()))
     } else {
-        Ok(Err(e.to_string()))
+        Ok(Err(FactError::ExtensionsImage(e)))
     }
 }
 
 impl Gatherer {
-    fn secret(&self) -> Result<PullSecret, String> {
+    fn secret(&self) -> Result<PullSecret, FactError> {
+        let path = || self.pull_secret.clone();
         match std::fs::read_to_string(&self.pull_secret) {
-            Ok(text) => {
-                PullSecret::parse(&text).map_err(|e| format!("{}: {e}", self.pull_secret.display()))
-            }
+            Ok(text) => PullSecret::parse(&text).map_err(|source| FactError::PullSecretInvalid {
+                path: path(),
+                source,
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 warn!(path = %self.pull_secret.display(), "no pull secret; pulling anonymously");
                 Ok(PullSecret::default())
             }
-            Err(e) => Err(format!("{}: {e}", self.pull_secret.display())),
+            Err(e) => Err(FactError::PullSecretUnreadable {
+                path: path(),
+                source: Arc::new(e),
+            }),
         }
     }
 
     /// The registry client for `secret`, reused while the secret stays the same.
-    fn inspector(&self, secret: &PullSecret) -> Result<Inspector, String> {
+    fn inspector(&self, secret: &PullSecret) -> Result<Inspector, FactError> {
         let mut cached = self
             .inspector
             .lock()
@@ -163,7 +172,7 @@ impl Gatherer {
             Some((s, i)) if s == secret => Ok(i.clone()),
             _ => {
                 let i = Inspector::new(secret.clone(), &self.insecure_registries)
-                    .map_err(|e| e.to_string())?;
+                    .map_err(FactError::RegistryClient)?;
                 *cached = Some((secret.clone(), i.clone()));
                 Ok(i)
             }
@@ -259,9 +268,10 @@ impl Gatherer {
 
     /// Runs every check for `desired` on top of `booted`, completing `base` when all pass.
     /// `machine_config`: the MachineConfig the machine-config daemon applied (or why it cannot
-    /// be read), which decides what the machine-config operator's move installs; `None` for
-    /// streamd's own moves. `allowed`: why the image policy (`crate::cluster::policy`) takes
-    /// `desired`, judged by the caller before anything is read.
+    /// be read, as the error of whoever read it), which decides what the machine-config
+    /// operator's move installs; `None` for streamd's own moves. `allowed`: why the image
+    /// policy (`crate::cluster::policy`) takes `desired`, judged by the caller before anything
+    /// is read.
     #[allow(clippy::too_many_arguments)]
     pub async fn prepare(
         &self,
@@ -271,18 +281,20 @@ impl Gatherer {
         foreign_staged: Option<&Deployment>,
         base: StagePlan,
         purpose: Purpose,
-        machine_config: Option<&Result<AppliedConfig, String>>,
+        machine_config: Option<Result<AppliedConfig, FactError>>,
         allowed: String,
     ) -> Result<Prepared, Transient> {
-        let kernel = facts::kernel_variant(&self.host, booted);
+        let kernel =
+            facts::kernel_variant(&self.host, booted).map_err(|e| FactError::Kernel(Cause::new(e)));
         let running = kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
         // What the extensions image must provide (and streamd's rebase carries as packages):
         // nothing when the image itself provides the variant (the kernel-variant check then
         // wants the target to provide it too), unless the machine-config operator rebuilds a
         // layered image and swaps the kernel from the extensions image; for the operator's
         // move, what the applied MachineConfig asks for when it is known.
-        let needed = preflight::from_extensions(booted, &kernel, purpose.mover(), machine_config);
-        let crio = facts::crio_default_runtime(&self.host).map_err(|e| e.to_string());
+        let needed =
+            preflight::from_extensions(booted, &kernel, purpose.mover(), machine_config.as_ref());
+        let crio = facts::crio_default_runtime(&self.host).map_err(FactError::from);
         let booted_major = self.host.os_release().ok().and_then(|r| r.major());
         let inspector = self.secret().and_then(|s| self.inspector(&s));
         let (layered, wanted) = wanted_packages(&needed);
@@ -304,6 +316,7 @@ impl Gatherer {
         );
         let (os_image, extensions) = tokio::join!(os_image, extensions);
         let (os_pull, os_image) = os_image.map_err(|e| Transient(e.to_string()))?;
+        let os_image = os_image.map_err(|e| FactError::OsImage(Cause::new(e)));
         // One answer for the checks, the verification and the RPM choice.
         let target = preflight::target_major(desired, &os_image);
         let (mut extensions, mut extracted) = match extensions? {
@@ -329,7 +342,7 @@ impl Gatherer {
         }
         let input = Input {
             desired: desired.clone(),
-            image_policy: Ok(allowed),
+            image_policy: Verdict::Allowed(allowed),
             booted: booted.clone(),
             booted_major,
             arch: facts.arch.clone(),
@@ -347,8 +360,11 @@ impl Gatherer {
             backend: facts.backend,
             policy: self.policy.clone(),
             mover: purpose.mover(),
-            machine_config: machine_config.cloned(),
+            machine_config,
         };
+        for e in input.fact_errors() {
+            debug!(fact = e.label(), error = %e, "a fact preflight looks at could not be had");
+        }
         let checks = preflight::run(&input);
         let expect = expectation(&input, target, running);
         let ours = purpose.mover() == Mover::Streamd;
@@ -370,11 +386,11 @@ impl Gatherer {
     async fn read_extensions(
         &self,
         image: Option<&ImageRef>,
-        inspector: &Result<Inspector, String>,
+        inspector: &Result<Inspector, FactError>,
         arch: &str,
         wanted: &[String],
         purpose: Purpose,
-    ) -> Result<Option<Result<(ExtensionsInfo, Vec<PathBuf>), String>>, Transient> {
+    ) -> Result<Option<Result<(ExtensionsInfo, Vec<PathBuf>), FactError>>, Transient> {
         match (image, inspector) {
             (None, _) => {
                 if purpose == Purpose::Request {
@@ -401,7 +417,7 @@ impl Gatherer {
         wanted: &[String],
         closure: &Closure,
         purpose: Purpose,
-    ) -> Result<Result<Vec<PathBuf>, String>, Transient> {
+    ) -> Result<Result<Vec<PathBuf>, FactError>, Transient> {
         let mut more = wanted.to_vec();
         for p in &closure.packages {
             if !more.contains(&p.name) {
@@ -421,11 +437,9 @@ impl Gatherer {
 /// The `wanted` packages closed under Requires over the RPMs of the extensions image that fit
 /// the target: built for `arch` (or noarch) and for the `target` major (or for none); the
 /// requirements of `variant`'s own kernel are its own. None when nothing is wanted or the image
-/// was not read.
-/// The wanted packages closed under Requires over the image's RPMs that fit the target (off
-/// the async loop: thousands of headers).
+/// was not read. Off the async loop: thousands of headers.
 async fn closure_of(
-    extensions: &Option<Result<ExtensionsInfo, String>>,
+    extensions: &Option<Result<ExtensionsInfo, FactError>>,
     arch: &str,
     target: Option<u32>,
     wanted: &[String],

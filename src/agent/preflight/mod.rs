@@ -7,11 +7,13 @@
 //! One file per family of checks: `image.rs` (the image policy, the OS image and its pull), `kernel.rs` (CPU,
 //! FIPS, kernel variant), `packages.rs` (the extensions image and what it re-provides),
 //! `host.rs` (backend, runtime, disk, NICs, a pending deployment); `needs.rs` is what a move
-//! needs from the extensions image, which several of them judge.
+//! needs from the extensions image, which several of them judge; `errors.rs` why a fact could
+//! not be had.
 
 use serde::Serialize;
 
 use crate::backend::{BackendKind, Deployment, KernelVariant};
+use crate::cluster::policy::Verdict;
 use crate::cluster::protocol::{CheckId, Desired};
 use crate::config::Policy;
 use crate::host::facts::Fips;
@@ -20,12 +22,14 @@ use crate::host::ospull::OsPull;
 use crate::image::registry::{ExtensionsInfo, OsImageInfo};
 use crate::image::rpm::{Closure, el_major};
 
+mod errors;
 mod host;
 mod image;
 mod kernel;
 mod needs;
 mod packages;
 
+pub use errors::{Cause, FactError};
 pub use needs::{FromExtensions, from_extensions, layered_packages_of, variant_from_extensions};
 
 /// Outcome of one check.
@@ -68,7 +72,7 @@ pub struct Input {
     /// The request.
     pub desired: Desired,
     /// The image policy's verdict on the request: why it is allowed, or why refused.
-    pub image_policy: Result<String, String>,
+    pub image_policy: Verdict,
     /// The booted deployment.
     pub booted: Deployment,
     /// Booted OS major (os-release).
@@ -80,15 +84,15 @@ pub struct Input {
     /// FIPS state.
     pub fips: Fips,
     /// Kernel variant, or why it is inconsistent.
-    pub kernel: Result<KernelVariant, String>,
+    pub kernel: Result<KernelVariant, FactError>,
     /// CRI-O's default runtime, or why it could not be read.
-    pub crio_runtime: Result<String, String>,
+    pub crio_runtime: Result<String, FactError>,
     /// The OS image as the OS daemon would read it (its credentials, mirrors), or why not.
-    pub os_image: Result<OsImageInfo, String>,
+    pub os_image: Result<OsImageInfo, FactError>,
     /// How the OS daemon's pull of the OS image went, endpoint by endpoint.
     pub os_pull: OsPull,
     /// The extensions image, if requested, or why it could not be inspected.
-    pub extensions: Option<Result<ExtensionsInfo, String>>,
+    pub extensions: Option<Result<ExtensionsInfo, FactError>>,
     /// The RPMs to pass, closed under Requires over the extensions image's RPMs (when there
     /// are RPMs to pass and the image was read).
     pub closure: Option<Closure>,
@@ -107,7 +111,7 @@ pub struct Input {
     pub mover: Mover,
     /// The MachineConfig the machine-config daemon applied, or why it cannot be read; `None`
     /// when not known (no such file). Only the machine-config operator's move looks at it.
-    pub machine_config: Option<Result<AppliedConfig, String>>,
+    pub machine_config: Option<Result<AppliedConfig, FactError>>,
 }
 
 /// Who makes the move the checks are for.
@@ -133,7 +137,7 @@ pub fn stream_major(stream: &str) -> Option<u32> {
 }
 
 /// The major a request moves to: the stream's, else the OS image's `ostree.linux` kernel's.
-pub fn target_major(desired: &Desired, os_image: &Result<OsImageInfo, String>) -> Option<u32> {
+pub fn target_major(desired: &Desired, os_image: &Result<OsImageInfo, FactError>) -> Option<u32> {
     stream_major(&desired.stream).or_else(|| {
         os_image
             .as_ref()
@@ -171,7 +175,7 @@ pub fn run(i: &Input) -> Vec<CheckResult> {
 /// The checks of a request the image policy refused for `reason`: that check alone, since
 /// nothing was read for it.
 pub fn refused_by_image_policy(reason: String) -> Vec<CheckResult> {
-    vec![image::image_policy(&Err(reason))]
+    vec![image::image_policy(&Verdict::Refused(reason))]
 }
 
 /// The ids of the failing checks, in run order.
@@ -216,7 +220,7 @@ fn fail(id: CheckId, message: impl Into<String>) -> CheckResult {
 /// rhel-10, and helpers that change it.
 #[cfg(test)]
 mod fixtures {
-    pub(super) use super::{CheckResult, Input, Mover, Outcome, run};
+    pub(super) use super::{Cause, CheckResult, FactError, Input, Mover, Outcome, run};
     pub(super) use crate::backend::KernelVariant;
     pub(super) use crate::image::registry::ExtensionsInfo;
 
@@ -242,7 +246,7 @@ mod fixtures {
     pub(super) fn base() -> Input {
         Input {
             desired: desired("rhel-10"),
-            image_policy: Ok(
+            image_policy: Verdict::Allowed(
                 "the OS image's repository \"quay.io/o/r\" is the booted image's".into(),
             ),
             booted: Deployment::default(),
@@ -350,8 +354,8 @@ mod fixtures {
     }
 
     /// A MachineConfig the machine-config daemon applied, from its JSON.
-    pub(super) fn applied(json: &str) -> Option<Result<AppliedConfig, String>> {
-        Some(machineconfig::parse(json))
+    pub(super) fn applied(json: &str) -> Option<Result<AppliedConfig, FactError>> {
+        Some(FactError::of_machine_config(&machineconfig::parse(json)))
     }
 
     /// An extensions image for rhel-10 holding `names` (x86_64, el10).

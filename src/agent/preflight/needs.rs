@@ -2,7 +2,7 @@
 //! packages, read off the node or, for the machine-config operator's move, off the
 //! MachineConfig its daemon applied.
 
-use super::{Input, Mover};
+use super::{FactError, Input, Mover};
 use crate::backend::{Deployment, KernelVariant};
 use crate::host::facts::machineconfig::{self, AppliedConfig};
 use crate::image::registry::LAYERED_FROM;
@@ -76,9 +76,9 @@ impl FromExtensions {
 /// overrides.
 pub fn from_extensions(
     booted: &Deployment,
-    kernel: &Result<KernelVariant, String>,
+    kernel: &Result<KernelVariant, FactError>,
     mover: Mover,
-    machine_config: Option<&Result<AppliedConfig, String>>,
+    machine_config: Option<&Result<AppliedConfig, FactError>>,
 ) -> FromExtensions {
     if mover == Mover::MachineConfigOperator
         && let Some(Ok(mc)) = machine_config
@@ -175,7 +175,7 @@ pub(super) fn provided(i: &Input) -> FromExtensions {
 }
 
 /// The applied MachineConfig, where the move is the machine-config operator's.
-pub(super) fn machine_config(i: &Input) -> Option<&Result<AppliedConfig, String>> {
+pub(super) fn machine_config(i: &Input) -> Option<&Result<AppliedConfig, FactError>> {
     i.machine_config
         .as_ref()
         .filter(|_| i.mover == Mover::MachineConfigOperator)
