@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tracing::{debug, warn};
 
 use crate::agent::preflight::{
-    self, Cause, CheckResult, DiskFree, FactError, FromExtensions, Input, Mover,
+    self, Cause, CheckResult, DiskFree, FactError, FromExtensions, Input, LayeringConfig, Mover,
+    RPM_OSTREED_CONF, Repo, YUM_REPOS_D,
 };
 use crate::backend::Deployment;
 use crate::backend::KernelVariant;
@@ -257,6 +258,46 @@ impl Gatherer {
         }
     }
 
+    /// `LockLayering` in `/etc/rpm-ostreed.conf` and the enabled repositories of
+    /// `/etc/yum.repos.d`: the merge deployment's `/etc` is the booted one's, since streamd
+    /// stages only when nothing else is pending.
+    fn layering(&self) -> Result<LayeringConfig, FactError> {
+        let read = |file: &str| match std::fs::read_to_string(self.host.path(file)) {
+            Ok(text) => Ok(Some(text)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(FactError::HostFile {
+                path: PathBuf::from(file),
+                source: Arc::new(e),
+            }),
+        };
+        let lock_layering =
+            read(RPM_OSTREED_CONF)?.and_then(|t| preflight::lock_layering(RPM_OSTREED_CONF, &t));
+        let mut names: Vec<String> = std::fs::read_dir(self.host.path(YUM_REPOS_D))
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.ends_with(".repo"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        let mut repos = Vec::new();
+        for name in names {
+            let file = format!("{YUM_REPOS_D}/{name}");
+            let Some(text) = read(&file)? else { continue };
+            for (id, at, urls) in preflight::enabled_repos(&file, &text) {
+                let reach = preflight::reach(&urls, |p| {
+                    self.host.path(p).join("repodata/repomd.xml").is_file()
+                });
+                repos.push(Repo { id, at, reach });
+            }
+        }
+        Ok(LayeringConfig {
+            lock_layering,
+            repos,
+        })
+    }
+
     fn nic_names_persisted(&self) -> bool {
         std::fs::read_dir(self.host.path("/etc/systemd/network"))
             .map(|rd| {
@@ -354,6 +395,7 @@ impl Gatherer {
             os_pull,
             extensions,
             closure,
+            layering: self.layering(),
             disk: self.disk(),
             nic_names_persisted: self.nic_names_persisted(),
             foreign_staged: foreign_staged.cloned(),

@@ -51,6 +51,14 @@ pub enum FactError {
     /// The MachineConfig the machine-config daemon applied cannot be read or is not one.
     #[error(transparent)]
     MachineConfig(Cause),
+    /// A host file the checks read exists but cannot be read.
+    #[error("{}: {source}", path.display())]
+    HostFile {
+        /// The file (host path).
+        path: PathBuf,
+        /// Why it cannot be read.
+        source: Arc<std::io::Error>,
+    },
 }
 
 impl FactError {
@@ -74,6 +82,7 @@ impl FactError {
             FactError::RegistryClient(_) => "registry-client",
             FactError::ExtensionsImage(_) => "extensions-image",
             FactError::MachineConfig(_) => "machine-config",
+            FactError::HostFile { .. } => "host-file",
         }
     }
 }
@@ -109,8 +118,9 @@ impl Input {
         let crio = self.crio_runtime.as_ref().err();
         let os_image = self.os_image.as_ref().err();
         let extensions = self.extensions.as_ref().and_then(|e| e.as_ref().err());
+        let layering = self.layering.as_ref().err();
         let machine_config = self.machine_config.as_ref().and_then(|m| m.as_ref().err());
-        [kernel, crio, os_image, extensions, machine_config]
+        [kernel, crio, os_image, extensions, layering, machine_config]
             .into_iter()
             .flatten()
     }

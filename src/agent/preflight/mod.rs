@@ -6,7 +6,8 @@
 //!
 //! One file per family of checks: `image.rs` (the image policy, the OS image and its pull), `kernel.rs` (CPU,
 //! FIPS, kernel variant), `packages.rs` (the extensions image and what it re-provides),
-//! `host.rs` (backend, runtime, disk, NICs, a pending deployment); `needs.rs` is what a move
+//! `host.rs` (backend, runtime, disk, NICs, a pending deployment), `layering.rs` (what else
+//! rpm-ostree reads for a layered deployment); `needs.rs` is what a move
 //! needs from the extensions image, which several of them judge; `errors.rs` why a fact could
 //! not be had.
 
@@ -26,10 +27,15 @@ mod errors;
 mod host;
 mod image;
 mod kernel;
+mod layering;
 mod needs;
 mod packages;
 
 pub use errors::{Cause, FactError};
+pub use layering::{
+    LayeringConfig, Place, RPM_OSTREED_CONF, Reach, Repo, YUM_REPOS_D, enabled_repos,
+    lock_layering, reach,
+};
 pub use needs::{FromExtensions, from_extensions, layered_packages_of, variant_from_extensions};
 
 /// Outcome of one check.
@@ -96,6 +102,9 @@ pub struct Input {
     /// The RPMs to pass, closed under Requires over the extensions image's RPMs (when there
     /// are RPMs to pass and the image was read).
     pub closure: Option<Closure>,
+    /// `LockLayering` and the enabled repositories rpm-ostree reads for a layered
+    /// deployment, or why they cannot be read.
+    pub layering: Result<LayeringConfig, FactError>,
     /// Free disk space.
     pub disk: DiskFree,
     /// Whether NIC names are persisted (`/etc/systemd/network/*.link` written by nmstate).
@@ -167,6 +176,7 @@ pub fn run(i: &Input) -> Vec<CheckResult> {
         host::disk_space(i),
         packages::layered_packages(i),
         packages::rpm_dependencies(i),
+        layering::layering_config(i),
         host::nic_names(i),
         host::pending_deployment(i),
     ]
@@ -279,6 +289,7 @@ mod fixtures {
             },
             extensions: None,
             closure: None,
+            layering: Ok(LayeringConfig::default()),
             disk: DiskFree {
                 sysroot: 20 << 30,
                 boot: 500 << 20,
