@@ -21,10 +21,11 @@ use crate::cluster::protocol::Desired;
 use crate::config::{ImagePolicy, Policy};
 use crate::host::facts::machineconfig::AppliedConfig;
 use crate::host::facts::{self, HostFacts, HostRoot};
+use crate::host::ospull::OsPull;
 use crate::image::extensions;
 use crate::image::pullsecret::PullSecret;
 use crate::image::reference::ImageRef;
-use crate::image::registry::ExtensionsInfo;
+use crate::image::registry::{ExtensionsInfo, OsImageInfo};
 use crate::image::registry::{InspectError, Inspector};
 use crate::image::rpm::{Closure, RpmHeader, close, el_major, package_name};
 
@@ -339,28 +340,12 @@ impl Gatherer {
         let booted_major = self.host.os_release().ok().and_then(|r| r.major());
         let inspector = self.secret().and_then(|s| self.inspector(&s));
         let (layered, wanted) = wanted_packages(&needed);
-        // The two images are independent: read them side by side. The OS image is read where
-        // and as the OS daemon will pull it (its auth file, mirrors, policy), not with
-        // streamd's pull secret, which only reads the extensions image.
-        let os_image = crate::host::ospull::inspect(
-            &self.host,
-            &desired.os_image,
-            &facts.arch,
-            &self.insecure_registries,
-        );
-        let extensions = self.read_extensions(
-            desired.extensions_image.as_ref(),
-            &inspector,
-            &facts.arch,
-            &wanted,
-            purpose,
-        );
-        let (os_image, extensions) = tokio::join!(os_image, extensions);
-        let (os_pull, os_image) = os_image.map_err(|e| Transient(e.to_string()))?;
-        let os_image = os_image.map_err(|e| FactError::OsImage(Cause::new(e)));
+        let (os_pull, os_image, extensions) = self
+            .read_images(desired, &facts.arch, &inspector, &wanted, purpose)
+            .await?;
         // One answer for the checks, the verification and the RPM choice.
         let target = preflight::target_major(desired, &os_image);
-        let (mut extensions, mut extracted) = match extensions? {
+        let (mut extensions, mut extracted) = match extensions {
             None => (None, Vec::new()),
             Some(Ok((info, files))) => (Some(Ok(info)), files),
             Some(Err(e)) => (Some(Err(e)), Vec::new()),
@@ -420,6 +405,46 @@ impl Gatherer {
             plan,
             expect,
         })
+    }
+
+    /// The OS image (how its pull went, and what it is) and the extensions image of `desired`
+    /// with the `wanted` RPMs from it ([`Self::read_extensions`]). The two are independent, so
+    /// they are read side by side. The OS image is read where and as the OS daemon will pull it
+    /// (its auth file, mirrors, policy), not with streamd's pull secret, which only reads the
+    /// extensions image.
+    #[allow(clippy::type_complexity)]
+    async fn read_images(
+        &self,
+        desired: &Desired,
+        arch: &str,
+        inspector: &Result<Inspector, FactError>,
+        wanted: &[String],
+        purpose: Purpose,
+    ) -> Result<
+        (
+            OsPull,
+            Result<OsImageInfo, FactError>,
+            Option<Result<(ExtensionsInfo, Vec<PathBuf>), FactError>>,
+        ),
+        Transient,
+    > {
+        let os_image = crate::host::ospull::inspect(
+            &self.host,
+            &desired.os_image,
+            arch,
+            &self.insecure_registries,
+        );
+        let extensions = self.read_extensions(
+            desired.extensions_image.as_ref(),
+            inspector,
+            arch,
+            wanted,
+            purpose,
+        );
+        let (os_image, extensions) = tokio::join!(os_image, extensions);
+        let (os_pull, os_image) = os_image.map_err(|e| Transient(e.to_string()))?;
+        let os_image = os_image.map_err(|e| FactError::OsImage(Cause::new(e)));
+        Ok((os_pull, os_image, extensions?))
     }
 
     /// The extensions image `image` asks for and the `wanted` RPMs from it ([`Self::extensions`]),
