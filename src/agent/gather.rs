@@ -9,18 +9,23 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tracing::{debug, warn};
 
-use crate::agent::preflight::{self, CheckResult, DiskFree, FromExtensions, Input, Mover};
+use crate::agent::preflight::{
+    self, Cause, CheckResult, DiskFree, FactError, FromExtensions, Input, LayeringConfig, Mover,
+    RPM_OSTREED_CONF, Repo, YUM_REPOS_D,
+};
 use crate::backend::Deployment;
 use crate::backend::KernelVariant;
 use crate::backend::StagePlan;
+use crate::cluster::policy::Verdict;
 use crate::cluster::protocol::Desired;
 use crate::config::{ImagePolicy, Policy};
 use crate::host::facts::machineconfig::AppliedConfig;
 use crate::host::facts::{self, HostFacts, HostRoot};
+use crate::host::ospull::OsPull;
 use crate::image::extensions;
 use crate::image::pullsecret::PullSecret;
 use crate::image::reference::ImageRef;
-use crate::image::registry::ExtensionsInfo;
+use crate::image::registry::{ExtensionsInfo, OsImageInfo};
 use crate::image::registry::{InspectError, Inspector};
 use crate::image::rpm::{Closure, RpmHeader, close, el_major, package_name};
 
@@ -130,31 +135,37 @@ impl Prepared {
 #[error("{0}")]
 pub struct Transient(pub String);
 
-/// Transient inspection errors end the preflight (it is retried); others become check failures.
-fn split<T>(e: InspectError) -> Result<Result<T, String>, Transient> {
+/// Transient inspection errors of the extensions image end the preflight (it is retried);
+/// others become check failures.
+fn split<T>(e: InspectError) -> Result<Result<T, FactError>, Transient> {
     if e.is_transient() {
         Err(Transient(e.to_string()))
     } else {
-        Ok(Err(e.to_string()))
+        Ok(Err(FactError::ExtensionsImage(e)))
     }
 }
 
 impl Gatherer {
-    fn secret(&self) -> Result<PullSecret, String> {
+    fn secret(&self) -> Result<PullSecret, FactError> {
+        let path = || self.pull_secret.clone();
         match std::fs::read_to_string(&self.pull_secret) {
-            Ok(text) => {
-                PullSecret::parse(&text).map_err(|e| format!("{}: {e}", self.pull_secret.display()))
-            }
+            Ok(text) => PullSecret::parse(&text).map_err(|source| FactError::PullSecretInvalid {
+                path: path(),
+                source,
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 warn!(path = %self.pull_secret.display(), "no pull secret; pulling anonymously");
                 Ok(PullSecret::default())
             }
-            Err(e) => Err(format!("{}: {e}", self.pull_secret.display())),
+            Err(e) => Err(FactError::PullSecretUnreadable {
+                path: path(),
+                source: Arc::new(e),
+            }),
         }
     }
 
     /// The registry client for `secret`, reused while the secret stays the same.
-    fn inspector(&self, secret: &PullSecret) -> Result<Inspector, String> {
+    fn inspector(&self, secret: &PullSecret) -> Result<Inspector, FactError> {
         let mut cached = self
             .inspector
             .lock()
@@ -163,7 +174,7 @@ impl Gatherer {
             Some((s, i)) if s == secret => Ok(i.clone()),
             _ => {
                 let i = Inspector::new(secret.clone(), &self.insecure_registries)
-                    .map_err(|e| e.to_string())?;
+                    .map_err(FactError::RegistryClient)?;
                 *cached = Some((secret.clone(), i.clone()));
                 Ok(i)
             }
@@ -248,6 +259,46 @@ impl Gatherer {
         }
     }
 
+    /// `LockLayering` in `/etc/rpm-ostreed.conf` and the enabled repositories of
+    /// `/etc/yum.repos.d`: the merge deployment's `/etc` is the booted one's, since streamd
+    /// stages only when nothing else is pending.
+    fn layering(&self) -> Result<LayeringConfig, FactError> {
+        let read = |file: &str| match std::fs::read_to_string(self.host.path(file)) {
+            Ok(text) => Ok(Some(text)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(FactError::HostFile {
+                path: PathBuf::from(file),
+                source: Arc::new(e),
+            }),
+        };
+        let lock_layering =
+            read(RPM_OSTREED_CONF)?.and_then(|t| preflight::lock_layering(RPM_OSTREED_CONF, &t));
+        let mut names: Vec<String> = std::fs::read_dir(self.host.path(YUM_REPOS_D))
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.ends_with(".repo"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        let mut repos = Vec::new();
+        for name in names {
+            let file = format!("{YUM_REPOS_D}/{name}");
+            let Some(text) = read(&file)? else { continue };
+            for (id, at, urls) in preflight::enabled_repos(&file, &text) {
+                let reach = preflight::reach(&urls, |p| {
+                    self.host.path(p).join("repodata/repomd.xml").is_file()
+                });
+                repos.push(Repo { id, at, reach });
+            }
+        }
+        Ok(LayeringConfig {
+            lock_layering,
+            repos,
+        })
+    }
+
     fn nic_names_persisted(&self) -> bool {
         std::fs::read_dir(self.host.path("/etc/systemd/network"))
             .map(|rd| {
@@ -259,9 +310,10 @@ impl Gatherer {
 
     /// Runs every check for `desired` on top of `booted`, completing `base` when all pass.
     /// `machine_config`: the MachineConfig the machine-config daemon applied (or why it cannot
-    /// be read), which decides what the machine-config operator's move installs; `None` for
-    /// streamd's own moves. `allowed`: why the image policy (`crate::cluster::policy`) takes
-    /// `desired`, judged by the caller before anything is read.
+    /// be read, as the error of whoever read it), which decides what the machine-config
+    /// operator's move installs; `None` for streamd's own moves. `allowed`: why the image
+    /// policy (`crate::cluster::policy`) takes `desired`, judged by the caller before anything
+    /// is read.
     #[allow(clippy::too_many_arguments)]
     pub async fn prepare(
         &self,
@@ -271,10 +323,11 @@ impl Gatherer {
         foreign_staged: Option<&Deployment>,
         base: StagePlan,
         purpose: Purpose,
-        machine_config: Option<&Result<AppliedConfig, String>>,
+        machine_config: Option<Result<AppliedConfig, FactError>>,
         allowed: String,
     ) -> Result<Prepared, Transient> {
-        let kernel = facts::kernel_variant(&self.host, booted);
+        let kernel =
+            facts::kernel_variant(&self.host, booted).map_err(|e| FactError::Kernel(Cause::new(e)));
         let running = kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
         // What the extensions image must provide (and streamd's rebase carries as packages):
         // nothing when the image itself provides the variant (the kernel-variant check then
@@ -286,33 +339,18 @@ impl Gatherer {
             booted,
             &kernel,
             purpose.mover(),
-            machine_config,
+            machine_config.as_ref(),
             booted_major,
         );
-        let crio = facts::crio_default_runtime(&self.host).map_err(|e| e.to_string());
+        let crio = facts::crio_default_runtime(&self.host).map_err(FactError::from);
         let inspector = self.secret().and_then(|s| self.inspector(&s));
         let (layered, wanted) = wanted_packages(&needed);
-        // The two images are independent: read them side by side. The OS image is read where
-        // and as the OS daemon will pull it (its auth file, mirrors, policy), not with
-        // streamd's pull secret, which only reads the extensions image.
-        let os_image = crate::host::ospull::inspect(
-            &self.host,
-            &desired.os_image,
-            &facts.arch,
-            &self.insecure_registries,
-        );
-        let extensions = self.read_extensions(
-            desired.extensions_image.as_ref(),
-            &inspector,
-            &facts.arch,
-            &wanted,
-            purpose,
-        );
-        let (os_image, extensions) = tokio::join!(os_image, extensions);
-        let (os_pull, os_image) = os_image.map_err(|e| Transient(e.to_string()))?;
+        let (os_pull, os_image, extensions) = self
+            .read_images(desired, &facts.arch, &inspector, &wanted, purpose)
+            .await?;
         // One answer for the checks, the verification and the RPM choice.
         let target = preflight::target_major(desired, &os_image);
-        let (mut extensions, mut extracted) = match extensions? {
+        let (mut extensions, mut extracted) = match extensions {
             None => (None, Vec::new()),
             Some(Ok((info, files))) => (Some(Ok(info)), files),
             Some(Err(e)) => (Some(Err(e)), Vec::new()),
@@ -335,7 +373,7 @@ impl Gatherer {
         }
         let input = Input {
             desired: desired.clone(),
-            image_policy: Ok(allowed),
+            image_policy: Verdict::Allowed(allowed),
             booted: booted.clone(),
             booted_major,
             arch: facts.arch.clone(),
@@ -347,14 +385,18 @@ impl Gatherer {
             os_pull,
             extensions,
             closure,
+            layering: self.layering(),
             disk: self.disk(),
             nic_names_persisted: self.nic_names_persisted(),
             foreign_staged: foreign_staged.cloned(),
             backend: facts.backend,
             policy: self.policy.clone(),
             mover: purpose.mover(),
-            machine_config: machine_config.cloned(),
+            machine_config,
         };
+        for e in input.fact_errors() {
+            debug!(fact = e.label(), error = %e, "a fact preflight looks at could not be had");
+        }
         let checks = preflight::run(&input);
         let expect = expectation(&input, target, running);
         let ours = purpose.mover() == Mover::Streamd;
@@ -370,17 +412,57 @@ impl Gatherer {
         })
     }
 
+    /// The OS image (how its pull went, and what it is) and the extensions image of `desired`
+    /// with the `wanted` RPMs from it ([`Self::read_extensions`]). The two are independent, so
+    /// they are read side by side. The OS image is read where and as the OS daemon will pull it
+    /// (its auth file, mirrors, policy), not with streamd's pull secret, which only reads the
+    /// extensions image.
+    #[allow(clippy::type_complexity)]
+    async fn read_images(
+        &self,
+        desired: &Desired,
+        arch: &str,
+        inspector: &Result<Inspector, FactError>,
+        wanted: &[String],
+        purpose: Purpose,
+    ) -> Result<
+        (
+            OsPull,
+            Result<OsImageInfo, FactError>,
+            Option<Result<(ExtensionsInfo, Vec<PathBuf>), FactError>>,
+        ),
+        Transient,
+    > {
+        let os_image = crate::host::ospull::inspect(
+            &self.host,
+            &desired.os_image,
+            arch,
+            &self.insecure_registries,
+        );
+        let extensions = self.read_extensions(
+            desired.extensions_image.as_ref(),
+            inspector,
+            arch,
+            wanted,
+            purpose,
+        );
+        let (os_image, extensions) = tokio::join!(os_image, extensions);
+        let (os_pull, os_image) = os_image.map_err(|e| Transient(e.to_string()))?;
+        let os_image = os_image.map_err(|e| FactError::OsImage(Cause::new(e)));
+        Ok((os_pull, os_image, extensions?))
+    }
+
     /// The extensions image `image` asks for and the `wanted` RPMs from it ([`Self::extensions`]),
     /// or why it cannot be read; `None` without an image, when only the extractions others
     /// hold are kept.
     async fn read_extensions(
         &self,
         image: Option<&ImageRef>,
-        inspector: &Result<Inspector, String>,
+        inspector: &Result<Inspector, FactError>,
         arch: &str,
         wanted: &[String],
         purpose: Purpose,
-    ) -> Result<Option<Result<(ExtensionsInfo, Vec<PathBuf>), String>>, Transient> {
+    ) -> Result<Option<Result<(ExtensionsInfo, Vec<PathBuf>), FactError>>, Transient> {
         match (image, inspector) {
             (None, _) => {
                 if purpose == Purpose::Request {
@@ -407,7 +489,7 @@ impl Gatherer {
         wanted: &[String],
         closure: &Closure,
         purpose: Purpose,
-    ) -> Result<Result<Vec<PathBuf>, String>, Transient> {
+    ) -> Result<Result<Vec<PathBuf>, FactError>, Transient> {
         let mut more = wanted.to_vec();
         for p in &closure.packages {
             if !more.contains(&p.name) {
@@ -427,11 +509,9 @@ impl Gatherer {
 /// The `wanted` packages closed under Requires over the RPMs of the extensions image that fit
 /// the target: built for `arch` (or noarch) and for the `target` major (or for none); the
 /// requirements of `variant`'s own kernel are its own. None when nothing is wanted or the image
-/// was not read.
-/// The wanted packages closed under Requires over the image's RPMs that fit the target (off
-/// the async loop: thousands of headers).
+/// was not read. Off the async loop: thousands of headers.
 async fn closure_of(
-    extensions: &Option<Result<ExtensionsInfo, String>>,
+    extensions: &Option<Result<ExtensionsInfo, FactError>>,
     arch: &str,
     target: Option<u32>,
     wanted: &[String],

@@ -190,7 +190,7 @@ async fn check_for(
             foreign,
             base,
             purpose,
-            machine_config,
+            machine_config.map(preflight::FactError::of_machine_config),
             allowed,
         )
         .await

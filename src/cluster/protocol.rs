@@ -210,11 +210,14 @@ pub enum CheckId {
     PendingDeployment,
     /// The backend can carry what the move needs.
     Backend,
+    /// A layered deployment is not refused by `LockLayering` or an enabled repository
+    /// rpm-ostree cannot read.
+    LayeringConfig,
 }
 
 impl CheckId {
     /// Every check, in the order preflight runs them.
-    pub const ALL: [CheckId; 16] = [
+    pub const ALL: [CheckId; 17] = [
         CheckId::ImagePolicy,
         CheckId::ImageReference,
         CheckId::Backend,
@@ -229,6 +232,7 @@ impl CheckId {
         CheckId::DiskSpace,
         CheckId::LayeredPackages,
         CheckId::RpmDependencies,
+        CheckId::LayeringConfig,
         CheckId::NicNames,
         CheckId::PendingDeployment,
     ];
@@ -252,6 +256,7 @@ impl CheckId {
             CheckId::NicNames => "nic-names",
             CheckId::PendingDeployment => "pending-deployment",
             CheckId::Backend => "backend",
+            CheckId::LayeringConfig => "layering-config",
         }
     }
 

@@ -551,32 +551,27 @@ mod tests {
     }
 
     /// (case, inputs, catalog, the expected inputs or a fragment of the expected error).
-    type Case<'a> = (
-        &'a str,
+    type Case = (
+        &'static str,
         Inputs,
-        Option<&'a Catalog>,
-        Result<Inputs, &'a str>,
+        Option<Catalog>,
+        Result<Inputs, &'static str>,
     );
 
-    // a table test: one named row per resolution case
-    #[allow(clippy::too_many_lines)]
-    #[test]
-    fn resolution_table() {
-        let cat = catalog();
-        let newline = Catalog::Available(vec![entry("a\nb", &img(D9), "")]);
-        let empty = Catalog::Available(vec![]);
+    /// Requests that resolve, or are left as they are.
+    fn resolving_rows() -> Vec<Case> {
         let explicit = img(DX);
-        let cases: Vec<Case> = vec![
+        vec![
             (
                 "stream only: both images filled in",
                 inputs(Some("rhel-9"), None, None),
-                Some(&cat),
+                Some(catalog()),
                 Ok(inputs(Some("rhel-9"), Some(&img(D9)), Some(&img(DX)))),
             ),
             (
                 "stream without extensions image",
                 inputs(Some("rhel-10"), None, None),
-                Some(&cat),
+                Some(catalog()),
                 Ok(inputs(Some("rhel-10"), Some(&img(D10)), None)),
             ),
             (
@@ -588,25 +583,32 @@ mod tests {
             (
                 "explicit os image wins over the catalog",
                 inputs(Some("rhel-9"), Some(&explicit), None),
-                Some(&cat),
+                Some(catalog()),
                 Ok(inputs(Some("rhel-9"), Some(&explicit), None)),
             ),
             (
                 "no request stays no request",
                 inputs(None, None, None),
-                Some(&Catalog::Missing),
+                Some(Catalog::Missing),
                 Ok(inputs(None, None, None)),
             ),
             (
                 "stream plus extensions only is not resolved",
                 inputs(Some("rhel-9"), None, Some(&explicit)),
-                Some(&cat),
+                Some(catalog()),
                 Ok(inputs(Some("rhel-9"), None, Some(&explicit))),
             ),
+        ]
+    }
+
+    /// Requests the catalog refuses, each with the reason's fragment.
+    fn refusing_rows() -> Vec<Case> {
+        let newline = Catalog::Available(vec![entry("a\nb", &img(D9), "")]);
+        vec![
             (
                 "unknown stream lists the available ones",
                 inputs(Some("rhel-11"), None, None),
-                Some(&cat),
+                Some(catalog()),
                 Err(
                     "stream \"rhel-11\" is not available; available streams: \"rhel-9\", \"rhel-10\", \"tagged\", \"bad-ext\"",
                 ),
@@ -614,19 +616,19 @@ mod tests {
             (
                 "a cluster stream name with a newline stays on one line",
                 inputs(Some("rhel-11"), None, None),
-                Some(&newline),
+                Some(newline),
                 Err("available streams: \"a\\nb\""),
             ),
             (
                 "an empty catalog says so",
                 inputs(Some("rhel-11"), None, None),
-                Some(&empty),
+                Some(Catalog::Available(vec![])),
                 Err("available streams: none"),
             ),
             (
                 "malformed stream name",
                 inputs(Some("RHEL 10"), None, None),
-                Some(&cat),
+                Some(catalog()),
                 Err(
                     "annotation osstream.openshift.io/desired-stream: \"RHEL 10\" is not an RFC 1123",
                 ),
@@ -634,7 +636,7 @@ mod tests {
             (
                 "tagged image in the catalog",
                 inputs(Some("tagged"), None, None),
-                Some(&cat),
+                Some(catalog()),
                 Err(
                     "OSImageStream \"cluster\" stream \"tagged\" osImage: image reference \"quay.io/x/rhcos:latest\" is not pinned",
                 ),
@@ -642,9 +644,15 @@ mod tests {
             (
                 "bad extensions image in the catalog",
                 inputs(Some("bad-ext"), None, None),
-                Some(&cat),
+                Some(catalog()),
                 Err("stream \"bad-ext\" osExtensionsImage: image reference contains whitespace"),
             ),
+        ]
+    }
+
+    /// Requests that wait for a catalog that cannot be used yet.
+    fn waiting_rows() -> Vec<Case> {
+        vec![
             (
                 "catalog not read yet",
                 inputs(Some("rhel-9"), None, None),
@@ -654,18 +662,24 @@ mod tests {
             (
                 "object missing",
                 inputs(Some("rhel-9"), None, None),
-                Some(&Catalog::Missing),
+                Some(Catalog::Missing),
                 Err("OSImageStream \"cluster\" does not exist"),
             ),
             (
                 "object without status",
                 inputs(Some("rhel-9"), None, None),
-                Some(&Catalog::Unreconciled),
+                Some(Catalog::Unreconciled),
                 Err("has no status.availableStreams yet"),
             ),
-        ];
-        for (case, given, catalog, expected) in cases {
-            let got = resolve(&given, catalog);
+        ]
+    }
+
+    /// Every row of [`resolving_rows`], [`refusing_rows`] and [`waiting_rows`] resolves as it says.
+    #[test]
+    fn resolution_table() {
+        let rows = [resolving_rows(), refusing_rows(), waiting_rows()];
+        for (case, given, catalog, expected) in rows.into_iter().flatten() {
+            let got = resolve(&given, catalog.as_ref());
             match (&got, expected) {
                 (Ok(got), Ok(want)) => assert_eq!(got, &want, "{case}"),
                 (Err(err), Err(fragment)) => {

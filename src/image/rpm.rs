@@ -499,61 +499,70 @@ mod tests {
         c.packages.iter().map(|p| p.name.as_str()).collect()
     }
 
-    // a table test: one named row per closure case
-    #[allow(clippy::too_many_lines)]
-    #[test]
-    fn closures_by_table() {
-        let el10 = "6.12.0-124.8.1.el10_1";
-        let el9 = "5.14.0-570.60.1.el9_6";
-        let rt_own = own("kernel-rt-", "+rt");
-        let k64_own = own("kernel-64k-", "+64k");
-        let usbguard = pkg(
+    const EL10: &str = "6.12.0-124.8.1.el10_1";
+    const EL9: &str = "5.14.0-570.60.1.el9_6";
+
+    fn usbguard() -> RpmHeader {
+        pkg(
             "usbguard",
             "1.1.3-3.el10",
             "x86_64",
             &[],
             &["/bin/sh".into(), "libqb.so.100()(64bit)".into()],
-        );
-        let libqb = pkg(
+        )
+    }
+
+    fn libqb() -> RpmHeader {
+        pkg(
             "libqb",
             "2.0.8-1.el10",
             "x86_64",
             &["libqb.so.100()(64bit)".into()],
             &[],
-        );
-        struct Case {
-            what: &'static str,
-            offered: Vec<RpmHeader>,
-            wanted: Vec<String>,
-            own: Box<dyn Fn(&Dep) -> bool>,
-            chosen: Vec<String>,
-            missing: Vec<String>,
-        }
-        // What each of core, modules and modules-extra misses without their modules-core.
-        let no_modules_core: Vec<String> = ["core", "modules", "modules-extra"]
+        )
+    }
+
+    fn v(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
+    /// What each of core, modules and modules-extra misses without their modules-core.
+    fn no_modules_core() -> Vec<String> {
+        ["core", "modules", "modules-extra"]
             .iter()
             .map(|s| {
                 format!(
-                    "kernel-rt-modules-core-uname-r = {el10}.x86_64+rt needed by kernel-rt-{s}-{el10}.x86_64"
+                    "kernel-rt-modules-core-uname-r = {EL10}.x86_64+rt needed by kernel-rt-{s}-{EL10}.x86_64"
                 )
             })
-            .collect();
-        let v = |names: &[&str]| -> Vec<String> { names.iter().map(|n| n.to_string()).collect() };
-        let mut with_usbguard = kernel("rt", el10, "x86_64", &ALL);
-        with_usbguard.extend([usbguard.clone(), libqb.clone()]);
-        let mut rt_wanted = seeds("rt");
-        rt_wanted.push("usbguard".into());
-        let mut stale_core = kernel("rt", el10, "x86_64", &["core", "modules", "modules-extra"]);
+            .collect()
+    }
+
+    /// One closure case: what is offered and wanted, what is the variant's own, and what the
+    /// closure chooses and misses.
+    struct Case {
+        what: &'static str,
+        offered: Vec<RpmHeader>,
+        wanted: Vec<String>,
+        own: Box<dyn Fn(&Dep) -> bool>,
+        chosen: Vec<String>,
+        missing: Vec<String>,
+    }
+
+    /// A variant kernel's subpackages, complete or not.
+    fn kernel_rows() -> Vec<Case> {
+        let rt_own = own("kernel-rt-", "+rt");
+        let mut stale_core = kernel("rt", EL10, "x86_64", &["core", "modules", "modules-extra"]);
         stale_core.extend(kernel(
             "rt",
             "6.12.0-55.9.1.el10_0",
             "x86_64",
             &["modules-core"],
         ));
-        let cases = vec![
+        vec![
             Case {
                 what: "el10 kernel-rt: modules-core comes from the headers",
-                offered: kernel("rt", el10, "x86_64", &ALL),
+                offered: kernel("rt", EL10, "x86_64", &ALL),
                 wanted: seeds("rt"),
                 own: Box::new(rt_own.clone()),
                 chosen: v(&[
@@ -566,9 +575,9 @@ mod tests {
             },
             Case {
                 what: "el9.6 kernel-64k",
-                offered: kernel("64k", el9, "aarch64", &ALL),
+                offered: kernel("64k", EL9, "aarch64", &ALL),
                 wanted: seeds("64k"),
-                own: Box::new(k64_own.clone()),
+                own: Box::new(own("kernel-64k-", "+64k")),
                 chosen: v(&[
                     "kernel-64k-core",
                     "kernel-64k-modules",
@@ -579,25 +588,35 @@ mod tests {
             },
             Case {
                 what: "no modules-core in the image: every subpackage misses it",
-                offered: kernel("rt", el10, "x86_64", &["core", "modules", "modules-extra"]),
+                offered: kernel("rt", EL10, "x86_64", &["core", "modules", "modules-extra"]),
                 wanted: seeds("rt"),
                 own: Box::new(rt_own.clone()),
                 chosen: seeds("rt"),
-                missing: no_modules_core.clone(),
+                missing: no_modules_core(),
             },
             Case {
                 what: "a modules-core of another build does not satisfy `=`",
                 offered: stale_core,
                 wanted: seeds("rt"),
-                own: Box::new(rt_own.clone()),
+                own: Box::new(rt_own),
                 chosen: seeds("rt"),
-                missing: no_modules_core.clone(),
+                missing: no_modules_core(),
             },
+        ]
+    }
+
+    /// Packages layered beside the kernel.
+    fn layered_rows() -> Vec<Case> {
+        let mut with_usbguard = kernel("rt", EL10, "x86_64", &ALL);
+        with_usbguard.extend([usbguard(), libqb()]);
+        let mut rt_wanted = seeds("rt");
+        rt_wanted.push("usbguard".into());
+        vec![
             Case {
                 what: "a layered package pulls its library from the image; /bin/sh is the base's",
                 offered: with_usbguard,
                 wanted: rt_wanted,
-                own: Box::new(rt_own.clone()),
+                own: Box::new(own("kernel-rt-", "+rt")),
                 chosen: v(&[
                     "kernel-rt-core",
                     "kernel-rt-modules",
@@ -610,20 +629,32 @@ mod tests {
             },
             Case {
                 what: "default kernel: nothing is the variant's own, all else is the base's",
-                offered: vec![usbguard.clone()],
+                offered: vec![usbguard()],
                 wanted: vec!["usbguard".into()],
                 own: Box::new(|_: &Dep| false),
                 chosen: v(&["usbguard"]),
                 missing: Vec::new(),
             },
-        ];
-        for c in cases {
+        ]
+    }
+
+    /// Every row of [`kernel_rows`] and [`layered_rows`] chooses and misses what it says.
+    #[test]
+    fn closures_by_table() {
+        for c in kernel_rows().into_iter().chain(layered_rows()) {
             let got = resolve(&c.offered, &c.wanted, &c.own);
             assert_eq!(names(&got), c.chosen, "{}", c.what);
             let missing: Vec<String> = got.missing.iter().map(|u| u.to_string()).collect();
             assert_eq!(missing, c.missing, "{}", c.what);
         }
-        let base = resolve(&kernel("rt", el10, "x86_64", &ALL), &seeds("rt"), &rt_own);
+    }
+
+    /// What no offered package provides and is not the variant's own is left to the base, each
+    /// requirement once; a wanted package the image lacks is absent.
+    #[test]
+    fn the_rest_is_left_to_the_base_and_the_lacking_are_absent() {
+        let rt_own = own("kernel-rt-", "+rt");
+        let base = resolve(&kernel("rt", EL10, "x86_64", &ALL), &seeds("rt"), &rt_own);
         let left: Vec<String> = base
             .from_base
             .iter()

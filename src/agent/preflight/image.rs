@@ -4,17 +4,20 @@
 use super::needs::rebuilt_by_mco;
 use super::{CheckResult, Input, fail, pass, target_major, warn};
 use crate::backend::BackendKind;
+use crate::cluster::policy::Verdict;
 use crate::cluster::protocol::CheckId;
 use crate::host::ospull::{AttemptOutcome, PolicyVerdict};
 use crate::image::registry::LAYERED_FROM;
 
 /// The image policy's verdict on the request (`crate::cluster::policy`): why it is allowed, or
 /// why it is refused. Judged before anything is read, so a refusal is reported alone
-/// ([`super::refused_by_image_policy`]).
-pub(super) fn image_policy(verdict: &Result<String, String>) -> CheckResult {
+/// ([`super::refused_by_image_policy`]); a request waiting for the cluster's streams is not
+/// judged yet, so it cannot pass.
+pub(super) fn image_policy(verdict: &Verdict) -> CheckResult {
     match verdict {
-        Ok(why) => pass(CheckId::ImagePolicy, why.clone()),
-        Err(why) => fail(CheckId::ImagePolicy, why.clone()),
+        Verdict::Allowed(why) => pass(CheckId::ImagePolicy, why.clone()),
+        Verdict::Refused(why) => fail(CheckId::ImagePolicy, why.clone()),
+        Verdict::Wait(wait) => fail(CheckId::ImagePolicy, wait.to_string()),
     }
 }
 
@@ -141,7 +144,7 @@ pub(super) fn os_image(i: &Input) -> CheckResult {
     let id = CheckId::OsImage;
     let info = match &i.os_image {
         Ok(info) => info,
-        Err(e) => return fail(id, e.clone()),
+        Err(e) => return fail(id, e.to_string()),
     };
     if !info.bootable {
         return fail(
@@ -220,6 +223,7 @@ pub(super) fn os_image(i: &Input) -> CheckResult {
 #[cfg(test)]
 mod tests {
     use super::super::fixtures::*;
+    use crate::cluster::policy::Verdict;
     use crate::cluster::protocol::CheckId;
     use crate::host::ospull::AttemptOutcome;
 
@@ -242,7 +246,9 @@ mod tests {
         }
         cases.push(("os-image", c));
         let mut c = base();
-        c.os_image = Err("pull secret rejected by quay.io".into());
+        c.os_image = Err(FactError::OsImage(Cause::new(
+            "pull secret rejected by quay.io",
+        )));
         cases.push(("os-image", c));
         let mut c = base();
         c.desired = desired("rhel-9");
@@ -257,7 +263,7 @@ mod tests {
         ] {
             let mut c = base();
             c.os_pull.attempts[0].outcome = outcome;
-            c.os_image = Err("refused".into());
+            c.os_image = Err(FactError::OsImage(Cause::new("refused")));
             cases.push(("os-pull-credentials", c));
         }
         let mut c = base();
@@ -265,7 +271,8 @@ mod tests {
         c.os_pull.attempts.clear();
         cases.push(("os-pull-credentials", c));
         let mut c = base();
-        c.image_policy = Err("allowed-repositories: the OS image's repository is not in it".into());
+        c.image_policy =
+            Verdict::Refused("allowed-repositories: the OS image's repository is not in it".into());
         cases.push(("image-policy", c));
         assert_refused(cases);
     }

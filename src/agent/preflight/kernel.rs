@@ -63,7 +63,7 @@ pub(super) fn kernel_variant(i: &Input) -> CheckResult {
     let id = CheckId::KernelVariant;
     let running = match &i.kernel {
         Ok(v) => *v,
-        Err(e) => return fail(id, e.clone()),
+        Err(e) => return fail(id, e.to_string()),
     };
     let provided = needs::provided(i);
     if let Some(settled) = machine_config_kernel(i, running, &provided) {
@@ -296,7 +296,9 @@ mod tests {
         }));
         cases.push(("kernel-variant", c));
         let mut c = base();
-        c.kernel = Err("overrides and running kernel disagree".into());
+        c.kernel = Err(FactError::Kernel(Cause::new(
+            "overrides and running kernel disagree",
+        )));
         cases.push(("kernel-variant", c));
         let mut c = base();
         c.x86_64_level = Some(2);
@@ -533,9 +535,9 @@ mod tests {
         let m = message(&c, "kernel-variant");
         assert!(m.contains("exists only on aarch64"), "{m}");
         let mut c = mc("{}");
-        c.machine_config = Some(Err(
-            "/etc/machine-config-daemon/currentconfig: not JSON".into()
-        ));
+        c.machine_config = Some(Err(FactError::MachineConfig(Cause::new(
+            "/etc/machine-config-daemon/currentconfig: not JSON",
+        ))));
         assert_eq!(failed(&c), vec!["layered-packages"]);
         let m = message(&c, "layered-packages");
         assert!(m.starts_with("cannot read the MachineConfig"), "{m}");

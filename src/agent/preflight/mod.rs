@@ -6,12 +6,15 @@
 //!
 //! One file per family of checks: `image.rs` (the image policy, the OS image and its pull), `kernel.rs` (CPU,
 //! FIPS, kernel variant), `packages.rs` (the extensions image and what it re-provides),
-//! `host.rs` (backend, runtime, disk, NICs, a pending deployment); `needs.rs` is what a move
-//! needs from the extensions image, which several of them judge.
+//! `host.rs` (backend, runtime, disk, NICs, a pending deployment), `layering.rs` (what else
+//! rpm-ostree reads for a layered deployment); `needs.rs` is what a move
+//! needs from the extensions image, which several of them judge; `errors.rs` why a fact could
+//! not be had.
 
 use serde::Serialize;
 
 use crate::backend::{BackendKind, Deployment, KernelVariant};
+use crate::cluster::policy::Verdict;
 use crate::cluster::protocol::{CheckId, Desired};
 use crate::config::Policy;
 use crate::host::facts::Fips;
@@ -20,14 +23,21 @@ use crate::host::ospull::OsPull;
 use crate::image::registry::{ExtensionsInfo, OsImageInfo};
 use crate::image::rpm::{Closure, el_major};
 
+mod errors;
 mod host;
 mod image;
 mod kernel;
+mod layering;
 mod needs;
 mod packages;
 #[cfg(test)]
 mod release_tests;
 
+pub use errors::{Cause, FactError};
+pub use layering::{
+    LayeringConfig, Place, RPM_OSTREED_CONF, Reach, Repo, YUM_REPOS_D, enabled_repos,
+    lock_layering, reach,
+};
 pub use needs::{FromExtensions, from_extensions, layered_packages_of, variant_from_extensions};
 
 /// Outcome of one check.
@@ -70,7 +80,7 @@ pub struct Input {
     /// The request.
     pub desired: Desired,
     /// The image policy's verdict on the request: why it is allowed, or why refused.
-    pub image_policy: Result<String, String>,
+    pub image_policy: Verdict,
     /// The booted deployment.
     pub booted: Deployment,
     /// Booted OS major (os-release).
@@ -82,18 +92,21 @@ pub struct Input {
     /// FIPS state.
     pub fips: Fips,
     /// Kernel variant, or why it is inconsistent.
-    pub kernel: Result<KernelVariant, String>,
+    pub kernel: Result<KernelVariant, FactError>,
     /// CRI-O's default runtime, or why it could not be read.
-    pub crio_runtime: Result<String, String>,
+    pub crio_runtime: Result<String, FactError>,
     /// The OS image as the OS daemon would read it (its credentials, mirrors), or why not.
-    pub os_image: Result<OsImageInfo, String>,
+    pub os_image: Result<OsImageInfo, FactError>,
     /// How the OS daemon's pull of the OS image went, endpoint by endpoint.
     pub os_pull: OsPull,
     /// The extensions image, if requested, or why it could not be inspected.
-    pub extensions: Option<Result<ExtensionsInfo, String>>,
+    pub extensions: Option<Result<ExtensionsInfo, FactError>>,
     /// The RPMs to pass, closed under Requires over the extensions image's RPMs (when there
     /// are RPMs to pass and the image was read).
     pub closure: Option<Closure>,
+    /// `LockLayering` and the enabled repositories rpm-ostree reads for a layered
+    /// deployment, or why they cannot be read.
+    pub layering: Result<LayeringConfig, FactError>,
     /// Free disk space.
     pub disk: DiskFree,
     /// Whether NIC names are persisted (`/etc/systemd/network/*.link` written by nmstate).
@@ -109,7 +122,7 @@ pub struct Input {
     pub mover: Mover,
     /// The MachineConfig the machine-config daemon applied, or why it cannot be read; `None`
     /// when not known (no such file). Only the machine-config operator's move looks at it.
-    pub machine_config: Option<Result<AppliedConfig, String>>,
+    pub machine_config: Option<Result<AppliedConfig, FactError>>,
 }
 
 /// Who makes the move the checks are for.
@@ -135,7 +148,7 @@ pub fn stream_major(stream: &str) -> Option<u32> {
 }
 
 /// The major a request moves to: the stream's, else the OS image's `ostree.linux` kernel's.
-pub fn target_major(desired: &Desired, os_image: &Result<OsImageInfo, String>) -> Option<u32> {
+pub fn target_major(desired: &Desired, os_image: &Result<OsImageInfo, FactError>) -> Option<u32> {
     stream_major(&desired.stream).or_else(|| {
         os_image
             .as_ref()
@@ -165,6 +178,7 @@ pub fn run(i: &Input) -> Vec<CheckResult> {
         host::disk_space(i),
         packages::layered_packages(i),
         packages::rpm_dependencies(i),
+        layering::layering_config(i),
         host::nic_names(i),
         host::pending_deployment(i),
     ]
@@ -173,7 +187,7 @@ pub fn run(i: &Input) -> Vec<CheckResult> {
 /// The checks of a request the image policy refused for `reason`: that check alone, since
 /// nothing was read for it.
 pub fn refused_by_image_policy(reason: String) -> Vec<CheckResult> {
-    vec![image::image_policy(&Err(reason))]
+    vec![image::image_policy(&Verdict::Refused(reason))]
 }
 
 /// The ids of the failing checks, in run order.
@@ -218,7 +232,7 @@ fn fail(id: CheckId, message: impl Into<String>) -> CheckResult {
 /// rhel-10, and helpers that change it.
 #[cfg(test)]
 mod fixtures {
-    pub(super) use super::{CheckResult, Input, Mover, Outcome, run};
+    pub(super) use super::{Cause, CheckResult, FactError, Input, Mover, Outcome, run};
     pub(super) use crate::backend::KernelVariant;
     pub(super) use crate::image::registry::ExtensionsInfo;
 
@@ -245,7 +259,7 @@ mod fixtures {
     pub(super) fn base() -> Input {
         Input {
             desired: desired("rhel-10"),
-            image_policy: Ok(
+            image_policy: Verdict::Allowed(
                 "the OS image's repository \"quay.io/o/r\" is the booted image's".into(),
             ),
             booted: Deployment::default(),
@@ -278,6 +292,7 @@ mod fixtures {
             },
             extensions: None,
             closure: None,
+            layering: Ok(LayeringConfig::default()),
             disk: DiskFree {
                 sysroot: 20 << 30,
                 boot: 500 << 20,
@@ -354,13 +369,15 @@ mod fixtures {
 
     /// A MachineConfig the machine-config daemon applied, from its JSON.
     /// Rendered by the newest release streamd knows, unless `json` names one.
-    pub(super) fn applied(json: &str) -> Option<Result<AppliedConfig, String>> {
-        Some(machineconfig::parse(json).map(|mut mc| {
-            if mc.release.named == Named::Absent {
-                mc.release = ReleaseOf::known(McoRelease::NEWEST);
-            }
-            mc
-        }))
+    pub(super) fn applied(json: &str) -> Option<Result<AppliedConfig, FactError>> {
+        Some(FactError::of_machine_config(
+            &machineconfig::parse(json).map(|mut mc| {
+                if mc.release.named == Named::Absent {
+                    mc.release = ReleaseOf::known(McoRelease::NEWEST);
+                }
+                mc
+            }),
+        ))
     }
 
     /// An extensions image for rhel-10 holding `names` (x86_64, el10).

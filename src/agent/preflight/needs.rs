@@ -2,7 +2,7 @@
 //! packages, read off the node or, for the machine-config operator's move, off the
 //! MachineConfig its daemon applied.
 
-use super::{Input, Mover};
+use super::{FactError, Input, Mover};
 use crate::backend::{Deployment, KernelVariant};
 use crate::host::facts::machineconfig::AppliedConfig;
 use crate::image::registry::LAYERED_FROM;
@@ -77,9 +77,9 @@ impl FromExtensions {
 /// depend on the booted OS's major (`booted_major`).
 pub fn from_extensions(
     booted: &Deployment,
-    kernel: &Result<KernelVariant, String>,
+    kernel: &Result<KernelVariant, FactError>,
     mover: Mover,
-    machine_config: Option<&Result<AppliedConfig, String>>,
+    machine_config: Option<&Result<AppliedConfig, FactError>>,
     booted_major: Option<u32>,
 ) -> FromExtensions {
     if mover == Mover::MachineConfigOperator
@@ -187,7 +187,7 @@ pub(super) fn provided(i: &Input) -> FromExtensions {
 }
 
 /// The applied MachineConfig, where the move is the machine-config operator's.
-pub(super) fn machine_config(i: &Input) -> Option<&Result<AppliedConfig, String>> {
+pub(super) fn machine_config(i: &Input) -> Option<&Result<AppliedConfig, FactError>> {
     i.machine_config
         .as_ref()
         .filter(|_| i.mover == Mover::MachineConfigOperator)

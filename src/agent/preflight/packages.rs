@@ -48,7 +48,7 @@ pub(super) fn extensions_image(i: &Input) -> CheckResult {
             "this node has a non-default kernel or layered packages, which must be re-provided for the target: set desired-extensions-image",
         ),
         None => pass(id, "not needed"),
-        Some(Err(e)) => fail(id, e.clone()),
+        Some(Err(e)) => fail(id, e.to_string()),
         Some(Ok(ext)) if !ext.is_extensions => fail(
             id,
             "the extensions image lacks the label io.openshift.os.extensions=true",

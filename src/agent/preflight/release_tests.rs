@@ -17,7 +17,9 @@ fn mco(release: Option<&str>, spec: &str, ext: &[&str]) -> Input {
         format!(r#"{{"metadata":{{"name":"rendered-worker-1"{annotations}}},"spec":{spec}}}"#);
     let mut c = base();
     c.mover = Mover::MachineConfigOperator;
-    c.machine_config = Some(crate::host::facts::machineconfig::parse(&json));
+    c.machine_config = Some(super::FactError::of_machine_config(
+        &crate::host::facts::machineconfig::parse(&json),
+    ));
     c.extensions = Some(Ok(ext_with(ext)));
     c
 }
