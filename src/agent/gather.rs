@@ -196,8 +196,8 @@ impl Gatherer {
         // Pulled where podman pulls it for the machine-config daemon: through the host's
         // registries.conf (mirrors first, blocked locations never), with streamd's pull secret.
         let sources = crate::host::ospull::registries_conf(&self.host)
-            .and_then(|c| c.pull_sources(image))
-            .map_err(InspectError::Invalid)?;
+            .and_then(|c| Ok(c.pull_sources(image)?))
+            .map_err(|e| InspectError::Invalid(e.to_string()))?;
         let mut failure = None;
         for s in &sources {
             let source = format!("{}/{}", s.image.registry(), s.image.repository());
@@ -274,7 +274,7 @@ impl Gatherer {
         machine_config: Option<&Result<AppliedConfig, String>>,
         allowed: String,
     ) -> Result<Prepared, Transient> {
-        let kernel = facts::kernel_variant(&self.host, booted);
+        let kernel = facts::kernel_variant(&self.host, booted).map_err(|e| e.to_string());
         let running = kernel.as_ref().copied().unwrap_or(KernelVariant::Default);
         // What the extensions image must provide (and streamd's rebase carries as packages):
         // nothing when the image itself provides the variant (the kernel-variant check then
@@ -304,6 +304,7 @@ impl Gatherer {
         );
         let (os_image, extensions) = tokio::join!(os_image, extensions);
         let (os_pull, os_image) = os_image.map_err(|e| Transient(e.to_string()))?;
+        let os_image = os_image.map_err(|e| e.to_string());
         // One answer for the checks, the verification and the RPM choice.
         let target = preflight::target_major(desired, &os_image);
         let (mut extensions, mut extracted) = match extensions? {

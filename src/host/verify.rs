@@ -73,7 +73,7 @@ const HELPER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 pub async fn in_helper(helper: &Path, req: &Request) -> Result<(), VerifyError> {
     crate::backend::helper::run::<Result<(), VerifyError>>(helper, &[], req, HELPER_TIMEOUT)
         .await
-        .map_err(VerifyError::Sysroot)?
+        .map_err(|e| VerifyError::Sysroot(e.to_string()))?
 }
 
 /// Reads the ostree-ext image configuration of each of `req.commits` from the repository

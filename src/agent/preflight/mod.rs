@@ -351,7 +351,7 @@ mod fixtures {
 
     /// A MachineConfig the machine-config daemon applied, from its JSON.
     pub(super) fn applied(json: &str) -> Option<Result<AppliedConfig, String>> {
-        Some(machineconfig::parse(json))
+        Some(machineconfig::parse(json).map_err(|e| e.to_string()))
     }
 
     /// An extensions image for rhel-10 holding `names` (x86_64, el10).
