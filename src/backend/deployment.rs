@@ -17,6 +17,13 @@ pub struct DeploymentError {
     pub problem: String,
 }
 
+impl DeploymentError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        "deployment-malformed"
+    }
+}
+
 /// One entry of `Sysroot.Deployments`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Deployment {

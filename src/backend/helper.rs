@@ -35,7 +35,25 @@ pub struct ImageConfigs {
 /// The helper's answer to [`ImageConfigs`]: per commit, the [`META_CONFIG`] string of its
 /// metadata (`None` where the key is absent) or why it could not be read; an error when the
 /// repository could not be opened.
-pub type ImageConfigsAnswer = Result<BTreeMap<String, Result<Option<String>, String>>, String>;
+pub type ImageConfigsAnswer = Result<ConfigsByCommit, RemoteError>;
+
+/// Per commit, its [`META_CONFIG`] string (`None` where the key is absent) or why it could not
+/// be read.
+pub type ConfigsByCommit = BTreeMap<String, Result<Option<String>, RemoteError>>;
+
+/// Why the helper could not read something, in its words: made in the helper's process and
+/// sent as a plain JSON string (the wire format of a `String`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, thiserror::Error)]
+#[serde(transparent)]
+#[error("{0}")]
+pub struct RemoteError(pub String);
+
+impl RemoteError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        "helper-read-failed"
+    }
+}
 
 /// Why the helper gave no answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

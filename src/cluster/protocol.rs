@@ -272,6 +272,13 @@ impl fmt::Display for CheckId {
 #[error("unknown check id {}", quote(.0))]
 pub struct UnknownCheck(pub String);
 
+impl UnknownCheck {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        "check-id-unknown"
+    }
+}
+
 impl FromStr for CheckId {
     type Err = UnknownCheck;
 
@@ -323,6 +330,11 @@ pub struct ProtocolError {
 }
 
 impl ProtocolError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        "annotation-invalid"
+    }
+
     fn new(key: &'static str, problem: impl Into<String>) -> Self {
         ProtocolError {
             key,

@@ -250,6 +250,16 @@ pub enum RecordError {
     },
 }
 
+impl RecordError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            RecordError::Io { .. } => "attempt-record-io",
+            RecordError::Corrupt { .. } => "attempt-record-corrupt",
+        }
+    }
+}
+
 /// The record's file.
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -467,6 +477,24 @@ mod tests {
         assert!(
             err.contains("FIPS mode was on before the reboot and is off now"),
             "{err}"
+        );
+        assert_eq!(
+            after_boot(
+                &attempt,
+                &facts(Some(KernelVariant::Default), Fips::Disabled)
+            )
+            .map_err(|e| e.label()),
+            Err("boot-kernel-and-fips-changed")
+        );
+        assert_eq!(
+            after_boot(
+                &attempt,
+                &facts(Some(KernelVariant::Realtime), Fips::Disabled)
+            ),
+            Err(AfterBootError(vec![BootChange::Fips {
+                was: true,
+                now: Some(false)
+            }]))
         );
         let err = after_boot(&attempt, &facts(None, Fips::Inconsistent))
             .expect_err("unknown")

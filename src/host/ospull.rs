@@ -565,8 +565,58 @@ mod tests {
             policy_verdict(reject_all, &img("ok.example/os")),
             Ok(PolicyVerdict::Accept)
         );
-        assert!(policy_verdict("{", &img("x.example/os")).is_err());
-        assert!(policy_verdict(r#"{"default":[]}"#, &img("x.example/os")).is_err());
+        assert!(matches!(
+            policy_verdict("{", &img("x.example/os")),
+            Err(PolicyError::Format { line: 1, .. })
+        ));
+        assert_eq!(
+            policy_verdict(r#"{"default":[]}"#, &img("x.example/os")),
+            Err(PolicyError::Empty)
+        );
+        let unknown = policy_verdict(r#"{"default":[{"type":"x"}]}"#, &img("x.example/os"))
+            .expect_err("unknown requirement");
+        assert_eq!(unknown.to_string(), "unknown requirement type \"x\"");
+        assert_eq!(unknown.label(), "policy-unknown-requirement");
+    }
+
+    /// Every configuration error has a label of its own, in kebab case, and the text the
+    /// reasons carried before the errors were typed.
+    #[test]
+    fn configuration_errors_are_labelled() {
+        let errors = [
+            unreadable("/etc/ostree/auth.json", "denied"),
+            ConfigError::AuthFile {
+                path: AUTH_FILES[0],
+                source: PullSecretError::Format("line 1 column 1".into()),
+            },
+            ConfigError::Registries(ConfError {
+                file: CONF.into(),
+                problem: "bad".into(),
+            }),
+            ConfigError::Policy {
+                path: POLICY_FILES[0],
+                source: PolicyError::Empty,
+            },
+            ConfigError::NoPolicy,
+        ];
+        let labels: std::collections::BTreeSet<&str> = errors.iter().map(|e| e.label()).collect();
+        assert_eq!(labels.len(), errors.len(), "{labels:?}");
+        for l in &labels {
+            assert!(
+                l.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'),
+                "{l}"
+            );
+        }
+        assert_eq!(errors[0].to_string(), "/etc/ostree/auth.json: denied");
+        assert_eq!(
+            errors[4].to_string(),
+            "no containers policy (/etc/containers/policy.json, /usr/share/containers/policy.json); \
+             the daemon refuses every pull without one"
+        );
+        assert_eq!(
+            PullError::Stopped("x".into()).to_string(),
+            "the OS daemon cannot pull: x"
+        );
     }
 
     #[test]

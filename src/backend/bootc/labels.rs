@@ -9,7 +9,7 @@ use tracing::{debug, warn};
 use super::Client;
 use crate::backend::Deployment;
 use crate::backend::deployment::ImageConfigError;
-use crate::backend::helper::HelperError;
+use crate::backend::helper::{ConfigsByCommit, HelperError, RemoteError};
 
 /// How long the helper may take to read the image configuration of two commits.
 const LABELS_TIMEOUT: Duration = Duration::from_secs(30);
@@ -25,14 +25,14 @@ enum LabelsError {
     #[error(transparent)]
     Helper(#[from] HelperError),
     /// The helper could not open the repository (its words).
-    #[error("{0}")]
-    Repository(String),
+    #[error(transparent)]
+    Repository(RemoteError),
     /// The helper's answer leaves this commit out.
     #[error("the helper did not answer for this commit")]
     Unanswered,
     /// The helper could not read this commit (its words).
-    #[error("{0}")]
-    Commit(String),
+    #[error(transparent)]
+    Commit(RemoteError),
     /// The stored configuration is malformed.
     #[error(transparent)]
     Config(#[from] ImageConfigError),
@@ -170,7 +170,7 @@ impl Client {
     }
 
     /// The helper's answer for `commits`: per commit, its configuration or why it is unknown.
-    async fn read_configs(&self, commits: &[String]) -> Result<Answer, LabelsError> {
+    async fn read_configs(&self, commits: &[String]) -> Result<ConfigsByCommit, LabelsError> {
         use crate::backend::helper::{IMAGE_CONFIGS, ImageConfigs, run};
         let helper = self.helper.as_ref().map_err(Clone::clone)?;
         let req = ImageConfigs {
@@ -187,9 +187,6 @@ impl Client {
         .map_err(LabelsError::Repository)
     }
 }
-
-/// The helper's answer per commit (its wire format, [`crate::backend::helper::ImageConfigsAnswer`]).
-type Answer = BTreeMap<String, Result<Option<String>, String>>;
 
 /// The labels of an image configuration as ostree-ext stored it on the merge commit (`config`
 /// is the value of `ostree.container.image-config`): none when the key is absent or holds
@@ -219,11 +216,18 @@ mod tests {
         let labels = BTreeMap::from([("k".to_string(), "v".to_string())]);
         assert!(!c.record(a, Ok(labels.clone()), t0));
         assert!(
-            c.record(b, Err(LabelsError::Commit("damaged".into())), t0),
+            c.record(
+                b,
+                Err(LabelsError::Commit(RemoteError("damaged".into()))),
+                t0
+            ),
             "first failure warns"
         );
         assert_eq!(c.get(a), Ok(&labels));
-        assert_eq!(c.get(b), Err(LabelsError::Commit("damaged".into())));
+        assert_eq!(
+            c.get(b),
+            Err(LabelsError::Commit(RemoteError("damaged".into())))
+        );
         let soon = t0 + LABELS_RETRY / 2;
         assert!(
             c.due(&[a, b], &[a, b], soon).is_empty(),
@@ -232,13 +236,17 @@ mod tests {
         let later = t0 + LABELS_RETRY;
         assert_eq!(c.due(&[a, b], &[a, b], later), vec!["bbbb"]);
         assert!(
-            !c.record(b, Err(LabelsError::Commit("damaged".into())), later),
+            !c.record(
+                b,
+                Err(LabelsError::Commit(RemoteError("damaged".into()))),
+                later
+            ),
             "same reason: no warning"
         );
         assert!(
             c.record(
                 b,
-                Err(LabelsError::Commit("gone".into())),
+                Err(LabelsError::Commit(RemoteError("gone".into()))),
                 later + LABELS_RETRY
             ),
             "new reason warns"

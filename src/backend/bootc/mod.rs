@@ -164,6 +164,19 @@ pub enum BootcError {
 }
 
 impl BootcError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            BootcError::Call { .. } => "bootc-call",
+            BootcError::UnitFailed { .. } => "bootc-unit-failed",
+            BootcError::Timeout { .. } => "bootc-timeout",
+            BootcError::Status(_) => "bootc-status-malformed",
+            BootcError::Output { .. } => "bootc-output-unreadable",
+            BootcError::StagedAlready { .. } => "bootc-staged-already",
+            BootcError::Inhibited { .. } => "bootc-inhibited",
+        }
+    }
+
     /// Transient errors are retried with backoff instead of ending in `Degraded`.
     pub fn is_transient(&self) -> bool {
         matches!(

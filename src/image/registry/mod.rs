@@ -87,6 +87,15 @@ pub enum InspectError {
 }
 
 impl InspectError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            InspectError::Unauthorized(_) => "registry-unauthorized",
+            InspectError::Transient { .. } => "registry-unavailable",
+            InspectError::Invalid(_) => "image-invalid",
+        }
+    }
+
     /// Whether a retry may succeed.
     pub fn is_transient(&self) -> bool {
         matches!(self, InspectError::Transient { .. })
