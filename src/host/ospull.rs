@@ -82,7 +82,7 @@ fn read_host_file(root: &HostRoot, host_path: &str) -> std::io::Result<Option<St
 
 /// A host configuration file of the OS daemon's pull that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
+pub enum PullConfigError {
     /// A file (or directory) could not be read.
     #[error("{path}: {message}")]
     Unreadable {
@@ -121,22 +121,22 @@ pub enum ConfigError {
     NoPolicy,
 }
 
-impl ConfigError {
+impl PullConfigError {
     /// A short stable id for logs and metrics.
     pub fn label(&self) -> &'static str {
         match self {
-            ConfigError::Unreadable { .. } => "pull-config-unreadable",
-            ConfigError::AuthFile { .. } => "auth-file-invalid",
-            ConfigError::Registries(e) => e.label(),
-            ConfigError::Mapping(e) => e.label(),
-            ConfigError::Policy { source, .. } => source.label(),
-            ConfigError::NoPolicy => "policy-missing",
+            PullConfigError::Unreadable { .. } => "pull-config-unreadable",
+            PullConfigError::AuthFile { .. } => "auth-file-invalid",
+            PullConfigError::Registries(e) => e.label(),
+            PullConfigError::Mapping(e) => e.label(),
+            PullConfigError::Policy { source, .. } => source.label(),
+            PullConfigError::NoPolicy => "policy-missing",
         }
     }
 }
 
-fn unreadable(path: &str, e: impl std::fmt::Display) -> ConfigError {
-    ConfigError::Unreadable {
+fn unreadable(path: &str, e: impl std::fmt::Display) -> PullConfigError {
+    PullConfigError::Unreadable {
         path: path.to_string(),
         message: e.to_string(),
     }
@@ -194,13 +194,13 @@ impl PullError {
 }
 
 /// The auth file the daemon would use: `Ok(None)` when there is none (an anonymous pull).
-pub fn auth_file(root: &HostRoot) -> Result<Option<AuthFile>, ConfigError> {
+pub fn auth_file(root: &HostRoot) -> Result<Option<AuthFile>, PullConfigError> {
     for path in AUTH_FILES {
         match read_host_file(root, path) {
             Ok(None) => continue,
             Ok(Some(text)) => {
                 let secret = PullSecret::parse(&text)
-                    .map_err(|source| ConfigError::AuthFile { path, source })?;
+                    .map_err(|source| PullConfigError::AuthFile { path, source })?;
                 return Ok(Some(AuthFile { path, secret }));
             }
             Err(e) => return Err(unreadable(path, e)),
@@ -211,7 +211,7 @@ pub fn auth_file(root: &HostRoot) -> Result<Option<AuthFile>, ConfigError> {
 
 /// `registries.conf` merged with its drop-ins (`*.conf`, lexical order); none is an empty
 /// configuration.
-pub fn registries_conf(root: &HostRoot) -> Result<RegistriesConf, ConfigError> {
+pub fn registries_conf(root: &HostRoot) -> Result<RegistriesConf, PullConfigError> {
     let mut conf = RegistriesConf::default();
     let read = |p: &str| read_host_file(root, p).map_err(|e| unreadable(p, e));
     if let Some(text) = read(CONF)? {
@@ -315,19 +315,19 @@ pub fn policy_verdict(policy_json: &str, image: &ImageRef) -> Result<PolicyVerdi
 pub fn policy(
     root: &HostRoot,
     image: &ImageRef,
-) -> Result<(&'static str, PolicyVerdict), ConfigError> {
+) -> Result<(&'static str, PolicyVerdict), PullConfigError> {
     for path in POLICY_FILES {
         match read_host_file(root, path) {
             Ok(None) => continue,
             Ok(Some(text)) => {
                 return policy_verdict(&text, image)
                     .map(|v| (path, v))
-                    .map_err(|source| ConfigError::Policy { path, source });
+                    .map_err(|source| PullConfigError::Policy { path, source });
             }
             Err(e) => return Err(unreadable(path, e)),
         }
     }
-    Err(ConfigError::NoPolicy)
+    Err(PullConfigError::NoPolicy)
 }
 
 /// What happened at one endpoint.
@@ -585,19 +585,19 @@ mod tests {
     fn configuration_errors_are_labelled() {
         let errors = [
             unreadable("/etc/ostree/auth.json", "denied"),
-            ConfigError::AuthFile {
+            PullConfigError::AuthFile {
                 path: AUTH_FILES[0],
                 source: PullSecretError::Format("line 1 column 1".into()),
             },
-            ConfigError::Registries(ConfError {
+            PullConfigError::Registries(ConfError {
                 file: CONF.into(),
                 problem: "bad".into(),
             }),
-            ConfigError::Policy {
+            PullConfigError::Policy {
                 path: POLICY_FILES[0],
                 source: PolicyError::Empty,
             },
-            ConfigError::NoPolicy,
+            PullConfigError::NoPolicy,
         ];
         let labels: std::collections::BTreeSet<&str> = errors.iter().map(|e| e.label()).collect();
         assert_eq!(labels.len(), errors.len(), "{labels:?}");
