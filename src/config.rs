@@ -191,6 +191,17 @@ pub enum ConfigError {
     },
 }
 
+impl ConfigError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ConfigError::Io { .. } => "config-unreadable",
+            ConfigError::NotToml(_) => "config-not-toml",
+            ConfigError::Invalid { .. } => "config-invalid",
+        }
+    }
+}
+
 /// Where a key was set: `file:line:column`, and the file's place in the application order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Location {

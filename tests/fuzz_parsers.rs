@@ -365,7 +365,7 @@ proptest! {
     fn stream_names_are_rfc1123_subdomains(s in stream_like()) {
         let got = validate_stream(&s);
         prop_assert_eq!(got.is_ok(), ref_subdomain(&s), "{:?}: {:?}", s, got);
-        if let Err(msg) = got {
+        if let Err(msg) = got.map_err(|e| e.to_string()) {
             prop_assert!(one_line(&msg), "{:?}", msg);
         }
     }
@@ -1238,7 +1238,7 @@ proptest! {
         } else {
             KernelVariant::Default
         };
-        match checked_variant(&dep, &release, sys) {
+        match checked_variant(&dep, &release, sys).map_err(|e| e.to_string()) {
             Ok(v) => {
                 // Without variant overrides a running variant comes from the image.
                 prop_assert!(v == from_overrides || from_overrides == KernelVariant::Default, "{:?}", v);
@@ -1259,7 +1259,7 @@ proptest! {
         sys in option::of(any::<String>()),
     ) {
         let dep = deployment_with(&pkgs, &[], &[]);
-        if let Err(msg) = checked_variant(&dep, &release, sys.as_deref()) {
+        if let Err(msg) = checked_variant(&dep, &release, sys.as_deref()).map_err(|e| e.to_string()) {
             prop_assert!(one_line(&msg), "{:?}", msg);
         }
     }

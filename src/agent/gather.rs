@@ -207,8 +207,8 @@ impl Gatherer {
         // Pulled where podman pulls it for the machine-config daemon: through the host's
         // registries.conf (mirrors first, blocked locations never), with streamd's pull secret.
         let sources = crate::host::ospull::registries_conf(&self.host)
-            .and_then(|c| c.pull_sources(image))
-            .map_err(InspectError::Invalid)?;
+            .and_then(|c| Ok(c.pull_sources(image)?))
+            .map_err(|e| InspectError::Invalid(e.to_string()))?;
         let mut failure = None;
         for s in &sources {
             let source = format!("{}/{}", s.image.registry(), s.image.repository());

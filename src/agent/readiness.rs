@@ -263,7 +263,7 @@ impl Agent {
         // (`readiness_plan`): the daemon rewrites the file before it reboots into a new config
         // and updates the node's currentConfig annotation after.
         let machine_config = if mode == Mode::Readiness && self.mcd.is_some() {
-            machineconfig::applied(&self.host)
+            machineconfig::applied(&self.host).map_err(|e| e.to_string())
         } else {
             Ok(None)
         };

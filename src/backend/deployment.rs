@@ -17,6 +17,13 @@ pub struct DeploymentError {
     pub problem: String,
 }
 
+impl DeploymentError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        "deployment-malformed"
+    }
+}
+
 /// One entry of `Sysroot.Deployments`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Deployment {
@@ -116,7 +123,7 @@ impl Deployment {
         {
             None => (BTreeMap::new(), None),
             Some(Ok(labels)) => (labels, None),
-            Some(Err(e)) => (BTreeMap::new(), Some(e)),
+            Some(Err(e)) => (BTreeMap::new(), Some(e.to_string())),
         };
         Ok(Deployment {
             id: req(d, "id", string)?,
@@ -286,10 +293,22 @@ fn dict_of(v: &Value<'_>) -> Result<HashMap<String, String>, String> {
     }
 }
 
+/// A stored image configuration that is not JSON (serde's message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("ostree.container.image-config is not JSON: {0}")]
+pub struct ImageConfigError(pub String);
+
+impl ImageConfigError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        "image-config-not-json"
+    }
+}
+
 /// The string labels (`config.Labels`) of an image configuration; an error when it is not JSON.
-pub(crate) fn labels_of(config_json: &str) -> Result<BTreeMap<String, String>, String> {
-    let v: serde_json::Value = serde_json::from_str(config_json)
-        .map_err(|e| format!("ostree.container.image-config is not JSON: {e}"))?;
+pub(crate) fn labels_of(config_json: &str) -> Result<BTreeMap<String, String>, ImageConfigError> {
+    let v: serde_json::Value =
+        serde_json::from_str(config_json).map_err(|e| ImageConfigError(e.to_string()))?;
     Ok(v.pointer("/config/Labels")
         .and_then(|l| l.as_object())
         .map(|m| {

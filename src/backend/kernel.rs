@@ -108,6 +108,29 @@ pub const DEFAULT_KERNEL_PACKAGES: [&str; 5] = [
     "kernel-modules-extra",
 ];
 
+/// The booted deployment's overrides and the running kernel disagree on the variant.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the booted deployment's overrides describe a {} kernel but the running kernel {release:?} is {}",
+    overrides.as_str(),
+    running.as_str()
+)]
+pub struct KernelMismatch {
+    /// The variant the overrides describe.
+    pub overrides: KernelVariant,
+    /// The variant running.
+    pub running: KernelVariant,
+    /// The running kernel release (trimmed).
+    pub release: String,
+}
+
+impl KernelMismatch {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        "kernel-mismatch"
+    }
+}
+
 /// The variant the deployment's overrides describe.
 pub fn variant_of(dep: &Deployment) -> KernelVariant {
     let has = |name: &str| dep.added_packages().any(|p| names_package(p, name));
@@ -128,7 +151,7 @@ pub fn checked_variant(
     dep: &Deployment,
     running_release: &str,
     sys_realtime: Option<&str>,
-) -> Result<KernelVariant, String> {
+) -> Result<KernelVariant, KernelMismatch> {
     let from_overrides = variant_of(dep);
     let release = running_release.trim();
     let running = if release.ends_with("+rt") || sys_realtime.is_some_and(|v| v.trim() == "1") {
@@ -141,11 +164,11 @@ pub fn checked_variant(
     if from_overrides == running || from_overrides == KernelVariant::Default {
         Ok(running)
     } else {
-        Err(format!(
-            "the booted deployment's overrides describe a {} kernel but the running kernel {release:?} is {}",
-            from_overrides.as_str(),
-            running.as_str()
-        ))
+        Err(KernelMismatch {
+            overrides: from_overrides,
+            running,
+            release: release.to_string(),
+        })
     }
 }
 

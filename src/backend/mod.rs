@@ -68,6 +68,14 @@ pub enum BackendError {
 }
 
 impl BackendError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            BackendError::RpmOstree(e) => e.label(),
+            BackendError::Bootc(e) => e.label(),
+        }
+    }
+
     /// Transient errors are retried with backoff instead of ending in `Degraded`.
     pub fn is_transient(&self) -> bool {
         match self {

@@ -62,6 +62,15 @@ pub enum PatchError {
 }
 
 impl PatchError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            PatchError::Transient { .. } => "patch-transient",
+            PatchError::Rejected { .. } => "patch-rejected",
+            PatchError::Build(_) => "patch-build",
+        }
+    }
+
     /// Whether the same patch may succeed later.
     pub fn is_transient(&self) -> bool {
         matches!(self, PatchError::Transient { .. })
@@ -287,6 +296,16 @@ pub enum CredentialsError {
     /// The files exist but do not make a client.
     #[error("{0}")]
     Invalid(String),
+}
+
+impl CredentialsError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            CredentialsError::Missing(_) => "credentials-missing",
+            CredentialsError::Invalid(_) => "credentials-invalid",
+        }
+    }
 }
 
 impl NodeClient {

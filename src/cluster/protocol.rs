@@ -277,6 +277,13 @@ impl fmt::Display for CheckId {
 #[error("unknown check id {}", quote(.0))]
 pub struct UnknownCheck(pub String);
 
+impl UnknownCheck {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        "check-id-unknown"
+    }
+}
+
 impl FromStr for CheckId {
     type Err = UnknownCheck;
 
@@ -328,6 +335,11 @@ pub struct ProtocolError {
 }
 
 impl ProtocolError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        "annotation-invalid"
+    }
+
     fn new(key: &'static str, problem: impl Into<String>) -> Self {
         ProtocolError {
             key,
@@ -410,7 +422,8 @@ impl Inputs {
     /// Validates the request. `Ok(None)`: no request (both desired keys absent).
     pub fn desired(&self) -> Result<Option<Desired>, ProtocolError> {
         if let Some(token) = &self.reboot_approved {
-            validate_token(token).map_err(|p| ProtocolError::new(REBOOT_APPROVED, p))?;
+            validate_token(token)
+                .map_err(|p| ProtocolError::new(REBOOT_APPROVED, p.to_string()))?;
         }
         let (stream, os_image) = match (&self.stream, &self.os_image) {
             (None, None) => {
@@ -436,7 +449,7 @@ impl Inputs {
             }
             (Some(s), Some(i)) => (s, i),
         };
-        validate_stream(stream).map_err(|p| ProtocolError::new(DESIRED_STREAM, p))?;
+        validate_stream(stream).map_err(|p| ProtocolError::new(DESIRED_STREAM, p.to_string()))?;
         let os_image = parse_image(DESIRED_OS_IMAGE, os_image)?;
         let extensions_image = self
             .extensions_image
@@ -576,7 +589,7 @@ impl CheckInputs {
                 )),
             };
         };
-        validate_stream(stream).map_err(|p| ProtocolError::new(CHECK_STREAM, p))?;
+        validate_stream(stream).map_err(|p| ProtocolError::new(CHECK_STREAM, p.to_string()))?;
         if self.os_image.is_none() && self.extensions_image.is_some() {
             return Err(ProtocolError::new(
                 CHECK_EXTENSIONS_IMAGE,
@@ -607,16 +620,41 @@ fn parse_image(key: &'static str, value: &str) -> Result<ImageRef, ProtocolError
         .map_err(|e: ImageRefError| ProtocolError::new(key, e.to_string()))
 }
 
+/// Why a stream name is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StreamNameError {
+    /// The name is empty.
+    #[error("empty stream name")]
+    Empty,
+    /// The name is longer than [`MAX_STREAM_LEN`] (its length).
+    #[error("stream name is {0} characters, the limit is {MAX_STREAM_LEN}")]
+    TooLong(usize),
+    /// The name (quoted) is not an RFC 1123 subdomain.
+    #[error(
+        "{0} is not an RFC 1123 subdomain (lower-case letters, digits, '-' and '.', \
+         starting and ending with a letter or digit)"
+    )]
+    NotSubdomain(String),
+}
+
+impl StreamNameError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            StreamNameError::Empty => "stream-empty",
+            StreamNameError::TooLong(_) => "stream-too-long",
+            StreamNameError::NotSubdomain(_) => "stream-not-subdomain",
+        }
+    }
+}
+
 /// Checks an RFC 1123 subdomain, the format of stream names.
-pub fn validate_stream(value: &str) -> Result<(), String> {
+pub fn validate_stream(value: &str) -> Result<(), StreamNameError> {
     if value.is_empty() {
-        return Err("empty stream name".into());
+        return Err(StreamNameError::Empty);
     }
     if value.len() > MAX_STREAM_LEN {
-        return Err(format!(
-            "stream name is {} characters, the limit is {MAX_STREAM_LEN}",
-            value.len()
-        ));
+        return Err(StreamNameError::TooLong(value.len()));
     }
     for label in value.split('.') {
         let bytes = label.as_bytes();
@@ -626,25 +664,30 @@ pub fn validate_stream(value: &str) -> Result<(), String> {
         let alnum =
             |c: Option<&u8>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
         if !valid_chars || !alnum(bytes.first()) || !alnum(bytes.last()) {
-            return Err(format!(
-                "{} is not an RFC 1123 subdomain (lower-case letters, digits, '-' and '.', \
-                 starting and ending with a letter or digit)",
-                quote(value)
-            ));
+            return Err(StreamNameError::NotSubdomain(quote(value)));
         }
     }
     Ok(())
 }
 
-fn validate_token(value: &str) -> Result<(), String> {
+/// Why a reboot-approval token is not one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum TokenError {
+    #[error("token must be 1..{MAX_TOKEN_LEN} characters")]
+    Length,
+    #[error("token may hold only letters, digits and '-', '_', '.', ':'")]
+    Chars,
+}
+
+fn validate_token(value: &str) -> Result<(), TokenError> {
     if value.is_empty() || value.len() > MAX_TOKEN_LEN {
-        return Err(format!("token must be 1..{MAX_TOKEN_LEN} characters"));
+        return Err(TokenError::Length);
     }
     if !value
         .bytes()
         .all(|c| c.is_ascii_alphanumeric() || b"-_.:".contains(&c))
     {
-        return Err("token may hold only letters, digits and '-', '_', '.', ':'".into());
+        return Err(TokenError::Chars);
     }
     Ok(())
 }

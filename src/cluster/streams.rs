@@ -218,9 +218,9 @@ pub fn resolve(inputs: &Inputs, catalog: Option<&Catalog>) -> Result<Inputs, Res
         (Some(stream), None, None) => stream,
         _ => return Ok(inputs.clone()),
     };
-    protocol::validate_stream(stream).map_err(|problem| ProtocolError {
+    protocol::validate_stream(stream).map_err(|e| ProtocolError {
         key: DESIRED_STREAM,
-        problem,
+        problem: e.to_string(),
     })?;
     let entries = match catalog {
         None => return Err(ResolveError::Pending),

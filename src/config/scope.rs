@@ -116,6 +116,21 @@ pub enum ScopeError {
     },
 }
 
+impl ScopeError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ScopeError::Empty => "scope-empty",
+            ScopeError::TooLong(_) => "scope-too-long",
+            ScopeError::Whitespace(_) => "scope-whitespace",
+            ScopeError::Wildcard(_) => "scope-wildcard",
+            ScopeError::Image(_) => "scope-names-an-image",
+            ScopeError::Registry(_) => "scope-no-registry",
+            ScopeError::Component { .. } => "scope-bad-component",
+        }
+    }
+}
+
 impl RepositoryScope {
     /// The scope of exactly the repository of `pullspec` (`host[:port]/path[:tag][@digest]`),
     /// e.g. of the booted image; `None` when it names no registry and repository.

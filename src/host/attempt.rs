@@ -138,40 +138,92 @@ pub struct Attempt {
     pub fips: Option<bool>,
 }
 
+/// One thing the node was before the reboot and is not after it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BootChange {
+    /// The kernel variant changed (`now` is `None` when the running kernel does not match
+    /// the overrides).
+    #[error(
+        "the node ran the {} kernel before the reboot but now runs {}",
+        was.as_str(),
+        now.map_or("a kernel that does not match its overrides", |k| k.as_str())
+    )]
+    Kernel {
+        /// The variant before.
+        was: crate::backend::KernelVariant,
+        /// The variant now, if known.
+        now: Option<crate::backend::KernelVariant>,
+    },
+    /// The FIPS mode changed (`now` is `None` when kernel and command line disagree).
+    #[error(
+        "FIPS mode was {} before the reboot and is {} now",
+        if *was { "on" } else { "off" },
+        match now {
+            Some(true) => "on",
+            Some(false) => "off",
+            None => "inconsistent (kernel and command line disagree)",
+        }
+    )]
+    Fips {
+        /// The mode before.
+        was: bool,
+        /// The mode now, if consistent.
+        now: Option<bool>,
+    },
+}
+
+/// What did not come along through the reboot: one sentence per change, joined by `; `.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AfterBootError(pub Vec<BootChange>);
+
+impl std::fmt::Display for AfterBootError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, change) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{change}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for AfterBootError {}
+
+impl AfterBootError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self.0.as_slice() {
+            [BootChange::Kernel { .. }] => "boot-kernel-changed",
+            [BootChange::Fips { .. }] => "boot-fips-changed",
+            _ => "boot-kernel-and-fips-changed",
+        }
+    }
+}
+
 /// Checks the node after it booted the target of `attempt`: the kernel variant and the FIPS
 /// mode it had when the reboot was approved must have come along (`facts` are this boot's).
-/// Every difference is one sentence.
-pub fn after_boot(attempt: &Attempt, facts: &HostFacts) -> Result<(), String> {
-    let mut problems = Vec::new();
-    if let Some(want) = attempt.kernel
-        && facts.kernel != Some(want)
+/// Every difference is one [`BootChange`].
+pub fn after_boot(attempt: &Attempt, facts: &HostFacts) -> Result<(), AfterBootError> {
+    let mut changes = Vec::new();
+    if let Some(was) = attempt.kernel
+        && facts.kernel != Some(was)
     {
-        problems.push(format!(
-            "the node ran the {} kernel before the reboot but now runs {}",
-            want.as_str(),
-            facts
-                .kernel
-                .map_or("a kernel that does not match its overrides", |k| k.as_str())
-        ));
+        changes.push(BootChange::Kernel {
+            was,
+            now: facts.kernel,
+        });
     }
     if let Some(was) = attempt.fips {
         let now = facts.fips.enabled();
         if now != Some(was) {
-            problems.push(format!(
-                "FIPS mode was {} before the reboot and is {} now",
-                if was { "on" } else { "off" },
-                match now {
-                    Some(true) => "on",
-                    Some(false) => "off",
-                    None => "inconsistent (kernel and command line disagree)",
-                }
-            ));
+            changes.push(BootChange::Fips { was, now });
         }
     }
-    if problems.is_empty() {
+    if changes.is_empty() {
         Ok(())
     } else {
-        Err(problems.join("; "))
+        Err(AfterBootError(changes))
     }
 }
 
@@ -196,6 +248,16 @@ pub enum RecordError {
         /// What is wrong.
         message: String,
     },
+}
+
+impl RecordError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            RecordError::Io { .. } => "attempt-record-io",
+            RecordError::Corrupt { .. } => "attempt-record-corrupt",
+        }
+    }
 }
 
 /// The record's file.
@@ -406,7 +468,8 @@ mod tests {
             &attempt,
             &facts(Some(KernelVariant::Default), Fips::Disabled),
         )
-        .expect_err("both lost");
+        .expect_err("both lost")
+        .to_string();
         assert!(
             err.contains("realtime kernel before the reboot but now runs default"),
             "{err}"
@@ -415,7 +478,27 @@ mod tests {
             err.contains("FIPS mode was on before the reboot and is off now"),
             "{err}"
         );
-        let err = after_boot(&attempt, &facts(None, Fips::Inconsistent)).expect_err("unknown");
+        assert_eq!(
+            after_boot(
+                &attempt,
+                &facts(Some(KernelVariant::Default), Fips::Disabled)
+            )
+            .map_err(|e| e.label()),
+            Err("boot-kernel-and-fips-changed")
+        );
+        assert_eq!(
+            after_boot(
+                &attempt,
+                &facts(Some(KernelVariant::Realtime), Fips::Disabled)
+            ),
+            Err(AfterBootError(vec![BootChange::Fips {
+                was: true,
+                now: Some(false)
+            }]))
+        );
+        let err = after_boot(&attempt, &facts(None, Fips::Inconsistent))
+            .expect_err("unknown")
+            .to_string();
         assert!(
             err.contains("does not match its overrides") && err.contains("inconsistent"),
             "{err}"

@@ -66,6 +66,19 @@ pub enum BootloaderError {
     Call(String),
 }
 
+impl BootloaderError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            BootloaderError::NotInstalled(_) => "bootloader-not-installed",
+            BootloaderError::TargetMissing(_) => "bootloader-target-missing",
+            BootloaderError::Failed { .. } => "bootloader-failed",
+            BootloaderError::Timeout(_) => "bootloader-timeout",
+            BootloaderError::Call(_) => "bootloader-call",
+        }
+    }
+}
+
 /// Starts [`TARGET`], and so `bootloader-update.service`, and waits for its start job to end.
 pub async fn update(conn: &zbus::Connection) -> Result<(), BootloaderError> {
     let call = |e: zbus::Error| BootloaderError::Call(crate::text::one_line_reason(&e.to_string()));

@@ -21,8 +21,9 @@ use std::path::PathBuf;
 
 use crate::host::facts::HostRoot;
 use crate::image::pullsecret::PullSecret;
+use crate::image::pullsecret::PullSecretError;
 use crate::image::reference::ImageRef;
-use crate::image::registries::{CONF, CONF_D, RegistriesConf};
+use crate::image::registries::{CONF, CONF_D, ConfError, MappingError, RegistriesConf};
 use crate::image::registry::{InspectError, Inspector, OsImageInfo};
 
 /// The ostree auth files, in the order ostree-ext looks (uid 0).
@@ -79,16 +80,130 @@ fn read_host_file(root: &HostRoot, host_path: &str) -> std::io::Result<Option<St
     Err(std::io::Error::other("too many levels of symbolic links"))
 }
 
+/// A host configuration file of the OS daemon's pull that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PullConfigError {
+    /// A file (or directory) could not be read.
+    #[error("{path}: {message}")]
+    Unreadable {
+        /// Its host path.
+        path: String,
+        /// Why.
+        message: String,
+    },
+    /// The auth file is no docker config.
+    #[error("{path}: {source}")]
+    AuthFile {
+        /// Its host path.
+        path: &'static str,
+        /// What is wrong.
+        source: PullSecretError,
+    },
+    /// `registries.conf` or a drop-in is malformed.
+    #[error(transparent)]
+    Registries(#[from] ConfError),
+    /// A `[[registry]]` entry maps the image to no valid reference.
+    #[error(transparent)]
+    Mapping(#[from] MappingError),
+    /// The policy file cannot be evaluated.
+    #[error("{path}: {source}")]
+    Policy {
+        /// Its host path.
+        path: &'static str,
+        /// What is wrong.
+        source: PolicyError,
+    },
+    /// No policy file exists.
+    #[error(
+        "no containers policy ({}); the daemon refuses every pull without one",
+        POLICY_FILES.join(", ")
+    )]
+    NoPolicy,
+}
+
+impl PullConfigError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            PullConfigError::Unreadable { .. } => "pull-config-unreadable",
+            PullConfigError::AuthFile { .. } => "auth-file-invalid",
+            PullConfigError::Registries(e) => e.label(),
+            PullConfigError::Mapping(e) => e.label(),
+            PullConfigError::Policy { source, .. } => source.label(),
+            PullConfigError::NoPolicy => "policy-missing",
+        }
+    }
+}
+
+fn unreadable(path: &str, e: impl std::fmt::Display) -> PullConfigError {
+    PullConfigError::Unreadable {
+        path: path.to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// A `policy.json` that gives no verdict.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// Not JSON of the policy shape (where serde stopped; the text is not quoted).
+    #[error("not a policy document (line {line} column {column})")]
+    Format {
+        /// The line.
+        line: usize,
+        /// The column.
+        column: usize,
+    },
+    /// The applicable requirements are empty.
+    #[error("no requirement applies (an empty default is refused)")]
+    Empty,
+    /// A requirement type containers/image does not know (quoted).
+    #[error("unknown requirement type {0}")]
+    UnknownRequirement(String),
+}
+
+impl PolicyError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            PolicyError::Format { .. } => "policy-malformed",
+            PolicyError::Empty => "policy-empty",
+            PolicyError::UnknownRequirement(_) => "policy-unknown-requirement",
+        }
+    }
+}
+
+/// Why the OS daemon would not get the OS image.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PullError {
+    /// A configuration problem stops every pull ([`OsPull::problem`]).
+    #[error("the OS daemon cannot pull: {0}")]
+    Stopped(String),
+    /// No pull source served the image: what the last one said.
+    #[error("{0}")]
+    NotServed(String),
+}
+
+impl PullError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            PullError::Stopped(_) => "os-pull-stopped",
+            PullError::NotServed(_) => "os-image-not-served",
+        }
+    }
+}
+
 /// The auth file the daemon would use: `Ok(None)` when there is none (an anonymous pull).
-pub fn auth_file(root: &HostRoot) -> Result<Option<AuthFile>, String> {
+pub fn auth_file(root: &HostRoot) -> Result<Option<AuthFile>, PullConfigError> {
     for path in AUTH_FILES {
         match read_host_file(root, path) {
             Ok(None) => continue,
             Ok(Some(text)) => {
-                let secret = PullSecret::parse(&text).map_err(|e| format!("{path}: {e}"))?;
+                let secret = PullSecret::parse(&text)
+                    .map_err(|source| PullConfigError::AuthFile { path, source })?;
                 return Ok(Some(AuthFile { path, secret }));
             }
-            Err(e) => return Err(format!("{path}: {e}")),
+            Err(e) => return Err(unreadable(path, e)),
         }
     }
     Ok(None)
@@ -96,11 +211,11 @@ pub fn auth_file(root: &HostRoot) -> Result<Option<AuthFile>, String> {
 
 /// `registries.conf` merged with its drop-ins (`*.conf`, lexical order); none is an empty
 /// configuration.
-pub fn registries_conf(root: &HostRoot) -> Result<RegistriesConf, String> {
+pub fn registries_conf(root: &HostRoot) -> Result<RegistriesConf, PullConfigError> {
     let mut conf = RegistriesConf::default();
-    let read = |p: &str| read_host_file(root, p).map_err(|e| format!("{p}: {e}"));
+    let read = |p: &str| read_host_file(root, p).map_err(|e| unreadable(p, e));
     if let Some(text) = read(CONF)? {
-        conf.merge(CONF, &text).map_err(|e| e.to_string())?;
+        conf.merge(CONF, &text)?;
     }
     let mut drop_ins: Vec<PathBuf> = match std::fs::read_dir(root.path(CONF_D)) {
         Ok(rd) => rd
@@ -109,7 +224,7 @@ pub fn registries_conf(root: &HostRoot) -> Result<RegistriesConf, String> {
             .filter(|p| p.extension().is_some_and(|x| x == "conf"))
             .collect(),
         Err(e) if e.kind() == ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(format!("{CONF_D}: {e}")),
+        Err(e) => return Err(unreadable(CONF_D, e)),
     };
     drop_ins.sort();
     for p in drop_ins {
@@ -118,7 +233,7 @@ pub fn registries_conf(root: &HostRoot) -> Result<RegistriesConf, String> {
         };
         let host_path = format!("{CONF_D}/{name}");
         if let Some(text) = read(&host_path)? {
-            conf.merge(&host_path, &text).map_err(|e| e.to_string())?;
+            conf.merge(&host_path, &text)?;
         }
     }
     Ok(conf)
@@ -140,7 +255,7 @@ pub enum PolicyVerdict {
 /// `*.domain` wildcards), else that transport's `""`, else `default` (containers/image:
 /// signature/policy_eval.go `requirementsForImageRef`, docker/docker_transport.go
 /// `PolicyConfigurationNamespaces`).
-pub fn policy_verdict(policy_json: &str, image: &ImageRef) -> Result<PolicyVerdict, String> {
+pub fn policy_verdict(policy_json: &str, image: &ImageRef) -> Result<PolicyVerdict, PolicyError> {
     #[derive(serde::Deserialize)]
     struct Req {
         #[serde(rename = "type")]
@@ -154,12 +269,9 @@ pub fn policy_verdict(policy_json: &str, image: &ImageRef) -> Result<PolicyVerdi
         transports:
             std::collections::BTreeMap<String, std::collections::BTreeMap<String, Vec<Req>>>,
     }
-    let p: Policy = serde_json::from_str(policy_json).map_err(|e| {
-        format!(
-            "not a policy document (line {} column {})",
-            e.line(),
-            e.column()
-        )
+    let p: Policy = serde_json::from_str(policy_json).map_err(|e| PolicyError::Format {
+        line: e.line(),
+        column: e.column(),
     })?;
     let mut scopes = vec![image.to_string()];
     let mut name = format!("{}/{}", image.registry(), image.repository());
@@ -181,7 +293,7 @@ pub fn policy_verdict(policy_json: &str, image: &ImageRef) -> Result<PolicyVerdi
         .find_map(|s| docker.and_then(|d| d.get(s)))
         .unwrap_or(&p.default);
     if reqs.is_empty() {
-        return Err("no requirement applies (an empty default is refused)".into());
+        return Err(PolicyError::Empty);
     }
     let mut verdict = PolicyVerdict::Accept;
     for r in reqs {
@@ -192,10 +304,7 @@ pub fn policy_verdict(policy_json: &str, image: &ImageRef) -> Result<PolicyVerdi
                 verdict = PolicyVerdict::NeedsSignature
             }
             other => {
-                return Err(format!(
-                    "unknown requirement type {}",
-                    crate::text::quote(other)
-                ));
+                return Err(PolicyError::UnknownRequirement(crate::text::quote(other)));
             }
         }
     }
@@ -203,22 +312,22 @@ pub fn policy_verdict(policy_json: &str, image: &ImageRef) -> Result<PolicyVerdi
 }
 
 /// The policy file the daemon reads and its verdict for `image`.
-pub fn policy(root: &HostRoot, image: &ImageRef) -> Result<(&'static str, PolicyVerdict), String> {
+pub fn policy(
+    root: &HostRoot,
+    image: &ImageRef,
+) -> Result<(&'static str, PolicyVerdict), PullConfigError> {
     for path in POLICY_FILES {
         match read_host_file(root, path) {
             Ok(None) => continue,
             Ok(Some(text)) => {
                 return policy_verdict(&text, image)
                     .map(|v| (path, v))
-                    .map_err(|e| format!("{path}: {e}"));
+                    .map_err(|source| PullConfigError::Policy { path, source });
             }
-            Err(e) => return Err(format!("{path}: {e}")),
+            Err(e) => return Err(unreadable(path, e)),
         }
     }
-    Err(format!(
-        "no containers policy ({}); the daemon refuses every pull without one",
-        POLICY_FILES.join(", ")
-    ))
+    Err(PullConfigError::NoPolicy)
 }
 
 /// What happened at one endpoint.
@@ -281,7 +390,7 @@ pub async fn inspect(
     image: &ImageRef,
     arch: &str,
     insecure: &[String],
-) -> Result<(OsPull, Result<OsImageInfo, String>), InspectError> {
+) -> Result<(OsPull, Result<OsImageInfo, PullError>), InspectError> {
     let mut view = OsPull {
         auth_file: None,
         problem: None,
@@ -290,7 +399,7 @@ pub async fn inspect(
     };
     let stop = |mut view: OsPull, problem: String| {
         view.problem = Some(problem.clone());
-        Ok((view, Err(format!("the OS daemon cannot pull: {problem}"))))
+        Ok((view, Err(PullError::Stopped(problem))))
     };
     let auth = match auth_file(root) {
         Ok(a) => a,
@@ -303,11 +412,11 @@ pub async fn inspect(
             return stop(view, format!("{path} rejects {image}"));
         }
         Ok(p) => view.policy = Some(p),
-        Err(e) => return stop(view, e),
+        Err(e) => return stop(view, e.to_string()),
     }
-    let sources = match registries_conf(root).and_then(|c| c.pull_sources(image)) {
+    let sources = match registries_conf(root).and_then(|c| Ok(c.pull_sources(image)?)) {
         Ok(s) => s,
-        Err(e) => return stop(view, e),
+        Err(e) => return stop(view, e.to_string()),
     };
     let secret = auth.map(|a| a.secret).unwrap_or_default();
     let mut plain: Vec<String> = insecure.to_vec();
@@ -370,7 +479,7 @@ pub async fn inspect(
     if let Some(e) = transient {
         return Err(e);
     }
-    Ok((view, Err(last)))
+    Ok((view, Err(PullError::NotServed(last))))
 }
 
 #[cfg(test)]
@@ -427,7 +536,7 @@ mod tests {
             "/var/lib/kubelet/config.json",
             r#"{"auths":{"k":{"auth":"hunter2!!"}}}"#,
         );
-        let e = auth_file(&root).expect_err("invalid");
+        let e = auth_file(&root).expect_err("invalid").to_string();
         assert!(e.starts_with("/run/ostree/auth.json: "), "{e}");
         assert!(!e.contains("hunter2"), "{e}");
     }
@@ -456,8 +565,58 @@ mod tests {
             policy_verdict(reject_all, &img("ok.example/os")),
             Ok(PolicyVerdict::Accept)
         );
-        assert!(policy_verdict("{", &img("x.example/os")).is_err());
-        assert!(policy_verdict(r#"{"default":[]}"#, &img("x.example/os")).is_err());
+        assert!(matches!(
+            policy_verdict("{", &img("x.example/os")),
+            Err(PolicyError::Format { line: 1, .. })
+        ));
+        assert_eq!(
+            policy_verdict(r#"{"default":[]}"#, &img("x.example/os")),
+            Err(PolicyError::Empty)
+        );
+        let unknown = policy_verdict(r#"{"default":[{"type":"x"}]}"#, &img("x.example/os"))
+            .expect_err("unknown requirement");
+        assert_eq!(unknown.to_string(), "unknown requirement type \"x\"");
+        assert_eq!(unknown.label(), "policy-unknown-requirement");
+    }
+
+    /// Every configuration error has a label of its own, in kebab case, and the text the
+    /// reasons carried before the errors were typed.
+    #[test]
+    fn configuration_errors_are_labelled() {
+        let errors = [
+            unreadable("/etc/ostree/auth.json", "denied"),
+            PullConfigError::AuthFile {
+                path: AUTH_FILES[0],
+                source: PullSecretError::Format("line 1 column 1".into()),
+            },
+            PullConfigError::Registries(ConfError {
+                file: CONF.into(),
+                problem: "bad".into(),
+            }),
+            PullConfigError::Policy {
+                path: POLICY_FILES[0],
+                source: PolicyError::Empty,
+            },
+            PullConfigError::NoPolicy,
+        ];
+        let labels: std::collections::BTreeSet<&str> = errors.iter().map(|e| e.label()).collect();
+        assert_eq!(labels.len(), errors.len(), "{labels:?}");
+        for l in &labels {
+            assert!(
+                l.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'),
+                "{l}"
+            );
+        }
+        assert_eq!(errors[0].to_string(), "/etc/ostree/auth.json: denied");
+        assert_eq!(
+            errors[4].to_string(),
+            "no containers policy (/etc/containers/policy.json, /usr/share/containers/policy.json); \
+             the daemon refuses every pull without one"
+        );
+        assert_eq!(
+            PullError::Stopped("x".into()).to_string(),
+            "the OS daemon cannot pull: x"
+        );
     }
 
     #[test]
@@ -486,7 +645,7 @@ mod tests {
             &format!("{CONF_D}/95-bad.conf"),
             "[[registry]]\nprefix = 3\n",
         );
-        let e = registries_conf(&root).expect_err("bad");
+        let e = registries_conf(&root).expect_err("bad").to_string();
         assert!(
             e.starts_with("/etc/containers/registries.conf.d/95-bad.conf: "),
             "{e}"

@@ -22,7 +22,7 @@ use ostree::gio::prelude::FileExt as _;
 
 use crate::backend::Deployment;
 use crate::backend::KernelVariant;
-use crate::backend::helper::{ImageConfigs, ImageConfigsAnswer, META_CONFIG};
+use crate::backend::helper::{ImageConfigs, ImageConfigsAnswer, META_CONFIG, RemoteError};
 use crate::host::facts::OsRelease;
 
 /// What the staged deployment must look like.
@@ -51,6 +51,16 @@ pub enum VerifyError {
     Sysroot(String),
 }
 
+impl VerifyError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            VerifyError::Mismatch(_) => "verify-mismatch",
+            VerifyError::Sysroot(_) => "verify-sysroot",
+        }
+    }
+}
+
 /// One check for the helper: what [`verify_staged`] takes.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Request {
@@ -73,7 +83,7 @@ const HELPER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 pub async fn in_helper(helper: &Path, req: &Request) -> Result<(), VerifyError> {
     crate::backend::helper::run::<Result<(), VerifyError>>(helper, &[], req, HELPER_TIMEOUT)
         .await
-        .map_err(VerifyError::Sysroot)?
+        .map_err(|e| VerifyError::Sysroot(e.to_string()))?
 }
 
 /// Reads the ostree-ext image configuration of each of `req.commits` from the repository
@@ -87,12 +97,16 @@ pub async fn in_helper(helper: &Path, req: &Request) -> Result<(), VerifyError> 
 pub fn image_configs(req: &ImageConfigs) -> ImageConfigsAnswer {
     let repo = ostree::Repo::new(&gio::File::for_path(&req.repo));
     // `open` only reads the configuration; nothing here locks or writes the repository.
-    repo.open(gio::Cancellable::NONE)
-        .map_err(|e| format!("opening the ostree repository {}: {e}", req.repo.display()))?;
+    repo.open(gio::Cancellable::NONE).map_err(|e| {
+        RemoteError(format!(
+            "opening the ostree repository {}: {e}",
+            req.repo.display()
+        ))
+    })?;
     Ok(req
         .commits
         .iter()
-        .map(|c| (c.clone(), image_config(&repo, c)))
+        .map(|c| (c.clone(), image_config(&repo, c).map_err(RemoteError)))
         .collect())
 }
 
@@ -705,9 +719,9 @@ mod tests {
         assert_eq!(got[&null], Ok(Some("null".to_string())), "stored as is");
         assert_eq!(got[&broken], Ok(Some("{not json".to_string())));
         assert_eq!(got[&absent], Ok(None));
-        let e = got[&number].clone().expect_err("not a string");
+        let e = got[&number].clone().expect_err("not a string").0;
         assert!(e.contains(META_CONFIG) && e.contains(&number), "{e}");
-        let e = got[&missing].clone().expect_err("not in the repository");
+        let e = got[&missing].clone().expect_err("not in the repository").0;
         assert!(e.contains(&missing), "{e}");
         // Not a checksum: never handed to libostree as a path.
         let odd = image_configs(&ImageConfigs {
@@ -715,14 +729,18 @@ mod tests {
             commits: vec!["../../etc/passwd".into()],
         })
         .expect("the repository opens");
-        let e = odd["../../etc/passwd"].clone().expect_err("not a checksum");
+        let e = odd["../../etc/passwd"]
+            .clone()
+            .expect_err("not a checksum")
+            .0;
         assert!(e.contains("not an ostree commit checksum"), "{e}");
         // No repository there.
         let e = image_configs(&ImageConfigs {
             repo: t.0.join("nowhere"),
             commits: vec![labelled],
         })
-        .expect_err("no repository");
+        .expect_err("no repository")
+        .0;
         assert!(e.contains("nowhere"), "{e}");
     }
 

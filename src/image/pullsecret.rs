@@ -52,6 +52,16 @@ pub enum PullSecretError {
     },
 }
 
+impl PullSecretError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            PullSecretError::Format(_) => "pull-secret-malformed",
+            PullSecretError::Entry { .. } => "pull-secret-entry-invalid",
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct DockerConfig {
     #[serde(default)]

@@ -54,6 +54,23 @@ pub enum ImageRefError {
     BadRepository(String),
 }
 
+impl ImageRefError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ImageRefError::Empty => "image-ref-empty",
+            ImageRefError::TooLong(_) => "image-ref-too-long",
+            ImageRefError::Whitespace => "image-ref-whitespace",
+            ImageRefError::LeadingDash => "image-ref-leading-dash",
+            ImageRefError::NotPinned(_) => "image-ref-not-pinned",
+            ImageRefError::TagAndDigest(_) => "image-ref-tag-and-digest",
+            ImageRefError::BadDigest(_) => "image-ref-bad-digest",
+            ImageRefError::BadRegistry(_) => "image-ref-bad-registry",
+            ImageRefError::BadRepository(_) => "image-ref-bad-repository",
+        }
+    }
+}
+
 impl ImageRef {
     /// Registry host with optional port.
     pub fn registry(&self) -> &str {

@@ -125,6 +125,33 @@ pub struct ConfError {
     pub problem: String,
 }
 
+impl ConfError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        "registries-conf"
+    }
+}
+
+/// A `[[registry]]` entry maps an image to something that is no image reference
+/// (containers/image refuses the pull then).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{CONF}: {prefix} maps {image} to an invalid reference: {source}")]
+pub struct MappingError {
+    /// The entry's prefix, quoted.
+    pub prefix: String,
+    /// The image that was mapped.
+    pub image: String,
+    /// Why the result is no reference.
+    pub source: crate::image::reference::ImageRefError,
+}
+
+impl MappingError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        "registries-mapping"
+    }
+}
+
 fn err(file: &str, problem: impl Into<String>) -> ConfError {
     ConfError {
         file: file.to_string(),
@@ -192,7 +219,7 @@ impl RegistriesConf {
     }
 
     /// Where a pull of `image` goes, in order: the usable mirrors, then the primary location.
-    pub fn pull_sources(&self, image: &ImageRef) -> Result<Vec<PullSource>, String> {
+    pub fn pull_sources(&self, image: &ImageRef) -> Result<Vec<PullSource>, MappingError> {
         let name = format!("{}/{}", image.registry(), image.repository());
         let Some(reg) = self.find(&name) else {
             return Ok(vec![PullSource {
@@ -320,7 +347,12 @@ fn prefix_match(name: &str, prefix: &str) -> Option<usize> {
 }
 
 /// `image` with the part `prefix` matched replaced by `location`.
-fn rewrite(image: &ImageRef, name: &str, prefix: &str, location: &str) -> Result<ImageRef, String> {
+fn rewrite(
+    image: &ImageRef,
+    name: &str,
+    prefix: &str,
+    location: &str,
+) -> Result<ImageRef, MappingError> {
     let rest = if prefix.starts_with("*.") {
         // The matched part is the host.
         name.find('/').map_or("", |i| &name[i..])
@@ -328,11 +360,10 @@ fn rewrite(image: &ImageRef, name: &str, prefix: &str, location: &str) -> Result
         name.get(prefix.len()..).unwrap_or("")
     };
     let text = format!("{location}{rest}@{}", image.digest());
-    text.parse().map_err(|e| {
-        format!(
-            "{CONF}: {} maps {image} to an invalid reference: {e}",
-            crate::text::quote(prefix)
-        )
+    text.parse().map_err(|source| MappingError {
+        prefix: crate::text::quote(prefix),
+        image: image.to_string(),
+        source,
     })
 }
 

@@ -87,8 +87,8 @@ log "exposure $exposure (limit $MAX_EXPOSURE)"
 # Resources: MemoryMax= must leave room for the largest extraction streamd
 # allows into /run/streamd (tmpfs pages are charged to the writer's cgroup),
 # read from the code so the two cannot drift apart; TasksMax= must be set.
-max_total_mib="$(sed -n 's/^ *max_total: \([0-9]*\) << 20,$/\1/p' "$REPO_ROOT/src/image/registry.rs")"
-[[ -n "$max_total_mib" ]] || die "cannot read EXTRACT_LIMITS.max_total from src/image/registry.rs"
+max_total_mib="$(sed -n 's/^ *max_total: \([0-9]*\) << 20,$/\1/p' "$REPO_ROOT/src/image/registry/extract.rs")"
+[[ -n "$max_total_mib" ]] || die "cannot read EXTRACT_LIMITS.max_total from src/image/registry/extract.rs"
 memory_max="$(sed -n 's/^MemoryMax=\([0-9]*\)M$/\1/p' "$UNIT")"
 [[ -n "$memory_max" ]] || die "the unit has no MemoryMax=<n>M"
 ((memory_max >= max_total_mib + 128)) ||

@@ -153,6 +153,21 @@ pub fn network_failure(message: &str) -> bool {
 }
 
 impl RpmOstreeError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            RpmOstreeError::Busy(_) => "rpm-ostree-busy",
+            RpmOstreeError::Failed(_) => "rpm-ostree-failed",
+            RpmOstreeError::Cancelled => "rpm-ostree-cancelled",
+            RpmOstreeError::Interrupted => "rpm-ostree-interrupted",
+            RpmOstreeError::Protocol(_) => "rpm-ostree-protocol",
+            RpmOstreeError::Inhibited(_) => "rpm-ostree-inhibited",
+            RpmOstreeError::StagedMismatch(_) => "rpm-ostree-staged-mismatch",
+            RpmOstreeError::Refused { .. } => "rpm-ostree-refused",
+            RpmOstreeError::Call { .. } => "rpm-ostree-call",
+        }
+    }
+
     /// A transaction that failed because the image could not be fetched over the network (a
     /// reset connection, a timeout, DNS, a registry 5xx or 429): the same request may well
     /// succeed later, unlike a broken image or a failed depsolve, so it gets a few retries.

@@ -16,6 +16,13 @@ pub struct CrioConfigError {
     pub message: String,
 }
 
+impl CrioConfigError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        "crio-config-invalid"
+    }
+}
+
 /// The effective default runtime of `files` (path, text) applied in order, last one wins.
 pub fn default_runtime(files: &[(String, String)]) -> Result<String, CrioConfigError> {
     let mut runtime = None;

@@ -48,7 +48,7 @@ pub struct AppliedConfig {
     /// pkg/helpers/helpers.go `CanonicalizeKernelType` takes it), or the value, quoted, when
     /// it is none the operator accepts (pkg/controller/common/helpers.go
     /// `ValidateMachineConfig`: "kernelType=… is invalid").
-    pub kernel_type: Result<KernelVariant, String>,
+    pub kernel_type: Result<KernelVariant, InvalidKernelType>,
     /// `spec.extensions` the operator supports, in order, as named in its release's table.
     pub extensions: Vec<&'static str>,
     /// `spec.extensions` it does not support, quoted: it rejects the MachineConfig
@@ -57,6 +57,99 @@ pub struct AppliedConfig {
     /// The release that rendered it (`metadata.annotations`' [`RELEASE_ANNOTATION`]), whose
     /// tables say what the operator installs.
     pub release: ReleaseOf,
+}
+
+/// A `spec.kernelType` the operator does not accept: the value, quoted and bounded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidKernelType(pub String);
+
+impl InvalidKernelType {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        "kernel-type-invalid"
+    }
+}
+
+/// Why a stored MachineConfig is none streamd can read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// Not JSON (serde's message, bounded).
+    #[error("not JSON: {0}")]
+    NotJson(String),
+    /// A JSON value of the wrong shape: what is wrong.
+    #[error("not a MachineConfig: {0}")]
+    Shape(&'static str),
+    /// More `spec.extensions` than [`MAX_EXTENSIONS`] (how many).
+    #[error("spec.extensions has {0} entries, more than {MAX_EXTENSIONS}")]
+    TooManyExtensions(usize),
+}
+
+impl ParseError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ParseError::NotJson(_) => "machineconfig-not-json",
+            ParseError::Shape(_) => "machineconfig-shape",
+            ParseError::TooManyExtensions(_) => "machineconfig-too-many-extensions",
+        }
+    }
+}
+
+/// Why the stored file could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReadError {
+    /// Opening or reading failed (the system's words).
+    #[error("{0}")]
+    Io(String),
+    /// Larger than [`MAX_BYTES`].
+    #[error("larger than {MAX_BYTES} bytes, more than any MachineConfig the operator renders")]
+    TooLarge,
+    /// Not UTF-8.
+    #[error("not UTF-8")]
+    NotUtf8,
+}
+
+/// The applied MachineConfig could not be read: the file and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AppliedError {
+    /// The file could not be read.
+    #[error("{file}: {source}")]
+    Read {
+        /// The host path.
+        file: &'static str,
+        /// Why.
+        source: ReadError,
+    },
+    /// The file holds no MachineConfig.
+    #[error("{file}: {source}")]
+    Parse {
+        /// The host path.
+        file: &'static str,
+        /// Why.
+        source: ParseError,
+    },
+}
+
+impl AppliedError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            AppliedError::Read {
+                source: ReadError::Io(_),
+                ..
+            } => "machineconfig-unreadable",
+            AppliedError::Read {
+                source: ReadError::TooLarge,
+                ..
+            } => "machineconfig-too-large",
+            AppliedError::Read {
+                source: ReadError::NotUtf8,
+                ..
+            } => "machineconfig-not-utf8",
+            AppliedError::Parse { source, .. } => source.label(),
+        }
+    }
 }
 
 impl AppliedConfig {
@@ -83,45 +176,45 @@ impl AppliedConfig {
 /// Parses the MCD's stored MachineConfig: only `spec.kernelType`, `spec.extensions` and the
 /// release annotation are read, everything else ignored, and JSON `null` reads as the field's zero value, as with the
 /// MCD's `json.Decoder` into its Go type.
-pub fn parse(json: &str) -> Result<AppliedConfig, String> {
+pub fn parse(json: &str) -> Result<AppliedConfig, ParseError> {
     use serde_json::Value;
     let mc: Value = serde_json::from_str(json)
-        .map_err(|e| format!("not JSON: {}", text::one_line(&e.to_string(), 160)))?;
+        .map_err(|e| ParseError::NotJson(text::one_line(&e.to_string(), 160)))?;
     let Value::Object(mc) = mc else {
-        return Err("not a MachineConfig: not a JSON object".into());
+        return Err(ParseError::Shape("not a JSON object"));
     };
     let empty = serde_json::Map::new();
     let release = ReleaseOf::from_annotation(release_annotation(&mc)?);
     let spec = match mc.get("spec") {
         None | Some(Value::Null) => &empty,
         Some(Value::Object(s)) => s,
-        Some(_) => return Err("not a MachineConfig: spec is not an object".into()),
+        Some(_) => return Err(ParseError::Shape("spec is not an object")),
     };
     let kernel_type = match spec.get("kernelType") {
         None | Some(Value::Null) => "",
         Some(Value::String(k)) => k.as_str(),
-        Some(_) => return Err("not a MachineConfig: spec.kernelType is not a string".into()),
+        Some(_) => return Err(ParseError::Shape("spec.kernelType is not a string")),
     };
     let names: Vec<&str> = match spec.get("extensions") {
         None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(Value::as_str)
-            .collect::<Option<_>>()
-            .ok_or("not a MachineConfig: spec.extensions is not a list of strings")?,
-        Some(_) => return Err("not a MachineConfig: spec.extensions is not a list".into()),
+        Some(Value::Array(a)) => {
+            a.iter()
+                .map(Value::as_str)
+                .collect::<Option<_>>()
+                .ok_or(ParseError::Shape(
+                    "spec.extensions is not a list of strings",
+                ))?
+        }
+        Some(_) => return Err(ParseError::Shape("spec.extensions is not a list")),
     };
     let kernel_type = match kernel_type {
         "" | "default" => Ok(KernelVariant::Default),
         "realtime" => Ok(KernelVariant::Realtime),
         "64k-pages" => Ok(KernelVariant::SixtyFourK),
-        other => Err(text::quote(other)),
+        other => Err(InvalidKernelType(text::quote(other))),
     };
     if names.len() > MAX_EXTENSIONS {
-        return Err(format!(
-            "spec.extensions has {} entries, more than {MAX_EXTENSIONS}",
-            names.len()
-        ));
+        return Err(ParseError::TooManyExtensions(names.len()));
     }
     let mut extensions = Vec::new();
     let mut unsupported = Vec::new();
@@ -142,23 +235,23 @@ pub fn parse(json: &str) -> Result<AppliedConfig, String> {
 /// `metadata.annotations`' [`RELEASE_ANNOTATION`], if there is one.
 fn release_annotation(
     mc: &serde_json::Map<String, serde_json::Value>,
-) -> Result<Option<&str>, String> {
+) -> Result<Option<&str>, ParseError> {
     use serde_json::Value;
     let annotations = match mc.get("metadata") {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::Object(m)) => m.get("annotations"),
-        Some(_) => return Err("not a MachineConfig: metadata is not an object".into()),
+        Some(_) => return Err(ParseError::Shape("metadata is not an object")),
     };
     match annotations {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Object(a)) => match a.get(RELEASE_ANNOTATION) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(v)) => Ok(Some(v.as_str())),
-            Some(_) => Err(format!(
-                "not a MachineConfig: the {RELEASE_ANNOTATION} annotation is not a string"
+            Some(_) => Err(ParseError::Shape(
+                "the machineconfiguration.openshift.io/release-image-version annotation is not a string",
             )),
         },
-        Some(_) => Err("not a MachineConfig: metadata.annotations is not an object".into()),
+        Some(_) => Err(ParseError::Shape("metadata.annotations is not an object")),
     }
 }
 
@@ -167,37 +260,37 @@ fn release_annotation(
 /// [`CURRENT_CONFIG`], else [`MCS_SERVED_CONFIG`]. `Ok(None)` when none of them has one (not
 /// known, not an error); `Err` with the file and the reason when the one read cannot be read
 /// or is not a MachineConfig (too large, not UTF-8, not JSON, fields of the wrong type).
-pub fn applied(root: &HostRoot) -> Result<Option<AppliedConfig>, String> {
+pub fn applied(root: &HostRoot) -> Result<Option<AppliedConfig>, AppliedError> {
     for name in [HYPERSHIFT_CURRENT_CONFIG, CURRENT_CONFIG, MCS_SERVED_CONFIG] {
-        let read = read(root, name).map_err(|e| format!("{name}: {e}"))?;
+        let read = read(root, name).map_err(|source| AppliedError::Read { file: name, source })?;
         // HyperShift nodes carry an empty `currentconfig` (the MCD's own comment in
         // `syncNodeHypershift`): it is no record, so the next file is read.
         if let Some(json) = read.filter(|j| !j.is_empty()) {
-            return parse(&json).map(Some).map_err(|e| format!("{name}: {e}"));
+            return parse(&json)
+                .map(Some)
+                .map_err(|source| AppliedError::Parse { file: name, source });
         }
     }
     Ok(None)
 }
 
 /// The text of `name` below `root`, `None` if it does not exist; at most [`MAX_BYTES`].
-fn read(root: &HostRoot, name: &str) -> Result<Option<String>, String> {
+fn read(root: &HostRoot, name: &str) -> Result<Option<String>, ReadError> {
     let file = match std::fs::File::open(root.path(name)) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(ReadError::Io(e.to_string())),
     };
     let mut bytes = Vec::new();
     file.take(MAX_BYTES + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| ReadError::Io(e.to_string()))?;
     if bytes.len() as u64 > MAX_BYTES {
-        return Err(format!(
-            "larger than {MAX_BYTES} bytes, more than any MachineConfig the operator renders"
-        ));
+        return Err(ReadError::TooLarge);
     }
     String::from_utf8(bytes)
         .map(Some)
-        .map_err(|_| "not UTF-8".to_string())
+        .map_err(|_| ReadError::NotUtf8)
 }
 
 #[cfg(test)]
@@ -308,7 +401,7 @@ mod tests {
             ),
         ] {
             let e = parse(json).expect_err(json);
-            assert!(e.contains(want), "{e}");
+            assert!(e.to_string().contains(want), "{e}");
         }
     }
 
@@ -319,7 +412,7 @@ mod tests {
             r#"{{"spec":{{"kernelType":"rt\u001b[31m{long}","extensions":["usbguard","bogus\n"]}}}}"#
         ))
         .expect("parse");
-        let k = mc.kernel_type.expect_err("invalid kernel type");
+        let k = mc.kernel_type.expect_err("invalid kernel type").0;
         assert!(
             k.starts_with("\"rt\\u{1b}[31mxx") && k.chars().count() < 100,
             "{k}"
@@ -350,7 +443,7 @@ mod tests {
             (b"\xff\xfe", "not UTF-8"),
         ] {
             write(&d, content);
-            let e = applied(&r).expect_err("malformed");
+            let e = applied(&r).expect_err("malformed").to_string();
             assert!(
                 e.starts_with("/etc/machine-config-daemon/currentconfig: ") && e.contains(want),
                 "{e}"
@@ -361,7 +454,12 @@ mod tests {
             &d,
             format!(r#"{{"spec":{{"extensions":[{}]}}}}"#, many.join(",")).as_bytes(),
         );
-        assert!(applied(&r).expect_err("too many").contains("65 entries"));
+        assert!(
+            applied(&r)
+                .expect_err("too many")
+                .to_string()
+                .contains("65 entries")
+        );
         let _ = std::fs::remove_dir_all(&d);
     }
 
@@ -384,7 +482,7 @@ mod tests {
         );
         assert_eq!(kernel(&r), Ok(Some(Ok(KernelVariant::Realtime))));
         put(HYPERSHIFT_CURRENT_CONFIG, "{");
-        let e = applied(&r).expect_err("malformed");
+        let e = applied(&r).expect_err("malformed").to_string();
         assert!(
             e.starts_with("/etc/mcd-currentconfig.json: not JSON"),
             "{e}"
@@ -415,7 +513,7 @@ mod tests {
         big.resize(MAX_BYTES as usize + 10, b'a');
         big.extend_from_slice(br#""}"#);
         write(&d, &big);
-        let e = applied(&r).expect_err("huge");
+        let e = applied(&r).expect_err("huge").to_string();
         assert!(e.contains("larger than 2097152 bytes"), "{e}");
         let _ = std::fs::remove_dir_all(&d);
     }

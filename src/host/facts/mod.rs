@@ -131,13 +131,37 @@ pub fn gather(root: &HostRoot, backend: BackendKind, booted: Option<&Deployment>
     }
 }
 
+/// Why the running kernel variant is not known.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelVariantError {
+    /// `/proc/sys/kernel/osrelease` could not be read (why).
+    #[error("cannot read the running kernel release: {0}")]
+    Release(String),
+    /// The overrides and the running kernel disagree.
+    #[error(transparent)]
+    Mismatch(#[from] kernel::KernelMismatch),
+}
+
+impl KernelVariantError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            KernelVariantError::Release(_) => "kernel-release-unreadable",
+            KernelVariantError::Mismatch(e) => e.label(),
+        }
+    }
+}
+
 /// The booted deployment's kernel variant, cross-checked with the running kernel.
-pub fn kernel_variant(root: &HostRoot, booted: &Deployment) -> Result<KernelVariant, String> {
+pub fn kernel_variant(
+    root: &HostRoot,
+    booted: &Deployment,
+) -> Result<KernelVariant, KernelVariantError> {
     let release = root
         .read("/proc/sys/kernel/osrelease")
-        .map_err(|e| format!("cannot read the running kernel release: {e}"))?;
+        .map_err(|e| KernelVariantError::Release(e.to_string()))?;
     let rt = root.read("/sys/kernel/realtime").ok();
-    kernel::checked_variant(booted, &release, rt.as_deref())
+    Ok(kernel::checked_variant(booted, &release, rt.as_deref())?)
 }
 
 /// CRI-O's effective default runtime: `/etc/crio/crio.conf`, then `/etc/crio/crio.conf.d/*.conf`

@@ -15,22 +15,40 @@ use super::HostRoot;
 pub const SECURE_BOOT_VAR: &str =
     "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c";
 
+/// Why the `SecureBoot` variable gives no answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecureBootError {
+    /// The variable holds fewer than 5 bytes (how many).
+    #[error("{SECURE_BOOT_VAR} holds {0} bytes, expected 5")]
+    Short(usize),
+    /// The variable exists but cannot be read (the system's words).
+    #[error("{SECURE_BOOT_VAR}: {0}")]
+    Unreadable(String),
+}
+
+impl SecureBootError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            SecureBootError::Short(_) => "secure-boot-variable-short",
+            SecureBootError::Unreadable(_) => "secure-boot-variable-unreadable",
+        }
+    }
+}
+
 /// `Ok(true)` when Secure Boot is on, `Ok(false)` when off or not an EFI boot; `Err` with what
 /// is wrong when the variable exists but cannot be read (callers take that as on).
-pub fn secure_boot(root: &HostRoot) -> Result<bool, String> {
+pub fn secure_boot(root: &HostRoot) -> Result<bool, SecureBootError> {
     if !root.path("/sys/firmware/efi").exists() {
         return Ok(false);
     }
     match std::fs::read(root.path(SECURE_BOOT_VAR)) {
         Ok(bytes) => match bytes.get(4) {
             Some(v) => Ok(*v == 1),
-            None => Err(format!(
-                "{SECURE_BOOT_VAR} holds {} bytes, expected 5",
-                bytes.len()
-            )),
+            None => Err(SecureBootError::Short(bytes.len())),
         },
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(format!("{SECURE_BOOT_VAR}: {e}")),
+        Err(e) => Err(SecureBootError::Unreadable(e.to_string())),
     }
 }
 

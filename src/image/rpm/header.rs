@@ -104,6 +104,17 @@ pub enum HeaderError {
     Invalid(String),
 }
 
+impl HeaderError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            HeaderError::Io(_) => "rpm-header-unreadable",
+            HeaderError::NotRpm => "rpm-not-a-package",
+            HeaderError::Invalid(_) => "rpm-header-malformed",
+        }
+    }
+}
+
 fn invalid(message: String) -> HeaderError {
     HeaderError::Invalid(message)
 }
