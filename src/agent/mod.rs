@@ -6,7 +6,9 @@
 //! transaction are in `staging.rs`, what wakes the loop and how each is handled in
 //! `event_loop.rs`, the reboot handshake and the after-boot outcome in `reboot.rs`;
 //! everything that can take long (reading deployments, preflight, verification, removing a
-//! stage, finalizing) runs in a task and comes back as an event (`work.rs`).
+//! stage, finalizing) runs in a task and comes back as an event (`work.rs`, `task.rs`). What the
+//! agent is doing and when it retries is the sans-I/O core's (`core.rs`); the reported status
+//! has one writer (`report.rs`). docs/architecture.md draws the whole.
 
 mod core;
 mod event_loop;

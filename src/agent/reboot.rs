@@ -249,7 +249,7 @@ impl Agent {
     }
 
     /// Records the attempt, reports `Rebooting` and asks rpm-ostreed to finalize and reboot.
-    #[tracing::instrument(skip_all, fields(request = %desired.observed_hash(), attempt))]
+    #[tracing::instrument(skip_all, fields(request = %desired.observed_hash(), attempt = attempt))]
     pub(super) async fn finalize(
         &mut self,
         desired: &crate::cluster::protocol::Desired,
