@@ -54,7 +54,12 @@ pub fn jitter() -> f64 {
 
 /// `d` stretched by up to a quarter, at random: nodes that failed together retry apart.
 pub fn jittered(d: Duration) -> Duration {
-    d.mul_f64(1.0 + jitter() / 4.0)
+    stretch(d, jitter())
+}
+
+/// `d` stretched by `jitter` (in `[0, 1)`) quarters: [`jittered`] with the sample given.
+pub fn stretch(d: Duration, jitter: f64) -> Duration {
+    d.mul_f64(1.0 + jitter / 4.0)
 }
 
 #[cfg(test)]

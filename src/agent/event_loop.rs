@@ -1,5 +1,7 @@
 //! The loop itself: what wakes it (the Node and OSImageStream watches, the running
 //! transaction, long work, timers, streamd's D-Bus API, the watchdog) and how each is handled.
+//! What runs and when the timers fire is the core's (`core.rs`); this loop owns the tasks and
+//! the sources, feeds the core its events and executes the effects it returns.
 
 use std::pin::pin;
 use std::time::{Duration, Instant};
@@ -9,8 +11,9 @@ use futures::stream::LocalBoxStream;
 use tokio::time::sleep_until;
 use tracing::{debug, info, warn};
 
-use super::staging::{StagingEvent, staging_event};
-use super::work::{self, Outcome};
+use super::core::{Activity, Event};
+use super::task::{self, StagingEvent, TaskEvent, TaskFailed};
+use super::work::Outcome;
 use super::{Agent, notify};
 use crate::cluster::node::NodeUpdate;
 use crate::cluster::streams::StreamsUpdate;
@@ -39,7 +42,7 @@ enum Wake {
     /// The staging transaction progressed or ended.
     Staging(StagingEvent),
     /// Long work ended (`Err`: its task failed).
-    Work(Result<Outcome, String>),
+    Work(Result<Outcome, TaskFailed>),
     /// A retry timer fired.
     RetryDue,
     /// The status patch is due.
@@ -102,16 +105,22 @@ impl Agent {
     /// Waits for the next thing the loop reacts to.
     async fn wait(&mut self, src: &mut Sources) -> Wake {
         let flush_at = self.flush_at();
+        let step = match self.core.activity() {
+            Activity::Running { step, .. } => step.label(),
+            Activity::Idle | Activity::Settling { .. } => "work",
+        };
         tokio::select! {
             _ = sleep_until(self.credentials_at.into()) => Wake::CredentialsDue,
             upd = next_opt(&mut src.watch) => Wake::Node(upd),
             upd = next_opt(&mut src.streams) => Wake::Streams(upd),
-            ev = staging_event(&mut self.staging) => Wake::Staging(ev),
-            done = work::finished(&mut self.work) => Wake::Work(done),
-            _ = sleep_opt(self.retry_at) => Wake::RetryDue,
+            ev = task::next(&mut self.task, step) => match ev {
+                TaskEvent::Staging(ev) => Wake::Staging(ev),
+                TaskEvent::Work(done) => Wake::Work(done),
+            },
+            _ = sleep_opt(self.core.retry_at()) => Wake::RetryDue,
             _ = sleep_opt(flush_at) => Wake::FlushDue,
             Some(req) = self.requests.recv() => Wake::Request(req),
-            _ = sleep_opt(self.readiness_at) => Wake::ReadinessDue,
+            _ = sleep_opt(self.core.readiness_at()) => Wake::ReadinessDue,
             _ = tick(&mut src.watchdog) => Wake::WatchdogDue,
         }
     }
@@ -141,25 +150,31 @@ impl Agent {
             }
             Wake::Streams(None) => anyhow::bail!("the osimagestream watch ended"),
             Wake::Staging(StagingEvent::Progress(ev)) => self.on_progress(ev).await,
-            Wake::Staging(StagingEvent::Finished(res)) => self.on_staged(res).await,
+            Wake::Staging(StagingEvent::Finished(res)) => {
+                self.on_staged(res).await;
+                self.settle().await;
+            }
             Wake::Work(done) => {
                 match done {
-                    Ok(outcome) => self.on_work(outcome).await,
-                    Err(e) => self.transient_failure(e).await,
+                    Ok(outcome) => {
+                        self.ended(None).await;
+                        self.on_work(outcome).await;
+                    }
+                    Err(e) => {
+                        warn!(error = %e, label = e.label(), "work failed");
+                        self.ended(Some(e.to_string())).await;
+                    }
                 }
-                if self.work.is_none() && std::mem::take(&mut self.reconcile_again) {
-                    self.reconcile().await;
-                }
+                self.settle().await;
             }
             Wake::RetryDue => {
-                self.retry_at = None;
-                self.reconcile().await;
+                let effects = self.core.handle(Event::RetryDue);
+                self.execute(effects).await;
             }
             Wake::FlushDue => self.flush().await,
             Wake::Request(req) => self.on_request(req).await,
             Wake::ReadinessDue => {
-                self.readiness_at = None;
-                self.readiness_stale = true;
+                self.core.handle(Event::ReadinessDue);
             }
             Wake::WatchdogDue => notify(&[sd_notify::NotifyState::Watchdog]),
         }

@@ -40,7 +40,7 @@ impl Agent {
     /// Has the cluster's streams watched when the image policy needs them to judge one of
     /// `checked` (the readiness checks' requests) on this node.
     pub(super) fn watch_streams_for<'a>(&mut self, mut checked: impl Iterator<Item = &'a Desired>) {
-        let booted = Some(self.status.current_os_image.as_str()).filter(|b| !b.is_empty());
+        let booted = Some(self.report.status().current_os_image.as_str()).filter(|b| !b.is_empty());
         if !self.images_watch
             && checked.any(|d| policy::needs_catalog(&self.gatherer.images, d, booted))
         {
@@ -63,8 +63,12 @@ impl Agent {
         if !self.images_watch {
             return;
         }
-        self.readiness_stale = true;
-        let refused = self.status.failed_checks.contains(&CheckId::ImagePolicy);
+        self.core.handle(super::core::Event::ReadinessStale);
+        let refused = self
+            .report
+            .status()
+            .failed_checks
+            .contains(&CheckId::ImagePolicy);
         if std::mem::take(&mut self.images_waiting) || refused {
             self.reconcile().await;
         }

@@ -6,8 +6,11 @@
 //! transaction are in `staging.rs`, what wakes the loop and how each is handled in
 //! `event_loop.rs`, the reboot handshake and the after-boot outcome in `reboot.rs`;
 //! everything that can take long (reading deployments, preflight, verification, removing a
-//! stage, finalizing) runs in a task and comes back as an event (`work.rs`).
+//! stage, finalizing) runs in a task and comes back as an event (`work.rs`, `task.rs`). What the
+//! agent is doing and when it retries is the sans-I/O core's (`core.rs`); the reported status
+//! has one writer (`report.rs`). docs/architecture.md draws the whole.
 
+mod core;
 mod event_loop;
 pub mod gather;
 mod images;
@@ -15,7 +18,9 @@ pub mod planner;
 pub mod preflight;
 mod readiness;
 mod reboot;
+mod report;
 mod staging;
+mod task;
 mod work;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -38,23 +43,20 @@ use crate::config::RebootPolicy;
 use crate::dbus_api::{self, Request};
 use crate::host::attempt;
 use crate::host::facts::{self, HostRoot};
+use core::{Core, Effect, Event, Retry, Step};
 use gather::{Gatherer, Transient};
 use planner::{Decision, Lifecycle, Observation};
-use staging::Staging;
-use work::{Kind, Outcome, Work};
+use report::Report;
+use task::Task;
+use work::Outcome;
 
 /// How rpm-ostree refuses a rebase onto the refspec the pending deployment already has.
 const REFS_EQUAL: &str = "Old and new refs are equal";
-/// First delay after a transient failure, and the short fixed waits.
-const MIN_BACKOFF: Duration = Duration::from_secs(1);
-/// After a transient failure: 1 s doubling to 60 s.
-const TRANSIENT_BACKOFF: Backoff = Backoff::new(MIN_BACKOFF, Duration::from_secs(60));
 /// While a foreign rpm-ostree transaction runs: 1 s doubling to 30 s.
-const BUSY_BACKOFF: Backoff = Backoff::new(MIN_BACKOFF, Duration::from_secs(30));
-/// After a registry or DNS failure during preflight or readiness: 10 s doubling to 5 min.
-const REGISTRY_BACKOFF: Backoff = Backoff::new(Duration::from_secs(10), Duration::from_secs(300));
+const BUSY_BACKOFF: Backoff = Backoff::new(core::MIN_BACKOFF, Duration::from_secs(30));
 /// After a failed node patch: 1 s doubling to the reporter's cap.
-const PATCH_BACKOFF: Backoff = Backoff::new(MIN_BACKOFF, crate::cluster::report::PATCH_MAX_BACKOFF);
+const PATCH_BACKOFF: Backoff =
+    Backoff::new(core::MIN_BACKOFF, crate::cluster::report::PATCH_MAX_BACKOFF);
 /// How often the credential files are looked for while there are none.
 const CREDENTIALS_WAIT: Duration = Duration::from_secs(5);
 
@@ -86,20 +88,17 @@ pub struct Agent {
     api: dbus_api::Api,
     requests: mpsc::Receiver<Request>,
     events: mpsc::Sender<(EventType, &'static str, String)>,
-    status: Status,
+    /// The reported status; nothing else writes it.
+    report: Report,
     reporter: Reporter,
     inputs: Option<Inputs>,
-    staging: Option<Staging>,
-    /// Long work running beside the loop (see `work.rs`).
-    work: Option<Work>,
-    /// A reconcile was asked for while work ran: run it once the work is done.
-    reconcile_again: bool,
+    /// What the agent is doing, its retry and readiness timers (sans I/O, see `core.rs`).
+    core: Core,
+    /// The task or transaction of the step the core says runs.
+    task: Option<Task>,
     /// Held by every preflight run, the agent's and `streamctl preflight`'s: they share the
     /// extraction directory, whose other images' RPMs a run removes.
     preflight_lock: std::sync::Arc<tokio::sync::Mutex<()>>,
-    retry_at: Option<Instant>,
-    backoff: Backoff,
-    registry_backoff: Backoff,
     patch_retry_at: Option<Instant>,
     patch_backoff: Backoff,
     /// The Node object was read at least once.
@@ -119,8 +118,6 @@ pub struct Agent {
     unresolved: Option<String>,
     /// The annotations `inputs` was resolved from.
     resolved_from: Inputs,
-    /// After a digest refresh of the node's stream: no staging before then (and why).
-    spread_until: Option<(Instant, String)>,
     store: attempt::Store,
     boot_id: String,
     /// The signal that the machine-config daemon manages the node, if any.
@@ -134,12 +131,6 @@ pub struct Agent {
     check_error: Option<String>,
     /// The plan the published readiness answers (see `readiness.rs`).
     readiness_key: Option<String>,
-    /// When the readiness checks run again although their input is unchanged.
-    readiness_at: Option<Instant>,
-    /// `readiness_at` has passed.
-    readiness_stale: bool,
-    /// Delay before retrying readiness checks that could not run.
-    readiness_backoff: Backoff,
     /// The digest whose bootloader update ran this boot, and its failure, if it failed.
     bootloader: Option<(String, Option<String>)>,
     /// The image policy needed the cluster's streams once: they are watched from then on.
@@ -152,7 +143,8 @@ impl std::fmt::Debug for Agent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Agent")
             .field("node", &self.node)
-            .field("state", &self.status.state)
+            .field("state", &self.report.status().state)
+            .field("activity", self.core.activity())
             .finish_non_exhaustive()
     }
 }
@@ -188,16 +180,12 @@ impl Agent {
             api,
             requests,
             events,
-            status,
+            report: Report::new(status),
             reporter: Reporter::default(),
             inputs: None,
-            staging: None,
-            work: None,
-            reconcile_again: false,
+            core: Core::default(),
+            task: None,
             preflight_lock: std::sync::Arc::default(),
-            retry_at: None,
-            backoff: TRANSIENT_BACKOFF,
-            registry_backoff: REGISTRY_BACKOFF,
             patch_retry_at: None,
             patch_backoff: PATCH_BACKOFF,
             node_seen: false,
@@ -208,7 +196,6 @@ impl Agent {
             catalog: None,
             unresolved: None,
             resolved_from: Inputs::default(),
-            spread_until: None,
             store: attempt::Store::new(&reboot.state_dir),
             reboot,
             boot_id,
@@ -217,9 +204,6 @@ impl Agent {
             checks: CheckInputs::default(),
             check_error: None,
             readiness_key: None,
-            readiness_at: None,
-            readiness_stale: false,
-            readiness_backoff: REGISTRY_BACKOFF,
             bootloader: None,
             images_watch: false,
             images_waiting: false,
@@ -267,13 +251,13 @@ impl Agent {
     /// D-Bus, in `STATUS=` and in the journal. The annotations are not touched (they cannot be
     /// written, and the state before the first read would overwrite the node's real one).
     async fn waiting(&mut self, reason: String) {
-        if self.status.reason == reason {
+        if self.report.status().reason == reason {
             return;
         }
         warn!(%reason, "not acting on the node yet");
-        notify_status(self.status.state, &reason);
-        self.status.reason = reason;
-        if let Err(e) = self.api.publish(&self.status).await {
+        notify_status(self.report.status().state, &reason);
+        self.report.set_reason(reason);
+        if let Err(e) = self.api.publish(self.report.status()).await {
             warn!(error = %e, "publishing status on d-bus failed");
         }
     }
@@ -291,7 +275,7 @@ impl Agent {
 
     /// Acts on the effective request when the node's inputs or the cluster's streams change.
     async fn inputs_changed(&mut self) {
-        if self.status.mode == Mode::Readiness {
+        if self.report.status().mode == Mode::Readiness {
             self.hold_readiness().await;
             return;
         }
@@ -312,7 +296,7 @@ impl Agent {
                 // A new request or approval may try a failed bootloader update again.
                 self.bootloader = None;
                 let previous = self.inputs.as_ref().map(|i| (&self.resolved_from, i));
-                self.spread_until = crate::cluster::streams::catalog_refresh(
+                let spread = crate::cluster::streams::catalog_refresh(
                     previous.filter(|_| self.unresolved.is_none()),
                     &self.raw_inputs,
                     &inputs,
@@ -332,10 +316,11 @@ impl Agent {
                     );
                     (Instant::now() + delay, reason)
                 });
+                self.core.handle(Event::Spread(spread));
                 self.resolved_from = self.raw_inputs.clone();
                 self.unresolved = None;
                 self.inputs = Some(inputs);
-                self.backoff.reset();
+                self.core.handle(Event::Recovered(Retry::Transient));
                 self.reconcile().await;
             }
             Err(e) => {
@@ -346,13 +331,8 @@ impl Agent {
                 warn!(%reason, "request cannot be resolved");
                 self.unresolved = Some(reason.clone());
                 self.inputs = None;
-                self.status.desired_stream = self.raw_inputs.stream.clone();
-                self.status.desired_os_image = None;
-                self.status.desired_extensions_image = None;
-                self.status.observed_desired = None;
-                if let Some(st) = &self.staging {
-                    let _ = st.cancel.send(true);
-                }
+                self.report.set_unresolved(self.raw_inputs.stream.clone());
+                self.hold().await;
                 let state = match e {
                     // The first read of the streams is on its way; nothing to report yet.
                     ResolveError::Pending => return,
@@ -364,8 +344,11 @@ impl Agent {
         }
     }
 
+    /// Decides again on the effective request: the core says whether the deployments are read
+    /// now, once the running step is done, or not at all.
+    #[tracing::instrument(skip_all, fields(request = tracing::field::Empty))]
     async fn reconcile(&mut self) {
-        if self.status.mode == Mode::Readiness {
+        if self.report.status().mode == Mode::Readiness {
             self.hold_readiness().await;
             return;
         }
@@ -374,56 +357,115 @@ impl Agent {
             return;
         }
         let inputs = self.inputs.clone().unwrap_or_default();
-        let desired = inputs.desired();
-        self.status.desired_stream = inputs.stream.clone();
-        self.status.desired_os_image = inputs.os_image.clone();
-        self.status.desired_extensions_image = inputs.extensions_image.clone();
-        self.status.observed_desired = desired
-            .as_ref()
-            .ok()
-            .and_then(|d| d.as_ref().map(|d| d.observed_hash()));
-        if let Some(st) = &self.staging {
-            if self.status.observed_desired.as_deref() == Some(st.hash.as_str()) {
-                return;
-            }
-            // A different request (or none) arrives mid-transaction: cancel it; rpm-ostreed
-            // reports the end as Finished, and the reconcile after it acts on the new request.
-            info!("request changed while staging; cancelling the transaction");
-            let _ = st.cancel.send(true);
-            self.publish().await;
-            return;
+        let request = inputs.desired().ok().flatten().map(|d| d.observed_hash());
+        if let Some(r) = &request {
+            tracing::Span::current().record("request", r.as_str());
         }
-        if let Some((until, reason)) = self.spread_until.clone() {
-            if Instant::now() < until {
-                self.retry_at = Some(until);
-                // A request for the old images must not be approved meanwhile.
-                self.request_reboot(None, None).await;
-                self.set_state(State::Preflight, reason).await;
-                return;
-            }
-            self.spread_until = None;
-        }
-        if let Some(w) = &self.work {
-            // A preflight for a request no longer wanted changes nothing: drop it, as readiness
-            // checks, which run again once the slot is free. Other work ends first; this
-            // reconcile runs after it.
-            if w.kind == Kind::Readiness
-                || (w.kind == Kind::Preflight
-                    && w.request.as_deref() != self.status.observed_desired.as_deref())
-            {
-                info!(kind = ?w.kind, "request changed during read-only work; dropping it");
-                if let Some(w) = self.work.take() {
-                    w.abort();
+        self.report.set_desired(&inputs, request.clone());
+        let effects = self.core.handle(Event::Reconcile {
+            now: Instant::now(),
+            request,
+        });
+        self.execute(effects).await;
+    }
+
+    /// Does what the core asked for.
+    async fn execute(&mut self, effects: Vec<Effect>) {
+        let mut reconcile = false;
+        for effect in effects {
+            match effect {
+                Effect::Observe => {
+                    let backend = self.backend.clone();
+                    self.task = Some(Task::spawn(async move {
+                        Outcome::Observed(backend.deployments().await)
+                    }));
                 }
-            } else {
-                self.reconcile_again = true;
-                return;
+                Effect::Abort => {
+                    info!("request changed during read-only work; dropping it");
+                    if let Some(task) = self.task.take() {
+                        task.abort();
+                    }
+                }
+                Effect::CancelStaging => {
+                    info!("cancelling the staging transaction");
+                    if let Some(task) = &self.task {
+                        task.cancel();
+                    }
+                }
+                Effect::Publish => self.publish().await,
+                Effect::Retry {
+                    retry: Retry::Transient,
+                    reason,
+                    delay,
+                } => self.report_retry(reason, delay).await,
+                Effect::Retry {
+                    retry: Retry::Registry,
+                    reason,
+                    delay,
+                } => {
+                    warn!(error = %reason, retry_in = ?delay, "preflight could not reach the registry");
+                    self.set_reason(format!("{reason}; retrying in {}s", delay.as_secs()))
+                        .await;
+                }
+                Effect::Spreading { reason } => {
+                    // A request for the old images must not be approved meanwhile.
+                    self.request_reboot(None, None).await;
+                    self.set_state(State::Preflight, reason).await;
+                }
+                Effect::Reconcile => reconcile = true,
             }
         }
-        let backend = self.backend.clone();
-        self.work = Some(Work::spawn(Kind::Observe, None, async move {
-            Outcome::Observed(backend.deployments().await)
-        }));
+        if reconcile {
+            Box::pin(self.reconcile()).await;
+        }
+    }
+
+    /// Starts `step` (a decision's next one) in a task.
+    fn start(
+        &mut self,
+        step: Step,
+        work: impl std::future::Future<Output = Outcome> + Send + 'static,
+    ) {
+        let effects = self.core.handle(Event::Started(step));
+        debug_assert!(effects.is_empty(), "starting a step has no effects");
+        self.task = Some(Task::spawn(work));
+    }
+
+    /// A request that is not acted on now: its transaction, if one runs, is cancelled.
+    async fn hold(&mut self) {
+        let effects = self.core.handle(Event::Hold);
+        self.execute(effects).await;
+    }
+
+    /// Tells the core that the running step ended (`failed`: its task failed, and why).
+    async fn ended(&mut self, failed: Option<String>) {
+        let effects = self.core.handle(Event::Ended {
+            now: Instant::now(),
+            failed,
+        });
+        self.execute(effects).await;
+    }
+
+    /// Tells the core that the ended step's result was acted on.
+    async fn settle(&mut self) {
+        let effects = self.core.handle(Event::Settled);
+        self.execute(effects).await;
+    }
+
+    /// Retries after the back-off `retry`'s next delay, reporting `reason`.
+    async fn fail(&mut self, retry: Retry, reason: String) {
+        let effects = self.core.handle(Event::Failed {
+            now: Instant::now(),
+            retry,
+            reason,
+            jitter: crate::backoff::jitter(),
+        });
+        self.execute(effects).await;
+    }
+
+    /// Decides again after `delay`, whatever the back-offs say.
+    fn retry_after(&mut self, delay: Duration) {
+        self.core.handle(Event::RetryAt(Instant::now() + delay));
     }
 
     /// Carries on with what a piece of work found.
@@ -432,7 +474,7 @@ impl Agent {
             // Work that would go on to stage: never in readiness mode (the mode can change
             // while it runs).
             Outcome::Observed(_) | Outcome::Prepared(..) | Outcome::ForeignRemoved(..)
-                if self.status.mode == Mode::Readiness =>
+                if self.report.status().mode == Mode::Readiness =>
             {
                 self.hold_readiness().await;
             }
@@ -454,6 +496,7 @@ impl Agent {
     }
 
     /// Decides on freshly read deployments and acts.
+    #[tracing::instrument(skip_all, fields(request = tracing::field::Empty))]
     async fn decide(&mut self, deployments: Vec<Deployment>) {
         self.observe_deployments(&deployments);
         if self.unresolved.is_some() {
@@ -463,6 +506,9 @@ impl Agent {
         }
         let inputs = self.inputs.clone().unwrap_or_default();
         let desired = inputs.desired();
+        if let Ok(Some(d)) = &desired {
+            tracing::Span::current().record("request", d.observed_hash().as_str());
+        }
         let mut record = match self.store.load() {
             Ok(r) => r,
             Err(e) => {
@@ -520,7 +566,9 @@ impl Agent {
                 let gave_up = record
                     .failure
                     .as_ref()
-                    .filter(|f| Some(f.request.as_str()) == self.status.observed_desired.as_deref())
+                    .filter(|f| {
+                        Some(f.request.as_str()) == self.report.status().observed_desired.as_deref()
+                    })
                     .and_then(|f| f.gave_up.clone());
                 match gave_up {
                     // Failed for good before (maybe before a restart): not pulled again.
@@ -540,7 +588,12 @@ impl Agent {
             }
             Decision::Done { applied } => self.done(applied, record).await,
             settled => {
-                let staged = self.status.staged_os_image.as_deref().unwrap_or_default();
+                let staged = self
+                    .report
+                    .status()
+                    .staged_os_image
+                    .as_deref()
+                    .unwrap_or_default();
                 if let Some((state, reason)) = settled.settled(staged) {
                     self.set_state(state, reason).await;
                 }
@@ -550,20 +603,20 @@ impl Agent {
 
     fn observe_deployments(&mut self, deployments: &[Deployment]) {
         let booted = deployments.iter().find(|d| d.booted);
-        self.status.current_os_image = booted
-            .and_then(Deployment::pullspec)
-            .unwrap_or_default()
-            .to_string();
-        self.status.current_stream = readiness::booted_stream(&self.host, deployments);
         // Only the kernel variant can change without a reboot (a staged override is not booted,
         // but a restart after one is); the rest was gathered at start.
-        if let Some(host) = self.status.host.as_mut() {
-            host.kernel = booted.and_then(|b| facts::kernel_variant(&self.host, b).ok());
-        }
-        self.status.staged_os_image = deployments
-            .iter()
-            .find(|d| d.staged)
-            .and_then(|d| d.pullspec().map(String::from));
+        self.report.set_deployments(
+            booted
+                .and_then(Deployment::pullspec)
+                .unwrap_or_default()
+                .to_string(),
+            readiness::booted_stream(&self.host, deployments),
+            booted.and_then(|b| facts::kernel_variant(&self.host, b).ok()),
+            deployments
+                .iter()
+                .find(|d| d.staged)
+                .and_then(|d| d.pullspec().map(String::from)),
+        );
     }
 
     /// Preflight and plan for a request, without acting: what `streamctl preflight` and
@@ -576,7 +629,7 @@ impl Agent {
         let current = self.inputs.clone().unwrap_or_default();
         let backend = self.backend.clone();
         let gatherer = self.gatherer.clone();
-        let facts = self.status.host.clone();
+        let facts = self.report.status().host.clone();
         let store = self.store.clone();
         let lock = self.preflight_lock.clone();
         let catalog = self.catalog.clone();
@@ -637,13 +690,17 @@ impl Agent {
     }
 
     async fn transient_failure(&mut self, reason: String) {
-        let delay = self.backoff.next_delay();
-        self.retry_in(reason, delay).await;
+        self.fail(Retry::Transient, reason).await;
     }
 
     /// Reports `Degraded` with `reason` and decides again after `delay`.
     async fn retry_in(&mut self, reason: String, delay: Duration) {
-        self.retry_at = Some(Instant::now() + delay);
+        self.retry_after(delay);
+        self.report_retry(reason, delay).await;
+    }
+
+    /// Reports `Degraded` with `reason`, to be retried after `delay`.
+    async fn report_retry(&mut self, reason: String, delay: Duration) {
         warn!(%reason, retry_in = ?delay, "transient failure");
         self.set_state(
             State::Degraded,
@@ -658,7 +715,7 @@ impl Agent {
 
     /// Says what happens now, in the state the agent is in (progress, a retry's wait).
     async fn set_reason(&mut self, reason: String) {
-        self.status.reason = reason;
+        self.report.set_reason(reason);
         self.publish().await;
     }
 
@@ -690,45 +747,31 @@ impl Agent {
         if let Some(ev) = event {
             let _ = self.events.try_send(ev);
         }
-        if self.status.state != state || self.status.reason != reason {
+        let change = self
+            .report
+            .set_state(state, reason.clone(), failed_checks, unix_now());
+        if change.text {
             notify_status(state, &reason);
         }
-        if self.status.state != state {
-            self.status.last_change = unix_now();
+        if change.state {
+            let s = self.report.status();
             crate::logging::log_state(
                 state,
                 &reason,
-                self.status
-                    .desired_stream
-                    .as_deref()
-                    .unwrap_or(&self.status.current_stream),
-                self.status
-                    .desired_os_image
-                    .as_deref()
-                    .unwrap_or(&self.status.current_os_image),
+                s.desired_stream.as_deref().unwrap_or(&s.current_stream),
+                s.desired_os_image.as_deref().unwrap_or(&s.current_os_image),
                 self.node.name(),
             );
             if let Some((kind, name)) = event_for(state).filter(|_| !explicit) {
-                let _ = self.events.try_send((kind, name, reason.clone()));
+                let _ = self.events.try_send((kind, name, reason));
             }
         }
-        if state != State::Staging {
-            self.status.progress = None;
-        }
-        match state {
-            State::Degraded | State::Refused => self.status.last_error = Some(reason.clone()),
-            State::Done => self.status.last_error = None,
-            _ => {}
-        }
-        self.status.state = state;
-        self.status.reason = reason;
-        self.status.failed_checks = failed_checks;
         self.publish().await;
     }
 
     async fn publish(&mut self) {
-        self.reporter.set(&self.status);
-        if let Err(e) = self.api.publish(&self.status).await {
+        self.reporter.set(self.report.status());
+        if let Err(e) = self.api.publish(self.report.status()).await {
             warn!(error = %e, "publishing status on d-bus failed");
         }
     }

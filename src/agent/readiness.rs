@@ -10,17 +10,17 @@
 //! loop (`work.rs`) and only while no other work or transaction runs.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tracing::{debug, info, warn};
 
 use super::Agent;
-use super::work::{Kind, Outcome, ReadinessRun, Work};
+use super::core::{Event, Step};
+use super::work::{Outcome, ReadinessRun};
 use crate::agent::gather::{Gatherer, Prepared, Purpose, Transient};
 use crate::agent::planner;
 use crate::agent::preflight;
 use crate::backend::{Deployment, StagePlan};
-use crate::backoff::jittered;
 use crate::cluster::node::EventType;
 use crate::cluster::policy::{self, Verdict};
 use crate::cluster::protocol::{
@@ -32,9 +32,6 @@ use crate::config::ModeChoice;
 use crate::host::attempt::Record;
 use crate::host::facts::machineconfig::{self, AppliedConfig};
 use crate::host::facts::{HostFacts, HostRoot, mcd};
-
-/// Checks whose input did not change are run again after this long.
-pub(super) const READINESS_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// One stream to check, or why it cannot be checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -255,9 +252,9 @@ impl Agent {
         self.checks = protocol::CheckInputs::from_annotations(annotations);
         self.mcd = mcd::detect(&self.host, annotations);
         let mode = self.mode().0;
-        if mode != self.status.mode {
+        if mode != self.report.status().mode {
             info!(%mode, signal = ?self.mcd.map(|s| s.to_string()), "mode");
-            self.status.mode = mode;
+            self.report.set_mode(mode);
         }
         // Read on every node update, and only where the operator's move is checked
         // (`readiness_plan`): the daemon rewrites the file before it reboots into a new config
@@ -284,7 +281,7 @@ impl Agent {
 
     /// Whether the cluster's streams must be watched for the checks.
     pub(super) fn wants_catalog(&self) -> bool {
-        self.status.mode == Mode::Readiness
+        self.report.status().mode == Mode::Readiness
             || (self.checks.stream.is_some() && self.checks.os_image.is_none())
             || self.images_watch
     }
@@ -292,23 +289,17 @@ impl Agent {
     /// The readiness-mode answer to every request: stage nothing, report why, cancel a
     /// transaction started before the mode changed.
     pub(super) async fn hold_readiness(&mut self) {
-        if let Some(st) = &self.staging {
-            info!("readiness mode: cancelling the running transaction");
-            let _ = st.cancel.send(true);
-        }
+        self.hold().await;
         // A request acted on before is acted on afresh once the node is handed back.
         self.inputs = None;
         let raw = self.raw_inputs.clone();
-        self.status.desired_stream = raw.stream.clone();
-        self.status.desired_os_image = raw.os_image.clone();
-        self.status.desired_extensions_image = raw.extensions_image.clone();
-        self.status.observed_desired = None;
+        self.report.set_desired(&raw, None);
         self.request_reboot(None, None).await;
         let why = self.mode().1.unwrap_or_default();
         let mut refused = Vec::new();
         if raw.stream.is_some() || raw.os_image.is_some() || raw.extensions_image.is_some() {
             // The way to move the node is the platform's: the pool's stream where the MCD
-            // manages it (handing such a node to streamd breaks the MCD, README "Modes").
+            // manages it (handing such a node to streamd breaks the MCD, docs/modes.md).
             let how = if self.mcd.is_some() {
                 "to move this node, set its MachineConfigPool's spec.osImageStream.name: the machine-config operator moves it, and the readiness annotation says whether it would pass"
             } else {
@@ -340,7 +331,7 @@ impl Agent {
         let catalog = self.catalog.as_ref();
         // In readiness mode on a node the machine-config daemon manages, the move an admin
         // asks about is the machine-config operator's (the pool's spec.osImageStream.name).
-        let purpose = if self.status.mode == Mode::Readiness && self.mcd.is_some() {
+        let purpose = if self.report.status().mode == Mode::Readiness && self.mcd.is_some() {
             Purpose::MachineConfigReadiness
         } else {
             Purpose::DryRun
@@ -373,7 +364,7 @@ impl Agent {
                     machine_config,
                 }),
             },
-            None if self.status.mode == Mode::Manage => Planned::Nothing,
+            None if self.report.status().mode == Mode::Manage => Planned::Nothing,
             None => match catalog {
                 None => Planned::Wait,
                 Some(Catalog::Available(entries)) => Planned::Run(Plan {
@@ -408,12 +399,12 @@ impl Agent {
     /// Starts the readiness checks when they are due and nothing else runs; called after
     /// every event of the loop.
     pub(super) async fn readiness_tick(&mut self) {
-        if !self.node_seen || self.work.is_some() || self.staging.is_some() {
+        if !self.node_seen || !self.core.idle() {
             return;
         }
         let plan = match self.readiness_plan() {
             Planned::Run(plan) => plan,
-            Planned::Invalid(e) if self.status.mode == Mode::Manage => {
+            Planned::Invalid(e) if self.report.status().mode == Mode::Manage => {
                 // The state belongs to the request; a bad check is an Event and a log line.
                 if self.check_error.as_deref() != Some(e.as_str()) {
                     warn!(error = %e, "check request refused");
@@ -426,8 +417,8 @@ impl Agent {
             }
             Planned::Nothing | Planned::NoStreams(_) => {
                 self.check_error = None;
-                if !self.status.readiness.is_empty() {
-                    self.status.readiness.clear();
+                if !self.report.status().readiness.is_empty() {
+                    self.report.set_readiness(BTreeMap::new());
                     self.readiness_key = None;
                     self.publish().await;
                 }
@@ -437,10 +428,10 @@ impl Agent {
         };
         self.check_error = None;
         let key = plan.key();
-        if self.readiness_key.as_deref() == Some(key.as_str()) && !self.readiness_stale {
+        if self.readiness_key.as_deref() == Some(key.as_str()) && !self.core.readiness_stale() {
             return;
         }
-        let Some(facts) = self.status.host.clone() else {
+        let Some(facts) = self.report.status().host.clone() else {
             return;
         };
         self.watch_streams_for(plan.checked());
@@ -450,7 +441,7 @@ impl Agent {
         let store = self.store.clone();
         let lock = self.preflight_lock.clone();
         let catalog = self.catalog.clone();
-        self.work = Some(Work::spawn(Kind::Readiness, None, async move {
+        self.start(Step::Readiness, async move {
             let _one_at_a_time = lock.lock().await;
             let deployments = backend.deployments().await;
             let record = store.load().unwrap_or_default();
@@ -503,7 +494,7 @@ impl Agent {
                 entries,
                 transient,
             }))
-        }));
+        });
     }
 
     /// Publishes what a readiness run found and schedules the next one.
@@ -521,20 +512,17 @@ impl Agent {
             self.publish().await;
             return;
         }
-        let delay = if run.transient {
-            jittered(self.readiness_backoff.next_delay())
-        } else {
-            self.readiness_backoff.reset();
-            READINESS_INTERVAL
-        };
+        self.core.handle(Event::Checked {
+            now: Instant::now(),
+            transient: run.transient,
+            jitter: crate::backoff::jitter(),
+        });
         for (stream, r) in &run.entries {
             info!(stream = %stream, ready = r.ready, failed = ?r.failed, "readiness");
         }
-        self.readiness_at = Some(Instant::now() + delay);
-        self.readiness_stale = false;
         self.readiness_key = Some(run.key);
-        self.status.readiness = run.entries;
-        if self.status.mode == Mode::Readiness {
+        self.report.set_readiness(run.entries);
+        if self.report.status().mode == Mode::Readiness {
             // The current stream may have become known: the state follows the same rules.
             self.hold_readiness().await;
         } else {

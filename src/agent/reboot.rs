@@ -1,12 +1,11 @@
 //! The reboot handshake: the request and its approval, the attempt record, finalization and
 //! what the next boot shows.
 
-use std::time::Instant;
-
 use tracing::{info, warn};
 
-use super::work::{Applying, Kind, Outcome, Work};
-use super::{Agent, MIN_BACKOFF};
+use super::Agent;
+use super::core::{Event, MIN_BACKOFF, Retry, Step};
+use super::work::{Applying, Outcome};
 use crate::agent::planner::Decision;
 use crate::backend::BackendError;
 use crate::backend::rpmostree::RpmOstreeError;
@@ -21,7 +20,8 @@ impl Agent {
         // The target booted; what the node was (variant kernel, FIPS) must have come
         // along. A mismatch is reported and nothing is done: never a reboot loop.
         let checked = record.attempt.as_ref().filter(|_| applied).map(|a| {
-            self.status
+            self.report
+                .status()
                 .host
                 .as_ref()
                 .map_or(Ok(()), |facts| crate::host::attempt::after_boot(a, facts))
@@ -32,7 +32,7 @@ impl Agent {
                 State::Degraded,
                 format!(
                     "booted {} but {problem}; not rebooting again: inspect the node",
-                    self.status.current_os_image
+                    self.report.status().current_os_image
                 ),
             )
             .await;
@@ -48,8 +48,8 @@ impl Agent {
             if let Err(e) = self.store.save(&rec) {
                 warn!(error = %e, "clearing the attempt record failed");
             }
-            self.status.attempts = 0;
-            let image = self.status.current_os_image.clone();
+            self.report.set_attempts(0);
+            let image = self.report.status().current_os_image.clone();
             self.set_state_event(
                 State::Done,
                 String::new(),
@@ -71,11 +71,13 @@ impl Agent {
         approved: Option<&str>,
         locks: bool,
     ) {
-        self.status.attempts = record
-            .attempt
-            .as_ref()
-            .filter(|a| desired.is_some_and(|d| d.observed_hash() == a.request))
-            .map_or(0, |a| a.attempts);
+        self.report.set_attempts(
+            record
+                .attempt
+                .as_ref()
+                .filter(|a| desired.is_some_and(|d| d.observed_hash() == a.request))
+                .map_or(0, |a| a.attempts),
+        );
         let token = match (decision, desired, self.reboot.policy) {
             (
                 Decision::AwaitApproval { .. } | Decision::Reboot { .. } | Decision::RebootPending,
@@ -95,8 +97,7 @@ impl Agent {
 
     /// Publishes `token` as `reboot-requested` (posting `RebootRequested` when it is new).
     pub(super) async fn request_reboot(&mut self, token: Option<String>, approved: Option<&str>) {
-        self.status.reboot_approved = token.is_some() && token.as_deref() == approved;
-        if token != self.status.reboot_requested {
+        if self.report.set_reboot_request(token.clone(), approved) {
             if let Some(t) = &token {
                 info!(token = %t, "requesting reboot approval");
                 let _ = self.events.try_send((
@@ -105,7 +106,6 @@ impl Agent {
                     format!("set reboot-approved to {t} to let the node reboot into the staged OS"),
                 ));
             }
-            self.status.reboot_requested = token;
             self.publish().await;
         }
     }
@@ -114,15 +114,20 @@ impl Agent {
     /// an rpm-ostree transaction or a bootc unit).
     pub(super) async fn cleanup_stale(&mut self, record: Record) {
         info!(
-            staged = self.status.staged_os_image.as_deref().unwrap_or_default(),
+            staged = self
+                .report
+                .status()
+                .staged_os_image
+                .as_deref()
+                .unwrap_or_default(),
             "removing a staged deployment that no longer matches the request"
         );
         let backend = self.backend.clone();
-        let booted = self.status.current_os_image.clone();
-        self.work = Some(Work::spawn(Kind::Cleanup, None, async move {
+        let booted = self.report.status().current_os_image.clone();
+        self.start(Step::Cleanup { request: None }, async move {
             let result = backend.cleanup_pending(&booted).await;
             Outcome::CleanedUp(Box::new(record), result)
-        }));
+        });
     }
 
     /// Carries on once a stale staged deployment is removed (or could not be).
@@ -137,9 +142,9 @@ impl Agent {
                     self.set_state(State::Degraded, e.to_string()).await;
                     return;
                 }
-                self.backoff.reset();
+                self.core.handle(Event::Recovered(Retry::Transient));
                 // Decide again on the cleaned-up deployments.
-                self.retry_at = Some(Instant::now());
+                self.retry_after(std::time::Duration::ZERO);
             }
             Err(e) => {
                 self.transient_failure(format!("removing the stale staged deployment: {e}"))
@@ -150,8 +155,13 @@ impl Agent {
 
     /// Reports a finalization that did not end on the target and decides whether to retry.
     pub(super) async fn rolled_back(&mut self, mut record: Record, attempts: u32, retry: bool) {
-        let image = self.status.desired_os_image.clone().unwrap_or_default();
-        let booted = self.status.current_os_image.clone();
+        let image = self
+            .report
+            .status()
+            .desired_os_image
+            .clone()
+            .unwrap_or_default();
+        let booted = self.report.status().current_os_image.clone();
         let journal = crate::host::facts::finalize_failure(&self.host).await;
         let mut reason = format!(
             "rebooted to apply {image} (attempt {attempts} of {}) but the node came up on {booted}: finalization failed or the node rolled back",
@@ -171,7 +181,7 @@ impl Agent {
         if retry {
             self.set_state_event(State::Degraded, format!("{reason}; trying again"), event)
                 .await;
-            self.retry_at = Some(Instant::now() + MIN_BACKOFF);
+            self.retry_after(MIN_BACKOFF);
         } else {
             self.set_state_event(
                 State::Refused,
@@ -187,7 +197,7 @@ impl Agent {
     /// as the machine-config daemon decides (openshift/machine-config-operator:
     /// pkg/daemon/bootupd.go `runBootloaderUpdate`, architectures and `isSecureBootEnabled`).
     fn bootloader_update_needed(&self, record: &Record) -> bool {
-        let arch = self.status.host.as_ref().map(|h| h.arch.as_str());
+        let arch = self.report.status().host.as_ref().map(|h| h.arch.as_str());
         if !matches!(arch, Some("x86_64" | "aarch64")) {
             return false;
         }
@@ -210,10 +220,10 @@ impl Agent {
     /// request, the approval or `streamctl reconcile` asks again.
     fn update_bootloader(&mut self, digest: String) {
         let conn = self.backend.connection().clone();
-        self.work = Some(Work::spawn(Kind::Bootloader, None, async move {
+        self.start(Step::Bootloader, async move {
             let result = crate::host::bootloader::update(&conn).await;
             Outcome::BootloaderUpdated(digest, result)
-        }));
+        });
     }
 
     /// Carries on after the bootloader update.
@@ -239,6 +249,7 @@ impl Agent {
     }
 
     /// Records the attempt, reports `Rebooting` and asks rpm-ostreed to finalize and reboot.
+    #[tracing::instrument(skip_all, fields(request = %desired.observed_hash(), attempt = attempt))]
     pub(super) async fn finalize(
         &mut self,
         desired: &crate::cluster::protocol::Desired,
@@ -270,7 +281,7 @@ impl Agent {
             }
         }
         let mut rec = record.clone();
-        let facts = self.status.host.as_ref();
+        let facts = self.report.status().host.as_ref();
         rec.attempt = Some(Attempt {
             request: desired.observed_hash(),
             os_image: desired.os_image.to_string(),
@@ -286,7 +297,7 @@ impl Agent {
             self.set_state(State::Degraded, e.to_string()).await;
             return;
         }
-        self.status.attempts = attempt;
+        self.report.set_attempts(attempt);
         let reason = format!(
             "applying {} (attempt {attempt} of {}): finalizing the staged deployment and rebooting",
             desired.os_image, self.reboot.max_attempts
@@ -306,14 +317,11 @@ impl Agent {
             digest,
             attempt,
         };
-        self.work = Some(Work::spawn(
-            Kind::Apply,
-            Some(desired.observed_hash()),
-            async move {
-                let result = backend.apply(&applying.digest).await;
-                Outcome::Applied(Box::new(applying), result)
-            },
-        ));
+        let request = desired.observed_hash();
+        self.start(Step::Apply { request }, async move {
+            let result = backend.apply(&applying.digest).await;
+            Outcome::Applied(Box::new(applying), result)
+        });
     }
 
     /// Carries on once finalization was asked for (or refused).
@@ -337,11 +345,15 @@ impl Agent {
                 warn!(error = %e, %digest, attempt, "finalization interrupted; it may have been applied");
                 let reason = format!(
                     "applying {} (attempt {attempt} of {}): rpm-ostreed closed the finalization without a result, re-reading the deployments",
-                    self.status.desired_os_image.as_deref().unwrap_or_default(),
+                    self.report
+                        .status()
+                        .desired_os_image
+                        .as_deref()
+                        .unwrap_or_default(),
                     self.reboot.max_attempts
                 );
                 self.set_reason(reason).await;
-                self.retry_at = Some(Instant::now() + MIN_BACKOFF);
+                self.retry_after(MIN_BACKOFF);
             }
             Err(e) => {
                 // Nothing was applied: this boot's attempt did not happen.
@@ -358,7 +370,7 @@ impl Agent {
                 if let Err(s) = self.store.save(&record) {
                     warn!(error = %s, "restoring the attempt record failed");
                 }
-                self.status.attempts = attempt.saturating_sub(1);
+                self.report.set_attempts(attempt.saturating_sub(1));
                 let what = match &e {
                     BackendError::RpmOstree(RpmOstreeError::Inhibited(m)) => {
                         format!("the reboot is blocked: {m}")

@@ -1,20 +1,18 @@
 //! Preflight and staging: the transaction task, its progress and its end, and the on-disk
 //! check of what it staged.
 
-use std::time::Instant;
-
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use super::work::{Kind, Outcome, PreflightRun, StageStart, Work};
+use super::core::{Event, REGISTRY_BACKOFF, Retry, Step};
+use super::task::{Staging, Task};
+use super::work::{Outcome, PreflightRun, StageStart, VerifyFailed};
 use super::{Agent, BUSY_BACKOFF, REFS_EQUAL};
 use crate::agent::gather::{Holder, Prepared, Purpose, Transient};
 use crate::agent::planner::Observation;
 use crate::backend::StagePlan;
 use crate::backend::rpmostree::{RpmOstreeError, TxnEvent, UpdateDeploymentCall};
 use crate::backend::{Backend, BackendError};
-use crate::backoff::jittered;
 use crate::cluster::policy::Verdict;
 use crate::cluster::protocol::State;
 use crate::config::RebootPolicy;
@@ -29,7 +27,7 @@ impl Agent {
         let (Some(d), Some(booted), Some(facts)) = (
             obs.desired.as_ref().ok().and_then(Option::as_ref),
             obs.booted().cloned(),
-            self.status.host.clone(),
+            self.report.status().host.clone(),
         ) else {
             return;
         };
@@ -56,29 +54,27 @@ impl Agent {
             .await;
         let gatherer = self.gatherer.clone();
         let lock = self.preflight_lock.clone();
-        self.work = Some(Work::spawn(
-            Kind::Preflight,
-            Some(d.observed_hash()),
-            async move {
-                let _one_at_a_time = lock.lock().await;
-                let result = gatherer
-                    .prepare(
-                        &facts,
-                        &run.desired,
-                        &booted,
-                        run.foreign.as_ref(),
-                        base,
-                        Purpose::Request,
-                        None,
-                        allowed,
-                    )
-                    .await;
-                Outcome::Prepared(Box::new(run), result)
-            },
-        ));
+        let request = d.observed_hash();
+        self.start(Step::Preflight { request }, async move {
+            let _one_at_a_time = lock.lock().await;
+            let result = gatherer
+                .prepare(
+                    &facts,
+                    &run.desired,
+                    &booted,
+                    run.foreign.as_ref(),
+                    base,
+                    Purpose::Request,
+                    None,
+                    allowed,
+                )
+                .await;
+            Outcome::Prepared(Box::new(run), result)
+        });
     }
 
     /// Acts on a finished preflight.
+    #[tracing::instrument(skip_all, fields(request = %run.desired.observed_hash()))]
     pub(super) async fn on_prepared(
         &mut self,
         run: PreflightRun,
@@ -86,16 +82,12 @@ impl Agent {
     ) {
         let prepared = match result {
             Err(Transient(msg)) => {
-                let delay = jittered(self.registry_backoff.next_delay());
-                self.retry_at = Some(Instant::now() + delay);
-                warn!(error = %msg, retry_in = ?delay, "preflight could not reach the registry");
-                self.set_reason(format!("{msg}; retrying in {}s", delay.as_secs()))
-                    .await;
+                self.fail(Retry::Registry, msg).await;
                 return;
             }
             Ok(prepared) => prepared,
         };
-        self.registry_backoff.reset();
+        self.core.handle(Event::Recovered(Retry::Registry));
         for c in &prepared.checks {
             debug!(check = %c.id, result = ?c.result, message = %c.message, "preflight");
         }
@@ -114,11 +106,12 @@ impl Agent {
             }
             (Some(plan), _) => self.stage_prepared(run, plan, prepared.expect).await,
             (None, Some(f)) => {
+                let s = self.report.status();
                 crate::logging::log_preflight_failed(
                     f.id,
                     &f.message,
-                    self.status.desired_stream.as_deref().unwrap_or_default(),
-                    self.status.desired_os_image.as_deref().unwrap_or_default(),
+                    s.desired_stream.as_deref().unwrap_or_default(),
+                    s.desired_os_image.as_deref().unwrap_or_default(),
                     self.node.name(),
                 );
                 let reason = f.id.failure_reason(&f.message);
@@ -169,15 +162,12 @@ impl Agent {
         if let Some(f) = &run.foreign {
             info!(staged = %f.id, "replacing a staged deployment streamd did not create");
             let backend = self.backend.clone();
-            let booted = self.status.current_os_image.clone();
-            self.work = Some(Work::spawn(
-                Kind::Cleanup,
-                Some(start.hash.clone()),
-                async move {
-                    let result = backend.cleanup_pending(&booted).await;
-                    Outcome::ForeignRemoved(Box::new(start), result)
-                },
-            ));
+            let booted = self.report.status().current_os_image.clone();
+            let request = Some(start.hash.clone());
+            self.start(Step::Cleanup { request }, async move {
+                let result = backend.cleanup_pending(&booted).await;
+                Outcome::ForeignRemoved(Box::new(start), result)
+            });
             return;
         }
         self.begin_staging(start).await;
@@ -219,7 +209,11 @@ impl Agent {
             format!(
                 "{} cannot hold a stage over the one in place ({})",
                 self.backend.kind().as_str(),
-                self.status.staged_os_image.as_deref().unwrap_or_default()
+                self.report
+                    .status()
+                    .staged_os_image
+                    .as_deref()
+                    .unwrap_or_default()
             )
         } else {
             format!(
@@ -258,9 +252,9 @@ impl Agent {
             expect,
             mut record,
         } = start;
-        if self.status.observed_desired.as_deref() != Some(hash.as_str()) {
+        if self.report.status().observed_desired.as_deref() != Some(hash.as_str()) {
             // The request changed (or became unresolvable) meanwhile: decide again instead.
-            self.reconcile_again = true;
+            self.core.handle(Event::DecideAgain);
             return;
         }
         // A new id per staging (so no earlier approval fits it), except the staging a bootc
@@ -333,12 +327,12 @@ impl Agent {
         let check = verify(
             self.backend.clone(),
             self.host.root().to_path_buf(),
-            self.status.current_os_image.clone(),
+            self.report.status().current_os_image.clone(),
             expect,
         );
-        self.work = Some(Work::spawn(Kind::Verify, Some(hash), async move {
+        self.start(Step::Verify { request: hash }, async move {
             Outcome::Verified(check.await)
-        }));
+        });
     }
 
     /// Checks a staged deployment of streamd's that was never checked (the planner's
@@ -365,7 +359,7 @@ impl Agent {
 
     /// Records a passed check durably (approval and finalization need it), or reports the
     /// failure.
-    pub(super) async fn on_verified(&mut self, result: Result<String, String>) {
+    pub(super) async fn on_verified(&mut self, result: Result<String, VerifyFailed>) {
         match result {
             Ok(checksum) => {
                 let mut record = match self.store.load() {
@@ -384,7 +378,10 @@ impl Agent {
                 }
                 self.reconcile().await;
             }
-            Err(reason) => self.set_state(State::Degraded, reason).await,
+            Err(e) => {
+                warn!(error = %e, label = e.label(), "the staged deployment did not pass its check");
+                self.set_state(State::Degraded, e.to_string()).await;
+            }
         }
     }
 
@@ -407,14 +404,15 @@ impl Agent {
             tokio::spawn(async move { stage_with_busy_retry(backend, plan, tx, cancelled).await });
         // Let the transaction request go out before the status reporting below.
         tokio::task::yield_now().await;
-        self.staging = Some(Staging {
-            hash,
+        self.core
+            .handle(Event::Started(Step::Staging { request: hash }));
+        self.task = Some(Task::Staging(Staging {
             expect,
             task,
             progress: rx,
             cancel,
-        });
-        self.status.progress = Some(0);
+        }));
+        self.report.set_progress(0);
         self.set_state(State::Staging, format!("staging {image}"))
             .await;
     }
@@ -422,7 +420,7 @@ impl Agent {
     pub(super) async fn on_progress(&mut self, ev: TxnEvent) {
         let text = match ev {
             TxnEvent::Percent(text, pct) => {
-                self.status.progress = Some(pct);
+                self.report.set_progress(pct);
                 text
             }
             TxnEvent::Message(text) => text,
@@ -430,26 +428,32 @@ impl Agent {
         self.set_reason(text).await;
     }
 
+    /// Acts on the end of the staging transaction.
+    #[tracing::instrument(skip_all, fields(request = self.core.staging().unwrap_or_default()))]
     pub(super) async fn on_staged(&mut self, res: Result<(), BackendError>) {
-        let Some(done) = self.staging.take() else {
+        let Some(hash) = self.core.staging().map(String::from) else {
             return;
         };
+        let Some(Task::Staging(done)) = self.task.take() else {
+            return;
+        };
+        self.ended(None).await;
         self.gatherer.in_use.hold(Holder::Staging, None);
-        if self.status.observed_desired.as_deref() != Some(done.hash.as_str()) {
+        if self.report.status().observed_desired.as_deref() != Some(hash.as_str()) {
             // The request changed while this transaction ran: its result is history, act on the
             // new request (which re-reads the deployments, so a stale stage is seen).
             info!(result = ?res.as_ref().map_err(ToString::to_string), "superseded transaction ended");
-            self.backoff.reset();
+            self.core.handle(Event::Recovered(Retry::Transient));
             self.reconcile().await;
             return;
         }
         match res {
             Ok(()) => {
                 info!("transaction finished");
-                self.backoff.reset();
+                self.core.handle(Event::Recovered(Retry::Transient));
                 self.forget_failure();
                 match done.expect {
-                    Some(expect) => self.start_verify(done.hash, expect),
+                    Some(expect) => self.start_verify(hash, expect),
                     None => self.reconcile().await,
                 }
             }
@@ -459,17 +463,17 @@ impl Agent {
             // what was wanted. Decide again on the deployments, once per request.
             Err(BackendError::RpmOstree(RpmOstreeError::Failed(m)))
                 if m.starts_with(REFS_EQUAL)
-                    && self.refs_equal_seen.as_deref() != Some(done.hash.as_str()) =>
+                    && self.refs_equal_seen.as_deref() != Some(hash.as_str()) =>
             {
                 info!("the target was staged meanwhile by an earlier transaction; deciding again");
-                self.refs_equal_seen = Some(done.hash.clone());
+                self.refs_equal_seen = Some(hash);
                 self.reconcile().await;
             }
             Err(e) if e.is_network_failure() => {
                 // A fetch that broke on the way gets a few spaced retries; past them it is
                 // treated like any failure.
                 let failures = self
-                    .remember_failure(&done.hash, |f| {
+                    .remember_failure(&hash, |f| {
                         f.pull_failures = f.pull_failures.saturating_add(1);
                     })
                     .pull_failures;
@@ -484,7 +488,7 @@ impl Agent {
                     let reason = format!(
                         "staging failed on the network {failures} time(s), no retries left: {e}"
                     );
-                    self.remember_failure(&done.hash, |f| f.gave_up = Some(reason.clone()));
+                    self.remember_failure(&hash, |f| f.gave_up = Some(reason.clone()));
                     self.set_state(State::Degraded, reason).await;
                 }
             }
@@ -494,7 +498,7 @@ impl Agent {
                 // `streamctl reconcile`, tries again — also after a restart (the record
                 // remembers it).
                 let reason = format!("staging failed: {e}");
-                self.remember_failure(&done.hash, |f| f.gave_up = Some(reason.clone()));
+                self.remember_failure(&hash, |f| f.gave_up = Some(reason.clone()));
                 self.set_state(State::Degraded, reason).await;
             }
         }
@@ -509,16 +513,16 @@ async fn verify(
     root: std::path::PathBuf,
     booted_image: String,
     (mut exp, pinned): (crate::host::verify::Expectation, String),
-) -> Result<String, String> {
+) -> Result<String, VerifyFailed> {
     let deployments = backend
         .deployments()
         .await
-        .map_err(|e| format!("reading deployments after staging: {e}"))?;
+        .map_err(VerifyFailed::Deployments)?;
     let (Some(staged), Some(booted)) = (
         deployments.iter().find(|d| d.staged).cloned(),
         deployments.iter().find(|d| d.booted).cloned(),
     ) else {
-        return Err("the transaction succeeded but nothing is staged".into());
+        return Err(VerifyFailed::NothingStaged);
     };
     // rpm-ostree reports the platform manifest's digest; a pullspec may pin the index.
     if staged.container_image_reference_digest.as_deref() == Some(pinned.as_str()) {
@@ -531,7 +535,7 @@ async fn verify(
         root.join("sysroot")
     };
     let helper = std::env::current_exe()
-        .map_err(|e| format!("locating the verification helper: {e}"))?
+        .map_err(VerifyFailed::Helper)?
         .with_file_name(crate::host::verify::HELPER);
     let checksum = staged.checksum.clone();
     let req = crate::host::verify::Request {
@@ -547,25 +551,12 @@ async fn verify(
         }
         Err(e) => {
             warn!(error = %e, "staged deployment failed verification; removing it");
-            let cleaned = match backend.cleanup_pending(&booted_image).await {
-                Ok(()) => "the pending deployment was removed".to_string(),
-                Err(c) => format!("removing the pending deployment failed too: {c}"),
-            };
-            Err(format!("{e}; {cleaned}"))
+            Err(match backend.cleanup_pending(&booted_image).await {
+                Ok(()) => VerifyFailed::Removed(e),
+                Err(cleanup) => VerifyFailed::NotRemoved { failed: e, cleanup },
+            })
         }
     }
-}
-
-/// The running staging transaction.
-pub(super) struct Staging {
-    /// The request it stages (observed-desired hash).
-    pub(super) hash: String,
-    /// What the staged deployment must look like, and the digest the request pins.
-    pub(super) expect: Option<(crate::host::verify::Expectation, String)>,
-    pub(super) task: JoinHandle<Result<(), BackendError>>,
-    pub(super) progress: mpsc::Receiver<TxnEvent>,
-    /// Set to true to cancel the transaction.
-    pub(super) cancel: tokio::sync::watch::Sender<bool>,
 }
 
 async fn stage_with_busy_retry(
@@ -596,32 +587,10 @@ async fn stage_with_busy_retry(
     }
 }
 
-/// Something the staging transaction did.
-pub(super) enum StagingEvent {
-    Progress(TxnEvent),
-    Finished(Result<(), BackendError>),
-}
-
-/// Waits for the running transaction's next progress event or its end; progress queued before
-/// the end is delivered first.
-pub(super) async fn staging_event(staging: &mut Option<Staging>) -> StagingEvent {
-    let Some(s) = staging else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        biased;
-        Some(ev) = s.progress.recv() => StagingEvent::Progress(ev),
-        res = &mut s.task => StagingEvent::Finished(match res {
-            Ok(r) => r,
-            Err(e) => Err(RpmOstreeError::Protocol(format!("staging task failed: {e}")).into()),
-        }),
-    }
-}
-
 /// The wait before retry `n` (from 1) of a staging that failed on the network: 10 s, doubling,
 /// at most 5 minutes — long enough for a registry or DNS blip to pass.
 fn pull_retry_delay(n: u32) -> std::time::Duration {
-    super::REGISTRY_BACKOFF.nth(n)
+    REGISTRY_BACKOFF.nth(n)
 }
 
 #[cfg(test)]

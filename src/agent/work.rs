@@ -10,60 +10,11 @@
 
 use std::collections::BTreeMap;
 
-use tokio::task::JoinHandle;
-
 use crate::agent::gather::{Prepared, Transient};
 use crate::backend::{BackendError, Deployment, StagePlan};
 use crate::cluster::protocol::{Desired, Readiness};
 use crate::host::attempt::Record;
-use crate::host::verify::Expectation;
-
-/// What a piece of work is doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
-    /// Reading the deployments for a decision.
-    Observe,
-    /// Preflight of a request.
-    Preflight,
-    /// The on-disk check of what a transaction staged.
-    Verify,
-    /// Removing a staged deployment.
-    Cleanup,
-    /// Finalizing and rebooting.
-    Apply,
-    /// Readiness checks (preflight only, nothing staged).
-    Readiness,
-    /// The bootloader update before finalizing a major move (Secure Boot).
-    Bootloader,
-}
-
-/// A running piece of work.
-pub(super) struct Work {
-    pub(super) kind: Kind,
-    /// The request it serves (observed-desired hash), when it serves one.
-    pub(super) request: Option<String>,
-    task: JoinHandle<Outcome>,
-}
-
-impl Work {
-    /// Starts `work` in a task.
-    pub(super) fn spawn(
-        kind: Kind,
-        request: Option<String>,
-        work: impl std::future::Future<Output = Outcome> + Send + 'static,
-    ) -> Work {
-        Work {
-            kind,
-            request,
-            task: tokio::spawn(work),
-        }
-    }
-
-    /// Stops it; only for work that changes nothing (reading, preflight, readiness).
-    pub(super) fn abort(self) {
-        self.task.abort();
-    }
-}
+use crate::host::verify::{Expectation, VerifyError};
 
 /// A preflight's request and what acting on its result needs.
 pub(super) struct PreflightRun {
@@ -111,7 +62,7 @@ pub(super) enum Outcome {
     Prepared(Box<PreflightRun>, Result<Prepared, Transient>),
     ForeignRemoved(Box<StageStart>, Result<(), BackendError>),
     /// The checksum of the staged deployment that passed the on-disk check, or why not.
-    Verified(Result<String, String>),
+    Verified(Result<String, VerifyFailed>),
     CleanedUp(Box<Record>, Result<(), BackendError>),
     Applied(Box<Applying>, Result<(), BackendError>),
     /// What the readiness checks found.
@@ -120,15 +71,38 @@ pub(super) enum Outcome {
     BootloaderUpdated(String, Result<(), crate::host::bootloader::BootloaderError>),
 }
 
-/// Waits for the running work to end; pending when there is none. A task that panicked comes
-/// back as `Err` with what was running.
-pub(super) async fn finished(work: &mut Option<Work>) -> Result<Outcome, String> {
-    let result = match work {
-        Some(w) => (&mut w.task)
-            .await
-            .map_err(|e| format!("{:?} task failed: {e}", w.kind)),
-        None => std::future::pending().await,
-    };
-    *work = None;
-    result
+/// Why the on-disk check of what a transaction staged did not pass.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum VerifyFailed {
+    /// The deployments could not be read after the transaction.
+    #[error("reading deployments after staging: {0}")]
+    Deployments(#[source] BackendError),
+    /// The transaction succeeded but nothing is staged.
+    #[error("the transaction succeeded but nothing is staged")]
+    NothingStaged,
+    /// The helper binary is not where streamd is.
+    #[error("locating the verification helper: {0}")]
+    Helper(#[source] std::io::Error),
+    /// The check failed; the pending deployment was removed.
+    #[error("{0}; the pending deployment was removed")]
+    Removed(#[source] VerifyError),
+    /// The check failed, and so did removing the pending deployment.
+    #[error("{failed}; removing the pending deployment failed too: {cleanup}")]
+    NotRemoved {
+        failed: VerifyError,
+        cleanup: BackendError,
+    },
+}
+
+impl VerifyFailed {
+    /// A stable name for logs.
+    pub(super) fn label(&self) -> &'static str {
+        match self {
+            VerifyFailed::Deployments(_) => "verify_deployments",
+            VerifyFailed::NothingStaged => "verify_nothing_staged",
+            VerifyFailed::Helper(_) => "verify_helper",
+            VerifyFailed::Removed(_) => "verify_mismatch",
+            VerifyFailed::NotRemoved { .. } => "verify_mismatch_not_removed",
+        }
+    }
 }
