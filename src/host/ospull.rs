@@ -54,7 +54,7 @@ pub struct AuthFile {
 
 /// Reads `host_path` below `root`, following symlinks with absolute targets below `root` too.
 /// `Ok(None)`: it does not exist (or dangles).
-fn read_host_file(root: &HostRoot, host_path: &str) -> std::io::Result<Option<String>> {
+pub(crate) fn read_host_file(root: &HostRoot, host_path: &str) -> std::io::Result<Option<String>> {
     let mut path = root.path(host_path);
     for _ in 0..MAX_LINKS {
         match std::fs::symlink_metadata(&path) {
@@ -135,83 +135,27 @@ pub enum PolicyVerdict {
     Reject,
 }
 
-/// The policy requirements that apply to `image` over the docker transport: the most specific
-/// scope of `transports.docker` (the reference, its repository, each namespace, the host, then
-/// `*.domain` wildcards), else that transport's `""`, else `default` (containers/image:
-/// signature/policy_eval.go `requirementsForImageRef`, docker/docker_transport.go
-/// `PolicyConfigurationNamespaces`).
+/// What the policy requirements for `image` over the docker transport say
+/// ([`crate::image::signature::Policy::requirements_for`]).
 pub fn policy_verdict(policy_json: &str, image: &ImageRef) -> Result<PolicyVerdict, String> {
-    #[derive(serde::Deserialize)]
-    struct Req {
-        #[serde(rename = "type")]
-        kind: String,
-    }
-    #[derive(serde::Deserialize)]
-    struct Policy {
-        #[serde(default)]
-        default: Vec<Req>,
-        #[serde(default)]
-        transports:
-            std::collections::BTreeMap<String, std::collections::BTreeMap<String, Vec<Req>>>,
-    }
-    let p: Policy = serde_json::from_str(policy_json).map_err(|e| {
-        format!(
-            "not a policy document (line {} column {})",
-            e.line(),
-            e.column()
-        )
-    })?;
-    let mut scopes = vec![image.to_string()];
-    let mut name = format!("{}/{}", image.registry(), image.repository());
-    scopes.push(name.clone());
-    while let Some(cut) = name.rfind('/') {
-        name.truncate(cut);
-        scopes.push(name.clone());
-    }
-    let host = image.registry().split(':').next().unwrap_or_default();
-    let mut labels: &str = host;
-    while let Some((_, rest)) = labels.split_once('.') {
-        scopes.push(format!("*.{rest}"));
-        labels = rest;
-    }
-    scopes.push(String::new());
-    let docker = p.transports.get("docker");
-    let reqs = scopes
-        .iter()
-        .find_map(|s| docker.and_then(|d| d.get(s)))
-        .unwrap_or(&p.default);
-    if reqs.is_empty() {
-        return Err("no requirement applies (an empty default is refused)".into());
-    }
-    let mut verdict = PolicyVerdict::Accept;
-    for r in reqs {
-        match r.kind.as_str() {
-            "insecureAcceptAnything" => {}
-            "reject" => return Ok(PolicyVerdict::Reject),
-            "signedBy" | "sigstoreSigned" | "signedBaseLayer" => {
-                verdict = PolicyVerdict::NeedsSignature
-            }
-            other => {
-                return Err(format!(
-                    "unknown requirement type {}",
-                    crate::text::quote(other)
-                ));
-            }
-        }
-    }
-    Ok(verdict)
+    use crate::image::signature::{Policy, Requirement};
+    let policy = Policy::parse(policy_json)?;
+    let (_, reqs) = policy.requirements_for(image)?;
+    Ok(if reqs.contains(&Requirement::Reject) {
+        PolicyVerdict::Reject
+    } else if reqs.iter().any(Requirement::needs_signature) {
+        PolicyVerdict::NeedsSignature
+    } else {
+        PolicyVerdict::Accept
+    })
 }
 
-/// The policy file the daemon reads and its verdict for `image`.
-pub fn policy(root: &HostRoot, image: &ImageRef) -> Result<(&'static str, PolicyVerdict), String> {
+/// The policy file the daemon reads (the first of [`POLICY_FILES`]) and its text.
+pub fn policy_file(root: &HostRoot) -> Result<(&'static str, String), String> {
     for path in POLICY_FILES {
         match read_host_file(root, path) {
             Ok(None) => continue,
-            Ok(Some(text)) => {
-                return policy_verdict(&text, image)
-                    .map(|v| (path, v))
-                    .map_err(|e| format!("{path}: {e}"));
-            }
+            Ok(Some(text)) => return Ok((path, text)),
             Err(e) => return Err(format!("{path}: {e}")),
         }
     }
@@ -219,6 +163,14 @@ pub fn policy(root: &HostRoot, image: &ImageRef) -> Result<(&'static str, Policy
         "no containers policy ({}); the daemon refuses every pull without one",
         POLICY_FILES.join(", ")
     ))
+}
+
+/// The policy file the daemon reads and its verdict for `image`.
+pub fn policy(root: &HostRoot, image: &ImageRef) -> Result<(&'static str, PolicyVerdict), String> {
+    let (path, text) = policy_file(root)?;
+    policy_verdict(&text, image)
+        .map(|v| (path, v))
+        .map_err(|e| format!("{path}: {e}"))
 }
 
 /// What happened at one endpoint.

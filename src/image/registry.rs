@@ -837,6 +837,30 @@ impl Inspector {
         }
         Ok((found, budget))
     }
+
+    // --- sigstore attachments (crate::image::sigstore) ---
+    /// GETs `path` below `image`'s repository within the OS image deadline: at most `max`
+    /// bytes, digest-checked when `digest` is given. A 404 is [`InspectError::Invalid`].
+    pub async fn fetch(
+        &self,
+        image: &ImageRef,
+        path: &str,
+        accept: &[&str],
+        max: u64,
+        digest: Option<&str>,
+    ) -> Result<Vec<u8>, InspectError> {
+        Self::within(image, self.os_deadline, async {
+            let resp = self.get(image, path, accept, REQUEST_DEADLINE).await?;
+            let raw = read_limited(resp, max)
+                .await
+                .map_err(|e| self.body_error(image, path, max, e))?;
+            if let Some(d) = digest {
+                verify(&raw, d, &format!("{path} of {image}"))?;
+            }
+            Ok(raw)
+        })
+        .await
+    }
 }
 
 /// A directory that is removed when dropped, with what is in it.
