@@ -231,10 +231,11 @@ fn accept_one(
     let p: serde_json::Value = serde_json::from_slice(&a.payload)
         .map_err(|_| "the signed payload is not JSON".to_string())?;
     let critical = &p["critical"];
-    if critical["type"] != PAYLOAD_TYPE {
+    let kind = critical["type"].as_str().unwrap_or_default();
+    if kind != PAYLOAD_TYPE {
         return Err(format!(
             "the signed payload's type is {}, not {PAYLOAD_TYPE:?}",
-            critical["type"]
+            crate::text::quote(kind)
         ));
     }
     let signed_digest = critical["image"]["docker-manifest-digest"]
