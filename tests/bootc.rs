@@ -48,6 +48,20 @@ impl Env {
     async fn ctl(&self, cmd: impl Into<Request>) -> serde_json::Value {
         self.tb.control(cmd).await.expect("control command")
     }
+
+    /// A policy.json whose default is not insecureAcceptAnything (the testbed's repository
+    /// accepted), so ostree-ext takes a switch with `--enforce-container-sigpolicy`.
+    fn policy_for_signed_switches(&self) {
+        let pullspec = &self.tb.images()[0].pullspec;
+        let repo = pullspec.split('@').next().unwrap_or_default();
+        std::fs::write(
+            self.dir.join("host/etc/containers/policy.json"),
+            json!({"default": [{"type": "reject"}],
+                "transports": {"docker": {repo: [{"type": "insecureAcceptAnything"}]}}})
+            .to_string(),
+        )
+        .expect("policy");
+    }
 }
 
 fn ms(d: Duration) -> u128 {
@@ -485,6 +499,7 @@ async fn every_status_shape_since_json_output_parses() {
 async fn signed_hosts_keep_enforcing_the_signature_policy() {
     use streamd::backend::{Backend, StagePlan};
     let env = Env::new("signed", "default").await;
+    env.policy_for_signed_switches();
     let rhel9 = env.tb.images()[0].clone();
     let rhel10 = env.tb.images()[1].clone();
     // Boot the host from its image with signature enforcement, as a signed install is.
@@ -563,6 +578,7 @@ fn units_running(units: &serde_json::Value, verb: &str) -> Vec<serde_json::Value
 #[tokio::test]
 async fn a_timed_out_switch_is_joined_never_started_twice() {
     let env = Env::new("timeout", "default").await;
+    env.policy_for_signed_switches();
     let rhel10 = &env.tb.images()[1];
     // A pull slower than the caller's limit: the unit outlives the first call.
     env.ctl(BootcCmd::DelayNextSwitch { ms: 4000 }).await;

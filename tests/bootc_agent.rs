@@ -163,6 +163,21 @@ async fn a_bootc_switch_broken_by_the_network_is_retried_with_bootcs_words() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_booted_from_a_signed_image_switches_under_the_signature_policy() {
     let mut env = Env::with_backend("bootc-signed", "default", testbed::Backend::Bootc).await;
+    // A policy ostree-ext takes for the verifying origin: its default is not
+    // insecureAcceptAnything (with that default the switch below, and streamd's, are refused).
+    let repo = env
+        .rhel10()
+        .split('@')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    std::fs::write(
+        env.dir.join("host/etc/containers/policy.json"),
+        serde_json::json!({"default": [{"type": "reject"}],
+            "transports": {"docker": {repo: [{"type": "insecureAcceptAnything"}]}}})
+        .to_string(),
+    )
+    .expect("policy");
     // Install-time state of a signed host: its image deployed with the policy enforced.
     let out = std::process::Command::new(&env.vars()["TESTBED_BOOTC"])
         .args(["switch", "--enforce-container-sigpolicy", &env.rhel9()])

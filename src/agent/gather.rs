@@ -348,6 +348,7 @@ impl Gatherer {
         let (os_pull, os_image, extensions) = self
             .read_images(desired, &facts.arch, &inspector, &wanted, purpose)
             .await?;
+        let signature = self.signature(desired, booted, &os_pull, &os_image).await?;
         // One answer for the checks, the verification and the RPM choice.
         let target = preflight::target_major(desired, &os_image);
         let (mut extensions, mut extracted) = match extensions {
@@ -383,6 +384,7 @@ impl Gatherer {
             crio_runtime: crio,
             os_image,
             os_pull,
+            signature: signature.verdict,
             extensions,
             closure,
             layering: self.layering(),
@@ -403,7 +405,10 @@ impl Gatherer {
         let plan = (ours && preflight::first_failure(&checks).is_none()).then(|| {
             // Exactly the closure is passed: preflight made sure it is complete.
             let rpms = closure_files(extracted, input.closure.as_ref());
-            base.carry(booted, needed.variant, &layered, &rpms)
+            StagePlan {
+                signed: signature.verifying,
+                ..base.carry(booted, needed.variant, &layered, &rpms)
+            }
         });
         Ok(Prepared {
             checks,
@@ -450,6 +455,27 @@ impl Gatherer {
         let (os_pull, os_image) = os_image.map_err(|e| Transient(e.to_string()))?;
         let os_image = os_image.map_err(|e| FactError::OsImage(Cause::new(e)));
         Ok((os_pull, os_image, extensions?))
+    }
+
+    /// The OS image's signature as the host's policy requires it, verified where the daemon
+    /// pulls from (`crate::host::sigpolicy`); a transient registry failure is retried.
+    async fn signature(
+        &self,
+        desired: &Desired,
+        booted: &Deployment,
+        os_pull: &crate::host::ospull::OsPull,
+        os_image: &Result<OsImageInfo, FactError>,
+    ) -> Result<crate::host::sigpolicy::Judgement, Transient> {
+        crate::host::sigpolicy::judge(
+            &self.host,
+            &desired.os_image,
+            booted.container_image_reference.as_deref(),
+            os_pull,
+            os_image.as_ref().ok().map(|i| i.manifest_digest.as_str()),
+            &self.insecure_registries,
+        )
+        .await
+        .map_err(|e| Transient(e.to_string()))
     }
 
     /// The extensions image `image` asks for and the `wanted` RPMs from it ([`Self::extensions`]),

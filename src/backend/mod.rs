@@ -224,12 +224,16 @@ impl Backend {
         cancel: watch::Receiver<bool>,
     ) -> Result<(), BackendError> {
         match self {
-            Backend::RpmOstree(c) => Ok(c
-                .update_deployment(&UpdateDeploymentCall::for_plan(plan), events, Some(cancel))
-                .await?),
+            Backend::RpmOstree(c) => {
+                // Never from a signed origin to an unverified one, whatever the plan says.
+                let mut plan = plan.clone();
+                plan.signed |= signed(&c.deployments().await?);
+                let call = UpdateDeploymentCall::for_plan(&plan);
+                Ok(c.update_deployment(&call, events, Some(cancel)).await?)
+            }
             Backend::Bootc(c) => {
                 let deployments = c.deployments().await?;
-                let signed = signed(&deployments);
+                let signed = plan.signed || signed(&deployments);
                 let hold = plan.lock_finalization && c.can_hold();
                 let staged = deployments.iter().find(|d| d.staged);
                 let target = plan.os_image.to_string();

@@ -28,6 +28,10 @@ pub struct StagePlan {
     pub local_rpms: Vec<PathBuf>,
     /// Stage finalization-locked, so only an approved `FinalizeDeployment` applies it.
     pub lock_finalization: bool,
+    /// Stage from the verifying origin (`ostree-image-signed:docker://…`, bootc's
+    /// `--enforce-container-sigpolicy`): the policy requires a signature, or the booted
+    /// deployment came from it (decided by the host's signature policy, src/host/sigpolicy.rs).
+    pub signed: bool,
 }
 
 impl StagePlan {
@@ -42,6 +46,7 @@ impl StagePlan {
             override_remove: Vec::new(),
             local_rpms: Vec::new(),
             lock_finalization: true,
+            signed: false,
         }
     }
 

@@ -188,6 +188,9 @@ pub enum CheckId {
     OsPullCredentials,
     /// The OS image is bootable, of the stream and the architecture.
     OsImage,
+    /// The OS image's signature is what the host's `policy.json` requires, verified before
+    /// staging (never only a warning).
+    Signature,
     /// The extensions image provides what the move needs.
     ExtensionsImage,
     /// The CPU meets the target's x86-64 level.
@@ -217,13 +220,14 @@ pub enum CheckId {
 
 impl CheckId {
     /// Every check, in the order preflight runs them.
-    pub const ALL: [CheckId; 17] = [
+    pub const ALL: [CheckId; 18] = [
         CheckId::ImagePolicy,
         CheckId::ImageReference,
         CheckId::Backend,
         CheckId::Direction,
         CheckId::OsPullCredentials,
         CheckId::OsImage,
+        CheckId::Signature,
         CheckId::ExtensionsImage,
         CheckId::CpuLevel,
         CheckId::Fips,
@@ -245,6 +249,7 @@ impl CheckId {
             CheckId::Direction => "direction",
             CheckId::OsPullCredentials => "os-pull-credentials",
             CheckId::OsImage => "os-image",
+            CheckId::Signature => "signature",
             CheckId::ExtensionsImage => "extensions-image",
             CheckId::CpuLevel => "cpu-level",
             CheckId::Fips => "fips",

@@ -6,4 +6,5 @@ pub mod attempt;
 pub mod bootloader;
 pub mod facts;
 pub mod ospull;
+pub mod sigpolicy;
 pub mod verify;

@@ -55,7 +55,7 @@ pub struct AuthFile {
 
 /// Reads `host_path` below `root`, following symlinks with absolute targets below `root` too.
 /// `Ok(None)`: it does not exist (or dangles).
-fn read_host_file(root: &HostRoot, host_path: &str) -> std::io::Result<Option<String>> {
+pub(crate) fn read_host_file(root: &HostRoot, host_path: &str) -> std::io::Result<Option<String>> {
     let mut path = root.path(host_path);
     for _ in 0..MAX_LINKS {
         match std::fs::symlink_metadata(&path) {
@@ -142,35 +142,7 @@ fn unreadable(path: &str, e: impl std::fmt::Display) -> PullConfigError {
     }
 }
 
-/// A `policy.json` that gives no verdict.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PolicyError {
-    /// Not JSON of the policy shape (where serde stopped; the text is not quoted).
-    #[error("not a policy document (line {line} column {column})")]
-    Format {
-        /// The line.
-        line: usize,
-        /// The column.
-        column: usize,
-    },
-    /// The applicable requirements are empty.
-    #[error("no requirement applies (an empty default is refused)")]
-    Empty,
-    /// A requirement type containers/image does not know (quoted).
-    #[error("unknown requirement type {0}")]
-    UnknownRequirement(String),
-}
-
-impl PolicyError {
-    /// A short stable id for logs and metrics.
-    pub fn label(&self) -> &'static str {
-        match self {
-            PolicyError::Format { .. } => "policy-malformed",
-            PolicyError::Empty => "policy-empty",
-            PolicyError::UnknownRequirement(_) => "policy-unknown-requirement",
-        }
-    }
-}
+pub use crate::image::signature::PolicyError;
 
 /// Why the OS daemon would not get the OS image.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -250,65 +222,31 @@ pub enum PolicyVerdict {
     Reject,
 }
 
-/// The policy requirements that apply to `image` over the docker transport: the most specific
-/// scope of `transports.docker` (the reference, its repository, each namespace, the host, then
-/// `*.domain` wildcards), else that transport's `""`, else `default` (containers/image:
-/// signature/policy_eval.go `requirementsForImageRef`, docker/docker_transport.go
-/// `PolicyConfigurationNamespaces`).
+/// What the policy requirements for `image` over the docker transport say
+/// ([`crate::image::signature::Policy::requirements_for`]).
 pub fn policy_verdict(policy_json: &str, image: &ImageRef) -> Result<PolicyVerdict, PolicyError> {
-    #[derive(serde::Deserialize)]
-    struct Req {
-        #[serde(rename = "type")]
-        kind: String,
-    }
-    #[derive(serde::Deserialize)]
-    struct Policy {
-        #[serde(default)]
-        default: Vec<Req>,
-        #[serde(default)]
-        transports:
-            std::collections::BTreeMap<String, std::collections::BTreeMap<String, Vec<Req>>>,
-    }
-    let p: Policy = serde_json::from_str(policy_json).map_err(|e| PolicyError::Format {
-        line: e.line(),
-        column: e.column(),
-    })?;
-    let mut scopes = vec![image.to_string()];
-    let mut name = format!("{}/{}", image.registry(), image.repository());
-    scopes.push(name.clone());
-    while let Some(cut) = name.rfind('/') {
-        name.truncate(cut);
-        scopes.push(name.clone());
-    }
-    let host = image.registry().split(':').next().unwrap_or_default();
-    let mut labels: &str = host;
-    while let Some((_, rest)) = labels.split_once('.') {
-        scopes.push(format!("*.{rest}"));
-        labels = rest;
-    }
-    scopes.push(String::new());
-    let docker = p.transports.get("docker");
-    let reqs = scopes
-        .iter()
-        .find_map(|s| docker.and_then(|d| d.get(s)))
-        .unwrap_or(&p.default);
-    if reqs.is_empty() {
-        return Err(PolicyError::Empty);
-    }
-    let mut verdict = PolicyVerdict::Accept;
-    for r in reqs {
-        match r.kind.as_str() {
-            "insecureAcceptAnything" => {}
-            "reject" => return Ok(PolicyVerdict::Reject),
-            "signedBy" | "sigstoreSigned" | "signedBaseLayer" => {
-                verdict = PolicyVerdict::NeedsSignature
-            }
-            other => {
-                return Err(PolicyError::UnknownRequirement(crate::text::quote(other)));
-            }
+    use crate::image::signature::{Policy, Requirement};
+    let policy = Policy::parse(policy_json)?;
+    let (_, reqs) = policy.requirements_for(image)?;
+    Ok(if reqs.contains(&Requirement::Reject) {
+        PolicyVerdict::Reject
+    } else if reqs.iter().any(Requirement::needs_signature) {
+        PolicyVerdict::NeedsSignature
+    } else {
+        PolicyVerdict::Accept
+    })
+}
+
+/// The policy file the daemon reads (the first of [`POLICY_FILES`]) and its text.
+pub fn policy_file(root: &HostRoot) -> Result<(&'static str, String), PullConfigError> {
+    for path in POLICY_FILES {
+        match read_host_file(root, path) {
+            Ok(None) => continue,
+            Ok(Some(text)) => return Ok((path, text)),
+            Err(e) => return Err(unreadable(path, e)),
         }
     }
-    Ok(verdict)
+    Err(PullConfigError::NoPolicy)
 }
 
 /// The policy file the daemon reads and its verdict for `image`.
@@ -316,18 +254,10 @@ pub fn policy(
     root: &HostRoot,
     image: &ImageRef,
 ) -> Result<(&'static str, PolicyVerdict), PullConfigError> {
-    for path in POLICY_FILES {
-        match read_host_file(root, path) {
-            Ok(None) => continue,
-            Ok(Some(text)) => {
-                return policy_verdict(&text, image)
-                    .map(|v| (path, v))
-                    .map_err(|source| PullConfigError::Policy { path, source });
-            }
-            Err(e) => return Err(unreadable(path, e)),
-        }
-    }
-    Err(PullConfigError::NoPolicy)
+    let (path, text) = policy_file(root)?;
+    policy_verdict(&text, image)
+        .map(|v| (path, v))
+        .map_err(|source| PullConfigError::Policy { path, source })
 }
 
 /// What happened at one endpoint.

@@ -7,3 +7,5 @@ pub mod reference;
 pub mod registries;
 pub mod registry;
 pub mod rpm;
+pub mod signature;
+pub mod sigstore;

@@ -14,6 +14,10 @@ pub const MAX_LEN: usize = 447;
 /// The prefix rpm-ostree needs to treat a reference as a container image without signature policy.
 pub const UNVERIFIED_REGISTRY: &str = "ostree-unverified-registry:";
 
+/// The refspec prefix of the verifying origin on rpm-ostree (ostree-ext
+/// `SignatureSource::ContainerPolicy`).
+pub const SIGNED_PREFIX: &str = "ostree-image-signed:";
+
 /// A validated, digest-pinned image reference.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ImageRef {
@@ -90,6 +94,11 @@ impl ImageRef {
     /// The rpm-ostree refspec for this image.
     pub fn ostree_refspec(&self) -> String {
         format!("{UNVERIFIED_REGISTRY}{self}")
+    }
+
+    /// The rpm-ostree refspec of the verifying origin (ostree-ext `ContainerPolicy`).
+    pub fn signed_refspec(&self) -> String {
+        format!("{SIGNED_PREFIX}docker://{self}")
     }
 }
 

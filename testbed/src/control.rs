@@ -157,7 +157,8 @@ pub enum RpmOstreedCmd {
     DropAfterUnlock,
     /// What `ostree admin deploy` (no `--stage`) of `image` does: a pending deployment.
     AdminDeploy {
-        /// The image pullspec.
+        /// The image pullspec (`ostree-image-signed:docker://PULLSPEC`: from the verifying
+        /// origin, as a signed install deploys it).
         image: String,
     },
     /// Deployment `index` loses its image metadata (`coreos/rpm-ostree#4185`).

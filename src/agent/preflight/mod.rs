@@ -32,6 +32,7 @@ mod needs;
 mod packages;
 #[cfg(test)]
 mod release_tests;
+mod signature;
 
 pub use errors::{Cause, FactError};
 pub use layering::{
@@ -99,6 +100,9 @@ pub struct Input {
     pub os_image: Result<OsImageInfo, FactError>,
     /// How the OS daemon's pull of the OS image went, endpoint by endpoint.
     pub os_pull: OsPull,
+    /// The OS image's signature as the host's policy requires it (`crate::host::sigpolicy`):
+    /// why it is fine, or why the move is refused.
+    pub signature: Result<String, String>,
     /// The extensions image, if requested, or why it could not be inspected.
     pub extensions: Option<Result<ExtensionsInfo, FactError>>,
     /// The RPMs to pass, closed under Requires over the extensions image's RPMs (when there
@@ -170,6 +174,7 @@ pub fn run(i: &Input) -> Vec<CheckResult> {
         // Before os-image: a pull the daemon cannot make is refused under this id.
         image::os_pull_credentials(i),
         image::os_image(i),
+        signature::signature(i),
         packages::extensions_image(i),
         kernel::cpu_level(i),
         kernel::fips(i),
@@ -290,6 +295,7 @@ mod fixtures {
                     outcome: AttemptOutcome::Pulled,
                 }],
             },
+            signature: Ok("/etc/containers/policy.json requires no signature".into()),
             extensions: None,
             closure: None,
             layering: Ok(LayeringConfig::default()),

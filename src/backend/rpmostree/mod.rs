@@ -281,10 +281,14 @@ impl UpdateDeploymentCall {
     /// The call that stages `plan`: one transaction producing the complete target.
     pub fn for_plan(plan: &StagePlan) -> Self {
         let mut modifiers = BTreeMap::new();
-        modifiers.insert(
-            "set-refspec",
-            CallValue::Str(plan.os_image.ostree_refspec()),
-        );
+        // A signature requirement or a signed booted origin: the verifying origin
+        // (src/host/sigpolicy.rs).
+        let refspec = if plan.signed {
+            plan.os_image.signed_refspec()
+        } else {
+            plan.os_image.ostree_refspec()
+        };
+        modifiers.insert("set-refspec", CallValue::Str(refspec));
         // The old-major builds go and the target's come in the same transaction, so no staged
         // state ever has a variant node on the default kernel.
         if !plan.uninstall.is_empty() {

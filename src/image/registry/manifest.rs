@@ -191,7 +191,7 @@ const MEDIA_TYPES: &[&str] = &[
     "application/vnd.docker.distribution.manifest.v2+json",
 ];
 
-fn verify(bytes: &[u8], digest: &str, what: &str) -> Result<(), InspectError> {
+pub(super) fn verify(bytes: &[u8], digest: &str, what: &str) -> Result<(), InspectError> {
     let got = format!("sha256:{:x}", Sha256::digest(bytes));
     if got == digest {
         Ok(())

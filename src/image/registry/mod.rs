@@ -247,6 +247,30 @@ impl Inspector {
             })
     }
 
+    /// GETs `path` below `image`'s repository within the OS image deadline (the sigstore
+    /// attachments of [`crate::image::sigstore`]): at most `max` bytes, digest-checked when
+    /// `digest` is given. A 404 is [`InspectError::Invalid`].
+    pub async fn fetch(
+        &self,
+        image: &ImageRef,
+        path: &str,
+        accept: &[&str],
+        max: u64,
+        digest: Option<&str>,
+    ) -> Result<Vec<u8>, InspectError> {
+        Self::within(image, self.os_deadline, async {
+            let resp = self.get(image, path, accept, REQUEST_DEADLINE).await?;
+            let raw = http::read_limited(resp, max)
+                .await
+                .map_err(|e| self.body_error(image, path, max, e))?;
+            if let Some(d) = digest {
+                manifest::verify(&raw, d, &format!("{path} of {image}"))?;
+            }
+            Ok(raw)
+        })
+        .await
+    }
+
     /// Inspects the OS image for `arch`.
     pub async fn os_image(
         &self,

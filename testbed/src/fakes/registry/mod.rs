@@ -23,6 +23,7 @@ pub mod node;
 pub mod oci;
 mod process;
 pub mod rpm;
+pub mod sigstore;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

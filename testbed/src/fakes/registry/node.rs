@@ -24,9 +24,14 @@
 //!   `reject` requirement fails "Running image docker://… is rejected by policy."
 //!   (containers/image:signature/policy_eval_simple.go `prReject.isRunningImageAllowed`).
 //!
+//! - A pull from the verifying origin (`ostree-image-signed:`, bootc's
+//!   `--enforce-container-sigpolicy`) is refused while the policy's `default` is exactly
+//!   `[insecureAcceptAnything]`, as ostree-ext refuses it ([`verifying_origin_check`]).
+//!
 //! Not modelled: TLS (the testbed registry speaks plain HTTP, so `insecure` is not needed),
-//! bearer-token challenges (the testbed registry wants basic auth), signature requirements
-//! (`signedBy`, `sigstoreSigned` are taken as satisfied).
+//! bearer-token challenges (the testbed registry wants basic auth), the daemons' own check of
+//! signature requirements (`signedBy`, `sigstoreSigned` are taken as satisfied: streamd
+//! verifies sigstore signatures before it stages, see `tests/signatures.rs`).
 
 use std::collections::BTreeMap;
 use std::io::ErrorKind;
@@ -322,6 +327,34 @@ fn policy_allows(root: &Path, image: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// ostree-ext's check before a pull from the verifying origin (`ostree-image-signed:`,
+/// `SignatureSource::ContainerPolicy`): a policy whose `default` is exactly
+/// `[insecureAcceptAnything]` is refused (bootc-dev/bootc: crates/ostree-ext/src/container/
+/// skopeo.rs `container_policy_is_default_insecure`, store.rs `prepare_internal`).
+pub fn verifying_origin_check(root: &Path) -> Result<(), String> {
+    #[derive(Deserialize)]
+    struct Entry {
+        #[serde(rename = "type")]
+        kind: String,
+    }
+    #[derive(Deserialize)]
+    struct Policy {
+        default: Option<Vec<Entry>>,
+    }
+    let text = POLICY_FILES
+        .iter()
+        .find_map(|rel| read_below(root, rel).ok().flatten())
+        .ok_or_else(|| format!("open /{}: no such file or directory", POLICY_FILES[0]))?;
+    let policy: Policy = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    match policy.default.as_deref() {
+        Some([only]) if only.kind == "insecureAcceptAnything" => Err(
+            "containers-policy.json specifies a default of `insecureAcceptAnything`; refusing usage"
+                .into(),
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// Registry text fit for an error: one line, cut.

@@ -18,6 +18,11 @@ impl Daemon {
     /// picks the first deployment of the stateroot) and `FinalizeDeployment` finds nothing to
     /// finalize. An earlier pending deployment is replaced, as without `--retain-pending`.
     pub(crate) async fn admin_deploy(self: &Arc<Self>, pullspec: &str) -> anyhow::Result<()> {
+        // Given as `ostree-image-signed:docker://PULLSPEC`: a signed install's origin.
+        let (refspec, pullspec) = match pullspec.strip_prefix("ostree-image-signed:docker://") {
+            Some(p) => (pullspec.to_string(), p),
+            None => (format!("ostree-unverified-registry:{pullspec}"), pullspec),
+        };
         let _gate = self.txn_gate.lock().await;
         let image = self
             .images
@@ -39,7 +44,7 @@ impl Daemon {
             &self.state_dir.join("scratch"),
             NewDeployment {
                 osname: &self.osname,
-                refspec: &format!("ostree-unverified-registry:{pullspec}"),
+                refspec: &refspec,
                 image,
                 arch: &self.arch,
                 layering: Layering::default(),

@@ -135,6 +135,10 @@ impl Host {
         // bootc's pull reads the registry as the node's container
         // stack does (the host root's ostree auth file, registries.conf), as rpm-ostreed's.
         if let Some(root) = d.host_root.as_deref() {
+            if imgref.sig == SigVerify::Signed {
+                crate::fakes::registry::node::verifying_origin_check(root)
+                    .map_err(StageError::Pull)?;
+            }
             crate::fakes::registry::node::pull_check(root, &image.pullspec)
                 .await
                 .map_err(StageError::Pull)?;

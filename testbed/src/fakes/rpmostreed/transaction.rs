@@ -545,6 +545,9 @@ impl Daemon {
         // container stack reads it (the host root's ostree auth file, registries.conf mirrors
         // and blocks), so a missing credential fails here as on a node.
         if let Some(root) = self.host_root.as_deref() {
+            if imgref.sig == super::refspec::SigVerify::Signed {
+                crate::fakes::registry::node::verifying_origin_check(root)?;
+            }
             crate::fakes::registry::node::pull_check(root, &image.pullspec).await?;
         }
         // New removals are checked against the pulled base (before the "No upgrade
