@@ -124,7 +124,8 @@ pub struct Agent {
     mcd: Option<facts::mcd::McdSignal>,
     /// The MachineConfig the machine-config daemon applied, read (readiness.rs) only while its
     /// operator's move is checked: readiness mode on a node with `mcd`.
-    machine_config: Result<Option<facts::machineconfig::AppliedConfig>, String>,
+    machine_config:
+        Result<Option<facts::machineconfig::AppliedConfig>, facts::machineconfig::AppliedError>,
     /// The node's `check-*` keys as written.
     checks: CheckInputs,
     /// The `check-*` error last reported in manage mode (reported once).

@@ -30,7 +30,7 @@ use crate::cluster::protocol::{
 use crate::cluster::streams::{self, Catalog, ResolveError};
 use crate::config::ModeChoice;
 use crate::host::attempt::Record;
-use crate::host::facts::machineconfig::{self, AppliedConfig};
+use crate::host::facts::machineconfig::{self, AppliedConfig, AppliedError};
 use crate::host::facts::{HostFacts, HostRoot, mcd};
 
 /// One stream to check, or why it cannot be checked.
@@ -75,7 +75,7 @@ pub(super) struct Plan {
     purpose: Purpose,
     /// For the operator's move: the MachineConfig its daemon applied (or why it cannot be
     /// read), which decides what the move installs; `None` when not known or not asked.
-    machine_config: Option<Result<AppliedConfig, String>>,
+    machine_config: Option<Result<AppliedConfig, AppliedError>>,
 }
 
 impl Plan {
@@ -160,7 +160,7 @@ async fn check_for(
     record: &Record,
     desired: &Desired,
     purpose: Purpose,
-    machine_config: Option<&Result<AppliedConfig, String>>,
+    machine_config: Option<&Result<AppliedConfig, AppliedError>>,
     catalog: Option<&Catalog>,
 ) -> Result<Prepared, Transient> {
     let Some(booted) = deployments.iter().find(|d| d.booted) else {
@@ -260,7 +260,7 @@ impl Agent {
         // (`readiness_plan`): the daemon rewrites the file before it reboots into a new config
         // and updates the node's currentConfig annotation after.
         let machine_config = if mode == Mode::Readiness && self.mcd.is_some() {
-            machineconfig::applied(&self.host).map_err(|e| e.to_string())
+            machineconfig::applied(&self.host)
         } else {
             Ok(None)
         };

@@ -27,7 +27,19 @@ pub struct Judgement {
     /// Stage from the verifying origin.
     pub verifying: bool,
     /// Why the signature side is fine, or why the move is refused.
-    pub verdict: Result<String, String>,
+    pub verdict: Result<String, Refused>,
+}
+
+/// Why the signature side refuses the move: what the policy requires and what was found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+impl Refused {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        "signature-refused"
+    }
 }
 
 /// Where and how the image is read for its signatures.
@@ -55,7 +67,7 @@ pub async fn judge(
     let refuse = |why: String| {
         Ok(Judgement {
             verifying: booted_signed,
-            verdict: Err(why),
+            verdict: Err(Refused(why)),
         })
     };
     let (file, policy) = match ospull::policy_file(root)
@@ -115,9 +127,9 @@ pub async fn judge(
             Err(why) => {
                 return Ok(Judgement {
                     verifying,
-                    verdict: Err(format!(
+                    verdict: Err(Refused(format!(
                         "{file} requires a signature for {image} ({scope}): {why}"
-                    )),
+                    ))),
                 });
             }
         }
@@ -302,9 +314,9 @@ mod tests {
         ] {
             let j = judged(name, &policy(REJECT, scope), UNSIGNED).await;
             let why = j.verdict.expect_err(name);
-            assert!(why.contains(want), "{name}: {why}");
+            assert!(why.0.contains(want), "{name}: {why}");
             assert!(
-                why.contains("q.example"),
+                why.0.contains("q.example"),
                 "{name}: the scope is named: {why}"
             );
             // A requirement for a signature means the verifying origin (the default is not
@@ -325,7 +337,7 @@ mod tests {
         let j = judged("never", &policy(ACCEPT, ACCEPT), SIGNED).await;
         assert!(j.verifying, "{j:?}");
         let why = j.verdict.expect_err("refused");
-        assert!(why.contains("never moved to an unverified one"), "{why}");
+        assert!(why.0.contains("never moved to an unverified one"), "{why}");
         // A required signature under an insecure default: the unverified transport (the
         // daemon would refuse the verifying one), and still verified by streamd first.
         let j = judged(

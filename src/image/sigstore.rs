@@ -53,29 +53,74 @@ pub fn attachment_tag(digest: &str) -> String {
     format!("{}.sig", digest.replacen(':', "-", 1))
 }
 
-/// Parses a PEM public key: ECDSA P-256 only (what cosign generates); anything else is named.
-pub fn parse_key(pem: &str) -> Result<VerifyingKey, String> {
-    VerifyingKey::from_public_key_pem(pem.trim()).map_err(|e| {
-        format!("not a PEM ECDSA P-256 public key ({e}); streamd verifies P-256 keys only")
-    })
+/// Why a public key of a `sigstoreSigned` requirement cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// Not a PEM ECDSA P-256 public key (the parser's words).
+    #[error("not a PEM ECDSA P-256 public key ({0}); streamd verifies P-256 keys only")]
+    NotP256(String),
+    /// A key file could not be read (the reader's words, which name the file).
+    #[error("{0}")]
+    Unreadable(String),
+    /// A key file that holds no usable key.
+    #[error("{path}: {key}")]
+    InFile {
+        /// The file.
+        path: String,
+        /// What is wrong with its key.
+        key: Box<KeyError>,
+    },
+    /// `keyData` is not base64.
+    #[error("keyData is not base64")]
+    DataNotBase64,
+    /// `keyData` decodes to something that is not text.
+    #[error("keyData is not PEM")]
+    DataNotPem,
+    /// `keyData` that holds no usable key.
+    #[error("keyData: {0}")]
+    InData(Box<KeyError>),
 }
 
-/// The keys of `sources`: files read with `read` (host paths), data base64 of PEM.
-pub fn load_keys(
+impl KeyError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            KeyError::NotP256(_) => "key-not-p256",
+            KeyError::Unreadable(_) => "key-unreadable",
+            KeyError::InFile { key, .. } | KeyError::InData(key) => key.label(),
+            KeyError::DataNotBase64 => "key-data-not-base64",
+            KeyError::DataNotPem => "key-data-not-pem",
+        }
+    }
+}
+
+/// Parses a PEM public key: ECDSA P-256 only (what cosign generates); anything else is named.
+pub fn parse_key(pem: &str) -> Result<VerifyingKey, KeyError> {
+    VerifyingKey::from_public_key_pem(pem.trim()).map_err(|e| KeyError::NotP256(e.to_string()))
+}
+
+/// The keys of `sources`: files read with `read` (host paths; its error names the file), data
+/// base64 of PEM.
+pub fn load_keys<E: std::fmt::Display>(
     sources: &[KeySource],
-    read: impl Fn(&str) -> Result<String, String>,
-) -> Result<Vec<VerifyingKey>, String> {
+    read: impl Fn(&str) -> Result<String, E>,
+) -> Result<Vec<VerifyingKey>, KeyError> {
     sources
         .iter()
         .map(|s| match s {
-            KeySource::Path(p) => {
-                read(p).and_then(|pem| parse_key(&pem).map_err(|e| format!("{p}: {e}")))
-            }
+            KeySource::Path(p) => read(p)
+                .map_err(|e| KeyError::Unreadable(e.to_string()))
+                .and_then(|pem| {
+                    parse_key(&pem).map_err(|e| KeyError::InFile {
+                        path: p.clone(),
+                        key: Box::new(e),
+                    })
+                }),
             KeySource::Data(b64) => base64::engine::general_purpose::STANDARD
                 .decode(b64.trim())
-                .map_err(|_| "keyData is not base64".to_string())
-                .and_then(|pem| String::from_utf8(pem).map_err(|_| "keyData is not PEM".into()))
-                .and_then(|pem| parse_key(&pem).map_err(|e| format!("keyData: {e}"))),
+                .map_err(|_| KeyError::DataNotBase64)
+                .and_then(|pem| String::from_utf8(pem).map_err(|_| KeyError::DataNotPem))
+                .and_then(|pem| parse_key(&pem).map_err(|e| KeyError::InData(Box::new(e)))),
         })
         .collect()
 }
@@ -208,6 +253,96 @@ fn identity_matches(identity: &Identity, image: &ImageRef, signed: &str) -> bool
     }
 }
 
+/// Why one attachment is not an accepted signature.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    /// The layer has no signature annotation.
+    #[error("missing {} annotation", SIGNATURE_ANNOTATION)]
+    NoAnnotation,
+    /// The annotation is not base64.
+    #[error("the signature is not base64")]
+    NotBase64,
+    /// The decoded annotation is not a DER ECDSA signature.
+    #[error("the signature is not ASN.1 ECDSA")]
+    NotEcdsa,
+    /// No key of the requirement made it.
+    #[error("cryptographic signature verification failed (no key accepts it)")]
+    NoKeyAccepts,
+    /// The signed payload is not JSON.
+    #[error("the signed payload is not JSON")]
+    PayloadNotJson,
+    /// The payload's `critical.type` (quoted, cut).
+    #[error("the signed payload's type is {0}, not {t:?}", t = PAYLOAD_TYPE)]
+    WrongType(String),
+    /// The payload signs another digest.
+    #[error("the signature is for digest {signed}, not {wanted}")]
+    WrongDigest {
+        /// The signed digest (quoted).
+        signed: String,
+        /// The image's digest.
+        wanted: String,
+    },
+    /// The signed identity is not one the requirement accepts for the image.
+    #[error("the signature's identity {signed} is not accepted for {image} ({identity})")]
+    WrongIdentity {
+        /// The signed reference (quoted).
+        signed: String,
+        /// The image as requested.
+        image: String,
+        /// The requirement's `signedIdentity`.
+        identity: String,
+    },
+}
+
+impl Rejection {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Rejection::NoAnnotation => "signature-annotation-missing",
+            Rejection::NotBase64 => "signature-not-base64",
+            Rejection::NotEcdsa => "signature-not-ecdsa",
+            Rejection::NoKeyAccepts => "signature-key-mismatch",
+            Rejection::PayloadNotJson => "signature-payload-not-json",
+            Rejection::WrongType(_) => "signature-payload-type",
+            Rejection::WrongDigest { .. } => "signature-digest-mismatch",
+            Rejection::WrongIdentity { .. } => "signature-identity-mismatch",
+        }
+    }
+}
+
+/// Why no attachment holds an accepted signature.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VerifyError {
+    /// There is no signature at all.
+    #[error("a signature was required, but no signature exists")]
+    NoSignature,
+    /// The one signature there is was rejected.
+    #[error("{0}")]
+    Rejected(Rejection),
+    /// Every one of several signatures was rejected.
+    #[error("none of the signatures was accepted: {}", join(.0))]
+    NoneAccepted(Vec<Rejection>),
+}
+
+impl VerifyError {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            VerifyError::NoSignature => "signature-missing",
+            VerifyError::Rejected(r) => r.label(),
+            VerifyError::NoneAccepted(_) => "signatures-rejected",
+        }
+    }
+}
+
+fn join(rejections: &[Rejection]) -> String {
+    rejections
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// Why one attachment is not an accepted signature of `image` at `digest`, else `Ok`.
 fn accept_one(
     a: &Attachment,
@@ -215,46 +350,40 @@ fn accept_one(
     identity: &Identity,
     image: &ImageRef,
     digest: &str,
-) -> Result<(), String> {
-    let b64 = a
-        .signature
-        .as_deref()
-        .ok_or_else(|| format!("missing {SIGNATURE_ANNOTATION} annotation"))?;
+) -> Result<(), Rejection> {
+    let b64 = a.signature.as_deref().ok_or(Rejection::NoAnnotation)?;
     let der = base64::engine::general_purpose::STANDARD
         .decode(b64)
-        .map_err(|_| "the signature is not base64".to_string())?;
-    let sig =
-        Signature::from_der(&der).map_err(|_| "the signature is not ASN.1 ECDSA".to_string())?;
+        .map_err(|_| Rejection::NotBase64)?;
+    let sig = Signature::from_der(&der).map_err(|_| Rejection::NotEcdsa)?;
     if !keys.iter().any(|k| k.verify(&a.payload, &sig).is_ok()) {
-        return Err("cryptographic signature verification failed (no key accepts it)".into());
+        return Err(Rejection::NoKeyAccepts);
     }
-    let p: serde_json::Value = serde_json::from_slice(&a.payload)
-        .map_err(|_| "the signed payload is not JSON".to_string())?;
+    let p: serde_json::Value =
+        serde_json::from_slice(&a.payload).map_err(|_| Rejection::PayloadNotJson)?;
     let critical = &p["critical"];
     let kind = critical["type"].as_str().unwrap_or_default();
     if kind != PAYLOAD_TYPE {
-        return Err(format!(
-            "the signed payload's type is {}, not {PAYLOAD_TYPE:?}",
-            crate::text::quote(kind)
-        ));
+        return Err(Rejection::WrongType(crate::text::quote(kind)));
     }
     let signed_digest = critical["image"]["docker-manifest-digest"]
         .as_str()
         .unwrap_or_default();
     if signed_digest != digest {
-        return Err(format!(
-            "the signature is for digest {}, not {digest}",
-            crate::text::quote(signed_digest)
-        ));
+        return Err(Rejection::WrongDigest {
+            signed: crate::text::quote(signed_digest),
+            wanted: digest.to_string(),
+        });
     }
     let signed_ref = critical["identity"]["docker-reference"]
         .as_str()
         .unwrap_or_default();
     if !identity_matches(identity, image, signed_ref) {
-        return Err(format!(
-            "the signature's identity {} is not accepted for {image} ({identity:?})",
-            crate::text::quote(signed_ref)
-        ));
+        return Err(Rejection::WrongIdentity {
+            signed: crate::text::quote(signed_ref),
+            image: image.to_string(),
+            identity: format!("{identity:?}"),
+        });
     }
     Ok(())
 }
@@ -268,18 +397,18 @@ pub fn verify(
     identity: &Identity,
     image: &ImageRef,
     digest: &str,
-) -> Result<(), String> {
-    let mut reasons: Vec<String> = Vec::new();
+) -> Result<(), VerifyError> {
+    let mut reasons: Vec<Rejection> = Vec::new();
     for a in attachments {
         match accept_one(a, keys, identity, image, digest) {
             Ok(()) => return Ok(()),
             Err(r) => reasons.push(r),
         }
     }
-    Err(match reasons.as_slice() {
-        [] => "a signature was required, but no signature exists".into(),
-        [one] => one.clone(),
-        many => format!("none of the signatures was accepted: {}", many.join("; ")),
+    Err(match reasons.len() {
+        0 => VerifyError::NoSignature,
+        1 => VerifyError::Rejected(reasons.remove(0)),
+        _ => VerifyError::NoneAccepted(reasons),
     })
 }
 
@@ -334,10 +463,10 @@ pub(crate) mod tests {
             &[KeySource::Data(
                 base64::engine::general_purpose::STANDARD.encode(pem(k)),
             )],
-            |_| Err("no files".into()),
+            |_| Err("no files"),
         )
         .expect("key");
-        verify(a, &keys, id, &image(), &format!("sha256:{HEX}"))
+        verify(a, &keys, id, &image(), &format!("sha256:{HEX}")).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -419,15 +548,33 @@ pub(crate) mod tests {
     #[test]
     fn keys_other_than_p256_pem_are_refused_by_name() {
         assert!(parse_key("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----").is_err());
-        let e = load_keys(&[KeySource::Data("%%".into())], |_| Ok(String::new())).expect_err("b64");
-        assert_eq!(e, "keyData is not base64");
+        let e = load_keys(&[KeySource::Data("%%".into())], |_| {
+            Ok::<_, String>(String::new())
+        })
+        .expect_err("b64");
+        assert_eq!(
+            (e.to_string().as_str(), e.label()),
+            ("keyData is not base64", "key-data-not-base64")
+        );
         let e = load_keys(&[KeySource::Path("/etc/pki/k.pub".into())], |p| {
             Err(format!("{p}: no such file"))
         })
         .expect_err("missing");
-        assert_eq!(e, "/etc/pki/k.pub: no such file");
+        assert_eq!(e.to_string(), "/etc/pki/k.pub: no such file");
+        let e = load_keys(&[KeySource::Path("/k".into())], |_| {
+            Ok::<_, String>("x".into())
+        })
+        .expect_err("not a key");
+        assert!(
+            e.to_string().starts_with("/k: not a PEM ECDSA P-256"),
+            "{e}"
+        );
+        assert_eq!(e.label(), "key-not-p256");
         let k = key(3);
-        let ok = load_keys(&[KeySource::Path("/k".into())], |_| Ok(pem(&k))).expect("pem");
+        let ok = load_keys(&[KeySource::Path("/k".into())], |_| {
+            Ok::<_, String>(pem(&k))
+        })
+        .expect("pem");
         assert_eq!(ok, vec![*k.verifying_key()]);
     }
 }

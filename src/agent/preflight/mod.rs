@@ -102,7 +102,7 @@ pub struct Input {
     pub os_pull: OsPull,
     /// The OS image's signature as the host's policy requires it (`crate::host::sigpolicy`):
     /// why it is fine, or why the move is refused.
-    pub signature: Result<String, String>,
+    pub signature: Result<String, crate::host::sigpolicy::Refused>,
     /// The extensions image, if requested, or why it could not be inspected.
     pub extensions: Option<Result<ExtensionsInfo, FactError>>,
     /// The RPMs to pass, closed under Requires over the extensions image's RPMs (when there

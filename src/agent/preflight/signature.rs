@@ -8,7 +8,7 @@ use crate::cluster::protocol::CheckId;
 pub(super) fn signature(i: &Input) -> CheckResult {
     match &i.signature {
         Ok(why) => pass(CheckId::Signature, why.clone()),
-        Err(why) => fail(CheckId::Signature, why.clone()),
+        Err(why) => fail(CheckId::Signature, why.to_string()),
     }
 }
 
@@ -21,7 +21,7 @@ mod tests {
     #[test]
     fn an_unverified_signature_fails_never_warns() {
         let mut c = base();
-        c.signature = Err("/etc/containers/policy.json requires a signature for quay.io/o/r@…: a signature was required, but no signature exists".into());
+        c.signature = Err(crate::host::sigpolicy::Refused("/etc/containers/policy.json requires a signature for quay.io/o/r@…: a signature was required, but no signature exists".into()));
         assert_eq!(failed(&c), vec!["signature"]);
         let r = run(&c);
         assert!(r.iter().all(|x| x.result != Outcome::Warn), "{r:#?}");
