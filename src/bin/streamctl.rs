@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use streamd::cluster::protocol::{CheckId, Mode};
 use streamd::cluster::status::{Status, StatusDocument};
 use streamd::dbus_api::BUS_NAME;
 use streamd::text::printable;
@@ -421,6 +422,14 @@ fn explain(what: &str, e: &zbus::Error) -> Failure {
     }
 }
 
+fn ids(checks: &[CheckId]) -> String {
+    checks
+        .iter()
+        .map(|c| c.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn or_none(v: &Option<String>) -> &str {
     v.as_deref().filter(|s| !s.is_empty()).unwrap_or("(none)")
 }
@@ -447,7 +456,27 @@ fn render(s: &Status) -> String {
     let mut line = |k: &str, v: &str| out.push_str(&format!("{k:<14}{}\n", printable(v)));
     line("Node:", &s.node);
     line("State:", &state);
+    line(
+        "Mode:",
+        match s.mode {
+            Mode::Manage => "manage (streamd stages and reboots on requests)",
+            Mode::Readiness => "readiness (streamd never stages or reboots here; it reports)",
+        },
+    );
     line("Reason:", if s.reason.is_empty() { "-" } else { &s.reason });
+    if !s.failed_checks.is_empty() {
+        line("Failed:", &ids(&s.failed_checks));
+    }
+    for (stream, r) in &s.readiness {
+        let verdict = if r.ready {
+            "ready".to_string()
+        } else if r.failed.is_empty() {
+            format!("unknown: {}", r.reason)
+        } else {
+            format!("not ready ({}): {}", ids(&r.failed), r.reason)
+        };
+        line("Readiness:", &format!("{stream}  {verdict}"));
+    }
     line(
         "Booted:",
         &format!("{}  {}", s.current_stream, s.current_os_image),
@@ -537,6 +566,45 @@ mod tests {
             "Host:         FIPS enabled, kernel realtime, x86-64-v3",
             "Last error:   preflight check cpu-level failed: old",
             "Reboot:       requested, waiting for approval: reboot-approved=abc.123, attempt 1",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
+        assert!(text.contains("Mode:         manage"), "{text}");
+        assert!(!text.contains("Failed:"), "{text}");
+        let refused = Status {
+            mode: Mode::Readiness,
+            failed_checks: vec![CheckId::CpuLevel, CheckId::Fips],
+            readiness: [
+                (
+                    "rhel-10".to_string(),
+                    streamd::cluster::protocol::Readiness {
+                        ready: false,
+                        failed: vec![CheckId::CpuLevel],
+                        reason: "x86-64-v2".into(),
+                        os_image: String::new(),
+                        checked: String::new(),
+                    },
+                ),
+                (
+                    "rhel-9".to_string(),
+                    streamd::cluster::protocol::Readiness {
+                        ready: true,
+                        failed: Vec::new(),
+                        reason: String::new(),
+                        os_image: String::new(),
+                        checked: String::new(),
+                    },
+                ),
+            ]
+            .into(),
+            ..s.clone()
+        };
+        let text = render(&refused);
+        for want in [
+            "Mode:         readiness",
+            "Failed:       cpu-level, fips",
+            "Readiness:    rhel-10  not ready (cpu-level): x86-64-v2",
+            "Readiness:    rhel-9  ready",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
