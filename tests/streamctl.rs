@@ -89,13 +89,51 @@ fn man_pages_and_completions_are_generated() {
     let man = d.join("man");
     let out = streamctl(&["generate", "man", man.to_str().expect("utf-8")]);
     assert!(out.status.success());
-    let page = std::fs::read_to_string(man.join("streamctl.1")).expect("streamctl.1");
+    let page = std::fs::read_to_string(man.join("streamctl.8")).expect("streamctl.8");
+    assert!(page.contains(".TH streamctl 8"), "section 8:\n{page}");
     assert!(
         page.contains("Exit codes"),
         "exit codes are in the man page"
     );
     for sub in ["status", "preflight", "plan", "reconcile", "config"] {
-        assert!(man.join(format!("streamctl-{sub}.1")).exists(), "{sub}");
+        assert!(man.join(format!("streamctl-{sub}.8")).exists(), "{sub}");
+    }
+    for hidden in ["generate", "help"] {
+        assert!(
+            !man.join(format!("streamctl-{hidden}.8")).exists(),
+            "{hidden}"
+        );
+    }
+    let conf = std::fs::read_to_string(man.join("streamd.conf.5")).expect("streamd.conf.5");
+    for key in [
+        "node-name",
+        "allowed-repositories",
+        "heartbeat-namespace",
+        "max-attempts",
+    ] {
+        assert!(
+            conf.contains(&format!("\\fB{key}\\fR")),
+            "{key} in streamd.conf(5)"
+        );
+    }
+    // The daemon's own page, from its --help definitions.
+    let out = Command::new(env!("CARGO_BIN_EXE_streamd"))
+        .args(["--generate-man", man.to_str().expect("utf-8")])
+        .output()
+        .expect("streamd runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let daemon = std::fs::read_to_string(man.join("streamd.8")).expect("streamd.8");
+    for want in [
+        "streamd",
+        "invalid configuration",
+        "streamd.conf(5)",
+        "\\-\\-node\\-name",
+    ] {
+        assert!(daemon.contains(want), "{want:?} in streamd(8):\n{daemon}");
     }
     let comp = d.join("completions");
     for shell in ["bash", "zsh", "fish"] {

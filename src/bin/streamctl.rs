@@ -8,6 +8,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+#[path = "streamctl/man.rs"]
+mod man;
+
 use streamd::cluster::protocol::{CheckId, Mode};
 use streamd::cluster::status::{Status, StatusDocument};
 use streamd::dbus_api::BUS_NAME;
@@ -76,7 +79,7 @@ enum ConfigCommand {
 /// `streamctl generate …` (used by packaging).
 #[derive(Debug, Subcommand)]
 enum GenerateCommand {
-    /// Write man pages (streamctl.1 and one per subcommand) into DIR.
+    /// Write man pages (streamctl.8, one per subcommand, and streamd.conf.5) into DIR.
     Man {
         /// Output directory.
         dir: std::path::PathBuf,
@@ -355,10 +358,7 @@ fn generate(g: &GenerateCommand) -> std::io::Result<()> {
     use clap::CommandFactory;
     let cmd = Args::command();
     match g {
-        GenerateCommand::Man { dir } => {
-            std::fs::create_dir_all(dir)?;
-            clap_mangen::generate_to(cmd, dir)
-        }
+        GenerateCommand::Man { dir } => man::write_all(cmd, dir),
         GenerateCommand::Completions { shell, dir } => {
             std::fs::create_dir_all(dir)?;
             let mut cmd = cmd;

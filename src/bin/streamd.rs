@@ -21,7 +21,10 @@ use streamd::host::facts::HostRoot;
 ///
 /// Watches its own Node object, stages the requested OS image through rpm-ostreed's D-Bus API
 /// (or bootc in transient systemd units where there is no rpm-ostreed) and reports on the node and on the system bus (`io.openshift.OSStream1`). Exit codes: 0 clean
-/// stop, 1 runtime failure, 2 invalid configuration.
+/// stop, 1 runtime failure, 2 invalid configuration (the unit does not restart it then).
+///
+/// The configuration is TOML drop-ins in /usr/lib/streamd/config.d, /run/streamd/config.d and
+/// /etc/streamd/config.d (streamd.conf(5)); `streamctl status` shows what it is doing.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
@@ -38,11 +41,23 @@ struct Args {
     /// Root directory host facts are read below (overrides the config).
     #[arg(long, env = "STREAMD_HOST_ROOT")]
     host_root: Option<PathBuf>,
+    /// Write the streamd(8) man page into DIR and exit (used by packaging).
+    #[arg(long, value_name = "DIR", hide = true)]
+    generate_man: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
     streamd::logging::init();
     let args = Args::parse();
+    if let Some(dir) = &args.generate_man {
+        return match man_page(dir) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("streamd: writing the man page into {}: {e}", dir.display());
+                ExitCode::FAILURE
+            }
+        };
+    }
     let cfg = match load_config(&args) {
         Ok(c) => c,
         Err(e) => {
@@ -69,6 +84,17 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `streamd.8`, from the same definitions as `--help`.
+fn man_page(dir: &std::path::Path) -> std::io::Result<()> {
+    use clap::CommandFactory;
+    std::fs::create_dir_all(dir)?;
+    let mut out = Vec::new();
+    clap_mangen::Man::new(Args::command().name("streamd"))
+        .section("8")
+        .render(&mut out)?;
+    std::fs::write(dir.join("streamd.8"), out)
 }
 
 fn load_config(args: &Args) -> Result<Config, config::ConfigError> {
