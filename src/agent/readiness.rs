@@ -544,7 +544,7 @@ fn resolve_target(stream: &str, catalog: Option<&Catalog>) -> Option<Target> {
     match streams::resolve(&only_stream, catalog) {
         Err(ResolveError::Pending) => None,
         Err(ResolveError::Missing) => Some(unresolved(format!(
-            "OSImageStream {:?} does not exist; set check-os-image or create the OSImageStream",
+            "OSImageStream {:?} does not exist; set check-os-image to check an image anyway (on OpenShift the machine-config operator creates it once the cluster offers OS streams: do not create it yourself)",
             streams::NAME
         ))),
         Err(e) => Some(unresolved(e.to_string())),

@@ -141,7 +141,7 @@ pub enum ResolveError {
     Pending,
     /// There is no `OSImageStream` named `cluster`.
     #[error(
-        "OSImageStream {NAME:?} does not exist; set desired-os-image or create the OSImageStream"
+        "OSImageStream {NAME:?} does not exist; set desired-os-image (off OpenShift, whoever publishes the streams creates it; on OpenShift the machine-config operator does)"
     )]
     Missing,
     /// The object has no `status.availableStreams` yet.

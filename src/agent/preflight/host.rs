@@ -1,6 +1,7 @@
 //! The checks of the host around the OS: the update backend, the container runtime, disk
 //! space, NIC names and a deployment someone else left pending.
 
+use super::advice::{self, Situation};
 use super::needs::carried;
 use super::{CheckResult, Input, fail, pass, target_major, warn};
 use crate::backend::BackendKind;
@@ -30,8 +31,8 @@ pub(super) fn pending_deployment(i: &Input) -> CheckResult {
         fail(
             id,
             format!(
-                "{what} is {how}; remove it (rpm-ostree cleanup -p) or set \
-                 replace-foreign-staged = true to let streamd replace it"
+                "{what} is {how}; {}",
+                advice::remedy(Situation::ForeignStaged, i.mover)
             ),
         )
     }
@@ -74,11 +75,12 @@ pub(super) fn disk_space(i: &Input) -> CheckResult {
         return fail(
             id,
             format!(
-                "the sysroot has {} MiB free; staging needs {} MiB (image {} MiB + minimum {} MiB)",
+                "the sysroot has {} MiB free; staging needs {} MiB (image {} MiB + minimum {} MiB); {}",
                 mib(i.disk.sysroot),
                 mib(need_sysroot),
                 mib(image),
-                mib(i.policy.min_free_sysroot)
+                mib(i.policy.min_free_sysroot),
+                advice::remedy(Situation::SysrootFull, i.mover)
             ),
         );
     }
@@ -86,9 +88,10 @@ pub(super) fn disk_space(i: &Input) -> CheckResult {
         return fail(
             id,
             format!(
-                "/boot has {} MiB free; a new kernel and initramfs need {} MiB",
+                "/boot has {} MiB free; a new kernel and initramfs need {} MiB; {}",
                 mib(i.disk.boot),
-                mib(i.policy.min_free_boot)
+                mib(i.policy.min_free_boot),
+                advice::remedy(Situation::BootFull, i.mover)
             ),
         );
     }

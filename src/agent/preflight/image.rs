@@ -1,6 +1,7 @@
 //! The checks of the OS image: its reference, the direction of the move, whether the OS
 //! daemon can pull it, and what it is.
 
+use super::advice::{self, Situation};
 use super::needs::rebuilt_by_mco;
 use super::{CheckResult, Input, fail, pass, target_major, warn};
 use crate::backend::BackendKind;
@@ -124,14 +125,14 @@ pub(super) fn os_pull_credentials(i: &Input) -> CheckResult {
         .attempts
         .iter()
         .any(|a| a.outcome == AttemptOutcome::Unauthorized);
-    let remedy = if unauthorized {
-        "give the node a credential for the registry or mirror it pulls from in \
-         /run/ostree/auth.json or /etc/ostree/auth.json (the machine-config daemon links the \
-         kubelet's pull secret there; streamd does not write it)"
-    } else {
-        "mirror the image (ImageDigestMirrorSet) or unblock the registry in \
-         /etc/containers/registries.conf(.d)"
-    };
+    let remedy = advice::remedy(
+        if unauthorized {
+            Situation::PullUnauthorized
+        } else {
+            Situation::PullBlocked
+        },
+        i.mover,
+    );
     fail(
         id,
         format!(

@@ -23,6 +23,7 @@ use crate::host::ospull::OsPull;
 use crate::image::registry::{ExtensionsInfo, OsImageInfo};
 use crate::image::rpm::{Closure, el_major};
 
+mod advice;
 mod errors;
 mod host;
 mod image;
