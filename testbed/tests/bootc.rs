@@ -677,6 +677,16 @@ async fn the_legacy_lock_file_is_kept_dropped_and_honoured_as_libostree_does() {
     let (code, _, err) = env.bootc(&["switch", &rhel10.pullspec]).await;
     assert_eq!(code, 0, "{err}");
     std::fs::write(&lock, b"").expect("touch");
+    // A signed switch is another spec (so a new stage): ostree-ext takes it only under a
+    // policy whose default is not insecureAcceptAnything.
+    let repo = rhel10.pullspec.split('@').next().unwrap_or_default();
+    std::fs::write(
+        env.dir.join("host/etc/containers/policy.json"),
+        json!({"default": [{"type": "reject"}],
+            "transports": {"docker": {repo: [{"type": "insecureAcceptAnything"}]}}})
+        .to_string(),
+    )
+    .expect("policy");
     let (code, _, err) = env
         .bootc(&["switch", "--enforce-container-sigpolicy", &rhel10.pullspec])
         .await;
