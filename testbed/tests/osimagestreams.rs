@@ -296,7 +296,10 @@ async fn deploy_rbac_grants_the_node_what_streamd_needs_and_no_more() {
         dry.lines().collect::<Vec<_>>(),
         [
             "clusterrole.rbac.authorization.k8s.io/streamd-node",
-            "clusterrolebinding.rbac.authorization.k8s.io/streamd-node"
+            "clusterrolebinding.rbac.authorization.k8s.io/streamd-node",
+            "namespace/streamd-node-lease",
+            "role.rbac.authorization.k8s.io/streamd-heartbeat",
+            "rolebinding.rbac.authorization.k8s.io/streamd-heartbeat",
         ]
     );
     let err = env.fails(true, &["get", "osimagestreams"]).await;
