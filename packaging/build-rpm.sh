@@ -189,6 +189,13 @@ listed="$(for r in "${rpms[@]}"; do rpm -qlp "$r"; done)"
 for f in /usr/libexec/streamd /usr/libexec/streamd-verify; do
     grep -qx "$f" <<<"$listed" || die "no $f in the RPMs"
 done
+# The pages in their sections: the daemon and streamctl in 8, the configuration in 5.
+if [[ $docs_note == "man pages and completions included" ]]; then
+    for f in /usr/share/man/man8/streamd.8.gz /usr/share/man/man8/streamctl.8.gz \
+        /usr/share/man/man5/streamd.conf.5.gz; do
+        grep -qx "$f" <<<"$listed" || die "no $f in the RPMs"
+    done
+fi
 
 # Where SELinux policy is installed the module is required, not recommended
 # (without it streamd runs unconfined there), and from the same build.
