@@ -1,0 +1,414 @@
+//! The planner's table and scenario tests; the property test is in `properties.rs`.
+
+use super::*;
+use crate::node::{MCD_CURRENT_CONFIG, READINESS};
+use streamd::cluster::protocol::FAILED_CHECKS;
+use streamd::cluster::protocol::{
+    DESIRED_OS_IMAGE, DESIRED_STREAM, OBSERVED_DESIRED, REASON, REBOOT_REQUESTED, STATE,
+};
+
+const OS10: &str = "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010";
+
+fn target() -> Desired {
+    Inputs {
+        stream: Some("rhel-10".into()),
+        os_image: Some(OS10.into()),
+        extensions_image: None,
+        reboot_approved: None,
+    }
+    .desired()
+    .expect("valid")
+    .expect("some")
+}
+
+fn hash() -> String {
+    target().observed_hash()
+}
+
+fn pool() -> PoolInput {
+    PoolInput {
+        target: Ok(target()),
+        check: Some(CheckKeys {
+            stream: "rhel-10".into(),
+            os_image: None,
+            extensions_image: None,
+        }),
+        max_unavailable: None,
+        max_concurrent_staging: 10,
+        paused: false,
+        drain_timeout_seconds: 600,
+        now: 10_000,
+        claimed: BTreeMap::new(),
+    }
+}
+
+/// A Ready, schedulable node with the check keys already set (so Check actions show only
+/// where a test expects them).
+fn node(name: &str) -> NodeView {
+    let mut n = NodeView {
+        name: name.into(),
+        ready: true,
+        ..NodeView::default()
+    };
+    n.annotations.insert(CHECK_STREAM.into(), "rhel-10".into());
+    n
+}
+
+fn set(mut n: NodeView, k: &str, v: &str) -> NodeView {
+    n.annotations.insert(k.into(), v.into());
+    n
+}
+
+fn targeted(n: NodeView) -> NodeView {
+    set(set(n, DESIRED_STREAM, "rhel-10"), DESIRED_OS_IMAGE, OS10)
+}
+
+fn in_state(n: NodeView, state: &str) -> NodeView {
+    set(set(targeted(n), OBSERVED_DESIRED, &hash()), STATE, state)
+}
+
+fn staged(name: &str, token: &str) -> NodeView {
+    set(in_state(node(name), "Staged"), REBOOT_REQUESTED, token)
+}
+
+fn step(n: NodeView, s: Step) -> NodeView {
+    let mut n = set(n, ROLLOUT_STEP, &s.render());
+    n.unschedulable = true;
+    n
+}
+
+fn draining(token: &str, started: u64) -> Step {
+    Step::Draining {
+        started,
+        token: token.into(),
+    }
+}
+
+fn target_a(n: &str) -> Action {
+    Action::Target { node: n.into() }
+}
+fn cordon(n: &str, t: &str) -> Action {
+    Action::Cordon {
+        node: n.into(),
+        token: t.into(),
+    }
+}
+
+#[test]
+fn table() {
+    let refused = set(
+        set(
+            in_state(node("w2"), "Refused"),
+            REASON,
+            "preflight check cpu-level failed: x86-64-v2",
+        ),
+        REBOOT_REQUESTED,
+        "",
+    );
+    let mut not_ready = staged("w2", "t2");
+    not_ready.ready = false;
+    let mut cordoned_by_admin = staged("w2", "t2");
+    cordoned_by_admin.unschedulable = true;
+    let done_not_ready = {
+        let mut n = step(
+            in_state(node("w1"), "Done"),
+            Step::Approved { token: "t1".into() },
+        );
+        n.ready = false;
+        n
+    };
+    let paused = PoolInput {
+        paused: true,
+        ..pool()
+    };
+    let staging2 = PoolInput {
+        max_concurrent_staging: 2,
+        ..pool()
+    };
+    let half = PoolInput {
+        max_unavailable: Some(IntOrString::String("50%".into())),
+        ..pool()
+    };
+    #[rustfmt::skip]
+    let table: Vec<(&str, PoolInput, Vec<NodeView>, Vec<Action>)> = vec![
+        ("fresh pool: staging runs ahead, bounded", staging2.clone(),
+         vec![node("w1"), node("w2"), node("w3")],
+         vec![target_a("w1"), target_a("w2")]),
+        ("staging slots full", staging2.clone(),
+         vec![in_state(node("w1"), "Staging"), in_state(node("w2"), "Preflight"), node("w3")],
+         vec![]),
+        ("a staged node frees a slot", staging2,
+         vec![staged("w1", "t1"), in_state(node("w2"), "Staging"), node("w3")],
+         vec![target_a("w3"), cordon("w1", "t1")]),
+        ("maxUnavailable 1: one node at a time", pool(),
+         vec![staged("w1", "t1"), staged("w2", "t2"), staged("w3", "t3")],
+         vec![cordon("w1", "t1")]),
+        ("maxUnavailable 50% of 4: two", half,
+         vec![staged("w1", "t1"), staged("w2", "t2"), staged("w3", "t3"), staged("w4", "t4")],
+         vec![cordon("w1", "t1"), cordon("w2", "t2")]),
+        ("a NotReady node uses the only slot", pool(),
+         vec![staged("w1", "t1"), not_ready, staged("w3", "t3")],
+         vec![]),
+        ("a node cordoned by someone else uses the slot and is not taken", pool(),
+         vec![staged("w1", "t1"), cordoned_by_admin],
+         vec![]),
+        ("draining continues", pool(),
+         vec![step(staged("w1", "t1"), draining("t1", 9_900)), staged("w2", "t2")],
+         vec![Action::Drain { node: "w1".into(), token: "t1".into() }]),
+        ("drain timed out: nothing, pool degraded", pool(),
+         vec![step(staged("w1", "t1"), draining("t1", 1_000)), staged("w2", "t2")],
+         vec![]),
+        ("approved: no second drain or approval", pool(),
+         vec![step(staged("w1", "t1"), Step::Approved { token: "t1".into() }), staged("w2", "t2")],
+         vec![]),
+        ("a new token after an unplanned reboot: drained again, no new slot", pool(),
+         vec![step(staged("w1", "t1b"), Step::Approved { token: "t1".into() }), staged("w2", "t2")],
+         vec![cordon("w1", "t1b")]),
+        ("rebooting: wait", pool(),
+         vec![step(in_state(node("w1"), "Rebooting"), Step::Approved { token: "t1".into() }), staged("w2", "t2")],
+         vec![]),
+        ("done but not Ready: wait", pool(),
+         vec![done_not_ready, staged("w2", "t2")],
+         vec![]),
+        ("done and Ready: uncordon, then the next", pool(),
+         vec![step(in_state(node("w1"), "Done"), Step::Approved { token: "t1".into() }), staged("w2", "t2")],
+         vec![Action::Uncordon { node: "w1".into() }]),
+        ("a Refused node stops new work; the node in flight finishes", pool(),
+         vec![step(in_state(node("w1"), "Done"), Step::Approved { token: "t1".into() }), refused.clone(), staged("w3", "t3"), node("w4")],
+         vec![Action::Uncordon { node: "w1".into() }]),
+        ("paused: no new work, in-flight drain stops", paused.clone(),
+         vec![step(staged("w1", "t1"), draining("t1", 9_900)), staged("w2", "t2"), node("w3")],
+         vec![]),
+        ("paused: a finished node is still uncordoned", paused,
+         vec![step(in_state(node("w1"), "Done"), Step::Approved { token: "t1".into() }), staged("w2", "t2")],
+         vec![Action::Uncordon { node: "w1".into() }]),
+        ("updated nodes are left alone", pool(),
+         vec![in_state(node("w1"), "Done"), in_state(node("w2"), "Done")],
+         vec![]),
+    ];
+    for (name, pool, nodes, want) in table {
+        assert_eq!(plan(&pool, &nodes).actions, want, "{name}");
+    }
+}
+
+#[test]
+fn released_nodes_finish_an_approved_reboot_and_keep_only_a_request_they_run() {
+    let approved = |n: NodeView| step(n, Step::Approved { token: "t1".into() });
+    let mut done_not_ready = approved(in_state(node("w1"), "Done"));
+    done_not_ready.ready = false;
+    let now = |withdraw, uncordon| Release::Now { withdraw, uncordon };
+    #[rustfmt::skip]
+    let table: Vec<(&str, NodeView, Release)> = vec![
+        ("untouched", node("w1"), now(true, false)),
+        ("staging", in_state(node("w1"), "Staging"), now(true, false)),
+        ("staged, waiting", staged("w1", "t1"), now(true, false)),
+        ("draining", step(staged("w1", "t1"), draining("t1", 1)), now(true, true)),
+        ("approved, not rebooted yet", approved(staged("w1", "t1")), Release::Wait),
+        ("approved, rebooting", approved(in_state(node("w1"), "Rebooting")), Release::Wait),
+        ("approved, back but not Ready", done_not_ready, Release::Wait),
+        ("approved, done", approved(in_state(node("w1"), "Done")), now(false, true)),
+        ("approved, degraded after the reboot", approved(in_state(node("w1"), "Degraded")), now(true, true)),
+        ("approved token stale: staged again", approved(staged("w1", "t2")), now(true, true)),
+        ("updated earlier", in_state(node("w1"), "Done"), now(false, false)),
+    ];
+    for (name, n, want) in table {
+        assert_eq!(release(&n), want, "{name}");
+    }
+}
+
+#[test]
+fn degraded_reasons() {
+    let refused = set(
+        in_state(node("w2"), "Refused"),
+        REASON,
+        "preflight check cpu-level failed: x86-64-v2",
+    );
+    let p = plan(&pool(), &[staged("w1", "t1"), refused]);
+    let d = p.summary.degraded.expect("degraded");
+    assert_eq!(d.reason, "NodeRefused");
+    assert_eq!(
+        d.message,
+        "node w2: preflight check cpu-level failed: x86-64-v2"
+    );
+    assert_eq!(p.summary.degraded_nodes, 1);
+    assert_eq!(p.summary.issues[0].state, "Refused");
+
+    let p = plan(&pool(), &[step(staged("w1", "t1"), draining("t1", 1_000))]);
+    assert_eq!(p.summary.degraded.expect("timeout").reason, "DrainTimeout");
+    assert_eq!(p.summary.timed_out, vec!["w1".to_string()]);
+
+    let bad = PoolInput {
+        target: Err("spec.target: no OSImageStream".into()),
+        ..pool()
+    };
+    let p = plan(&bad, &[node("w1")]);
+    assert_eq!(
+        p.summary.degraded.expect("target").reason,
+        "TargetUnresolved"
+    );
+    assert!(p.actions.is_empty());
+
+    let bad = PoolInput {
+        max_unavailable: Some(IntOrString::String("half".into())),
+        ..pool()
+    };
+    let p = plan(&bad, &[staged("w1", "t1")]);
+    assert_eq!(p.summary.degraded.expect("spec").reason, "InvalidSpec");
+    assert!(p.actions.is_empty());
+}
+
+#[test]
+fn a_node_of_two_pools_is_left_alone_and_stops_the_pool() {
+    let both = PoolInput {
+        claimed: [("w1".to_string(), "infra".to_string())].into(),
+        ..pool()
+    };
+    let p = plan(&both, &[staged("w1", "t1"), staged("w2", "t2"), node("w3")]);
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    let d = p.summary.degraded.expect("degraded");
+    assert_eq!(d.reason, "NodeInSeveralPools");
+    assert_eq!(d.message, "node w1 is also selected by StreamPool infra");
+    assert_eq!(p.summary.machines, 3);
+}
+
+#[test]
+fn check_keys_written_where_missing_also_when_paused_or_mco() {
+    let mut bare = node("w1");
+    bare.annotations.clear();
+    let mco = set(node("w2"), MCD_CURRENT_CONFIG, "rendered-worker-abc");
+    let mut mco_bare = mco.clone();
+    mco_bare.annotations.remove(CHECK_STREAM);
+    let paused = PoolInput {
+        paused: true,
+        ..pool()
+    };
+    let p = plan(&paused, &[bare.clone(), targeted(node("w3"))]);
+    assert_eq!(p.actions, vec![Action::Check { node: "w1".into() }]);
+    // One machine-config-operator node makes the pool readiness-only: checks, nothing else.
+    let p = plan(&pool(), &[bare, mco_bare, staged("w4", "t4")]);
+    assert!(p.summary.mco_managed);
+    assert_eq!(
+        p.actions,
+        vec![
+            Action::Check { node: "w1".into() },
+            Action::Check { node: "w2".into() }
+        ]
+    );
+}
+
+#[test]
+fn max_unavailable_scales_like_the_mco() {
+    let s = |v: &str| Some(IntOrString::String(v.into()));
+    assert_eq!(max_unavailable(None, 10), Ok(1));
+    assert_eq!(max_unavailable(Some(&IntOrString::Int(0)), 10), Ok(1));
+    assert_eq!(max_unavailable(Some(&IntOrString::Int(3)), 10), Ok(3));
+    assert_eq!(max_unavailable(s("25%").as_ref(), 10), Ok(2));
+    assert_eq!(max_unavailable(s("5%").as_ref(), 10), Ok(1));
+    assert_eq!(max_unavailable(s("100%").as_ref(), 7), Ok(7));
+    assert!(max_unavailable(Some(&IntOrString::Int(-1)), 10).is_err());
+    assert!(max_unavailable(s("25").as_ref(), 10).is_err());
+    assert!(max_unavailable(s("x%").as_ref(), 10).is_err());
+}
+
+#[test]
+fn a_node_whose_agent_stopped_is_an_issue_and_never_cordoned() {
+    let stale = |n: NodeView| NodeView {
+        heartbeat: Heartbeat::Stale {
+            renewed: "2026-12-04T10:00:00.000000Z".into(),
+        },
+        ..n
+    };
+    // Waiting for its reboot, but its streamd is gone: the next node is taken instead.
+    let plan = super::plan(&pool(), &[stale(staged("w1", "t1")), staged("w2", "t2")]);
+    assert_eq!(plan.actions, vec![cordon("w2", "t2")]);
+    assert_eq!(plan.summary.agents_down, 1);
+    let issue = &plan.summary.issues[0];
+    assert_eq!(
+        (issue.name.as_str(), issue.state.as_str()),
+        ("w1", "NoHeartbeat")
+    );
+    assert!(
+        issue.reason.contains("2026-12-04T10:00:00"),
+        "{}",
+        issue.reason
+    );
+    assert_eq!(
+        plan.summary.degraded, None,
+        "the pool goes on with the others"
+    );
+    // Quiet while rebooting or NotReady; alive or unknown is no issue.
+    let mut not_ready = stale(staged("w1", "t1"));
+    not_ready.ready = false;
+    let rebooting = stale(step(
+        in_state(node("w2"), "Rebooting"),
+        Step::Approved { token: "t2".into() },
+    ));
+    let alive = NodeView {
+        heartbeat: Heartbeat::Alive,
+        ..staged("w3", "t3")
+    };
+    let plan = super::plan(&pool(), &[not_ready, rebooting, alive, staged("w4", "t4")]);
+    assert_eq!(plan.summary.agents_down, 0);
+    assert!(plan.summary.issues.is_empty(), "{:?}", plan.summary.issues);
+}
+
+#[test]
+fn readiness_summary_and_counts() {
+    let entry = |ready: bool, failed: &str, checked: &str| {
+        format!(
+            r#"{{"rhel-10":{{"ready":{ready},"failed":[{failed}],"reason":"","osImage":"q","checked":"{checked}"}}}}"#
+        )
+    };
+    let h = hash();
+    let nodes = vec![
+        in_state(node("a"), "Done"),
+        set(node("b"), READINESS, &entry(true, "", &h)),
+        set(node("c"), READINESS, &entry(false, r#""cpu-level""#, &h)),
+        set(
+            node("d"),
+            READINESS,
+            &entry(false, r#""cpu-level","disk-space""#, &h),
+        ),
+        // A result for other images (a stale digest) is not counted.
+        set(node("e"), READINESS, &entry(true, "", "0000000000000000")),
+        // The failed checks come from their own key, never from the reason's prose.
+        set(
+            set(
+                in_state(node("f"), "Refused"),
+                REASON,
+                "preflight check cpu-level failed: mismatch",
+            ),
+            FAILED_CHECKS,
+            "fips",
+        ),
+    ];
+    let p = plan(&pool(), &nodes);
+    assert_eq!(
+        p.summary.readiness.as_deref(),
+        Some("2 of 6 ready; 3 refuse: cpu-level, disk-space, fips; 1 not checked")
+    );
+    assert_eq!(p.summary.machines, 6);
+    assert_eq!(p.summary.updated, 1);
+    assert_eq!(p.summary.ready, 1);
+    assert_eq!(p.summary.degraded_nodes, 1);
+    // A refusal no check names (a bad request), and an id of a newer streamd.
+    let nodes = vec![
+        set(
+            in_state(node("g"), "Refused"),
+            REASON,
+            "preflight check fips failed: mismatch",
+        ),
+        set(
+            node("h"),
+            READINESS,
+            &entry(false, r#""quantum-level""#, &h),
+        ),
+    ];
+    let p = plan(&pool(), &nodes);
+    assert_eq!(
+        p.summary.readiness.as_deref(),
+        Some("0 of 2 ready; 2 refuse: request, unknown-check")
+    );
+}
+
+mod properties;
