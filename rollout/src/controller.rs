@@ -39,6 +39,7 @@ use crate::crd::{
 use crate::drain;
 use crate::events::{self, Journal, Note};
 use crate::heartbeat;
+use crate::leader::{Fence, NotLeader};
 use crate::node::{
     CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, NodeView, ROLLOUT_POOL, ROLLOUT_STEP,
     Step,
@@ -56,6 +57,9 @@ pub const DRAIN_RETRY: Duration = Duration::from_secs(5);
 const CONFLICT_RETRY: Duration = Duration::from_secs(1);
 /// Retry after a failed reconcile (API error).
 const ERROR_RETRY: Duration = Duration::from_secs(10);
+/// Longest a request may take (connect, send, each read); a hung API server costs a reconcile
+/// this long, not kube's default 295 s.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Why a reconcile failed; it is retried after [`ERROR_RETRY`].
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +76,13 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// A node changed since it was listed (a write made with its resourceVersion was a 409):
+    /// another writer, perhaps a replica that took the lease over, acted first.
+    #[error("node {0} changed since it was listed; planning again")]
+    Conflict(String),
+    /// This replica could not prove it holds the leader lease, so it made no write.
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
 }
 
 /// What reconciles share.
@@ -85,6 +96,8 @@ pub struct Context {
     journal: Journal,
     /// The nodes' heartbeat Leases; `None`: not read (every heartbeat unknown).
     heartbeats: Option<Api<Lease>>,
+    /// Checked before every write (see [`crate::leader`]).
+    fence: Fence,
 }
 
 impl std::fmt::Debug for Context {
@@ -248,9 +261,25 @@ struct Scope<'a> {
     /// The Events' references: the pool, and every listed node by name.
     pool_ref: ObjectReference,
     node_refs: BTreeMap<String, ObjectReference>,
+    /// Every listed node's resourceVersion, then the one its last write returned: a node write
+    /// is made only if the node is still so, so a replica that lost the lease cannot overwrite
+    /// what the new leader did.
+    versions: std::sync::Mutex<BTreeMap<String, String>>,
 }
 
 impl Scope<'_> {
+    /// The resourceVersion `node` was listed at or last written to.
+    fn version(&self, node: &str) -> Option<String> {
+        let versions = self.versions.lock().unwrap_or_else(|e| e.into_inner());
+        versions.get(node).cloned()
+    }
+
+    /// Records what a write of `node` returned.
+    fn set_version(&self, node: &str, rv: String) {
+        let mut versions = self.versions.lock().unwrap_or_else(|e| e.into_inner());
+        versions.insert(node.to_string(), rv);
+    }
+
     /// The node carries this pool's request (its name in [`ROLLOUT_POOL`]).
     fn ours(&self, n: &Node) -> bool {
         n.annotations().get(ROLLOUT_POOL) == Some(&self.name)
@@ -314,6 +343,12 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
             .iter()
             .map(|n| (n.name_any(), reference(n.object_ref(&()))))
             .collect(),
+        versions: std::sync::Mutex::new(
+            all.items
+                .iter()
+                .filter_map(|n| Some((n.name_any(), n.resource_version()?)))
+                .collect(),
+        ),
     };
     let (selected, unselected) = all
         .items
@@ -483,6 +518,7 @@ async fn execute(
         let node = action.node();
         let patch = match (action, &input.target) {
             (Action::Drain { token, .. }, _) => {
+                scope.ctx.fence.check()?;
                 let pass = drain::pass(&scope.ctx.drain_client, node, settings, true)
                     .await
                     .map_err(|source| Error::Api {
@@ -507,19 +543,38 @@ async fn execute(
             (_, Err(_)) => continue,
         };
         tracing::info!(node, action = ?action, "node step");
-        scope
-            .nodes
-            .patch(node, &patch_params(), &Patch::Merge(&patch))
-            .await
-            .map_err(|source| Error::Api {
-                what: format!("patching node {node}"),
-                source,
-            })?;
+        patch_listed_node(scope, node, patch).await?;
         if let Some(note) = events::for_action(action, &scope.pool.spec.target.stream) {
             scope.publish(note).await;
         }
     }
     Ok(blockers)
+}
+
+/// Patches `node` only if the fence holds and the node is as listed.
+async fn patch_listed_node(scope: &Scope<'_>, node: &str, mut patch: Value) -> Result<(), Error> {
+    scope.ctx.fence.check()?;
+    let listed = scope.version(node);
+    if let (Some(rv), Some(meta)) = (listed, patch.get_mut("metadata")) {
+        meta["resourceVersion"] = Value::String(rv);
+    }
+    match scope
+        .nodes
+        .patch(node, &patch_params(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(written) => {
+            if let Some(rv) = written.resource_version() {
+                scope.set_version(node, rv);
+            }
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::Conflict(node.to_string())),
+        Err(source) => Err(Error::Api {
+            what: format!("patching node {node}"),
+            source,
+        }),
+    }
 }
 
 /// Why `node`'s drain is stopped: it timed out after `timeout` seconds; names what is still
@@ -563,6 +618,7 @@ async fn write_status(
         .journal
         .news(&scope.name, pool.status.as_ref(), &built);
     if pool.status.as_ref() != Some(&built) {
+        scope.ctx.fence.check()?;
         let mut value = serde_json::to_value(&built).unwrap_or_default();
         // A merge patch keeps keys it does not name: clear the optional ones explicitly.
         for key in ["target", "readiness", "nodes", "observedGeneration"] {
@@ -596,6 +652,7 @@ async fn release_node(scope: &Scope<'_>, n: &Node, why: &str) -> Result<bool, Er
         return Ok(false);
     };
     let node = n.name_any();
+    scope.ctx.fence.check()?;
     let patch = release_patch(
         withdraw,
         uncordon,
@@ -667,6 +724,10 @@ fn jiff_now() -> k8s_openapi::jiff::Timestamp {
 }
 
 fn error_policy(pool: Arc<StreamPool>, error: &Error, _ctx: Arc<Context>) -> Requeue {
+    if let Error::Conflict(_) = error {
+        tracing::info!(pool = %pool.name_any(), error = %error, "write conflicted");
+        return Requeue::requeue(CONFLICT_RETRY);
+    }
     tracing::warn!(pool = %pool.name_any(), error = %error, "reconcile failed; retrying");
     Requeue::requeue(ERROR_RETRY)
 }
@@ -689,8 +750,11 @@ fn pools_selecting(
 #[derive(Clone)]
 #[allow(missing_debug_implementations)] // kube::Client is not Debug
 pub struct Clients {
-    /// Everything but evictions.
+    /// Requests (reads and writes, the leader lease), each bounded by [`REQUEST_TIMEOUT`].
     pub main: kube::Client,
+    /// Watches, which wait on the API server for minutes by design (kube-runtime's watcher asks
+    /// for `timeoutSeconds=290` and keeps kube's default 295 s read timeout).
+    pub watch: kube::Client,
     /// Evictions: kube's client retries a 429 by itself by default (up to 15 times, backing
     /// off to 1000 s: kube-rs/kube:kube-client/src/client/retry.rs `RetryPolicy::server_retry`,
     /// `Config::default_retry`), which would hold a drain inside one eviction for as long as a
@@ -700,12 +764,17 @@ pub struct Clients {
 }
 
 impl Clients {
-    /// Both clients from one configuration.
+    /// The three clients from one configuration.
     pub fn new(config: kube::Config) -> Result<Clients, kube::Error> {
-        let mut no_retry = config.clone();
+        let mut requests = config.clone();
+        requests.connect_timeout = Some(REQUEST_TIMEOUT);
+        requests.read_timeout = Some(REQUEST_TIMEOUT);
+        requests.write_timeout = Some(REQUEST_TIMEOUT);
+        let mut no_retry = requests.clone();
         no_retry.default_retry = false;
         Ok(Clients {
-            main: kube::Client::try_from(config)?,
+            main: kube::Client::try_from(requests)?,
+            watch: kube::Client::try_from(config)?,
             drain: kube::Client::try_from(no_retry)?,
         })
     }
@@ -713,17 +782,18 @@ impl Clients {
 
 /// Runs the controller until `shutdown` completes (leadership lost, or a signal); `identity`
 /// (the pod name) is the Events' reporting instance; the nodes' heartbeat Leases are read in
-/// `heartbeat_namespace` (`None`: not at all).
+/// `heartbeat_namespace` (`None`: not at all); no write is made unless `fence` holds.
 pub async fn run(
     clients: Clients,
     identity: &str,
     heartbeat_namespace: Option<&str>,
+    fence: Fence,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = clients.main;
     let (catalog_tx, catalog_rx) = watch::channel(None);
     let (trigger_tx, trigger_rx) = tokio::sync::mpsc::channel::<()>(1);
-    let mut updates = Box::pin(streams::watch(client.clone()));
+    let mut updates = Box::pin(streams::watch(clients.watch.clone()));
     let follow = tokio::spawn(async move {
         while let Some(update) = updates.next().await {
             match update {
@@ -742,7 +812,7 @@ pub async fn run(
         rx.recv().await.map(|()| ((), rx))
     });
     let controller = Controller::new(
-        Api::<StreamPool>::all(client.clone()),
+        Api::<StreamPool>::all(clients.watch.clone()),
         watcher::Config::default(),
     );
     let store = controller.store();
@@ -760,10 +830,11 @@ pub async fn run(
         ),
         journal: Journal::default(),
         heartbeats: heartbeat_namespace.map(|ns| Api::namespaced(client.clone(), ns)),
+        fence,
     });
     controller
         .watches(
-            Api::<Node>::all(client),
+            Api::<Node>::all(clients.watch),
             watcher::Config::default(),
             move |node: Node| {
                 let state = store.state();

@@ -82,8 +82,14 @@ async fn main() -> anyhow::Result<()> {
             };
             if !leader_elect {
                 tracing::info!("running without leader election");
-                rollout::controller::run(clients, &identity, heartbeats, stopped(stop.clone()))
-                    .await;
+                rollout::controller::run(
+                    clients,
+                    &identity,
+                    heartbeats,
+                    leader::Fence::none(),
+                    stopped(stop.clone()),
+                )
+                .await;
                 return Ok(());
             }
             let lease = Lease {
@@ -95,6 +101,7 @@ async fn main() -> anyhow::Result<()> {
             let (mut held, election) = leader::elect(client.clone(), &lease)
                 .await
                 .context("joining the leader election")?;
+            let fence = leader::follow(clients.watch.clone(), &lease);
             tracing::info!(identity = %lease.identity, lease = %lease.name, "waiting for the lease");
             loop {
                 tokio::select! {
@@ -105,22 +112,34 @@ async fn main() -> anyhow::Result<()> {
                     }
                     () = stopped(stop.clone()) => break,
                 }
+                // Held by the election's account; acting waits until the API server shows it.
+                let mut proving = fence.clone();
+                tokio::select! {
+                    () = proving.proven() => {}
+                    () = leader::lost(held.clone()) => continue,
+                    () = stopped(stop.clone()) => break,
+                }
                 tracing::info!(identity = %lease.identity, "leading");
                 let lost = leader::lost(held.clone());
+                let broken = fence.clone().broken();
                 let stopping = stopped(stop.clone());
                 rollout::controller::run(
                     clients.clone(),
                     &lease.identity,
                     heartbeats,
+                    fence.clone(),
                     async move {
-                        tokio::select! { () = lost => {}, () = stopping => {} }
+                        tokio::select! { () = lost => {}, () = broken => {}, () = stopping => {} }
                     },
                 )
                 .await;
                 if *stop.borrow() {
                     break;
                 }
-                tracing::warn!(identity = %lease.identity, "lost the lease; stopped");
+                tracing::warn!(
+                    identity = %lease.identity,
+                    "lost the lease, or could not prove holding it in time; stopped acting"
+                );
             }
             // Hand the lease over at once rather than after it expires.
             drop(held);

@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use testbed::control::{ApiServerCmd, Fault};
 
 mod common;
 
@@ -274,6 +275,62 @@ async fn a_leader_change_mid_drain_continues_without_a_second_approval() {
     })
     .await;
     release_and_finish(&p, mark).await;
+}
+
+/// The leader's writes are cut off from the API server just as worker-0's drain can finish (each
+/// PATCH of its service account, its lease renewals too, held for 45 s before the server acts on
+/// it): its approval of worker-0 is under way when the standby takes over and moves the pool on.
+/// The cut-off leader stops acting before the standby may take over (it cannot see its renewal
+/// stored), and the approval it had under way lands on a node the standby has changed, so it
+/// fails on the node's resourceVersion: one drain and one approval per node, never more than one
+/// node unavailable, also once every late write has landed.
+#[tokio::test]
+async fn a_leader_cut_off_from_the_api_server_stops_acting_before_the_standby_takes_over() {
+    const HELD: Duration = Duration::from_secs(45);
+    let mut p = Pool::start("partition", 2, &[]).await;
+    block_worker0_drain(&p);
+    p.create_pool(spec());
+    p.start_controller("a", &["--lease-seconds", "6"]);
+    p.wait("a leads", 60, |p| leader_of(p).as_deref() == Some("a"))
+        .await;
+    let standby = testbed::harness::fleet::controller::install_account(p.api(), "standby")
+        .expect("a second service account");
+    p.start_controller_as("b", &standby, &["--lease-seconds", "6"]);
+    wait_draining(&p, "worker-0").await;
+    let held = std::time::Instant::now();
+    p.api()
+        .control(ApiServerCmd::Fault(Fault::Delay {
+            ms: u64::try_from(HELD.as_millis()).expect("ms"),
+            user: Some(testbed::harness::fleet::controller::SERVICE_ACCOUNT.into()),
+            verb: Some("patch".into()),
+        }))
+        .await
+        .expect("cut the leader's writes off");
+    // worker-0's drain may finish now: a's approval is the write it has under way.
+    web_replica(&p, "web-b", "worker-1");
+    p.wait("b leads", 60, |p| leader_of(p).as_deref() == Some("b"))
+        .await;
+    p.api()
+        .control(ApiServerCmd::Fault(Fault::Clear))
+        .await
+        .expect("heal");
+    p.wait("worker-0 done", 120, |p| p.done("worker-0")).await;
+    web_replica(&p, "web-c", "worker-0");
+    p.wait("worker-1 done", 120, |p| p.done("worker-1")).await;
+    // The writes a sent while cut off reach the server by now (the fault holds each before it
+    // is acted on, whether or not the client still waits).
+    tokio::time::sleep(
+        (held + HELD + Duration::from_secs(3)).saturating_duration_since(std::time::Instant::now()),
+    )
+    .await;
+    p.assert_once(&["worker-0", "worker-1"]);
+    assert_eq!(p.max_unavailable_seen().await, 1);
+    let log = p.fleet.dir().join("controller-a.log");
+    p.wait("a to say it stopped acting", 60, |_| {
+        std::fs::read_to_string(&log)
+            .is_ok_and(|l| l.contains("could not prove holding it in time"))
+    })
+    .await;
 }
 
 /// worker-2, staged and waiting, is rebooted by its administrator while worker-0 is in flight:

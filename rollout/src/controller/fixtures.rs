@@ -32,6 +32,11 @@ impl Context {
     /// A context whose clients (both) talk to the returned verifier; no OSImageStream, no other
     /// pool.
     pub fn test() -> (Arc<Context>, ApiServerVerifier) {
+        Context::fenced(Fence::none())
+    }
+
+    /// [`Context::test`] whose writes are fenced by `fence`.
+    pub fn fenced(fence: Fence) -> (Arc<Context>, ApiServerVerifier) {
         let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
         let client = kube::Client::new(service, "default");
         let (_, catalog) = watch::channel(None);
@@ -49,6 +54,7 @@ impl Context {
             ),
             journal: Journal::default(),
             heartbeats: None,
+            fence,
         };
         (Arc::new(ctx), ApiServerVerifier(handle))
     }
@@ -87,6 +93,11 @@ pub enum Scenario {
     /// The status write is answered 409: the reconcile fails with it (and is retried by the
     /// error policy).
     StatusConflict,
+    /// A node's check keys' write is answered 409 (another writer changed it since the list):
+    /// nothing more is written, and the reconcile fails with the conflict.
+    NodeConflict,
+    /// The replica cannot prove it holds the leader lease: it lists, and writes nothing.
+    NotLeader,
 }
 
 impl Scenario {
@@ -131,6 +142,15 @@ impl Scenario {
                 list_nodes(&[done("w1")]),
                 patch_status(updated_status()).answer(StatusCode::CONFLICT, conflict()),
             ],
+            Scenario::NodeConflict => vec![
+                list_nodes(&[Fixture::new("w1", true)]),
+                patch_node(
+                    "w1",
+                    Want::Includes(json!({ "metadata": { "resourceVersion": "11" } })),
+                )
+                .answer(StatusCode::CONFLICT, conflict()),
+            ],
+            Scenario::NotLeader => vec![list_nodes(&[Fixture::new("w1", true)])],
         }
     }
 }
@@ -141,7 +161,9 @@ fn create() -> Vec<Exchange> {
         Fixture::new("w2", true),
         Fixture::new("infra-0", false),
     ];
-    let check = |n: &str| {
+    // Each made only if the node is as listed (`w<n>` at resourceVersion `1<n>`), or as the
+    // last write left it (the check keys' write answers `2<n>`).
+    let check = |n: &str, rv: &str, next: &str| {
         patch_node(
             n,
             Want::Exact(json!({ "metadata": { "annotations": {
@@ -149,10 +171,15 @@ fn create() -> Vec<Exchange> {
                 CHECK_OS_IMAGE: OS10,
                 CHECK_EXTENSIONS_IMAGE: null,
                 ROLLOUT_POOL: "worker",
-            } } })),
+            }, "resourceVersion": rv } })),
+        )
+        .answer(
+            StatusCode::OK,
+            json!({ "apiVersion": "v1", "kind": "Node",
+                    "metadata": { "name": n, "resourceVersion": next } }),
         )
     };
-    let target = |n: &str| {
+    let target = |n: &str, rv: &str| {
         patch_node(
             n,
             Want::Exact(json!({ "metadata": { "annotations": {
@@ -160,7 +187,7 @@ fn create() -> Vec<Exchange> {
                 DESIRED_OS_IMAGE: OS10,
                 DESIRED_EXTENSIONS_IMAGE: null,
                 ROLLOUT_POOL: "worker",
-            } } })),
+            }, "resourceVersion": rv } })),
         )
     };
     vec![
@@ -169,11 +196,11 @@ fn create() -> Vec<Exchange> {
             "finalizers": [FINALIZER],
             "resourceVersion": "10",
         } })),
-        check("w1"),
-        check("w2"),
-        target("w1"),
+        check("w1", "11", "21"),
+        check("w2", "12", "22"),
+        target("w1", "21"),
         event("NodeTargeted", "w1", "node w1: given stream rhel-10"),
-        target("w2"),
+        target("w2", "22"),
         event("NodeTargeted", "w2", "node w2: given stream rhel-10"),
         patch_status(json!({
             "observedGeneration": 2,

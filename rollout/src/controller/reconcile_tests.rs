@@ -6,7 +6,12 @@ use super::*;
 
 /// Reconciles the pool of `scenario` against it; panics where the requests differ.
 async fn reconciled(scenario: Scenario) -> Result<Requeue, Error> {
-    let (ctx, server) = Context::test();
+    reconciled_with(scenario, Fence::none()).await
+}
+
+/// [`reconciled`], with the writes fenced by `fence`.
+async fn reconciled_with(scenario: Scenario, fence: Fence) -> Result<Requeue, Error> {
+    let (ctx, server) = Context::fenced(fence);
     let pool = Arc::new(scenario.pool());
     let verified = server.run(scenario);
     // `ctx` goes with the reconcile: the client's last clone dropped ends the scenario.
@@ -81,4 +86,22 @@ async fn status_conflict() {
         }
         other => panic!("not the status write's 409: {other}"),
     }
+}
+
+#[tokio::test]
+async fn node_conflict() {
+    let e = reconciled(Scenario::NodeConflict)
+        .await
+        .expect_err("a 409 on the node");
+    assert!(matches!(&e, Error::Conflict(n) if n == "w1"), "{e}");
+}
+
+#[tokio::test]
+async fn not_leader() {
+    // A proof that ran out a moment ago.
+    let (_tx, rx) = watch::channel(Some(tokio::time::Instant::now()));
+    let e = reconciled_with(Scenario::NotLeader, Fence::from_channel(rx))
+        .await
+        .expect_err("no write without the lease");
+    assert!(matches!(e, Error::NotLeader(_)), "{e}");
 }

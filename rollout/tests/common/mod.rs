@@ -44,37 +44,43 @@ fn streamd_bin() -> PathBuf {
     bin
 }
 
-/// What the API server saw, per node, in order: every distinct `reboot-approved` value set
-/// and every distinct `draining:` mark of the controller. A second approval or drain shows
-/// as a second entry.
+/// What the API server saw, per node, in order: every `reboot-approved` value set and every
+/// `draining:` mark of the controller, each time it appears (a value set again after it was
+/// removed counts again). A second approval or drain shows as a second entry.
 #[derive(Debug, Default, Clone)]
 pub struct Seen {
     /// Node → the approved tokens.
     pub approvals: BTreeMap<String, Vec<String>>,
     /// Node → the drain marks (`draining:<started>:<token>`).
     pub drains: BTreeMap<String, Vec<String>>,
+    /// (list, node) → the value last seen, `None` once removed.
+    last: BTreeMap<(&'static str, String), Option<String>>,
 }
 
 impl Seen {
     fn record(&mut self, node: &Node) {
         let name = node.metadata.name.clone().unwrap_or_default();
         let annotations = node.metadata.annotations.clone().unwrap_or_default();
-        let push = |list: &mut BTreeMap<String, Vec<String>>, value: Option<&String>| {
+        let last = &mut self.last;
+        let mut push = |which: &'static str,
+                        list: &mut BTreeMap<String, Vec<String>>,
+                        value: Option<&String>| {
+            let seen = last.entry((which, name.clone())).or_default();
             let entries = list.entry(name.clone()).or_default();
-            if let Some(v) = value
-                && entries.last() != Some(v)
-            {
-                entries.push(v.clone());
+            if value.is_some() && seen.as_ref() != value {
+                entries.extend(value.cloned());
             }
+            *seen = value.cloned();
         };
         push(
+            "approvals",
             &mut self.approvals,
             annotations.get(&format!("{P}reboot-approved")),
         );
         let step = annotations
             .get(&format!("{P}rollout-step"))
             .filter(|s| s.starts_with("draining:"));
-        push(&mut self.drains, step);
+        push("drains", &mut self.drains, step);
     }
 }
 
@@ -172,6 +178,12 @@ impl Pool {
     /// Starts a controller replica `streamd-rollout run --identity <identity> <extra…>` as the
     /// service account, its log in `controller-<identity>.log`; SIGKILLed when the pool drops.
     pub fn start_controller(&mut self, identity: &str, extra: &[&str]) {
+        let kubeconfig = self.sa_kubeconfig.clone();
+        self.start_controller_as(identity, &kubeconfig, extra);
+    }
+
+    /// [`Pool::start_controller`] with the credentials of `kubeconfig`.
+    pub fn start_controller_as(&mut self, identity: &str, kubeconfig: &Path, extra: &[&str]) {
         let log = self.fleet.dir().join(format!("controller-{identity}.log"));
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_streamd-rollout"))
             .args([
@@ -182,7 +194,7 @@ impl Pool {
                 "streamd-rollout",
             ])
             .args(extra)
-            .env("KUBECONFIG", &self.sa_kubeconfig)
+            .env("KUBECONFIG", kubeconfig)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(log).expect("log"))
             .kill_on_drop(true)

@@ -387,6 +387,14 @@ struct List<'a> {
     items: Vec<std::borrow::Cow<'a, Value>>,
 }
 
+/// The name a field selector requires exactly (`metadata.name=x` or `==x` among its terms).
+fn exact_name(selector: &str) -> Option<&str> {
+    selector.split(',').find_map(|term| {
+        let value = term.trim().strip_prefix("metadata.name")?;
+        value.strip_prefix("==").or_else(|| value.strip_prefix('='))
+    })
+}
+
 async fn resource(
     shared: &Arc<Shared>,
     req: Request<Incoming>,
@@ -404,7 +412,13 @@ async fn resource(
     if def.namespaced && namespace.is_none() && name.is_some() {
         return Err(ApiError::path_not_found());
     }
-    // Authorization comes before the handler, as in kube-apiserver's filter chain.
+    // Authorization comes before the handler, as in kube-apiserver's filter chain. A list or
+    // watch that selects one name by `metadata.name` is authorized as a request naming it, so a
+    // role's resourceNames can allow it (kubernetes/apiserver pkg/endpoints/request/
+    // requestinfo.go: `RequiresExactMatch("metadata.name")`, since Kubernetes 1.10).
+    let selected = matches!(verb, "list" | "watch")
+        .then(|| exact_name(&query.field_selector))
+        .flatten();
     authz::authorize(
         &shared.store,
         &Attributes {
@@ -412,7 +426,7 @@ async fn resource(
             verb,
             def,
             namespace: namespace.as_deref(),
-            name: name.as_deref(),
+            name: name.as_deref().or(selected),
             subresource: subresource.as_deref(),
         },
     )?;
@@ -749,6 +763,21 @@ fn check_json_content(req: &Request<Incoming>) -> Result<(), ApiError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_field_selector_names_one_object_only_by_exact_metadata_name() {
+        let rows = [
+            ("metadata.name=streamd-rollout", Some("streamd-rollout")),
+            ("metadata.name==x", Some("x")),
+            ("spec.nodeName=w1,metadata.name=x", Some("x")),
+            ("metadata.name!=x", None),
+            ("metadata.namespace=x", None),
+            ("", None),
+        ];
+        for (selector, want) in rows {
+            assert_eq!(super::exact_name(selector), want, "{selector}");
+        }
+    }
+
     use super::*;
 
     #[test]

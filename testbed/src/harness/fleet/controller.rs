@@ -41,6 +41,32 @@ pub fn install(api: &ApiServer) -> anyhow::Result<PathBuf> {
     api.add_user(SERVICE_ACCOUNT)
 }
 
+/// A second service account `account` in the Deployment's namespace, bound to exactly what
+/// rbac.yaml grants the first (its bindings copied, the subject renamed), and its kubeconfig:
+/// a replica of its own that a fault scoped to one user can cut off from the API server while
+/// the other keeps working.
+pub fn install_account(api: &ApiServer, account: &str) -> anyhow::Result<PathBuf> {
+    let rbac: Vec<Value> =
+        serde_saphyr::from_multiple(RBAC_YAML).context("parsing docs/deploy/rollout/rbac.yaml")?;
+    for mut doc in rbac.into_iter().filter(|d| {
+        matches!(
+            d["kind"].as_str(),
+            Some("RoleBinding" | "ClusterRoleBinding")
+        )
+    }) {
+        let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+        doc["metadata"]["name"] = Value::String(format!("{name}-{account}"));
+        if let Some(subjects) = doc["subjects"].as_array_mut() {
+            for s in subjects {
+                s["name"] = Value::String(account.to_string());
+            }
+        }
+        api.create(doc)
+            .with_context(|| format!("binding service account {account}"))?;
+    }
+    api.add_user(&format!("system:serviceaccount:{NAMESPACE}:{account}"))
+}
+
 /// The identity holding the Lease, if any.
 pub fn leader(api: &ApiServer) -> Option<String> {
     let lease = api
