@@ -1,7 +1,8 @@
 //! Configuration: TOML drop-ins, later directories win per key.
 //!
-//! Directories are read in order (`/usr/lib/streamd/config.d`, `/run/streamd/config.d`,
-//! `/etc/streamd/config.d` by default); a file in a later directory masks a file of the same name
+//! Directories are read in order (`/usr/lib/streamd/config.d`, then `/etc/streamd/config.d` by
+//! default; not `/run/streamd/config.d`: `/run/streamd` is streamd's own writable runtime
+//! directory, and what streamd may write must not decide what it may boot); a file in a later directory masks a file of the same name
 //! in an earlier one, and a symlink to `/dev/null` masks without adding anything. Unknown keys,
 //! wrong types and files that are not `*.toml` are errors naming `file:line:column`: a key that is
 //! silently ignored is a setting the admin believes in and does not have.
@@ -16,11 +17,11 @@ pub mod scope;
 pub use scope::RepositoryScope;
 
 /// The default drop-in directories, lowest priority first.
-pub const DEFAULT_DIRS: [&str; 3] = [
-    "/usr/lib/streamd/config.d",
-    "/run/streamd/config.d",
-    "/etc/streamd/config.d",
-];
+pub const DEFAULT_DIRS: [&str; 2] = ["/usr/lib/streamd/config.d", "/etc/streamd/config.d"];
+
+/// The longest `resolve-spread-seconds`: a day. A longer spread holds a fleet's moves for longer
+/// than any cluster waits, and an unbounded one overflows the timer it arms.
+pub const MAX_RESOLVE_SPREAD_SECONDS: u64 = 86_400;
 
 /// Default kubeconfig: the kubelet's own.
 pub const DEFAULT_KUBECONFIG: &str = "/var/lib/kubelet/kubeconfig";
@@ -163,6 +164,22 @@ impl TryFrom<String> for HeartbeatNamespace {
     }
 }
 
+/// `resolve-spread-seconds`: at most [`MAX_RESOLVE_SPREAD_SECONDS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "u64")]
+pub struct SpreadSeconds(pub u64);
+
+impl TryFrom<u64> for SpreadSeconds {
+    type Error = &'static str;
+
+    fn try_from(secs: u64) -> Result<Self, Self::Error> {
+        if secs > MAX_RESOLVE_SPREAD_SECONDS {
+            return Err("resolve-spread-seconds must be at most 86400 (a day)");
+        }
+        Ok(SpreadSeconds(secs))
+    }
+}
+
 /// An invalid configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -273,7 +290,7 @@ pub struct Fragment {
     /// Resolve `desired-stream` through the cluster's OSImageStream (with its position).
     pub resolve_streams: Option<toml::Spanned<bool>>,
     /// Longest delay, in seconds, before staging a digest change of the node's stream.
-    pub resolve_spread_seconds: Option<u64>,
+    pub resolve_spread_seconds: Option<SpreadSeconds>,
     /// Who manages the node's OS.
     pub mode: Option<ModeChoice>,
     /// Repositories the node takes images from.
@@ -409,7 +426,7 @@ impl Config {
             self.resolve_streams = v.into_inner();
         }
         if let Some(v) = f.resolve_spread_seconds {
-            self.resolve_spread = std::time::Duration::from_secs(v);
+            self.resolve_spread = std::time::Duration::from_secs(v.0);
         }
         if let Some(v) = f.mode {
             self.mode = v;
@@ -667,6 +684,31 @@ mod tests {
         assert_eq!(
             Config::default().resolve_spread,
             std::time::Duration::from_secs(DEFAULT_RESOLVE_SPREAD_SECONDS)
+        );
+    }
+
+    #[test]
+    fn resolve_spread_is_bounded_at_a_day() {
+        let mut cfg = Config::default();
+        let f = parse_fragment(Path::new("s.toml"), "resolve-spread-seconds = 86400\n");
+        cfg.apply(f.expect("a day parses"));
+        assert_eq!(cfg.resolve_spread, std::time::Duration::from_secs(86_400));
+        for bad in ["86401", "18446744073709551615"] {
+            let text = format!("resolve-spread-seconds = {bad}\n");
+            let e = parse_fragment(Path::new("s.toml"), &text).expect_err(bad);
+            let shown = e.to_string();
+            assert!(shown.starts_with("s.toml:1:"), "{shown}");
+            assert!(shown.contains("at most 86400"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn the_runtime_directory_is_not_a_config_directory() {
+        assert!(
+            !DEFAULT_DIRS
+                .iter()
+                .any(|d| d.starts_with(DEFAULT_RUNTIME_DIR)),
+            "{DEFAULT_DIRS:?}"
         );
     }
 

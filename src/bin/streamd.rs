@@ -23,13 +23,13 @@ use streamd::host::facts::HostRoot;
 /// (or bootc in transient systemd units where there is no rpm-ostreed) and reports on the node and on the system bus (`io.openshift.OSStream1`). Exit codes: 0 clean
 /// stop, 1 runtime failure, 2 invalid configuration (the unit does not restart it then).
 ///
-/// The configuration is TOML drop-ins in /usr/lib/streamd/config.d, /run/streamd/config.d and
-/// /etc/streamd/config.d (streamd.conf(5)); `streamctl status` shows what it is doing.
+/// The configuration is TOML drop-ins in /usr/lib/streamd/config.d and /etc/streamd/config.d
+/// (streamd.conf(5)); `streamctl status` shows what it is doing.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
     /// Config drop-in directory; repeat (or separate with ':') to give several, lowest priority
-    /// first. Default: /usr/lib/streamd/config.d, /run/streamd/config.d, /etc/streamd/config.d.
+    /// first. Default: /usr/lib/streamd/config.d, /etc/streamd/config.d.
     #[arg(long = "config-dir", env = "STREAMD_CONFIG_DIR", value_delimiter = ':')]
     config_dirs: Vec<PathBuf>,
     /// Node name (overrides the config; default: the host name).

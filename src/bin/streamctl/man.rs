@@ -92,8 +92,8 @@ fn config_page() -> String {
     let mut page = String::from(
         ".TH STREAMD.CONF 5 \"\" \"streamd\" \"File Formats\"\n\
          .SH NAME\nstreamd.conf \\- streamd configuration drop-ins\n\
-         .SH SYNOPSIS\n/usr/lib/streamd/config.d/*.toml, /run/streamd/config.d/*.toml, /etc/streamd/config.d/*.toml\n\
-         .SH DESCRIPTION\nstreamd reads TOML drop-ins from the three directories, in that order; files are \
+         .SH SYNOPSIS\n/usr/lib/streamd/config.d/*.toml, /etc/streamd/config.d/*.toml\n\
+         .SH DESCRIPTION\nstreamd reads TOML drop-ins from the two directories, in that order; files are \
          applied in the order of their names and a key set by a later file wins. A file in a later \
          directory masks the file of the same name in an earlier one; a symlink to /dev/null masks \
          it without adding anything. An unknown key, a value of the wrong type, a syntax error or a \
