@@ -88,6 +88,12 @@ async fn happy_path_stages_rhel10_with_progress() {
     assert_eq!(doc["desiredStream"], "rhel-10");
     assert_eq!(doc["currentStream"], "rhel-9");
     assert_eq!(doc["host"]["backend"], "rpm-ostree");
+    assert_documented(
+        &doc,
+        &documented_fields("`streamctl status --json` prints one JSON object"),
+        "status --json",
+    );
+    json_of_preflight_and_plan_is_as_documented(&env);
 
     // Events were posted for the node.
     let out = env.kubectl(&["get", "events", "-o", "json"]);
@@ -104,6 +110,39 @@ async fn happy_path_stages_rhel10_with_progress() {
     let out = env.kubectl(&["describe", "node", testbed::NODE_NAME]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("StagingStarted"), "{text}");
+}
+
+/// `streamctl preflight --json` and `plan --json` for the node's request print exactly the fields
+/// docs/protocol.md lists, and the plan only the modifiers and options it names.
+fn json_of_preflight_and_plan_is_as_documented(env: &Env) {
+    let out = env.streamctl(&["preflight", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).expect("preflight JSON");
+    assert_documented(
+        &answer,
+        &documented_fields("`streamctl preflight --json` prints"),
+        "preflight --json",
+    );
+    for check in answer["checks"].as_array().expect("checks") {
+        let keys: Vec<&String> = check.as_object().expect("a check").keys().collect();
+        assert_eq!(keys, ["id", "message", "result"], "{check}");
+        assert!(["pass", "warn", "fail"].contains(&check["result"].as_str().unwrap_or_default()));
+    }
+    let out = env.streamctl(&["plan", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).expect("plan JSON");
+    assert_eq!(plan, answer["plan"], "plan --json is preflight's plan");
+    let fields = documented_fields("`streamctl plan --json` prints");
+    assert_documented(&plan, &fields, "plan --json");
+    for (name, description) in &fields {
+        let allowed = backticked(description);
+        for key in plan[name.as_str()].as_object().expect("a map").keys() {
+            assert!(
+                allowed.contains(key),
+                "plan --json {name}: `{key}` is not in docs/protocol.md"
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

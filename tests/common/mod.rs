@@ -554,3 +554,57 @@ pub fn preflight_rhel10(env: &Env, os: &str, extensions: Option<&str>) -> Output
     }
     env.streamctl(&args)
 }
+
+/// The rows (field names, description) of the first table after the line of docs/protocol.md that
+/// contains `after`; a row naming several fields (`` `a`, `b` ``) gives each.
+pub fn documented_fields(after: &str) -> Vec<(String, String)> {
+    let doc = include_str!("../../docs/protocol.md");
+    let Some(start) = doc.find(after) else {
+        panic!("docs/protocol.md has no {after:?}");
+    };
+    doc[start..]
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .flat_map(|row| {
+            let mut cells = row.split('|').skip(1);
+            let names = cells.next().unwrap_or_default().to_string();
+            let what = cells.next().unwrap_or_default().trim().to_string();
+            backticked(&names)
+                .into_iter()
+                .map(move |n| (n, what.clone()))
+        })
+        .collect()
+}
+
+/// The `` `quoted` `` words of `text`.
+pub fn backticked(text: &str) -> Vec<String> {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(String::from)
+        .collect()
+}
+
+/// Checks that the keys of `object` are the documented fields: none undocumented, and every
+/// documented one present unless its description says it may be absent.
+pub fn assert_documented(object: &Value, fields: &[(String, String)], what: &str) {
+    let keys: Vec<&String> = object
+        .as_object()
+        .unwrap_or_else(|| panic!("{what}: not an object: {object}"))
+        .keys()
+        .collect();
+    for k in &keys {
+        assert!(
+            fields.iter().any(|(n, _)| n == *k),
+            "{what}: `{k}` is not in docs/protocol.md"
+        );
+    }
+    for (name, description) in fields {
+        assert!(
+            keys.contains(&name) || description.contains("absent when"),
+            "{what}: docs/protocol.md lists `{name}`, the output has no such key: {object}"
+        );
+    }
+}
