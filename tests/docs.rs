@@ -169,3 +169,98 @@ fn the_link_checker_sees_a_broken_link_and_anchor() {
     assert!(broken(&readme, "docs/protocol.md").is_none());
     assert!(broken(&readme, "https://example.com/x").is_none());
 }
+
+/// Every text file an admin reads about the node: the Markdown files, the journal catalog and
+/// the unit.
+fn admin_texts() -> Vec<(PathBuf, String)> {
+    let mut files = Vec::new();
+    markdown_files(Path::new(ROOT), &mut files);
+    files.push(Path::new(ROOT).join("systemd/streamd.catalog"));
+    files.push(Path::new(ROOT).join("systemd/streamd.service"));
+    files
+        .into_iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(&f).expect("read");
+            (f, text)
+        })
+        .collect()
+}
+
+/// The names `streamd-bootc-…` the texts give for streamd's bootc units are the units the code
+/// starts: the one writing unit, the read units' prefix, or a glob over them.
+#[test]
+fn the_bootc_unit_names_in_the_docs_are_the_code_s() {
+    let write = streamd::backend::bootc::WRITE_UNIT;
+    let mut wrong = Vec::new();
+    let mut seen = 0;
+    for (file, text) in admin_texts() {
+        for (at, _) in text.match_indices("streamd-bootc-") {
+            let name: String = text[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '*' | '.'))
+                .collect();
+            let name = name.trim_end_matches('.');
+            seen += 1;
+            // `bootc status` runs in `streamd-bootc-status-<pid>-<n>.service`.
+            let known = name == write
+                || name == "streamd-bootc-*"
+                || name == "streamd-bootc-*.service"
+                || name.starts_with("streamd-bootc-status-");
+            if !known {
+                let shown = file
+                    .strip_prefix(ROOT)
+                    .unwrap_or(&file)
+                    .display()
+                    .to_string();
+                wrong.push(format!("{shown}: {name}"));
+            }
+        }
+    }
+    assert!(seen >= 4, "found {seen} unit names");
+    assert!(
+        wrong.is_empty(),
+        "unit names the code never starts:\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// The `host` annotation's row in docs/protocol.md names every field streamd writes and every
+/// value of `backend`, `fips` and `kernel`.
+#[test]
+fn the_host_json_fields_and_values_are_documented() {
+    use streamd::backend::{BackendKind, KernelVariant};
+    use streamd::host::facts::{Fips, HostFacts};
+
+    let protocol = std::fs::read_to_string(Path::new(ROOT).join("docs/protocol.md")).expect("read");
+    let row = protocol
+        .lines()
+        .find(|l| l.starts_with("| `host` | compact JSON"))
+        .expect("the host annotation's row");
+    let quoted: Vec<&str> = row.split('`').skip(1).step_by(2).collect();
+    let facts = HostFacts {
+        arch: "x86_64".into(),
+        backend: BackendKind::RpmOstree,
+        fips: Fips::Disabled,
+        kernel: Some(KernelVariant::Default),
+        x86_64_level: Some(3),
+    };
+    let json = serde_json::to_value(&facts).expect("json");
+    let mut names: Vec<String> = json.as_object().expect("object").keys().cloned().collect();
+    for value in [
+        serde_json::to_value(BackendKind::Bootc),
+        serde_json::to_value(Fips::Enabled),
+        serde_json::to_value(Fips::Inconsistent),
+        serde_json::to_value(KernelVariant::Realtime),
+        serde_json::to_value(KernelVariant::SixtyFourK),
+    ] {
+        names.extend(value.expect("json").as_str().map(String::from));
+    }
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|n| !quoted.contains(&n.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/protocol.md's host row lacks {missing:?}: {row}"
+    );
+}
