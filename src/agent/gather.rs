@@ -174,7 +174,8 @@ impl Gatherer {
             Some((s, i)) if s == secret => Ok(i.clone()),
             _ => {
                 let i = Inspector::new(secret.clone(), &self.insecure_registries)
-                    .map_err(FactError::RegistryClient)?;
+                    .map_err(FactError::RegistryClient)?
+                    .with_host_root(&self.host.path("/"));
                 *cached = Some((secret.clone(), i.clone()));
                 Ok(i)
             }
@@ -221,11 +222,7 @@ impl Gatherer {
             let dest = cache
                 .fresh(image)
                 .map_err(|e| InspectError::Invalid(format!("{}: {e}", cache.root().display())))?;
-            let from = if s.insecure {
-                inspector.with_plain_http(s.image.registry())
-            } else {
-                inspector.clone()
-            };
+            let from = inspector.for_source(s, &sources);
             match from.extensions(&s.image, arch, wanted, &dest).await {
                 Ok((info, files)) => {
                     cache.put(image, arch, wanted, &info, &files);

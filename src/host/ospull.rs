@@ -313,8 +313,10 @@ impl OsPull {
 /// in order until one serves it. Returns the view and the image (or why not). A transient
 /// failure at an endpoint nothing later served ends it as transient (retried).
 ///
-/// `insecure` are the `host:port`s streamd's own configuration speaks plain HTTP to; the
-/// endpoints `registries.conf` marks `insecure` are added.
+/// `insecure` are the `host:port`s streamd's own configuration speaks plain HTTP to; an
+/// endpoint `registries.conf` marks `insecure` is spoken to over TLS without verification,
+/// then plain HTTP, and certs.d below `root` is read, as containers/image does
+/// ([`Inspector::for_source`], [`Inspector::with_host_root`]).
 pub async fn inspect(
     root: &HostRoot,
     image: &ImageRef,
@@ -349,15 +351,8 @@ pub async fn inspect(
         Err(e) => return stop(view, e.to_string()),
     };
     let secret = auth.map(|a| a.secret).unwrap_or_default();
-    let mut plain: Vec<String> = insecure.to_vec();
-    plain.extend(
-        sources
-            .iter()
-            .filter(|s| s.insecure)
-            .map(|s| s.image.registry().to_string()),
-    );
-    let inspector = match Inspector::new(secret.clone(), &plain) {
-        Ok(i) => i,
+    let inspector = match Inspector::new(secret.clone(), insecure) {
+        Ok(i) => i.with_host_root(&root.path("/")),
         Err(e) => return stop(view, e.to_string()),
     };
     let mut last = String::new();
@@ -377,7 +372,11 @@ pub async fn inspect(
             view.attempts.push(attempt);
             continue;
         }
-        match inspector.os_image(&s.image, arch).await {
+        match inspector
+            .for_source(s, &sources)
+            .os_image(&s.image, arch)
+            .await
+        {
             Ok(info) => {
                 view.attempts.push(attempt);
                 return Ok((view, Ok(info)));

@@ -225,25 +225,29 @@ async fn verify_sigstore(
     Ok(Err(reasons.join("; ")))
 }
 
-/// A client for `source` as the daemon reads it: the ostree auth file's credentials, plain
-/// HTTP where streamd's configuration or registries.conf says so.
+/// A client for `source` as the daemon reads it: the ostree auth file's credentials, certs.d,
+/// plain HTTP where streamd's configuration says so and registries.conf's `insecure` rules.
 fn inspector(pull: &Pull<'_>, source: &ImageRef) -> Result<Inspector, String> {
     let secret = ospull::auth_file(pull.root)
         .map_err(|e| e.to_string())?
         .map(|a| a.secret)
         .unwrap_or_default();
-    let mut plain = pull.insecure.to_vec();
     let sources = ospull::registries_conf(pull.root)
         .map_err(|e| e.to_string())?
         .pull_sources(pull.image)
         .map_err(|e| e.to_string())?;
-    plain.extend(
-        sources
+    let inspector = Inspector::new(secret, pull.insecure)
+        .map_err(|e| e.to_string())?
+        .with_host_root(&pull.root.path("/"));
+    Ok(
+        match sources
             .iter()
-            .filter(|s| s.insecure && s.image.registry() == source.registry())
-            .map(|s| s.image.registry().to_string()),
-    );
-    Inspector::new(secret, &plain).map_err(|e| e.to_string())
+            .find(|s| s.image.registry() == source.registry())
+        {
+            Some(s) => inspector.for_source(s, &sources),
+            None => inspector,
+        },
+    )
 }
 
 #[cfg(test)]

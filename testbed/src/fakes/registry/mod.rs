@@ -24,6 +24,7 @@ pub mod oci;
 mod process;
 pub mod rpm;
 pub mod sigstore;
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
