@@ -12,7 +12,7 @@ use streamd::host::facts::HostRoot;
 use streamd::host::ospull::{self, AttemptOutcome};
 use streamd::image::pullsecret::PullSecret;
 use streamd::image::reference::ImageRef;
-use streamd::image::registry::{InspectError, Inspector};
+use streamd::image::registry::{Access, InspectError, Inspector};
 use testbed::fakes::registry::hostile::{self, Answer};
 use testbed::fakes::registry::tls::Pki;
 
@@ -70,7 +70,11 @@ async fn registry(tls: Option<Arc<rustls::ServerConfig>>) -> (hostile::Server, I
 
 /// What the OS daemon's view makes of `image` under `root`: the image, or the last outcome.
 async fn pull(root: &Path, image: &ImageRef, plain: &[String]) -> Result<(), String> {
-    match ospull::inspect(&HostRoot::new(root), image, "x86_64", plain).await {
+    let access = Access {
+        plain: plain.to_vec(),
+        ..Default::default()
+    };
+    match ospull::inspect(&HostRoot::new(root), image, "x86_64", &access).await {
         Ok((_, Ok(info))) if info.bootable => Ok(()),
         Ok((view, _)) => Err(view
             .attempts
@@ -270,6 +274,20 @@ async fn a_redirect_outside_the_registrys_hosts_is_refused() {
         "{e:?}"
     );
     assert_eq!(elsewhere.hits(), 0, "the redirect was never followed");
+    // Listed in registry-trusted-hosts, the same redirect is followed (and its empty answer
+    // is then no manifest).
+    let access = Access {
+        plain: vec![reg.host.clone()],
+        trusted_hosts: vec!["localhost".into()],
+    };
+    let root = dir("trusted-redirect");
+    let e = Inspector::configured(PullSecret::default(), &access, &root)
+        .expect("inspector")
+        .os_image(&image(&reg.host, &manifest), "x86_64")
+        .await
+        .expect_err("no manifest there");
+    assert!(e.to_string().contains("digest mismatch"), "{e}");
+    assert_eq!(elsewhere.hits(), 1, "followed to the trusted host");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

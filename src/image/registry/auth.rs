@@ -57,7 +57,8 @@ fn challenge(header: &str) -> Option<Challenge> {
 impl Inspector {
     /// Gets a bearer token for `image`'s repository from `realm`, which must be one of the
     /// registry's hosts. The credentials sent are those of the host contacted: the registry's
-    /// own for its own name and [`super::TRUSTED_HOSTS`] (its token service), and another
+    /// own for its own name, [`super::TRUSTED_HOSTS`] and `registry-trusted-hosts` (its token
+    /// service), and another
     /// endpoint's own (or none) when the realm is at another endpoint of its registries.conf
     /// entry, so a mirror never receives the primary's credentials or the reverse.
     async fn token(

@@ -116,14 +116,24 @@ impl Inspector {
     }
 
     /// Whether `url`'s host is one of `image`'s registry's hosts: the registry's own name (any
-    /// port), another endpoint of its registries.conf entry (exactly), or [`TRUSTED_HOSTS`].
+    /// port), another endpoint of its registries.conf entry (exactly), [`TRUSTED_HOSTS`] or
+    /// `registry-trusted-hosts`.
     fn within_hosts(&self, image: &ImageRef, url: &reqwest::Url) -> bool {
         let name = url.host_str().unwrap_or_default();
         let own = hosts::host_name(image.registry());
         hosts::matches(own, name)
             || hosts::matches(hosts::host_name(api_host(image.registry())), name)
             || self.is_peer(url)
-            || TRUSTED_HOSTS.iter().any(|p| hosts::matches(p, name))
+            || self.is_trusted(name)
+    }
+
+    /// Whether `name` is one of [`TRUSTED_HOSTS`] or `registry-trusted-hosts`.
+    fn is_trusted(&self, name: &str) -> bool {
+        TRUSTED_HOSTS
+            .iter()
+            .copied()
+            .chain(self.trusted.iter().map(String::as_str))
+            .any(|p| hosts::matches(p, name))
     }
 
     /// Whether `url` is at another endpoint of the registries.conf entry being read.
@@ -149,7 +159,7 @@ impl Inspector {
             return Err(untrusted(Refused {
                 host: url.host_str().unwrap_or_default().to_string(),
                 why: format!(
-                    "not one of {}'s hosts (the registry, its registries.conf mirrors, {})",
+                    "not one of {}'s hosts (the registry, its registries.conf mirrors, {}, registry-trusted-hosts)",
                     image.registry(),
                     TRUSTED_HOSTS.join(", ")
                 ),

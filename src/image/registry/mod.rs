@@ -167,6 +167,16 @@ pub const OS_IMAGE_DEADLINE: Duration = Duration::from_secs(120);
 /// Longest a whole extensions inspection may take: its layers are hundreds of MiB.
 pub const EXTENSIONS_DEADLINE: Duration = Duration::from_secs(900);
 
+/// What streamd's own configuration says about registries (docs/config.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Access {
+    /// `insecure-registries`: `host:port`s spoken to over plain HTTP only.
+    pub plain: Vec<String>,
+    /// `registry-trusted-hosts`: hosts (`host` or `*.domain`) besides [`TRUSTED_HOSTS`] that any
+    /// registry's token realm and redirects may lead to.
+    pub trusted_hosts: Vec<String>,
+}
+
 /// Reads images from registries with the node's pull secret.
 ///
 /// A small client of the distribution API of its own (GET manifests and blobs, the bearer
@@ -183,6 +193,8 @@ pub struct Inspector {
     insecure: Vec<String>,
     /// The endpoints (`host[:port]`) of the registries.conf entry being read.
     peers: Vec<String>,
+    /// `registry-trusted-hosts` ([`Access::trusted_hosts`]).
+    trusted: Vec<String>,
     /// The root below which certs.d is read (`None`: no per-host material).
     cert_root: Option<PathBuf>,
     /// Clients by registry and verification, with the fingerprint of their certs.d files.
@@ -217,6 +229,7 @@ impl Inspector {
             plain: plain.to_vec(),
             insecure: Vec::new(),
             peers: Vec::new(),
+            trusted: Vec::new(),
             cert_root: None,
             clients: Default::default(),
             schemes: Default::default(),
@@ -225,6 +238,18 @@ impl Inspector {
             extensions_deadline: EXTENSIONS_DEADLINE,
         };
         i.client("", true)?;
+        Ok(i)
+    }
+
+    /// An inspector configured as streamd's configuration says ([`Access`]), reading certs.d
+    /// below the host root `root`.
+    pub fn configured(
+        secret: PullSecret,
+        access: &Access,
+        root: &Path,
+    ) -> Result<Self, InspectError> {
+        let mut i = Self::new(secret, &access.plain)?.with_host_root(root);
+        i.trusted = access.trusted_hosts.clone();
         Ok(i)
     }
 

@@ -143,6 +143,11 @@ async fn answer<S>(
             Ok(0) | Err(_) => return,
             Ok(n) => head.extend_from_slice(&buf[..n]),
         }
+        // A TLS handshake record sent to plain HTTP: closed at once, as a Go server closes
+        // a connection whose request does not parse.
+        if head.first() == Some(&0x16) {
+            return;
+        }
     }
     counter.fetch_add(1, Ordering::SeqCst);
     let text = String::from_utf8_lossy(&head);
