@@ -6,14 +6,17 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-/// Hosts every registry may send streamd to (a realm or a redirect): Docker Hub's token service
-/// and blob CDN, and the CDN that serves the blobs of quay.io, registry.redhat.io and
-/// registry.access.redhat.com (`cdn.quay.io`, `cdn01.quay.io` … `cdn06.quay.io`: OpenShift's
-/// "Configuring your firewall" allow-list). `*.` matches any host below the domain.
-pub const TRUSTED_HOSTS: [&str; 3] = [
+/// Hosts every registry may send streamd to (a realm or a redirect): the CDN that serves the
+/// blobs of quay.io, registry.redhat.io and registry.access.redhat.com (`cdn.quay.io`,
+/// `cdn01.quay.io` … `cdn06.quay.io`: OpenShift's "Configuring your firewall" allow-list), and
+/// Docker Hub's token service and blob hosts (docker/docs:
+/// content/manuals/desktop/setup/allow-list.md). `*.` matches any host below the domain.
+pub const TRUSTED_HOSTS: [&str; 5] = [
     "*.quay.io",
     "auth.docker.io",
     "production.cloudflare.docker.com",
+    "production.cloudfront.docker.com",
+    "docker-images-prod.6aa30f8b08e16409b46e0173d6de2f56.r2.cloudflarestorage.com",
 ];
 
 /// A host streamd refuses to contact, as the error source a connection or redirect carries.
