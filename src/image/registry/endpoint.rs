@@ -159,9 +159,8 @@ impl Inspector {
             return Err(untrusted(Refused {
                 host: url.host_str().unwrap_or_default().to_string(),
                 why: format!(
-                    "not one of {}'s hosts (the registry, its registries.conf mirrors, {}, registry-trusted-hosts)",
-                    image.registry(),
-                    TRUSTED_HOSTS.join(", ")
+                    "not one of {}'s hosts (the registry, the other endpoints of its registries.conf entry, the public registries' token and blob hosts, registry-trusted-hosts)",
+                    image.registry()
                 ),
             }));
         }
@@ -235,4 +234,77 @@ fn build(tls: super::trust::HostTls, verify: bool) -> Result<reqwest::Client, In
             crate::text::one_line_reason(&e.to_string())
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::pullsecret::PullSecret;
+    use crate::image::registries::PullSource;
+    use crate::image::registry::Access;
+
+    const D: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000001";
+
+    fn img(name: &str) -> ImageRef {
+        format!("{name}@{D}").parse().expect("ref")
+    }
+
+    fn url(u: &str) -> reqwest::Url {
+        reqwest::Url::parse(u).expect("url")
+    }
+
+    fn source(name: &str) -> PullSource {
+        PullSource {
+            image: img(name),
+            mirror: false,
+            insecure: false,
+            blocked_by: None,
+        }
+    }
+
+    /// Pure: nothing here opens a connection.
+    #[test]
+    fn the_host_set_is_the_registry_its_entry_and_the_trusted_hosts() {
+        let access = Access {
+            plain: Vec::new(),
+            trusted_hosts: vec!["*.blobs.example".into()],
+        };
+        let root = std::env::temp_dir();
+        let base = Inspector::configured(PullSecret::default(), &access, &root).expect("inspector");
+        let sources = [source("mirror.example:5000/os"), source("r.example/os")];
+        let i = base.for_source(&sources[1], &sources);
+        let image = img("r.example/os");
+        let ok = |u: &str| i.check(&image, &url(u)).is_ok();
+        assert!(ok("https://r.example/v2/"));
+        assert!(ok("https://r.example:8443/token"), "its own name, any port");
+        assert!(
+            ok("https://mirror.example:5000/token"),
+            "an endpoint of the entry"
+        );
+        assert!(
+            !ok("https://mirror.example:5001/token"),
+            "endpoints match exactly"
+        );
+        assert!(ok("https://cdn03.quay.io/blob"));
+        assert!(ok("https://eu.blobs.example/b"), "registry-trusted-hosts");
+        assert!(!ok("https://blobs.example.evil/b"));
+        assert!(!ok("http://localhost/"));
+        // A forbidden address is refused even where a name would be trusted.
+        let e = i
+            .check(
+                &img("169.254.169.254/os"),
+                &url("http://169.254.169.254/v2/"),
+            )
+            .expect_err("metadata");
+        assert!(
+            matches!(&e, InspectError::Untrusted { host, .. } if host == "169.254.169.254"),
+            "{e:?}"
+        );
+        assert_eq!(e.label(), "registry-untrusted-host");
+        // Without the entry, another registry's host is not this one's.
+        assert!(
+            base.check(&image, &url("https://mirror.example:5000/"))
+                .is_err()
+        );
+    }
 }
