@@ -11,6 +11,7 @@
 //! Where containers/image skips a `*.crt` with no certificate in it, streamd refuses the host
 //! naming the file: such a file is a mistake, and the pull it was meant for fails anyway.
 
+use std::io::Read as _;
 use std::path::Path;
 
 use rustls::pki_types::pem::PemObject as _;
@@ -21,6 +22,9 @@ use sha2::{Digest as _, Sha256};
 /// home directory's `.config/containers/certs.d` is not read: the OS daemons run as system
 /// services).
 pub const CERT_DIRS: [&str; 2] = ["/etc/containers/certs.d", "/etc/docker/certs.d"];
+
+/// Largest certs.d file read (a CA bundle is a few hundred KiB at most).
+const MAX_FILE: u64 = 4 << 20;
 
 /// A file in a certs.d directory that cannot be used: the registry is not contacted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -129,9 +133,14 @@ pub(super) fn load(root: &Path, host: &str) -> Result<HostTls, TrustError> {
     let mut digest = Sha256::new();
     let read = |name: &str| {
         let path = format!("{dir}/{name}");
-        std::fs::read(full.join(name))
-            .map(|bytes| (path.clone(), bytes))
-            .map_err(|e| unreadable(&path, e))
+        let mut bytes = Vec::new();
+        std::fs::File::open(full.join(name))
+            .and_then(|f| f.take(MAX_FILE + 1).read_to_end(&mut bytes))
+            .map_err(|e| unreadable(&path, e))?;
+        if bytes.len() as u64 > MAX_FILE {
+            return Err(unreadable(&path, format!("larger than {MAX_FILE} bytes")));
+        }
+        Ok((path, bytes))
     };
     for name in &names {
         if name.ends_with(".crt") {
@@ -267,5 +276,15 @@ mod tests {
             )
         );
         assert_eq!(e.label(), "registry-certs-invalid");
+        std::fs::remove_file(r.join(&dir[1..]).join("a.cert")).expect("rm");
+        put(
+            &r,
+            &format!("{dir}/big.crt"),
+            &"x".repeat((MAX_FILE + 1) as usize),
+        );
+        assert!(matches!(
+            load(&r, "r.example"),
+            Err(TrustError::Unreadable { message, .. }) if message.contains("larger than")
+        ));
     }
 }
