@@ -13,6 +13,7 @@ use streamd::host::ospull::{self, AttemptOutcome};
 use streamd::image::pullsecret::PullSecret;
 use streamd::image::reference::ImageRef;
 use streamd::image::registry::{Access, InspectError, Inspector};
+use testbed::fakes::registry::RegistryProcess;
 use testbed::fakes::registry::hostile::{self, Answer};
 use testbed::fakes::registry::tls::Pki;
 
@@ -368,4 +369,41 @@ async fn a_mirror_never_receives_the_primarys_credentials() {
             "the mirror was sent credentials: {head}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_registry_over_mutual_tls_takes_the_certs_d_pair() {
+    // distribution 2.8 with http.tls and clientcas: Go's TLS server, a client certificate
+    // required. An empty registry: a 404 for the manifest means the handshake succeeded.
+    let pki = Pki::generate().expect("pki");
+    let root = dir("real");
+    let tls = pki
+        .write_server_files(&root.join("registry-tls"), true)
+        .expect("tls files");
+    let reg = RegistryProcess::start_with_tls(&root.join("registry"), None, Some(&tls))
+        .await
+        .expect("docker-registry over TLS");
+    let (manifest, _) = content();
+    let img = image(reg.host(), &manifest);
+    let read = || async {
+        Inspector::configured(PullSecret::default(), &Access::default(), &root)
+            .expect("inspector")
+            .os_image(&img, "x86_64")
+            .await
+            .expect_err("an empty registry")
+    };
+    let e = read().await;
+    assert!(e.is_transient(), "unknown CA: {e}");
+    let certs = format!("/etc/containers/certs.d/{}", reg.host());
+    put(&root, &format!("{certs}/ca.crt"), &pki.ca_pem);
+    let e = read().await;
+    assert!(e.is_transient(), "no client certificate: {e}");
+    put(&root, &format!("{certs}/client.cert"), &pki.client_cert_pem);
+    put(&root, &format!("{certs}/client.key"), &pki.client_key_pem);
+    let e = read().await;
+    assert!(
+        matches!(&e, InspectError::Invalid(m) if m.contains("unknown to")),
+        "the registry answered over mutual TLS: {e}"
+    );
+    reg.stop().await.expect("stop");
 }

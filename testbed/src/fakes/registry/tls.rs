@@ -24,6 +24,9 @@ pub struct Pki {
     server_chain: Vec<CertificateDer<'static>>,
     server_key: Vec<u8>,
     client_ca: CertificateDer<'static>,
+    server_pem: String,
+    server_key_pem: String,
+    client_ca_pem: String,
 }
 
 impl std::fmt::Debug for Pki {
@@ -78,6 +81,34 @@ impl Pki {
             server_chain: vec![server.der().clone()],
             server_key: server_key.serialize_der(),
             client_ca: client_ca.der().clone(),
+            server_pem: server.pem(),
+            server_key_pem: server_key.serialize_pem(),
+            client_ca_pem: client_ca.pem(),
+        })
+    }
+
+    /// Writes the server certificate, its key and the client CA into `dir`, for a real
+    /// `docker-registry` ([`super::RegistryProcess::start_with_tls`]); with
+    /// `require_client_cert` the registry asks for a client certificate.
+    pub fn write_server_files(
+        &self,
+        dir: &std::path::Path,
+        require_client_cert: bool,
+    ) -> anyhow::Result<super::TlsFiles> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let write = |name: &str, text: &str| -> anyhow::Result<std::path::PathBuf> {
+            let p = dir.join(name);
+            std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
+            Ok(p)
+        };
+        Ok(super::TlsFiles {
+            certificate: write("server.crt", &self.server_pem)?,
+            key: write("server.key", &self.server_key_pem)?,
+            client_ca: if require_client_cert {
+                Some(write("client-ca.crt", &self.client_ca_pem)?)
+            } else {
+                None
+            },
         })
     }
 
