@@ -180,6 +180,32 @@ impl TryFrom<u64> for SpreadSeconds {
     }
 }
 
+/// A `registry-trusted-hosts` entry as written: a host name or `*.domain`, without a port
+/// (a trusted host covers every port) or scheme.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct TrustedHost(pub String);
+
+impl TryFrom<String> for TrustedHost {
+    type Error = &'static str;
+
+    fn try_from(host: String) -> Result<Self, Self::Error> {
+        let name = host.strip_prefix("*.").unwrap_or(&host);
+        let ok = !name.is_empty()
+            && name.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+            });
+        if !ok {
+            return Err(
+                "registry-trusted-hosts entries are host names or \"*.domain\" (letters, digits, '-' and '.'; no scheme, port or path)",
+            );
+        }
+        Ok(TrustedHost(host.to_ascii_lowercase()))
+    }
+}
+
 /// An invalid configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -267,6 +293,8 @@ pub struct Fragment {
     pub runtime_dir: Option<PathBuf>,
     /// Registries spoken to over plain HTTP.
     pub insecure_registries: Option<Vec<String>>,
+    /// Further hosts a registry's token realm and redirects may lead to.
+    pub registry_trusted_hosts: Option<Vec<TrustedHost>>,
     /// Allow moving to an older major.
     pub allow_downgrade: Option<bool>,
     /// Free space the sysroot must keep beyond the image, MiB.
@@ -316,6 +344,9 @@ pub struct Config {
     pub runtime_dir: PathBuf,
     /// Registries spoken to over plain HTTP (`host:port`).
     pub insecure_registries: Vec<String>,
+    /// `registry-trusted-hosts`: hosts (`host` or `*.domain`) besides a registry's own that its
+    /// token realm and redirects may lead to.
+    pub registry_trusted_hosts: Vec<String>,
     /// Preflight policy (downgrades, disk minimums).
     pub policy: Policy,
     /// State directory (the reboot attempt record).
@@ -354,6 +385,7 @@ impl Default for Config {
             pull_secret: PathBuf::from(DEFAULT_PULL_SECRET),
             runtime_dir: PathBuf::from(DEFAULT_RUNTIME_DIR),
             insecure_registries: Vec::new(),
+            registry_trusted_hosts: Vec::new(),
             policy: Policy::default(),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             backend: BackendChoice::default(),
@@ -391,6 +423,9 @@ impl Config {
         }
         if let Some(v) = f.insecure_registries {
             self.insecure_registries = v;
+        }
+        if let Some(v) = f.registry_trusted_hosts {
+            self.registry_trusted_hosts = v.into_iter().map(|h| h.0).collect();
         }
         if let Some(v) = f.allow_downgrade {
             self.policy.allow_downgrade = v;
@@ -806,6 +841,38 @@ mod tests {
                 "{text}: {msg}"
             );
             assert!(msg.contains(names), "{text}: {msg}");
+        }
+    }
+
+    #[test]
+    fn trusted_hosts_are_host_names_or_wildcards() {
+        let f = parse_fragment(
+            Path::new("t.toml"),
+            r#"registry-trusted-hosts = ["S3.Example.com", "*.blobs.example", "10.0.0.5"]"#,
+        )
+        .expect("valid");
+        assert_eq!(
+            f.registry_trusted_hosts
+                .unwrap_or_default()
+                .into_iter()
+                .map(|h| h.0)
+                .collect::<Vec<_>>(),
+            ["s3.example.com", "*.blobs.example", "10.0.0.5"]
+        );
+        for bad in [
+            "\"\"",
+            "\"https://s3.example.com\"",
+            "\"s3.example.com:443\"",
+            "\"s3.example.com/bucket\"",
+            "\"*\"",
+            "\"a..b\"",
+        ] {
+            let text = format!("registry-trusted-hosts = [{bad}]");
+            let msg = parse_fragment(Path::new("t.toml"), &text)
+                .expect_err(bad)
+                .to_string();
+            assert!(msg.starts_with("t.toml:1:"), "{bad}: {msg}");
+            assert!(msg.contains("host names"), "{bad}: {msg}");
         }
     }
 

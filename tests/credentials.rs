@@ -278,7 +278,10 @@ async fn an_anonymous_registry_needs_no_auth_file() {
         &streamd::host::facts::HostRoot::new(&root),
         &image.parse().expect("pinned"),
         "x86_64",
-        &[reg.host().to_string()],
+        &streamd::image::registry::Access {
+            plain: vec![reg.host().to_string()],
+            ..Default::default()
+        },
     )
     .await
     .expect("not transient");

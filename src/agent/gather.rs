@@ -25,8 +25,8 @@ use crate::host::ospull::OsPull;
 use crate::image::extensions;
 use crate::image::pullsecret::PullSecret;
 use crate::image::reference::ImageRef;
+use crate::image::registry::{Access, InspectError, Inspector};
 use crate::image::registry::{ExtensionsInfo, OsImageInfo};
-use crate::image::registry::{InspectError, Inspector};
 use crate::image::rpm::{Closure, RpmHeader, close, el_major, package_name};
 
 /// What the gatherer needs from the configuration.
@@ -36,8 +36,8 @@ pub struct Gatherer {
     pub host: HostRoot,
     /// Pull secret path.
     pub pull_secret: PathBuf,
-    /// Registries spoken to over plain HTTP.
-    pub insecure_registries: Vec<String>,
+    /// Plain-HTTP registries and trusted hosts from streamd's configuration.
+    pub registries: Access,
     /// Runtime directory for extracted RPMs.
     pub runtime_dir: PathBuf,
     /// Preflight policy.
@@ -173,8 +173,9 @@ impl Gatherer {
         match &*cached {
             Some((s, i)) if s == secret => Ok(i.clone()),
             _ => {
-                let i = Inspector::new(secret.clone(), &self.insecure_registries)
-                    .map_err(FactError::RegistryClient)?;
+                let i =
+                    Inspector::configured(secret.clone(), &self.registries, &self.host.path("/"))
+                        .map_err(FactError::RegistryClient)?;
                 *cached = Some((secret.clone(), i.clone()));
                 Ok(i)
             }
@@ -221,11 +222,7 @@ impl Gatherer {
             let dest = cache
                 .fresh(image)
                 .map_err(|e| InspectError::Invalid(format!("{}: {e}", cache.root().display())))?;
-            let from = if s.insecure {
-                inspector.with_plain_http(s.image.registry())
-            } else {
-                inspector.clone()
-            };
+            let from = inspector.for_source(s, &sources);
             match from.extensions(&s.image, arch, wanted, &dest).await {
                 Ok((info, files)) => {
                     cache.put(image, arch, wanted, &info, &files);
@@ -438,12 +435,8 @@ impl Gatherer {
         ),
         Transient,
     > {
-        let os_image = crate::host::ospull::inspect(
-            &self.host,
-            &desired.os_image,
-            arch,
-            &self.insecure_registries,
-        );
+        let os_image =
+            crate::host::ospull::inspect(&self.host, &desired.os_image, arch, &self.registries);
         let extensions = self.read_extensions(
             desired.extensions_image.as_ref(),
             inspector,
@@ -472,7 +465,7 @@ impl Gatherer {
             booted.container_image_reference.as_deref(),
             os_pull,
             os_image.as_ref().ok().map(|i| i.manifest_digest.as_str()),
-            &self.insecure_registries,
+            &self.registries,
         )
         .await
         .map_err(|e| Transient(e.to_string()))
@@ -611,7 +604,7 @@ mod tests {
         let g = Gatherer {
             host: HostRoot::new("/nonexistent"),
             pull_secret: PathBuf::from("/nonexistent/pull-secret.json"),
-            insecure_registries: Vec::new(),
+            registries: Access::default(),
             runtime_dir: PathBuf::from("/nonexistent/run"),
             policy: Policy::default(),
             images: ImagePolicy::default(),

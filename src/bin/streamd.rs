@@ -138,7 +138,10 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let gatherer = streamd::agent::gather::Gatherer {
         host,
         pull_secret: cfg.pull_secret.clone(),
-        insecure_registries: cfg.insecure_registries.clone(),
+        registries: streamd::image::registry::Access {
+            plain: cfg.insecure_registries.clone(),
+            trusted_hosts: cfg.registry_trusted_hosts.clone(),
+        },
         runtime_dir: cfg.runtime_dir.clone(),
         policy: cfg.policy.clone(),
         images: cfg.images.clone(),

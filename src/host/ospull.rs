@@ -24,7 +24,7 @@ use crate::image::pullsecret::PullSecret;
 use crate::image::pullsecret::PullSecretError;
 use crate::image::reference::ImageRef;
 use crate::image::registries::{CONF, CONF_D, ConfError, MappingError, RegistriesConf};
-use crate::image::registry::{InspectError, Inspector, OsImageInfo};
+use crate::image::registry::{Access, InspectError, Inspector, OsImageInfo};
 
 /// The ostree auth files, in the order ostree-ext looks (uid 0).
 pub const AUTH_FILES: [&str; 3] = [
@@ -313,13 +313,15 @@ impl OsPull {
 /// in order until one serves it. Returns the view and the image (or why not). A transient
 /// failure at an endpoint nothing later served ends it as transient (retried).
 ///
-/// `insecure` are the `host:port`s streamd's own configuration speaks plain HTTP to; the
-/// endpoints `registries.conf` marks `insecure` are added.
+/// `access` is what streamd's own configuration says (plain-HTTP registries, trusted hosts); an
+/// endpoint `registries.conf` marks `insecure` is spoken to over TLS without verification,
+/// then plain HTTP, and certs.d below `root` is read, as containers/image does
+/// ([`Inspector::for_source`], [`Inspector::configured`]).
 pub async fn inspect(
     root: &HostRoot,
     image: &ImageRef,
     arch: &str,
-    insecure: &[String],
+    access: &Access,
 ) -> Result<(OsPull, Result<OsImageInfo, PullError>), InspectError> {
     let mut view = OsPull {
         auth_file: None,
@@ -349,14 +351,7 @@ pub async fn inspect(
         Err(e) => return stop(view, e.to_string()),
     };
     let secret = auth.map(|a| a.secret).unwrap_or_default();
-    let mut plain: Vec<String> = insecure.to_vec();
-    plain.extend(
-        sources
-            .iter()
-            .filter(|s| s.insecure)
-            .map(|s| s.image.registry().to_string()),
-    );
-    let inspector = match Inspector::new(secret.clone(), &plain) {
+    let inspector = match Inspector::configured(secret.clone(), access, &root.path("/")) {
         Ok(i) => i,
         Err(e) => return stop(view, e.to_string()),
     };
@@ -377,7 +372,11 @@ pub async fn inspect(
             view.attempts.push(attempt);
             continue;
         }
-        match inspector.os_image(&s.image, arch).await {
+        match inspector
+            .for_source(s, &sources)
+            .os_image(&s.image, arch)
+            .await
+        {
             Ok(info) => {
                 view.attempts.push(attempt);
                 return Ok((view, Ok(info)));

@@ -17,7 +17,7 @@
 use crate::host::facts::HostRoot;
 use crate::host::ospull::{self, OsPull};
 use crate::image::reference::{ImageRef, SIGNED_PREFIX};
-use crate::image::registry::{InspectError, Inspector};
+use crate::image::registry::{Access, InspectError, Inspector};
 use crate::image::signature::{Policy, Requirement, Sigstore, scope_name};
 use crate::image::sigstore;
 
@@ -50,7 +50,7 @@ struct Pull<'a> {
     /// The platform manifest's digest, when the image is an index (either may be signed, as
     /// skopeo's proxy accepts either).
     platform_digest: Option<&'a str>,
-    insecure: &'a [String],
+    access: &'a Access,
 }
 
 /// Judges `image` for a host whose booted deployment's refspec is `booted_ref`. `Err` only
@@ -61,7 +61,7 @@ pub async fn judge(
     booted_ref: Option<&str>,
     os_pull: &OsPull,
     platform_digest: Option<&str>,
-    insecure: &[String],
+    access: &Access,
 ) -> Result<Judgement, InspectError> {
     let booted_signed = booted_ref.is_some_and(|r| r.starts_with(SIGNED_PREFIX));
     let refuse = |why: String| {
@@ -118,7 +118,7 @@ pub async fn judge(
         image,
         os_pull,
         platform_digest,
-        insecure,
+        access,
     };
     let mut verified = Vec::new();
     for r in reqs.iter().filter(|r| r.needs_signature()) {
@@ -225,25 +225,28 @@ async fn verify_sigstore(
     Ok(Err(reasons.join("; ")))
 }
 
-/// A client for `source` as the daemon reads it: the ostree auth file's credentials, plain
-/// HTTP where streamd's configuration or registries.conf says so.
+/// A client for `source` as the daemon reads it: the ostree auth file's credentials, certs.d,
+/// plain HTTP where streamd's configuration says so and registries.conf's `insecure` rules.
 fn inspector(pull: &Pull<'_>, source: &ImageRef) -> Result<Inspector, String> {
     let secret = ospull::auth_file(pull.root)
         .map_err(|e| e.to_string())?
         .map(|a| a.secret)
         .unwrap_or_default();
-    let mut plain = pull.insecure.to_vec();
     let sources = ospull::registries_conf(pull.root)
         .map_err(|e| e.to_string())?
         .pull_sources(pull.image)
         .map_err(|e| e.to_string())?;
-    plain.extend(
-        sources
+    let inspector = Inspector::configured(secret, pull.access, &pull.root.path("/"))
+        .map_err(|e| e.to_string())?;
+    Ok(
+        match sources
             .iter()
-            .filter(|s| s.insecure && s.image.registry() == source.registry())
-            .map(|s| s.image.registry().to_string()),
-    );
-    Inspector::new(secret, &plain).map_err(|e| e.to_string())
+            .find(|s| s.image.registry() == source.registry())
+        {
+            Some(s) => inspector.for_source(s, &sources),
+            None => inspector,
+        },
+    )
 }
 
 #[cfg(test)]
@@ -272,7 +275,7 @@ mod tests {
             policy: None,
             attempts: Vec::new(),
         };
-        judge(&root, &image, Some(booted), &view, None, &[])
+        judge(&root, &image, Some(booted), &view, None, &Access::default())
             .await
             .expect("not transient")
     }

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use reqwest::header::HeaderValue;
+
 use super::http::read_limited;
 use super::{InspectError, Inspector, MAX_TOKEN, REQUEST_DEADLINE};
 use crate::image::pullsecret::Credentials;
@@ -53,10 +55,16 @@ fn challenge(header: &str) -> Option<Challenge> {
 }
 
 impl Inspector {
-    /// Gets a bearer token for `image`'s repository from `realm`.
+    /// Gets a bearer token for `image`'s repository from `realm`, which must be one of the
+    /// registry's hosts. The credentials sent are those of the host contacted: the registry's
+    /// own for its own name, [`super::TRUSTED_HOSTS`] and `registry-trusted-hosts` (its token
+    /// service), and another
+    /// endpoint's own (or none) when the realm is at another endpoint of its registries.conf
+    /// entry, so a mirror never receives the primary's credentials or the reverse.
     async fn token(
         &self,
         image: &ImageRef,
+        client: &reqwest::Client,
         realm: &str,
         service: Option<&str>,
     ) -> Result<String, InspectError> {
@@ -72,14 +80,21 @@ impl Inspector {
         if let Some(s) = service {
             url.query_pairs_mut().append_pair("service", s);
         }
-        let mut req = self.http.get(url).timeout(REQUEST_DEADLINE);
-        if let Some(Credentials::Basic { username, password }) = self.credentials(image) {
-            req = req.basic_auth(username, Some(password));
+        self.check(image, &url)?;
+        let authority = super::hosts::authority(&url);
+        let credentials = if self.is_peer(&url) && !authority.eq_ignore_ascii_case(image.registry())
+        {
+            self.secret.for_repository(&authority, image.repository())
+        } else {
+            self.credentials(image)
+        };
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(Credentials::Basic { username, password }) = credentials {
+            headers.insert(reqwest::header::AUTHORIZATION, basic(username, password)?);
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| Self::request_error(image, &e))?;
+        let resp = self
+            .send(image, client, url, headers, REQUEST_DEADLINE)
+            .await?;
         let status = resp.status();
         if status == reqwest::StatusCode::UNAUTHORIZED || status == reqwest::StatusCode::FORBIDDEN {
             return Err(InspectError::Unauthorized(image.registry().to_string()));
@@ -126,16 +141,19 @@ impl Inspector {
         accept: &[&str],
         timeout: Duration,
     ) -> Result<reqwest::Response, InspectError> {
-        let url = self.url(image, path);
-        let send = |auth: Option<String>| {
-            let mut req = self.http.get(&url).timeout(timeout);
-            if !accept.is_empty() {
-                req = req.header(reqwest::header::ACCEPT, accept.join(", "));
+        let (scheme, client) = self.endpoint(image).await?;
+        let url = Self::url(image, scheme, path)?;
+        let send = |auth: Option<HeaderValue>| {
+            let mut headers = reqwest::header::HeaderMap::new();
+            if let Ok(a) = HeaderValue::from_str(&accept.join(", "))
+                && !accept.is_empty()
+            {
+                headers.insert(reqwest::header::ACCEPT, a);
             }
             if let Some(a) = auth {
-                req = req.header(reqwest::header::AUTHORIZATION, a);
+                headers.insert(reqwest::header::AUTHORIZATION, a);
             }
-            req.send()
+            self.send(image, &client, url.clone(), headers, timeout)
         };
         let cached = self
             .tokens
@@ -143,13 +161,11 @@ impl Inspector {
             .ok()
             .and_then(|t| t.get(&Self::token_key(image)).cloned());
         let first = match (cached, self.credentials(image)) {
-            (Some(token), _) => Some(format!("Bearer {token}")),
-            (None, Some(Credentials::Bearer(token))) => Some(format!("Bearer {token}")),
+            (Some(token), _) => Some(bearer(&token)?),
+            (None, Some(Credentials::Bearer(token))) => Some(bearer(token)?),
             _ => None,
         };
-        let mut resp = send(first.clone())
-            .await
-            .map_err(|e| Self::request_error(image, &e))?;
+        let mut resp = send(first.clone()).await?;
         if resp.status() == reqwest::StatusCode::UNAUTHORIZED {
             let header = resp
                 .headers()
@@ -158,24 +174,21 @@ impl Inspector {
                 .and_then(challenge);
             let auth = match (header, self.credentials(image)) {
                 (Some(Challenge::Bearer { realm, service }), _) => {
-                    let token = self.token(image, &realm, service.as_deref()).await?;
+                    let token = self
+                        .token(image, &client, &realm, service.as_deref())
+                        .await?;
                     if let Ok(mut t) = self.tokens.lock() {
                         t.insert(Self::token_key(image), token.clone());
                     }
-                    format!("Bearer {token}")
+                    bearer(&token)?
                 }
                 (Some(Challenge::Basic), Some(Credentials::Basic { username, password })) => {
-                    use base64::Engine as _;
-                    let pair = base64::engine::general_purpose::STANDARD
-                        .encode(format!("{username}:{password}"));
-                    format!("Basic {pair}")
+                    basic(username, password)?
                 }
                 _ => return Err(InspectError::Unauthorized(image.registry().to_string())),
             };
             if Some(&auth) != first.as_ref() {
-                resp = send(Some(auth))
-                    .await
-                    .map_err(|e| Self::request_error(image, &e))?;
+                resp = send(Some(auth)).await?;
             }
         }
         if resp.status().is_success() {
@@ -184,4 +197,24 @@ impl Inspector {
             Err(self.status_error(image, path, resp).await)
         }
     }
+}
+
+/// `Bearer <token>`, marked sensitive; a token that is no header value is refused.
+fn bearer(token: &str) -> Result<HeaderValue, InspectError> {
+    sensitive(format!("Bearer {token}"))
+}
+
+/// `Basic <base64(user:password)>`, marked sensitive.
+fn basic(username: &str, password: &str) -> Result<HeaderValue, InspectError> {
+    use base64::Engine as _;
+    let pair = base64::engine::general_purpose::STANDARD.encode(format!("{username}:{password}"));
+    sensitive(format!("Basic {pair}"))
+}
+
+fn sensitive(value: String) -> Result<HeaderValue, InspectError> {
+    let mut v = HeaderValue::from_str(&value).map_err(|_| {
+        InspectError::Invalid("a credential or token is not a valid header value".into())
+    })?;
+    v.set_sensitive(true);
+    Ok(v)
 }

@@ -62,18 +62,15 @@ fn error_text(body: &[u8]) -> String {
 }
 
 impl Inspector {
-    pub(super) fn url(&self, image: &ImageRef, path: &str) -> String {
-        let host = match image.registry() {
-            // Docker Hub's API lives on another host than its name.
-            "docker.io" => "registry-1.docker.io",
-            h => h,
-        };
-        let scheme = if self.insecure.iter().any(|i| i == image.registry()) {
-            "http"
-        } else {
-            "https"
-        };
-        format!("{scheme}://{host}/v2/{}/{path}", image.repository())
+    /// The URL of `path` below `image`'s repository, over `scheme`.
+    pub(super) fn url(
+        image: &ImageRef,
+        scheme: &str,
+        path: &str,
+    ) -> Result<reqwest::Url, InspectError> {
+        let host = super::endpoint::api_host(image.registry());
+        let url = format!("{scheme}://{host}/v2/{}/{path}", image.repository());
+        reqwest::Url::parse(&url).map_err(|e| InspectError::Invalid(format!("{image}: {e}")))
     }
 
     /// The error for a non-2xx answer; only the first [`MAX_ERROR_BODY`] bytes of its body are

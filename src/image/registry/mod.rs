@@ -11,15 +11,21 @@ use std::time::Duration;
 
 use crate::image::pullsecret::PullSecret;
 use crate::image::reference::ImageRef;
+use crate::image::registries::PullSource;
 use crate::image::rpm::RpmHeader;
 
 mod auth;
 mod blob;
+mod endpoint;
 mod extract;
+mod hosts;
 mod http;
 mod manifest;
+mod trust;
 
 pub use extract::{EXTRACT_LIMITS, ExtractBudget, ExtractLimits, LayerRpms, rpms_in_layer};
+pub use hosts::{TRUSTED_HOSTS, forbidden};
+pub use trust::{CERT_DIRS, TrustError};
 
 /// What the registry says about the OS image (from its manifest and config).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -84,6 +90,25 @@ pub enum InspectError {
     /// The image is not what it must be (missing manifest, bad digest, wrong shape).
     #[error("{0}")]
     Invalid(String),
+    /// The registry sent streamd (a token realm, a redirect) to a host outside its own, or a
+    /// host is a link-local or cloud-metadata address: refused before it was contacted.
+    #[error("{registry}: refused to contact {host}: {why}")]
+    Untrusted {
+        /// The registry being read.
+        registry: String,
+        /// The host refused.
+        host: String,
+        /// Why.
+        why: String,
+    },
+    /// The registry's certs.d directory holds a file that cannot be used.
+    #[error("{registry}: {source}")]
+    Trust {
+        /// The registry (`host[:port]`).
+        registry: String,
+        /// The file and what is wrong with it.
+        source: TrustError,
+    },
 }
 
 impl InspectError {
@@ -93,6 +118,8 @@ impl InspectError {
             InspectError::Unauthorized(_) => "registry-unauthorized",
             InspectError::Transient { .. } => "registry-unavailable",
             InspectError::Invalid(_) => "image-invalid",
+            InspectError::Untrusted { .. } => "registry-untrusted-host",
+            InspectError::Trust { source, .. } => source.label(),
         }
     }
 
@@ -140,22 +167,47 @@ pub const OS_IMAGE_DEADLINE: Duration = Duration::from_secs(120);
 /// Longest a whole extensions inspection may take: its layers are hundreds of MiB.
 pub const EXTENSIONS_DEADLINE: Duration = Duration::from_secs(900);
 
+/// What streamd's own configuration says about registries (docs/config.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Access {
+    /// `insecure-registries`: `host:port`s spoken to over plain HTTP only.
+    pub plain: Vec<String>,
+    /// `registry-trusted-hosts`: hosts (`host` or `*.domain`) besides [`TRUSTED_HOSTS`] that any
+    /// registry's token realm and redirects may lead to.
+    pub trusted_hosts: Vec<String>,
+}
+
 /// Reads images from registries with the node's pull secret.
 ///
 /// A small client of the distribution API of its own (GET manifests and blobs, the bearer
 /// token flow), so that every answer is read with a size limit and every operation has a total
 /// deadline, and a layer is fetched from the registry only: a descriptor's `urls` (any host,
-/// plain HTTP) are never followed.
+/// plain HTTP) are never followed. TLS, token realms and redirects follow the registry trust
+/// rules of docs/reliability.md ("Registry trust").
 #[derive(Clone)]
 pub struct Inspector {
-    http: reqwest::Client,
     secret: PullSecret,
+    /// `host:port`s spoken to over plain HTTP only (streamd's `insecure-registries`).
+    plain: Vec<String>,
+    /// registries.conf `insecure` endpoints: TLS without verification, then plain HTTP.
     insecure: Vec<String>,
+    /// The endpoints (`host[:port]`) of the registries.conf entry being read.
+    peers: Vec<String>,
+    /// `registry-trusted-hosts` ([`Access::trusted_hosts`]).
+    trusted: Vec<String>,
+    /// The root below which certs.d is read (`None`: no per-host material).
+    cert_root: Option<PathBuf>,
+    /// Clients by registry and verification, with the fingerprint of their certs.d files.
+    clients: Shared<(String, bool), (Vec<u8>, reqwest::Client)>,
+    /// The scheme an insecure endpoint answered on.
+    schemes: Shared<String, &'static str>,
     /// Bearer tokens by `registry/repository`.
-    tokens: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
+    tokens: Shared<String, String>,
     os_deadline: Duration,
     extensions_deadline: Duration,
 }
+
+type Shared<K, V> = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<K, V>>>;
 
 impl std::fmt::Debug for Inspector {
     // The pull secret stays out of every Debug output.
@@ -165,44 +217,63 @@ impl std::fmt::Debug for Inspector {
 }
 
 impl Inspector {
-    /// An inspector; `insecure` lists `host:port`s spoken to over plain HTTP (test registries).
-    /// Fails only when the HTTP client cannot be built (no TLS backend, unreadable system
+    /// An inspector; `plain` lists `host:port`s spoken to over plain HTTP (test registries).
+    /// Fails only when an HTTP client cannot be built (no TLS backend, unreadable system
     /// configuration), where reqwest's own default client would panic.
-    pub fn new(secret: PullSecret, insecure: &[String]) -> Result<Self, InspectError> {
+    pub fn new(secret: PullSecret, plain: &[String]) -> Result<Self, InspectError> {
         // reqwest is built without a default TLS provider; use the ring provider kube uses too.
         // Installing twice fails harmlessly.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(Duration::from_secs(60))
-            .user_agent(concat!("streamd/", env!("CARGO_PKG_VERSION")))
-            // Blob storage redirects (S3, a CDN); reqwest drops credentials on a cross-host
-            // redirect.
-            .redirect(reqwest::redirect::Policy::limited(5))
-            .build()
-            .map_err(|e| {
-                InspectError::Invalid(format!(
-                    "the HTTP client cannot be built: {}",
-                    crate::text::one_line_reason(&e.to_string())
-                ))
-            })?;
-        Ok(Inspector {
-            http,
+        let i = Inspector {
             secret,
-            insecure: insecure.to_vec(),
+            plain: plain.to_vec(),
+            insecure: Vec::new(),
+            peers: Vec::new(),
+            trusted: Vec::new(),
+            cert_root: None,
+            clients: Default::default(),
+            schemes: Default::default(),
             tokens: Default::default(),
             os_deadline: OS_IMAGE_DEADLINE,
             extensions_deadline: EXTENSIONS_DEADLINE,
-        })
+        };
+        i.client("", true)?;
+        Ok(i)
     }
 
-    /// The same inspector (connections, tokens), also speaking plain HTTP to `host` (a mirror
-    /// registries.conf marks `insecure`).
-    pub fn with_plain_http(&self, host: &str) -> Inspector {
+    /// An inspector configured as streamd's configuration says ([`Access`]), reading certs.d
+    /// below the host root `root`.
+    pub fn configured(
+        secret: PullSecret,
+        access: &Access,
+        root: &Path,
+    ) -> Result<Self, InspectError> {
+        let mut i = Self::new(secret, &access.plain)?.with_host_root(root);
+        i.trusted = access.trusted_hosts.clone();
+        Ok(i)
+    }
+
+    /// The same inspector reading per-registry CAs and client certificates from [`CERT_DIRS`]
+    /// below `root` (the host root).
+    pub fn with_host_root(mut self, root: &Path) -> Self {
+        self.cert_root = Some(root.to_path_buf());
+        self
+    }
+
+    /// The same inspector (connections, tokens) for one pull source of `sources` (the
+    /// registries.conf entry's endpoints, [`crate::image::registries::RegistriesConf::pull_sources`]):
+    /// its `insecure` flag applies, and token realms and redirects may go to the other
+    /// endpoints too, each with its own credentials only.
+    pub fn for_source(&self, source: &PullSource, sources: &[PullSource]) -> Inspector {
         let mut i = self.clone();
-        if !i.insecure.iter().any(|h| h == host) {
-            i.insecure.push(host.to_string());
+        let host = source.image.registry().to_string();
+        if source.insecure && !i.insecure.contains(&host) {
+            i.insecure.push(host);
         }
+        i.peers = sources
+            .iter()
+            .map(|s| s.image.registry().to_ascii_lowercase())
+            .collect();
         i
     }
 
@@ -225,6 +296,14 @@ impl Inspector {
         let mut message = e.to_string();
         let mut source = std::error::Error::source(e);
         while let Some(s) = source {
+            // A name that resolves only to forbidden addresses (hosts::GuardedResolver).
+            if let Some(r) = s.downcast_ref::<hosts::Refused>() {
+                return InspectError::Untrusted {
+                    registry: image.registry().to_string(),
+                    host: r.host.clone(),
+                    why: r.why.clone(),
+                };
+            }
             message.push_str(&format!(": {s}"));
             source = s.source();
         }

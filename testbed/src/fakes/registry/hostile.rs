@@ -91,63 +91,98 @@ impl Server {
 pub async fn start(
     route: impl Fn(&str) -> Answer + Send + Sync + 'static,
 ) -> anyhow::Result<Server> {
+    start_with_head(move |path, _| route(path), None).await
+}
+
+/// Starts a server answering every request with `route(path, head)` (`head`: the request line
+/// and headers as sent), over TLS when `tls` is given (a rustls server configuration, e.g.
+/// [`crate::fakes::registry::tls::Pki::server`]).
+pub async fn start_with_head(
+    route: impl Fn(&str, &str) -> Answer + Send + Sync + 'static,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> anyhow::Result<Server> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let host = listener.local_addr()?.to_string();
     let hits = Arc::new(AtomicUsize::new(0));
     let (route, counter) = (Arc::new(route), hits.clone());
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let task = tokio::spawn(async move {
         loop {
-            let Ok((mut tcp, _)) = listener.accept().await else {
+            let Ok((tcp, _)) = listener.accept().await else {
                 continue;
             };
-            let (route, counter) = (route.clone(), counter.clone());
+            let (route, counter, acceptor) = (route.clone(), counter.clone(), acceptor.clone());
             tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match tcp.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                counter.fetch_add(1, Ordering::SeqCst);
-                let text = String::from_utf8_lossy(&head);
-                let path = text.split_whitespace().nth(1).unwrap_or("/").to_string();
-                match route(&path) {
-                    Answer::Full {
-                        status,
-                        headers,
-                        body,
-                        eof_delimited,
-                    } => {
-                        let mut out = format!("HTTP/1.1 {status} X\r\nConnection: close\r\n");
-                        for (k, v) in headers {
-                            out.push_str(&format!("{k}: {v}\r\n"));
-                        }
-                        if !eof_delimited {
-                            out.push_str(&format!("Content-Length: {}\r\n", body.len()));
-                        }
-                        out.push_str("\r\n");
-                        let _ = tcp.write_all(out.as_bytes()).await;
-                        let _ = tcp.write_all(&body).await;
-                        let _ = tcp.shutdown().await;
-                    }
-                    Answer::Trickle => {
-                        let _ = tcp
-                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
-                            .await;
-                        loop {
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                            if tcp.write_all(b" ").await.is_err() {
-                                return;
-                            }
+                match acceptor {
+                    // A failed handshake (the client refused the certificate) is no request.
+                    Some(a) => {
+                        if let Ok(tls) = a.accept(tcp).await {
+                            answer(tls, &*route, &counter).await;
                         }
                     }
+                    None => answer(tcp, &*route, &counter).await,
                 }
             });
         }
     });
     Ok(Server { host, hits, task })
+}
+
+/// Reads one request head from `io` and writes what `route` says.
+async fn answer<S>(
+    mut io: S,
+    route: &(dyn Fn(&str, &str) -> Answer + Send + Sync),
+    counter: &AtomicUsize,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match io.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+        // A TLS handshake record sent to plain HTTP: closed at once, as a Go server closes
+        // a connection whose request does not parse.
+        if head.first() == Some(&0x16) {
+            return;
+        }
+    }
+    counter.fetch_add(1, Ordering::SeqCst);
+    let text = String::from_utf8_lossy(&head);
+    let path = text.split_whitespace().nth(1).unwrap_or("/").to_string();
+    match route(&path, &text) {
+        Answer::Full {
+            status,
+            headers,
+            body,
+            eof_delimited,
+        } => {
+            let mut out = format!("HTTP/1.1 {status} X\r\nConnection: close\r\n");
+            for (k, v) in headers {
+                out.push_str(&format!("{k}: {v}\r\n"));
+            }
+            if !eof_delimited {
+                out.push_str(&format!("Content-Length: {}\r\n", body.len()));
+            }
+            out.push_str("\r\n");
+            let _ = io.write_all(out.as_bytes()).await;
+            let _ = io.write_all(&body).await;
+            let _ = io.shutdown().await;
+        }
+        Answer::Trickle => {
+            let _ = io
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
+                .await;
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if io.write_all(b" ").await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// A config blob with the labels of a bootable image, padded to at least `pad` bytes.

@@ -24,6 +24,7 @@ pub mod oci;
 mod process;
 pub mod rpm;
 pub mod sigstore;
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -40,7 +41,7 @@ pub use rpm::Rpm;
 
 use crate::fixtures::images::{self, TestImage};
 use oci::{Image, Index};
-use process::RegistryProcess;
+pub use process::{RegistryProcess, TlsFiles};
 
 /// The repository every testbed image is pushed to.
 pub const REPOSITORY: &str = "openshift/rhcos";

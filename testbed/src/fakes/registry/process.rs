@@ -30,6 +30,14 @@ pub struct RegistryProcess {
     log: PathBuf,
 }
 
+impl std::fmt::Debug for RegistryProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryProcess")
+            .field("host", &self.host)
+            .finish_non_exhaustive()
+    }
+}
+
 /// `n` random bytes from the kernel, hex-encoded.
 pub fn random_hex(n: usize) -> anyhow::Result<String> {
     let mut buf = vec![0u8; n];
@@ -47,7 +55,24 @@ pub fn write_htpasswd(path: &Path, user: &str, password: &str) -> anyhow::Result
         .with_context(|| format!("writing {}", path.display()))
 }
 
-fn config(storage: &Path, htpasswd: Option<&Path>, port: u16, secret: &str) -> String {
+/// The files of a registry that speaks TLS (distribution's `http.tls`).
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The server certificate (PEM).
+    pub certificate: PathBuf,
+    /// Its key (PEM).
+    pub key: PathBuf,
+    /// CAs a client certificate must be signed by (`clientcas`: one is then required).
+    pub client_ca: Option<PathBuf>,
+}
+
+fn config(
+    storage: &Path,
+    htpasswd: Option<&Path>,
+    port: u16,
+    secret: &str,
+    tls: Option<&TlsFiles>,
+) -> String {
     // JSON strings are valid YAML scalars, which keeps odd paths safe.
     let q = |p: &Path| serde_json::Value::String(p.display().to_string()).to_string();
     // Without an auth section distribution serves everyone (an anonymous registry).
@@ -57,12 +82,23 @@ fn config(storage: &Path, htpasswd: Option<&Path>, port: u16, secret: &str) -> S
             q(h)
         )
     });
+    let tls = tls.map_or_else(String::new, |t| {
+        let cas = t.client_ca.as_ref().map_or_else(String::new, |ca| {
+            format!("    clientcas:\n      - {}\n", q(ca))
+        });
+        format!(
+            "  tls:\n    certificate: {}\n    key: {}\n{cas}",
+            q(&t.certificate),
+            q(&t.key)
+        )
+    });
     format!(
         "version: 0.1\n\
          log:\n  level: info\n  formatter: text\n  accesslog:\n    disabled: true\n\
          storage:\n  filesystem:\n    rootdirectory: {storage}\n  delete:\n    enabled: true\n\
          \x20 maintenance:\n    uploadpurging:\n      enabled: false\n\
          http:\n  addr: 127.0.0.1:{port}\n  secret: {secret}\n\
+         {tls}\
          {auth}\
          health:\n  storagedriver:\n    enabled: false\n",
         storage = q(storage),
@@ -79,6 +115,16 @@ impl RegistryProcess {
     /// an anonymous `GET /v2/` is answered: 401 with a `Basic` challenge when `htpasswd` is
     /// given, 200 without it (an anonymous registry).
     pub async fn start(dir: &Path, htpasswd: Option<&Path>) -> anyhow::Result<RegistryProcess> {
+        Self::start_with_tls(dir, htpasswd, None).await
+    }
+
+    /// [`Self::start`], over TLS when `tls` is given: then it is ready once a plain HTTP
+    /// `GET /v2/` gets the 400 Go's TLS server answers plain HTTP with.
+    pub async fn start_with_tls(
+        dir: &Path,
+        htpasswd: Option<&Path>,
+        tls: Option<&TlsFiles>,
+    ) -> anyhow::Result<RegistryProcess> {
         let storage = dir.join("storage");
         std::fs::create_dir_all(&storage)
             .with_context(|| format!("creating {}", storage.display()))?;
@@ -87,7 +133,7 @@ impl RegistryProcess {
         for attempt in 1..=PORT_ATTEMPTS {
             let port = free_port()?;
             let conf = dir.join("config.yml");
-            std::fs::write(&conf, config(&storage, htpasswd, port, &secret))
+            std::fs::write(&conf, config(&storage, htpasswd, port, &secret, tls))
                 .with_context(|| format!("writing {}", conf.display()))?;
             let out = std::fs::File::create(&log)
                 .with_context(|| format!("creating {}", log.display()))?;
@@ -106,7 +152,7 @@ impl RegistryProcess {
                 host: format!("127.0.0.1:{port}"),
                 log: log.clone(),
             };
-            match proc.wait_ready(htpasswd.is_some()).await {
+            match proc.wait_ready(htpasswd.is_some(), tls.is_some()).await {
                 Ok(()) => {
                     info!(host = %proc.host, "registry is up");
                     return Ok(proc);
@@ -120,7 +166,7 @@ impl RegistryProcess {
         bail!("no free port for the registry after {PORT_ATTEMPTS} attempts")
     }
 
-    async fn wait_ready(&mut self, auth: bool) -> anyhow::Result<()> {
+    async fn wait_ready(&mut self, auth: bool, tls: bool) -> anyhow::Result<()> {
         let anon = Client::new(&self.host, None);
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
@@ -129,6 +175,7 @@ impl RegistryProcess {
             }
             let probe = tokio::time::timeout(Duration::from_secs(2), anon.get("/v2/", None)).await;
             match probe {
+                Ok(Ok(r)) if tls && r.status == StatusCode::BAD_REQUEST => return Ok(()),
                 Ok(Ok(r)) if !auth && r.status == StatusCode::OK => return Ok(()),
                 Ok(Ok(r)) if auth && r.status == StatusCode::UNAUTHORIZED => {
                     let challenge = r.header("www-authenticate").unwrap_or_default();
@@ -181,12 +228,29 @@ mod tests {
 
     #[test]
     fn config_quotes_paths_and_binds_loopback() {
-        let c = config(Path::new("/tmp/a b"), Some(Path::new("/tmp/h")), 5555, "s");
+        let c = config(
+            Path::new("/tmp/a b"),
+            Some(Path::new("/tmp/h")),
+            5555,
+            "s",
+            None,
+        );
         assert!(c.contains("rootdirectory: \"/tmp/a b\"\n"));
         assert!(c.contains("addr: 127.0.0.1:5555\n"));
         assert!(c.contains("  htpasswd:\n    realm: testbed-registry\n    path: \"/tmp/h\"\n"));
-        let anonymous = config(Path::new("/tmp/a b"), None, 5555, "s");
+        let anonymous = config(Path::new("/tmp/a b"), None, 5555, "s", None);
         assert!(!anonymous.contains("auth:"), "{anonymous}");
+        assert!(!anonymous.contains("tls:"), "{anonymous}");
+        let tls = TlsFiles {
+            certificate: "/t/c.pem".into(),
+            key: "/t/k.pem".into(),
+            client_ca: Some("/t/ca.pem".into()),
+        };
+        let t = config(Path::new("/s"), None, 5555, "s", Some(&tls));
+        assert!(
+            t.contains("  tls:\n    certificate: \"/t/c.pem\"\n    key: \"/t/k.pem\"\n    clientcas:\n      - \"/t/ca.pem\"\n"),
+            "{t}"
+        );
         assert!(anonymous.contains("health:"), "{anonymous}");
     }
 
