@@ -377,3 +377,67 @@ fn warning_events(env: &Env) -> Vec<String> {
         .filter_map(|e| e["reason"].as_str().map(String::from))
         .collect()
 }
+
+/// A user MachineConfig that sets `osImageURL` pins the pool (the rendered MachineConfig is
+/// `os-image-url-overridden`): 4.21's operator keeps that image over any stream's, 4.22's will
+/// not render a pool that sets both. No stream applies, and nothing is checked for it (on the
+/// old code the stream was checked and read ready).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_that_overrides_os_image_url_takes_no_stream() {
+    for (name, release, says) in [
+        (
+            "readiness-421-pinned",
+            testbed::OpenShift::V4_21,
+            "keeps that image over any stream's",
+        ),
+        (
+            "readiness-422-pinned",
+            testbed::OpenShift::V4_22,
+            "RenderDegraded",
+        ),
+    ] {
+        let e = rhel10_readiness_on(name, "mcd-osimageurl-override", release).await;
+        assert_eq!(e["ready"], json!(false), "{e}");
+        assert_eq!(e["failed"], json!([]), "{e}");
+        assert_eq!(e["osImage"], json!(""), "nothing was checked: {e}");
+        let reason = e["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.starts_with("stream not applicable: the pool overrides osImageURL")
+                && reason.contains(says),
+            "{reason}"
+        );
+    }
+}
+
+/// The OSImageStream's `release-image-version` names the operator build that wrote it; from
+/// 4.22 the render controller ignores one another build wrote (an upgrade under way), so
+/// readiness does too; 4.21's reads it (on the old code 4.22 read ready).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_osimagestream_of_another_operator_build_is_ignored_from_4_22() {
+    for (name, release, ignored) in [
+        ("readiness-422-guard", testbed::OpenShift::V4_22, true),
+        ("readiness-421-guard", testbed::OpenShift::V4_21, false),
+    ] {
+        let mut env = Env::with_openshift(name, "mcd", release).await;
+        env.kubectl_ok(&[
+            "annotate",
+            "--overwrite",
+            "osimagestream",
+            "cluster",
+            "machineconfiguration.openshift.io/release-image-version=0123abcd",
+        ]);
+        env.start_streamd();
+        let e = readiness(&wait_readiness(&env, "rhel-10").await)["rhel-10"].clone();
+        let reason = e["reason"].as_str().unwrap_or_default();
+        if ignored {
+            assert_eq!(e["failed"], json!([]), "{e}");
+            assert!(
+                reason.starts_with(r#"the machine-config operator ignores OSImageStream "cluster": operator build "0123abcd" wrote it, build "9027c94cd" rendered"#),
+                "{reason}"
+            );
+        } else {
+            assert_eq!(e["ready"], json!(true), "{e}");
+        }
+        assert_no_transaction(&env).await;
+    }
+}
