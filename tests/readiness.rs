@@ -441,3 +441,36 @@ async fn an_osimagestream_of_another_operator_build_is_ignored_from_4_22() {
         assert_no_transaction(&env).await;
     }
 }
+
+/// A PinnedImageSet put the OS image in the node's CRI-O storage (the machine-config daemon's
+/// `/etc/crio/crio.conf.d/50-pinned-images`): the daemon rebases from that copy, so a registry
+/// that does not serve the image leaves readiness unknown, not "not ready" (on the old code
+/// `os-image` failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_os_image_the_registry_does_not_serve_is_unknown() {
+    let mut env = Env::with_host("readiness-pinned-image", "mcd").await;
+    let rhel10 = env.rhel10();
+    let repository = rhel10.split('@').next().unwrap_or_default();
+    let pinned = format!("{repository}@sha256:{}", "f".repeat(64));
+    let dropin = env.dir.join("host/etc/crio/crio.conf.d");
+    std::fs::create_dir_all(&dropin).expect("mkdir");
+    std::fs::write(
+        dropin.join("50-pinned-images"),
+        format!("[crio]\n  [crio.image]\n    pinned_images = [\"{pinned}\"]\n"),
+    )
+    .expect("pinned images");
+    env.start_streamd();
+    env.annotate(&[
+        &format!("{CHECK_STREAM}=rhel-10"),
+        &format!("{CHECK_OS_IMAGE}={pinned}"),
+    ]);
+    let e = readiness(&wait_readiness(&env, "rhel-10").await)["rhel-10"].clone();
+    assert_eq!(e["ready"], json!(false), "{e}");
+    assert_eq!(e["failed"], json!([]), "{e}");
+    let reason = e["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("readiness unknown: the OS image is pinned in this node's CRI-O storage by a PinnedImageSet"),
+        "{reason}"
+    );
+    assert_no_transaction(&env).await;
+}
