@@ -395,6 +395,11 @@ async fn a_pool_that_overrides_os_image_url_takes_no_stream() {
             testbed::OpenShift::V4_22,
             "RenderDegraded",
         ),
+        (
+            "readiness-423-pinned",
+            testbed::OpenShift::V4_23,
+            "RenderDegraded",
+        ),
     ] {
         let e = rhel10_readiness_on(name, "mcd-osimageurl-override", release).await;
         assert_eq!(e["ready"], json!(false), "{e}");
@@ -411,11 +416,12 @@ async fn a_pool_that_overrides_os_image_url_takes_no_stream() {
 
 /// The OSImageStream's `release-image-version` names the operator build that wrote it; from
 /// 4.22 the render controller ignores one another build wrote (an upgrade under way), so
-/// readiness does too; 4.21's reads it (on the old code 4.22 read ready).
+/// readiness does too; 4.21's reads it (on the old code 4.22 and 4.23 read ready).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_osimagestream_of_another_operator_build_is_ignored_from_4_22() {
     for (name, release, ignored) in [
         ("readiness-422-guard", testbed::OpenShift::V4_22, true),
+        ("readiness-423-guard", testbed::OpenShift::V4_23, true),
         ("readiness-421-guard", testbed::OpenShift::V4_21, false),
     ] {
         let mut env = Env::with_openshift(name, "mcd", release).await;
@@ -432,7 +438,10 @@ async fn an_osimagestream_of_another_operator_build_is_ignored_from_4_22() {
         if ignored {
             assert_eq!(e["failed"], json!([]), "{e}");
             assert!(
-                reason.starts_with(r#"the machine-config operator ignores OSImageStream "cluster": operator build "0123abcd" wrote it, build "9027c94cd" rendered"#),
+                reason.starts_with(&format!(
+                    r#"the machine-config operator ignores OSImageStream "cluster": operator build "0123abcd" wrote it, build "{}" rendered"#,
+                    release.controller_version()
+                )),
                 "{reason}"
             );
         } else {
