@@ -271,6 +271,8 @@ impl Agent {
                     kernel_type = ?mc.kernel_type,
                     extensions = ?mc.extensions,
                     unsupported = ?mc.unsupported,
+                    os_image_url_overridden = mc.pins.os_image_url_overridden,
+                    controller_version = ?mc.pins.controller_version,
                     "applied MachineConfig"
                 ),
                 Ok(None) => debug!("no applied MachineConfig on the host"),
