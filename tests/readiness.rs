@@ -483,3 +483,56 @@ async fn a_pinned_os_image_the_registry_does_not_serve_is_unknown() {
     );
     assert_no_transaction(&env).await;
 }
+
+/// The machine-config daemon stages its update's image, then records the new MachineConfig in
+/// `currentconfig`, then reboots: a stage of the image that MachineConfig names is the
+/// daemon's own, which does not block the operator's move (on the old code
+/// `pending-deployment` failed); another stage still does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mcds_own_stage_in_flight_is_not_a_foreign_pending_deployment() {
+    let mut env = Env::with_host("readiness-mcd-stage", "mcd").await;
+    let rhel10 = env.rhel10();
+    let currentconfig = env.dir.join("host/etc/machine-config-daemon/currentconfig");
+    let recorded = format!(
+        r#"{{"kind":"MachineConfig","apiVersion":"machineconfiguration.openshift.io/v1","metadata":{{"name":"rendered-worker-00112233445566778899aabbccddeeff","annotations":{{"machineconfiguration.openshift.io/release-image-version":"4.23.0","machineconfiguration.openshift.io/generated-by-controller-version":"d20efd9b9"}}}},"spec":{{"osImageURL":"{rhel10}"}}}}"#
+    );
+    std::fs::write(&currentconfig, recorded).expect("currentconfig");
+    // Another client stages the image (the fake bootc's switch, as for a foreign stage).
+    let out = std::process::Command::new(&env.vars()["TESTBED_BOOTC"])
+        .args(["switch", "--transport", "registry", &rhel10])
+        .envs(env.vars())
+        .output()
+        .expect("fake bootc runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    env.start_streamd();
+    let e = readiness(&wait_readiness(&env, "rhel-10").await)["rhel-10"].clone();
+    assert_eq!(e["ready"], json!(true), "{e}");
+    assert_eq!(e["failed"], json!([]), "{e}");
+    // A stage of another image than the recorded MachineConfig's is not the daemon's.
+    env.stop_streamd();
+    let out = std::process::Command::new(&env.vars()["TESTBED_BOOTC"])
+        .args(["switch", "--transport", "registry", &env.rhel9()])
+        .envs(env.vars())
+        .output()
+        .expect("fake bootc runs");
+    assert!(out.status.success());
+    env.start_streamd();
+    let a = env
+        .wait_for("pending-deployment fails", Duration::from_secs(90), |a| {
+            a.get(READINESS)
+                .is_some_and(|r| r.contains(r#""failed":["pending-deployment"]"#))
+        })
+        .await;
+    let reason = readiness(&a)["rhel-10"]["reason"].clone();
+    assert!(
+        reason
+            .as_str()
+            .is_some_and(|r| r.contains("is staged by someone else")),
+        "{reason}"
+    );
+    assert_no_transaction(&env).await;
+}
