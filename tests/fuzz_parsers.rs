@@ -2283,6 +2283,7 @@ proptest! {
                 name: n.clone(),
                 os_image: img.clone(),
                 os_extensions_image: String::new(),
+                written_by: None,
             })
             .collect();
         let catalog = Catalog::Available(entries.clone());

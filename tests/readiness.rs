@@ -377,3 +377,162 @@ fn warning_events(env: &Env) -> Vec<String> {
         .filter_map(|e| e["reason"].as_str().map(String::from))
         .collect()
 }
+
+/// A user MachineConfig that sets `osImageURL` pins the pool (the rendered MachineConfig is
+/// `os-image-url-overridden`): 4.21's operator keeps that image over any stream's, 4.22's will
+/// not render a pool that sets both. No stream applies, and nothing is checked for it (on the
+/// old code the stream was checked and read ready).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_that_overrides_os_image_url_takes_no_stream() {
+    for (name, release, says) in [
+        (
+            "readiness-421-pinned",
+            testbed::OpenShift::V4_21,
+            "keeps that image over any stream's",
+        ),
+        (
+            "readiness-422-pinned",
+            testbed::OpenShift::V4_22,
+            "RenderDegraded",
+        ),
+        (
+            "readiness-423-pinned",
+            testbed::OpenShift::V4_23,
+            "RenderDegraded",
+        ),
+    ] {
+        let e = rhel10_readiness_on(name, "mcd-osimageurl-override", release).await;
+        assert_eq!(e["ready"], json!(false), "{e}");
+        assert_eq!(e["failed"], json!([]), "{e}");
+        assert_eq!(e["osImage"], json!(""), "nothing was checked: {e}");
+        let reason = e["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.starts_with("stream not applicable: the pool overrides osImageURL")
+                && reason.contains(says),
+            "{reason}"
+        );
+    }
+}
+
+/// The OSImageStream's `release-image-version` names the operator build that wrote it; from
+/// 4.22 the render controller ignores one another build wrote (an upgrade under way), so
+/// readiness does too; 4.21's reads it (on the old code 4.22 and 4.23 read ready).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_osimagestream_of_another_operator_build_is_ignored_from_4_22() {
+    for (name, release, ignored) in [
+        ("readiness-422-guard", testbed::OpenShift::V4_22, true),
+        ("readiness-423-guard", testbed::OpenShift::V4_23, true),
+        ("readiness-421-guard", testbed::OpenShift::V4_21, false),
+    ] {
+        let mut env = Env::with_openshift(name, "mcd", release).await;
+        env.kubectl_ok(&[
+            "annotate",
+            "--overwrite",
+            "osimagestream",
+            "cluster",
+            "machineconfiguration.openshift.io/release-image-version=0123abcd",
+        ]);
+        env.start_streamd();
+        let e = readiness(&wait_readiness(&env, "rhel-10").await)["rhel-10"].clone();
+        let reason = e["reason"].as_str().unwrap_or_default();
+        if ignored {
+            assert_eq!(e["failed"], json!([]), "{e}");
+            assert!(
+                reason.starts_with(&format!(
+                    r#"the machine-config operator ignores OSImageStream "cluster": operator build "0123abcd" wrote it, build "{}" rendered"#,
+                    release.controller_version()
+                )),
+                "{reason}"
+            );
+        } else {
+            assert_eq!(e["ready"], json!(true), "{e}");
+        }
+        assert_no_transaction(&env).await;
+    }
+}
+
+/// A PinnedImageSet put the OS image in the node's CRI-O storage (the machine-config daemon's
+/// `/etc/crio/crio.conf.d/50-pinned-images`): the daemon rebases from that copy, so a registry
+/// that does not serve the image leaves readiness unknown, not "not ready" (on the old code
+/// `os-image` failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_os_image_the_registry_does_not_serve_is_unknown() {
+    let mut env = Env::with_host("readiness-pinned-image", "mcd").await;
+    let rhel10 = env.rhel10();
+    let repository = rhel10.split('@').next().unwrap_or_default();
+    let pinned = format!("{repository}@sha256:{}", "f".repeat(64));
+    let dropin = env.dir.join("host/etc/crio/crio.conf.d");
+    std::fs::create_dir_all(&dropin).expect("mkdir");
+    std::fs::write(
+        dropin.join("50-pinned-images"),
+        format!("[crio]\n  [crio.image]\n    pinned_images = [\"{pinned}\"]\n"),
+    )
+    .expect("pinned images");
+    env.start_streamd();
+    env.annotate(&[
+        &format!("{CHECK_STREAM}=rhel-10"),
+        &format!("{CHECK_OS_IMAGE}={pinned}"),
+    ]);
+    let e = readiness(&wait_readiness(&env, "rhel-10").await)["rhel-10"].clone();
+    assert_eq!(e["ready"], json!(false), "{e}");
+    assert_eq!(e["failed"], json!([]), "{e}");
+    let reason = e["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("readiness unknown: the OS image is pinned in this node's CRI-O storage by a PinnedImageSet"),
+        "{reason}"
+    );
+    assert_no_transaction(&env).await;
+}
+
+/// The machine-config daemon stages its update's image, then records the new MachineConfig in
+/// `currentconfig`, then reboots: a stage of the image that MachineConfig names is the
+/// daemon's own, which does not block the operator's move (on the old code
+/// `pending-deployment` failed); another stage still does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mcds_own_stage_in_flight_is_not_a_foreign_pending_deployment() {
+    let mut env = Env::with_host("readiness-mcd-stage", "mcd").await;
+    let rhel10 = env.rhel10();
+    let currentconfig = env.dir.join("host/etc/machine-config-daemon/currentconfig");
+    let recorded = format!(
+        r#"{{"kind":"MachineConfig","apiVersion":"machineconfiguration.openshift.io/v1","metadata":{{"name":"rendered-worker-00112233445566778899aabbccddeeff","annotations":{{"machineconfiguration.openshift.io/release-image-version":"4.23.0","machineconfiguration.openshift.io/generated-by-controller-version":"d20efd9b9"}}}},"spec":{{"osImageURL":"{rhel10}"}}}}"#
+    );
+    std::fs::write(&currentconfig, recorded).expect("currentconfig");
+    // Another client stages the image (the fake bootc's switch, as for a foreign stage).
+    let out = std::process::Command::new(&env.vars()["TESTBED_BOOTC"])
+        .args(["switch", "--transport", "registry", &rhel10])
+        .envs(env.vars())
+        .output()
+        .expect("fake bootc runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    env.start_streamd();
+    let e = readiness(&wait_readiness(&env, "rhel-10").await)["rhel-10"].clone();
+    assert_eq!(e["ready"], json!(true), "{e}");
+    assert_eq!(e["failed"], json!([]), "{e}");
+    // A stage of another image than the recorded MachineConfig's is not the daemon's.
+    env.stop_streamd();
+    let out = std::process::Command::new(&env.vars()["TESTBED_BOOTC"])
+        .args(["switch", "--transport", "registry", &env.rhel9()])
+        .envs(env.vars())
+        .output()
+        .expect("fake bootc runs");
+    assert!(out.status.success());
+    env.start_streamd();
+    let a = env
+        .wait_for("pending-deployment fails", Duration::from_secs(90), |a| {
+            a.get(READINESS)
+                .is_some_and(|r| r.contains(r#""failed":["pending-deployment"]"#))
+        })
+        .await;
+    let reason = readiness(&a)["rhel-10"]["reason"].clone();
+    assert!(
+        reason
+            .as_str()
+            .is_some_and(|r| r.contains("is staged by someone else")),
+        "{reason}"
+    );
+    assert_no_transaction(&env).await;
+}

@@ -988,6 +988,7 @@ mod tests {
             name: "rhel-10".into(),
             os_image: os.into(),
             os_extensions_image: String::new(),
+            written_by: None,
         }]);
         assert_eq!(resolve_target(&by_name, Some(&catalog)).0, Ok(target()));
         let (d, check) = resolve_target(&by_name, Some(&Catalog::Missing));

@@ -241,6 +241,23 @@ impl Gatherer {
             .unwrap_or_else(|| InspectError::Invalid(format!("no place to pull {image} from"))))
     }
 
+    /// Which of `desired`'s images are pinned in the node's CRI-O storage, for the
+    /// machine-config operator's move only (streamd's own pulls from the registry).
+    fn pinned(&self, desired: &Desired, purpose: Purpose) -> Pinned {
+        if purpose != Purpose::MachineConfigReadiness {
+            return Pinned::default();
+        }
+        let images = facts::pinned_images(&self.host).unwrap_or_else(|e| {
+            warn!(error = %e, "cannot read the pinned images; taking none as pinned");
+            Vec::new()
+        });
+        let has = |image: &ImageRef| images.iter().any(|p| *p == image.to_string());
+        Pinned {
+            os: has(&desired.os_image),
+            extensions: desired.extensions_image.as_ref().is_some_and(has),
+        }
+    }
+
     fn disk(&self) -> DiskFree {
         let free = |p: &str| {
             rustix::fs::statvfs(self.host.path(p))
@@ -342,9 +359,11 @@ impl Gatherer {
         let crio = facts::crio_default_runtime(&self.host).map_err(FactError::from);
         let inspector = self.secret().and_then(|s| self.inspector(&s));
         let (layered, wanted) = wanted_packages(&needed);
-        let (os_pull, os_image, extensions) = self
+        let images = self
             .read_images(desired, &facts.arch, &inspector, &wanted, purpose)
-            .await?;
+            .await;
+        let (os_pull, os_image, extensions) =
+            unknown_if_pinned(self.pinned(desired, purpose), images)?;
         let signature = self.signature(desired, booted, &os_pull, &os_image).await?;
         // One answer for the checks, the verification and the RPM choice.
         let target = preflight::target_major(desired, &os_image);
@@ -419,7 +438,6 @@ impl Gatherer {
     /// they are read side by side. The OS image is read where and as the OS daemon will pull it
     /// (its auth file, mirrors, policy), not with streamd's pull secret, which only reads the
     /// extensions image.
-    #[allow(clippy::type_complexity)]
     async fn read_images(
         &self,
         desired: &Desired,
@@ -427,14 +445,7 @@ impl Gatherer {
         inspector: &Result<Inspector, FactError>,
         wanted: &[String],
         purpose: Purpose,
-    ) -> Result<
-        (
-            OsPull,
-            Result<OsImageInfo, FactError>,
-            Option<Result<(ExtensionsInfo, Vec<PathBuf>), FactError>>,
-        ),
-        Transient,
-    > {
+    ) -> Result<Images, Transient> {
         let os_image =
             crate::host::ospull::inspect(&self.host, &desired.os_image, arch, &self.registries);
         let extensions = self.read_extensions(
@@ -525,6 +536,58 @@ impl Gatherer {
     }
 }
 
+/// What [`Gatherer::read_images`] reads: how the OS image's pull went, the OS image, and the
+/// extensions image (if asked for) with the files extracted from it.
+type Images = (
+    OsPull,
+    Result<OsImageInfo, FactError>,
+    Option<Result<(ExtensionsInfo, Vec<PathBuf>), FactError>>,
+);
+
+/// Which of a request's images a PinnedImageSet put in the node's CRI-O storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Pinned {
+    /// The OS image.
+    os: bool,
+    /// The extensions image.
+    extensions: bool,
+}
+
+/// The images as read from the registry, unless the machine-config daemon takes one that
+/// failed from local storage (`pinned`): then the registry's answer decides nothing, and
+/// readiness is unknown (a check that could not run, retried) rather than not ready. The
+/// daemon rebases onto a pinned OS image from CRI-O's storage (pkg/daemon/update.go
+/// `updateLayeredOS`: `GetPodmanImageInfoByReference`, `RebaseLayeredFromContainerStorage`;
+/// on 4.21 and 4.22 when the node's pool has PinnedImageSets, on 4.23 whenever the image is
+/// there) and looks for the extensions image there first (`pullExtensionsImage`).
+fn unknown_if_pinned(
+    pinned: Pinned,
+    images: Result<Images, Transient>,
+) -> Result<Images, Transient> {
+    let unknown = |which: &str, e: &dyn std::fmt::Display| {
+        Transient(format!(
+            "readiness unknown: {which} is pinned in this node's CRI-O storage by a PinnedImageSet ({}), where the machine-config daemon takes it from, but streamd reads it from the registry, which did not serve it: {e}",
+            facts::crio::PINNED_IMAGES
+        ))
+    };
+    let which = match pinned {
+        Pinned { os: true, .. } => "the OS image",
+        Pinned {
+            extensions: true, ..
+        } => "the extensions image",
+        Pinned {
+            os: false,
+            extensions: false,
+        } => return images,
+    };
+    match images {
+        Err(Transient(e)) => Err(unknown(which, &e)),
+        Ok((_, Err(e), _)) if pinned.os => Err(unknown("the OS image", &e)),
+        Ok((_, _, Some(Err(e)))) if pinned.extensions => Err(unknown("the extensions image", &e)),
+        ok => ok,
+    }
+}
+
 /// The `wanted` packages closed under Requires over the RPMs of the extensions image that fit
 /// the target: built for `arch` (or noarch) and for the `target` major (or for none); the
 /// requirements of `variant`'s own kernel are its own. None when nothing is wanted or the image
@@ -598,6 +661,52 @@ fn expectation(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pinned image the registry did not serve leaves readiness unknown (retried), whatever
+    /// the registry said; an unpinned one is judged by the checks as before.
+    #[test]
+    fn a_pinned_image_the_registry_does_not_serve_is_unknown() {
+        let pull = OsPull {
+            auth_file: None,
+            problem: None,
+            policy: None,
+            attempts: Vec::new(),
+        };
+        let not_served = || FactError::OsImage(Cause::new("manifest unknown"));
+        let os = Pinned {
+            os: true,
+            extensions: false,
+        };
+        let e = unknown_if_pinned(os, Ok((pull.clone(), Err(not_served()), None)))
+            .expect_err("unknown");
+        assert!(
+            e.0.starts_with("readiness unknown: the OS image is pinned")
+                && e.0.contains("/etc/crio/crio.conf.d/50-pinned-images")
+                && e.0.ends_with("manifest unknown"),
+            "{e}"
+        );
+        let e = unknown_if_pinned(os, Err(Transient("connection refused".into())))
+            .expect_err("unknown");
+        assert!(e.0.ends_with("did not serve it: connection refused"), "{e}");
+        let ext = Pinned {
+            os: false,
+            extensions: true,
+        };
+        let e = unknown_if_pinned(
+            ext,
+            Ok((
+                pull.clone(),
+                Err(not_served()),
+                Some(Err(FactError::ExtensionsImage(InspectError::Unauthorized(
+                    "q".into(),
+                )))),
+            )),
+        )
+        .expect_err("unknown");
+        assert!(e.0.contains("the extensions image is pinned"), "{e}");
+        let unpinned = unknown_if_pinned(Pinned::default(), Ok((pull, Err(not_served()), None)));
+        assert!(matches!(unpinned, Ok((_, Err(_), None))));
+    }
 
     #[test]
     fn the_registry_client_is_kept_while_the_pull_secret_is_unchanged() {

@@ -21,6 +21,7 @@ use crate::agent::gather::{Gatherer, Prepared, Purpose, Transient};
 use crate::agent::planner;
 use crate::agent::preflight;
 use crate::backend::{Deployment, StagePlan};
+use crate::cluster::mco;
 use crate::cluster::node::EventType;
 use crate::cluster::policy::{self, Verdict};
 use crate::cluster::protocol::{
@@ -270,6 +271,8 @@ impl Agent {
                     kernel_type = ?mc.kernel_type,
                     extensions = ?mc.extensions,
                     unsupported = ?mc.unsupported,
+                    os_image_url_overridden = mc.pins.os_image_url_overridden,
+                    controller_version = ?mc.pins.controller_version,
                     "applied MachineConfig"
                 ),
                 Ok(None) => debug!("no applied MachineConfig on the host"),
@@ -340,25 +343,37 @@ impl Agent {
             Purpose::MachineConfigReadiness => self.machine_config.clone().transpose(),
             _ => None,
         };
+        // What the operator makes of each stream for this node's pool (`crate::cluster::mco`).
+        let applied = machine_config
+            .as_ref()
+            .and_then(|m| m.as_ref().ok())
+            .cloned();
+        let operator = |t: Target, from_catalog: bool| match &applied {
+            Some(mc) => operator_view(t, mc, catalog, from_catalog),
+            None => t,
+        };
         match request {
             Some(CheckRequest {
                 stream,
                 os_image: Some(os_image),
                 extensions_image,
-            }) => Planned::Run(Plan {
-                targets: vec![Target::Check(Desired {
+            }) => {
+                let target = Target::Check(Desired {
                     stream,
                     os_image,
                     extensions_image,
-                })],
-                exclude_booted: false,
-                purpose,
-                machine_config,
-            }),
+                });
+                Planned::Run(Plan {
+                    targets: vec![operator(target, false)],
+                    exclude_booted: false,
+                    purpose,
+                    machine_config,
+                })
+            }
             Some(CheckRequest { stream, .. }) => match resolve_target(&stream, catalog) {
                 None => Planned::Wait,
                 Some(t) => Planned::Run(Plan {
-                    targets: vec![t],
+                    targets: vec![operator(t, true)],
                     exclude_booted: false,
                     purpose,
                     machine_config,
@@ -373,6 +388,7 @@ impl Agent {
                         .iter()
                         .filter(|e| protocol::validate_stream(&e.name).is_ok())
                         .filter_map(|e| resolve_target(&e.name, catalog))
+                        .map(|t| operator(t, true))
                         .collect(),
                     exclude_booted: true,
                     purpose,
@@ -531,6 +547,41 @@ impl Agent {
     }
 }
 
+/// `target` as the machine-config operator would move the pool of a node whose applied
+/// MachineConfig is `mc` (`crate::cluster::mco`): not at all when the pool overrides
+/// `osImageURL`; not from an OSImageStream its render controller ignores (`from_catalog`: the
+/// target's images are the OSImageStream's); with the pool's own extensions image when a
+/// MachineConfig overrides the stream's.
+fn operator_view(
+    target: Target,
+    mc: &AppliedConfig,
+    catalog: Option<&Catalog>,
+    from_catalog: bool,
+) -> Target {
+    let Target::Check(mut desired) = target else {
+        return target;
+    };
+    let entries = match catalog {
+        Some(Catalog::Available(entries)) => entries.as_slice(),
+        _ => &[],
+    };
+    let written_by = entries.first().and_then(|e| e.written_by.as_deref());
+    let not_applicable =
+        mco::pinned(mc).or_else(|| from_catalog.then(|| mco::ignored(mc, written_by)).flatten());
+    let reason = match (not_applicable, mco::extensions_override(mc, entries)) {
+        (Some(reason), _) | (None, Some(Err(reason))) => reason,
+        (None, Some(Ok(image))) => {
+            desired.extensions_image = Some(image);
+            return Target::Check(desired);
+        }
+        (None, None) => return Target::Check(desired),
+    };
+    Target::Unresolved {
+        stream: desired.stream,
+        reason,
+    }
+}
+
 /// The target for `stream` from the cluster's OSImageStream; `None` until it has been read.
 fn resolve_target(stream: &str, catalog: Option<&Catalog>) -> Option<Target> {
     let only_stream = Inputs {
@@ -553,5 +604,75 @@ fn resolve_target(stream: &str, catalog: Option<&Catalog>) -> Option<Target> {
             Ok(None) => unresolved("no image".into()),
             Err(e) => unresolved(e.to_string()),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::streams::StreamImages;
+
+    const OS: &str =
+        "quay.io/o/os@sha256:0000000000000000000000000000000000000000000000000000000000000001";
+    const EXT: &str =
+        "quay.io/o/ext@sha256:0000000000000000000000000000000000000000000000000000000000000002";
+    const MINE: &str =
+        "quay.io/o/mine@sha256:0000000000000000000000000000000000000000000000000000000000000003";
+
+    fn target() -> Target {
+        Target::Check(Desired {
+            stream: "rhel-10".into(),
+            os_image: OS.parse().expect("image"),
+            extensions_image: Some(EXT.parse().expect("image")),
+        })
+    }
+
+    fn catalog(written_by: &str) -> Catalog {
+        Catalog::Available(vec![StreamImages {
+            name: "rhel-10".into(),
+            os_image: OS.into(),
+            os_extensions_image: EXT.into(),
+            written_by: Some(written_by.into()),
+        }])
+    }
+
+    fn mc(spec: &str) -> AppliedConfig {
+        machineconfig::parse(&format!(
+            r#"{{"metadata":{{"annotations":{{"machineconfiguration.openshift.io/release-image-version":"4.22.0","machineconfiguration.openshift.io/generated-by-controller-version":"abc"}}}},"spec":{{{spec}}}}}"#
+        ))
+        .expect("parse")
+    }
+
+    /// The operator installs from the pool's own extensions image, so that one is checked.
+    #[test]
+    fn an_overriding_extensions_image_is_the_one_checked() {
+        let m = mc(&format!(r#""baseOSExtensionsContainerImage":"{MINE}""#));
+        let Target::Check(d) = operator_view(target(), &m, Some(&catalog("abc")), true) else {
+            panic!("checked");
+        };
+        assert_eq!(d.extensions_image.map(|i| i.to_string()), Some(MINE.into()));
+        assert_eq!(d.os_image.to_string(), OS, "the stream's OS image");
+        let m = mc(&format!(r#""baseOSExtensionsContainerImage":"{EXT}""#));
+        assert_eq!(
+            operator_view(target(), &m, Some(&catalog("abc")), true),
+            target()
+        );
+    }
+
+    /// The version guard judges the OSImageStream, so only targets it gave.
+    #[test]
+    fn the_version_guard_ignores_only_the_streams_images() {
+        let m = mc("");
+        let other = catalog("def");
+        let ignored = operator_view(target(), &m, Some(&other), true);
+        assert!(
+            matches!(&ignored, Target::Unresolved { stream, reason } if stream == "rhel-10" && reason.contains("ignores OSImageStream")),
+            "{ignored:?}"
+        );
+        assert_eq!(operator_view(target(), &m, Some(&other), false), target());
+        assert_eq!(
+            operator_view(target(), &m, Some(&catalog("abc")), true),
+            target()
+        );
     }
 }

@@ -309,6 +309,7 @@ mod tests {
                     name: name.to_string(),
                     os_image: os.to_string(),
                     os_extensions_image: ext.to_string(),
+                    written_by: None,
                 })
                 .collect(),
         )

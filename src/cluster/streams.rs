@@ -71,7 +71,18 @@ pub struct StreamImages {
     /// Digest-pinned extensions image; empty when absent.
     #[serde(default)]
     pub os_extensions_image: String,
+    /// The object's [`VERSION_ANNOTATION`]: the machine-config operator build that wrote it,
+    /// the same on every entry; `None` without one. Not a field of the entry: set by
+    /// [`Catalog::from_object`].
+    #[serde(skip)]
+    pub written_by: Option<String>,
 }
+
+/// The annotation the machine-config operator puts on the OSImageStream it writes: its build
+/// (`version.Hash`), which its render controller compares with its own on 4.22 and 4.23
+/// (openshift/machine-config-operator:pkg/osimagestream/osimagestream.go; the guard:
+/// pkg/controller/render/render_controller.go `getOSImageStreamForPool`).
+pub const VERSION_ANNOTATION: &str = "machineconfiguration.openshift.io/release-image-version";
 
 /// The object's shape is the same in `v1alpha1` and `v1` for every field streamd reads, so one
 /// type serves both; the version is the one discovery found served.
@@ -126,7 +137,19 @@ impl Catalog {
         match object.and_then(|o| o.status.as_ref()) {
             None if object.is_none() => Catalog::Missing,
             Some(s) if !s.available_streams.is_empty() => {
-                Catalog::Available(s.available_streams.clone())
+                let written_by = object
+                    .and_then(|o| o.metadata.annotations.as_ref())
+                    .and_then(|a| a.get(VERSION_ANNOTATION))
+                    .cloned();
+                Catalog::Available(
+                    s.available_streams
+                        .iter()
+                        .map(|e| StreamImages {
+                            written_by: written_by.clone(),
+                            ..e.clone()
+                        })
+                        .collect(),
+                )
             }
             _ => Catalog::Unreconciled,
         }
@@ -529,6 +552,7 @@ mod tests {
             name: name.into(),
             os_image: os.into(),
             os_extensions_image: ext.into(),
+            written_by: None,
         }
     }
 
@@ -753,6 +777,21 @@ mod tests {
         .expect("parses");
         assert_eq!(Catalog::from_object(Some(&empty)), Catalog::Unreconciled);
         assert_eq!(Catalog::from_object(None), Catalog::Missing);
+        // The operator's build annotation is the object's, carried by every entry.
+        let mut written: OsImageStream = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "cluster", "annotations": {VERSION_ANNOTATION: "0a1b2c"}},
+            "status": {"availableStreams": [{"name": "rhel-10", "osImage": img(D10)}]},
+        }))
+        .expect("parses");
+        let Catalog::Available(e) = Catalog::from_object(Some(&written)) else {
+            panic!("available");
+        };
+        assert_eq!(e[0].written_by.as_deref(), Some("0a1b2c"));
+        written.metadata.annotations = None;
+        assert_eq!(
+            Catalog::from_object(Some(&written)),
+            Catalog::Available(vec![entry("rhel-10", &img(D10), "")])
+        );
     }
 
     fn object(digest: &str) -> OsImageStream {

@@ -17,6 +17,8 @@ pub(super) enum Situation {
     SysrootFull,
     /// `/boot` has too little free space.
     BootFull,
+    /// The move goes to an older major.
+    Downgrade,
 }
 
 /// The remedy for `s` when `mover` makes the move (the machine-config operator's move is
@@ -37,7 +39,7 @@ pub(super) fn remedy(s: Situation, mover: Mover) -> &'static str {
             "mirror the image or unblock the registry in /etc/containers/registries.conf(.d)"
         }
         (Situation::ForeignStaged, true) => {
-            "on a node the machine-config daemon manages this is most likely its own update in progress: wait for it to finish, do not remove it"
+            "streamd could not match it to the image of the MachineConfig the machine-config daemon recorded, as the daemon's own update in progress would be; the daemon deletes any other stage (rpm-ostree cleanup -p) before it applies the move: find who staged it"
         }
         (Situation::ForeignStaged, false) => {
             "remove it (rpm-ostree cleanup -p) or set replace-foreign-staged = true to let streamd replace it"
@@ -45,6 +47,10 @@ pub(super) fn remedy(s: Situation, mover: Mover) -> &'static str {
         (Situation::SysrootFull, _) => {
             "free space in /sysroot: rpm-ostree cleanup -r removes the rollback deployment, and unused container images can be pruned (crictl rmi --prune)"
         }
+        (Situation::Downgrade, true) => {
+            "the machine-config operator makes this move and streamd's config does not govern it: leave the pool's spec.osImageStream.name on its current stream"
+        }
+        (Situation::Downgrade, false) => "set allow-downgrade = true in the config to force it",
         (Situation::BootFull, _) => {
             "free space in /boot: rpm-ostree cleanup -r removes the rollback deployment's kernel and initramfs"
         }
@@ -56,7 +62,7 @@ mod tests {
     use super::*;
 
     /// (situation, mover, a phrase the remedy must have, a phrase it must not have)
-    const ROWS: [(Situation, Mover, &str, &str); 8] = [
+    const ROWS: [(Situation, Mover, &str, &str); 10] = [
         (
             Situation::PullUnauthorized,
             Mover::MachineConfigOperator,
@@ -84,14 +90,26 @@ mod tests {
         (
             Situation::ForeignStaged,
             Mover::MachineConfigOperator,
-            "wait for it",
-            "cleanup -p",
+            "deletes any other stage",
+            "replace-foreign-staged",
         ),
         (
             Situation::ForeignStaged,
             Mover::Streamd,
             "cleanup -p",
-            "wait for it",
+            "deletes any other stage",
+        ),
+        (
+            Situation::Downgrade,
+            Mover::MachineConfigOperator,
+            "spec.osImageStream.name",
+            "allow-downgrade",
+        ),
+        (
+            Situation::Downgrade,
+            Mover::Streamd,
+            "allow-downgrade = true",
+            "osImageStream",
         ),
         (
             Situation::SysrootFull,

@@ -7,6 +7,33 @@ use super::{CheckResult, Input, fail, pass, target_major, warn};
 use crate::backend::BackendKind;
 use crate::cluster::protocol::CheckId;
 
+/// The refspec prefix of the machine-config daemon's rebase onto an image pinned in local
+/// storage (pkg/daemon/rpm-ostree.go `RebaseLayeredFromContainerStorage`); its rebase from a
+/// registry is `ostree-unverified-registry:` (`RebaseLayered`).
+const MCD_CONTAINERS_STORAGE: &str = "ostree-unverified-image:containers-storage:";
+
+/// Whether `staged` is the machine-config daemon's own update in flight, for its move: the
+/// daemon stages the rebase onto the new MachineConfig's `osImageURL` (or its package changes
+/// on the booted image), then records that MachineConfig on disk before it reboots
+/// (pkg/daemon/update.go `update`: `applyOSChanges`, then `storeCurrentConfigOnDisk`; on
+/// 4.21, 4.22 and 4.23), so its stage is the image of the MachineConfig it recorded.
+fn mcd_own(i: &Input, staged: &crate::backend::Deployment) -> bool {
+    let Some(Ok(mc)) = &i.machine_config else {
+        return false;
+    };
+    let url = mc.pins.os_image_url.as_str();
+    let image = staged.pullspec().or_else(|| {
+        staged
+            .container_image_reference
+            .as_deref()
+            .and_then(|r| r.strip_prefix(MCD_CONTAINERS_STORAGE))
+    });
+    i.mover == super::Mover::MachineConfigOperator
+        && staged.staged
+        && !url.is_empty()
+        && image == Some(url)
+}
+
 pub(super) fn pending_deployment(i: &Input) -> CheckResult {
     let id = CheckId::PendingDeployment;
     let Some(staged) = &i.foreign_staged else {
@@ -16,6 +43,14 @@ pub(super) fn pending_deployment(i: &Input) -> CheckResult {
         || format!("deployment {}", staged.id),
         |p| format!("{p} ({})", staged.id),
     );
+    if mcd_own(i, staged) {
+        return pass(
+            id,
+            format!(
+                "{what} is the machine-config daemon's own update (the image of the MachineConfig it recorded): it reboots into it, and removes any pending deployment (rpm-ostree cleanup -p) before it applies the next"
+            ),
+        );
+    }
     // A pending deployment written at once (`ostree admin deploy`, a rollback) is not staged.
     let how = if staged.staged {
         "staged by someone else"
@@ -177,6 +212,58 @@ mod tests {
             Some(Outcome::Pass),
             "same major: nothing to persist"
         );
+    }
+
+    /// The machine-config daemon's own stage (the image of the MachineConfig it recorded,
+    /// staged from a registry or from local storage) passes for the operator's move; another
+    /// stage still fails, and for streamd's own move every stage is foreign (on the old code
+    /// the daemon's own stage failed pending-deployment).
+    #[test]
+    fn the_mcds_own_stage_is_not_foreign_for_its_move() {
+        let image = format!("quay.io/o/r@sha256:{}", "c".repeat(64));
+        let mut c = base();
+        c.mover = Mover::MachineConfigOperator;
+        c.machine_config = applied(&format!(r#"{{"spec":{{"osImageURL":"{image}"}}}}"#));
+        for reference in [
+            format!("ostree-unverified-registry:{image}"),
+            format!("ostree-unverified-image:containers-storage:{image}"),
+        ] {
+            c.foreign_staged = Some(Deployment {
+                id: "rhcos-abc.1".into(),
+                staged: true,
+                container_image_reference: Some(reference.clone()),
+                ..Deployment::default()
+            });
+            let r = run(&c);
+            let p = result(&r, "pending-deployment");
+            assert_eq!(p.result, Outcome::Pass, "{reference}: {}", p.message);
+            assert!(
+                p.message.contains("machine-config daemon's own update"),
+                "{}",
+                p.message
+            );
+        }
+        let other = format!(
+            "ostree-unverified-registry:quay.io/x/y@sha256:{}",
+            "d".repeat(64)
+        );
+        if let Some(d) = c.foreign_staged.as_mut() {
+            d.container_image_reference = Some(other);
+        }
+        let r = run(&c);
+        let p = result(&r, "pending-deployment");
+        assert_eq!(p.result, Outcome::Fail);
+        assert!(
+            p.message
+                .contains("deletes any other stage (rpm-ostree cleanup -p)"),
+            "{}",
+            p.message
+        );
+        if let Some(d) = c.foreign_staged.as_mut() {
+            d.container_image_reference = Some(format!("ostree-unverified-registry:{image}"));
+        }
+        c.mover = Mover::Streamd;
+        assert_eq!(failed(&c), vec!["pending-deployment"]);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use super::advice::{self, Situation};
 use super::needs::rebuilt_by_mco;
-use super::{CheckResult, Input, fail, pass, target_major, warn};
+use super::{CheckResult, Input, Mover, fail, pass, target_major, warn};
 use crate::backend::BackendKind;
 use crate::cluster::policy::Verdict;
 use crate::cluster::protocol::CheckId;
@@ -30,13 +30,17 @@ pub(super) fn image_reference(i: &Input) -> CheckResult {
     )
 }
 
+/// A move to an older major is refused unless streamd's `allow-downgrade` allows it, which
+/// governs only streamd's own moves: the machine-config operator's is refused either way.
 pub(super) fn direction(i: &Input) -> CheckResult {
     let id = CheckId::Direction;
+    let ours = i.mover == Mover::Streamd;
     match (i.booted_major, target_major(&i.desired, &i.os_image)) {
-        (Some(from), Some(to)) if to < from && !i.policy.allow_downgrade => fail(
+        (Some(from), Some(to)) if to < from && !(ours && i.policy.allow_downgrade) => fail(
             id,
             format!(
-                "moving from major {from} to {to} is a downgrade, which is not supported; set allow-downgrade = true in the config to force it"
+                "moving from major {from} to {to} is a downgrade, which is not supported; {}",
+                advice::remedy(Situation::Downgrade, i.mover)
             ),
         ),
         (Some(from), Some(to)) if to < from => warn(
@@ -301,6 +305,35 @@ mod tests {
         }
         c.policy.allow_downgrade = true;
         assert_eq!(result(&run(&c), "direction").result, Outcome::Warn);
+    }
+
+    /// The machine-config operator's move is not streamd's to allow: a downgrade is refused
+    /// whatever `allow-downgrade` says, and the reason does not suggest it (on the old code it
+    /// said "set allow-downgrade = true", and with it set only warned).
+    #[test]
+    fn a_downgrade_the_mco_would_make_does_not_advise_allow_downgrade() {
+        let mut c = base();
+        c.desired = desired("rhel-9");
+        c.booted_major = Some(10);
+        if let Ok(o) = &mut c.os_image {
+            o.stream_class = Some("rhel-9".into());
+        }
+        c.mover = Mover::MachineConfigOperator;
+        for allow in [false, true] {
+            c.policy.allow_downgrade = allow;
+            let r = run(&c);
+            let d = result(&r, "direction");
+            assert_eq!(d.result, Outcome::Fail, "allow-downgrade = {allow}");
+            assert!(
+                !d.message.contains("allow-downgrade")
+                    && d.message.contains("spec.osImageStream.name"),
+                "{}",
+                d.message
+            );
+        }
+        c.mover = Mover::Streamd;
+        c.policy.allow_downgrade = false;
+        assert!(message(&c, "direction").contains("set allow-downgrade = true"));
     }
 
     /// Readiness of a node the machine-config daemon manages: the machine-config operator

@@ -57,7 +57,46 @@ pub struct AppliedConfig {
     /// The release that rendered it (`metadata.annotations`' [`RELEASE_ANNOTATION`]), whose
     /// tables say what the operator installs.
     pub release: ReleaseOf,
+    /// What pins the node's OS image, from the rendered MachineConfig.
+    pub pins: Pins,
 }
+
+/// What the rendered MachineConfig says about the images the operator puts on the node: its
+/// `spec.osImageURL` and `spec.baseOSExtensionsContainerImage` (a user MachineConfig setting
+/// either wins over the stream's, pkg/controller/common/helpers.go `MergeMachineConfigs`), whether
+/// the render controller marked the OS image as overridden ([`OS_IMAGE_URL_OVERRIDDEN`]) and
+/// which controller build rendered it ([`CONTROLLER_VERSION`]). Values are kept raw but bounded
+/// ([`MAX_VALUE_CHARS`]): they are compared with images and quoted where shown.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pins {
+    /// `spec.osImageURL` ("" when absent).
+    pub os_image_url: String,
+    /// `spec.baseOSExtensionsContainerImage` ("" when absent).
+    pub extensions_image: String,
+    /// The [`OS_IMAGE_URL_OVERRIDDEN`] annotation is `"true"`.
+    pub os_image_url_overridden: bool,
+    /// The [`CONTROLLER_VERSION`] annotation, if any.
+    pub controller_version: Option<String>,
+}
+
+/// The annotation the render controller sets to `"true"` on a rendered MachineConfig whose
+/// `osImageURL` is not the base image it would have used (the ControllerConfig's or the pool's
+/// stream's): a user MachineConfig overrides it (pkg/controller/common/constants.go
+/// `OSImageURLOverriddenKey`; pkg/controller/render/render_controller.go
+/// `generateRenderedMachineConfig`, on 4.21, 4.22 and 4.23).
+pub const OS_IMAGE_URL_OVERRIDDEN: &str =
+    "machineconfiguration.openshift.io/os-image-url-overridden";
+
+/// The annotation naming the controller build (`version.Hash`) that rendered a MachineConfig
+/// (pkg/controller/common/constants.go `GeneratedByControllerVersionAnnotationKey`, set in
+/// `generateRenderedMachineConfig` on every release). The operator writes the same hash into
+/// the OSImageStream's [`RELEASE_ANNOTATION`] (pkg/osimagestream/osimagestream.go).
+pub const CONTROLLER_VERSION: &str =
+    "machineconfiguration.openshift.io/generated-by-controller-version";
+
+/// The longest value kept of an image or version field: longer ones are no image the operator
+/// renders, and are kept cut (they then match nothing).
+pub const MAX_VALUE_CHARS: usize = 1024;
 
 /// A `spec.kernelType` the operator does not accept: the value, quoted and bounded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -173,8 +212,9 @@ impl AppliedConfig {
     }
 }
 
-/// Parses the MCD's stored MachineConfig: only `spec.kernelType`, `spec.extensions` and the
-/// release annotation are read, everything else ignored, and JSON `null` reads as the field's zero value, as with the
+/// Parses the MCD's stored MachineConfig: only `spec.kernelType`, `spec.extensions`,
+/// `spec.osImageURL`, `spec.baseOSExtensionsContainerImage` and the annotations [`Pins`] and
+/// [`ReleaseOf`] name are read, everything else ignored, and JSON `null` reads as the field's zero value, as with the
 /// MCD's `json.Decoder` into its Go type.
 pub fn parse(json: &str) -> Result<AppliedConfig, ParseError> {
     use serde_json::Value;
@@ -184,16 +224,41 @@ pub fn parse(json: &str) -> Result<AppliedConfig, ParseError> {
         return Err(ParseError::Shape("not a JSON object"));
     };
     let empty = serde_json::Map::new();
-    let release = ReleaseOf::from_annotation(release_annotation(&mc)?);
+    let release = ReleaseOf::from_annotation(annotation(
+        &mc,
+        RELEASE_ANNOTATION,
+        "the machineconfiguration.openshift.io/release-image-version annotation is not a string",
+    )?);
+    let controller_version = annotation(
+        &mc,
+        CONTROLLER_VERSION,
+        "the machineconfiguration.openshift.io/generated-by-controller-version annotation is not a string",
+    )?
+    .map(bounded);
+    let os_image_url_overridden = annotation(
+        &mc,
+        OS_IMAGE_URL_OVERRIDDEN,
+        "the machineconfiguration.openshift.io/os-image-url-overridden annotation is not a string",
+    )? == Some("true");
     let spec = match mc.get("spec") {
         None | Some(Value::Null) => &empty,
         Some(Value::Object(s)) => s,
         Some(_) => return Err(ParseError::Shape("spec is not an object")),
     };
-    let kernel_type = match spec.get("kernelType") {
-        None | Some(Value::Null) => "",
-        Some(Value::String(k)) => k.as_str(),
-        Some(_) => return Err(ParseError::Shape("spec.kernelType is not a string")),
+    let kernel_type = string(spec, "kernelType", "spec.kernelType is not a string")?;
+    let pins = Pins {
+        os_image_url: bounded(string(
+            spec,
+            "osImageURL",
+            "spec.osImageURL is not a string",
+        )?),
+        extensions_image: bounded(string(
+            spec,
+            "baseOSExtensionsContainerImage",
+            "spec.baseOSExtensionsContainerImage is not a string",
+        )?),
+        os_image_url_overridden,
+        controller_version,
     };
     let names: Vec<&str> = match spec.get("extensions") {
         None | Some(Value::Null) => Vec::new(),
@@ -229,13 +294,35 @@ pub fn parse(json: &str) -> Result<AppliedConfig, ParseError> {
         extensions,
         unsupported,
         release,
+        pins,
     })
 }
 
-/// `metadata.annotations`' [`RELEASE_ANNOTATION`], if there is one.
-fn release_annotation(
-    mc: &serde_json::Map<String, serde_json::Value>,
-) -> Result<Option<&str>, ParseError> {
+/// The string field `key` of `object` ("" when absent or null), or `shape` as the error.
+fn string<'a>(
+    object: &'a serde_json::Map<String, serde_json::Value>,
+    key: &str,
+    shape: &'static str,
+) -> Result<&'a str, ParseError> {
+    use serde_json::Value;
+    match object.get(key) {
+        None | Some(Value::Null) => Ok(""),
+        Some(Value::String(v)) => Ok(v.as_str()),
+        Some(_) => Err(ParseError::Shape(shape)),
+    }
+}
+
+/// `value`, cut to [`MAX_VALUE_CHARS`].
+fn bounded(value: &str) -> String {
+    value.chars().take(MAX_VALUE_CHARS).collect()
+}
+
+/// `metadata.annotations`' `key`, if there is one (`shape`: the error when it is no string).
+fn annotation<'a>(
+    mc: &'a serde_json::Map<String, serde_json::Value>,
+    key: &str,
+    shape: &'static str,
+) -> Result<Option<&'a str>, ParseError> {
     use serde_json::Value;
     let annotations = match mc.get("metadata") {
         None | Some(Value::Null) => return Ok(None),
@@ -244,12 +331,10 @@ fn release_annotation(
     };
     match annotations {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::Object(a)) => match a.get(RELEASE_ANNOTATION) {
+        Some(Value::Object(a)) => match a.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(v)) => Ok(Some(v.as_str())),
-            Some(_) => Err(ParseError::Shape(
-                "the machineconfiguration.openshift.io/release-image-version annotation is not a string",
-            )),
+            Some(_) => Err(ParseError::Shape(shape)),
         },
         Some(_) => Err(ParseError::Shape("metadata.annotations is not an object")),
     }
@@ -323,6 +408,7 @@ mod tests {
             extensions: Vec::new(),
             unsupported: Vec::new(),
             release: ReleaseOf::from_annotation(None),
+            pins: Pins::default(),
         };
         assert_eq!(parse("{}"), Ok(want.clone()));
         assert_eq!(parse(r#"{"spec":null}"#), Ok(want.clone()));
@@ -398,6 +484,50 @@ mod tests {
             (
                 r#"{"metadata":{"annotations":{"machineconfiguration.openshift.io/release-image-version":4}}}"#,
                 "annotation is not a string",
+            ),
+        ] {
+            let e = parse(json).expect_err(json);
+            assert!(e.to_string().contains(want), "{e}");
+        }
+    }
+
+    /// The images the rendered MachineConfig pins and the render controller's annotations, as
+    /// pkg/controller/render/render_controller.go `generateRenderedMachineConfig` writes them.
+    #[test]
+    fn the_images_and_the_render_annotations_are_read() {
+        let mc = parse(
+            r#"{"metadata":{"annotations":{"machineconfiguration.openshift.io/os-image-url-overridden":"true","machineconfiguration.openshift.io/generated-by-controller-version":"a1b2c3"}},"spec":{"osImageURL":"q/os@sha256:1","baseOSExtensionsContainerImage":"q/ext@sha256:2"}}"#,
+        )
+        .expect("parse");
+        assert_eq!(
+            mc.pins,
+            Pins {
+                os_image_url: "q/os@sha256:1".into(),
+                extensions_image: "q/ext@sha256:2".into(),
+                os_image_url_overridden: true,
+                controller_version: Some("a1b2c3".into()),
+            }
+        );
+        let mc = parse(
+            r#"{"metadata":{"annotations":{"machineconfiguration.openshift.io/os-image-url-overridden":"false"}},"spec":{"osImageURL":null}}"#,
+        )
+        .expect("parse");
+        assert_eq!(mc.pins, Pins::default());
+        let long = "x".repeat(5000);
+        let mc = parse(&format!(r#"{{"spec":{{"osImageURL":"{long}"}}}}"#)).expect("parse");
+        assert_eq!(mc.pins.os_image_url.chars().count(), MAX_VALUE_CHARS);
+        for (json, want) in [
+            (
+                r#"{"spec":{"osImageURL":1}}"#,
+                "spec.osImageURL is not a string",
+            ),
+            (
+                r#"{"spec":{"baseOSExtensionsContainerImage":[]}}"#,
+                "spec.baseOSExtensionsContainerImage is not a string",
+            ),
+            (
+                r#"{"metadata":{"annotations":{"machineconfiguration.openshift.io/os-image-url-overridden":true}}}"#,
+                "os-image-url-overridden annotation is not a string",
             ),
         ] {
             let e = parse(json).expect_err(json);

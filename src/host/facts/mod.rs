@@ -192,6 +192,19 @@ pub fn crio_default_runtime(root: &HostRoot) -> Result<String, crio::CrioConfigE
     crio::default_runtime(&files)
 }
 
+/// The images pinned in CRI-O's storage by the node's PinnedImageSets
+/// ([`crio::PINNED_IMAGES`]); none without the file.
+pub fn pinned_images(root: &HostRoot) -> Result<Vec<String>, crio::CrioConfigError> {
+    match std::fs::read_to_string(root.path(crio::PINNED_IMAGES)) {
+        Ok(text) => crio::pinned_images(crio::PINNED_IMAGES, &text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(crio::CrioConfigError {
+            file: crio::PINNED_IMAGES.to_string(),
+            message: e.to_string(),
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

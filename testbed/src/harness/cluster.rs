@@ -8,10 +8,16 @@ use anyhow::Context as _;
 
 use crate::fakes::apiserver::{ApiServer, StreamImages};
 use crate::fakes::registry::{Registry, RegistryConfig};
+use crate::fixtures::openshift::OpenShift;
 
 /// Applies what a cluster with streamd deployed has: its RBAC and the OSImageStream `cluster`
-/// publishing `rhel-9` (the default) and `rhel-10` with the registry's images.
-pub(crate) fn prepare_cluster(apiserver: &ApiServer, registry: &Registry) -> anyhow::Result<()> {
+/// publishing `rhel-9` (the default) and `rhel-10` with the registry's images, written by the
+/// operator build of `openshift`.
+pub(crate) fn prepare_cluster(
+    apiserver: &ApiServer,
+    registry: &Registry,
+    openshift: OpenShift,
+) -> anyhow::Result<()> {
     apiserver.create_manifests(include_str!("../../../docs/deploy/rbac.yaml"))?;
     let images = registry.images();
     let stream_images = |i: usize, stream: &str| StreamImages {
@@ -22,7 +28,8 @@ pub(crate) fn prepare_cluster(apiserver: &ApiServer, registry: &Registry) -> any
             .unwrap_or_default(),
         extensions_image: extensions_of(registry, stream),
     };
-    apiserver.create_os_image_stream(
+    apiserver.create_os_image_stream_by(
+        Some(openshift.controller_version()),
         "rhel-9",
         &[stream_images(0, "rhel-9"), stream_images(1, "rhel-10")],
     )

@@ -104,7 +104,7 @@ impl Testbed {
         .await
         .context("starting the fake API server")?;
         // A cluster with streamd deployed: its RBAC applied and the two streams published.
-        prepare_cluster(&apiserver, &registry)?;
+        prepare_cluster(&apiserver, &registry, opts.openshift)?;
 
         let mut env = host.streamd_env(&kubeconfig);
         env.extend(image_env(&registry, &pull_secret));

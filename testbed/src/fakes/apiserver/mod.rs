@@ -348,6 +348,17 @@ impl ApiServer {
         default_stream: &str,
         streams: &[StreamImages],
     ) -> anyhow::Result<()> {
+        self.create_os_image_stream_by(None, default_stream, streams)
+    }
+
+    /// The same, written by the machine-config operator build `written_by` (its
+    /// `machineconfiguration.openshift.io/release-image-version` annotation), when given.
+    pub fn create_os_image_stream_by(
+        &self,
+        written_by: Option<&str>,
+        default_stream: &str,
+        streams: &[StreamImages],
+    ) -> anyhow::Result<()> {
         let store = &self.shared.store;
         let api = |err: status::ApiError| anyhow!("OSImageStream cluster: {}", err.message);
         let def = self
@@ -361,7 +372,15 @@ impl ApiServer {
                 def,
                 None,
                 json!({
-                    "metadata": { "name": "cluster" },
+                    "metadata": match written_by {
+                        Some(v) => json!({
+                            "name": "cluster",
+                            "annotations": {
+                                "machineconfiguration.openshift.io/release-image-version": v,
+                            },
+                        }),
+                        None => json!({ "name": "cluster" }),
+                    },
                     "spec": { "defaultStream": default_stream },
                 }),
             )

@@ -136,7 +136,7 @@ impl Fleet {
         })
         .await
         .context("starting the fake API server")?;
-        prepare_cluster(&apiserver, &registry)?;
+        prepare_cluster(&apiserver, &registry, opts.openshift)?;
         let mut nodes = Vec::with_capacity(opts.nodes);
         for i in 0..opts.nodes {
             let name = node_name(i);
