@@ -4,8 +4,10 @@
 //! rests on a cache that has not yet seen the controller's own last patch), asks the
 //! [`planner`](crate::planner) what to do, does it with one Node patch per action, and writes
 //! the status. A drain in progress is looked at again every [`DRAIN_RETRY`] (evictions a
-//! PodDisruptionBudget refuses, pods still terminating), as `kubectl drain` retries. What it
-//! does is also told in Events on the pool ([`events`](crate::events)).
+//! PodDisruptionBudget refuses, pods still terminating), as `kubectl drain` retries, one past
+//! its timeout less often, and a pool with a deadline pending when it falls due
+//! ([`Summary::recheck_after`]). What it does is also told in Events on the pool
+//! ([`events`](crate::events)).
 //!
 //! A pool carries the [`FINALIZER`]: deleting it releases its nodes first (see
 //! [`planner::release`]), and a node that leaves the pool's selector is released likewise.
@@ -34,14 +36,15 @@ use streamd::cluster::streams::{self, Catalog, StreamsUpdate};
 use tokio::sync::watch;
 
 use crate::crd::{
-    DEFAULT_DRAIN_TIMEOUT_SECONDS, DEFAULT_MAX_CONCURRENT_STAGING, StreamPool, Target,
+    DEFAULT_AGENT_TIMEOUT_SECONDS, DEFAULT_DRAIN_TIMEOUT_SECONDS, DEFAULT_MAX_CONCURRENT_STAGING,
+    DEFAULT_REBOOT_TIMEOUT_SECONDS, StreamPool, Target,
 };
 use crate::drain;
 use crate::events::{self, Journal, Note};
 use crate::heartbeat;
 use crate::node::{
-    CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, NodeView, ROLLOUT_POOL, ROLLOUT_STEP,
-    Step,
+    CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, NodeView, ROLLOUT_POOL,
+    ROLLOUT_SET_ASIDE, ROLLOUT_STEP, ROLLOUT_TARGETED, Step,
 };
 use crate::planner::{self, Action, CheckKeys, Plan, PoolInput, Release, Summary};
 use crate::status;
@@ -51,7 +54,7 @@ pub const FIELD_MANAGER: &str = "streamd-rollout";
 /// On every StreamPool: the pool goes only once the controller released its nodes.
 pub const FINALIZER: &str = "osstream.openshift.io/rollout";
 /// How often a node being drained is looked at again.
-pub const DRAIN_RETRY: Duration = Duration::from_secs(5);
+pub const DRAIN_RETRY: Duration = Duration::from_secs(planner::DRAIN_PASS_SECONDS);
 /// Look again after a write found the object changed since it was read (409).
 const CONFLICT_RETRY: Duration = Duration::from_secs(1);
 /// Retry after a failed reconcile (API error).
@@ -154,12 +157,14 @@ pub fn action_patch(
         Action::Target { .. } => {
             let os = target.os_image.to_string();
             let ext = target.extensions_image.as_ref().map(ToString::to_string);
+            let at = now.to_string();
             (
                 annotations_patch(&[
                     (DESIRED_STREAM, Some(&target.stream)),
                     (DESIRED_OS_IMAGE, Some(&os)),
                     (DESIRED_EXTENSIONS_IMAGE, ext.as_deref()),
                     (ROLLOUT_POOL, Some(pool)),
+                    (ROLLOUT_TARGETED, Some(&at)),
                 ]),
                 None,
             )
@@ -175,9 +180,17 @@ pub fn action_patch(
                 Some(true),
             )
         }
-        Action::Drain { .. } => return None,
+        Action::Drain { .. } | Action::Release { .. } => return None,
         Action::Uncordon { .. } => (
-            annotations_patch(&[(ROLLOUT_STEP, None), (REBOOT_APPROVED, None)]),
+            annotations_patch(&[
+                (ROLLOUT_STEP, None),
+                (REBOOT_APPROVED, None),
+                (ROLLOUT_SET_ASIDE, None),
+            ]),
+            Some(false),
+        ),
+        Action::SetAside { token, .. } => (
+            annotations_patch(&[(ROLLOUT_STEP, None), (ROLLOUT_SET_ASIDE, Some(token))]),
             Some(false),
         ),
     };
@@ -197,12 +210,14 @@ pub fn release_patch(withdraw: bool, uncordon: bool, resource_version: &str) -> 
         (CHECK_STREAM, None),
         (CHECK_OS_IMAGE, None),
         (CHECK_EXTENSIONS_IMAGE, None),
+        (ROLLOUT_SET_ASIDE, None),
     ];
     if withdraw {
         pairs.extend([
             (DESIRED_STREAM, None),
             (DESIRED_OS_IMAGE, None),
             (DESIRED_EXTENSIONS_IMAGE, None),
+            (ROLLOUT_TARGETED, None),
         ]);
     }
     if uncordon {
@@ -218,9 +233,10 @@ pub fn release_patch(withdraw: bool, uncordon: bool, resource_version: &str) -> 
     patch
 }
 
-/// Approves exactly `token` and marks it approved, in one patch.
-pub fn approval_patch(token: &str) -> Value {
+/// Approves exactly `token` and marks it approved at `now`, in one patch.
+pub fn approval_patch(token: &str, now: u64) -> Value {
     let step = Step::Approved {
+        since: Some(now),
         token: token.to_string(),
     }
     .render();
@@ -392,27 +408,23 @@ async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
         grace_period_seconds: scope.pool.spec.drain.grace_period_seconds,
         delete_empty_dir_data: scope.pool.spec.drain.delete_empty_dir_data,
     };
-    let mut blockers = execute(scope, &input, &plan.actions, settings).await?;
-    for node in &plan.summary.timed_out {
-        blockers.push((
-            node.clone(),
-            timed_out(scope, node, settings, input.drain_timeout_seconds).await,
-        ));
-    }
+    let blockers = execute(scope, &input, &plan.actions, &listed.selected, settings).await?;
     write_status(scope, &input, &plan.summary, &blockers).await?;
     let now = i64::try_from(input.now).unwrap_or(i64::MAX);
     let ours = listed
         .selected
         .iter()
         .filter_map(|n| leases.get(&n.name_any()));
-    Ok(if !plan.summary.draining.is_empty() || leaving {
-        Requeue::requeue(DRAIN_RETRY)
-    } else if let Some(after) = heartbeat::recheck_after(ours, now) {
-        // A heartbeat that runs out changes nothing the watches see.
-        Requeue::requeue(after)
-    } else {
-        Requeue::await_change()
-    })
+    // A deadline or a heartbeat that runs out changes nothing the watches see.
+    let after = [
+        leaving.then_some(DRAIN_RETRY),
+        plan.summary.recheck_after.map(Duration::from_secs),
+        heartbeat::recheck_after(ours, now),
+    ]
+    .into_iter()
+    .flatten()
+    .min();
+    Ok(after.map_or_else(Requeue::await_change, Requeue::requeue))
 }
 
 /// The planner's input for the pool and its selected nodes, and its plan; `None` while the
@@ -454,6 +466,13 @@ fn plan(
             .drain
             .timeout_seconds
             .unwrap_or(DEFAULT_DRAIN_TIMEOUT_SECONDS),
+        drain_on_timeout: spec.drain.on_timeout.unwrap_or_default(),
+        agent_timeout_seconds: spec
+            .agent_timeout_seconds
+            .unwrap_or(DEFAULT_AGENT_TIMEOUT_SECONDS),
+        reboot_timeout_seconds: spec
+            .reboot_timeout_seconds
+            .unwrap_or(DEFAULT_REBOOT_TIMEOUT_SECONDS),
         now: now_secs(),
         claimed,
     };
@@ -470,18 +489,26 @@ fn plan(
 }
 
 /// Does `actions`, one Node patch each (a drain runs a pass first and approves only once no
-/// pod is left), and tells each in an Event; returns the drains not finished, with what is
-/// left (`node`, pods).
+/// pod is left; a release is [`release_node`]'s, of the node as `listed`), and tells each in an
+/// Event; returns the drains not finished, with what is left (`node`, pods).
 async fn execute(
     scope: &Scope<'_>,
     input: &PoolInput,
     actions: &[Action],
+    listed: &[Node],
     settings: drain::Settings,
 ) -> Result<Vec<(String, String)>, Error> {
     let mut blockers = Vec::new();
     for action in actions {
         let node = action.node();
         let patch = match (action, &input.target) {
+            (Action::Release { .. }, _) => {
+                if let Some(n) = listed.iter().find(|n| n.name_any() == node) {
+                    let why = "the machine-config operator manages the pool's nodes";
+                    release_node(scope, n, why).await?;
+                }
+                continue;
+            }
             (Action::Drain { token, .. }, _) => {
                 let pass = drain::pass(&scope.ctx.drain_client, node, settings, true)
                     .await
@@ -494,7 +521,7 @@ async fn execute(
                     continue;
                 }
                 tracing::info!(node, token, "drained; approving the reboot");
-                approval_patch(token)
+                approval_patch(token, input.now)
             }
             (a, Ok(t)) => match action_patch(&scope.name, a, t, input.check.as_ref(), input.now) {
                 Some(p) => p,
@@ -520,21 +547,6 @@ async fn execute(
         }
     }
     Ok(blockers)
-}
-
-/// Why `node`'s drain is stopped: it timed out after `timeout` seconds; names what is still
-/// there for the admin (read-only).
-async fn timed_out(
-    scope: &Scope<'_>,
-    node: &str,
-    settings: drain::Settings,
-    timeout: u64,
-) -> String {
-    let left = drain::pass(&scope.ctx.drain_client, node, settings, false)
-        .await
-        .map(|p| p.remaining.join("; "))
-        .unwrap_or_else(|e| format!("listing its pods failed: {e}"));
-    format!("drain did not finish within {timeout} s; the node stays cordoned; left: {left}")
 }
 
 /// Writes the pool's status when it changed, then publishes what is news in it.
@@ -827,6 +839,7 @@ mod tests {
                 "osstream.openshift.io/desired-os-image": "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010",
                 "osstream.openshift.io/desired-extensions-image": null,
                 "osstream.openshift.io/rollout-pool": "worker",
+                "osstream.openshift.io/rollout-targeted": "1234",
             }}}))
         );
         assert_eq!(
@@ -845,6 +858,20 @@ mod tests {
                 "metadata": {"annotations": {
                     "osstream.openshift.io/rollout-step": null,
                     "osstream.openshift.io/reboot-approved": null,
+                    "osstream.openshift.io/rollout-set-aside": null,
+                }},
+                "spec": {"unschedulable": false},
+            }))
+        );
+        assert_eq!(
+            p(Action::SetAside {
+                node: node(),
+                token: "abc.def.1".into()
+            }),
+            Some(json!({
+                "metadata": {"annotations": {
+                    "osstream.openshift.io/rollout-step": null,
+                    "osstream.openshift.io/rollout-set-aside": "abc.def.1",
                 }},
                 "spec": {"unschedulable": false},
             }))
@@ -857,10 +884,10 @@ mod tests {
             None
         );
         assert_eq!(
-            approval_patch("abc.def.1"),
+            approval_patch("abc.def.1", 1234),
             json!({"metadata": {"annotations": {
                 "osstream.openshift.io/reboot-approved": "abc.def.1",
-                "osstream.openshift.io/rollout-step": "approved:abc.def.1",
+                "osstream.openshift.io/rollout-step": "approved:1234:abc.def.1",
             }}})
         );
     }
@@ -876,9 +903,11 @@ mod tests {
                         "osstream.openshift.io/check-stream": null,
                         "osstream.openshift.io/check-os-image": null,
                         "osstream.openshift.io/check-extensions-image": null,
+                        "osstream.openshift.io/rollout-set-aside": null,
                         "osstream.openshift.io/desired-stream": null,
                         "osstream.openshift.io/desired-os-image": null,
                         "osstream.openshift.io/desired-extensions-image": null,
+                        "osstream.openshift.io/rollout-targeted": null,
                         "osstream.openshift.io/rollout-step": null,
                         "osstream.openshift.io/reboot-approved": null,
                     },
@@ -890,7 +919,7 @@ mod tests {
         let keep = release_patch(false, false, "7");
         assert_eq!(
             keep["metadata"]["annotations"].as_object().map(|m| m.len()),
-            Some(4)
+            Some(5)
         );
         assert!(keep.get("spec").is_none());
     }

@@ -21,7 +21,8 @@ pub fn build(
     drain_blockers: &[(String, String)],
     now: Time,
 ) -> StreamPoolStatus {
-    let all_updated = summary.machines > 0 && summary.updated == summary.machines;
+    // An empty pool has nothing left to move: Updated, as a MachineConfigPool without machines.
+    let all_updated = summary.updated == summary.machines;
     let degraded = summary.degraded.as_ref();
     let (updating_reason, updating_message) = if summary.mco_managed {
         (
@@ -32,6 +33,8 @@ pub fn build(
         ("Paused", "the pool is paused".to_string())
     } else if all_updated {
         ("Updated", String::new())
+    } else if let Some(stall) = &summary.stall {
+        (stall.reason, stall.message.clone())
     } else {
         (
             "Updating",
@@ -174,6 +177,45 @@ mod tests {
             s.nodes[0].reason
         );
         assert_eq!(s.nodes.len(), 2);
+    }
+
+    #[test]
+    fn an_empty_pool_is_updated() {
+        let s = build(
+            &Summary::default(),
+            Some(1),
+            Some("t".into()),
+            false,
+            None,
+            &[],
+            at(1),
+        );
+        assert_eq!(status_of(&s, "Updated"), ("True", "Updated", 1));
+        assert_eq!(status_of(&s, "Updating").0, "False");
+    }
+
+    #[test]
+    fn a_stall_names_the_updating_reason() {
+        let stalled = Summary {
+            machines: 2,
+            stall: Some(crate::planner::Stall {
+                reason: "NodeNotReturning",
+                message: "node w1: approved for its reboot at 5 (Unix seconds) and not back".into(),
+            }),
+            ..Summary::default()
+        };
+        let s = build(&stalled, Some(1), Some("t".into()), false, None, &[], at(1));
+        let c = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Updating")
+            .expect("Updating");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "NodeNotReturning")
+        );
+        assert!(c.message.starts_with("node w1: approved"), "{}", c.message);
+        assert_eq!(status_of(&s, "Degraded").0, "False");
     }
 
     #[test]

@@ -467,3 +467,109 @@ async fn a_node_leaving_the_selector_is_released_and_never_approved() {
         Some("rhel-9")
     );
 }
+
+// Stalls with names and deadlines: a node whose streamd never acknowledges the target, and a
+// node that does not come back from its reboot in time. Each is reported by name and deadline,
+// and the pool goes on (or holds) exactly as far as `maxUnavailable` allows.
+
+/// The pool's `status.nodes[]` entry of `node` in `state`.
+fn reported(p: &Pool, node: &str, state: &str) -> bool {
+    p.status()["nodes"]
+        .as_array()
+        .is_some_and(|ns| ns.iter().any(|n| n["name"] == node && n["state"] == state))
+}
+
+/// The Events of `reason` (type, node).
+fn events_of(p: &Pool, reason: &str) -> Vec<(String, String)> {
+    p.events()
+        .into_iter()
+        .filter(|e| e.reason == reason)
+        .map(|e| (e.type_, e.node))
+        .collect()
+}
+
+/// worker-0's streamd is stopped before the pool exists: it is given the target (one staging
+/// slot) and never acknowledges it; after `agentTimeoutSeconds` it is `AgentNotResponding` (the
+/// `Updating` reason, `status.nodes`, one Warning Event) and the slot goes to worker-1, which
+/// moves. streamd back, worker-0 acknowledges and moves too.
+#[tokio::test]
+async fn a_silent_agent_frees_its_staging_slot_and_is_named() {
+    let mut p = Pool::start("silent", 2, &[]).await;
+    assert!(
+        p.fleet
+            .stop_streamd("worker-0")
+            .await
+            .expect("stop streamd")
+    );
+    let mut s = spec();
+    s["agentTimeoutSeconds"] = json!(4);
+    p.create_pool(s);
+    p.start_controller("a", &["--leader-elect=false"]);
+    p.wait("worker-0 AgentNotResponding", 60, |p| {
+        reported(p, "worker-0", "AgentNotResponding")
+    })
+    .await;
+    let (status, reason, message) = p.condition("Updating");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "AgentNotResponding")
+    );
+    assert!(
+        message.starts_with("node worker-0: streamd did not acknowledge"),
+        "{message}"
+    );
+    p.wait("worker-1 done", 120, |p| p.done("worker-1")).await;
+    assert!(!p.cordoned("worker-0"), "the silent node was cordoned");
+
+    p.fleet
+        .start_streamd("worker-0")
+        .await
+        .expect("start streamd");
+    p.wait("worker-0 done", 120, |p| p.done("worker-0")).await;
+    p.wait("pool Updated", 30, |p| p.condition("Updated").0 == "True")
+        .await;
+    assert!(!reported(&p, "worker-0", "AgentNotResponding"));
+    p.assert_once(&["worker-0", "worker-1"]);
+    assert_eq!(
+        events_of(&p, "AgentNotResponding"),
+        [("Warning".to_string(), "worker-0".to_string())]
+    );
+}
+
+/// Reboots take 8 s and `rebootTimeoutSeconds` is 2: worker-0 is `NodeNotReturning` while down,
+/// still counts as unavailable (worker-1 is not taken in its place), and once it is back the pool
+/// finishes; never more than one node unavailable.
+#[tokio::test]
+async fn a_node_not_back_in_time_is_named_and_still_holds_its_slot() {
+    let mut p = Pool::start_with("noreturn", 2, &[], |o| {
+        o.reboot_downtime = Duration::from_secs(8);
+    })
+    .await;
+    let mut s = spec();
+    s["rebootTimeoutSeconds"] = json!(2);
+    s["maxConcurrentStaging"] = json!(2);
+    p.create_pool(s);
+    p.start_controller("a", &["--leader-elect=false"]);
+    p.wait("worker-0 NodeNotReturning", 120, |p| {
+        reported(p, "worker-0", "NodeNotReturning")
+    })
+    .await;
+    assert_eq!(p.condition("Updating").1, "NodeNotReturning");
+    assert!(
+        !p.cordoned("worker-1"),
+        "worker-1 taken in worker-0's place"
+    );
+    assert!(p.seen().approvals["worker-1"].is_empty());
+    p.wait("worker-0 done", 120, |p| p.done("worker-0")).await;
+    p.wait("worker-1 done", 120, |p| p.done("worker-1")).await;
+    p.wait("pool Updated", 30, |p| p.condition("Updated").0 == "True")
+        .await;
+    p.assert_once(&["worker-0", "worker-1"]);
+    assert_eq!(p.max_unavailable_seen().await, 1);
+    // Each node's reboot is as slow: each is told once.
+    let warned = |n: &str| ("Warning".to_string(), n.to_string());
+    assert_eq!(
+        events_of(&p, "NodeNotReturning"),
+        [warned("worker-0"), warned("worker-1")]
+    );
+}

@@ -87,6 +87,13 @@ pub enum Scenario {
     /// The status write is answered 409: the reconcile fails with it (and is retried by the
     /// error policy).
     StatusConflict,
+    /// A node given the request long ago whose streamd never acknowledged it: the other node
+    /// gets the staging slot, the pool's `Updating` reason is `AgentNotResponding`, told once in
+    /// a Warning Event.
+    AgentSilent,
+    /// The machine-config daemon marked the pool's nodes mid-rollout: the node being drained
+    /// is released (uncordoned, the request withdrawn), told in an Event.
+    McoTakeover,
 }
 
 impl Scenario {
@@ -131,6 +138,8 @@ impl Scenario {
                 list_nodes(&[done("w1")]),
                 patch_status(updated_status()).answer(StatusCode::CONFLICT, conflict()),
             ],
+            Scenario::AgentSilent => agent_silent(),
+            Scenario::McoTakeover => mco_takeover(),
         }
     }
 }
@@ -155,11 +164,13 @@ fn create() -> Vec<Exchange> {
     let target = |n: &str| {
         patch_node(
             n,
-            Want::Exact(json!({ "metadata": { "annotations": {
+            // The time it is given the request, in Unix seconds (`1…` until 2033).
+            Want::Includes(json!({ "metadata": { "annotations": {
                 DESIRED_STREAM: "rhel-10",
                 DESIRED_OS_IMAGE: OS10,
                 DESIRED_EXTENSIONS_IMAGE: null,
                 ROLLOUT_POOL: "worker",
+                ROLLOUT_TARGETED: "1…",
             } } })),
         )
     };
@@ -191,6 +202,78 @@ fn create() -> Vec<Exchange> {
             ),
             "nodes": null,
             "readiness": "0 of 2 ready; 2 not checked",
+        })),
+    ]
+}
+
+fn agent_silent() -> Vec<Exchange> {
+    let silent = Fixture::new("w1", true)
+        .with(ROLLOUT_POOL, "worker")
+        .with(DESIRED_STREAM, "rhel-10")
+        .with(DESIRED_OS_IMAGE, OS10)
+        .with(ROLLOUT_TARGETED, "1000");
+    let why = "streamd did not acknowledge the pool's request within 600 s (no observed-desired for it); its staging slot goes to another node";
+    vec![
+        list_nodes(&[silent, Fixture::new("w2", true)]),
+        patch_node(
+            "w2",
+            Want::Includes(json!({ "metadata": { "annotations": {
+            CHECK_STREAM: "rhel-10",
+        } } })),
+        ),
+        patch_node(
+            "w2",
+            Want::Includes(json!({ "metadata": { "annotations": {
+            DESIRED_STREAM: "rhel-10",
+        } } })),
+        ),
+        event("NodeTargeted", "w2", "node w2: given stream rhel-10"),
+        patch_status(json!({
+            "machineCount": 2,
+            "unavailableMachineCount": 0,
+            "conditions": conditions(
+                ("True", "AgentNotResponding", &format!("node w1: {why}")),
+                ("False", "NotUpdated"),
+                ("False", "AsExpected"),
+            ),
+            "nodes": [{ "name": "w1", "state": "AgentNotResponding", "reason": why }],
+        })),
+        warning("AgentNotResponding", "w1", &format!("node w1: {why}")),
+    ]
+}
+
+fn mco_takeover() -> Vec<Exchange> {
+    let mcd = "machineconfiguration.openshift.io/currentConfig";
+    let draining = staged(Fixture::new("w1", true), "t1")
+        .with(ROLLOUT_STEP, "draining:1:t1")
+        .with(mcd, "rendered-worker-1")
+        .cordoned();
+    vec![
+        list_nodes(&[
+            draining,
+            Fixture::new("w2", true).with(mcd, "rendered-worker-1"),
+        ]),
+        patch_node(
+            "w2",
+            Want::Includes(json!({ "metadata": { "annotations": {
+            CHECK_STREAM: "rhel-10",
+        } } })),
+        ),
+        patch_node("w1", Want::Exact(release_body(true, true, "11"))),
+        event(
+            "NodeReleased",
+            "w1",
+            "node w1: released because the machine-config operator manages the pool's nodes; uncordoned; the pool's request withdrawn",
+        ),
+        patch_status(json!({
+            "machineCount": 2,
+            "unavailableMachineCount": 1,
+            "conditions": conditions(
+                ("False", "ManagedByMachineConfigOperator", "the machine-config operator manages these nodes; readiness checks only"),
+                ("False", "NotUpdated"),
+                ("False", "AsExpected"),
+            ),
+            "readiness": "1 of 2 ready; 1 not checked",
         })),
     ]
 }
@@ -549,11 +632,13 @@ fn release_body(withdraw: bool, uncordon: bool, resource_version: &str) -> Value
         CHECK_STREAM: null,
         CHECK_OS_IMAGE: null,
         CHECK_EXTENSIONS_IMAGE: null,
+        ROLLOUT_SET_ASIDE: null,
     });
     if withdraw {
         annotations[DESIRED_STREAM] = Value::Null;
         annotations[DESIRED_OS_IMAGE] = Value::Null;
         annotations[DESIRED_EXTENSIONS_IMAGE] = Value::Null;
+        annotations[ROLLOUT_TARGETED] = Value::Null;
     }
     if uncordon {
         annotations[ROLLOUT_STEP] = Value::Null;

@@ -67,6 +67,18 @@ async fn finalizer_conflict() {
 }
 
 #[tokio::test]
+async fn agent_silent() {
+    let r = reconciled(Scenario::AgentSilent).await.expect("reconcile");
+    assert_eq!(r, Requeue::await_change());
+}
+
+#[tokio::test]
+async fn mco_takeover() {
+    let r = reconciled(Scenario::McoTakeover).await.expect("reconcile");
+    assert_eq!(r, Requeue::await_change());
+}
+
+#[tokio::test]
 async fn status_conflict() {
     let e = reconciled(Scenario::StatusConflict)
         .await

@@ -72,6 +72,7 @@ impl Gen {
     fn view(&self, name: &str) -> NodeView {
         let staged = |n: NodeView| set(in_state(n, "Staged"), REBOOT_REQUESTED, self.requested);
         let approved = Step::Approved {
+            since: None,
             token: self.marked.into(),
         };
         let n = node(name);
@@ -286,11 +287,10 @@ fn check_step(
             }
         }
         Action::Drain { token, .. } => {
-            // The only step that approves: for the token being drained, only while the
-            // drain is within its timeout; never for a token already approved.
-            prop_assert_eq!(
-                g.shape,
-                Shape::Draining { old: false },
+            // The only step that approves: for the token being drained (also past its
+            // timeout: `onTimeout: retry`); never for a token already approved.
+            prop_assert!(
+                matches!(g.shape, Shape::Draining { .. }),
                 "{:?} of {:?}",
                 a,
                 g
@@ -298,6 +298,11 @@ fn check_step(
             prop_assert_eq!(token.as_str(), g.requested);
             prop_assert_eq!(g.marked, g.requested, "{:?} of {:?}", a, g);
             prop_assert!(!input.paused, "{a:?} while paused");
+        }
+        Action::SetAside { .. } | Action::Release { .. } => {
+            return Err(TestCaseError::fail(format!(
+                "{a:?} under onTimeout retry, without the machine-config operator"
+            )));
         }
         Action::Uncordon { .. } => {
             prop_assert_eq!(
