@@ -181,6 +181,7 @@ pub fn action_patch(
             )
         }
         Action::Drain { .. } | Action::Release { .. } => return None,
+        Action::Recordon { .. } => (serde_json::Map::new(), Some(true)),
         Action::Uncordon { .. } => (
             annotations_patch(&[
                 (ROLLOUT_STEP, None),
@@ -194,7 +195,11 @@ pub fn action_patch(
             Some(false),
         ),
     };
-    let mut patch = json!({ "metadata": { "annotations": annotations } });
+    let mut patch = if annotations.is_empty() {
+        json!({})
+    } else {
+        json!({ "metadata": { "annotations": annotations } })
+    };
     if let Some(u) = unschedulable {
         patch["spec"] = json!({ "unschedulable": u });
     }
@@ -233,17 +238,22 @@ pub fn release_patch(withdraw: bool, uncordon: bool, resource_version: &str) -> 
     patch
 }
 
-/// Approves exactly `token` and marks it approved at `now`, in one patch.
-pub fn approval_patch(token: &str, now: u64) -> Value {
+/// Approves exactly `token` and marks it approved at `now`, in one patch, only if the node is
+/// still as listed at `resource_version` (cordoned: one uncordoned meanwhile may have taken new
+/// pods, so the write is a 409 and the next pass looks again).
+pub fn approval_patch(token: &str, now: u64, resource_version: &str) -> Value {
     let step = Step::Approved {
         since: Some(now),
         token: token.to_string(),
     }
     .render();
-    json!({ "metadata": { "annotations": annotations_patch(&[
-        (REBOOT_APPROVED, Some(token)),
-        (ROLLOUT_STEP, Some(&step)),
-    ]) } })
+    json!({ "metadata": {
+        "annotations": annotations_patch(&[
+            (REBOOT_APPROVED, Some(token)),
+            (ROLLOUT_STEP, Some(&step)),
+        ]),
+        "resourceVersion": resource_version,
+    } })
 }
 
 /// Every write is a merge patch as [`FIELD_MANAGER`].
@@ -404,11 +414,9 @@ async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
         // The first read of OSImageStream is under way; its arrival reconciles every pool.
         return Ok(Requeue::await_change());
     };
-    let settings = drain::Settings {
-        grace_period_seconds: scope.pool.spec.drain.grace_period_seconds,
-        delete_empty_dir_data: scope.pool.spec.drain.delete_empty_dir_data,
-    };
-    let blockers = execute(scope, &input, &plan.actions, &listed.selected, settings).await?;
+    // A malformed podSelector made the pool Degraded (`InvalidSpec`): no drain runs.
+    let settings = drain::Settings::from_spec(&scope.pool.spec.drain).unwrap_or_default();
+    let blockers = execute(scope, &input, &plan.actions, &listed.selected, &settings).await?;
     write_status(scope, &input, &plan.summary, &blockers).await?;
     let now = i64::try_from(input.now).unwrap_or(i64::MAX);
     let ours = listed
@@ -474,6 +482,7 @@ fn plan(
             .reboot_timeout_seconds
             .unwrap_or(DEFAULT_REBOOT_TIMEOUT_SECONDS),
         now: now_secs(),
+        spec_error: drain::Settings::from_spec(&spec.drain).err(),
         claimed,
     };
     let now = i64::try_from(input.now).unwrap_or(i64::MAX);
@@ -496,7 +505,7 @@ async fn execute(
     input: &PoolInput,
     actions: &[Action],
     listed: &[Node],
-    settings: drain::Settings,
+    settings: &drain::Settings,
 ) -> Result<Vec<(String, String)>, Error> {
     let mut blockers = Vec::new();
     for action in actions {
@@ -510,7 +519,8 @@ async fn execute(
                 continue;
             }
             (Action::Drain { token, .. }, _) => {
-                let pass = drain::pass(&scope.ctx.drain_client, node, settings, true)
+                let now = i64::try_from(input.now).unwrap_or(i64::MAX);
+                let pass = drain::pass(&scope.ctx.drain_client, node, settings, now)
                     .await
                     .map_err(|source| Error::Api {
                         what: format!("draining node {node}"),
@@ -521,7 +531,12 @@ async fn execute(
                     continue;
                 }
                 tracing::info!(node, token, "drained; approving the reboot");
-                approval_patch(token, input.now)
+                let listed_version = listed
+                    .iter()
+                    .find(|n| n.name_any() == node)
+                    .and_then(|n| n.resource_version())
+                    .unwrap_or_default();
+                approval_patch(token, input.now, &listed_version)
             }
             (a, Ok(t)) => match action_patch(&scope.name, a, t, input.check.as_ref(), input.now) {
                 Some(p) => p,
@@ -534,14 +549,25 @@ async fn execute(
             (_, Err(_)) => continue,
         };
         tracing::info!(node, action = ?action, "node step");
-        scope
+        match scope
             .nodes
             .patch(node, &patch_params(), &Patch::Merge(&patch))
             .await
-            .map_err(|source| Error::Api {
-                what: format!("patching node {node}"),
-                source,
-            })?;
+        {
+            Ok(_) => {}
+            // Only the approval is conditioned on the listed version.
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let why = "the node changed since it was listed (uncordoned?); not approved, looked at again";
+                blockers.push((node.to_string(), why.to_string()));
+                continue;
+            }
+            Err(source) => {
+                return Err(Error::Api {
+                    what: format!("patching node {node}"),
+                    source,
+                });
+            }
+        }
         if let Some(note) = events::for_action(action, &scope.pool.spec.target.stream) {
             scope.publish(note).await;
         }
@@ -809,169 +835,4 @@ mod fixtures;
 mod reconcile_tests;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn target() -> Desired {
-        Inputs {
-            stream: Some("rhel-10".into()),
-            os_image: Some(
-                "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010"
-                    .into(),
-            ),
-            extensions_image: None,
-            reboot_approved: None,
-        }
-        .desired()
-        .expect("valid")
-        .expect("some")
-    }
-
-    #[test]
-    fn patches_write_only_the_controllers_keys() {
-        let t = target();
-        let node = || "w1".to_string();
-        let p = |a: Action| action_patch("worker", &a, &t, None, 1234);
-        assert_eq!(
-            p(Action::Target { node: node() }),
-            Some(json!({"metadata": {"annotations": {
-                "osstream.openshift.io/desired-stream": "rhel-10",
-                "osstream.openshift.io/desired-os-image": "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010",
-                "osstream.openshift.io/desired-extensions-image": null,
-                "osstream.openshift.io/rollout-pool": "worker",
-                "osstream.openshift.io/rollout-targeted": "1234",
-            }}}))
-        );
-        assert_eq!(
-            p(Action::Cordon {
-                node: node(),
-                token: "abc.def.1".into()
-            }),
-            Some(json!({
-                "metadata": {"annotations": {"osstream.openshift.io/rollout-step": "draining:1234:abc.def.1"}},
-                "spec": {"unschedulable": true},
-            }))
-        );
-        assert_eq!(
-            p(Action::Uncordon { node: node() }),
-            Some(json!({
-                "metadata": {"annotations": {
-                    "osstream.openshift.io/rollout-step": null,
-                    "osstream.openshift.io/reboot-approved": null,
-                    "osstream.openshift.io/rollout-set-aside": null,
-                }},
-                "spec": {"unschedulable": false},
-            }))
-        );
-        assert_eq!(
-            p(Action::SetAside {
-                node: node(),
-                token: "abc.def.1".into()
-            }),
-            Some(json!({
-                "metadata": {"annotations": {
-                    "osstream.openshift.io/rollout-step": null,
-                    "osstream.openshift.io/rollout-set-aside": "abc.def.1",
-                }},
-                "spec": {"unschedulable": false},
-            }))
-        );
-        assert_eq!(
-            p(Action::Drain {
-                node: node(),
-                token: "x".into()
-            }),
-            None
-        );
-        assert_eq!(
-            approval_patch("abc.def.1", 1234),
-            json!({"metadata": {"annotations": {
-                "osstream.openshift.io/reboot-approved": "abc.def.1",
-                "osstream.openshift.io/rollout-step": "approved:1234:abc.def.1",
-            }}})
-        );
-    }
-
-    #[test]
-    fn a_release_removes_the_controllers_keys_only_if_the_node_is_as_listed() {
-        assert_eq!(
-            release_patch(true, true, "42"),
-            json!({
-                "metadata": {
-                    "annotations": {
-                        "osstream.openshift.io/rollout-pool": null,
-                        "osstream.openshift.io/check-stream": null,
-                        "osstream.openshift.io/check-os-image": null,
-                        "osstream.openshift.io/check-extensions-image": null,
-                        "osstream.openshift.io/rollout-set-aside": null,
-                        "osstream.openshift.io/desired-stream": null,
-                        "osstream.openshift.io/desired-os-image": null,
-                        "osstream.openshift.io/desired-extensions-image": null,
-                        "osstream.openshift.io/rollout-targeted": null,
-                        "osstream.openshift.io/rollout-step": null,
-                        "osstream.openshift.io/reboot-approved": null,
-                    },
-                    "resourceVersion": "42",
-                },
-                "spec": {"unschedulable": false},
-            })
-        );
-        let keep = release_patch(false, false, "7");
-        assert_eq!(
-            keep["metadata"]["annotations"].as_object().map(|m| m.len()),
-            Some(5)
-        );
-        assert!(keep.get("spec").is_none());
-    }
-
-    #[test]
-    fn targets_resolve_from_the_spec_or_the_catalog() {
-        use streamd::cluster::streams::StreamImages;
-        let os = "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010";
-        let explicit = Target {
-            stream: "rhel-10".into(),
-            os_image: Some(os.into()),
-            extensions_image: None,
-        };
-        let (d, check) = resolve_target(&explicit, None);
-        assert_eq!(d, Ok(target()));
-        assert_eq!(check.expect("check").os_image.as_deref(), Some(os));
-
-        let by_name = Target {
-            stream: "rhel-10".into(),
-            os_image: None,
-            extensions_image: None,
-        };
-        let catalog = Catalog::Available(vec![StreamImages {
-            name: "rhel-10".into(),
-            os_image: os.into(),
-            os_extensions_image: String::new(),
-        }]);
-        assert_eq!(resolve_target(&by_name, Some(&catalog)).0, Ok(target()));
-        let (d, check) = resolve_target(&by_name, Some(&Catalog::Missing));
-        assert!(
-            d.expect_err("missing")
-                .starts_with("spec.target: OSImageStream")
-        );
-        assert_eq!(check.expect("check").os_image, None);
-
-        let tag = Target {
-            os_image: Some("quay.io/openshift/rhcos:4.20".into()),
-            ..explicit
-        };
-        assert!(
-            resolve_target(&tag, None)
-                .0
-                .expect_err("tag")
-                .contains("not pinned by digest")
-        );
-        let bad = Target {
-            stream: "RHEL 10".into(),
-            os_image: None,
-            extensions_image: None,
-        };
-        let (d, check) = resolve_target(&bad, Some(&catalog));
-        assert!(d.is_err());
-        assert!(check.is_none());
-    }
-}
+mod tests;

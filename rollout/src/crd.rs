@@ -96,7 +96,7 @@ pub struct Target {
 }
 
 /// Drain settings (the knobs of `kubectl drain`).
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DrainSpec {
     /// How long a node's drain may take before it is reported `DrainTimeout` (Warning Event,
@@ -112,6 +112,16 @@ pub struct DrainSpec {
     /// blocks the drain.
     #[serde(default)]
     pub delete_empty_dir_data: bool,
+    /// A pod whose deletion was due (`deletionTimestamp`) longer ago than this is not waited
+    /// for (kubectl drain's `--skip-wait-for-delete-timeout`); absent: every terminating pod is
+    /// waited for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub skip_wait_for_delete_timeout_seconds: Option<u64>,
+    /// Only the pods this selects are evicted (kubectl drain's `--pod-selector`); the others
+    /// stay on the node through its reboot. Absent: every pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<LabelSelector>,
     /// What happens to a drain past `timeoutSeconds`. Default `retry`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_timeout: Option<OnTimeout>,

@@ -96,6 +96,15 @@ pub fn for_action(action: &Action, stream: &str) -> Option<Note> {
                 "node {node}: the drain before reboot {token} did not finish within its timeout; uncordoned and set aside (drain.onTimeout: release), the pool moves on"
             ),
         ),
+        Action::Recordon { node } => note(
+            true,
+            "NodeRecordoned",
+            "Drain",
+            Some(node),
+            &format!(
+                "node {node}: uncordoned by someone else while it was drained; cordoned again, the drain goes on (to take it out of the rollout, relabel it out of the pool's selector)"
+            ),
+        ),
         // Told by `released`, with what the release did.
         Action::Release { .. } => return None,
     })

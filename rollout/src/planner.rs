@@ -59,6 +59,9 @@ pub struct PoolInput {
     pub target: Result<Desired, String>,
     /// What the not-yet-moved nodes are asked to dry-run (`None` with a bad stream name).
     pub check: Option<CheckKeys>,
+    /// What else in the spec is malformed (e.g. `drain.podSelector`): the pool is Degraded
+    /// `InvalidSpec` and nothing but the readiness dry run is done.
+    pub spec_error: Option<String>,
     /// `spec.maxUnavailable` as given (default 1).
     pub max_unavailable: Option<IntOrString>,
     /// `spec.maxConcurrentStaging`, resolved.
@@ -113,6 +116,12 @@ pub enum Action {
         /// Node name.
         node: String,
     },
+    /// Cordon again a node someone uncordoned while it was drained (its mark and drain start
+    /// are kept; the drain goes on at the next pass).
+    Recordon {
+        /// Node name.
+        node: String,
+    },
     /// Give up the drain for `token` (`drain.onTimeout: release`): uncordon the node, remove the
     /// controller's mark and set it aside for that token; the pool moves on.
     SetAside {
@@ -138,6 +147,7 @@ impl Action {
             | Action::Cordon { node, .. }
             | Action::Drain { node, .. }
             | Action::Uncordon { node }
+            | Action::Recordon { node }
             | Action::SetAside { node, .. }
             | Action::Release { node } => node,
         }
@@ -453,6 +463,13 @@ fn usable_target<'a>(
     max: &Result<usize, MaxUnavailableError>,
     summary: &mut Summary,
 ) -> Option<&'a Desired> {
+    if let Some(why) = &pool.spec_error {
+        summary.degraded.get_or_insert(Degraded {
+            reason: "InvalidSpec",
+            message: why.clone(),
+        });
+        return None;
+    }
     match (&pool.target, max) {
         (Err(why), _) => {
             summary.degraded.get_or_insert(Degraded {
@@ -698,6 +715,13 @@ fn staged_in_flight(
         Step::Approved {
             token: approved, ..
         } if approved == token => None,
+        // Uncordoned by someone else mid-drain: cordoned again before anything else (as the
+        // machine-config operator's drain controller does), never approved uncordoned.
+        Step::Draining {
+            token: draining, ..
+        } if draining == token && !n.unschedulable => Some(Action::Recordon {
+            node: n.name.clone(),
+        }),
         Step::Draining {
             started,
             token: draining,

@@ -573,3 +573,76 @@ async fn a_node_not_back_in_time_is_named_and_still_holds_its_slot() {
         [warned("worker-0"), warned("worker-1")]
     );
 }
+
+// Drains that do not finish are not the end of the pool.
+
+/// worker-0's drain is held by a PodDisruptionBudget past `drain.timeoutSeconds` with
+/// `onTimeout: release`: it is uncordoned and set aside (Warning `DrainGivenUp`), worker-1 is
+/// taken and moves, and worker-0, taken again last, moves once the budget lets its pod go; one
+/// approval per node, never two nodes unavailable.
+#[tokio::test]
+async fn a_drain_past_its_timeout_is_set_aside_and_the_pool_moves_on() {
+    let mut p = Pool::start("aside", 2, &[]).await;
+    block_worker0_drain(&p);
+    let mut s = spec();
+    s["maxConcurrentStaging"] = json!(2);
+    s["drain"] = json!({ "timeoutSeconds": 3, "onTimeout": "release" });
+    p.create_pool(s);
+    p.start_controller("a", &["--leader-elect=false"]);
+    p.wait("worker-0 set aside", 120, |p| {
+        p.annotation("worker-0", "rollout-set-aside").is_some()
+    })
+    .await;
+    p.wait("worker-1 done", 120, |p| p.done("worker-1")).await;
+    assert!(p.seen().approvals["worker-0"].is_empty());
+    // The budget lets web-a go once another replica runs.
+    web_replica(&p, "web-b", "worker-1");
+    p.wait("worker-0 done", 120, |p| p.done("worker-0")).await;
+    p.wait("pool Updated", 30, |p| p.condition("Updated").0 == "True")
+        .await;
+    assert_eq!(p.annotation("worker-0", "rollout-set-aside"), None);
+    // worker-0 was drained again when taken back; each node approved once.
+    let seen = p.seen();
+    assert!(seen.drains["worker-0"].len() >= 2, "{:?}", seen.drains);
+    assert_eq!(seen.drains["worker-1"].len(), 1, "{:?}", seen.drains);
+    for n in ["worker-0", "worker-1"] {
+        assert_eq!(seen.approvals[n].len(), 1, "{n}: {:?}", seen.approvals);
+    }
+    assert_eq!(p.max_unavailable_seen().await, 1);
+    let given_up = p.event_reasons("worker-0");
+    assert!(
+        given_up.iter().any(|r| r == "DrainGivenUp")
+            && given_up.iter().any(|r| r == "DrainTimeout"),
+        "{given_up:?}"
+    );
+}
+
+/// worker-0 is uncordoned by someone else while its drain waits on a PodDisruptionBudget: it is
+/// cordoned again (Warning `NodeRecordoned`), never approved uncordoned, and moves once the
+/// budget lets its pod go.
+#[tokio::test]
+async fn a_node_uncordoned_mid_drain_is_cordoned_again() {
+    let mut p = Pool::start("recordon", 2, &[]).await;
+    block_worker0_drain(&p);
+    p.create_pool(spec());
+    p.start_controller("a", &["--leader-elect=false"]);
+    p.wait("worker-0's eviction refused", 120, |p| {
+        p.eviction_refused("worker-0")
+    })
+    .await;
+    p.api()
+        .update("v1", "Node", None, "worker-0", |n| {
+            n["spec"]["unschedulable"] = json!(false);
+        })
+        .expect("uncordon");
+    // The Event follows the patch.
+    p.wait("worker-0 cordoned again, told", 30, |p| {
+        p.cordoned("worker-0")
+            && p.event_reasons("worker-0")
+                .iter()
+                .any(|r| r == "NodeRecordoned")
+    })
+    .await;
+    assert!(p.seen().approvals["worker-0"].is_empty());
+    release_and_finish(&p, p.annotation("worker-0", "rollout-step")).await;
+}

@@ -68,6 +68,13 @@ pub enum Scenario {
     /// A node being drained whose pod's eviction a PodDisruptionBudget refuses (429): no
     /// approval, the refusal in the status and an `EvictionBlocked` Event; looked at again.
     DrainBlocked,
+    /// The pool's drain gives evicted pods 30 s and drains only `app: web` pods: web-a is
+    /// evicted with `deleteOptions.gracePeriodSeconds` 30 (the Eviction API's key), cache-0
+    /// stays, and a DaemonSet pod whose DaemonSet is gone (404) is evicted as an orphan.
+    DrainSettings,
+    /// A drained node's approval, conditioned on the node as listed, is answered 409 (it was
+    /// uncordoned meanwhile): not approved, named in the status, looked at again.
+    ApprovalConflict,
     /// A node that left the pool's selector is released (its request withdrawn); another that
     /// left during its approved reboot is left until it is back.
     Release,
@@ -109,7 +116,14 @@ impl Scenario {
             }
             _ => {}
         }
-        serde_json::from_value(pool_json(&finalizers, deleted)).expect("a valid StreamPool")
+        let mut pool = pool_json(&finalizers, deleted);
+        if let Scenario::DrainSettings = self {
+            pool["spec"]["drain"] = json!({
+                "gracePeriodSeconds": 30,
+                "podSelector": { "matchLabels": { "app": "web" } },
+            });
+        }
+        serde_json::from_value(pool).expect("a valid StreamPool")
     }
 
     /// The requests the reconcile makes, in order, each with its answer.
@@ -117,6 +131,8 @@ impl Scenario {
         match self {
             Scenario::Create => create(),
             Scenario::DrainBlocked => drain_blocked(),
+            Scenario::DrainSettings => drain_settings(),
+            Scenario::ApprovalConflict => approval_conflict(),
             Scenario::Release => release(),
             Scenario::ReleaseConflict => vec![
                 list_nodes(&[done("w1"), staged(Fixture::new("w3", false), "t3")]),
@@ -286,32 +302,23 @@ fn drain_blocked() -> Vec<Exchange> {
     let why = format!("shop/web-a: eviction refused (429): {PDB_REFUSAL}");
     vec![
         list_nodes(&[draining, staged(Fixture::new("w2", true), "t2")]),
-        Exchange::new(
-            Method::GET,
-            "/api/v1/pods?&fieldSelector=spec.nodeName%3Dw1",
-            Want::Empty,
-        )
-        .answer(
-            StatusCode::OK,
-            json!({
-                "apiVersion": "v1",
-                "kind": "PodList",
-                "metadata": {},
-                "items": [pod("web-a", "ReplicaSet"), pod("agent-0", "DaemonSet")],
-            }),
-        ),
-        // The DaemonSet pod stays; the other is evicted, and the budget refuses.
+        list_pods(&[pod("web-a", "ReplicaSet"), pod("agent-0", "DaemonSet")]),
+        // The other is evicted, and the budget refuses; the DaemonSet pod stays, its
+        // DaemonSet looked up.
         Exchange::new(
             Method::POST,
             "/api/v1/namespaces/shop/pods/web-a/eviction?",
-            // kube-core's body: the pod's name (its namespace is in the path) and
-            // `delete_options`, so spelled (kube-core 5 `Request::evict`).
-            Want::Includes(json!({ "metadata": { "name": "web-a" } })),
+            Want::Exact(json!({
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": { "name": "web-a", "namespace": "shop" },
+            })),
         )
         .answer(
             StatusCode::TOO_MANY_REQUESTS,
             api_status(429, "TooManyRequests", PDB_REFUSAL),
         ),
+        daemon_set("owner", true),
         patch_status(json!({
             "machineCount": 2,
             "unavailableMachineCount": 1,
@@ -329,6 +336,114 @@ fn drain_blocked() -> Vec<Exchange> {
             "node w1: a PodDisruptionBudget refuses an eviction; retrying",
         ),
     ]
+}
+
+fn drain_settings() -> Vec<Exchange> {
+    let step = format!("draining:{}:t1", now_secs());
+    let draining = staged(Fixture::new("w1", true), "t1")
+        .with(ROLLOUT_STEP, &step)
+        .cordoned();
+    let evict = |name: &str| {
+        Exchange::new(
+            Method::POST,
+            &format!("/api/v1/namespaces/shop/pods/{name}/eviction?"),
+            Want::Exact(json!({
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": { "name": name, "namespace": "shop" },
+                "deleteOptions": { "gracePeriodSeconds": 30 },
+            })),
+        )
+        .answer(
+            StatusCode::CREATED,
+            json!({ "kind": "Status", "apiVersion": "v1", "status": "Success" }),
+        )
+    };
+    vec![
+        list_nodes(&[draining]),
+        list_pods(&[
+            labelled(pod("web-a", "ReplicaSet"), "web"),
+            labelled(pod("cache-0", "ReplicaSet"), "cache"),
+            labelled(pod("agent-0", "DaemonSet"), "web"),
+        ]),
+        evict("web-a"),
+        daemon_set("owner", false),
+        evict("agent-0"),
+        patch_status(json!({
+            "nodes": [{
+                "name": "w1",
+                "state": "Draining",
+                "reason": "shop/web-a: terminating; shop/agent-0: terminating",
+            }],
+        })),
+    ]
+}
+
+fn approval_conflict() -> Vec<Exchange> {
+    let step = format!("draining:{}:t1", now_secs());
+    let draining = staged(Fixture::new("w1", true), "t1")
+        .with(ROLLOUT_STEP, &step)
+        .cordoned();
+    vec![
+        list_nodes(&[draining]),
+        list_pods(&[]),
+        patch_node(
+            "w1",
+            Want::Includes(json!({ "metadata": {
+                "annotations": { REBOOT_APPROVED: "t1" },
+                "resourceVersion": "11",
+            } })),
+        )
+        .answer(StatusCode::CONFLICT, conflict()),
+        patch_status(json!({
+            "nodes": [{
+                "name": "w1",
+                "state": "Draining",
+                "reason": "the node changed since it was listed (uncordoned?); not approved, looked at again",
+            }],
+        })),
+    ]
+}
+
+/// The pods the drain of w1 lists.
+fn list_pods(pods: &[Value]) -> Exchange {
+    Exchange::new(
+        Method::GET,
+        "/api/v1/pods?&fieldSelector=spec.nodeName%3Dw1",
+        Want::Empty,
+    )
+    .answer(
+        StatusCode::OK,
+        json!({ "apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods }),
+    )
+}
+
+/// The lookup of DaemonSet `shop/<name>`: found, or 404.
+fn daemon_set(name: &str, exists: bool) -> Exchange {
+    let get = Exchange::new(
+        Method::GET,
+        &format!("/apis/apps/v1/namespaces/shop/daemonsets/{name}"),
+        Want::Empty,
+    );
+    if exists {
+        get.answer(
+            StatusCode::OK,
+            json!({
+                "apiVersion": "apps/v1",
+                "kind": "DaemonSet",
+                "metadata": { "name": name, "namespace": "shop" },
+                "spec": { "selector": {}, "template": {} },
+            }),
+        )
+    } else {
+        let message = format!("daemonsets.apps \"{name}\" not found");
+        get.answer(StatusCode::NOT_FOUND, api_status(404, "NotFound", &message))
+    }
+}
+
+fn labelled(mut pod: Value, app: &str) -> Value {
+    pod["metadata"]["labels"] = json!({ "app": app });
+    pod
 }
 
 fn release() -> Vec<Exchange> {

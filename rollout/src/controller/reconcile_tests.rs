@@ -30,6 +30,22 @@ async fn drain_blocked() {
 }
 
 #[tokio::test]
+async fn drain_settings() {
+    let r = reconciled(Scenario::DrainSettings)
+        .await
+        .expect("reconcile");
+    assert_eq!(r, Requeue::requeue(DRAIN_RETRY));
+}
+
+#[tokio::test]
+async fn approval_conflict() {
+    let r = reconciled(Scenario::ApprovalConflict)
+        .await
+        .expect("reconcile");
+    assert_eq!(r, Requeue::requeue(DRAIN_RETRY));
+}
+
+#[tokio::test]
 async fn release() {
     let r = reconciled(Scenario::Release).await.expect("reconcile");
     // w4 is still rebooting.

@@ -332,7 +332,18 @@ impl Pool {
     }
 
     /// A Running, Ready pod `default/name` on `node` owned by `owner` (`(kind, name)`).
+    /// A DaemonSet owner is created too (once per DaemonSet): the drain looks it up.
     pub fn pod(&self, name: &str, node: &str, owner: (&str, &str), labels: Value) {
+        if owner.0 == "DaemonSet" {
+            self.api()
+                .create(json!({
+                    "apiVersion": "apps/v1",
+                    "kind": "DaemonSet",
+                    "metadata": { "name": owner.1, "namespace": "default" },
+                    "spec": { "selector": { "matchLabels": labels }, "template": {} },
+                }))
+                .expect("the DaemonSet");
+        }
         self.fleet
             .add_pod("default", name, node, labels, Some(owner))
             .expect("pod");

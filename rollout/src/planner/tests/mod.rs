@@ -33,6 +33,7 @@ fn pool() -> PoolInput {
             os_image: None,
             extensions_image: None,
         }),
+        spec_error: None,
         max_unavailable: None,
         max_concurrent_staging: 10,
         paused: false,
@@ -205,6 +206,12 @@ fn stall_table() {
         ("drain timed out, onTimeout release: set aside, the next node taken", PoolInput { drain_on_timeout: OnTimeout::Release, ..pool() },
          vec![step(staged("w1", "t1"), draining("t1", 1_000)), staged("w2", "t2")],
          vec![Action::SetAside { node: "w1".into(), token: "t1".into() }]),
+        ("uncordoned by someone else mid-drain: cordoned again, not drained or approved", pool(),
+         vec![uncordoned(step(staged("w1", "t1"), draining("t1", 9_900))), staged("w2", "t2")],
+         vec![Action::Recordon { node: "w1".into() }]),
+        ("uncordoned past the drain timeout: cordoned again first", PoolInput { drain_on_timeout: OnTimeout::Release, ..pool() },
+         vec![uncordoned(step(staged("w1", "t1"), draining("t1", 1_000)))],
+         vec![Action::Recordon { node: "w1".into() }]),
         ("a node set aside for its token goes after the others", pool(),
          vec![set(staged("w1", "t1"), ROLLOUT_SET_ASIDE, "t1"), staged("w2", "t2")],
          vec![cordon("w2", "t2")]),
@@ -230,6 +237,11 @@ fn stall_table() {
     for (name, pool, nodes, want) in table {
         assert_eq!(plan(&pool, &nodes).actions, want, "{name}");
     }
+}
+
+fn uncordoned(mut n: NodeView) -> NodeView {
+    n.unschedulable = false;
+    n
 }
 
 /// `maxUnavailable: 50%` of three nodes (1).
@@ -324,6 +336,18 @@ fn degraded_reasons() {
     assert_eq!(
         p.summary.degraded.expect("target").reason,
         "TargetUnresolved"
+    );
+    assert!(p.actions.is_empty());
+
+    let bad = PoolInput {
+        spec_error: Some("spec.drain.podSelector: bad".into()),
+        ..pool()
+    };
+    let p = plan(&bad, &[staged("w1", "t1")]);
+    let d = p.summary.degraded.expect("spec");
+    assert_eq!(
+        (d.reason, d.message.as_str()),
+        ("InvalidSpec", "spec.drain.podSelector: bad")
     );
     assert!(p.actions.is_empty());
 

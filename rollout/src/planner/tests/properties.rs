@@ -299,6 +299,14 @@ fn check_step(
             prop_assert_eq!(g.marked, g.requested, "{:?} of {:?}", a, g);
             prop_assert!(!input.paused, "{a:?} while paused");
         }
+        Action::Recordon { .. } => {
+            prop_assert!(
+                matches!(g.shape, Shape::Draining { .. }) && !n.unschedulable,
+                "{:?} of {:?}",
+                a,
+                g
+            );
+        }
         Action::SetAside { .. } | Action::Release { .. } => {
             return Err(TestCaseError::fail(format!(
                 "{a:?} under onTimeout retry, without the machine-config operator"
