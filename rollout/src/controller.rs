@@ -21,7 +21,6 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::core::{Selector, SelectorExt};
 use kube::runtime::controller::{Action as Requeue, Config, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -47,6 +46,7 @@ use crate::node::{
     ROLLOUT_SET_ASIDE, ROLLOUT_STEP, ROLLOUT_TARGETED, Step,
 };
 use crate::planner::{self, Action, CheckKeys, Plan, PoolInput, Release, Summary};
+use crate::selection::{self, Owner};
 use crate::status;
 
 /// Field manager of every write.
@@ -63,9 +63,6 @@ const ERROR_RETRY: Duration = Duration::from_secs(10);
 /// Why a reconcile failed; it is retried after [`ERROR_RETRY`].
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The pool's node selector is malformed.
-    #[error("spec.nodeSelector: {0}")]
-    Selector(String),
     /// An API request failed.
     #[error("{what}: {source}")]
     Api {
@@ -306,19 +303,55 @@ impl Scope<'_> {
     }
 }
 
-/// The nodes as listed: those the pool's selector selects, and the others (among which the
-/// ones that left it).
+/// The nodes as listed: those the pool takes ([`selection`]: its selector selects them and no
+/// pool wins over it), and the others (among which the ones that left it).
 struct Listed {
     selected: Vec<Node>,
     unselected: Vec<Node>,
+    /// Selected nodes of two custom pools (node → the other pools): left alone.
+    claimed: BTreeMap<String, String>,
+    /// Why the pool's `nodeSelector` is refused (empty or malformed): it selects nothing and
+    /// releases nothing.
+    invalid: Option<String>,
+}
+
+/// Splits `nodes` between `pool` and the other pools `others` by the machine-config operator's
+/// rule ([`selection::owner`]).
+fn split(pool: &StreamPool, others: &[Arc<StreamPool>], nodes: Vec<Node>) -> Listed {
+    let name = pool.name_any();
+    let mut listed = Listed {
+        selected: Vec::new(),
+        unselected: Vec::new(),
+        claimed: BTreeMap::new(),
+        invalid: selection::selector_error(&pool.spec.node_selector),
+    };
+    for n in nodes {
+        let mut taking: Vec<String> = others
+            .iter()
+            .filter(|p| p.name_any() != name && selection::takes(&p.spec.node_selector, n.labels()))
+            .map(|p| p.name_any())
+            .collect();
+        if selection::takes(&pool.spec.node_selector, n.labels()) {
+            taking.push(name.clone());
+        }
+        let names: Vec<&str> = taking.iter().map(String::as_str).collect();
+        match selection::owner(&names) {
+            Owner::Pool(p) if p == name => listed.selected.push(n),
+            Owner::Conflict(pools) if pools.contains(&name) => {
+                let rest: Vec<String> = pools.into_iter().filter(|p| *p != name).collect();
+                listed.claimed.insert(n.name_any(), rest.join(", "));
+                listed.selected.push(n);
+            }
+            _ => listed.unselected.push(n),
+        }
+    }
+    listed
 }
 
 /// One pass over `pool`: lists the nodes and hands them to [`finalizer`]; its span carries the
 /// pool's name.
 #[tracing::instrument(skip(pool, ctx), fields(pool = %pool.name_any()))]
 async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, Error> {
-    let selector =
-        Selector::try_from(pool.spec.node_selector.clone()).map_err(|e| Error::Selector(e.0))?;
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     // Every node, not only the selected ones: those that left the selector are released.
     let all = nodes
@@ -341,18 +374,8 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
             .map(|n| (n.name_any(), reference(n.object_ref(&()))))
             .collect(),
     };
-    let (selected, unselected) = all
-        .items
-        .into_iter()
-        .partition(|n| selector.matches(n.labels()));
-    finalizer(
-        &scope,
-        &Listed {
-            selected,
-            unselected,
-        },
-    )
-    .await
+    let listed = split(&pool, &ctx.pools.state(), all.items);
+    finalizer(&scope, &listed).await
 }
 
 /// Between [`apply`] and [`cleanup`], as kube-runtime's `finalizer` helper: a pool being
@@ -403,14 +426,19 @@ async fn cleanup(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
 /// writes the status.
 async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
     let mut leaving = false;
-    for n in listed.unselected.iter().filter(|n| scope.ours(n)) {
+    // A refused selector selects nothing, and is no reason to let go of the pool's nodes.
+    let leavers = listed
+        .unselected
+        .iter()
+        .filter(|n| listed.invalid.is_none() && scope.ours(n));
+    for n in leavers {
         leaving |= !release_node(scope, n, "it left the pool's selector").await?;
     }
     let leases = match &scope.ctx.heartbeats {
         Some(api) => heartbeat::read(api).await,
         None => BTreeMap::new(),
     };
-    let Some((input, plan)) = plan(scope, &listed.selected, &leases) else {
+    let Some((input, plan)) = plan(scope, listed, &leases) else {
         // The first read of OSImageStream is under way; its arrival reconciles every pool.
         return Ok(Requeue::await_change());
     };
@@ -439,7 +467,7 @@ async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
 /// target waits for the first read of OSImageStream.
 fn plan(
     scope: &Scope<'_>,
-    selected: &[Node],
+    listed: &Listed,
     leases: &BTreeMap<String, Lease>,
 ) -> Option<(PoolInput, Plan)> {
     let spec = &scope.pool.spec;
@@ -447,20 +475,7 @@ fn plan(
     if catalog.is_none() && spec.target.os_image.is_none() {
         return None;
     }
-    let others: Vec<Arc<StreamPool>> = scope
-        .ctx
-        .pools
-        .state()
-        .into_iter()
-        .filter(|p| p.name_any() != scope.name)
-        .collect();
-    let claimed = selected
-        .iter()
-        .filter_map(|n| {
-            let other = pools_selecting(&others, n.labels()).into_iter().next()?;
-            Some((n.name_any(), other.name))
-        })
-        .collect();
+    let selected = &listed.selected;
     let (target, check) = resolve_target(&spec.target, catalog.as_ref());
     let input = PoolInput {
         target,
@@ -482,8 +497,11 @@ fn plan(
             .reboot_timeout_seconds
             .unwrap_or(DEFAULT_REBOOT_TIMEOUT_SECONDS),
         now: now_secs(),
-        spec_error: drain::Settings::from_spec(&spec.drain).err(),
-        claimed,
+        spec_error: listed
+            .invalid
+            .clone()
+            .or_else(|| drain::Settings::from_spec(&spec.drain).err()),
+        claimed: listed.claimed.clone(),
     };
     let now = i64::try_from(input.now).unwrap_or(i64::MAX);
     let views: Vec<NodeView> = selected
@@ -709,16 +727,14 @@ fn error_policy(pool: Arc<StreamPool>, error: &Error, _ctx: Arc<Context>) -> Req
     Requeue::requeue(ERROR_RETRY)
 }
 
-/// The pools whose selector selects a node with `labels`.
+/// The pools that take a node with `labels` ([`selection::takes`]; each decides who owns it).
 fn pools_selecting(
     pools: &[Arc<StreamPool>],
     labels: &BTreeMap<String, String>,
 ) -> Vec<ObjectRef<StreamPool>> {
     pools
         .iter()
-        .filter(|p| {
-            Selector::try_from(p.spec.node_selector.clone()).is_ok_and(|s| s.matches(labels))
-        })
+        .filter(|p| selection::takes(&p.spec.node_selector, labels))
         .map(|p| ObjectRef::from_obj(p.as_ref()))
         .collect()
 }

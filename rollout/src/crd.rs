@@ -46,8 +46,10 @@ pub const DEFAULT_REBOOT_TIMEOUT_SECONDS: u64 = 1800;
 )]
 #[serde(rename_all = "camelCase")]
 pub struct StreamPoolSpec {
-    /// The pool's nodes. Kubernetes label-selector semantics: an empty selector selects every
-    /// node, as a MachineConfigPool's does.
+    /// The pool's nodes (Kubernetes label-selector semantics). An empty selector selects nothing
+    /// and the pool is Degraded `InvalidSpec`, as the machine-config operator treats an empty
+    /// MachineConfigPool selector; control-plane nodes only when the selector names that role; a
+    /// custom pool wins over `worker`, and a node of two custom pools is left to neither.
     pub node_selector: LabelSelector,
     /// The stream the pool's nodes run.
     pub target: Target,

@@ -177,6 +177,7 @@ fn lasting(status: &StreamPoolStatus) -> Vec<Lasting> {
             "AgentNotResponding" => ("AgentNotResponding", "Rollout"),
             "NodeNotReturning" => ("NodeNotReturning", "Reboot"),
             "DrainTimeout" => ("DrainTimeout", "Drain"),
+            "Conflict" => ("NodeInSeveralPools", "Rollout"),
             "Draining" if issue.reason.contains("eviction refused (429)") => {
                 ("EvictionBlocked", "Drain")
             }

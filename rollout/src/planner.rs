@@ -78,8 +78,9 @@ pub struct PoolInput {
     pub reboot_timeout_seconds: u64,
     /// Unix seconds now (the deadlines).
     pub now: u64,
-    /// Nodes another pool selects too (node → that pool): the machine-config operator refuses
-    /// such a node, and so does the controller (neither pool touches it; both are Degraded).
+    /// Nodes another custom pool selects too (node → the other pools): the machine-config
+    /// operator leaves such a node to neither, and so does the controller (each pool lists it
+    /// and goes on with its other nodes).
     pub claimed: BTreeMap<String, String>,
 }
 
@@ -426,8 +427,7 @@ fn blocked_by_others(
     })
 }
 
-/// The nodes sorted by name, without those another pool selects too (each an issue, and the
-/// pool Degraded).
+/// The nodes sorted by name, without those another custom pool selects too (each an issue).
 fn unclaimed<'a>(
     pool: &PoolInput,
     nodes: &'a [NodeView],
@@ -438,18 +438,13 @@ fn unclaimed<'a>(
     let mut nodes = Vec::with_capacity(all.len());
     for n in all {
         match pool.claimed.get(&n.name) {
-            Some(other) => {
-                let message = format!("node {} is also selected by StreamPool {other}", n.name);
-                summary.issues.push(NodeIssue {
-                    name: n.name.clone(),
-                    state: "Conflict".into(),
-                    reason: message.clone(),
-                });
-                summary.degraded.get_or_insert(Degraded {
-                    reason: "NodeInSeveralPools",
-                    message,
-                });
-            }
+            Some(other) => summary.issues.push(NodeIssue {
+                name: n.name.clone(),
+                state: "Conflict".into(),
+                reason: format!(
+                    "also selected by the custom StreamPool {other}: a node of two custom pools is left to neither (as the machine-config operator does) until one stops selecting it"
+                ),
+            }),
             None => nodes.push(n),
         }
     }

@@ -22,9 +22,14 @@ pub fn build(
     now: Time,
 ) -> StreamPoolStatus {
     // An empty pool has nothing left to move: Updated, as a MachineConfigPool without machines.
-    let all_updated = summary.updated == summary.machines;
+    // A pool Degraded for its spec or target is not Updated, even with nothing to move.
+    let all_updated = summary.updated == summary.machines && summary.degraded.is_none();
     let degraded = summary.degraded.as_ref();
-    let (updating_reason, updating_message) = if summary.mco_managed {
+    // A refused spec moves nothing: not Updating.
+    let refused = degraded.filter(|d| d.reason == "InvalidSpec");
+    let (updating_reason, updating_message) = if let Some(d) = refused {
+        (d.reason, d.message.clone())
+    } else if summary.mco_managed {
         (
             "ManagedByMachineConfigOperator",
             "the machine-config operator manages these nodes; readiness checks only".to_string(),
@@ -47,7 +52,11 @@ pub fn build(
     let wanted = [
         cond(
             "Updating",
-            !all_updated && !paused && !summary.mco_managed && target.is_some(),
+            !all_updated
+                && !paused
+                && !summary.mco_managed
+                && target.is_some()
+                && refused.is_none(),
             updating_reason,
             updating_message,
         ),

@@ -646,3 +646,38 @@ async fn a_node_uncordoned_mid_drain_is_cordoned_again() {
     assert!(p.seen().approvals["worker-0"].is_empty());
     release_and_finish(&p, p.annotation("worker-0", "rollout-step")).await;
 }
+
+/// worker-1 is also labelled `infra`, which the custom pool `infra` selects: it is infra's (a
+/// custom pool wins over `worker`, as in the machine-config operator), each pool moves its own
+/// node once, and `worker` counts one machine.
+#[tokio::test]
+async fn a_custom_pool_wins_a_node_over_worker() {
+    let mut p = Pool::start("custom", 2, &[]).await;
+    p.api()
+        .update("v1", "Node", None, "worker-1", |n| {
+            n["metadata"]["labels"]["node-role.kubernetes.io/infra"] = json!("");
+        })
+        .expect("label");
+    let mut infra = spec();
+    infra["nodeSelector"] = json!({ "matchLabels": { "node-role.kubernetes.io/infra": "" } });
+    p.create_named_pool("infra", infra);
+    p.create_pool(spec());
+    p.start_controller("a", &["--leader-elect=false"]);
+    for n in ["worker-0", "worker-1"] {
+        p.wait(&format!("{n} done"), 120, |p| p.done(n)).await;
+    }
+    p.wait("pool worker Updated", 30, |p| {
+        p.condition("Updated").0 == "True"
+    })
+    .await;
+    assert_eq!(p.status()["machineCount"], 1);
+    assert_eq!(
+        p.annotation("worker-1", "rollout-pool").as_deref(),
+        Some("infra")
+    );
+    assert_eq!(
+        p.annotation("worker-0", "rollout-pool").as_deref(),
+        Some("worker")
+    );
+    p.assert_once(&["worker-0", "worker-1"]);
+}

@@ -29,17 +29,21 @@ const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/default/events?";
 const PDB_REFUSAL: &str = "Cannot evict pod as it would violate the pod's disruption budget.";
 
 impl Context {
-    /// A context whose clients (both) talk to the returned verifier; no OSImageStream, no other
-    /// pool.
-    pub fn test() -> (Arc<Context>, ApiServerVerifier) {
+    /// A context whose clients (both) talk to the returned verifier; no OSImageStream, and
+    /// `others` in the pools' cache.
+    pub fn test(others: Vec<StreamPool>) -> (Arc<Context>, ApiServerVerifier) {
         let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
         let client = kube::Client::new(service, "default");
         let (_, catalog) = watch::channel(None);
+        let mut pools = Writer::<StreamPool>::default();
+        for p in others {
+            pools.apply_watcher_event(&watcher::Event::Apply(p));
+        }
         let ctx = Context {
             client: client.clone(),
             drain_client: client.clone(),
             catalog,
-            pools: Writer::<StreamPool>::default().as_reader(),
+            pools: pools.as_reader(),
             recorder: Recorder::new(
                 client,
                 Reporter {
@@ -75,6 +79,13 @@ pub enum Scenario {
     /// A drained node's approval, conditioned on the node as listed, is answered 409 (it was
     /// uncordoned meanwhile): not approved, named in the status, looked at again.
     ApprovalConflict,
+    /// Other pools overlap `worker`: a node the custom pool `infra` selects too is infra's, one
+    /// that `infra` and `gpu` both select is left to all, and a control-plane node labelled
+    /// worker is not taken by a pool that does not name the control plane; only w1 is worker's.
+    Overlap,
+    /// The pool's `nodeSelector` is empty: it selects nothing and is Degraded `InvalidSpec`;
+    /// the node carrying its request is not released.
+    EmptySelector,
     /// A node that left the pool's selector is released (its request withdrawn); another that
     /// left during its approved reboot is left until it is back.
     Release,
@@ -117,6 +128,9 @@ impl Scenario {
             _ => {}
         }
         let mut pool = pool_json(&finalizers, deleted);
+        if let Scenario::EmptySelector = self {
+            pool["spec"]["nodeSelector"] = json!({});
+        }
         if let Scenario::DrainSettings = self {
             pool["spec"]["drain"] = json!({
                 "gracePeriodSeconds": 30,
@@ -126,6 +140,23 @@ impl Scenario {
         serde_json::from_value(pool).expect("a valid StreamPool")
     }
 
+    /// The other pools in the controller's cache.
+    pub fn others(self) -> Vec<StreamPool> {
+        let pool = |name: &str, label: &str| -> StreamPool {
+            let mut p = pool_json(&[FINALIZER], None);
+            p["metadata"]["name"] = json!(name);
+            p["spec"]["nodeSelector"] = json!({ "matchLabels": { label: "" } });
+            serde_json::from_value(p).expect("a valid StreamPool")
+        };
+        match self {
+            Scenario::Overlap => vec![
+                pool("infra", "node-role.kubernetes.io/infra"),
+                pool("gpu", "gpu"),
+            ],
+            _ => Vec::new(),
+        }
+    }
+
     /// The requests the reconcile makes, in order, each with its answer.
     fn exchanges(self) -> Vec<Exchange> {
         match self {
@@ -133,6 +164,20 @@ impl Scenario {
             Scenario::DrainBlocked => drain_blocked(),
             Scenario::DrainSettings => drain_settings(),
             Scenario::ApprovalConflict => approval_conflict(),
+            Scenario::Overlap => overlap(),
+            Scenario::EmptySelector => vec![
+                list_nodes(&[done("w1")]),
+                patch_status(json!({
+                    "machineCount": 0,
+                    "conditions": [
+                        { "type": "Updating", "status": "False", "reason": "InvalidSpec", "message": "spec.nodeSelector is empty…" },
+                        { "type": "Updated", "status": "False", "reason": "NotUpdated" },
+                        { "type": "Degraded", "status": "True", "reason": "InvalidSpec", "message": "spec.nodeSelector is empty…" },
+                        { "type": "Paused", "status": "False", "reason": "NotPaused" },
+                    ],
+                })),
+                warning_pool("PoolDegraded", "InvalidSpec: spec.nodeSelector is empty"),
+            ],
             Scenario::Release => release(),
             Scenario::ReleaseConflict => vec![
                 list_nodes(&[done("w1"), staged(Fixture::new("w3", false), "t3")]),
@@ -376,6 +421,31 @@ fn drain_settings() -> Vec<Exchange> {
                 "reason": "shop/web-a: terminating; shop/agent-0: terminating",
             }],
         })),
+    ]
+}
+
+fn overlap() -> Vec<Exchange> {
+    let infra = Fixture::new("w2", true).label("node-role.kubernetes.io/infra");
+    let both = Fixture::new("w3", true)
+        .label("node-role.kubernetes.io/infra")
+        .label("gpu");
+    let control_plane = Fixture::new("w4", true).label("node-role.kubernetes.io/control-plane");
+    vec![
+        list_nodes(&[Fixture::new("w1", true), infra, both, control_plane]),
+        patch_node(
+            "w1",
+            Want::Includes(json!({ "metadata": { "annotations": {
+            CHECK_STREAM: "rhel-10",
+        } } })),
+        ),
+        patch_node(
+            "w1",
+            Want::Includes(json!({ "metadata": { "annotations": {
+            DESIRED_STREAM: "rhel-10",
+        } } })),
+        ),
+        event("NodeTargeted", "w1", "node w1: given stream rhel-10"),
+        patch_status(json!({ "machineCount": 1, "nodes": null })),
     ]
 }
 
@@ -693,6 +763,20 @@ fn warning(reason: &str, node: &str, note: &str) -> Exchange {
     event_of("Warning", reason, node, note)
 }
 
+/// A Warning Event about the pool alone, whose note starts with `note`.
+fn warning_pool(reason: &str, note: &str) -> Exchange {
+    Exchange::new(
+        Method::POST,
+        EVENTS_PATH,
+        Want::Includes(json!({
+            "type": "Warning",
+            "reason": reason,
+            "note": format!("{note}…"),
+            "regarding": { "kind": "StreamPool", "name": "worker" },
+        })),
+    )
+}
+
 fn event_of(type_: &str, reason: &str, node: &str, note: &str) -> Exchange {
     Exchange::new(
         Method::POST,
@@ -840,6 +924,8 @@ struct Fixture {
     selected: bool,
     cordoned: bool,
     annotations: Vec<(String, String)>,
+    /// Labels besides the pool's role (each with the value `""`).
+    labels: Vec<String>,
 }
 
 impl Fixture {
@@ -850,7 +936,13 @@ impl Fixture {
             selected,
             cordoned: false,
             annotations: Vec::new(),
+            labels: Vec::new(),
         }
+    }
+
+    fn label(mut self, key: &str) -> Fixture {
+        self.labels.push(key.into());
+        self
     }
 
     fn with(mut self, key: &str, value: &str) -> Fixture {
@@ -867,11 +959,14 @@ impl Fixture {
     fn json(&self) -> Value {
         let digits = self.name.trim_start_matches(|c: char| !c.is_ascii_digit());
         let resource_version = format!("1{digits}");
-        let labels = if self.selected {
+        let mut labels = if self.selected {
             json!({ ROLE: "", "kubernetes.io/hostname": self.name })
         } else {
             json!({ "kubernetes.io/hostname": self.name })
         };
+        for key in &self.labels {
+            labels[key] = json!("");
+        }
         let annotations: serde_json::Map<String, Value> = self
             .annotations
             .iter()

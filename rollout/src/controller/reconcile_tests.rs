@@ -6,7 +6,7 @@ use super::*;
 
 /// Reconciles the pool of `scenario` against it; panics where the requests differ.
 async fn reconciled(scenario: Scenario) -> Result<Requeue, Error> {
-    let (ctx, server) = Context::test();
+    let (ctx, server) = Context::test(scenario.others());
     let pool = Arc::new(scenario.pool());
     let verified = server.run(scenario);
     // `ctx` goes with the reconcile: the client's last clone dropped ends the scenario.
@@ -43,6 +43,20 @@ async fn approval_conflict() {
         .await
         .expect("reconcile");
     assert_eq!(r, Requeue::requeue(DRAIN_RETRY));
+}
+
+#[tokio::test]
+async fn overlap() {
+    let r = reconciled(Scenario::Overlap).await.expect("reconcile");
+    assert_eq!(r, Requeue::await_change());
+}
+
+#[tokio::test]
+async fn empty_selector() {
+    let r = reconciled(Scenario::EmptySelector)
+        .await
+        .expect("reconcile");
+    assert_eq!(r, Requeue::await_change());
 }
 
 #[tokio::test]

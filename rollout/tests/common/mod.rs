@@ -204,11 +204,16 @@ impl Pool {
 
     /// Creates StreamPool `worker` with `spec`.
     pub fn create_pool(&self, spec: Value) {
+        self.create_named_pool("worker", spec);
+    }
+
+    /// Creates StreamPool `name` with `spec`.
+    pub fn create_named_pool(&self, name: &str, spec: Value) {
         self.api()
             .create(json!({
                 "apiVersion": POOLS,
                 "kind": "StreamPool",
-                "metadata": { "name": "worker" },
+                "metadata": { "name": name },
                 "spec": spec,
             }))
             .expect("pool");

@@ -361,16 +361,28 @@ fn degraded_reasons() {
 }
 
 #[test]
-fn a_node_of_two_pools_is_left_alone_and_stops_the_pool() {
+fn a_node_of_two_custom_pools_is_left_alone_and_the_pool_says_so() {
     let both = PoolInput {
         claimed: [("w1".to_string(), "infra".to_string())].into(),
         ..pool()
     };
     let p = plan(&both, &[staged("w1", "t1"), staged("w2", "t2"), node("w3")]);
-    assert!(p.actions.is_empty(), "{:?}", p.actions);
-    let d = p.summary.degraded.expect("degraded");
-    assert_eq!(d.reason, "NodeInSeveralPools");
-    assert_eq!(d.message, "node w1 is also selected by StreamPool infra");
+    // The others go on; w1 is neither cordoned nor targeted.
+    assert_eq!(p.actions, vec![target_a("w3"), cordon("w2", "t2")]);
+    assert_eq!(p.summary.degraded, None);
+    let issue = &p.summary.issues[0];
+    assert_eq!(
+        (issue.name.as_str(), issue.state.as_str()),
+        ("w1", "Conflict")
+    );
+    assert!(
+        issue
+            .reason
+            .starts_with("also selected by the custom StreamPool infra"),
+        "{}",
+        issue.reason
+    );
+    // Counted, so the pool is not Updated while the node is in two pools.
     assert_eq!(p.summary.machines, 3);
 }
 
