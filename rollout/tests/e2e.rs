@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use testbed::control::ApiServerCmd;
 
 mod common;
 
@@ -680,4 +681,34 @@ async fn a_custom_pool_wins_a_node_over_worker() {
         Some("worker")
     );
     p.assert_once(&["worker-0", "worker-1"]);
+}
+
+/// The pool's `drain.gracePeriodSeconds` (10) reaches the evicted pod as its
+/// `deletionGracePeriodSeconds` (the pod's own would be 30): the Eviction carries it as
+/// `deleteOptions`, the key the API server reads. The kubelet stand-in takes 60 s to stop a pod,
+/// at most its grace period, so the drain waits out the pool's 10 s, not 60.
+#[tokio::test]
+async fn the_pools_grace_period_reaches_the_evicted_pod() {
+    let mut p = Pool::start("grace", 1, &[]).await;
+    p.api()
+        .control(ApiServerCmd::PodRemoval { delay_ms: 60_000 })
+        .await
+        .expect("pod-removal");
+    web_replica(&p, "web-a", "worker-0");
+    let mut s = spec();
+    s["drain"] = json!({ "timeoutSeconds": 120, "gracePeriodSeconds": 10 });
+    p.create_pool(s);
+    p.start_controller("a", &["--leader-elect=false"]);
+    let web_a = |p: &Pool| {
+        p.api()
+            .get("v1", "Pod", Some("default"), "web-a")
+            .unwrap_or(Value::Null)
+    };
+    p.wait("web-a evicted", 120, |p| {
+        web_a(p)["metadata"]["deletionTimestamp"].is_string()
+    })
+    .await;
+    assert_eq!(web_a(&p)["metadata"]["deletionGracePeriodSeconds"], 10);
+    p.wait("worker-0 done", 120, |p| p.done("worker-0")).await;
+    p.assert_once(&["worker-0"]);
 }
