@@ -267,78 +267,6 @@ fn create() -> Vec<Exchange> {
     ]
 }
 
-fn agent_silent() -> Vec<Exchange> {
-    let silent = Fixture::new("w1", true)
-        .with(ROLLOUT_POOL, "worker")
-        .with(DESIRED_STREAM, "rhel-10")
-        .with(DESIRED_OS_IMAGE, OS10)
-        .with(ROLLOUT_TARGETED, "1000");
-    let why = "streamd did not acknowledge the pool's request within 600 s (no observed-desired for it); its staging slot goes to another node";
-    vec![
-        list_nodes(&[silent, Fixture::new("w2", true)]),
-        patch_node(
-            "w2",
-            Want::Includes(json!({ "metadata": { "annotations": {
-            CHECK_STREAM: "rhel-10",
-        } } })),
-        ),
-        patch_node(
-            "w2",
-            Want::Includes(json!({ "metadata": { "annotations": {
-            DESIRED_STREAM: "rhel-10",
-        } } })),
-        ),
-        event("NodeTargeted", "w2", "node w2: given stream rhel-10"),
-        patch_status(json!({
-            "machineCount": 2,
-            "unavailableMachineCount": 0,
-            "conditions": conditions(
-                ("True", "AgentNotResponding", &format!("node w1: {why}")),
-                ("False", "NotUpdated"),
-                ("False", "AsExpected"),
-            ),
-            "nodes": [{ "name": "w1", "state": "AgentNotResponding", "reason": why }],
-        })),
-        warning("AgentNotResponding", "w1", &format!("node w1: {why}")),
-    ]
-}
-
-fn mco_takeover() -> Vec<Exchange> {
-    let mcd = "machineconfiguration.openshift.io/currentConfig";
-    let draining = staged(Fixture::new("w1", true), "t1")
-        .with(ROLLOUT_STEP, "draining:1:t1")
-        .with(mcd, "rendered-worker-1")
-        .cordoned();
-    vec![
-        list_nodes(&[
-            draining,
-            Fixture::new("w2", true).with(mcd, "rendered-worker-1"),
-        ]),
-        patch_node(
-            "w2",
-            Want::Includes(json!({ "metadata": { "annotations": {
-            CHECK_STREAM: "rhel-10",
-        } } })),
-        ),
-        patch_node("w1", Want::Exact(release_body(true, true, "11"))),
-        event(
-            "NodeReleased",
-            "w1",
-            "node w1: released because the machine-config operator manages the pool's nodes; uncordoned; the pool's request withdrawn",
-        ),
-        patch_status(json!({
-            "machineCount": 2,
-            "unavailableMachineCount": 1,
-            "conditions": conditions(
-                ("False", "ManagedByMachineConfigOperator", "the machine-config operator manages these nodes; readiness checks only"),
-                ("False", "NotUpdated"),
-                ("False", "AsExpected"),
-            ),
-            "readiness": "1 of 2 ready; 1 not checked",
-        })),
-    ]
-}
-
 fn drain_blocked() -> Vec<Exchange> {
     let step = format!("draining:{}:t1", now_secs());
     let draining = staged(Fixture::new("w1", true), "t1")
@@ -380,98 +308,6 @@ fn drain_blocked() -> Vec<Exchange> {
             "w1",
             "node w1: a PodDisruptionBudget refuses an eviction; retrying",
         ),
-    ]
-}
-
-fn drain_settings() -> Vec<Exchange> {
-    let step = format!("draining:{}:t1", now_secs());
-    let draining = staged(Fixture::new("w1", true), "t1")
-        .with(ROLLOUT_STEP, &step)
-        .cordoned();
-    let evict = |name: &str| {
-        Exchange::new(
-            Method::POST,
-            &format!("/api/v1/namespaces/shop/pods/{name}/eviction?"),
-            Want::Exact(json!({
-                "apiVersion": "policy/v1",
-                "kind": "Eviction",
-                "metadata": { "name": name, "namespace": "shop" },
-                "deleteOptions": { "gracePeriodSeconds": 30 },
-            })),
-        )
-        .answer(
-            StatusCode::CREATED,
-            json!({ "kind": "Status", "apiVersion": "v1", "status": "Success" }),
-        )
-    };
-    vec![
-        list_nodes(&[draining]),
-        list_pods(&[
-            labelled(pod("web-a", "ReplicaSet"), "web"),
-            labelled(pod("cache-0", "ReplicaSet"), "cache"),
-            labelled(pod("agent-0", "DaemonSet"), "web"),
-        ]),
-        evict("web-a"),
-        daemon_set("owner", false),
-        evict("agent-0"),
-        patch_status(json!({
-            "nodes": [{
-                "name": "w1",
-                "state": "Draining",
-                "reason": "shop/web-a: terminating; shop/agent-0: terminating",
-            }],
-        })),
-    ]
-}
-
-fn overlap() -> Vec<Exchange> {
-    let infra = Fixture::new("w2", true).label("node-role.kubernetes.io/infra");
-    let both = Fixture::new("w3", true)
-        .label("node-role.kubernetes.io/infra")
-        .label("gpu");
-    let control_plane = Fixture::new("w4", true).label("node-role.kubernetes.io/control-plane");
-    vec![
-        list_nodes(&[Fixture::new("w1", true), infra, both, control_plane]),
-        patch_node(
-            "w1",
-            Want::Includes(json!({ "metadata": { "annotations": {
-            CHECK_STREAM: "rhel-10",
-        } } })),
-        ),
-        patch_node(
-            "w1",
-            Want::Includes(json!({ "metadata": { "annotations": {
-            DESIRED_STREAM: "rhel-10",
-        } } })),
-        ),
-        event("NodeTargeted", "w1", "node w1: given stream rhel-10"),
-        patch_status(json!({ "machineCount": 1, "nodes": null })),
-    ]
-}
-
-fn approval_conflict() -> Vec<Exchange> {
-    let step = format!("draining:{}:t1", now_secs());
-    let draining = staged(Fixture::new("w1", true), "t1")
-        .with(ROLLOUT_STEP, &step)
-        .cordoned();
-    vec![
-        list_nodes(&[draining]),
-        list_pods(&[]),
-        patch_node(
-            "w1",
-            Want::Includes(json!({ "metadata": {
-                "annotations": { REBOOT_APPROVED: "t1" },
-                "resourceVersion": "11",
-            } })),
-        )
-        .answer(StatusCode::CONFLICT, conflict()),
-        patch_status(json!({
-            "nodes": [{
-                "name": "w1",
-                "state": "Draining",
-                "reason": "the node changed since it was listed (uncordoned?); not approved, looked at again",
-            }],
-        })),
     ]
 }
 
@@ -572,6 +408,9 @@ fn deletion() -> Vec<Exchange> {
         } })),
     ]
 }
+
+mod scenarios;
+use scenarios::{agent_silent, approval_conflict, drain_settings, mco_takeover, overlap};
 
 impl ApiServerVerifier {
     /// Answers the requests of `scenario` in order; the task panics at the first one that
