@@ -712,3 +712,42 @@ async fn the_pools_grace_period_reaches_the_evicted_pod() {
     p.wait("worker-0 done", 120, |p| p.done("worker-0")).await;
     p.assert_once(&["worker-0"]);
 }
+
+/// The machine-config daemon marks the nodes while worker-0's drain waits on a
+/// PodDisruptionBudget: the pool turns readiness-only and releases worker-0 (uncordoned, its mark
+/// and the pool's request removed, Event `NodeReleased`) instead of leaving it cordoned; it is
+/// never approved.
+#[tokio::test]
+async fn a_pool_that_becomes_mco_managed_mid_rollout_releases_its_nodes() {
+    let mut p = Pool::start("mcoturn", 2, &[]).await;
+    block_worker0_drain(&p);
+    p.create_pool(spec());
+    p.start_controller("a", &["--leader-elect=false"]);
+    p.wait("worker-0's eviction refused", 120, |p| {
+        p.eviction_refused("worker-0")
+    })
+    .await;
+    for n in p.fleet.nodes() {
+        p.api()
+            .update("v1", "Node", None, &n, |node| {
+                node["metadata"]["annotations"]["machineconfiguration.openshift.io/currentConfig"] =
+                    json!("rendered-worker-0123");
+            })
+            .expect("mcd annotation");
+    }
+    p.wait("worker-0 released, told", 60, |p| {
+        !p.cordoned("worker-0")
+            && p.annotation("worker-0", "rollout-step").is_none()
+            && p.annotation("worker-0", "desired-stream").is_none()
+            && p.event_reasons("worker-0")
+                .iter()
+                .any(|r| r == "NodeReleased")
+    })
+    .await;
+    p.wait("the pool readiness-only", 30, |p| {
+        p.condition("Updating").1 == "ManagedByMachineConfigOperator"
+    })
+    .await;
+    assert!(p.seen().approvals["worker-0"].is_empty());
+    assert!(!p.cordoned("worker-1"));
+}
