@@ -37,6 +37,8 @@ enum Shape {
     StrayMark,
     /// A mark edited by hand, on a staged node.
     Garbled,
+    /// Given the request long ago (past `agentTimeoutSeconds`), never acknowledged.
+    Silent,
 }
 
 /// One generated node: its shape, its `reboot-requested` token and the token in the
@@ -79,6 +81,7 @@ impl Gen {
         let mut n = match self.shape {
             Shape::Fresh => n,
             Shape::Staging => in_state(n, "Staging"),
+            Shape::Silent => set(targeted(n), ROLLOUT_TARGETED, "1000"),
             Shape::Staged => staged(n),
             Shape::Done => in_state(n, "Done"),
             Shape::Refused => set(
@@ -108,6 +111,7 @@ fn gen_node() -> impl Strategy<Value = Gen> {
     let shape = prop_oneof![
         Just(Shape::Fresh),
         Just(Shape::Staging),
+        Just(Shape::Silent),
         Just(Shape::Staged),
         Just(Shape::Done),
         Just(Shape::Refused),
@@ -152,9 +156,10 @@ fn gen_pool() -> impl Strategy<Value = PoolInput> {
         0usize..4,
         prop::bool::weighted(0.2),
         prop::bool::weighted(0.1),
+        any::<bool>(),
     )
         .prop_map(
-            |(max_unavailable, max_concurrent_staging, paused, unresolved)| PoolInput {
+            |(max_unavailable, max_concurrent_staging, paused, unresolved, release)| PoolInput {
                 target: if unresolved {
                     Err("spec.target: no OSImageStream".into())
                 } else {
@@ -163,6 +168,11 @@ fn gen_pool() -> impl Strategy<Value = PoolInput> {
                 max_unavailable,
                 max_concurrent_staging,
                 paused,
+                drain_on_timeout: if release {
+                    OnTimeout::Release
+                } else {
+                    OnTimeout::Retry
+                },
                 ..pool()
             },
         )
@@ -212,6 +222,21 @@ fn check(
     // of them while the request or maxUnavailable is invalid).
     let usable =
         input.target.is_ok() && max_unavailable(input.max_unavailable.as_ref(), free.len()).is_ok();
+    // A node silent past its agent deadline is named (and, above, never targeted again or
+    // cordoned).
+    for (g, n) in free
+        .iter()
+        .filter(|(g, _)| usable && g.shape == Shape::Silent)
+    {
+        prop_assert!(
+            p.summary
+                .issues
+                .iter()
+                .any(|i| i.name == n.name && i.state == "AgentNotResponding"),
+            "{:?} not named",
+            g
+        );
+    }
     let checks: Vec<&str> = p
         .actions
         .iter()
@@ -292,10 +317,12 @@ fn check_step(
             }
         }
         Action::Drain { token, .. } => {
-            // The only step that approves: for the token being drained (also past its
-            // timeout: `onTimeout: retry`); never for a token already approved.
+            // The only step that approves: for the token being drained (past its timeout only
+            // with `onTimeout: retry`); never for a token already approved.
+            let retried = input.drain_on_timeout == OnTimeout::Retry;
             prop_assert!(
-                matches!(g.shape, Shape::Draining { .. }),
+                g.shape == Shape::Draining { old: false }
+                    || (retried && g.shape == Shape::Draining { old: true }),
                 "{:?} of {:?}",
                 a,
                 g
@@ -312,9 +339,16 @@ fn check_step(
                 g
             );
         }
-        Action::SetAside { .. } | Action::Release { .. } => {
+        Action::SetAside { token, .. } => {
+            // Only a drain past its timeout, under `onTimeout: release`, for its own token.
+            prop_assert_eq!(input.drain_on_timeout, OnTimeout::Release);
+            prop_assert_eq!(g.shape, Shape::Draining { old: true }, "{:?} of {:?}", a, g);
+            prop_assert_eq!(token.as_str(), g.requested);
+            prop_assert_eq!(g.marked, g.requested, "{:?} of {:?}", a, g);
+        }
+        Action::Release { .. } => {
             return Err(TestCaseError::fail(format!(
-                "{a:?} under onTimeout retry, without the machine-config operator"
+                "{a:?} without the machine-config operator"
             )));
         }
         Action::Uncordon { .. } => {
