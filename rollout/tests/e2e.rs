@@ -751,3 +751,39 @@ async fn a_pool_that_becomes_mco_managed_mid_rollout_releases_its_nodes() {
     assert!(p.seen().approvals["worker-0"].is_empty());
     assert!(!p.cordoned("worker-1"));
 }
+
+/// worker-1 is cordoned by its admin: worker-0, staged and waiting for its reboot, is held by
+/// unavailability the rollout did not cause, and the pool says so (`Updating` reason `Blocked`
+/// naming worker-1, Warning Event `PoolBlocked`); uncordoned, the pool moves both.
+#[tokio::test]
+async fn a_pool_held_by_a_node_someone_else_cordoned_says_so() {
+    let mut p = Pool::start("blocked", 2, &[]).await;
+    let cordon = |p: &Pool, on: bool| {
+        p.api()
+            .update("v1", "Node", None, "worker-1", |n| {
+                n["spec"]["unschedulable"] = json!(on);
+            })
+            .expect("cordon");
+    };
+    cordon(&p, true);
+    p.create_pool(spec());
+    p.start_controller("a", &["--leader-elect=false"]);
+    p.wait("the pool Blocked, told", 120, |p| {
+        let (_, reason, message) = p.condition("Updating");
+        reason == "Blocked"
+            && message.contains("worker-1 (cordoned)")
+            && p.event_reasons("").iter().any(|r| r == "PoolBlocked")
+    })
+    .await;
+    assert!(
+        !p.cordoned("worker-0"),
+        "worker-0 taken past maxUnavailable"
+    );
+    cordon(&p, false);
+    for n in ["worker-0", "worker-1"] {
+        p.wait(&format!("{n} done"), 120, |p| p.done(n)).await;
+    }
+    p.wait("pool Updated", 30, |p| p.condition("Updated").0 == "True")
+        .await;
+    p.assert_once(&["worker-0", "worker-1"]);
+}
