@@ -787,3 +787,27 @@ async fn a_pool_held_by_a_node_someone_else_cordoned_says_so() {
         .await;
     p.assert_once(&["worker-0", "worker-1"]);
 }
+
+/// `drain.podSelector` limits the drain: worker-0's `app: web` pod is evicted, its
+/// `app: cache` pod stays through the reboot.
+#[tokio::test]
+async fn a_pod_selector_limits_the_drain() {
+    let mut p = Pool::start("podsel", 1, &[]).await;
+    web_replica(&p, "web-a", "worker-0");
+    p.pod(
+        "cache-0",
+        "worker-0",
+        ("ReplicaSet", "cache"),
+        json!({"app": "cache"}),
+    );
+    let mut s = spec();
+    s["drain"] = json!({
+        "timeoutSeconds": 120,
+        "podSelector": { "matchLabels": { "app": "web" } },
+    });
+    p.create_pool(s);
+    p.start_controller("a", &["--leader-elect=false"]);
+    p.wait("worker-0 done", 120, |p| p.done("worker-0")).await;
+    assert_eq!(p.pods_on("worker-0"), ["cache-0"]);
+    p.assert_once(&["worker-0"]);
+}
