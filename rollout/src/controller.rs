@@ -4,8 +4,10 @@
 //! rests on a cache that has not yet seen the controller's own last patch), asks the
 //! [`planner`](crate::planner) what to do, does it with one Node patch per action, and writes
 //! the status. A drain in progress is looked at again every [`DRAIN_RETRY`] (evictions a
-//! PodDisruptionBudget refuses, pods still terminating), as `kubectl drain` retries. What it
-//! does is also told in Events on the pool ([`events`](crate::events)).
+//! PodDisruptionBudget refuses, pods still terminating), as `kubectl drain` retries, one past
+//! its timeout less often, and a pool with a deadline pending when it falls due
+//! ([`Summary::recheck_after`]). What it does is also told in Events on the pool
+//! ([`events`](crate::events)).
 //!
 //! A pool carries the [`FINALIZER`]: deleting it releases its nodes first (see
 //! [`planner::release`]), and a node that leaves the pool's selector is released likewise.
@@ -19,7 +21,6 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::core::{Selector, SelectorExt};
 use kube::runtime::controller::{Action as Requeue, Config, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -34,17 +35,19 @@ use streamd::cluster::streams::{self, Catalog, StreamsUpdate};
 use tokio::sync::watch;
 
 use crate::crd::{
-    DEFAULT_DRAIN_TIMEOUT_SECONDS, DEFAULT_MAX_CONCURRENT_STAGING, StreamPool, Target,
+    DEFAULT_AGENT_TIMEOUT_SECONDS, DEFAULT_DRAIN_TIMEOUT_SECONDS, DEFAULT_MAX_CONCURRENT_STAGING,
+    DEFAULT_REBOOT_TIMEOUT_SECONDS, StreamPool, Target,
 };
 use crate::drain;
 use crate::events::{self, Journal, Note};
 use crate::heartbeat;
 use crate::leader::{Fence, NotLeader};
 use crate::node::{
-    CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, NodeView, ROLLOUT_POOL, ROLLOUT_STEP,
-    Step,
+    CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, NodeView, ROLLOUT_POOL,
+    ROLLOUT_SET_ASIDE, ROLLOUT_STEP, ROLLOUT_TARGETED, Step,
 };
 use crate::planner::{self, Action, CheckKeys, Plan, PoolInput, Release, Summary};
+use crate::selection::{self, Owner};
 use crate::status;
 
 /// Field manager of every write.
@@ -52,7 +55,7 @@ pub const FIELD_MANAGER: &str = "streamd-rollout";
 /// On every StreamPool: the pool goes only once the controller released its nodes.
 pub const FINALIZER: &str = "osstream.openshift.io/rollout";
 /// How often a node being drained is looked at again.
-pub const DRAIN_RETRY: Duration = Duration::from_secs(5);
+pub const DRAIN_RETRY: Duration = Duration::from_secs(planner::DRAIN_PASS_SECONDS);
 /// Look again after a write found the object changed since it was read (409).
 const CONFLICT_RETRY: Duration = Duration::from_secs(1);
 /// Retry after a failed reconcile (API error).
@@ -64,9 +67,6 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
 /// Why a reconcile failed; it is retried after [`ERROR_RETRY`].
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The pool's node selector is malformed.
-    #[error("spec.nodeSelector: {0}")]
-    Selector(String),
     /// An API request failed.
     #[error("{what}: {source}")]
     Api {
@@ -76,10 +76,6 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    /// A node changed since it was listed (a write made with its resourceVersion was a 409):
-    /// another writer, perhaps a replica that took the lease over, acted first.
-    #[error("node {0} changed since it was listed; planning again")]
-    Conflict(String),
     /// This replica could not prove it holds the leader lease, so it made no write.
     #[error(transparent)]
     NotLeader(#[from] NotLeader),
@@ -167,12 +163,14 @@ pub fn action_patch(
         Action::Target { .. } => {
             let os = target.os_image.to_string();
             let ext = target.extensions_image.as_ref().map(ToString::to_string);
+            let at = now.to_string();
             (
                 annotations_patch(&[
                     (DESIRED_STREAM, Some(&target.stream)),
                     (DESIRED_OS_IMAGE, Some(&os)),
                     (DESIRED_EXTENSIONS_IMAGE, ext.as_deref()),
                     (ROLLOUT_POOL, Some(pool)),
+                    (ROLLOUT_TARGETED, Some(&at)),
                 ]),
                 None,
             )
@@ -188,13 +186,26 @@ pub fn action_patch(
                 Some(true),
             )
         }
-        Action::Drain { .. } => return None,
+        Action::Drain { .. } | Action::Release { .. } => return None,
+        Action::Recordon { .. } => (serde_json::Map::new(), Some(true)),
         Action::Uncordon { .. } => (
-            annotations_patch(&[(ROLLOUT_STEP, None), (REBOOT_APPROVED, None)]),
+            annotations_patch(&[
+                (ROLLOUT_STEP, None),
+                (REBOOT_APPROVED, None),
+                (ROLLOUT_SET_ASIDE, None),
+            ]),
+            Some(false),
+        ),
+        Action::SetAside { token, .. } => (
+            annotations_patch(&[(ROLLOUT_STEP, None), (ROLLOUT_SET_ASIDE, Some(token))]),
             Some(false),
         ),
     };
-    let mut patch = json!({ "metadata": { "annotations": annotations } });
+    let mut patch = if annotations.is_empty() {
+        json!({})
+    } else {
+        json!({ "metadata": { "annotations": annotations } })
+    };
     if let Some(u) = unschedulable {
         patch["spec"] = json!({ "unschedulable": u });
     }
@@ -210,12 +221,14 @@ pub fn release_patch(withdraw: bool, uncordon: bool, resource_version: &str) -> 
         (CHECK_STREAM, None),
         (CHECK_OS_IMAGE, None),
         (CHECK_EXTENSIONS_IMAGE, None),
+        (ROLLOUT_SET_ASIDE, None),
     ];
     if withdraw {
         pairs.extend([
             (DESIRED_STREAM, None),
             (DESIRED_OS_IMAGE, None),
             (DESIRED_EXTENSIONS_IMAGE, None),
+            (ROLLOUT_TARGETED, None),
         ]);
     }
     if uncordon {
@@ -231,16 +244,22 @@ pub fn release_patch(withdraw: bool, uncordon: bool, resource_version: &str) -> 
     patch
 }
 
-/// Approves exactly `token` and marks it approved, in one patch.
-pub fn approval_patch(token: &str) -> Value {
+/// Approves exactly `token` and marks it approved at `now`, in one patch, only if the node is
+/// still as listed at `resource_version` (cordoned: one uncordoned meanwhile may have taken new
+/// pods, so the write is a 409 and the next pass looks again).
+pub fn approval_patch(token: &str, now: u64, resource_version: &str) -> Value {
     let step = Step::Approved {
+        since: Some(now),
         token: token.to_string(),
     }
     .render();
-    json!({ "metadata": { "annotations": annotations_patch(&[
-        (REBOOT_APPROVED, Some(token)),
-        (ROLLOUT_STEP, Some(&step)),
-    ]) } })
+    json!({ "metadata": {
+        "annotations": annotations_patch(&[
+            (REBOOT_APPROVED, Some(token)),
+            (ROLLOUT_STEP, Some(&step)),
+        ]),
+        "resourceVersion": resource_version,
+    } })
 }
 
 /// Every write is a merge patch as [`FIELD_MANAGER`].
@@ -309,19 +328,55 @@ impl Scope<'_> {
     }
 }
 
-/// The nodes as listed: those the pool's selector selects, and the others (among which the
-/// ones that left it).
+/// The nodes as listed: those the pool takes ([`selection`]: its selector selects them and no
+/// pool wins over it), and the others (among which the ones that left it).
 struct Listed {
     selected: Vec<Node>,
     unselected: Vec<Node>,
+    /// Selected nodes of two custom pools (node → the other pools): left alone.
+    claimed: BTreeMap<String, String>,
+    /// Why the pool's `nodeSelector` is refused (empty or malformed): it selects nothing and
+    /// releases nothing.
+    invalid: Option<String>,
+}
+
+/// Splits `nodes` between `pool` and the other pools `others` by the machine-config operator's
+/// rule ([`selection::owner`]).
+fn split(pool: &StreamPool, others: &[Arc<StreamPool>], nodes: Vec<Node>) -> Listed {
+    let name = pool.name_any();
+    let mut listed = Listed {
+        selected: Vec::new(),
+        unselected: Vec::new(),
+        claimed: BTreeMap::new(),
+        invalid: selection::selector_error(&pool.spec.node_selector),
+    };
+    for n in nodes {
+        let mut taking: Vec<String> = others
+            .iter()
+            .filter(|p| p.name_any() != name && selection::takes(&p.spec.node_selector, n.labels()))
+            .map(|p| p.name_any())
+            .collect();
+        if selection::takes(&pool.spec.node_selector, n.labels()) {
+            taking.push(name.clone());
+        }
+        let names: Vec<&str> = taking.iter().map(String::as_str).collect();
+        match selection::owner(&names) {
+            Owner::Pool(p) if p == name => listed.selected.push(n),
+            Owner::Conflict(pools) if pools.contains(&name) => {
+                let rest: Vec<String> = pools.into_iter().filter(|p| *p != name).collect();
+                listed.claimed.insert(n.name_any(), rest.join(", "));
+                listed.selected.push(n);
+            }
+            _ => listed.unselected.push(n),
+        }
+    }
+    listed
 }
 
 /// One pass over `pool`: lists the nodes and hands them to [`finalizer`]; its span carries the
 /// pool's name.
 #[tracing::instrument(skip(pool, ctx), fields(pool = %pool.name_any()))]
 async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, Error> {
-    let selector =
-        Selector::try_from(pool.spec.node_selector.clone()).map_err(|e| Error::Selector(e.0))?;
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     // Every node, not only the selected ones: those that left the selector are released.
     let all = nodes
@@ -350,18 +405,8 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
                 .collect(),
         ),
     };
-    let (selected, unselected) = all
-        .items
-        .into_iter()
-        .partition(|n| selector.matches(n.labels()));
-    finalizer(
-        &scope,
-        &Listed {
-            selected,
-            unselected,
-        },
-    )
-    .await
+    let listed = split(&pool, &ctx.pools.state(), all.items);
+    finalizer(&scope, &listed).await
 }
 
 /// Between [`apply`] and [`cleanup`], as kube-runtime's `finalizer` helper: a pool being
@@ -412,49 +457,48 @@ async fn cleanup(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
 /// writes the status.
 async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
     let mut leaving = false;
-    for n in listed.unselected.iter().filter(|n| scope.ours(n)) {
+    // A refused selector selects nothing, and is no reason to let go of the pool's nodes.
+    let leavers = listed
+        .unselected
+        .iter()
+        .filter(|n| listed.invalid.is_none() && scope.ours(n));
+    for n in leavers {
         leaving |= !release_node(scope, n, "it left the pool's selector").await?;
     }
     let leases = match &scope.ctx.heartbeats {
         Some(api) => heartbeat::read(api).await,
         None => BTreeMap::new(),
     };
-    let Some((input, plan)) = plan(scope, &listed.selected, &leases) else {
+    let Some((input, plan)) = plan(scope, listed, &leases) else {
         // The first read of OSImageStream is under way; its arrival reconciles every pool.
         return Ok(Requeue::await_change());
     };
-    let settings = drain::Settings {
-        grace_period_seconds: scope.pool.spec.drain.grace_period_seconds,
-        delete_empty_dir_data: scope.pool.spec.drain.delete_empty_dir_data,
-    };
-    let mut blockers = execute(scope, &input, &plan.actions, settings).await?;
-    for node in &plan.summary.timed_out {
-        blockers.push((
-            node.clone(),
-            timed_out(scope, node, settings, input.drain_timeout_seconds).await,
-        ));
-    }
+    // A malformed podSelector made the pool Degraded (`InvalidSpec`): no drain runs.
+    let settings = drain::Settings::from_spec(&scope.pool.spec.drain).unwrap_or_default();
+    let blockers = execute(scope, &input, &plan.actions, &listed.selected, &settings).await?;
     write_status(scope, &input, &plan.summary, &blockers).await?;
     let now = i64::try_from(input.now).unwrap_or(i64::MAX);
     let ours = listed
         .selected
         .iter()
         .filter_map(|n| leases.get(&n.name_any()));
-    Ok(if !plan.summary.draining.is_empty() || leaving {
-        Requeue::requeue(DRAIN_RETRY)
-    } else if let Some(after) = heartbeat::recheck_after(ours, now) {
-        // A heartbeat that runs out changes nothing the watches see.
-        Requeue::requeue(after)
-    } else {
-        Requeue::await_change()
-    })
+    // A deadline or a heartbeat that runs out changes nothing the watches see.
+    let after = [
+        leaving.then_some(DRAIN_RETRY),
+        plan.summary.recheck_after.map(Duration::from_secs),
+        heartbeat::recheck_after(ours, now),
+    ]
+    .into_iter()
+    .flatten()
+    .min();
+    Ok(after.map_or_else(Requeue::await_change, Requeue::requeue))
 }
 
 /// The planner's input for the pool and its selected nodes, and its plan; `None` while the
 /// target waits for the first read of OSImageStream.
 fn plan(
     scope: &Scope<'_>,
-    selected: &[Node],
+    listed: &Listed,
     leases: &BTreeMap<String, Lease>,
 ) -> Option<(PoolInput, Plan)> {
     let spec = &scope.pool.spec;
@@ -462,20 +506,7 @@ fn plan(
     if catalog.is_none() && spec.target.os_image.is_none() {
         return None;
     }
-    let others: Vec<Arc<StreamPool>> = scope
-        .ctx
-        .pools
-        .state()
-        .into_iter()
-        .filter(|p| p.name_any() != scope.name)
-        .collect();
-    let claimed = selected
-        .iter()
-        .filter_map(|n| {
-            let other = pools_selecting(&others, n.labels()).into_iter().next()?;
-            Some((n.name_any(), other.name))
-        })
-        .collect();
+    let selected = &listed.selected;
     let (target, check) = resolve_target(&spec.target, catalog.as_ref());
     let input = PoolInput {
         target,
@@ -489,8 +520,19 @@ fn plan(
             .drain
             .timeout_seconds
             .unwrap_or(DEFAULT_DRAIN_TIMEOUT_SECONDS),
+        drain_on_timeout: spec.drain.on_timeout.unwrap_or_default(),
+        agent_timeout_seconds: spec
+            .agent_timeout_seconds
+            .unwrap_or(DEFAULT_AGENT_TIMEOUT_SECONDS),
+        reboot_timeout_seconds: spec
+            .reboot_timeout_seconds
+            .unwrap_or(DEFAULT_REBOOT_TIMEOUT_SECONDS),
         now: now_secs(),
-        claimed,
+        spec_error: listed
+            .invalid
+            .clone()
+            .or_else(|| drain::Settings::from_spec(&spec.drain).err()),
+        claimed: listed.claimed.clone(),
     };
     let now = i64::try_from(input.now).unwrap_or(i64::MAX);
     let views: Vec<NodeView> = selected
@@ -505,21 +547,35 @@ fn plan(
 }
 
 /// Does `actions`, one Node patch each (a drain runs a pass first and approves only once no
-/// pod is left), and tells each in an Event; returns the drains not finished, with what is
-/// left (`node`, pods).
+/// pod is left; a release is [`release_node`]'s, of the node as `listed`), and tells each in an
+/// Event; returns the drains not finished, with what is left (`node`, pods).
 async fn execute(
     scope: &Scope<'_>,
     input: &PoolInput,
     actions: &[Action],
-    settings: drain::Settings,
+    listed: &[Node],
+    settings: &drain::Settings,
 ) -> Result<Vec<(String, String)>, Error> {
     let mut blockers = Vec::new();
+    // A node whose write was refused as changed gets no more writes in this pass.
+    let mut conflicted = std::collections::BTreeSet::new();
     for action in actions {
         let node = action.node();
+        if conflicted.contains(node) {
+            continue;
+        }
         let patch = match (action, &input.target) {
+            (Action::Release { .. }, _) => {
+                if let Some(n) = listed.iter().find(|n| n.name_any() == node) {
+                    let why = "the machine-config operator manages the pool's nodes";
+                    release_node(scope, n, why).await?;
+                }
+                continue;
+            }
             (Action::Drain { token, .. }, _) => {
                 scope.ctx.fence.check()?;
-                let pass = drain::pass(&scope.ctx.drain_client, node, settings, true)
+                let now = i64::try_from(input.now).unwrap_or(i64::MAX);
+                let pass = drain::pass(&scope.ctx.drain_client, node, settings, now)
                     .await
                     .map_err(|source| Error::Api {
                         what: format!("draining node {node}"),
@@ -530,7 +586,12 @@ async fn execute(
                     continue;
                 }
                 tracing::info!(node, token, "drained; approving the reboot");
-                approval_patch(token)
+                let listed_version = listed
+                    .iter()
+                    .find(|n| n.name_any() == node)
+                    .and_then(|n| n.resource_version())
+                    .unwrap_or_default();
+                approval_patch(token, input.now, &listed_version)
             }
             (a, Ok(t)) => match action_patch(&scope.name, a, t, input.check.as_ref(), input.now) {
                 Some(p) => p,
@@ -543,7 +604,13 @@ async fn execute(
             (_, Err(_)) => continue,
         };
         tracing::info!(node, action = ?action, "node step");
-        patch_listed_node(scope, node, patch).await?;
+        if !patch_listed_node(scope, node, patch).await? {
+            let why =
+                "the node changed since it was listed (uncordoned?); not approved, looked at again";
+            blockers.push((node.to_string(), why.to_string()));
+            conflicted.insert(node);
+            continue;
+        }
         if let Some(note) = events::for_action(action, &scope.pool.spec.target.stream) {
             scope.publish(note).await;
         }
@@ -551,8 +618,9 @@ async fn execute(
     Ok(blockers)
 }
 
-/// Patches `node` only if the fence holds and the node is as listed.
-async fn patch_listed_node(scope: &Scope<'_>, node: &str, mut patch: Value) -> Result<(), Error> {
+/// Patches `node` only if the fence holds and the node is as listed (or as this pass's last
+/// write of it left it); `false`: it is not (409), look again.
+async fn patch_listed_node(scope: &Scope<'_>, node: &str, mut patch: Value) -> Result<bool, Error> {
     scope.ctx.fence.check()?;
     let listed = scope.version(node);
     if let (Some(rv), Some(meta)) = (listed, patch.get_mut("metadata")) {
@@ -567,29 +635,14 @@ async fn patch_listed_node(scope: &Scope<'_>, node: &str, mut patch: Value) -> R
             if let Some(rv) = written.resource_version() {
                 scope.set_version(node, rv);
             }
-            Ok(())
+            Ok(true)
         }
-        Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::Conflict(node.to_string())),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
         Err(source) => Err(Error::Api {
             what: format!("patching node {node}"),
             source,
         }),
     }
-}
-
-/// Why `node`'s drain is stopped: it timed out after `timeout` seconds; names what is still
-/// there for the admin (read-only).
-async fn timed_out(
-    scope: &Scope<'_>,
-    node: &str,
-    settings: drain::Settings,
-    timeout: u64,
-) -> String {
-    let left = drain::pass(&scope.ctx.drain_client, node, settings, false)
-        .await
-        .map(|p| p.remaining.join("; "))
-        .unwrap_or_else(|e| format!("listing its pods failed: {e}"));
-    format!("drain did not finish within {timeout} s; the node stays cordoned; left: {left}")
 }
 
 /// Writes the pool's status when it changed, then publishes what is news in it.
@@ -724,24 +777,18 @@ fn jiff_now() -> k8s_openapi::jiff::Timestamp {
 }
 
 fn error_policy(pool: Arc<StreamPool>, error: &Error, _ctx: Arc<Context>) -> Requeue {
-    if let Error::Conflict(_) = error {
-        tracing::info!(pool = %pool.name_any(), error = %error, "write conflicted");
-        return Requeue::requeue(CONFLICT_RETRY);
-    }
     tracing::warn!(pool = %pool.name_any(), error = %error, "reconcile failed; retrying");
     Requeue::requeue(ERROR_RETRY)
 }
 
-/// The pools whose selector selects a node with `labels`.
+/// The pools that take a node with `labels` ([`selection::takes`]; each decides who owns it).
 fn pools_selecting(
     pools: &[Arc<StreamPool>],
     labels: &BTreeMap<String, String>,
 ) -> Vec<ObjectRef<StreamPool>> {
     pools
         .iter()
-        .filter(|p| {
-            Selector::try_from(p.spec.node_selector.clone()).is_ok_and(|s| s.matches(labels))
-        })
+        .filter(|p| selection::takes(&p.spec.node_selector, labels))
         .map(|p| ObjectRef::from_obj(p.as_ref()))
         .collect()
 }
@@ -868,153 +915,4 @@ mod fixtures;
 mod reconcile_tests;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn target() -> Desired {
-        Inputs {
-            stream: Some("rhel-10".into()),
-            os_image: Some(
-                "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010"
-                    .into(),
-            ),
-            extensions_image: None,
-            reboot_approved: None,
-        }
-        .desired()
-        .expect("valid")
-        .expect("some")
-    }
-
-    #[test]
-    fn patches_write_only_the_controllers_keys() {
-        let t = target();
-        let node = || "w1".to_string();
-        let p = |a: Action| action_patch("worker", &a, &t, None, 1234);
-        assert_eq!(
-            p(Action::Target { node: node() }),
-            Some(json!({"metadata": {"annotations": {
-                "osstream.openshift.io/desired-stream": "rhel-10",
-                "osstream.openshift.io/desired-os-image": "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010",
-                "osstream.openshift.io/desired-extensions-image": null,
-                "osstream.openshift.io/rollout-pool": "worker",
-            }}}))
-        );
-        assert_eq!(
-            p(Action::Cordon {
-                node: node(),
-                token: "abc.def.1".into()
-            }),
-            Some(json!({
-                "metadata": {"annotations": {"osstream.openshift.io/rollout-step": "draining:1234:abc.def.1"}},
-                "spec": {"unschedulable": true},
-            }))
-        );
-        assert_eq!(
-            p(Action::Uncordon { node: node() }),
-            Some(json!({
-                "metadata": {"annotations": {
-                    "osstream.openshift.io/rollout-step": null,
-                    "osstream.openshift.io/reboot-approved": null,
-                }},
-                "spec": {"unschedulable": false},
-            }))
-        );
-        assert_eq!(
-            p(Action::Drain {
-                node: node(),
-                token: "x".into()
-            }),
-            None
-        );
-        assert_eq!(
-            approval_patch("abc.def.1"),
-            json!({"metadata": {"annotations": {
-                "osstream.openshift.io/reboot-approved": "abc.def.1",
-                "osstream.openshift.io/rollout-step": "approved:abc.def.1",
-            }}})
-        );
-    }
-
-    #[test]
-    fn a_release_removes_the_controllers_keys_only_if_the_node_is_as_listed() {
-        assert_eq!(
-            release_patch(true, true, "42"),
-            json!({
-                "metadata": {
-                    "annotations": {
-                        "osstream.openshift.io/rollout-pool": null,
-                        "osstream.openshift.io/check-stream": null,
-                        "osstream.openshift.io/check-os-image": null,
-                        "osstream.openshift.io/check-extensions-image": null,
-                        "osstream.openshift.io/desired-stream": null,
-                        "osstream.openshift.io/desired-os-image": null,
-                        "osstream.openshift.io/desired-extensions-image": null,
-                        "osstream.openshift.io/rollout-step": null,
-                        "osstream.openshift.io/reboot-approved": null,
-                    },
-                    "resourceVersion": "42",
-                },
-                "spec": {"unschedulable": false},
-            })
-        );
-        let keep = release_patch(false, false, "7");
-        assert_eq!(
-            keep["metadata"]["annotations"].as_object().map(|m| m.len()),
-            Some(4)
-        );
-        assert!(keep.get("spec").is_none());
-    }
-
-    #[test]
-    fn targets_resolve_from_the_spec_or_the_catalog() {
-        use streamd::cluster::streams::StreamImages;
-        let os = "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010";
-        let explicit = Target {
-            stream: "rhel-10".into(),
-            os_image: Some(os.into()),
-            extensions_image: None,
-        };
-        let (d, check) = resolve_target(&explicit, None);
-        assert_eq!(d, Ok(target()));
-        assert_eq!(check.expect("check").os_image.as_deref(), Some(os));
-
-        let by_name = Target {
-            stream: "rhel-10".into(),
-            os_image: None,
-            extensions_image: None,
-        };
-        let catalog = Catalog::Available(vec![StreamImages {
-            name: "rhel-10".into(),
-            os_image: os.into(),
-            os_extensions_image: String::new(),
-            written_by: None,
-        }]);
-        assert_eq!(resolve_target(&by_name, Some(&catalog)).0, Ok(target()));
-        let (d, check) = resolve_target(&by_name, Some(&Catalog::Missing));
-        assert!(
-            d.expect_err("missing")
-                .starts_with("spec.target: OSImageStream")
-        );
-        assert_eq!(check.expect("check").os_image, None);
-
-        let tag = Target {
-            os_image: Some("quay.io/openshift/rhcos:4.20".into()),
-            ..explicit
-        };
-        assert!(
-            resolve_target(&tag, None)
-                .0
-                .expect_err("tag")
-                .contains("not pinned by digest")
-        );
-        let bad = Target {
-            stream: "RHEL 10".into(),
-            os_image: None,
-            extensions_image: None,
-        };
-        let (d, check) = resolve_target(&bad, Some(&catalog));
-        assert!(d.is_err());
-        assert!(check.is_none());
-    }
-}
+mod tests;

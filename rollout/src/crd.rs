@@ -20,6 +20,10 @@ pub const VERSION: &str = "v1alpha1";
 pub const DEFAULT_MAX_CONCURRENT_STAGING: u32 = 10;
 /// Default of `spec.drain.timeoutSeconds`.
 pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: u64 = 600;
+/// Default of `spec.agentTimeoutSeconds`.
+pub const DEFAULT_AGENT_TIMEOUT_SECONDS: u64 = 600;
+/// Default of `spec.rebootTimeoutSeconds`.
+pub const DEFAULT_REBOOT_TIMEOUT_SECONDS: u64 = 1800;
 
 /// A pool of nodes that runs one OS image stream; the controller moves its nodes there a few at
 /// a time.
@@ -42,8 +46,10 @@ pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: u64 = 600;
 )]
 #[serde(rename_all = "camelCase")]
 pub struct StreamPoolSpec {
-    /// The pool's nodes. Kubernetes label-selector semantics: an empty selector selects every
-    /// node, as a MachineConfigPool's does.
+    /// The pool's nodes (Kubernetes label-selector semantics). An empty selector selects nothing
+    /// and the pool is Degraded `InvalidSpec`, as the machine-config operator treats an empty
+    /// MachineConfigPool selector; control-plane nodes only when the selector names that role; a
+    /// custom pool wins over `worker`, and a node of two custom pools is left to neither.
     pub node_selector: LabelSelector,
     /// The stream the pool's nodes run.
     pub target: Target,
@@ -63,6 +69,17 @@ pub struct StreamPoolSpec {
     /// How nodes are drained before their reboot.
     #[serde(default)]
     pub drain: DrainSpec,
+    /// How long a node given the target may take to acknowledge it (`observed-desired`) before
+    /// it is reported `AgentNotResponding` and its staging slot goes to another node. Default
+    /// 600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub agent_timeout_seconds: Option<u64>,
+    /// How long a node approved for its reboot may take to be back, `Done` and Ready, before it
+    /// is reported `NodeNotReturning` (it still counts as unavailable). Default 1800.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub reboot_timeout_seconds: Option<u64>,
 }
 
 /// The target of a pool.
@@ -81,11 +98,11 @@ pub struct Target {
 }
 
 /// Drain settings (the knobs of `kubectl drain`).
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DrainSpec {
-    /// How long a node's drain may take before the pool is Degraded (the node stays cordoned).
-    /// Default 600.
+    /// How long a node's drain may take before it is reported `DrainTimeout` (Warning Event,
+    /// the `Updating` condition's reason, `status.nodes`) and `onTimeout` applies. Default 600.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub timeout_seconds: Option<u64>,
@@ -97,6 +114,32 @@ pub struct DrainSpec {
     /// blocks the drain.
     #[serde(default)]
     pub delete_empty_dir_data: bool,
+    /// A pod whose deletion was due (`deletionTimestamp`) longer ago than this is not waited
+    /// for (kubectl drain's `--skip-wait-for-delete-timeout`); absent: every terminating pod is
+    /// waited for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub skip_wait_for_delete_timeout_seconds: Option<u64>,
+    /// Only the pods this selects are evicted (kubectl drain's `--pod-selector`); the others
+    /// stay on the node through its reboot. Absent: every pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<LabelSelector>,
+    /// What happens to a drain past `timeoutSeconds`. Default `retry`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<OnTimeout>,
+}
+
+/// What happens to a drain past its timeout.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum OnTimeout {
+    /// Keep the node cordoned and keep evicting, less often (every minute, every five after
+    /// ten minutes past the timeout), as the machine-config operator's drain controller does.
+    #[default]
+    Retry,
+    /// Uncordon the node and set it aside (`rollout-set-aside`); the pool moves on with the
+    /// other nodes and takes it again last.
+    Release,
 }
 
 /// What the controller last saw of the pool.

@@ -87,6 +87,26 @@ pub fn for_action(action: &Action, stream: &str) -> Option<Note> {
             Some(node),
             &format!("node {node}: runs {stream}; uncordoned"),
         ),
+        Action::SetAside { node, token } => note(
+            true,
+            "DrainGivenUp",
+            "Release",
+            Some(node),
+            &format!(
+                "node {node}: the drain before reboot {token} did not finish within its timeout; uncordoned and set aside (drain.onTimeout: release), the pool moves on"
+            ),
+        ),
+        Action::Recordon { node } => note(
+            true,
+            "NodeRecordoned",
+            "Drain",
+            Some(node),
+            &format!(
+                "node {node}: uncordoned by someone else while it was drained; cordoned again, the drain goes on (to take it out of the rollout, relabel it out of the pool's selector)"
+            ),
+        ),
+        // Told by `released`, with what the release did.
+        Action::Release { .. } => return None,
     })
 }
 
@@ -143,11 +163,21 @@ fn lasting(status: &StreamPoolStatus) -> Vec<Lasting> {
             )
         }),
     ));
+    let blocked = condition("Updating").filter(|c| c.status == "True" && c.reason == "Blocked");
+    out.push((
+        "blocked".into(),
+        blocked.map_or(String::new(), |c| c.message.clone()),
+        blocked.map(|c| note(true, "PoolBlocked", "Rollout", None, &c.message)),
+    ));
     for issue in &status.nodes {
         let name = issue.name.as_str();
         let (reason, action) = match issue.state.as_str() {
             "Refused" => ("NodeRefused", "Rollout"),
             "Degraded" => ("NodeDegraded", "Rollout"),
+            "AgentNotResponding" => ("AgentNotResponding", "Rollout"),
+            "NodeNotReturning" => ("NodeNotReturning", "Reboot"),
+            "DrainTimeout" => ("DrainTimeout", "Drain"),
+            "Conflict" => ("NodeInSeveralPools", "Rollout"),
             "Draining" if issue.reason.contains("eviction refused (429)") => {
                 ("EvictionBlocked", "Drain")
             }

@@ -6,6 +6,7 @@
 //!
 //! - [`crd`]: the `StreamPool` resource;
 //! - [`node`]: what the controller reads of a Node, and its own progress mark;
+//! - [`selection`]: which pool a node belongs to (the machine-config operator's rule), pure;
 //! - [`planner`]: the reconcile decisions, pure;
 //! - [`status`]: the pool's status from the planner's summary;
 //! - [`drain`]: the Eviction API drain;
@@ -21,6 +22,7 @@
 pub mod crd;
 pub mod node;
 pub mod planner;
+pub mod selection;
 pub mod status;
 
 pub mod drain;

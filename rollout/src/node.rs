@@ -16,10 +16,23 @@ use streamd::cluster::protocol::{
 /// Written by the controller only: how far it got with the node, so that a restart or a new
 /// leader continues without a second drain or approval. Values: `draining:<unix seconds the
 /// drain started>:<reboot-requested token>` (the node is cordoned by the controller and being
-/// drained) and `approved:<token>` (that token was copied into `reboot-approved`). Removed when
+/// drained) and `approved:<unix seconds>:<token>` (that token was copied into `reboot-approved`
+/// then; `rebootTimeoutSeconds` counts from it; an older controller wrote `approved:<token>`,
+/// without the time). Removed when
 /// the controller uncordons the node. Its presence also means "the controller cordoned this
 /// node": a node someone else cordoned never carries it.
 pub const ROLLOUT_STEP: &str = "osstream.openshift.io/rollout-step";
+
+/// Written by the controller only, with the `desired-*` keys: the Unix seconds it gave the node
+/// the pool's request, from which `agentTimeoutSeconds` counts (a node whose streamd does not
+/// acknowledge the request by then is `AgentNotResponding`).
+pub const ROLLOUT_TARGETED: &str = "osstream.openshift.io/rollout-targeted";
+
+/// Written by the controller only, when a drain that ran past `drain.timeoutSeconds` is given up
+/// (`drain.onTimeout: release`): the `reboot-requested` token it gave up on. The node is
+/// uncordoned and waits until every other node had its turn; a new token (or an admin removing
+/// the key) ends it.
+pub const ROLLOUT_SET_ASIDE: &str = "osstream.openshift.io/rollout-set-aside";
 
 /// Written by the controller only, with the `check-*` or `desired-*` keys: the StreamPool whose
 /// request the node carries. It finds a node that left the pool's selector by it (to release
@@ -41,8 +54,10 @@ pub enum Step {
         /// The `reboot-requested` token the drain is for.
         token: String,
     },
-    /// `token` was approved.
+    /// `token` was approved, at `since` (Unix seconds; `None`: an older controller's mark).
     Approved {
+        /// When the approval was written.
+        since: Option<u64>,
         /// The approved token.
         token: String,
     },
@@ -65,11 +80,22 @@ impl Step {
                     token: token.to_string(),
                 };
             }
-        } else if let Some(token) = value.strip_prefix("approved:")
-            && !token.is_empty()
+        } else if let Some(rest) = value.strip_prefix("approved:")
+            && !rest.is_empty()
         {
+            // Tokens are `<hash>.<boot>`: a leading all-digit field before ':' is the time.
+            if let Some((secs, token)) = rest.split_once(':')
+                && let Ok(since) = secs.parse()
+                && !token.is_empty()
+            {
+                return Step::Approved {
+                    since: Some(since),
+                    token: token.to_string(),
+                };
+            }
             return Step::Approved {
-                token: token.to_string(),
+                since: None,
+                token: rest.to_string(),
             };
         }
         Step::Unknown
@@ -79,7 +105,11 @@ impl Step {
     pub fn render(&self) -> String {
         match self {
             Step::Draining { started, token } => format!("draining:{started}:{token}"),
-            Step::Approved { token } => format!("approved:{token}"),
+            Step::Approved {
+                since: Some(since),
+                token,
+            } => format!("approved:{since}:{token}"),
+            Step::Approved { since: None, token } => format!("approved:{token}"),
             Step::Unknown => "unknown".to_string(),
         }
     }
@@ -178,6 +208,17 @@ impl NodeView {
         self.get(ROLLOUT_STEP).map(Step::parse)
     }
 
+    /// When the controller gave the node the pool's request ([`ROLLOUT_TARGETED`]); `None`:
+    /// not written (an older controller) or unreadable.
+    pub fn targeted_at(&self) -> Option<u64> {
+        self.get(ROLLOUT_TARGETED).and_then(|v| v.parse().ok())
+    }
+
+    /// Whether the controller gave up draining the node for `token` ([`ROLLOUT_SET_ASIDE`]).
+    pub fn set_aside_for(&self, token: &str) -> bool {
+        self.get(ROLLOUT_SET_ASIDE) == Some(token)
+    }
+
     /// Whether the machine-config operator manages the node's OS (the readiness protocol's
     /// definition): streamd runs in `readiness` mode, or the machine-config daemon has marked
     /// the node.
@@ -230,6 +271,11 @@ mod tests {
                 token: "0123456789abcdef.0123456789ab.x:y".into(),
             },
             Step::Approved {
+                since: None,
+                token: "abc.def".into(),
+            },
+            Step::Approved {
+                since: Some(1700000000),
                 token: "abc.def".into(),
             },
         ] {

@@ -15,10 +15,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use streamd::cluster::protocol::{CheckId, Desired, Inputs, State, UnknownCheck};
 
-use crate::crd::NodeIssue;
+use crate::crd::{NodeIssue, OnTimeout};
 use crate::node::{
     CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, Heartbeat, NodeView, ROLLOUT_STEP, Step,
 };
+
+/// How often a drain within its timeout is looked at again (evictions a PodDisruptionBudget
+/// refuses, pods still terminating), as `kubectl drain` retries.
+pub const DRAIN_PASS_SECONDS: u64 = 5;
 
 /// The check-* keys the pool asks its not-yet-moved nodes to dry-run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +59,9 @@ pub struct PoolInput {
     pub target: Result<Desired, String>,
     /// What the not-yet-moved nodes are asked to dry-run (`None` with a bad stream name).
     pub check: Option<CheckKeys>,
+    /// What else in the spec is malformed (e.g. `drain.podSelector`): the pool is Degraded
+    /// `InvalidSpec` and nothing but the readiness dry run is done.
+    pub spec_error: Option<String>,
     /// `spec.maxUnavailable` as given (default 1).
     pub max_unavailable: Option<IntOrString>,
     /// `spec.maxConcurrentStaging`, resolved.
@@ -63,10 +70,17 @@ pub struct PoolInput {
     pub paused: bool,
     /// `spec.drain.timeoutSeconds`, resolved.
     pub drain_timeout_seconds: u64,
-    /// Unix seconds now (drain timeouts).
+    /// `spec.drain.onTimeout`, resolved.
+    pub drain_on_timeout: OnTimeout,
+    /// `spec.agentTimeoutSeconds`, resolved.
+    pub agent_timeout_seconds: u64,
+    /// `spec.rebootTimeoutSeconds`, resolved.
+    pub reboot_timeout_seconds: u64,
+    /// Unix seconds now (the deadlines).
     pub now: u64,
-    /// Nodes another pool selects too (node → that pool): the machine-config operator refuses
-    /// such a node, and so does the controller (neither pool touches it; both are Degraded).
+    /// Nodes another custom pool selects too (node → the other pools): the machine-config
+    /// operator leaves such a node to neither, and so does the controller (each pool lists it
+    /// and goes on with its other nodes).
     pub claimed: BTreeMap<String, String>,
 }
 
@@ -103,6 +117,26 @@ pub enum Action {
         /// Node name.
         node: String,
     },
+    /// Cordon again a node someone uncordoned while it was drained (its mark and drain start
+    /// are kept; the drain goes on at the next pass).
+    Recordon {
+        /// Node name.
+        node: String,
+    },
+    /// Give up the drain for `token` (`drain.onTimeout: release`): uncordon the node, remove the
+    /// controller's mark and set it aside for that token; the pool moves on.
+    SetAside {
+        /// Node name.
+        node: String,
+        /// The `reboot-requested` token whose drain is given up.
+        token: String,
+    },
+    /// Release the node as [`release`] says (the pool's nodes became the machine-config
+    /// operator's).
+    Release {
+        /// Node name.
+        node: String,
+    },
 }
 
 impl Action {
@@ -113,16 +147,28 @@ impl Action {
             | Action::Target { node }
             | Action::Cordon { node, .. }
             | Action::Drain { node, .. }
-            | Action::Uncordon { node } => node,
+            | Action::Uncordon { node }
+            | Action::Recordon { node }
+            | Action::SetAside { node, .. }
+            | Action::Release { node } => node,
         }
     }
 }
 
-/// Why the pool is Degraded.
+/// Why the pool is Degraded: it takes no new node until the cause is gone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Degraded {
-    /// CamelCase cause: `TargetUnresolved`, `InvalidSpec`, `NodeInSeveralPools`,
-    /// `NodeDegraded`, `NodeRefused`, `DrainTimeout`.
+    /// CamelCase cause: `TargetUnresolved`, `InvalidSpec`, `NodeDegraded`, `NodeRefused`.
+    pub reason: &'static str,
+    /// One line for a human.
+    pub message: String,
+}
+
+/// Why the rollout waits although it is not Degraded: a node past one of its deadlines, or
+/// unavailability the rollout did not cause (the `Updating` condition's reason).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stall {
+    /// `AgentNotResponding`, `DrainTimeout`, `NodeNotReturning` or `Blocked`.
     pub reason: &'static str,
     /// One line for a human.
     pub message: String,
@@ -145,11 +191,16 @@ pub struct Summary {
     pub max_unavailable: usize,
     /// Why the rollout takes no new nodes; `None`: it does.
     pub degraded: Option<Degraded>,
+    /// The first stall found (every stalled node is also an issue).
+    pub stall: Option<Stall>,
+    /// Seconds until the planner wants to look again although nothing may change in the
+    /// cluster: a drain pass, a drain retry after its timeout, the next deadline.
+    pub recheck_after: Option<u64>,
     /// Nodes an admin should look at.
     pub issues: Vec<NodeIssue>,
     /// Nodes being drained (their blockers are added by the executor).
     pub draining: Vec<String>,
-    /// Nodes whose drain timed out (the executor names the pods still there).
+    /// Nodes whose drain ran past its timeout.
     pub timed_out: Vec<String>,
     /// The readiness line, e.g. `12 of 14 ready; 2 refuse: cpu-level`.
     pub readiness: Option<String>,
@@ -204,6 +255,8 @@ enum Phase {
     Untargeted,
     /// Given the request; streamd checks, pulls or stages.
     Staging,
+    /// Given the request, not acknowledged within `agentTimeoutSeconds`: no staging slot.
+    Unresponsive,
     /// Staged and asking for a reboot; not taken by the controller.
     Waiting,
     /// Taken by the controller (cordoned, draining, approved, rebooting).
@@ -237,12 +290,17 @@ pub fn plan(pool: &PoolInput, nodes: &[NodeView]) -> Plan {
         return Plan { actions, summary };
     };
     if summary.mco_managed {
+        actions.extend(mco_releases(&nodes));
         return Plan { actions, summary };
     }
 
-    let phases: Vec<Phase> = nodes.iter().map(|n| phase(n, target, &hash)).collect();
+    let phases: Vec<Phase> = nodes
+        .iter()
+        .map(|n| phase(pool, n, target, &hash))
+        .collect();
     count(&nodes, &phases, &mut summary);
     agents_down(&nodes, &mut summary);
+    unresponsive(pool, &nodes, &phases, &hash, &mut summary);
 
     // Nodes already taken go on (also while the pool is Degraded: they are unavailable
     // already, and finishing them gives capacity back); `paused` stops them before the next
@@ -258,13 +316,118 @@ pub fn plan(pool: &PoolInput, nodes: &[NodeView]) -> Plan {
 
     let blocked = pool.paused || summary.degraded.is_some();
     if !blocked {
-        actions.extend(new_work(pool, &nodes, &phases, max, summary.unavailable));
+        let work = new_work(pool, &nodes, &phases, max, summary.unavailable);
+        if !work.iter().any(|a| matches!(a, Action::Cordon { .. })) {
+            let stall = blocked_by_others(&nodes, &phases, max, summary.unavailable);
+            if summary.stall.is_none() {
+                summary.stall = stall;
+            }
+        }
+        actions.extend(work);
     }
     Plan { actions, summary }
 }
 
-/// The nodes sorted by name, without those another pool selects too (each an issue, and the
-/// pool Degraded).
+/// A pool whose nodes became the machine-config operator's lets go of those it moves: each
+/// node it cordoned or gave its request is released (see [`release`]; one whose approved
+/// reboot is under way once it is back).
+fn mco_releases(nodes: &[&NodeView]) -> Vec<Action> {
+    nodes
+        .iter()
+        .filter(|n| match release(n) {
+            Release::Wait => false,
+            Release::Now { withdraw, uncordon } => {
+                uncordon || (withdraw && n.inputs().stream.is_some())
+            }
+        })
+        .map(|n| Action::Release {
+            node: n.name.clone(),
+        })
+        .collect()
+}
+
+/// Lowers `summary.recheck_after` to `secs`.
+fn recheck(summary: &mut Summary, secs: u64) {
+    let secs = secs.max(1);
+    summary.recheck_after = Some(summary.recheck_after.map_or(secs, |s| s.min(secs)));
+}
+
+/// Nodes given the request whose streamd did not acknowledge it within `agentTimeoutSeconds`
+/// (each an issue; the first the pool's stall); the others' deadlines are rechecked.
+fn unresponsive(
+    pool: &PoolInput,
+    nodes: &[&NodeView],
+    phases: &[Phase],
+    hash: &str,
+    summary: &mut Summary,
+) {
+    for (n, p) in nodes.iter().zip(phases) {
+        let Some(at) = n.targeted_at() else { continue };
+        let deadline = at.saturating_add(pool.agent_timeout_seconds);
+        match p {
+            Phase::Staging if n.observed() != Some(hash) && deadline >= pool.now => {
+                recheck(summary, deadline - pool.now + 1);
+            }
+            Phase::Unresponsive => {
+                let message = format!(
+                    "streamd did not acknowledge the pool's request within {} s (no observed-desired for it); its staging slot goes to another node",
+                    pool.agent_timeout_seconds
+                );
+                stalled(summary, n, "AgentNotResponding", message);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Records a stalled node: an issue with state `reason` saying `why`, and the pool's stall if it
+/// has none.
+fn stalled(summary: &mut Summary, n: &NodeView, reason: &'static str, why: String) {
+    summary.stall.get_or_insert_with(|| Stall {
+        reason,
+        message: format!("node {}: {why}", n.name),
+    });
+    summary.issues.push(NodeIssue {
+        name: n.name.clone(),
+        state: reason.into(),
+        reason: why,
+    });
+}
+
+/// `Blocked` when a node waits for its reboot slot only because nodes the rollout did not take
+/// (NotReady, or cordoned by someone else) use up `maxUnavailable`.
+fn blocked_by_others(
+    nodes: &[&NodeView],
+    phases: &[Phase],
+    max: usize,
+    unavailable: usize,
+) -> Option<Stall> {
+    let waiting = nodes
+        .iter()
+        .zip(phases)
+        .any(|(n, p)| *p == Phase::Waiting && cordonable(n));
+    let foreign: Vec<String> = nodes
+        .iter()
+        .filter(|n| unavailable_node(n) && !n.annotations.contains_key(ROLLOUT_STEP))
+        .map(|n| {
+            let why = if n.ready { "cordoned" } else { "NotReady" };
+            format!("{} ({why})", n.name)
+        })
+        .collect();
+    let own = unavailable.saturating_sub(foreign.len());
+    if !waiting || unavailable < max || foreign.is_empty() || own >= max {
+        return None;
+    }
+    Some(Stall {
+        reason: "Blocked",
+        message: format!(
+            "nodes the rollout did not take are unavailable and use maxUnavailable {max}: {}; it goes on when they are Ready and schedulable again",
+            foreign.join(", ")
+        ),
+    })
+}
+
+/// The nodes sorted by name, without those another custom pool selects too (each an issue).
 fn unclaimed<'a>(
     pool: &PoolInput,
     nodes: &'a [NodeView],
@@ -275,18 +438,13 @@ fn unclaimed<'a>(
     let mut nodes = Vec::with_capacity(all.len());
     for n in all {
         match pool.claimed.get(&n.name) {
-            Some(other) => {
-                let message = format!("node {} is also selected by StreamPool {other}", n.name);
-                summary.issues.push(NodeIssue {
-                    name: n.name.clone(),
-                    state: "Conflict".into(),
-                    reason: message.clone(),
-                });
-                summary.degraded.get_or_insert(Degraded {
-                    reason: "NodeInSeveralPools",
-                    message,
-                });
-            }
+            Some(other) => summary.issues.push(NodeIssue {
+                name: n.name.clone(),
+                state: "Conflict".into(),
+                reason: format!(
+                    "also selected by the custom StreamPool {other}: a node of two custom pools is left to neither (as the machine-config operator does) until one stops selecting it"
+                ),
+            }),
             None => nodes.push(n),
         }
     }
@@ -300,6 +458,13 @@ fn usable_target<'a>(
     max: &Result<usize, MaxUnavailableError>,
     summary: &mut Summary,
 ) -> Option<&'a Desired> {
+    if let Some(why) = &pool.spec_error {
+        summary.degraded.get_or_insert(Degraded {
+            reason: "InvalidSpec",
+            message: why.clone(),
+        });
+        return None;
+    }
     match (&pool.target, max) {
         (Err(why), _) => {
             summary.degraded.get_or_insert(Degraded {
@@ -413,17 +578,17 @@ fn new_work(
             node: n.name.clone(),
         })
         .collect();
-    for (n, p) in nodes.iter().zip(phases) {
+    // Nodes whose drain was given up for their token go last.
+    let (fresh, aside): (Vec<_>, Vec<_>) = nodes
+        .iter()
+        .zip(phases)
+        .filter(|(n, p)| **p == Phase::Waiting && cordonable(n))
+        .partition(|(n, _)| !n.reboot_requested().is_some_and(|t| n.set_aside_for(t)));
+    for (n, _) in fresh.into_iter().chain(aside) {
         if unavailable >= max {
             break;
         }
-        // A node whose agent is gone could not take the approval: cordoned and drained, it
-        // would stay so.
-        if *p == Phase::Waiting
-            && !unavailable_node(n)
-            && !matches!(n.heartbeat, Heartbeat::Stale { .. })
-            && let Some(token) = n.reboot_requested()
-        {
+        if let Some(token) = n.reboot_requested() {
             actions.push(Action::Cordon {
                 node: n.name.clone(),
                 token: token.to_string(),
@@ -432,6 +597,14 @@ fn new_work(
         }
     }
     actions
+}
+
+/// A node waiting for its reboot may be taken: available, and its agent alive (a node whose
+/// agent is gone could not take the approval: cordoned and drained, it would stay so).
+fn cordonable(n: &NodeView) -> bool {
+    !unavailable_node(n)
+        && !matches!(n.heartbeat, Heartbeat::Stale { .. })
+        && n.reboot_requested().is_some()
 }
 
 /// Whether the node carries the pool's request in its desired-* keys.
@@ -452,7 +625,7 @@ fn unavailable_node(n: &NodeView) -> bool {
     !n.ready || n.unschedulable
 }
 
-fn phase(n: &NodeView, target: &Desired, hash: &str) -> Phase {
+fn phase(pool: &PoolInput, n: &NodeView, target: &Desired, hash: &str) -> Phase {
     let given = on_target(n, target);
     let acked = given && n.observed() == Some(hash);
     let state = n.state();
@@ -471,8 +644,12 @@ fn phase(n: &NodeView, target: &Desired, hash: &str) -> Phase {
             Phase::Untargeted
         };
     }
+    let silent = n
+        .targeted_at()
+        .is_some_and(|at| pool.now.saturating_sub(at) > pool.agent_timeout_seconds);
     match (given, acked, state) {
         (false, _, _) => Phase::Untargeted,
+        (true, false, _) if silent => Phase::Unresponsive,
         (true, true, Some(State::Done)) => Phase::Updated,
         (true, true, Some(State::Staged)) if n.reboot_requested().is_some() => Phase::Waiting,
         _ => Phase::Staging,
@@ -483,53 +660,113 @@ fn phase(n: &NodeView, target: &Desired, hash: &str) -> Phase {
 fn in_flight(pool: &PoolInput, n: &NodeView, hash: &str, summary: &mut Summary) -> Option<Action> {
     let acked = n.observed() == Some(hash);
     let step = n.step()?;
+    if acked && n.state() == Some(State::Done) && n.ready {
+        return Some(Action::Uncordon {
+            node: n.name.clone(),
+        });
+    }
+    if let Step::Approved {
+        since: Some(since),
+        token,
+    } = &step
+    {
+        // A new token on a staged node is drained again below: not a reboot overdue.
+        let restaged = n.state() == Some(State::Staged) && n.reboot_requested() != Some(token);
+        let deadline = since.saturating_add(pool.reboot_timeout_seconds);
+        if !restaged && pool.now > deadline {
+            let message = format!(
+                "approved for its reboot at {since} (Unix seconds) and not back Done and Ready within {} s; it still counts as unavailable",
+                pool.reboot_timeout_seconds
+            );
+            stalled(summary, n, "NodeNotReturning", message);
+        } else if !restaged {
+            recheck(summary, deadline - pool.now + 1);
+        }
+    }
     match (acked, n.state()) {
-        (true, Some(State::Done)) if n.ready => Some(Action::Uncordon {
+        (true, Some(State::Staged)) => staged_in_flight(pool, n, step, summary),
+        // Rebooting, coming back, or staging again: wait for streamd.
+        _ => None,
+    }
+}
+
+/// The next step for a staged node the controller has taken: drain it, retry or give up a
+/// drain past its timeout, or drain again for a new token.
+fn staged_in_flight(
+    pool: &PoolInput,
+    n: &NodeView,
+    step: Step,
+    summary: &mut Summary,
+) -> Option<Action> {
+    let token = n.reboot_requested()?;
+    if pool.paused {
+        return None;
+    }
+    let drain = Action::Drain {
+        node: n.name.clone(),
+        token: token.to_string(),
+    };
+    match step {
+        Step::Approved {
+            token: approved, ..
+        } if approved == token => None,
+        // Uncordoned by someone else mid-drain: cordoned again before anything else (as the
+        // machine-config operator's drain controller does), never approved uncordoned.
+        Step::Draining {
+            token: draining, ..
+        } if draining == token && !n.unschedulable => Some(Action::Recordon {
             node: n.name.clone(),
         }),
-        (true, Some(State::Staged)) => {
-            let token = n.reboot_requested()?;
-            if pool.paused {
-                return None;
-            }
-            match step {
-                Step::Approved { token: approved } if approved == token => None,
-                Step::Draining {
-                    started,
-                    token: draining,
-                } if draining == token => {
-                    let waited = pool.now.saturating_sub(started);
-                    if waited > pool.drain_timeout_seconds {
-                        summary.timed_out.push(n.name.clone());
-                        if summary.degraded.is_none() {
-                            summary.degraded = Some(Degraded {
-                                reason: "DrainTimeout",
-                                message: format!(
-                                    "node {}: drain did not finish within {} s",
-                                    n.name, pool.drain_timeout_seconds
-                                ),
-                            });
-                        }
-                        return None;
-                    }
-                    summary.draining.push(n.name.clone());
-                    Some(Action::Drain {
-                        node: n.name.clone(),
-                        token: token.to_string(),
-                    })
+        Step::Draining {
+            started,
+            token: draining,
+        } if draining == token => {
+            let waited = pool.now.saturating_sub(started);
+            let Some(over) = waited.checked_sub(pool.drain_timeout_seconds + 1) else {
+                summary.draining.push(n.name.clone());
+                recheck(summary, DRAIN_PASS_SECONDS);
+                return Some(drain);
+            };
+            summary.timed_out.push(n.name.clone());
+            let then = match pool.drain_on_timeout {
+                OnTimeout::Retry => "it stays cordoned and the drain is retried",
+                OnTimeout::Release => {
+                    "it is uncordoned and set aside until the other nodes had their turn"
                 }
-                // A new token (streamd staged again after a reboot nobody approved, or a
-                // rollback), or a mark edited by hand: drain again from the start (the node
-                // is still cordoned, so this adds no unavailability) and approve the new one.
-                _ => Some(Action::Cordon {
+            };
+            let message = format!(
+                "drain did not finish within {} s; {then}",
+                pool.drain_timeout_seconds
+            );
+            stalled(summary, n, "DrainTimeout", message);
+            match pool.drain_on_timeout {
+                OnTimeout::Retry => {
+                    recheck(summary, drain_retry_after(over));
+                    Some(drain)
+                }
+                OnTimeout::Release => Some(Action::SetAside {
                     node: n.name.clone(),
                     token: token.to_string(),
                 }),
             }
         }
-        // Rebooting, coming back, or staging again: wait for streamd.
-        _ => None,
+        // A new token (streamd staged again after a reboot nobody approved, or a
+        // rollback), or a mark edited by hand: drain again from the start (the node
+        // is still cordoned, so this adds no unavailability) and approve the new one.
+        _ => Some(Action::Cordon {
+            node: n.name.clone(),
+            token: token.to_string(),
+        }),
     }
+}
+
+/// How long to wait before the next pass of a drain `over` seconds past its timeout, as the
+/// machine-config operator's drain controller backs off a failing drain
+/// (openshift/machine-config-operator:pkg/controller/drain/drain_controller.go, release-4.21,
+/// `DrainRequeueDelay` 1 min, `DrainRequeueFailingDelay` 5 min past
+/// `DrainRequeueFailingThreshold` 10 min).
+pub fn drain_retry_after(over: u64) -> u64 {
+    if over < 600 { 60 } else { 300 }
 }
 
 /// What happens to a node the pool lets go (the pool is being deleted, or the node left its
@@ -555,7 +792,7 @@ pub enum Release {
 /// by then, or the node may have left for another pool.
 pub fn release(n: &NodeView) -> Release {
     let state = n.state();
-    if let Some(Step::Approved { token }) = n.step() {
+    if let Some(Step::Approved { token, .. }) = n.step() {
         let rebooting = match state {
             Some(State::Rebooting) => true,
             Some(State::Staged) => n.reboot_requested() == Some(token.as_str()),

@@ -21,9 +21,15 @@ pub fn build(
     drain_blockers: &[(String, String)],
     now: Time,
 ) -> StreamPoolStatus {
-    let all_updated = summary.machines > 0 && summary.updated == summary.machines;
+    // An empty pool has nothing left to move: Updated, as a MachineConfigPool without machines.
+    // A pool Degraded for its spec or target is not Updated, even with nothing to move.
+    let all_updated = summary.updated == summary.machines && summary.degraded.is_none();
     let degraded = summary.degraded.as_ref();
-    let (updating_reason, updating_message) = if summary.mco_managed {
+    // A refused spec moves nothing: not Updating.
+    let refused = degraded.filter(|d| d.reason == "InvalidSpec");
+    let (updating_reason, updating_message) = if let Some(d) = refused {
+        (d.reason, d.message.clone())
+    } else if summary.mco_managed {
         (
             "ManagedByMachineConfigOperator",
             "the machine-config operator manages these nodes; readiness checks only".to_string(),
@@ -32,6 +38,8 @@ pub fn build(
         ("Paused", "the pool is paused".to_string())
     } else if all_updated {
         ("Updated", String::new())
+    } else if let Some(stall) = &summary.stall {
+        (stall.reason, stall.message.clone())
     } else {
         (
             "Updating",
@@ -44,7 +52,11 @@ pub fn build(
     let wanted = [
         cond(
             "Updating",
-            !all_updated && !paused && !summary.mco_managed && target.is_some(),
+            !all_updated
+                && !paused
+                && !summary.mco_managed
+                && target.is_some()
+                && refused.is_none(),
             updating_reason,
             updating_message,
         ),
@@ -174,6 +186,45 @@ mod tests {
             s.nodes[0].reason
         );
         assert_eq!(s.nodes.len(), 2);
+    }
+
+    #[test]
+    fn an_empty_pool_is_updated() {
+        let s = build(
+            &Summary::default(),
+            Some(1),
+            Some("t".into()),
+            false,
+            None,
+            &[],
+            at(1),
+        );
+        assert_eq!(status_of(&s, "Updated"), ("True", "Updated", 1));
+        assert_eq!(status_of(&s, "Updating").0, "False");
+    }
+
+    #[test]
+    fn a_stall_names_the_updating_reason() {
+        let stalled = Summary {
+            machines: 2,
+            stall: Some(crate::planner::Stall {
+                reason: "NodeNotReturning",
+                message: "node w1: approved for its reboot at 5 (Unix seconds) and not back".into(),
+            }),
+            ..Summary::default()
+        };
+        let s = build(&stalled, Some(1), Some("t".into()), false, None, &[], at(1));
+        let c = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Updating")
+            .expect("Updating");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "NodeNotReturning")
+        );
+        assert!(c.message.starts_with("node w1: approved"), "{}", c.message);
+        assert_eq!(status_of(&s, "Degraded").0, "False");
     }
 
     #[test]

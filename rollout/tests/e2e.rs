@@ -524,3 +524,346 @@ async fn a_node_leaving_the_selector_is_released_and_never_approved() {
         Some("rhel-9")
     );
 }
+
+// Stalls with names and deadlines: a node whose streamd never acknowledges the target, and a
+// node that does not come back from its reboot in time. Each is reported by name and deadline,
+// and the pool goes on (or holds) exactly as far as `maxUnavailable` allows.
+
+/// The pool's `status.nodes[]` entry of `node` in `state`.
+fn reported(p: &Pool, node: &str, state: &str) -> bool {
+    p.status()["nodes"]
+        .as_array()
+        .is_some_and(|ns| ns.iter().any(|n| n["name"] == node && n["state"] == state))
+}
+
+/// The Events of `reason` (type, node).
+fn events_of(p: &Pool, reason: &str) -> Vec<(String, String)> {
+    p.events()
+        .into_iter()
+        .filter(|e| e.reason == reason)
+        .map(|e| (e.type_, e.node))
+        .collect()
+}
+
+/// worker-0's streamd is stopped before the pool exists: it is given the target (one staging
+/// slot) and never acknowledges it; after `agentTimeoutSeconds` it is `AgentNotResponding` (the
+/// `Updating` reason, `status.nodes`, one Warning Event) and the slot goes to worker-1, which
+/// moves. streamd back, worker-0 acknowledges and moves too.
+#[tokio::test]
+async fn a_silent_agent_frees_its_staging_slot_and_is_named() {
+    let mut p = Pool::start("silent", 2, &[]).await;
+    assert!(
+        p.fleet
+            .stop_streamd("worker-0")
+            .await
+            .expect("stop streamd")
+    );
+    let mut s = spec();
+    s["agentTimeoutSeconds"] = json!(4);
+    p.create_pool(s);
+    p.start_controller("a", &["--leader-elect=false"]);
+    p.wait("worker-0 AgentNotResponding", 60, |p| {
+        reported(p, "worker-0", "AgentNotResponding")
+    })
+    .await;
+    let (status, reason, message) = p.condition("Updating");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "AgentNotResponding")
+    );
+    assert!(
+        message.starts_with("node worker-0: streamd did not acknowledge"),
+        "{message}"
+    );
+    p.wait("worker-1 done", 120, |p| p.done("worker-1")).await;
+    assert!(!p.cordoned("worker-0"), "the silent node was cordoned");
+
+    p.fleet
+        .start_streamd("worker-0")
+        .await
+        .expect("start streamd");
+    p.wait("worker-0 done", 120, |p| p.done("worker-0")).await;
+    p.wait("pool Updated", 30, |p| p.condition("Updated").0 == "True")
+        .await;
+    assert!(!reported(&p, "worker-0", "AgentNotResponding"));
+    p.assert_once(&["worker-0", "worker-1"]);
+    assert_eq!(
+        events_of(&p, "AgentNotResponding"),
+        [("Warning".to_string(), "worker-0".to_string())]
+    );
+}
+
+/// Reboots take 8 s and `rebootTimeoutSeconds` is 2: worker-0 is `NodeNotReturning` while down,
+/// still counts as unavailable (worker-1 is not taken in its place), and once it is back the pool
+/// finishes; never more than one node unavailable.
+#[tokio::test]
+async fn a_node_not_back_in_time_is_named_and_still_holds_its_slot() {
+    let mut p = Pool::start_with("noreturn", 2, &[], |o| {
+        o.reboot_downtime = Duration::from_secs(8);
+    })
+    .await;
+    let mut s = spec();
+    s["rebootTimeoutSeconds"] = json!(2);
+    s["maxConcurrentStaging"] = json!(2);
+    p.create_pool(s);
+    p.start_controller("a", &["--leader-elect=false"]);
+    p.wait("worker-0 NodeNotReturning", 120, |p| {
+        reported(p, "worker-0", "NodeNotReturning")
+    })
+    .await;
+    assert_eq!(p.condition("Updating").1, "NodeNotReturning");
+    assert!(
+        !p.cordoned("worker-1"),
+        "worker-1 taken in worker-0's place"
+    );
+    assert!(p.seen().approvals["worker-1"].is_empty());
+    p.wait("worker-0 done", 120, |p| p.done("worker-0")).await;
+    p.wait("worker-1 done", 120, |p| p.done("worker-1")).await;
+    p.wait("pool Updated", 30, |p| p.condition("Updated").0 == "True")
+        .await;
+    p.assert_once(&["worker-0", "worker-1"]);
+    assert_eq!(p.max_unavailable_seen().await, 1);
+    // Each node's reboot is as slow: each is told once.
+    let warned = |n: &str| ("Warning".to_string(), n.to_string());
+    assert_eq!(
+        events_of(&p, "NodeNotReturning"),
+        [warned("worker-0"), warned("worker-1")]
+    );
+}
+
+// Drains that do not finish are not the end of the pool.
+
+/// worker-0's drain is held by a PodDisruptionBudget past `drain.timeoutSeconds` with
+/// `onTimeout: release`: it is uncordoned and set aside (Warning `DrainGivenUp`), worker-1 is
+/// taken and moves, and worker-0, taken again last, moves once the budget lets its pod go; one
+/// approval per node, never two nodes unavailable.
+#[tokio::test]
+async fn a_drain_past_its_timeout_is_set_aside_and_the_pool_moves_on() {
+    let mut p = Pool::start("aside", 2, &[]).await;
+    block_worker0_drain(&p);
+    let mut s = spec();
+    s["maxConcurrentStaging"] = json!(2);
+    s["drain"] = json!({ "timeoutSeconds": 3, "onTimeout": "release" });
+    p.create_pool(s);
+    p.start_controller("a", &["--leader-elect=false"]);
+    p.wait("worker-0 set aside", 120, |p| {
+        p.annotation("worker-0", "rollout-set-aside").is_some()
+    })
+    .await;
+    p.wait("worker-1 done", 120, |p| p.done("worker-1")).await;
+    assert!(p.seen().approvals["worker-0"].is_empty());
+    // The budget lets web-a go once another replica runs.
+    web_replica(&p, "web-b", "worker-1");
+    p.wait("worker-0 done", 120, |p| p.done("worker-0")).await;
+    p.wait("pool Updated", 30, |p| p.condition("Updated").0 == "True")
+        .await;
+    assert_eq!(p.annotation("worker-0", "rollout-set-aside"), None);
+    // worker-0 was drained again when taken back; each node approved once.
+    let seen = p.seen();
+    assert!(seen.drains["worker-0"].len() >= 2, "{:?}", seen.drains);
+    assert_eq!(seen.drains["worker-1"].len(), 1, "{:?}", seen.drains);
+    for n in ["worker-0", "worker-1"] {
+        assert_eq!(seen.approvals[n].len(), 1, "{n}: {:?}", seen.approvals);
+    }
+    assert_eq!(p.max_unavailable_seen().await, 1);
+    let given_up = p.event_reasons("worker-0");
+    assert!(
+        given_up.iter().any(|r| r == "DrainGivenUp")
+            && given_up.iter().any(|r| r == "DrainTimeout"),
+        "{given_up:?}"
+    );
+}
+
+/// worker-0 is uncordoned by someone else while its drain waits on a PodDisruptionBudget: it is
+/// cordoned again (Warning `NodeRecordoned`), never approved uncordoned, and moves once the
+/// budget lets its pod go.
+#[tokio::test]
+async fn a_node_uncordoned_mid_drain_is_cordoned_again() {
+    let mut p = Pool::start("recordon", 2, &[]).await;
+    block_worker0_drain(&p);
+    p.create_pool(spec());
+    p.start_controller("a", &["--leader-elect=false"]);
+    p.wait("worker-0's eviction refused", 120, |p| {
+        p.eviction_refused("worker-0")
+    })
+    .await;
+    p.api()
+        .update("v1", "Node", None, "worker-0", |n| {
+            n["spec"]["unschedulable"] = json!(false);
+        })
+        .expect("uncordon");
+    // The Event follows the patch.
+    p.wait("worker-0 cordoned again, told", 30, |p| {
+        p.cordoned("worker-0")
+            && p.event_reasons("worker-0")
+                .iter()
+                .any(|r| r == "NodeRecordoned")
+    })
+    .await;
+    assert!(p.seen().approvals["worker-0"].is_empty());
+    release_and_finish(&p, p.annotation("worker-0", "rollout-step")).await;
+}
+
+/// worker-1 is also labelled `infra`, which the custom pool `infra` selects: it is infra's (a
+/// custom pool wins over `worker`, as in the machine-config operator), each pool moves its own
+/// node once, and `worker` counts one machine.
+#[tokio::test]
+async fn a_custom_pool_wins_a_node_over_worker() {
+    let mut p = Pool::start("custom", 2, &[]).await;
+    p.api()
+        .update("v1", "Node", None, "worker-1", |n| {
+            n["metadata"]["labels"]["node-role.kubernetes.io/infra"] = json!("");
+        })
+        .expect("label");
+    let mut infra = spec();
+    infra["nodeSelector"] = json!({ "matchLabels": { "node-role.kubernetes.io/infra": "" } });
+    p.create_named_pool("infra", infra);
+    p.create_pool(spec());
+    p.start_controller("a", &["--leader-elect=false"]);
+    for n in ["worker-0", "worker-1"] {
+        p.wait(&format!("{n} done"), 120, |p| p.done(n)).await;
+    }
+    p.wait("pool worker Updated", 30, |p| {
+        p.condition("Updated").0 == "True"
+    })
+    .await;
+    assert_eq!(p.status()["machineCount"], 1);
+    assert_eq!(
+        p.annotation("worker-1", "rollout-pool").as_deref(),
+        Some("infra")
+    );
+    assert_eq!(
+        p.annotation("worker-0", "rollout-pool").as_deref(),
+        Some("worker")
+    );
+    p.assert_once(&["worker-0", "worker-1"]);
+}
+
+/// The pool's `drain.gracePeriodSeconds` (10) reaches the evicted pod as its
+/// `deletionGracePeriodSeconds` (the pod's own would be 30): the Eviction carries it as
+/// `deleteOptions`, the key the API server reads. The kubelet stand-in takes 60 s to stop a pod,
+/// at most its grace period, so the drain waits out the pool's 10 s, not 60.
+#[tokio::test]
+async fn the_pools_grace_period_reaches_the_evicted_pod() {
+    let mut p = Pool::start("grace", 1, &[]).await;
+    p.api()
+        .control(ApiServerCmd::PodRemoval { delay_ms: 60_000 })
+        .await
+        .expect("pod-removal");
+    web_replica(&p, "web-a", "worker-0");
+    let mut s = spec();
+    s["drain"] = json!({ "timeoutSeconds": 120, "gracePeriodSeconds": 10 });
+    p.create_pool(s);
+    p.start_controller("a", &["--leader-elect=false"]);
+    let web_a = |p: &Pool| {
+        p.api()
+            .get("v1", "Pod", Some("default"), "web-a")
+            .unwrap_or(Value::Null)
+    };
+    p.wait("web-a evicted", 120, |p| {
+        web_a(p)["metadata"]["deletionTimestamp"].is_string()
+    })
+    .await;
+    assert_eq!(web_a(&p)["metadata"]["deletionGracePeriodSeconds"], 10);
+    p.wait("worker-0 done", 120, |p| p.done("worker-0")).await;
+    p.assert_once(&["worker-0"]);
+}
+
+/// The machine-config daemon marks the nodes while worker-0's drain waits on a
+/// PodDisruptionBudget: the pool turns readiness-only and releases worker-0 (uncordoned, its mark
+/// and the pool's request removed, Event `NodeReleased`) instead of leaving it cordoned; it is
+/// never approved.
+#[tokio::test]
+async fn a_pool_that_becomes_mco_managed_mid_rollout_releases_its_nodes() {
+    let mut p = Pool::start("mcoturn", 2, &[]).await;
+    block_worker0_drain(&p);
+    p.create_pool(spec());
+    p.start_controller("a", &["--leader-elect=false"]);
+    p.wait("worker-0's eviction refused", 120, |p| {
+        p.eviction_refused("worker-0")
+    })
+    .await;
+    for n in p.fleet.nodes() {
+        p.api()
+            .update("v1", "Node", None, &n, |node| {
+                node["metadata"]["annotations"]["machineconfiguration.openshift.io/currentConfig"] =
+                    json!("rendered-worker-0123");
+            })
+            .expect("mcd annotation");
+    }
+    p.wait("worker-0 released, told", 60, |p| {
+        !p.cordoned("worker-0")
+            && p.annotation("worker-0", "rollout-step").is_none()
+            && p.annotation("worker-0", "desired-stream").is_none()
+            && p.event_reasons("worker-0")
+                .iter()
+                .any(|r| r == "NodeReleased")
+    })
+    .await;
+    p.wait("the pool readiness-only", 30, |p| {
+        p.condition("Updating").1 == "ManagedByMachineConfigOperator"
+    })
+    .await;
+    assert!(p.seen().approvals["worker-0"].is_empty());
+    assert!(!p.cordoned("worker-1"));
+}
+
+/// worker-1 is cordoned by its admin: worker-0, staged and waiting for its reboot, is held by
+/// unavailability the rollout did not cause, and the pool says so (`Updating` reason `Blocked`
+/// naming worker-1, Warning Event `PoolBlocked`); uncordoned, the pool moves both.
+#[tokio::test]
+async fn a_pool_held_by_a_node_someone_else_cordoned_says_so() {
+    let mut p = Pool::start("blocked", 2, &[]).await;
+    let cordon = |p: &Pool, on: bool| {
+        p.api()
+            .update("v1", "Node", None, "worker-1", |n| {
+                n["spec"]["unschedulable"] = json!(on);
+            })
+            .expect("cordon");
+    };
+    cordon(&p, true);
+    p.create_pool(spec());
+    p.start_controller("a", &["--leader-elect=false"]);
+    p.wait("the pool Blocked, told", 120, |p| {
+        let (_, reason, message) = p.condition("Updating");
+        reason == "Blocked"
+            && message.contains("worker-1 (cordoned)")
+            && p.event_reasons("").iter().any(|r| r == "PoolBlocked")
+    })
+    .await;
+    assert!(
+        !p.cordoned("worker-0"),
+        "worker-0 taken past maxUnavailable"
+    );
+    cordon(&p, false);
+    for n in ["worker-0", "worker-1"] {
+        p.wait(&format!("{n} done"), 120, |p| p.done(n)).await;
+    }
+    p.wait("pool Updated", 30, |p| p.condition("Updated").0 == "True")
+        .await;
+    p.assert_once(&["worker-0", "worker-1"]);
+}
+
+/// `drain.podSelector` limits the drain: worker-0's `app: web` pod is evicted, its
+/// `app: cache` pod stays through the reboot.
+#[tokio::test]
+async fn a_pod_selector_limits_the_drain() {
+    let mut p = Pool::start("podsel", 1, &[]).await;
+    web_replica(&p, "web-a", "worker-0");
+    p.pod(
+        "cache-0",
+        "worker-0",
+        ("ReplicaSet", "cache"),
+        json!({"app": "cache"}),
+    );
+    let mut s = spec();
+    s["drain"] = json!({
+        "timeoutSeconds": 120,
+        "podSelector": { "matchLabels": { "app": "web" } },
+    });
+    p.create_pool(s);
+    p.start_controller("a", &["--leader-elect=false"]);
+    p.wait("worker-0 done", 120, |p| p.done("worker-0")).await;
+    assert_eq!(p.pods_on("worker-0"), ["cache-0"]);
+    p.assert_once(&["worker-0"]);
+}

@@ -65,9 +65,10 @@ fn rbac_is_least_privilege() {
             "ClusterRole  nodes [] list,watch,patch",
             "ClusterRole  pods [] list",
             "ClusterRole  pods/eviction [] create",
+            "ClusterRole apps daemonsets [] get",
             "ClusterRole machineconfiguration.openshift.io osimagestreams [] list,watch",
             "Role coordination.k8s.io leases [] create",
-            "Role coordination.k8s.io leases [streamd-rollout] get,patch",
+            "Role coordination.k8s.io leases [streamd-rollout] get,patch,list,watch",
             "Role coordination.k8s.io leases [] list",
             "Role events.k8s.io events [] create,patch",
         ]

@@ -29,22 +29,26 @@ const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/default/events?";
 const PDB_REFUSAL: &str = "Cannot evict pod as it would violate the pod's disruption budget.";
 
 impl Context {
-    /// A context whose clients (both) talk to the returned verifier; no OSImageStream, no other
-    /// pool.
-    pub fn test() -> (Arc<Context>, ApiServerVerifier) {
-        Context::fenced(Fence::none())
+    /// A context whose clients (both) talk to the returned verifier; no OSImageStream, and
+    /// `others` in the pools' cache.
+    pub fn test(others: Vec<StreamPool>) -> (Arc<Context>, ApiServerVerifier) {
+        Context::fenced(others, Fence::none())
     }
 
     /// [`Context::test`] whose writes are fenced by `fence`.
-    pub fn fenced(fence: Fence) -> (Arc<Context>, ApiServerVerifier) {
+    pub fn fenced(others: Vec<StreamPool>, fence: Fence) -> (Arc<Context>, ApiServerVerifier) {
         let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
         let client = kube::Client::new(service, "default");
         let (_, catalog) = watch::channel(None);
+        let mut pools = Writer::<StreamPool>::default();
+        for p in others {
+            pools.apply_watcher_event(&watcher::Event::Apply(p));
+        }
         let ctx = Context {
             client: client.clone(),
             drain_client: client.clone(),
             catalog,
-            pools: Writer::<StreamPool>::default().as_reader(),
+            pools: pools.as_reader(),
             recorder: Recorder::new(
                 client,
                 Reporter {
@@ -74,6 +78,20 @@ pub enum Scenario {
     /// A node being drained whose pod's eviction a PodDisruptionBudget refuses (429): no
     /// approval, the refusal in the status and an `EvictionBlocked` Event; looked at again.
     DrainBlocked,
+    /// The pool's drain gives evicted pods 30 s and drains only `app: web` pods: web-a is
+    /// evicted with `deleteOptions.gracePeriodSeconds` 30 (the Eviction API's key), cache-0
+    /// stays, and a DaemonSet pod whose DaemonSet is gone (404) is evicted as an orphan.
+    DrainSettings,
+    /// A drained node's approval, conditioned on the node as listed, is answered 409 (it was
+    /// uncordoned meanwhile): not approved, named in the status, looked at again.
+    ApprovalConflict,
+    /// Other pools overlap `worker`: a node the custom pool `infra` selects too is infra's, one
+    /// that `infra` and `gpu` both select is left to all, and a control-plane node labelled
+    /// worker is not taken by a pool that does not name the control plane; only w1 is worker's.
+    Overlap,
+    /// The pool's `nodeSelector` is empty: it selects nothing and is Degraded `InvalidSpec`;
+    /// the node carrying its request is not released.
+    EmptySelector,
     /// A node that left the pool's selector is released (its request withdrawn); another that
     /// left during its approved reboot is left until it is back.
     Release,
@@ -93,11 +111,15 @@ pub enum Scenario {
     /// The status write is answered 409: the reconcile fails with it (and is retried by the
     /// error policy).
     StatusConflict,
-    /// A node's check keys' write is answered 409 (another writer changed it since the list):
-    /// nothing more is written, and the reconcile fails with the conflict.
-    NodeConflict,
     /// The replica cannot prove it holds the leader lease: it lists, and writes nothing.
     NotLeader,
+    /// A node given the request long ago whose streamd never acknowledged it: the other node
+    /// gets the staging slot, the pool's `Updating` reason is `AgentNotResponding`, told once in
+    /// a Warning Event.
+    AgentSilent,
+    /// The machine-config daemon marked the pool's nodes mid-rollout: the node being drained
+    /// is released (uncordoned, the request withdrawn), told in an Event.
+    McoTakeover,
 }
 
 impl Scenario {
@@ -113,7 +135,34 @@ impl Scenario {
             }
             _ => {}
         }
-        serde_json::from_value(pool_json(&finalizers, deleted)).expect("a valid StreamPool")
+        let mut pool = pool_json(&finalizers, deleted);
+        if let Scenario::EmptySelector = self {
+            pool["spec"]["nodeSelector"] = json!({});
+        }
+        if let Scenario::DrainSettings = self {
+            pool["spec"]["drain"] = json!({
+                "gracePeriodSeconds": 30,
+                "podSelector": { "matchLabels": { "app": "web" } },
+            });
+        }
+        serde_json::from_value(pool).expect("a valid StreamPool")
+    }
+
+    /// The other pools in the controller's cache.
+    pub fn others(self) -> Vec<StreamPool> {
+        let pool = |name: &str, label: &str| -> StreamPool {
+            let mut p = pool_json(&[FINALIZER], None);
+            p["metadata"]["name"] = json!(name);
+            p["spec"]["nodeSelector"] = json!({ "matchLabels": { label: "" } });
+            serde_json::from_value(p).expect("a valid StreamPool")
+        };
+        match self {
+            Scenario::Overlap => vec![
+                pool("infra", "node-role.kubernetes.io/infra"),
+                pool("gpu", "gpu"),
+            ],
+            _ => Vec::new(),
+        }
     }
 
     /// The requests the reconcile makes, in order, each with its answer.
@@ -121,6 +170,22 @@ impl Scenario {
         match self {
             Scenario::Create => create(),
             Scenario::DrainBlocked => drain_blocked(),
+            Scenario::DrainSettings => drain_settings(),
+            Scenario::ApprovalConflict => approval_conflict(),
+            Scenario::Overlap => overlap(),
+            Scenario::EmptySelector => vec![
+                list_nodes(&[done("w1")]),
+                patch_status(json!({
+                    "machineCount": 0,
+                    "conditions": [
+                        { "type": "Updating", "status": "False", "reason": "InvalidSpec", "message": "spec.nodeSelector is empty…" },
+                        { "type": "Updated", "status": "False", "reason": "NotUpdated" },
+                        { "type": "Degraded", "status": "True", "reason": "InvalidSpec", "message": "spec.nodeSelector is empty…" },
+                        { "type": "Paused", "status": "False", "reason": "NotPaused" },
+                    ],
+                })),
+                warning_pool("PoolDegraded", "InvalidSpec: spec.nodeSelector is empty"),
+            ],
             Scenario::Release => release(),
             Scenario::ReleaseConflict => vec![
                 list_nodes(&[done("w1"), staged(Fixture::new("w3", false), "t3")]),
@@ -142,15 +207,9 @@ impl Scenario {
                 list_nodes(&[done("w1")]),
                 patch_status(updated_status()).answer(StatusCode::CONFLICT, conflict()),
             ],
-            Scenario::NodeConflict => vec![
-                list_nodes(&[Fixture::new("w1", true)]),
-                patch_node(
-                    "w1",
-                    Want::Includes(json!({ "metadata": { "resourceVersion": "11" } })),
-                )
-                .answer(StatusCode::CONFLICT, conflict()),
-            ],
             Scenario::NotLeader => vec![list_nodes(&[Fixture::new("w1", true)])],
+            Scenario::AgentSilent => agent_silent(),
+            Scenario::McoTakeover => mco_takeover(),
         }
     }
 }
@@ -182,11 +241,13 @@ fn create() -> Vec<Exchange> {
     let target = |n: &str, rv: &str| {
         patch_node(
             n,
-            Want::Exact(json!({ "metadata": { "annotations": {
+            // The time it is given the request, in Unix seconds (`1…` until 2033).
+            Want::Includes(json!({ "metadata": { "annotations": {
                 DESIRED_STREAM: "rhel-10",
                 DESIRED_OS_IMAGE: OS10,
                 DESIRED_EXTENSIONS_IMAGE: null,
                 ROLLOUT_POOL: "worker",
+                ROLLOUT_TARGETED: "1…",
             }, "resourceVersion": rv } })),
         )
     };
@@ -230,32 +291,23 @@ fn drain_blocked() -> Vec<Exchange> {
     let why = format!("shop/web-a: eviction refused (429): {PDB_REFUSAL}");
     vec![
         list_nodes(&[draining, staged(Fixture::new("w2", true), "t2")]),
-        Exchange::new(
-            Method::GET,
-            "/api/v1/pods?&fieldSelector=spec.nodeName%3Dw1",
-            Want::Empty,
-        )
-        .answer(
-            StatusCode::OK,
-            json!({
-                "apiVersion": "v1",
-                "kind": "PodList",
-                "metadata": {},
-                "items": [pod("web-a", "ReplicaSet"), pod("agent-0", "DaemonSet")],
-            }),
-        ),
-        // The DaemonSet pod stays; the other is evicted, and the budget refuses.
+        list_pods(&[pod("web-a", "ReplicaSet"), pod("agent-0", "DaemonSet")]),
+        // The other is evicted, and the budget refuses; the DaemonSet pod stays, its
+        // DaemonSet looked up.
         Exchange::new(
             Method::POST,
             "/api/v1/namespaces/shop/pods/web-a/eviction?",
-            // kube-core's body: the pod's name (its namespace is in the path) and
-            // `delete_options`, so spelled (kube-core 5 `Request::evict`).
-            Want::Includes(json!({ "metadata": { "name": "web-a" } })),
+            Want::Exact(json!({
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": { "name": "web-a", "namespace": "shop" },
+            })),
         )
         .answer(
             StatusCode::TOO_MANY_REQUESTS,
             api_status(429, "TooManyRequests", PDB_REFUSAL),
         ),
+        daemon_set("owner", true),
         patch_status(json!({
             "machineCount": 2,
             "unavailableMachineCount": 1,
@@ -273,6 +325,47 @@ fn drain_blocked() -> Vec<Exchange> {
             "node w1: a PodDisruptionBudget refuses an eviction; retrying",
         ),
     ]
+}
+
+/// The pods the drain of w1 lists.
+fn list_pods(pods: &[Value]) -> Exchange {
+    Exchange::new(
+        Method::GET,
+        "/api/v1/pods?&fieldSelector=spec.nodeName%3Dw1",
+        Want::Empty,
+    )
+    .answer(
+        StatusCode::OK,
+        json!({ "apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods }),
+    )
+}
+
+/// The lookup of DaemonSet `shop/<name>`: found, or 404.
+fn daemon_set(name: &str, exists: bool) -> Exchange {
+    let get = Exchange::new(
+        Method::GET,
+        &format!("/apis/apps/v1/namespaces/shop/daemonsets/{name}"),
+        Want::Empty,
+    );
+    if exists {
+        get.answer(
+            StatusCode::OK,
+            json!({
+                "apiVersion": "apps/v1",
+                "kind": "DaemonSet",
+                "metadata": { "name": name, "namespace": "shop" },
+                "spec": { "selector": {}, "template": {} },
+            }),
+        )
+    } else {
+        let message = format!("daemonsets.apps \"{name}\" not found");
+        get.answer(StatusCode::NOT_FOUND, api_status(404, "NotFound", &message))
+    }
+}
+
+fn labelled(mut pod: Value, app: &str) -> Value {
+    pod["metadata"]["labels"] = json!({ "app": app });
+    pod
 }
 
 fn release() -> Vec<Exchange> {
@@ -331,6 +424,9 @@ fn deletion() -> Vec<Exchange> {
         } })),
     ]
 }
+
+mod scenarios;
+use scenarios::{agent_silent, approval_conflict, drain_settings, mco_takeover, overlap};
 
 impl ApiServerVerifier {
     /// Answers the requests of `scenario` in order; the task panics at the first one that
@@ -522,6 +618,20 @@ fn warning(reason: &str, node: &str, note: &str) -> Exchange {
     event_of("Warning", reason, node, note)
 }
 
+/// A Warning Event about the pool alone, whose note starts with `note`.
+fn warning_pool(reason: &str, note: &str) -> Exchange {
+    Exchange::new(
+        Method::POST,
+        EVENTS_PATH,
+        Want::Includes(json!({
+            "type": "Warning",
+            "reason": reason,
+            "note": format!("{note}…"),
+            "regarding": { "kind": "StreamPool", "name": "worker" },
+        })),
+    )
+}
+
 fn event_of(type_: &str, reason: &str, node: &str, note: &str) -> Exchange {
     Exchange::new(
         Method::POST,
@@ -576,11 +686,13 @@ fn release_body(withdraw: bool, uncordon: bool, resource_version: &str) -> Value
         CHECK_STREAM: null,
         CHECK_OS_IMAGE: null,
         CHECK_EXTENSIONS_IMAGE: null,
+        ROLLOUT_SET_ASIDE: null,
     });
     if withdraw {
         annotations[DESIRED_STREAM] = Value::Null;
         annotations[DESIRED_OS_IMAGE] = Value::Null;
         annotations[DESIRED_EXTENSIONS_IMAGE] = Value::Null;
+        annotations[ROLLOUT_TARGETED] = Value::Null;
     }
     if uncordon {
         annotations[ROLLOUT_STEP] = Value::Null;
@@ -667,6 +779,8 @@ struct Fixture {
     selected: bool,
     cordoned: bool,
     annotations: Vec<(String, String)>,
+    /// Labels besides the pool's role (each with the value `""`).
+    labels: Vec<String>,
 }
 
 impl Fixture {
@@ -677,7 +791,13 @@ impl Fixture {
             selected,
             cordoned: false,
             annotations: Vec::new(),
+            labels: Vec::new(),
         }
+    }
+
+    fn label(mut self, key: &str) -> Fixture {
+        self.labels.push(key.into());
+        self
     }
 
     fn with(mut self, key: &str, value: &str) -> Fixture {
@@ -694,11 +814,14 @@ impl Fixture {
     fn json(&self) -> Value {
         let digits = self.name.trim_start_matches(|c: char| !c.is_ascii_digit());
         let resource_version = format!("1{digits}");
-        let labels = if self.selected {
+        let mut labels = if self.selected {
             json!({ ROLE: "", "kubernetes.io/hostname": self.name })
         } else {
             json!({ "kubernetes.io/hostname": self.name })
         };
+        for key in &self.labels {
+            labels[key] = json!("");
+        }
         let annotations: serde_json::Map<String, Value> = self
             .annotations
             .iter()

@@ -11,7 +11,7 @@ async fn reconciled(scenario: Scenario) -> Result<Requeue, Error> {
 
 /// [`reconciled`], with the writes fenced by `fence`.
 async fn reconciled_with(scenario: Scenario, fence: Fence) -> Result<Requeue, Error> {
-    let (ctx, server) = Context::fenced(fence);
+    let (ctx, server) = Context::fenced(scenario.others(), fence);
     let pool = Arc::new(scenario.pool());
     let verified = server.run(scenario);
     // `ctx` goes with the reconcile: the client's last clone dropped ends the scenario.
@@ -32,6 +32,36 @@ async fn create() {
 async fn drain_blocked() {
     let r = reconciled(Scenario::DrainBlocked).await.expect("reconcile");
     assert_eq!(r, Requeue::requeue(DRAIN_RETRY));
+}
+
+#[tokio::test]
+async fn drain_settings() {
+    let r = reconciled(Scenario::DrainSettings)
+        .await
+        .expect("reconcile");
+    assert_eq!(r, Requeue::requeue(DRAIN_RETRY));
+}
+
+#[tokio::test]
+async fn approval_conflict() {
+    let r = reconciled(Scenario::ApprovalConflict)
+        .await
+        .expect("reconcile");
+    assert_eq!(r, Requeue::requeue(DRAIN_RETRY));
+}
+
+#[tokio::test]
+async fn overlap() {
+    let r = reconciled(Scenario::Overlap).await.expect("reconcile");
+    assert_eq!(r, Requeue::await_change());
+}
+
+#[tokio::test]
+async fn empty_selector() {
+    let r = reconciled(Scenario::EmptySelector)
+        .await
+        .expect("reconcile");
+    assert_eq!(r, Requeue::await_change());
 }
 
 #[tokio::test]
@@ -72,6 +102,18 @@ async fn finalizer_conflict() {
 }
 
 #[tokio::test]
+async fn agent_silent() {
+    let r = reconciled(Scenario::AgentSilent).await.expect("reconcile");
+    assert_eq!(r, Requeue::await_change());
+}
+
+#[tokio::test]
+async fn mco_takeover() {
+    let r = reconciled(Scenario::McoTakeover).await.expect("reconcile");
+    assert_eq!(r, Requeue::await_change());
+}
+
+#[tokio::test]
 async fn status_conflict() {
     let e = reconciled(Scenario::StatusConflict)
         .await
@@ -86,14 +128,6 @@ async fn status_conflict() {
         }
         other => panic!("not the status write's 409: {other}"),
     }
-}
-
-#[tokio::test]
-async fn node_conflict() {
-    let e = reconciled(Scenario::NodeConflict)
-        .await
-        .expect_err("a 409 on the node");
-    assert!(matches!(&e, Error::Conflict(n) if n == "w1"), "{e}");
 }
 
 #[tokio::test]

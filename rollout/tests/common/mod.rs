@@ -216,11 +216,16 @@ impl Pool {
 
     /// Creates StreamPool `worker` with `spec`.
     pub fn create_pool(&self, spec: Value) {
+        self.create_named_pool("worker", spec);
+    }
+
+    /// Creates StreamPool `name` with `spec`.
+    pub fn create_named_pool(&self, name: &str, spec: Value) {
         self.api()
             .create(json!({
                 "apiVersion": POOLS,
                 "kind": "StreamPool",
-                "metadata": { "name": "worker" },
+                "metadata": { "name": name },
                 "spec": spec,
             }))
             .expect("pool");
@@ -344,7 +349,18 @@ impl Pool {
     }
 
     /// A Running, Ready pod `default/name` on `node` owned by `owner` (`(kind, name)`).
+    /// A DaemonSet owner is created too (once per DaemonSet): the drain looks it up.
     pub fn pod(&self, name: &str, node: &str, owner: (&str, &str), labels: Value) {
+        if owner.0 == "DaemonSet" {
+            self.api()
+                .create(json!({
+                    "apiVersion": "apps/v1",
+                    "kind": "DaemonSet",
+                    "metadata": { "name": owner.1, "namespace": "default" },
+                    "spec": { "selector": { "matchLabels": labels }, "template": {} },
+                }))
+                .expect("the DaemonSet");
+        }
         self.fleet
             .add_pod("default", name, node, labels, Some(owner))
             .expect("pod");

@@ -1,7 +1,7 @@
 //! The planner's table and scenario tests; the property test is in `properties.rs`.
 
 use super::*;
-use crate::node::{MCD_CURRENT_CONFIG, READINESS};
+use crate::node::{MCD_CURRENT_CONFIG, READINESS, ROLLOUT_SET_ASIDE, ROLLOUT_TARGETED};
 use streamd::cluster::protocol::FAILED_CHECKS;
 use streamd::cluster::protocol::{
     DESIRED_OS_IMAGE, DESIRED_STREAM, OBSERVED_DESIRED, REASON, REBOOT_REQUESTED, STATE,
@@ -33,10 +33,14 @@ fn pool() -> PoolInput {
             os_image: None,
             extensions_image: None,
         }),
+        spec_error: None,
         max_unavailable: None,
         max_concurrent_staging: 10,
         paused: false,
         drain_timeout_seconds: 600,
+        drain_on_timeout: OnTimeout::Retry,
+        agent_timeout_seconds: 600,
+        reboot_timeout_seconds: 1_800,
         now: 10_000,
         claimed: BTreeMap::new(),
     }
@@ -112,7 +116,10 @@ fn table() {
     let done_not_ready = {
         let mut n = step(
             in_state(node("w1"), "Done"),
-            Step::Approved { token: "t1".into() },
+            Step::Approved {
+                since: None,
+                token: "t1".into(),
+            },
         );
         n.ready = false;
         n
@@ -155,32 +162,32 @@ fn table() {
         ("draining continues", pool(),
          vec![step(staged("w1", "t1"), draining("t1", 9_900)), staged("w2", "t2")],
          vec![Action::Drain { node: "w1".into(), token: "t1".into() }]),
-        ("drain timed out: nothing, pool degraded", pool(),
+        ("drain timed out: retried (onTimeout retry), no other node taken", pool(),
          vec![step(staged("w1", "t1"), draining("t1", 1_000)), staged("w2", "t2")],
-         vec![]),
+         vec![Action::Drain { node: "w1".into(), token: "t1".into() }]),
         ("approved: no second drain or approval", pool(),
-         vec![step(staged("w1", "t1"), Step::Approved { token: "t1".into() }), staged("w2", "t2")],
+         vec![step(staged("w1", "t1"), Step::Approved { since: None, token: "t1".into() }), staged("w2", "t2")],
          vec![]),
         ("a new token after an unplanned reboot: drained again, no new slot", pool(),
-         vec![step(staged("w1", "t1b"), Step::Approved { token: "t1".into() }), staged("w2", "t2")],
+         vec![step(staged("w1", "t1b"), Step::Approved { since: None, token: "t1".into() }), staged("w2", "t2")],
          vec![cordon("w1", "t1b")]),
         ("rebooting: wait", pool(),
-         vec![step(in_state(node("w1"), "Rebooting"), Step::Approved { token: "t1".into() }), staged("w2", "t2")],
+         vec![step(in_state(node("w1"), "Rebooting"), Step::Approved { since: None, token: "t1".into() }), staged("w2", "t2")],
          vec![]),
         ("done but not Ready: wait", pool(),
          vec![done_not_ready, staged("w2", "t2")],
          vec![]),
         ("done and Ready: uncordon, then the next", pool(),
-         vec![step(in_state(node("w1"), "Done"), Step::Approved { token: "t1".into() }), staged("w2", "t2")],
+         vec![step(in_state(node("w1"), "Done"), Step::Approved { since: None, token: "t1".into() }), staged("w2", "t2")],
          vec![Action::Uncordon { node: "w1".into() }]),
         ("a Refused node stops new work; the node in flight finishes", pool(),
-         vec![step(in_state(node("w1"), "Done"), Step::Approved { token: "t1".into() }), refused.clone(), staged("w3", "t3"), node("w4")],
+         vec![step(in_state(node("w1"), "Done"), Step::Approved { since: None, token: "t1".into() }), refused.clone(), staged("w3", "t3"), node("w4")],
          vec![Action::Uncordon { node: "w1".into() }]),
         ("paused: no new work, in-flight drain stops", paused.clone(),
          vec![step(staged("w1", "t1"), draining("t1", 9_900)), staged("w2", "t2"), node("w3")],
          vec![]),
         ("paused: a finished node is still uncordoned", paused,
-         vec![step(in_state(node("w1"), "Done"), Step::Approved { token: "t1".into() }), staged("w2", "t2")],
+         vec![step(in_state(node("w1"), "Done"), Step::Approved { since: None, token: "t1".into() }), staged("w2", "t2")],
          vec![Action::Uncordon { node: "w1".into() }]),
         ("updated nodes are left alone", pool(),
          vec![in_state(node("w1"), "Done"), in_state(node("w2"), "Done")],
@@ -191,9 +198,84 @@ fn table() {
     }
 }
 
+/// Drains past their timeout, nodes set aside, agents and reboots past their deadlines.
+#[test]
+fn stall_table() {
+    #[rustfmt::skip]
+    let table: Vec<(&str, PoolInput, Vec<NodeView>, Vec<Action>)> = vec![
+        ("drain timed out, onTimeout release: set aside, the next node taken", PoolInput { drain_on_timeout: OnTimeout::Release, ..pool() },
+         vec![step(staged("w1", "t1"), draining("t1", 1_000)), staged("w2", "t2")],
+         vec![Action::SetAside { node: "w1".into(), token: "t1".into() }]),
+        ("uncordoned by someone else mid-drain: cordoned again, not drained or approved", pool(),
+         vec![uncordoned(step(staged("w1", "t1"), draining("t1", 9_900))), staged("w2", "t2")],
+         vec![Action::Recordon { node: "w1".into() }]),
+        ("uncordoned past the drain timeout: cordoned again first", PoolInput { drain_on_timeout: OnTimeout::Release, ..pool() },
+         vec![uncordoned(step(staged("w1", "t1"), draining("t1", 1_000)))],
+         vec![Action::Recordon { node: "w1".into() }]),
+        ("a node set aside for its token goes after the others", pool(),
+         vec![set(staged("w1", "t1"), ROLLOUT_SET_ASIDE, "t1"), staged("w2", "t2")],
+         vec![cordon("w2", "t2")]),
+        ("a node set aside is taken again when it is the last", pool(),
+         vec![set(staged("w1", "t1"), ROLLOUT_SET_ASIDE, "t1"), in_state(node("w2"), "Done")],
+         vec![cordon("w1", "t1")]),
+        ("set aside for an older token: an ordinary node", pool(),
+         vec![set(staged("w1", "t1b"), ROLLOUT_SET_ASIDE, "t1"), staged("w2", "t2")],
+         vec![cordon("w1", "t1b")]),
+        ("an agent silent past agentTimeoutSeconds frees its staging slot", PoolInput { max_concurrent_staging: 1, ..pool() },
+         vec![set(targeted(node("w1")), ROLLOUT_TARGETED, "9000"), node("w2")],
+         vec![target_a("w2")]),
+        ("an agent within agentTimeoutSeconds holds its slot", PoolInput { max_concurrent_staging: 1, ..pool() },
+         vec![set(targeted(node("w1")), ROLLOUT_TARGETED, "9500"), node("w2")],
+         vec![]),
+        ("a reboot past rebootTimeoutSeconds still counts as unavailable", pool(),
+         vec![step(in_state(node("w1"), "Rebooting"), Step::Approved { since: Some(1_000), token: "t1".into() }), staged("w2", "t2")],
+         vec![]),
+        ("a node NotReady past rebootTimeoutSeconds: no other node in its place", half_of_three(),
+         vec![not_returning_not_ready(), staged("w2", "t2"), staged("w3", "t3")],
+         vec![]),
+    ];
+    for (name, pool, nodes, want) in table {
+        assert_eq!(plan(&pool, &nodes).actions, want, "{name}");
+    }
+}
+
+fn uncordoned(mut n: NodeView) -> NodeView {
+    n.unschedulable = false;
+    n
+}
+
+/// `maxUnavailable: 50%` of three nodes (1).
+fn half_of_three() -> PoolInput {
+    PoolInput {
+        max_unavailable: Some(IntOrString::String("50%".into())),
+        ..pool()
+    }
+}
+
+/// w1, approved long ago, back on the old deployment but NotReady.
+fn not_returning_not_ready() -> NodeView {
+    let mut n = step(
+        in_state(node("w1"), "Done"),
+        Step::Approved {
+            since: Some(1_000),
+            token: "t1".into(),
+        },
+    );
+    n.ready = false;
+    n
+}
+
 #[test]
 fn released_nodes_finish_an_approved_reboot_and_keep_only_a_request_they_run() {
-    let approved = |n: NodeView| step(n, Step::Approved { token: "t1".into() });
+    let approved = |n: NodeView| {
+        step(
+            n,
+            Step::Approved {
+                since: None,
+                token: "t1".into(),
+            },
+        )
+    };
     let mut done_not_ready = approved(in_state(node("w1"), "Done"));
     done_not_ready.ready = false;
     let now = |withdraw, uncordon| Release::Now { withdraw, uncordon };
@@ -233,9 +315,18 @@ fn degraded_reasons() {
     assert_eq!(p.summary.degraded_nodes, 1);
     assert_eq!(p.summary.issues[0].state, "Refused");
 
+    // A drain past its timeout is a stall, not Degraded: the pool takes other nodes as its
+    // maxUnavailable allows.
     let p = plan(&pool(), &[step(staged("w1", "t1"), draining("t1", 1_000))]);
-    assert_eq!(p.summary.degraded.expect("timeout").reason, "DrainTimeout");
+    assert_eq!(p.summary.degraded, None);
+    let stall = p.summary.stall.expect("timeout");
+    assert_eq!(stall.reason, "DrainTimeout");
+    assert_eq!(
+        stall.message,
+        "node w1: drain did not finish within 600 s; it stays cordoned and the drain is retried"
+    );
     assert_eq!(p.summary.timed_out, vec!["w1".to_string()]);
+    assert_eq!(p.summary.issues[0].state, "DrainTimeout");
 
     let bad = PoolInput {
         target: Err("spec.target: no OSImageStream".into()),
@@ -249,6 +340,18 @@ fn degraded_reasons() {
     assert!(p.actions.is_empty());
 
     let bad = PoolInput {
+        spec_error: Some("spec.drain.podSelector: bad".into()),
+        ..pool()
+    };
+    let p = plan(&bad, &[staged("w1", "t1")]);
+    let d = p.summary.degraded.expect("spec");
+    assert_eq!(
+        (d.reason, d.message.as_str()),
+        ("InvalidSpec", "spec.drain.podSelector: bad")
+    );
+    assert!(p.actions.is_empty());
+
+    let bad = PoolInput {
         max_unavailable: Some(IntOrString::String("half".into())),
         ..pool()
     };
@@ -258,16 +361,28 @@ fn degraded_reasons() {
 }
 
 #[test]
-fn a_node_of_two_pools_is_left_alone_and_stops_the_pool() {
+fn a_node_of_two_custom_pools_is_left_alone_and_the_pool_says_so() {
     let both = PoolInput {
         claimed: [("w1".to_string(), "infra".to_string())].into(),
         ..pool()
     };
     let p = plan(&both, &[staged("w1", "t1"), staged("w2", "t2"), node("w3")]);
-    assert!(p.actions.is_empty(), "{:?}", p.actions);
-    let d = p.summary.degraded.expect("degraded");
-    assert_eq!(d.reason, "NodeInSeveralPools");
-    assert_eq!(d.message, "node w1 is also selected by StreamPool infra");
+    // The others go on; w1 is neither cordoned nor targeted.
+    assert_eq!(p.actions, vec![target_a("w3"), cordon("w2", "t2")]);
+    assert_eq!(p.summary.degraded, None);
+    let issue = &p.summary.issues[0];
+    assert_eq!(
+        (issue.name.as_str(), issue.state.as_str()),
+        ("w1", "Conflict")
+    );
+    assert!(
+        issue
+            .reason
+            .starts_with("also selected by the custom StreamPool infra"),
+        "{}",
+        issue.reason
+    );
+    // Counted, so the pool is not Updated while the node is in two pools.
     assert_eq!(p.summary.machines, 3);
 }
 
@@ -285,13 +400,15 @@ fn check_keys_written_where_missing_also_when_paused_or_mco() {
     let p = plan(&paused, &[bare.clone(), targeted(node("w3"))]);
     assert_eq!(p.actions, vec![Action::Check { node: "w1".into() }]);
     // One machine-config-operator node makes the pool readiness-only: checks, nothing else.
+    // (w4's request is withdrawn: the pool's nodes are the machine-config operator's now.)
     let p = plan(&pool(), &[bare, mco_bare, staged("w4", "t4")]);
     assert!(p.summary.mco_managed);
     assert_eq!(
         p.actions,
         vec![
             Action::Check { node: "w1".into() },
-            Action::Check { node: "w2".into() }
+            Action::Check { node: "w2".into() },
+            Action::Release { node: "w4".into() },
         ]
     );
 }
@@ -341,7 +458,10 @@ fn a_node_whose_agent_stopped_is_an_issue_and_never_cordoned() {
     not_ready.ready = false;
     let rebooting = stale(step(
         in_state(node("w2"), "Rebooting"),
-        Step::Approved { token: "t2".into() },
+        Step::Approved {
+            since: None,
+            token: "t2".into(),
+        },
     ));
     let alive = NodeView {
         heartbeat: Heartbeat::Alive,
@@ -412,3 +532,144 @@ fn readiness_summary_and_counts() {
 }
 
 mod properties;
+
+#[test]
+fn stalls_are_named_with_their_nodes() {
+    let silent = set(targeted(node("w1")), ROLLOUT_TARGETED, "9000");
+    let p = plan(&pool(), &[silent.clone(), node("w2")]);
+    let stall = p.summary.stall.expect("agent");
+    assert_eq!(stall.reason, "AgentNotResponding");
+    assert!(
+        stall
+            .message
+            .starts_with("node w1: streamd did not acknowledge the pool's request within 600 s"),
+        "{}",
+        stall.message
+    );
+    assert_eq!(
+        (
+            p.summary.issues[0].name.as_str(),
+            p.summary.issues[0].state.as_str()
+        ),
+        ("w1", "AgentNotResponding")
+    );
+    // Acknowledged late: an ordinary staging node again.
+    let acked = set(silent, OBSERVED_DESIRED, &hash());
+    let p = plan(&pool(), &[set(acked, STATE, "Staging")]);
+    assert_eq!(p.summary.stall, None);
+
+    let p = plan(
+        &half_of_three(),
+        &[not_returning_not_ready(), staged("w2", "t2")],
+    );
+    let stall = p.summary.stall.expect("reboot");
+    assert_eq!(stall.reason, "NodeNotReturning");
+    assert!(
+        stall
+            .message
+            .contains("within 1800 s; it still counts as unavailable"),
+        "{}",
+        stall.message
+    );
+    assert_eq!(p.summary.unavailable, 1);
+
+    // NotReady and cordoned by someone else: the waiting node is Blocked, naming them.
+    let mut down = staged("w2", "t2");
+    down.ready = false;
+    let mut cordoned = in_state(node("w3"), "Done");
+    cordoned.unschedulable = true;
+    let two = PoolInput {
+        max_unavailable: Some(IntOrString::Int(2)),
+        ..pool()
+    };
+    let p = plan(&two, &[staged("w1", "t1"), down.clone(), cordoned]);
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    let stall = p.summary.stall.expect("blocked");
+    assert_eq!(stall.reason, "Blocked");
+    assert!(
+        stall.message.contains("w2 (NotReady), w3 (cordoned)"),
+        "{}",
+        stall.message
+    );
+    // The rollout's own node in flight uses the slot: progress, not Blocked.
+    let own = step(staged("w3", "t3"), draining("t3", 9_900));
+    let p = plan(&pool(), &[staged("w1", "t1"), own]);
+    assert_eq!(p.summary.stall, None);
+    // Nothing waits: nothing is blocked.
+    let p = plan(&pool(), &[in_state(node("w1"), "Staging"), down]);
+    assert_eq!(p.summary.stall, None);
+}
+
+#[test]
+fn deadlines_and_drain_retries_are_rechecked() {
+    // Draining within its timeout: the next pass in DRAIN_PASS_SECONDS.
+    let p = plan(&pool(), &[step(staged("w1", "t1"), draining("t1", 9_900))]);
+    assert_eq!(p.summary.recheck_after, Some(DRAIN_PASS_SECONDS));
+    // An agent deadline at 9_500 + 600: looked at again just after it.
+    let p = plan(
+        &pool(),
+        &[set(targeted(node("w1")), ROLLOUT_TARGETED, "9500")],
+    );
+    assert_eq!(p.summary.recheck_after, Some(101));
+    // A reboot approved at 9_000: 1_800 s from then.
+    let rebooting = step(
+        in_state(node("w1"), "Rebooting"),
+        Step::Approved {
+            since: Some(9_000),
+            token: "t1".into(),
+        },
+    );
+    assert_eq!(plan(&pool(), &[rebooting]).summary.recheck_after, Some(801));
+    // A drain retried past its timeout backs off.
+    let p = plan(&pool(), &[step(staged("w1", "t1"), draining("t1", 1_000))]);
+    assert_eq!(p.summary.recheck_after, Some(300));
+    let p = plan(&pool(), &[step(staged("w1", "t1"), draining("t1", 9_000))]);
+    assert_eq!(p.summary.recheck_after, Some(60));
+    assert_eq!(
+        plan(&pool(), &[in_state(node("w1"), "Done")])
+            .summary
+            .recheck_after,
+        None
+    );
+}
+
+#[test]
+fn drain_retries_back_off_like_the_mco() {
+    for (over, want) in [(0, 60), (599, 60), (600, 300), (100_000, 300)] {
+        assert_eq!(drain_retry_after(over), want, "{over}");
+    }
+}
+
+#[test]
+fn a_pool_that_becomes_mco_managed_releases_its_nodes() {
+    let mco = |n: NodeView| set(n, MCD_CURRENT_CONFIG, "rendered-worker-abc");
+    let approved = Step::Approved {
+        since: Some(9_900),
+        token: "t2".into(),
+    };
+    let nodes = [
+        mco(step(staged("w1", "t1"), draining("t1", 9_900))),
+        mco(step(in_state(node("w2"), "Rebooting"), approved)),
+        mco(in_state(node("w3"), "Staging")),
+        // Runs the request: nothing of it to take back.
+        mco(in_state(node("w4"), "Done")),
+        mco(node("w5")),
+    ];
+    let p = plan(&pool(), &nodes);
+    assert!(p.summary.mco_managed);
+    assert_eq!(
+        p.actions,
+        vec![
+            Action::Release { node: "w1".into() },
+            Action::Release { node: "w3".into() },
+        ]
+    );
+}
+
+#[test]
+fn an_empty_pool_plans_nothing() {
+    let p = plan(&pool(), &[]);
+    assert!(p.actions.is_empty());
+    assert_eq!((p.summary.machines, p.summary.updated), (0, 0));
+    assert_eq!(p.summary.degraded, None);
+}

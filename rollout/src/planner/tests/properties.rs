@@ -37,6 +37,8 @@ enum Shape {
     StrayMark,
     /// A mark edited by hand, on a staged node.
     Garbled,
+    /// Given the request long ago (past `agentTimeoutSeconds`), never acknowledged.
+    Silent,
 }
 
 /// One generated node: its shape, its `reboot-requested` token and the token in the
@@ -72,12 +74,14 @@ impl Gen {
     fn view(&self, name: &str) -> NodeView {
         let staged = |n: NodeView| set(in_state(n, "Staged"), REBOOT_REQUESTED, self.requested);
         let approved = Step::Approved {
+            since: None,
             token: self.marked.into(),
         };
         let n = node(name);
         let mut n = match self.shape {
             Shape::Fresh => n,
             Shape::Staging => in_state(n, "Staging"),
+            Shape::Silent => set(targeted(n), ROLLOUT_TARGETED, "1000"),
             Shape::Staged => staged(n),
             Shape::Done => in_state(n, "Done"),
             Shape::Refused => set(
@@ -107,6 +111,7 @@ fn gen_node() -> impl Strategy<Value = Gen> {
     let shape = prop_oneof![
         Just(Shape::Fresh),
         Just(Shape::Staging),
+        Just(Shape::Silent),
         Just(Shape::Staged),
         Just(Shape::Done),
         Just(Shape::Refused),
@@ -151,9 +156,10 @@ fn gen_pool() -> impl Strategy<Value = PoolInput> {
         0usize..4,
         prop::bool::weighted(0.2),
         prop::bool::weighted(0.1),
+        any::<bool>(),
     )
         .prop_map(
-            |(max_unavailable, max_concurrent_staging, paused, unresolved)| PoolInput {
+            |(max_unavailable, max_concurrent_staging, paused, unresolved, release)| PoolInput {
                 target: if unresolved {
                     Err("spec.target: no OSImageStream".into())
                 } else {
@@ -162,6 +168,11 @@ fn gen_pool() -> impl Strategy<Value = PoolInput> {
                 max_unavailable,
                 max_concurrent_staging,
                 paused,
+                drain_on_timeout: if release {
+                    OnTimeout::Release
+                } else {
+                    OnTimeout::Retry
+                },
                 ..pool()
             },
         )
@@ -211,6 +222,21 @@ fn check(
     // of them while the request or maxUnavailable is invalid).
     let usable =
         input.target.is_ok() && max_unavailable(input.max_unavailable.as_ref(), free.len()).is_ok();
+    // A node silent past its agent deadline is named (and, above, never targeted again or
+    // cordoned).
+    for (g, n) in free
+        .iter()
+        .filter(|(g, _)| usable && g.shape == Shape::Silent)
+    {
+        prop_assert!(
+            p.summary
+                .issues
+                .iter()
+                .any(|i| i.name == n.name && i.state == "AgentNotResponding"),
+            "{:?} not named",
+            g
+        );
+    }
     let checks: Vec<&str> = p
         .actions
         .iter()
@@ -233,10 +259,15 @@ fn check(
     prop_assert!(targets <= input.max_concurrent_staging, "{targets} targets");
 
     check_capacity(input, &free, p)?;
-    if gens.iter().any(|g| g.claimed) {
-        prop_assert_eq!(
-            p.summary.degraded.as_ref().map(|d| d.reason),
-            Some("NodeInSeveralPools")
+    // A node of two custom pools is listed, and does not make the pool Degraded.
+    for (g, n) in gens.iter().zip(nodes).filter(|(g, _)| g.claimed) {
+        prop_assert!(
+            p.summary
+                .issues
+                .iter()
+                .any(|i| i.name == n.name && i.state == "Conflict"),
+            "{:?} not listed",
+            g
         );
     }
     Ok(())
@@ -286,11 +317,12 @@ fn check_step(
             }
         }
         Action::Drain { token, .. } => {
-            // The only step that approves: for the token being drained, only while the
-            // drain is within its timeout; never for a token already approved.
-            prop_assert_eq!(
-                g.shape,
-                Shape::Draining { old: false },
+            // The only step that approves: for the token being drained (past its timeout only
+            // with `onTimeout: retry`); never for a token already approved.
+            let retried = input.drain_on_timeout == OnTimeout::Retry;
+            prop_assert!(
+                g.shape == Shape::Draining { old: false }
+                    || (retried && g.shape == Shape::Draining { old: true }),
                 "{:?} of {:?}",
                 a,
                 g
@@ -298,6 +330,26 @@ fn check_step(
             prop_assert_eq!(token.as_str(), g.requested);
             prop_assert_eq!(g.marked, g.requested, "{:?} of {:?}", a, g);
             prop_assert!(!input.paused, "{a:?} while paused");
+        }
+        Action::Recordon { .. } => {
+            prop_assert!(
+                matches!(g.shape, Shape::Draining { .. }) && !n.unschedulable,
+                "{:?} of {:?}",
+                a,
+                g
+            );
+        }
+        Action::SetAside { token, .. } => {
+            // Only a drain past its timeout, under `onTimeout: release`, for its own token.
+            prop_assert_eq!(input.drain_on_timeout, OnTimeout::Release);
+            prop_assert_eq!(g.shape, Shape::Draining { old: true }, "{:?} of {:?}", a, g);
+            prop_assert_eq!(token.as_str(), g.requested);
+            prop_assert_eq!(g.marked, g.requested, "{:?} of {:?}", a, g);
+        }
+        Action::Release { .. } => {
+            return Err(TestCaseError::fail(format!(
+                "{a:?} without the machine-config operator"
+            )));
         }
         Action::Uncordon { .. } => {
             prop_assert_eq!(

@@ -185,6 +185,23 @@ pub(crate) static PODDISRUPTIONBUDGETS: ResourceDef = ResourceDef {
     ..BASE
 };
 
+/// `apps/v1` DaemonSets, as objects only (no controller runs their pods): a drain looks a
+/// DaemonSet pod's owner up by name, as `kubectl drain` does.
+pub(crate) static DAEMONSETS: ResourceDef = ResourceDef {
+    group: "apps",
+    version: "v1",
+    plural: "daemonsets",
+    singular: "daemonset",
+    kind: "DaemonSet",
+    namespaced: true,
+    verbs: CRUD_VERBS,
+    short_names: &["ds"],
+    status_subresource: true,
+    field_labels: Some(OBJECT_META_FIELDS),
+    generation: true,
+    ..BASE
+};
+
 /// `coordination.k8s.io/v1` Leases (leader election; the fake kubelets' node leases).
 pub(crate) static LEASES: ResourceDef = ResourceDef {
     group: "coordination.k8s.io",
@@ -392,6 +409,7 @@ pub(crate) static RESOURCES: &[&ResourceDef] = &[
     &ROLES,
     &ROLEBINDINGS,
     &PODDISRUPTIONBUDGETS,
+    &DAEMONSETS,
     &LEASES,
     &CUSTOMRESOURCEDEFINITIONS,
     &EVENTS_V1,
