@@ -2,8 +2,8 @@
 //!
 //! The crate is grouped by concern, and each group uses only the groups listed before it:
 //!
-//! - [`text`], [`backoff`] and [`config`]: bounded text from outside, the one retry backoff,
-//!   the configuration;
+//! - [`text`], [`backoff`], [`config`] and [`notify`]: bounded text from outside, the one retry
+//!   backoff, the configuration, systemd's notifications;
 //! - [`image`]: image references, the registry, the extensions image, the pull secret, RPM names;
 //! - [`backend`]: the backend-neutral deployment model and plan, and the rpm-ostree and bootc
 //!   clients that read and stage deployments;
@@ -23,6 +23,7 @@ pub mod backoff;
 pub mod text;
 
 pub mod config;
+pub mod notify;
 
 pub mod image;
 

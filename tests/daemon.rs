@@ -81,6 +81,19 @@ async fn sd_notify_to_a_full_socket_never_blocks() {
         .recv(&mut buf)
         .expect("a message within 5 s of draining");
     assert!(String::from_utf8_lossy(&buf[..n]).contains("WATCHDOG=1"));
+    // READY=1 did not fit at the start; it is sent again until it does (systemd would
+    // otherwise fail the start at its timeout).
+    let mut seen = vec![String::from_utf8_lossy(&buf[..n]).into_owned()];
+    let until = Instant::now() + Duration::from_secs(5);
+    while !seen.iter().any(|m| m.contains("READY=1")) && Instant::now() < until {
+        if let Ok(n) = sock.recv(&mut buf) {
+            seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+    assert!(
+        seen.iter().any(|m| m.contains("READY=1")),
+        "READY=1 never sent once the queue drained: {seen:?}"
+    );
     assert!(env.stop_streamd().success());
     let messages = read_notify(&sock, Duration::from_secs(5));
     assert!(
@@ -517,6 +530,58 @@ async fn outage_at_start_is_a_reported_wait_then_converges() {
         .count();
     assert!(pings >= 10, "watchdog pings: {pings}");
     assert_eq!(started_txns(&env).await, 1);
+}
+
+/// rpm-ostreed is not on the bus when streamd starts (broken, or not yet up), for longer than
+/// systemd's start-limit window: streamd says READY, reports the wait (`STATUS=`, journal),
+/// keeps the watchdog fed and tries again with backoff; once the daemon is there it converges
+/// without a restart. Before, it exited 1 before READY at every start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rpm_ostreed_missing_at_start_is_a_reported_wait_then_converges() {
+    let mut env = Env::new("no-rpmostreed").await;
+    // On this host nothing is activatable, so `auto` would take bootc; an RHCOS node's
+    // rpm-ostreed is activatable, and `auto` takes rpm-ostree there whatever its state.
+    env.config("60-backend.toml", "backend = \"rpm-ostree\"\n");
+    env.rpmostreed(RpmOstreedCmd::Bus { on: false }).await;
+    let sock_path = env.dir.join("notify.sock");
+    let notes = Notifications::listen(&sock_path);
+    let started = Instant::now();
+    env.start_streamd_with(&[
+        ("NOTIFY_SOCKET", sock_path.to_str().expect("utf-8")),
+        ("WATCHDOG_USEC", "2000000"),
+    ]);
+    notes
+        .wait_for(&env, "READY=1", Duration::from_secs(10))
+        .await;
+    notes
+        .wait_for(
+            &env,
+            "STATUS=Waiting: connecting to rpm-ostreed",
+            Duration::from_secs(10),
+        )
+        .await;
+    tokio::time::sleep(START_OUTAGE.saturating_sub(started.elapsed())).await;
+    assert!(
+        env.streamd_running(),
+        "streamd exited while rpm-ostreed was missing\n{}",
+        env.log()
+    );
+    env.rpmostreed(RpmOstreedCmd::Bus { on: true }).await;
+    let up = Instant::now();
+    env.wait_state("Idle").await;
+    println!(
+        "rpm-ostreed missing for {:?}: Idle {:?} after it came",
+        up - started,
+        up.elapsed()
+    );
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    let pings = notes
+        .all()
+        .iter()
+        .filter(|(at, m)| *at < up && m.contains("WATCHDOG=1"))
+        .count();
+    assert!(pings >= 10, "watchdog pings while waiting: {pings}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

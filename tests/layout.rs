@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 
 /// The groups, each allowed to use only those of a lower rank; `dbus_api` and `logging` share
 /// a rank, so neither uses the other.
-const ORDER: [(&str, u8); 10] = [
+const ORDER: [(&str, u8); 11] = [
     ("text", 0),
     ("backoff", 0),
     ("config", 1),
+    ("notify", 1),
     ("image", 2),
     ("backend", 3),
     ("host", 4),

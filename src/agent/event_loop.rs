@@ -11,13 +11,14 @@ use futures::stream::LocalBoxStream;
 use tokio::time::sleep_until;
 use tracing::{debug, info, warn};
 
+use super::Agent;
 use super::core::{Activity, Event};
 use super::task::{self, StagingEvent, TaskEvent, TaskFailed};
 use super::work::Outcome;
-use super::{Agent, notify};
 use crate::cluster::node::NodeUpdate;
 use crate::cluster::streams::StreamsUpdate;
 use crate::dbus_api::Request;
+use crate::notify;
 
 /// Longest wait for the last status patch when stopping.
 const STOP_FLUSH: Duration = Duration::from_secs(5);
@@ -58,19 +59,19 @@ enum Wake {
 impl Agent {
     /// Runs until `shutdown` resolves.
     ///
-    /// Ready (`READY=1`) as soon as the local set-up is done: waiting for the kubeconfig, the API
-    /// server or the Node object is a reported state (journal, `STATUS=`, `streamctl status`),
-    /// never an exit, so an unreachable cluster cannot use up systemd's start limit.
+    /// The daemon said `READY=1` before the agent was built (`src/bin/streamd.rs`): waiting for
+    /// the kubeconfig, the API server or the Node object is a reported state (journal,
+    /// `STATUS=`, `streamctl status`), never an exit, so an unreachable cluster cannot use up
+    /// systemd's start limit.
     pub async fn run(
         mut self,
         shutdown: impl std::future::Future<Output = ()>,
     ) -> anyhow::Result<()> {
-        notify(&[sd_notify::NotifyState::Ready]);
         let mut src = Sources {
             watch: None,
             streams: None,
             // WATCHDOG=1 comes from this loop itself, so a wedged loop is restarted by systemd.
-            watchdog: watchdog_interval().map(tokio::time::interval),
+            watchdog: notify::watchdog_interval().map(tokio::time::interval),
         };
         let mut shutdown = pin!(shutdown);
         loop {
@@ -89,7 +90,8 @@ impl Agent {
             self.readiness_tick().await;
         }
         info!("stopping");
-        notify(&[sd_notify::NotifyState::Stopping]);
+        // systemd waits for it; a full queue must not lose it.
+        notify::send_until_sent(&[sd_notify::NotifyState::Stopping], STOP_FLUSH).await;
         // A running transaction keeps running in rpm-ostreed, and work in its task is dropped
         // (nothing it does is left half-done by that: see `work.rs`); the next start reads the
         // result. The last status gets a short chance to go out, inside TimeoutStopSec.
@@ -176,7 +178,9 @@ impl Agent {
             Wake::ReadinessDue => {
                 self.core.handle(Event::ReadinessDue);
             }
-            Wake::WatchdogDue => notify(&[sd_notify::NotifyState::Watchdog]),
+            Wake::WatchdogDue => {
+                notify::send(&[sd_notify::NotifyState::Watchdog]);
+            }
         }
         Ok(())
     }
@@ -230,13 +234,6 @@ impl Agent {
             }
         }
     }
-}
-
-/// Half the watchdog timeout systemd asked for (`WATCHDOG_USEC`), if any.
-fn watchdog_interval() -> Option<Duration> {
-    let mut usec = 0u64;
-    (sd_notify::watchdog_enabled(false, &mut usec) && usec > 0)
-        .then(|| Duration::from_micros(usec / 2))
 }
 
 async fn tick(interval: &mut Option<tokio::time::Interval>) {

@@ -861,43 +861,9 @@ fn spawn_event_sender(node: NodeClient) -> mpsc::Sender<(EventType, &'static str
     tx
 }
 
-/// Sends `STATUS=<state>: <reason>` to systemd as one bounded line: sd_notify splits at
-/// newlines, so a reason carrying registry text could otherwise inject `WATCHDOG=trigger`.
+/// Sends `STATUS=<state>: <reason>` to systemd (one bounded line).
 fn notify_status(state: State, reason: &str) {
-    let line = crate::text::one_line_reason(&format!("{state}: {reason}"));
-    notify(&[sd_notify::NotifyState::Status(&line)]);
-}
-
-/// Sends `state` to the service manager's `NOTIFY_SOCKET`, if any, without ever waiting.
-///
-/// `sd_notify::notify` (like systemd's own `sd_notify`) sends on a blocking socket, and a
-/// datagram to a receiver whose queue is full (`net.unix.max_dgram_qlen`) waits until it is
-/// read: on this one-thread runtime that stopped everything, staging and SIGTERM included. A
-/// message that does not fit is dropped; a lost `WATCHDOG=1` is one of many.
-fn notify(state: &[sd_notify::NotifyState]) {
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
-        return;
-    };
-    let msg: String = state.iter().map(|s| format!("{s}\n")).collect();
-    if let Err(e) = send_nonblocking(&path, msg.as_bytes()) {
-        debug!(error = %e, message = msg.trim_end(), "sd_notify message dropped");
-    }
-}
-
-fn send_nonblocking(path: &std::ffi::OsStr, msg: &[u8]) -> std::io::Result<()> {
-    use std::os::linux::net::SocketAddrExt;
-    use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::net::{SocketAddr, UnixDatagram};
-
-    let sock = UnixDatagram::unbound()?;
-    sock.set_nonblocking(true)?;
-    // A leading `@` names an abstract socket, as in systemd's `sd_notify`.
-    let addr = match path.as_bytes().strip_prefix(b"@") {
-        Some(name) => SocketAddr::from_abstract_name(name)?,
-        None => SocketAddr::from_pathname(path)?,
-    };
-    sock.send_to_addr(msg, &addr)?;
-    Ok(())
+    crate::notify::status(&format!("{state}: {reason}"));
 }
 
 fn unix_now() -> u64 {

@@ -6,16 +6,19 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use streamd::agent::Agent;
 use streamd::backend::Backend;
+use streamd::backoff::Backoff;
 use streamd::cluster::node::NodeClient;
 use streamd::config::{self, Config};
 use streamd::host::facts::HostRoot;
+use streamd::notify;
 
 /// Moves this node between OS image streams as its Node annotations request.
 ///
@@ -116,6 +119,15 @@ fn load_config(args: &Args) -> Result<Config, config::ConfigError> {
     Ok(cfg)
 }
 
+/// How long `READY=1` and `STOPPING=1` are sent again while the notify socket's queue is full:
+/// beyond systemd's default start timeout (90 s), it has stopped waiting.
+const NOTIFY_WITHIN: Duration = Duration::from_secs(120);
+/// The longest one start-up attempt (the bus, rpm-ostreed's `RegisterClient`, streamd's own
+/// bus name) may take before it counts as failed and is tried again.
+const START_ATTEMPT: Duration = Duration::from_secs(60);
+/// Between start-up attempts: 1 s doubling to 30 s.
+const START_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+
 async fn run(cfg: Config) -> anyhow::Result<()> {
     let host = HostRoot::new(&cfg.host_root);
     let node_name = match &cfg.node_name {
@@ -125,8 +137,58 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
             .context("no node-name configured and the host name is unreadable")?,
     };
     info!(node = %node_name, sources = ?cfg.sources, "starting");
-    // Credentials are loaded by the agent loop: waiting for them is a reported state.
+    // The local set-up is done: what comes next (the system bus, the update backend, the
+    // cluster) is waited for and reported, never a reason to fail the start.
+    tokio::spawn(async {
+        notify::send_until_sent(&[sd_notify::NotifyState::Ready], NOTIFY_WITHIN).await
+    });
     let node = NodeClient::unloaded(&cfg.kubeconfig, &node_name);
+    let mut shutdown = std::pin::pin!(shutdown_signal());
+    let pinger = tokio::spawn(ping_watchdog());
+    let started = tokio::select! {
+        agent = start(&cfg, &host, &node) => Some(agent),
+        () = &mut shutdown => None,
+    };
+    pinger.abort();
+    let Some(agent) = started else {
+        info!("stopping before the update backend was reached");
+        notify::send_until_sent(&[sd_notify::NotifyState::Stopping], Duration::from_secs(5)).await;
+        return Ok(());
+    };
+    if let Some(ns) = cfg.heartbeat_namespace.clone() {
+        tokio::spawn(streamd::cluster::heartbeat::run(node, ns));
+    }
+    agent.run(shutdown).await
+}
+
+/// Builds the agent, trying again with [`START_BACKOFF`] while the system bus, the update
+/// backend or streamd's own bus name cannot be had: a host whose rpm-ostreed is broken or not
+/// yet up keeps a running, reporting streamd (journal and `STATUS=`), not a unit that used up
+/// its start limit.
+async fn start(cfg: &Config, host: &HostRoot, node: &NodeClient) -> Agent {
+    let mut backoff = START_BACKOFF;
+    loop {
+        let attempt = tokio::time::timeout(START_ATTEMPT, try_start(cfg, host, node)).await;
+        let error = match attempt {
+            Ok(Ok(agent)) => return agent,
+            Ok(Err(e)) => format!("{e:#}"),
+            Err(_) => format!(
+                "the system bus or the update backend did not answer within {} s",
+                START_ATTEMPT.as_secs()
+            ),
+        };
+        let delay = backoff.next_delay();
+        warn!(error = %error, retry_in_s = delay.as_secs(), "cannot start yet; retrying");
+        notify::status(&format!(
+            "Waiting: {error}; retrying in {} s",
+            delay.as_secs()
+        ));
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// One attempt of [`start`].
+async fn try_start(cfg: &Config, host: &HostRoot, node: &NodeClient) -> anyhow::Result<Agent> {
     let backend = Backend::connect(
         cfg.backend,
         &cfg.bootc_path,
@@ -136,7 +198,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     .await?;
     info!(backend = backend.kind().as_str(), "update backend");
     let gatherer = streamd::agent::gather::Gatherer {
-        host,
+        host: host.clone(),
         pull_secret: cfg.pull_secret.clone(),
         registries: streamd::image::registry::Access {
             plain: cfg.insecure_registries.clone(),
@@ -157,11 +219,20 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         resolve_spread: cfg.resolve_spread,
         mode: cfg.mode,
     };
-    if let Some(ns) = cfg.heartbeat_namespace.clone() {
-        tokio::spawn(streamd::cluster::heartbeat::run(node.clone(), ns));
+    Agent::new(node.clone(), backend, gatherer, reboot).await
+}
+
+/// `WATCHDOG=1` at half the watchdog interval while the agent's loop, which pings on its own,
+/// is not running yet.
+async fn ping_watchdog() {
+    let Some(every) = notify::watchdog_interval() else {
+        return;
+    };
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        notify::send(&[sd_notify::NotifyState::Watchdog]);
     }
-    let agent = Agent::new(node, backend, gatherer, reboot).await?;
-    agent.run(shutdown_signal()).await
 }
 
 async fn shutdown_signal() {

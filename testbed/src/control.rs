@@ -168,6 +168,12 @@ pub enum RpmOstreedCmd {
     },
     /// The next transaction's daemon "crashes" after `Start()`.
     ExitMidTransaction,
+    /// Owns (true) or releases (false) the daemon's bus name, as rpm-ostreed started or
+    /// stopped (and not activatable) on a real host.
+    Bus {
+        /// On the bus (true) or off it (false).
+        on: bool,
+    },
     /// Every transaction method call so far.
     Transactions,
     /// The ids of the clients registered with `RegisterClient`.
@@ -507,6 +513,7 @@ mod tests {
                 R::ExitMidTransaction,
                 wire("exit-mid-transaction", json!({})),
             ),
+            case(R::Bus { on: false }, wire("bus", json!({"on": false}))),
             case(R::Transactions, wire("transactions", json!({}))),
             case(R::Clients, wire("clients", json!({}))),
             case(R::Deployments, wire("deployments", json!({}))),
@@ -715,6 +722,7 @@ mod tests {
                 R::Clients => 17,
                 R::Deployments => 18,
                 R::ResetTransactions => 19,
+                R::Bus { .. } => 50,
             },
             Command::Systemd(c) => match c {
                 S::Units => 20,
@@ -759,7 +767,7 @@ mod tests {
         }
     }
 
-    const VARIANTS: usize = 50;
+    const VARIANTS: usize = 51;
 
     #[test]
     fn every_command_is_the_json_the_testbed_parses() {

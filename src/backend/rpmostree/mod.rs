@@ -34,6 +34,10 @@ const NO_REPLY_ERROR: &str = "org.freedesktop.DBus.Error.NoReply";
 /// How long a method call may take; rpm-ostree's own client uses 5 minutes because the daemon
 /// can be slow to load a large sysroot.
 const CALL_TIMEOUT: Duration = Duration::from_secs(300);
+/// The longest wait for the end of a transaction that neither pulls nor deploys a tree:
+/// `Cleanup` (a stale or foreign stage) and `FinalizeDeployment` (unlock, then the daemon's
+/// reboot). Seconds on a healthy host; past this the state says rpm-ostreed did not finish.
+const SHORT_TRANSACTION_LIMIT: Duration = Duration::from_secs(600);
 
 /// A system bus connection whose method calls may take as long as rpm-ostreed's do.
 pub async fn system_bus() -> zbus::Result<zbus::Connection> {
@@ -67,6 +71,17 @@ pub enum RpmOstreeError {
     /// A reply did not have the documented shape.
     #[error("unexpected reply from rpm-ostreed: {0}")]
     Protocol(String),
+    /// rpm-ostreed took the call but reported no end within the limit (hung, or stuck in a
+    /// hook): the transaction is left to it and the step is tried again.
+    #[error(
+        "rpm-ostreed did not finish {call} within {after_s} s; the deployments will be re-read and it is tried again"
+    )]
+    Stalled {
+        /// The method.
+        call: &'static str,
+        /// The limit, in seconds.
+        after_s: u64,
+    },
     /// A systemd inhibitor lock blocks the reboot; the message names who holds it and why.
     #[error("{0}")]
     Inhibited(String),
@@ -161,6 +176,7 @@ impl RpmOstreeError {
             RpmOstreeError::Cancelled => "rpm-ostree-cancelled",
             RpmOstreeError::Interrupted => "rpm-ostree-interrupted",
             RpmOstreeError::Protocol(_) => "rpm-ostree-protocol",
+            RpmOstreeError::Stalled { .. } => "rpm-ostree-stalled",
             RpmOstreeError::Inhibited(_) => "rpm-ostree-inhibited",
             RpmOstreeError::StagedMismatch(_) => "rpm-ostree-staged-mismatch",
             RpmOstreeError::Refused { .. } => "rpm-ostree-refused",
@@ -179,7 +195,10 @@ impl RpmOstreeError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            RpmOstreeError::Busy(_) | RpmOstreeError::Interrupted | RpmOstreeError::Call { .. }
+            RpmOstreeError::Busy(_)
+                | RpmOstreeError::Interrupted
+                | RpmOstreeError::Call { .. }
+                | RpmOstreeError::Stalled { .. }
         )
     }
 
@@ -548,7 +567,7 @@ impl Client {
             .await
             .map_err(|e| RpmOstreeError::from_call("Cleanup", e))?;
         let (tx, _rx) = tokio::sync::mpsc::channel(1);
-        transaction::run(&address, &tx, None).await
+        transaction::run_within("Cleanup", SHORT_TRANSACTION_LIMIT, &address, &tx).await
     }
 
     /// Unlocks the finalization-locked staged deployment whose manifest digest is `digest` and
@@ -604,7 +623,9 @@ impl Client {
             .await
             .map_err(|e| RpmOstreeError::from_call("FinalizeDeployment", e))?;
         let (tx, _rx) = tokio::sync::mpsc::channel(1);
-        match transaction::run(&address, &tx, None).await {
+        let run =
+            transaction::run_within("FinalizeDeployment", SHORT_TRANSACTION_LIMIT, &address, &tx);
+        match run.await {
             Err(RpmOstreeError::Failed(m)) if m.starts_with(INHIBITED_PREFIX) => {
                 Err(RpmOstreeError::Inhibited(crate::text::one_line_reason(&m)))
             }

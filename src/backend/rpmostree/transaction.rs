@@ -63,6 +63,25 @@ pub async fn run(
     result
 }
 
+/// [`run`] for at most `limit`: a daemon that takes the call and then never reports the end
+/// (hung, or wedged in a hook) is [`RpmOstreeError::Stalled`] after it, so the state says so and
+/// the step is tried again, instead of a wait without end. Dropping the peer connection leaves
+/// the transaction to the daemon, which ends or cancels it itself.
+pub async fn run_within(
+    call: &'static str,
+    limit: std::time::Duration,
+    address: &str,
+    events: &tokio::sync::mpsc::Sender<TxnEvent>,
+) -> Result<(), RpmOstreeError> {
+    match tokio::time::timeout(limit, run(address, events, None)).await {
+        Ok(result) => result,
+        Err(_) => Err(RpmOstreeError::Stalled {
+            call,
+            after_s: limit.as_secs(),
+        }),
+    }
+}
+
 /// Resolves once `cancel` turns true; never without a receiver or when the sender is gone.
 async fn wait_cancel(cancel: Option<tokio::sync::watch::Receiver<bool>>) -> Result<(), ()> {
     match cancel {
@@ -157,7 +176,9 @@ async fn wait_finished(
 
 #[cfg(test)]
 mod tests {
-    use super::LayerNumbering;
+    use std::time::Duration;
+
+    use super::*;
 
     /// The percentages a pull's tasks give, in order.
     fn pull(tasks: &[&str]) -> Vec<Option<u8>> {
@@ -194,6 +215,50 @@ mod tests {
             "",
         ] {
             assert_eq!(pull(&[other]), vec![None], "{other}");
+        }
+    }
+
+    /// A transaction object whose `Start()` answers and which never sends `Finished`.
+    struct Silent;
+
+    #[zbus::interface(name = "org.projectatomic.rpmostree1.Transaction")]
+    impl Silent {
+        fn start(&self) -> bool {
+            true
+        }
+    }
+
+    #[tokio::test]
+    async fn a_transaction_that_never_finishes_is_stalled_after_its_limit() {
+        let dir = std::env::temp_dir().join(format!("streamd-txn-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let path = dir.join("t.sock");
+        let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.expect("accept");
+            let conn = zbus::connection::Builder::unix_stream(stream)
+                .server(zbus::Guid::generate())
+                .expect("guid")
+                .p2p()
+                .serve_at("/", Silent)
+                .expect("serve")
+                .build()
+                .await
+                .expect("peer");
+            // Held open: the daemon keeps its side while the transaction "runs".
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            drop(conn);
+        });
+        let (tx, _rx) = tokio::sync::mpsc::channel(1);
+        let address = format!("unix:path={}", path.display());
+        let got = run_within("Cleanup", Duration::from_millis(300), &address, &tx).await;
+        server.abort();
+        let _ = std::fs::remove_dir_all(&dir);
+        match got {
+            Err(RpmOstreeError::Stalled { call, after_s }) => {
+                assert_eq!((call, after_s), ("Cleanup", 0));
+            }
+            other => panic!("not stalled: {other:?}"),
         }
     }
 }

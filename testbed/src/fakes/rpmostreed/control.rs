@@ -82,6 +82,7 @@ impl Daemon {
             RpmOstreedCmd::AdminDeploy { image } => self.admin_deploy(&image).await?,
             RpmOstreedCmd::LoseImageMetadata { index } => self.lose_image_metadata(index).await?,
             RpmOstreedCmd::ExitMidTransaction => lock(&self.knobs).exit_mid_transaction = true,
+            RpmOstreedCmd::Bus { on } => self.set_on_bus(on).await?,
             RpmOstreedCmd::Transactions => return Ok(serde_json::to_value(&*lock(&self.records))?),
             RpmOstreedCmd::Clients => {
                 let clients = lock(&self.clients);

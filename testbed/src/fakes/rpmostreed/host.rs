@@ -54,10 +54,7 @@ impl FakeRpmOstreed {
     /// Takes the daemon's name off the bus, as on a host without rpm-ostreed: the host model
     /// stays for the other tools.
     pub(crate) async fn leave_bus(&self) -> anyhow::Result<()> {
-        if let Some(conn) = self.daemon.bus_conn() {
-            conn.release_name(super::BUS_NAME).await?;
-        }
-        Ok(())
+        self.daemon.set_on_bus(false).await
     }
 
     /// A handle on the host model for the other tools; it does not keep the fake alive.

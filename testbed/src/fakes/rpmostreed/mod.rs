@@ -277,6 +277,21 @@ impl Daemon {
         Ok(())
     }
 
+    /// Owns (`on`) or releases the daemon's bus name on its connection.
+    pub(crate) async fn set_on_bus(&self, on: bool) -> anyhow::Result<()> {
+        let Some(conn) = self.bus_conn() else {
+            anyhow::bail!("the fake rpm-ostreed is not connected to the bus");
+        };
+        if on {
+            conn.request_name_with_flags(BUS_NAME, RequestNameFlags::DoNotQueue.into())
+                .await
+                .context("owning org.projectatomic.rpmostree1")?;
+        } else {
+            conn.release_name(BUS_NAME).await?;
+        }
+        Ok(())
+    }
+
     fn bus_conn(&self) -> Option<Connection> {
         lock(&self.bus).as_ref().map(|b| b.conn.clone())
     }
