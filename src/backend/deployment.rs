@@ -83,8 +83,23 @@ const REGISTRY_PREFIXES: [&str; 6] = [
     "docker://",
 ];
 
-/// The registry pullspec inside a container refspec, if it names a registry image.
+/// The prefix of the machine-config daemon's rebase onto an image it pulled into local storage
+/// first (openshift/machine-config-operator pkg/daemon/rpm-ostree.go
+/// `RebaseLayeredFromContainerStorage`, 4.21 to 4.23): the image keeps the registry name it was
+/// pulled by, after an optional `[driver@graphroot+runroot]` store specifier
+/// (containers/image storage/storage_reference.go).
+const CONTAINERS_STORAGE: &str = "ostree-unverified-image:containers-storage:";
+
+/// The registry pullspec inside a container refspec, if it names a registry image (also one
+/// the machine-config daemon deployed from local storage, by the name it pulled it with).
 pub fn pullspec_of_refspec(refspec: &str) -> Option<&str> {
+    if let Some(stored) = refspec.strip_prefix(CONTAINERS_STORAGE) {
+        let name = match stored.strip_prefix('[') {
+            Some(rest) => rest.split_once(']')?.1,
+            None => stored,
+        };
+        return (!name.is_empty()).then_some(name);
+    }
     if let Some(p) = REGISTRY_PREFIXES
         .iter()
         .find_map(|p| refspec.strip_prefix(p))
@@ -479,6 +494,19 @@ mod tests {
             ("ostree-remote-registry:fedora:q.io/a", Some("q.io/a")),
             ("ostree-remote-image:fedora:docker://q.io/a", Some("q.io/a")),
             ("ostree-unverified-image:oci:/dir", None),
+            (
+                "ostree-unverified-image:containers-storage:q.io/a@sha256:1",
+                Some("q.io/a@sha256:1"),
+            ),
+            (
+                "ostree-unverified-image:containers-storage:[overlay@/var/lib/containers/storage+/run/containers/storage]q.io/a@sha256:1",
+                Some("q.io/a@sha256:1"),
+            ),
+            (
+                "ostree-unverified-image:containers-storage:[overlay@/x",
+                None,
+            ),
+            ("ostree-unverified-image:containers-storage:", None),
             ("fedora:fedora/x86_64/coreos/stable", None),
         ];
         for (r, want) in cases {

@@ -7,11 +7,6 @@ use super::{CheckResult, Input, fail, pass, target_major, warn};
 use crate::backend::BackendKind;
 use crate::cluster::protocol::CheckId;
 
-/// The refspec prefix of the machine-config daemon's rebase onto an image pinned in local
-/// storage (pkg/daemon/rpm-ostree.go `RebaseLayeredFromContainerStorage`); its rebase from a
-/// registry is `ostree-unverified-registry:` (`RebaseLayered`).
-const MCD_CONTAINERS_STORAGE: &str = "ostree-unverified-image:containers-storage:";
-
 /// Whether `staged` is the machine-config daemon's own update in flight, for its move: the
 /// daemon stages the rebase onto the new MachineConfig's `osImageURL` (or its package changes
 /// on the booted image), then records that MachineConfig on disk before it reboots
@@ -22,12 +17,9 @@ fn mcd_own(i: &Input, staged: &crate::backend::Deployment) -> bool {
         return false;
     };
     let url = mc.pins.os_image_url.as_str();
-    let image = staged.pullspec().or_else(|| {
-        staged
-            .container_image_reference
-            .as_deref()
-            .and_then(|r| r.strip_prefix(MCD_CONTAINERS_STORAGE))
-    });
+    // Its rebase from a registry (`RebaseLayered`) or from local storage
+    // (`RebaseLayeredFromContainerStorage`): both name the image by its pullspec.
+    let image = staged.pullspec();
     i.mover == super::Mover::MachineConfigOperator
         && staged.staged
         && !url.is_empty()
