@@ -85,10 +85,14 @@ impl BackendError {
     }
 
     /// An `apply` that may have taken effect although it reported an error: the
-    /// `FinalizeDeployment` connection closed without a result after `Start()` (the daemon may
-    /// have unlocked and queued the reboot first).
+    /// `FinalizeDeployment` connection closed without a result after `Start()`, or no result
+    /// came within its limit (the daemon may have unlocked and queued the reboot first).
     pub fn possibly_applied(&self) -> bool {
-        matches!(self, BackendError::RpmOstree(RpmOstreeError::Interrupted))
+        // A finalization that stalled took the call: it may have unlocked the stage too.
+        matches!(
+            self,
+            BackendError::RpmOstree(RpmOstreeError::Interrupted | RpmOstreeError::Stalled { .. })
+        )
     }
 
     /// A staging that failed on the network (see [`RpmOstreeError::is_network_failure`] and
