@@ -33,7 +33,8 @@ enum Command {
         dir: PathBuf,
         /// Host fixture: default, fips, realtime, fips-realtime, 64k-aarch64, old-cpu, runc,
         /// low-disk, layered, realtime-image, mcd, secureboot, layered-image,
-        /// realtime-layered-image, mcd-layered-usbguard, mcd-realtime, mcd-wasm.
+        /// realtime-layered-image, mcd-layered-usbguard, mcd-realtime, mcd-wasm,
+        /// mcd-streamd-rpm.
         #[arg(long, default_value = "default")]
         host: String,
         /// The host's OS update tool: rpm-ostree (rpm-ostreed on the bus) or bootc (no
