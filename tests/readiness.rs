@@ -459,6 +459,7 @@ async fn streamd_installed_by_the_openshift_daemonset_is_ready_and_survives_the_
     env.start_streamd_at(&program);
     let a = wait_readiness(&env, "rhel-10").await;
     assert_eq!(a[MODE], "readiness");
+    assert_eq!(a[CURRENT_STREAM], "rhel-9");
     let r = readiness(&a);
     assert_eq!(r["rhel-10"]["ready"], json!(true), "{r}");
 
@@ -481,8 +482,14 @@ async fn streamd_installed_by_the_openshift_daemonset_is_ready_and_survives_the_
         "{commands}"
     );
     env.start_streamd_at(&program);
+    // Only a streamd running on rhel-10 checks rhel-9 (the booted stream is not checked).
     let a = wait_readiness(&env, "rhel-9").await;
     assert_eq!(a[MODE], "readiness");
+    assert_eq!(a[STATE], "Idle");
+    assert_eq!(
+        (a[CURRENT_STREAM].as_str(), &a[CURRENT_OS_IMAGE]),
+        ("rhel-10", &env.rhel10())
+    );
     let r = readiness(&a);
     assert!(
         !r["rhel-9"]["failed"]
