@@ -372,11 +372,21 @@ fn object<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
 /// docs/deploy/openshift/daemonset.yaml parses and has the shape its README describes: the
 /// installer image pinned by digest, only the init container privileged, the host's `/` where
 /// install.sh looks for it, the host's PID namespace, and no grant beyond the privileged SCC.
+fn openshift_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/deploy/openshift")
+}
+
+/// docs/deploy/openshift/daemonset.yaml, parsed.
+fn openshift_manifest() -> Vec<Value> {
+    let text =
+        std::fs::read_to_string(openshift_dir().join("daemonset.yaml")).expect("daemonset.yaml");
+    serde_saphyr::from_multiple(&text).expect("daemonset.yaml is YAML")
+}
+
 #[test]
 fn openshift_daemonset_manifest_is_what_the_readme_says() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/deploy/openshift");
-    let text = std::fs::read_to_string(dir.join("daemonset.yaml")).expect("daemonset.yaml");
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("daemonset.yaml is YAML");
+    let dir = openshift_dir();
+    let docs = openshift_manifest();
     let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
     assert_eq!(
         kinds,
@@ -462,5 +472,57 @@ fn openshift_daemonset_manifest_is_what_the_readme_says() {
     assert!(
         idle["volumeMounts"].is_null(),
         "the idle container sees no host"
+    );
+}
+
+/// The manifest's Namespace, Role and RoleBinding are accepted by the testbed's API server
+/// (which serves no ServiceAccounts or DaemonSets: the account is a token user the binding
+/// names), and the installer's account gets nothing from them but what it says: it may not
+/// read or write Nodes, Pods or the binding itself.
+#[tokio::test]
+async fn openshift_manifest_rbac_applies_and_grants_the_installer_no_api_access() {
+    let (dir, server) = start_apiserver("osis", "installer").await;
+    let docs = openshift_manifest();
+    for doc in docs.iter().filter(|d| {
+        matches!(
+            d["kind"].as_str(),
+            Some("Namespace" | "Role" | "RoleBinding")
+        )
+    }) {
+        server
+            .create(doc.clone())
+            .expect("the API server accepts it");
+    }
+    let sa = object(&docs, "ServiceAccount");
+    let user = format!(
+        "system:serviceaccount:{}:{}",
+        sa["metadata"]["namespace"].as_str().expect("namespace"),
+        sa["metadata"]["name"].as_str().expect("name")
+    );
+    let kubeconfig = server.add_user(&user).expect("token user");
+    let ns = sa["metadata"]["namespace"].as_str().expect("namespace");
+    for args in [
+        &["get", "nodes"][..],
+        &["get", "pods", "-n", ns],
+        &["get", "rolebindings", "-n", ns],
+        &["annotate", "node", NODE, "x=y"],
+    ] {
+        let out = run_kubectl(&dir, &kubeconfig, args).await;
+        assert!(
+            !out.ok && out.stderr.contains("forbidden"),
+            "kubectl {args:?} as {user}: {}{}",
+            out.stdout,
+            out.stderr
+        );
+    }
+    let admin = run_kubectl(
+        &dir,
+        &dir.join("kubeconfig-admin"),
+        &["get", "role", "-n", ns, "-o", "name"],
+    )
+    .await;
+    assert_eq!(
+        admin.stdout.trim(),
+        "role.rbac.authorization.k8s.io/streamd-installer"
     );
 }
