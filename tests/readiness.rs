@@ -5,10 +5,12 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
 use serde_json::{Value, json};
+use testbed::control::RpmOstreedCmd;
 
 const MODE: &str = "osstream.openshift.io/mode";
 const READINESS: &str = "osstream.openshift.io/readiness";
@@ -340,6 +342,182 @@ async fn a_4_21_wasm_node_needs_crun_wasm_where_4_22_rejects_it() {
     assert!(
         reason.contains(r#"does not support: "wasm""#)
             && reason.contains("by release 4.22's machine-config operator"),
+        "{reason}"
+    );
+}
+
+/// The installer script the DaemonSet's init container runs.
+const INSTALL_SH: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/docs/deploy/openshift/install.sh"
+);
+
+/// What the installer image carries in /opt/streamd (docs/deploy/openshift/Containerfile: the
+/// el9 RPMs' files), from this build, below `env`'s directory.
+fn installer_files(env: &Env) -> PathBuf {
+    let src = env.dir.join("installer");
+    std::fs::create_dir_all(&src).expect("installer dir");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (name, from) in [
+        ("streamd", PathBuf::from(env!("CARGO_BIN_EXE_streamd"))),
+        (
+            "streamd-verify",
+            PathBuf::from(env!("CARGO_BIN_EXE_streamd-verify")),
+        ),
+        ("streamctl", PathBuf::from(env!("CARGO_BIN_EXE_streamctl"))),
+        ("streamd.service", repo.join("systemd/streamd.service")),
+        (
+            "streamd-bootloader-update.target",
+            repo.join("systemd/streamd-bootloader-update.target"),
+        ),
+        (
+            "io.openshift.OSStream1.conf",
+            repo.join("systemd/io.openshift.OSStream1.conf"),
+        ),
+    ] {
+        // A hard link where the file system allows: the debug binaries are large.
+        let to = src.join(name);
+        if std::fs::hard_link(&from, &to).is_err() {
+            std::fs::copy(&from, &to).expect("copying an installer file");
+        }
+    }
+    // The module's bytes only matter to the host's semodule, which the stub plays.
+    std::fs::write(src.join("streamd.pp.bz2"), "streamd policy module\n").expect("module");
+    src
+}
+
+/// The host's commands for the installer (`STREAMD_HOST_RUN`): each is logged to
+/// `host-commands.log`; `semodule` keeps its module store where the host's is, in the host
+/// root's /etc/selinux.
+fn host_run_stub(env: &Env) -> PathBuf {
+    let stub = env.dir.join("host-run");
+    let store = env
+        .dir
+        .join("host/etc/selinux/targeted/active/modules/400/streamd");
+    let log = env.dir.join("host-commands.log");
+    let script = format!(
+        "#!/bin/sh\necho \"$*\" >>'{log}'\ncase \"$1 $2\" in\n\
+         'semodule -l') [ -e '{store}' ] && echo streamd ;;\n\
+         'semodule -i') mkdir -p '{store}' ;;\nesac\nexit 0\n",
+        log = log.display(),
+        store = store.display()
+    );
+    std::fs::write(&stub, script).expect("writing the stub");
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    stub
+}
+
+/// Runs the installer on `env`'s host root; returns its output and the host commands it ran.
+fn run_installer(env: &Env, src: &Path, stub: &Path) -> (String, String) {
+    let log = env.dir.join("host-commands.log");
+    let _ = std::fs::remove_file(&log);
+    let out = std::process::Command::new("sh")
+        .arg(INSTALL_SH)
+        .env("STREAMD_HOST", env.dir.join("host"))
+        .env("STREAMD_SRC", src)
+        .env("STREAMD_HOST_RUN", stub)
+        .output()
+        .expect("running install.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "install.sh failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (stdout, std::fs::read_to_string(&log).unwrap_or_default())
+}
+
+/// streamd installed the OpenShift way (docs/deploy/openshift/: binaries in /usr/local, units
+/// in /etc, the policy module in the store, nothing layered) on a node the MCD manages reads
+/// ready for rhel-10. After the node booted rhel-10 (a new deployment: its /usr replaces the
+/// old one, /etc and /var stay) the installed streamd is still there, the installer's second
+/// run finds nothing to do, and streamd starts and reports again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamd_installed_by_the_openshift_daemonset_is_ready_and_survives_the_rebase() {
+    let mut env = Env::with_host("ocp-install", "mcd").await;
+    let (src, stub) = (installer_files(&env), host_run_stub(&env));
+    let (out, commands) = run_installer(&env, &src, &stub);
+    assert!(
+        out.contains("installed /usr/local/libexec/streamd\n"),
+        "{out}"
+    );
+    assert!(
+        commands.contains("semodule -i /usr/local/share/streamd/streamd.pp.bz2\n")
+            && commands.contains("systemctl restart streamd.service\n"),
+        "{commands}"
+    );
+    let host = env.dir.join("host");
+    let unit = std::fs::read_to_string(host.join("etc/systemd/system/streamd.service"))
+        .expect("the unit in /etc");
+    assert!(
+        unit.lines()
+            .any(|l| l == "ExecStart=/usr/local/libexec/streamd"),
+        "{unit}"
+    );
+    let program = host.join("usr/local/libexec/streamd");
+    env.start_streamd_at(&program);
+    let a = wait_readiness(&env, "rhel-10").await;
+    assert_eq!(a[MODE], "readiness");
+    assert_eq!(a[CURRENT_STREAM], "rhel-9");
+    let r = readiness(&a);
+    assert_eq!(r["rhel-10"]["ready"], json!(true), "{r}");
+
+    // The machine-config daemon's rebase to rhel-10 and the reboot into it.
+    std::fs::write(host.join("usr/libexec-marker"), "the old /usr").expect("marker");
+    let rhel10 = env.rhel10();
+    env.rpmostreed(RpmOstreedCmd::AdminDeploy { image: rhel10 })
+        .await;
+    let out = env.reboot(false).await;
+    assert_eq!(out["applied"], json!(true), "{out}");
+    let os = std::fs::read_to_string(host.join("usr/lib/os-release")).expect("os-release");
+    assert!(os.contains("RHEL_VERSION=10"), "{os}");
+    assert!(!host.join("usr/libexec-marker").exists(), "a new /usr");
+    // The pod starts again after the boot: everything is where it was.
+    let (out, commands) = run_installer(&env, &src, &stub);
+    assert!(!out.contains("installed "), "{out}");
+    assert!(
+        commands.contains("systemctl enable --now streamd.service\n")
+            && !commands.contains("semodule -i"),
+        "{commands}"
+    );
+    env.start_streamd_at(&program);
+    // Only a streamd running on rhel-10 checks rhel-9 (the booted stream is not checked).
+    let a = wait_readiness(&env, "rhel-9").await;
+    assert_eq!(a[MODE], "readiness");
+    assert_eq!(a[STATE], "Idle");
+    assert_eq!(
+        (a[CURRENT_STREAM].as_str(), &a[CURRENT_OS_IMAGE]),
+        ("rhel-10", &env.rhel10())
+    );
+    let r = readiness(&a);
+    assert!(
+        !r["rhel-9"]["failed"]
+            .as_array()
+            .is_some_and(|f| f.contains(&json!("layered-packages"))),
+        "{r}"
+    );
+    assert_no_transaction(&env).await;
+}
+
+/// The route the OpenShift install replaces: streamd's el9 RPMs layered on the node. The
+/// machine-config daemon's rebase keeps local RPMs in the origin as built, so streamd's own
+/// check finds el9 packages for an el10 target and the node reads not ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamd_layered_as_its_el9_rpms_fails_its_own_layered_packages_check() {
+    let e = rhel10_readiness_on(
+        "ocp-install-rpm",
+        "mcd-streamd-rpm",
+        testbed::OpenShift::V4_23,
+    )
+    .await;
+    assert_eq!(e["ready"], json!(false), "{e}");
+    assert_eq!(e["failed"], json!(["layered-packages"]), "{e}");
+    let reason = e["reason"].as_str().unwrap_or_default();
+    // The reason is bounded: the first RPM is named before the cut.
+    assert!(
+        reason.contains("not built for the target (el10)")
+            && reason.contains(testbed::fixtures::STREAMD_EL9_RPMS[0]),
         "{reason}"
     );
 }

@@ -1,6 +1,6 @@
 //! The fake API server's OSImageStreams and authorization, driven by the real `kubectl`; the
 //! RBAC manifests in `docs/deploy/` applied with it and shown to grant the node exactly what
-//! streamd needs.
+//! streamd needs; the OpenShift installer's manifest (`docs/deploy/openshift/`) parsed and checked.
 
 mod common;
 
@@ -359,4 +359,170 @@ async fn deploy_rbac_grants_the_node_what_streamd_needs_and_no_more() {
         .fails(true, &["delete", "clusterrolebinding", "streamd-node"])
         .await;
     assert!(err.contains("forbidden"), "{err}");
+}
+
+/// The object of `kind` in a parsed manifest.
+fn object<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    let mut found = docs.iter().filter(|d| d["kind"] == kind);
+    let one = found.next().unwrap_or_else(|| panic!("no {kind}"));
+    assert!(found.next().is_none(), "one {kind}");
+    one
+}
+
+/// docs/deploy/openshift/daemonset.yaml parses and has the shape its README describes: the
+/// installer image pinned by digest, only the init container privileged, the host's `/` where
+/// install.sh looks for it, the host's PID namespace, and no grant beyond the privileged SCC.
+fn openshift_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/deploy/openshift")
+}
+
+/// docs/deploy/openshift/daemonset.yaml, parsed.
+fn openshift_manifest() -> Vec<Value> {
+    let text =
+        std::fs::read_to_string(openshift_dir().join("daemonset.yaml")).expect("daemonset.yaml");
+    serde_saphyr::from_multiple(&text).expect("daemonset.yaml is YAML")
+}
+
+#[test]
+fn openshift_daemonset_manifest_is_what_the_readme_says() {
+    let dir = openshift_dir();
+    let docs = openshift_manifest();
+    let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "Namespace",
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "DaemonSet"
+        ]
+    );
+    let ns = object(&docs, "Namespace");
+    assert_eq!(
+        ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "privileged"
+    );
+    let name = ns["metadata"]["name"].clone();
+    for d in &docs[1..] {
+        assert_eq!(d["metadata"]["namespace"], name, "{d}");
+    }
+    let sa = object(&docs, "ServiceAccount");
+    assert_eq!(sa["automountServiceAccountToken"], json!(false));
+    assert_eq!(
+        object(&docs, "Role")["rules"],
+        json!([{"apiGroups": ["security.openshift.io"], "resources": ["securitycontextconstraints"],
+                "resourceNames": ["privileged"], "verbs": ["use"]}])
+    );
+    let binding = object(&docs, "RoleBinding");
+    assert_eq!(
+        binding["roleRef"]["name"],
+        object(&docs, "Role")["metadata"]["name"]
+    );
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": name}])
+    );
+
+    let pod = &object(&docs, "DaemonSet")["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], sa["metadata"]["name"]);
+    assert_eq!(pod["automountServiceAccountToken"], json!(false));
+    assert_eq!(pod["hostPID"], json!(true));
+    let [init] = pod["initContainers"]
+        .as_array()
+        .expect("init containers")
+        .as_slice()
+    else {
+        panic!("one init container: {pod}");
+    };
+    let [idle] = pod["containers"].as_array().expect("containers").as_slice() else {
+        panic!("one container: {pod}");
+    };
+    let image = init["image"].as_str().expect("image");
+    let (_, digest) = image.split_once("@sha256:").expect("pinned by digest");
+    assert!(digest.len() == 64 && digest.chars().all(|c| c.is_ascii_hexdigit()));
+    assert_eq!(idle["image"], init["image"], "one image to pull");
+    assert_eq!(init["securityContext"]["privileged"], json!(true));
+    assert_eq!(idle["securityContext"]["privileged"], Value::Null);
+    assert_eq!(
+        idle["securityContext"]["capabilities"]["drop"],
+        json!(["ALL"])
+    );
+    // The script the Containerfile puts in the image, told where the host is.
+    let containerfile = std::fs::read_to_string(dir.join("Containerfile")).expect("Containerfile");
+    let command = init["command"][0].as_str().expect("command");
+    assert!(
+        containerfile.contains(&format!("COPY docs/deploy/openshift/install.sh {command}")),
+        "{command}"
+    );
+    let host = init["env"]
+        .as_array()
+        .and_then(|e| e.iter().find(|v| v["name"] == "STREAMD_HOST"))
+        .and_then(|v| v["value"].as_str())
+        .expect("STREAMD_HOST");
+    let mount = init["volumeMounts"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["mountPath"] == host))
+        .expect("the host mounted at STREAMD_HOST");
+    let volume = pod["volumes"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == mount["name"]))
+        .expect("the host volume");
+    assert_eq!(volume["hostPath"]["path"], "/");
+    assert!(
+        idle["volumeMounts"].is_null(),
+        "the idle container sees no host"
+    );
+}
+
+/// The manifest's Namespace, Role and RoleBinding are accepted by the testbed's API server
+/// (which serves no ServiceAccounts or DaemonSets: the account is a token user the binding
+/// names), and the installer's account gets nothing from them but what it says: it may not
+/// read or write Nodes, Pods or the binding itself.
+#[tokio::test]
+async fn openshift_manifest_rbac_applies_and_grants_the_installer_no_api_access() {
+    let (dir, server) = start_apiserver("osis", "installer").await;
+    let docs = openshift_manifest();
+    for doc in docs.iter().filter(|d| {
+        matches!(
+            d["kind"].as_str(),
+            Some("Namespace" | "Role" | "RoleBinding")
+        )
+    }) {
+        server
+            .create(doc.clone())
+            .expect("the API server accepts it");
+    }
+    let sa = object(&docs, "ServiceAccount");
+    let user = format!(
+        "system:serviceaccount:{}:{}",
+        sa["metadata"]["namespace"].as_str().expect("namespace"),
+        sa["metadata"]["name"].as_str().expect("name")
+    );
+    let kubeconfig = server.add_user(&user).expect("token user");
+    let ns = sa["metadata"]["namespace"].as_str().expect("namespace");
+    for args in [
+        &["get", "nodes"][..],
+        &["get", "pods", "-n", ns],
+        &["get", "rolebindings", "-n", ns],
+        &["annotate", "node", NODE, "x=y"],
+    ] {
+        let out = run_kubectl(&dir, &kubeconfig, args).await;
+        assert!(
+            !out.ok && out.stderr.contains("forbidden"),
+            "kubectl {args:?} as {user}: {}{}",
+            out.stdout,
+            out.stderr
+        );
+    }
+    let admin = run_kubectl(
+        &dir,
+        &dir.join("kubeconfig-admin"),
+        &["get", "role", "-n", ns, "-o", "name"],
+    )
+    .await;
+    assert_eq!(
+        admin.stdout.trim(),
+        "role.rbac.authorization.k8s.io/streamd-installer"
+    );
 }

@@ -170,6 +170,16 @@ impl Env {
 
     /// Starts streamd with extra environment variables.
     pub fn start_streamd_with(&mut self, extra_env: &[(&str, &str)]) {
+        self.spawn_streamd(Path::new(env!("CARGO_BIN_EXE_streamd")), extra_env);
+    }
+
+    /// Starts the streamd binary at `program` (a copy installed on the host root) against the
+    /// testbed.
+    pub fn start_streamd_at(&mut self, program: &Path) {
+        self.spawn_streamd(program, &[]);
+    }
+
+    fn spawn_streamd(&mut self, program: &Path, extra_env: &[(&str, &str)]) {
         assert!(self.streamd.is_none(), "streamd already running");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -179,11 +189,8 @@ impl Env {
         // Through `sh -c exec` so WATCHDOG_PID can name streamd's own pid, as systemd sets it.
         let child = self
             .command("sh")
-            .args([
-                "-c",
-                r#"WATCHDOG_PID=$$ exec "$0""#,
-                env!("CARGO_BIN_EXE_streamd"),
-            ])
+            .args(["-c", r#"WATCHDOG_PID=$$ exec "$0""#])
+            .arg(program)
             .envs(extra_env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup"))

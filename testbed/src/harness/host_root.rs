@@ -14,6 +14,7 @@
 //! | `sys/kernel/realtime` | `1`, only on real-time kernels (absent otherwise, as on a real host) |
 //! | `etc/crio/crio.conf`, `etc/crio/crio.conf.d/00-default` | `[crio.runtime] default_runtime` = `runc` or `crun` |
 //! | `usr/lib/os-release`, `etc/os-release` (link) | the booted image's os-release |
+//! | `usr/local` (link to `../var/usrlocal`) | as rpm-ostree composes RHCOS: `/usr/local` is writable, shared state in `/var` |
 //! | `etc/machine-config-daemon/currentconfig` | only on `mcd`: the machine-config daemon's record of the MachineConfig it applied (a JSON MachineConfig, as `storeCurrentConfigOnDisk` writes it); the fixture's `machine_config` when it has one, with the `release-image-version` annotation of the release played (`--openshift`) |
 //! | `sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c` | only on `secureboot`: the EFI variable, 4 bytes of attributes (`BS|RT`, little-endian) and the value `1` |
 //! | `usr/lib/systemd/system/bootloader-update.service` | bootupd's unit (RHEL >= 9.6), which the fake systemd starts (`crate::fakes::systemd`) |
@@ -126,14 +127,37 @@ pub fn write(
         include_str!("../../../systemd/streamd-bootloader-update.target"),
     )?;
     put("usr/lib/os-release", &booted.os_release())?;
-    // As on RHCOS, /etc/os-release is a relative link into /usr.
-    let etc = root.join("etc");
-    std::fs::create_dir_all(&etc).with_context(|| format!("creating {}", etc.display()))?;
-    let link = etc.join("os-release");
+    // As on RHCOS, /etc/os-release is a relative link into /usr, and /usr/local one into /var
+    // (coreos/rpm-ostree rust/src/composepost.rs: `ensure_symlink(rootfs, "../var/usrlocal",
+    // "usr/local")`).
+    link(root, "etc/os-release", "../usr/lib/os-release")?;
+    std::fs::create_dir_all(root.join("var/usrlocal")).context("creating var/usrlocal")?;
+    link(root, "usr/local", "../var/usrlocal")
+}
+
+/// Makes `rel` below `root` a symbolic link to `target`, replacing a link that is there.
+fn link(root: &Path, rel: &str, target: &str) -> anyhow::Result<()> {
+    let link = root.join(rel);
+    if let Some(parent) = link.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
     let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink("../usr/lib/os-release", &link)
-        .with_context(|| format!("linking {}", link.display()))?;
-    Ok(())
+    std::os::unix::fs::symlink(target, &link).with_context(|| format!("linking {}", link.display()))
+}
+
+/// What a reboot into another deployment does to the host root: its `/usr` is the new
+/// deployment's (written again by [`write`]), while `/etc` (ostree's merge carries the local
+/// changes into the new deployment) and `/var` (one per stateroot, shared by its deployments)
+/// stay as they were.
+pub fn boot_new_deployment(root: &Path) -> anyhow::Result<()> {
+    let usr = root.join("usr");
+    match std::fs::remove_dir_all(&usr) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", usr.display()))
+        }
+        _ => Ok(()),
+    }
 }
 
 const BOOT_ID: &str = "proc/sys/kernel/random/boot_id";
@@ -302,5 +326,14 @@ mod tests {
         assert_ne!(read(BOOT_ID), first, "a reboot is a new boot");
         assert_eq!(read(BOOT_ID).len(), 37);
         assert_eq!(read("sys/kernel/realtime"), "1\n");
+        // A new deployment's /usr replaces the old one; /usr/local is /var's, and stays.
+        std::fs::create_dir_all(d.join("usr/local/bin")).expect("usr/local/bin");
+        std::fs::write(d.join("usr/local/bin/tool"), "kept").expect("tool");
+        std::fs::write(d.join("usr/lib/from-the-old-tree"), "gone").expect("usr file");
+        boot_new_deployment(&d).expect("new deployment");
+        write(&d, "worker-0", img, &def, "BOOT_IMAGE=x rw").expect("write");
+        assert!(!d.join("usr/lib/from-the-old-tree").exists());
+        assert_eq!(read("usr/local/bin/tool"), "kept");
+        assert_eq!(read("var/usrlocal/bin/tool"), "kept");
     }
 }

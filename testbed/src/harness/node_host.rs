@@ -218,7 +218,8 @@ impl NodeHost {
     }
 
     /// Reboots the host: the fake rpm-ostreed applies an unlocked staged deployment (a locked
-    /// one is discarded), then the host root is rewritten for what booted, with a new boot id.
+    /// one is discarded), then the host root is rewritten for what booted, with a new boot id;
+    /// booting another deployment replaces the host root's `/usr` and keeps `/etc` and `/var`.
     /// streamd is not touched: whoever started it stops it before and starts it after.
     pub(crate) async fn reboot(&self, fail_finalize: bool) -> anyhow::Result<Value> {
         let out = self.rpmostreed.simulate_reboot(fail_finalize).await?;
@@ -229,6 +230,9 @@ impl NodeHost {
             .find(|i| i.digest == out.booted_digest)
             .with_context(|| format!("booted image {} is not in the catalog", out.booted_digest))?;
         let previous_boot = crate::harness::host_root::boot_id(&root)?;
+        if out.applied {
+            crate::harness::host_root::boot_new_deployment(&root)?;
+        }
         crate::harness::host_root::write(&root, &self.node, image, &self.fixture, &out.cmdline)?;
         crate::harness::host_root::boot(&root, &out.booted_kernel)?;
         if out.finalize_failed {
