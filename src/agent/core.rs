@@ -1,5 +1,6 @@
-//! The agent's sans-I/O core: what it is doing now ([`Activity`]), its retry and readiness
-//! timers and their back-offs, and how each [`Event`] changes them.
+//! The agent's sans-I/O core: what it is doing now ([`Activity`]), its timers (retry,
+//! readiness, the status patch's retry, the look at the credential files) and their
+//! back-offs, and how each [`Event`] changes them.
 //!
 //! [`Core::handle`] takes an event and returns the [`Effect`]s the loop (`event_loop.rs`) then
 //! executes: spawning the deployments read, aborting read-only work, cancelling the staging
@@ -16,6 +17,8 @@ mod tests;
 use std::time::{Duration, Instant};
 
 use crate::backoff::{Backoff, stretch};
+use crate::cluster::node::CREDENTIALS_CHECK;
+use crate::cluster::report::{PATCH_MAX_BACKOFF, PatchFailure, patch_retry_delay};
 
 /// First delay after a transient failure, and the short fixed waits.
 pub(super) const MIN_BACKOFF: Duration = Duration::from_secs(1);
@@ -26,6 +29,10 @@ pub(super) const REGISTRY_BACKOFF: Backoff =
     Backoff::new(Duration::from_secs(10), Duration::from_secs(300));
 /// Checks whose input did not change are run again after this long.
 pub(super) const READINESS_INTERVAL: Duration = Duration::from_secs(3600);
+/// After a failed node patch: 1 s doubling to the reporter's cap.
+const PATCH_BACKOFF: Backoff = Backoff::new(MIN_BACKOFF, PATCH_MAX_BACKOFF);
+/// How often the credential files are looked for while there are none.
+const CREDENTIALS_WAIT: Duration = Duration::from_secs(5);
 
 /// One step of serving a request, run beside the loop (work in a task, or the staging
 /// transaction), with the request it serves (its observed-desired hash) where it serves one.
@@ -143,6 +150,24 @@ pub(super) enum Event {
     ReadinessDue,
     /// The readiness checks are to run again although their input is unchanged.
     ReadinessStale,
+    /// The status patch went out: the next failure waits the floor again.
+    Patched,
+    /// The status patch failed; `jitter` (in `[0, 1)`) spreads the retry.
+    PatchFailed {
+        now: Instant,
+        failure: PatchFailure,
+        jitter: f64,
+    },
+    /// The credential files were looked at: `client`: a client is loaded (maybe an older one);
+    /// `new`: this look built a new one.
+    CredentialsLoaded {
+        now: Instant,
+        client: bool,
+        new: bool,
+    },
+    /// The API server answered 401 (the kubelet may have rotated the client certificate):
+    /// the credential files are looked at at once.
+    Unauthorized,
 }
 
 /// What the loop does for the core.
@@ -179,6 +204,11 @@ pub(super) struct Core {
     readiness_at: Option<Instant>,
     readiness_stale: bool,
     readiness_backoff: Backoff,
+    /// When a failed status patch is sent again.
+    patch_retry_at: Option<Instant>,
+    patch_backoff: Backoff,
+    /// When the credential files are looked at next (`None`: at once).
+    credentials_at: Option<Instant>,
 }
 
 impl Default for Core {
@@ -192,6 +222,9 @@ impl Default for Core {
             readiness_at: None,
             readiness_stale: false,
             readiness_backoff: REGISTRY_BACKOFF,
+            patch_retry_at: None,
+            patch_backoff: PATCH_BACKOFF,
+            credentials_at: None,
         }
     }
 }
@@ -222,6 +255,23 @@ impl Core {
         self.readiness_stale
     }
 
+    /// When the status patch goes out, given when the reporter wants it out (`due`): not
+    /// before a failed patch's retry.
+    pub(super) fn flush_at(&self, due: Option<Instant>) -> Option<Instant> {
+        let due = due?;
+        Some(self.patch_retry_at.map_or(due, |r| r.max(due)))
+    }
+
+    /// When a failed status patch is sent again (`None`: none failed).
+    pub(super) fn patch_retry_at(&self) -> Option<Instant> {
+        self.patch_retry_at
+    }
+
+    /// When the credential files are looked at next (`None`: at once).
+    pub(super) fn credentials_at(&self) -> Option<Instant> {
+        self.credentials_at
+    }
+
     /// The request the running staging transaction stages.
     pub(super) fn staging(&self) -> Option<&str> {
         match &self.activity {
@@ -237,28 +287,8 @@ impl Core {
     pub(super) fn handle(&mut self, event: Event) -> Vec<Effect> {
         match event {
             Event::Reconcile { now, request } => self.reconcile(now, request),
-            Event::Started(step) => {
-                // A transaction starts from a decision on the latest request, and its end
-                // decides again or reports: a reconcile asked for before it is not carried.
-                let again = match self.activity {
-                    _ if matches!(step, Step::Staging { .. }) => false,
-                    Activity::Running { again, .. } | Activity::Settling { again } => again,
-                    Activity::Idle => false,
-                };
-                self.activity = Activity::Running { step, again };
-                Vec::new()
-            }
-            Event::Ended { now, failed } => {
-                let again = match self.activity {
-                    Activity::Running { again, .. } | Activity::Settling { again } => again,
-                    Activity::Idle => false,
-                };
-                self.activity = Activity::Settling { again };
-                match failed {
-                    Some(reason) => self.fail(now, Retry::Transient, reason, 0.0),
-                    None => Vec::new(),
-                }
-            }
+            Event::Started(step) => self.started(step),
+            Event::Ended { now, failed } => self.ended(now, failed),
             Event::Settled => match self.activity {
                 Activity::Settling { again } => {
                     self.activity = Activity::Idle;
@@ -312,17 +342,7 @@ impl Core {
                 now,
                 transient,
                 jitter,
-            } => {
-                let delay = if transient {
-                    stretch(self.readiness_backoff.next_delay(), jitter)
-                } else {
-                    self.readiness_backoff.reset();
-                    READINESS_INTERVAL
-                };
-                self.readiness_at = Some(now + delay);
-                self.readiness_stale = false;
-                Vec::new()
-            }
+            } => self.checked(now, transient, jitter),
             Event::ReadinessDue => {
                 self.readiness_at = None;
                 self.readiness_stale = true;
@@ -332,6 +352,49 @@ impl Core {
                 self.readiness_stale = true;
                 Vec::new()
             }
+            Event::Patched => {
+                self.patch_retry_at = None;
+                self.patch_backoff.reset();
+                Vec::new()
+            }
+            Event::PatchFailed {
+                now,
+                failure,
+                jitter,
+            } => self.patch_failed(now, failure, jitter),
+            Event::CredentialsLoaded { now, client, new } => {
+                self.credentials_loaded(now, client, new)
+            }
+            Event::Unauthorized => {
+                self.credentials_at = None;
+                Vec::new()
+            }
+        }
+    }
+
+    /// `step` runs now.
+    fn started(&mut self, step: Step) -> Vec<Effect> {
+        // A transaction starts from a decision on the latest request, and its end decides
+        // again or reports: a reconcile asked for before it is not carried.
+        let again = match self.activity {
+            _ if matches!(step, Step::Staging { .. }) => false,
+            Activity::Running { again, .. } | Activity::Settling { again } => again,
+            Activity::Idle => false,
+        };
+        self.activity = Activity::Running { step, again };
+        Vec::new()
+    }
+
+    /// The running step ended: its result is acted on next; a failed task is retried.
+    fn ended(&mut self, now: Instant, failed: Option<String>) -> Vec<Effect> {
+        let again = match self.activity {
+            Activity::Running { again, .. } | Activity::Settling { again } => again,
+            Activity::Idle => false,
+        };
+        self.activity = Activity::Settling { again };
+        match failed {
+            Some(reason) => self.fail(now, Retry::Transient, reason, 0.0),
+            None => Vec::new(),
         }
     }
 
@@ -376,6 +439,46 @@ impl Core {
                 vec![Effect::Observe]
             }
         }
+    }
+
+    /// Arms the readiness timer: after the registry back-off when some check could not run,
+    /// else after the interval.
+    fn checked(&mut self, now: Instant, transient: bool, jitter: f64) -> Vec<Effect> {
+        let delay = if transient {
+            stretch(self.readiness_backoff.next_delay(), jitter)
+        } else {
+            self.readiness_backoff.reset();
+            READINESS_INTERVAL
+        };
+        self.readiness_at = Some(now + delay);
+        self.readiness_stale = false;
+        Vec::new()
+    }
+
+    /// Arms the patch retry timer (whatever is pending then goes out, not the failed patch:
+    /// the latest status wins); after a 401 the credential files are looked at at once.
+    fn patch_failed(&mut self, now: Instant, failure: PatchFailure, jitter: f64) -> Vec<Effect> {
+        let delay = patch_retry_delay(self.patch_backoff.next_delay(), failure, jitter);
+        self.patch_retry_at = Some(now + delay);
+        if failure.unauthorized {
+            self.credentials_at = None;
+        }
+        Vec::new()
+    }
+
+    /// Arms the credentials timer: soon while there is no client, else at the check interval.
+    fn credentials_loaded(&mut self, now: Instant, client: bool, new: bool) -> Vec<Effect> {
+        let wait = if client {
+            CREDENTIALS_CHECK
+        } else {
+            CREDENTIALS_WAIT
+        };
+        self.credentials_at = Some(now + wait);
+        if new {
+            // A patch refused with the old credentials need not wait for its slow retry.
+            self.patch_retry_at = None;
+        }
+        Vec::new()
     }
 
     /// Arms the retry timer after the back-off `retry`'s next delay.

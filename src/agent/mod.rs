@@ -32,11 +32,9 @@ use crate::backend::Backend;
 use crate::backend::Deployment;
 use crate::backend::rpmostree::UpdateDeploymentCall;
 use crate::backoff::Backoff;
-use crate::cluster::node::{
-    CREDENTIALS_CHECK, CredentialsError, EventType, NodeClient, PatchError,
-};
+use crate::cluster::node::{CredentialsError, EventType, NodeClient};
 use crate::cluster::protocol::{CheckId, CheckInputs, Inputs, Mode, State};
-use crate::cluster::report::Reporter;
+use crate::cluster::report::{PatchFailure, Reporter};
 use crate::cluster::status::Status;
 use crate::cluster::streams::{Catalog, ResolveError};
 use crate::config::RebootPolicy;
@@ -54,11 +52,6 @@ use work::Outcome;
 const REFS_EQUAL: &str = "Old and new refs are equal";
 /// While a foreign rpm-ostree transaction runs: 1 s doubling to 30 s.
 const BUSY_BACKOFF: Backoff = Backoff::new(core::MIN_BACKOFF, Duration::from_secs(30));
-/// After a failed node patch: 1 s doubling to the reporter's cap.
-const PATCH_BACKOFF: Backoff =
-    Backoff::new(core::MIN_BACKOFF, crate::cluster::report::PATCH_MAX_BACKOFF);
-/// How often the credential files are looked for while there are none.
-const CREDENTIALS_WAIT: Duration = Duration::from_secs(5);
 
 /// The agent's part of the configuration.
 #[derive(Debug, Clone)]
@@ -92,19 +85,15 @@ pub struct Agent {
     report: Report,
     reporter: Reporter,
     inputs: Option<Inputs>,
-    /// What the agent is doing, its retry and readiness timers (sans I/O, see `core.rs`).
+    /// What the agent is doing, and all its timers (sans I/O, see `core.rs`).
     core: Core,
     /// The task or transaction of the step the core says runs.
     task: Option<Task>,
     /// Held by every preflight run, the agent's and `streamctl preflight`'s: they share the
     /// extraction directory, whose other images' RPMs a run removes.
     preflight_lock: std::sync::Arc<tokio::sync::Mutex<()>>,
-    patch_retry_at: Option<Instant>,
-    patch_backoff: Backoff,
     /// The Node object was read at least once.
     node_seen: bool,
-    /// When to look at the credential files next.
-    credentials_at: Instant,
     /// A client was built once (later loads are rotations).
     credentials_loaded: bool,
     reboot: Settings,
@@ -187,10 +176,7 @@ impl Agent {
             core: Core::default(),
             task: None,
             preflight_lock: std::sync::Arc::default(),
-            patch_retry_at: None,
-            patch_backoff: PATCH_BACKOFF,
             node_seen: false,
-            credentials_at: Instant::now(),
             credentials_loaded: false,
             refs_equal_seen: None,
             raw_inputs: Inputs::default(),
@@ -216,12 +202,11 @@ impl Agent {
     async fn load_credentials(&mut self) -> bool {
         let result = self.node.load().await;
         let loaded = self.node.client().is_some();
-        self.credentials_at = Instant::now()
-            + if loaded {
-                CREDENTIALS_CHECK
-            } else {
-                CREDENTIALS_WAIT
-            };
+        self.core.handle(Event::CredentialsLoaded {
+            now: Instant::now(),
+            client: loaded,
+            new: matches!(result, Ok(true)),
+        });
         match result {
             Ok(true) => {
                 info!(
@@ -778,11 +763,7 @@ impl Agent {
     }
 
     fn flush_at(&self) -> Option<Instant> {
-        let due = self.reporter.due_at(Instant::now())?;
-        Some(match self.patch_retry_at {
-            Some(r) if r > due => r,
-            _ => due,
-        })
+        self.core.flush_at(self.reporter.due_at(Instant::now()))
     }
 
     async fn flush(&mut self) {
@@ -792,18 +773,22 @@ impl Agent {
         match self.node.patch(&patch).await {
             Ok(annotations) => {
                 self.reporter.patched(Instant::now(), &annotations);
-                if self.patch_retry_at.take().is_some() {
+                if self.core.patch_retry_at().is_some() {
                     info!("patching node annotations works again");
                 }
-                self.patch_backoff.reset();
+                self.core.handle(Event::Patched);
             }
             Err(e) => {
-                // Whatever is pending then goes out, not this patch: the latest status wins.
-                let delay = crate::cluster::report::patch_retry_delay(
-                    self.patch_backoff.next_delay(),
-                    &e,
-                    crate::backoff::jitter(),
-                );
+                let now = Instant::now();
+                self.core.handle(Event::PatchFailed {
+                    now,
+                    failure: PatchFailure::from(&e),
+                    jitter: crate::backoff::jitter(),
+                });
+                let delay = self
+                    .core
+                    .patch_retry_at()
+                    .map_or(Duration::ZERO, |at| at - now);
                 if e.is_transient() {
                     warn!(
                         error = %e,
@@ -813,10 +798,6 @@ impl Agent {
                         "patching node annotations failed; will retry"
                     );
                 } else {
-                    if matches!(e, PatchError::Rejected { status: 401, .. }) {
-                        // The kubelet may have rotated the client certificate.
-                        self.credentials_at = Instant::now();
-                    }
                     tracing::error!(
                         error = %e,
                         status = e.status(),
@@ -824,7 +805,6 @@ impl Agent {
                         "the api server rejected the node annotation patch; will retry slowly"
                     );
                 }
-                self.patch_retry_at = Some(Instant::now() + delay);
             }
         }
     }

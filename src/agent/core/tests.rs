@@ -14,6 +14,10 @@ struct Row {
     retry_in: Option<Duration>,
     /// The readiness timer after the last event, from [`T0`]'s instant.
     readiness_in: Option<Duration>,
+    /// The status patch's retry timer after the last event, from [`T0`]'s instant.
+    patch_in: Option<Duration>,
+    /// The credentials timer after the last event, from [`T0`]'s instant (`None`: at once).
+    credentials_in: Option<Duration>,
 }
 
 fn row(name: &'static str, steps: Vec<(Event, Vec<Effect>)>, activity: Activity) -> Row {
@@ -23,6 +27,30 @@ fn row(name: &'static str, steps: Vec<(Event, Vec<Effect>)>, activity: Activity)
         activity,
         retry_in: None,
         readiness_in: None,
+        patch_in: None,
+        credentials_in: None,
+    }
+}
+
+/// A failed status patch: `status` 0 for one that may succeed later (no `Retry-After`), else
+/// the status the API server rejected it with.
+fn patch_failed(t0: Instant, status: u16) -> Event {
+    Event::PatchFailed {
+        now: t0,
+        failure: PatchFailure {
+            transient: status == 0,
+            retry_after: None,
+            unauthorized: status == 401,
+        },
+        jitter: 0.0,
+    }
+}
+
+fn credentials(t0: Instant, client: bool, new: bool) -> Event {
+    Event::CredentialsLoaded {
+        now: t0,
+        client,
+        new,
     }
 }
 
@@ -428,10 +456,106 @@ fn rows(t0: Instant) -> Vec<Row> {
     ]
 }
 
+/// The status patch's and the credentials' timers.
+fn timer_rows(t0: Instant) -> Vec<Row> {
+    let idle = Activity::Idle;
+    let ms = Duration::from_millis;
+    vec![
+        Row {
+            patch_in: Some(ms(1000)),
+            ..row(
+                "a failed patch is retried after half its back-off step, the step doubling",
+                vec![(patch_failed(t0, 0), vec![]), (patch_failed(t0, 0), vec![])],
+                idle.clone(),
+            )
+        },
+        Row {
+            patch_in: Some(ms(500)),
+            ..row(
+                "a patch that went out starts the patch back-off from the floor again",
+                vec![
+                    (patch_failed(t0, 0), vec![]),
+                    (patch_failed(t0, 0), vec![]),
+                    (Event::Patched, vec![]),
+                    (patch_failed(t0, 0), vec![]),
+                ],
+                idle.clone(),
+            )
+        },
+        row(
+            "a patch that went out clears the retry",
+            vec![(patch_failed(t0, 0), vec![]), (Event::Patched, vec![])],
+            idle.clone(),
+        ),
+        Row {
+            patch_in: Some(PATCH_MAX_BACKOFF),
+            credentials_in: Some(CREDENTIALS_CHECK),
+            ..row(
+                "a rejected patch waits the cap",
+                vec![
+                    (credentials(t0, true, true), vec![]),
+                    (patch_failed(t0, 403), vec![]),
+                ],
+                idle.clone(),
+            )
+        },
+        Row {
+            patch_in: Some(PATCH_MAX_BACKOFF),
+            ..row(
+                "a patch answered 401 has the credential files looked at at once",
+                vec![
+                    (credentials(t0, true, true), vec![]),
+                    (patch_failed(t0, 401), vec![]),
+                ],
+                idle.clone(),
+            )
+        },
+        row(
+            "a watch answered 401 has the credential files looked at at once",
+            vec![
+                (credentials(t0, true, true), vec![]),
+                (Event::Unauthorized, vec![]),
+            ],
+            idle.clone(),
+        ),
+        Row {
+            credentials_in: Some(CREDENTIALS_WAIT),
+            ..row(
+                "without a client the credential files are looked for again soon",
+                vec![(credentials(t0, false, false), vec![])],
+                idle.clone(),
+            )
+        },
+        Row {
+            credentials_in: Some(CREDENTIALS_CHECK),
+            ..row(
+                "new credentials let a refused patch go out without its slow retry",
+                vec![
+                    (patch_failed(t0, 403), vec![]),
+                    (credentials(t0, true, true), vec![]),
+                ],
+                idle.clone(),
+            )
+        },
+        Row {
+            patch_in: Some(PATCH_MAX_BACKOFF),
+            credentials_in: Some(CREDENTIALS_CHECK),
+            ..row(
+                "a look that keeps the loaded client keeps the patch's retry",
+                vec![
+                    (patch_failed(t0, 403), vec![]),
+                    (credentials(t0, true, false), vec![]),
+                ],
+                idle,
+            )
+        },
+    ]
+}
+
 #[test]
 fn the_core_by_table() {
     let t0 = Instant::now();
-    for r in rows(t0) {
+    for r in rows(t0).into_iter().chain(timer_rows(t0)) {
         let mut core = Core::default();
         for (i, (event, want)) in r.steps.into_iter().enumerate() {
             let shown = format!("{event:?}");
@@ -450,7 +574,41 @@ fn the_core_by_table() {
             "{}: readiness timer",
             r.name
         );
+        assert_eq!(
+            core.patch_retry_at(),
+            r.patch_in.map(|d| t0 + d),
+            "{}: patch retry timer",
+            r.name
+        );
+        assert_eq!(
+            core.credentials_at(),
+            r.credentials_in.map(|d| t0 + d),
+            "{}: credentials timer",
+            r.name
+        );
     }
+}
+
+#[test]
+fn the_status_patch_waits_for_a_failed_patchs_retry() {
+    let t0 = Instant::now();
+    let mut core = Core::default();
+    assert_eq!(core.flush_at(None), None, "nothing pending");
+    assert_eq!(core.flush_at(Some(t0)), Some(t0), "no retry: when due");
+    core.handle(patch_failed(t0, 403));
+    let retry = t0 + PATCH_MAX_BACKOFF;
+    assert_eq!(core.flush_at(Some(t0)), Some(retry), "not before the retry");
+    let later = retry + Duration::from_secs(1);
+    assert_eq!(
+        core.flush_at(Some(later)),
+        Some(later),
+        "nor before it is due"
+    );
+    assert_eq!(
+        core.flush_at(None),
+        None,
+        "a retry sends only what is pending"
+    );
 }
 
 #[test]
