@@ -17,7 +17,8 @@ mod tests;
 use std::time::{Duration, Instant};
 
 use crate::backoff::{Backoff, stretch};
-use crate::cluster::node::CREDENTIALS_CHECK;
+use crate::cluster::node::{CREDENTIALS_CHECK, EventType};
+use crate::cluster::protocol::State;
 use crate::cluster::report::{PATCH_MAX_BACKOFF, PatchFailure, patch_retry_delay};
 
 /// First delay after a transient failure, and the short fixed waits.
@@ -102,6 +103,35 @@ pub(super) enum Retry {
     Registry,
 }
 
+/// A Kubernetes Event to post on the Node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Notice {
+    pub(super) kind: EventType,
+    /// The Event's reason (`StagingStarted`, `RolledBack`, …).
+    pub(super) reason: &'static str,
+    pub(super) message: String,
+}
+
+impl Notice {
+    /// A `Normal` Event.
+    pub(super) fn normal(reason: &'static str, message: String) -> Self {
+        Notice {
+            kind: EventType::Normal,
+            reason,
+            message,
+        }
+    }
+
+    /// A `Warning` Event.
+    pub(super) fn warning(reason: &'static str, message: String) -> Self {
+        Notice {
+            kind: EventType::Warning,
+            reason,
+            message,
+        }
+    }
+}
+
 /// Something the core reacts to.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Event {
@@ -168,6 +198,19 @@ pub(super) enum Event {
     /// The API server answered 401 (the kubelet may have rotated the client certificate):
     /// the credential files are looked at at once.
     Unauthorized,
+    /// The report's state and reason were set; `entered`: the state changed; `notice`: the
+    /// Event to post instead of the state's own.
+    Reported {
+        state: State,
+        reason: String,
+        entered: bool,
+        notice: Option<Notice>,
+    },
+    /// The reboot request is now `token`; `changed`: it was another before.
+    RebootToken {
+        token: Option<String>,
+        changed: bool,
+    },
 }
 
 /// What the loop does for the core.
@@ -191,6 +234,10 @@ pub(super) enum Effect {
     Spreading { reason: String },
     /// Run a reconcile (the agent works out the request first).
     Reconcile,
+    /// Post a Kubernetes Event (through the rate-limited queue).
+    PostEvent(Notice),
+    /// Send the pending status patch now, not when the flush timer fires.
+    Flush,
 }
 
 /// The agent's activity, timers and back-offs.
@@ -369,6 +416,13 @@ impl Core {
                 self.credentials_at = None;
                 Vec::new()
             }
+            Event::Reported {
+                state,
+                reason,
+                entered,
+                notice,
+            } => reported(state, reason, entered, notice),
+            Event::RebootToken { token, changed } => reboot_token(token, changed),
         }
     }
 
@@ -493,5 +547,50 @@ impl Core {
             reason,
             delay,
         }]
+    }
+}
+
+/// What a set state means for the outside: its Event (the one given, else the state's own when
+/// it was entered), the publication, and for `Rebooting` the patch at once: the cluster must see
+/// it before the node goes down.
+fn reported(state: State, reason: String, entered: bool, notice: Option<Notice>) -> Vec<Effect> {
+    let notice = notice.or_else(|| {
+        let (kind, name) = event_for(state).filter(|_| entered)?;
+        Some(Notice {
+            kind,
+            reason: name,
+            message: reason,
+        })
+    });
+    let mut effects: Vec<Effect> = notice.map(Effect::PostEvent).into_iter().collect();
+    effects.push(Effect::Publish);
+    if state == State::Rebooting {
+        effects.push(Effect::Flush);
+    }
+    effects
+}
+
+/// A changed reboot request is published, and a new token asked for with `RebootRequested`.
+fn reboot_token(token: Option<String>, changed: bool) -> Vec<Effect> {
+    if !changed {
+        return Vec::new();
+    }
+    let ask = token.map(|t| {
+        Effect::PostEvent(Notice::normal(
+            "RebootRequested",
+            format!("set reboot-approved to {t} to let the node reboot into the staged OS"),
+        ))
+    });
+    ask.into_iter().chain([Effect::Publish]).collect()
+}
+
+/// The Event posted when entering `state`, if any.
+fn event_for(state: State) -> Option<(EventType, &'static str)> {
+    match state {
+        State::Staging => Some((EventType::Normal, "StagingStarted")),
+        State::Staged => Some((EventType::Normal, "Staged")),
+        State::Refused => Some((EventType::Warning, "PreflightFailed")),
+        State::Degraded => Some((EventType::Warning, "Failed")),
+        State::Idle | State::Preflight | State::Rebooting | State::Done => None,
     }
 }

@@ -41,7 +41,7 @@ use crate::config::RebootPolicy;
 use crate::dbus_api::{self, Request};
 use crate::host::attempt;
 use crate::host::facts::{self, HostRoot};
-use core::{Core, Effect, Event, Retry, Step};
+use core::{Core, Effect, Event, Notice, Retry, Step};
 use gather::{Gatherer, Transient};
 use planner::{Decision, Lifecycle, Observation};
 use report::Report;
@@ -399,6 +399,10 @@ impl Agent {
                     self.set_state(State::Preflight, reason).await;
                 }
                 Effect::Reconcile => reconcile = true,
+                Effect::PostEvent(n) => {
+                    let _ = self.events.try_send((n.kind, n.reason, n.message));
+                }
+                Effect::Flush => self.flush().await,
             }
         }
         if reconcile {
@@ -712,12 +716,7 @@ impl Agent {
     }
 
     /// Like [`Self::set_state`], posting `event` instead of the state's usual one.
-    async fn set_state_event(
-        &mut self,
-        state: State,
-        reason: String,
-        event: Option<(EventType, &'static str, String)>,
-    ) {
+    async fn set_state_event(&mut self, state: State, reason: String, event: Option<Notice>) {
         self.set_state_with(state, reason, Vec::new(), event).await;
     }
 
@@ -727,12 +726,8 @@ impl Agent {
         state: State,
         reason: String,
         failed_checks: Vec<CheckId>,
-        event: Option<(EventType, &'static str, String)>,
+        event: Option<Notice>,
     ) {
-        let explicit = event.is_some();
-        if let Some(ev) = event {
-            let _ = self.events.try_send(ev);
-        }
         let change = self
             .report
             .set_state(state, reason.clone(), failed_checks, unix_now());
@@ -748,11 +743,15 @@ impl Agent {
                 s.desired_os_image.as_deref().unwrap_or(&s.current_os_image),
                 self.node.name(),
             );
-            if let Some((kind, name)) = event_for(state).filter(|_| !explicit) {
-                let _ = self.events.try_send((kind, name, reason));
-            }
         }
-        self.publish().await;
+        let effects = self.core.handle(Event::Reported {
+            state,
+            reason,
+            entered: change.state,
+            notice: event,
+        });
+        // Boxed: executing an effect can set a state again.
+        Box::pin(self.execute(effects)).await;
     }
 
     async fn publish(&mut self) {
@@ -807,17 +806,6 @@ impl Agent {
                 }
             }
         }
-    }
-}
-
-/// The Event posted when entering `state`, if any.
-fn event_for(state: State) -> Option<(EventType, &'static str)> {
-    match state {
-        State::Staging => Some((EventType::Normal, "StagingStarted")),
-        State::Staged => Some((EventType::Normal, "Staged")),
-        State::Refused => Some((EventType::Warning, "PreflightFailed")),
-        State::Degraded => Some((EventType::Warning, "Failed")),
-        State::Idle | State::Preflight | State::Rebooting | State::Done => None,
     }
 }
 

@@ -4,12 +4,11 @@
 use tracing::{info, warn};
 
 use super::Agent;
-use super::core::{Event, MIN_BACKOFF, Retry, Step};
+use super::core::{Event, MIN_BACKOFF, Notice, Retry, Step};
 use super::work::{Applying, Outcome};
 use crate::agent::planner::Decision;
 use crate::backend::BackendError;
 use crate::backend::rpmostree::RpmOstreeError;
-use crate::cluster::node::EventType;
 use crate::cluster::protocol::State;
 use crate::config::RebootPolicy;
 use crate::host::attempt::{Attempt, Record};
@@ -53,7 +52,7 @@ impl Agent {
             self.set_state_event(
                 State::Done,
                 String::new(),
-                Some((EventType::Normal, "Applied", format!("booted {image}"))),
+                Some(Notice::normal("Applied", format!("booted {image}"))),
             )
             .await;
         } else {
@@ -97,17 +96,13 @@ impl Agent {
 
     /// Publishes `token` as `reboot-requested` (posting `RebootRequested` when it is new).
     pub(super) async fn request_reboot(&mut self, token: Option<String>, approved: Option<&str>) {
-        if self.report.set_reboot_request(token.clone(), approved) {
-            if let Some(t) = &token {
-                info!(token = %t, "requesting reboot approval");
-                let _ = self.events.try_send((
-                    EventType::Normal,
-                    "RebootRequested",
-                    format!("set reboot-approved to {t} to let the node reboot into the staged OS"),
-                ));
-            }
-            self.publish().await;
+        let changed = self.report.set_reboot_request(token.clone(), approved);
+        if let Some(t) = token.as_ref().filter(|_| changed) {
+            info!(token = %t, "requesting reboot approval");
         }
+        let effects = self.core.handle(Event::RebootToken { token, changed });
+        // Boxed: executing an effect can ask for a reboot again.
+        Box::pin(self.execute(effects)).await;
     }
 
     /// Removes a staged deployment of streamd's that no longer matches the request (in a task:
@@ -177,7 +172,7 @@ impl Agent {
             self.set_state(State::Degraded, e.to_string()).await;
             return;
         }
-        let event = Some((EventType::Warning, "RolledBack", reason.clone()));
+        let event = Some(Notice::warning("RolledBack", reason.clone()));
         if retry {
             self.set_state_event(State::Degraded, format!("{reason}; trying again"), event)
                 .await;
@@ -305,11 +300,9 @@ impl Agent {
         self.set_state_event(
             State::Rebooting,
             reason.clone(),
-            Some((EventType::Normal, "Rebooting", reason)),
+            Some(Notice::normal("Rebooting", reason)),
         )
         .await;
-        // The cluster must see Rebooting before the node goes down.
-        self.flush().await;
         // FinalizeDeployment, or `bootc switch` in a unit (up to an hour): in a task.
         let backend = self.backend.clone();
         let applying = Applying {

@@ -552,10 +552,180 @@ fn timer_rows(t0: Instant) -> Vec<Row> {
     ]
 }
 
+fn reported(state: State, reason: &str, entered: bool, notice: Option<Notice>) -> Event {
+    Event::Reported {
+        state,
+        reason: reason.into(),
+        entered,
+        notice,
+    }
+}
+
+fn post(notice: Notice) -> Effect {
+    Effect::PostEvent(notice)
+}
+
+/// What a set state or reboot request means for the outside: Events, publishing, flushing.
+#[allow(clippy::too_many_lines)] // a table, one row a scenario
+fn report_rows() -> Vec<Row> {
+    let idle = Activity::Idle;
+    let rolled_back = || Notice::warning("RolledBack", "came up on the old image".into());
+    vec![
+        row(
+            "entering Staged posts Staged and publishes",
+            vec![(
+                reported(State::Staged, "staged A", true, None),
+                vec![
+                    post(Notice::normal("Staged", "staged A".into())),
+                    Effect::Publish,
+                ],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "entering Staging posts StagingStarted",
+            vec![(
+                reported(State::Staging, "staging A", true, None),
+                vec![
+                    post(Notice::normal("StagingStarted", "staging A".into())),
+                    Effect::Publish,
+                ],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "entering Degraded posts a Failed warning",
+            vec![(
+                reported(State::Degraded, "staging failed: boom", true, None),
+                vec![
+                    post(Notice::warning("Failed", "staging failed: boom".into())),
+                    Effect::Publish,
+                ],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "entering Refused posts a PreflightFailed warning",
+            vec![(
+                reported(State::Refused, "preflight check x failed", true, None),
+                vec![
+                    post(Notice::warning(
+                        "PreflightFailed",
+                        "preflight check x failed".into(),
+                    )),
+                    Effect::Publish,
+                ],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "a new reason in the same state is only published",
+            vec![(
+                reported(State::Staging, "staging A: 40%", false, None),
+                vec![Effect::Publish],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "entering a state that has no Event only publishes",
+            vec![(
+                reported(State::Preflight, "running preflight checks", true, None),
+                vec![Effect::Publish],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "an Event given replaces the state's own",
+            vec![(
+                reported(State::Degraded, "rolled back", true, Some(rolled_back())),
+                vec![post(rolled_back()), Effect::Publish],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "an Event given is posted though the state stays",
+            vec![(
+                reported(State::Degraded, "rolled back", false, Some(rolled_back())),
+                vec![post(rolled_back()), Effect::Publish],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "finalizing: Rebooting is posted, published and patched at once",
+            vec![(
+                reported(
+                    State::Rebooting,
+                    "applying A",
+                    true,
+                    Some(Notice::normal("Rebooting", "applying A".into())),
+                ),
+                vec![
+                    post(Notice::normal("Rebooting", "applying A".into())),
+                    Effect::Publish,
+                    Effect::Flush,
+                ],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "a new reason while Rebooting is patched at once too",
+            vec![(
+                reported(State::Rebooting, "applying A again", false, None),
+                vec![Effect::Publish, Effect::Flush],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "a new reboot token is asked for with RebootRequested",
+            vec![(
+                Event::RebootToken {
+                    token: Some("t1".into()),
+                    changed: true,
+                },
+                vec![
+                    post(Notice::normal(
+                        "RebootRequested",
+                        "set reboot-approved to t1 to let the node reboot into the staged OS"
+                            .into(),
+                    )),
+                    Effect::Publish,
+                ],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "a withdrawn reboot request is only published",
+            vec![(
+                Event::RebootToken {
+                    token: None,
+                    changed: true,
+                },
+                vec![Effect::Publish],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "an unchanged reboot request does nothing",
+            vec![(
+                Event::RebootToken {
+                    token: Some("t1".into()),
+                    changed: false,
+                },
+                vec![],
+            )],
+            idle,
+        ),
+    ]
+}
+
 #[test]
 fn the_core_by_table() {
     let t0 = Instant::now();
-    for r in rows(t0).into_iter().chain(timer_rows(t0)) {
+    let all = rows(t0)
+        .into_iter()
+        .chain(timer_rows(t0))
+        .chain(report_rows());
+    for r in all {
         let mut core = Core::default();
         for (i, (event, want)) in r.steps.into_iter().enumerate() {
             let shown = format!("{event:?}");
