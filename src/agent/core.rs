@@ -13,6 +13,8 @@
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_effects;
 
 use std::time::{Duration, Instant};
 
@@ -20,6 +22,8 @@ use crate::backoff::{Backoff, stretch};
 use crate::cluster::node::{CREDENTIALS_CHECK, EventType};
 use crate::cluster::protocol::State;
 use crate::cluster::report::{PATCH_MAX_BACKOFF, PatchFailure, patch_retry_delay};
+use crate::host::attempt::{Failure, Record};
+use crate::host::verify::Expectation;
 
 /// First delay after a transient failure, and the short fixed waits.
 pub(super) const MIN_BACKOFF: Duration = Duration::from_secs(1);
@@ -132,6 +136,41 @@ impl Notice {
     }
 }
 
+/// How the staging transaction ended, as far as what comes next is concerned; each failure
+/// with its error's text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum StagingEnd {
+    /// It staged the target.
+    Staged,
+    /// It could not run now: retried on the transient back-off.
+    Transient(String),
+    /// rpm-ostree refused a rebase onto the refspec the pending deployment has ("Old and new
+    /// refs are equal").
+    RefsEqual(String),
+    /// The fetch broke on the network.
+    Network(String),
+    /// Any other failure.
+    Failed(String),
+}
+
+/// The end of a staging transaction, with what acting on it needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct StagingEnded {
+    pub(super) now: Instant,
+    /// The request it staged (observed-desired hash).
+    pub(super) request: String,
+    /// That request is still the one wanted (else the result is history).
+    pub(super) current: bool,
+    pub(super) end: StagingEnd,
+    /// The attempt record as read now (`None`: it could not be read).
+    pub(super) record: Option<Record>,
+    /// What the staged deployment must look like and the digest the request pins: checked on
+    /// disk next.
+    pub(super) expect: Option<(Expectation, String)>,
+    /// New stagings of one request after a network failure (`pull-retries`).
+    pub(super) pull_retries: u32,
+}
+
 /// Something the core reacts to.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Event {
@@ -211,6 +250,8 @@ pub(super) enum Event {
         token: Option<String>,
         changed: bool,
     },
+    /// The staging transaction ended (after [`Event::Ended`]).
+    StagingEnded(Box<StagingEnded>),
 }
 
 /// What the loop does for the core.
@@ -238,6 +279,19 @@ pub(super) enum Effect {
     PostEvent(Notice),
     /// Send the pending status patch now, not when the flush timer fires.
     Flush,
+    /// Write the attempt record; one that cannot be written is logged with `failed` and the
+    /// effects after it still run (what it holds is then remembered until the next restart).
+    SaveAttempt {
+        record: Box<Record>,
+        failed: &'static str,
+    },
+    /// Report `state` with `reason`.
+    SetState { state: State, reason: String },
+    /// Check what the transaction for `request` staged on disk, against `expect` (in a task).
+    Verify {
+        request: String,
+        expect: Box<(Expectation, String)>,
+    },
 }
 
 /// The agent's activity, timers and back-offs.
@@ -256,6 +310,9 @@ pub(super) struct Core {
     patch_backoff: Backoff,
     /// When the credential files are looked at next (`None`: at once).
     credentials_at: Option<Instant>,
+    /// The request for which "Old and new refs are equal" was already taken as "staged
+    /// meanwhile".
+    refs_equal_seen: Option<String>,
 }
 
 impl Default for Core {
@@ -272,6 +329,7 @@ impl Default for Core {
             patch_retry_at: None,
             patch_backoff: PATCH_BACKOFF,
             credentials_at: None,
+            refs_equal_seen: None,
         }
     }
 }
@@ -423,6 +481,7 @@ impl Core {
                 notice,
             } => reported(state, reason, entered, notice),
             Event::RebootToken { token, changed } => reboot_token(token, changed),
+            Event::StagingEnded(ended) => self.staging_ended(*ended),
         }
     }
 
@@ -535,6 +594,88 @@ impl Core {
         Vec::new()
     }
 
+    /// What the end of a staging transaction leads to: a result for a request no longer wanted
+    /// is history (decide again); a staged target is checked on disk (or decided on) and its
+    /// earlier failures forgotten; a transient failure is retried on the back-off; a network
+    /// failure is retried `pull_retries` times, spaced; "refs equal" is taken once per request
+    /// as "staged meanwhile" (a transaction from before a restart staged it); any other failure
+    /// is remembered in the attempt record and not retried for that request.
+    fn staging_ended(&mut self, e: StagingEnded) -> Vec<Effect> {
+        if !e.current {
+            self.backoff.reset();
+            return vec![Effect::Reconcile];
+        }
+        let degraded = |record, reason: String| {
+            vec![
+                remembered(record),
+                Effect::SetState {
+                    state: State::Degraded,
+                    reason,
+                },
+            ]
+        };
+        match e.end {
+            StagingEnd::Staged => {
+                self.backoff.reset();
+                let forget = e.record.and_then(|mut r| {
+                    r.failure.take()?;
+                    Some(Effect::SaveAttempt {
+                        record: Box::new(r),
+                        failed: "forgetting the staging failure failed",
+                    })
+                });
+                let next = match e.expect {
+                    Some(expect) => Effect::Verify {
+                        request: e.request,
+                        expect: Box::new(expect),
+                    },
+                    None => Effect::Reconcile,
+                };
+                forget.into_iter().chain([next]).collect()
+            }
+            StagingEnd::Transient(error) => self.fail(e.now, Retry::Transient, error, 0.0),
+            StagingEnd::RefsEqual(_) if self.refs_equal_seen.as_ref() != Some(&e.request) => {
+                self.refs_equal_seen = Some(e.request);
+                vec![Effect::Reconcile]
+            }
+            StagingEnd::RefsEqual(error) | StagingEnd::Failed(error) => {
+                let reason = format!("staging failed: {error}");
+                let record = failure(e.record, &e.request, |f| f.gave_up = Some(reason.clone()));
+                degraded(record, reason)
+            }
+            StagingEnd::Network(error) => {
+                let mut record = failure(e.record, &e.request, |f| {
+                    f.pull_failures = f.pull_failures.saturating_add(1);
+                });
+                let failures = record.failure.as_ref().map_or(0, |f| f.pull_failures);
+                let retries = e.pull_retries;
+                if failures <= retries {
+                    let delay = pull_retry_delay(failures);
+                    self.retry_at = Some(e.now + delay);
+                    let reason = format!(
+                        "staging failed on the network (retry {failures} of {retries}): {error}"
+                    );
+                    vec![
+                        remembered(record),
+                        Effect::Retry {
+                            retry: Retry::Transient,
+                            reason,
+                            delay,
+                        },
+                    ]
+                } else {
+                    let reason = format!(
+                        "staging failed on the network {failures} time(s), no retries left: {error}"
+                    );
+                    if let Some(f) = record.failure.as_mut() {
+                        f.gave_up = Some(reason.clone());
+                    }
+                    degraded(record, reason)
+                }
+            }
+        }
+    }
+
     /// Arms the retry timer after the back-off `retry`'s next delay.
     fn fail(&mut self, now: Instant, retry: Retry, reason: String, jitter: f64) -> Vec<Effect> {
         let delay = match retry {
@@ -593,4 +734,35 @@ fn event_for(state: State) -> Option<(EventType, &'static str)> {
         State::Degraded => Some((EventType::Warning, "Failed")),
         State::Idle | State::Preflight | State::Rebooting | State::Done => None,
     }
+}
+
+/// `record` (a default one when it could not be read) with its failure of `request` updated
+/// (a failure of another request is started afresh).
+fn failure(record: Option<Record>, request: &str, update: impl FnOnce(&mut Failure)) -> Record {
+    let mut record = record.unwrap_or_default();
+    let mut failure = record
+        .failure
+        .take()
+        .filter(|f| f.request == request)
+        .unwrap_or_else(|| Failure {
+            request: request.to_string(),
+            ..Failure::default()
+        });
+    update(&mut failure);
+    record.failure = Some(failure);
+    record
+}
+
+/// Saves a record that remembers a staging failure.
+fn remembered(record: Record) -> Effect {
+    Effect::SaveAttempt {
+        record: Box::new(record),
+        failed: "remembering the staging failure failed",
+    }
+}
+
+/// The wait before retry `n` (from 1) of a staging that failed on the network: 10 s, doubling,
+/// at most 5 minutes — long enough for a registry or DNS blip to pass.
+pub(super) fn pull_retry_delay(n: u32) -> Duration {
+    REGISTRY_BACKOFF.nth(n)
 }

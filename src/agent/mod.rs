@@ -97,8 +97,6 @@ pub struct Agent {
     /// A client was built once (later loads are rotations).
     credentials_loaded: bool,
     reboot: Settings,
-    /// The request for which "Old and new refs are equal" was already taken as "staged meanwhile".
-    refs_equal_seen: Option<String>,
     /// The node's input annotations as written (before stream resolution).
     raw_inputs: Inputs,
     /// The cluster's streams, once read (resolution mode only).
@@ -178,7 +176,6 @@ impl Agent {
             preflight_lock: std::sync::Arc::default(),
             node_seen: false,
             credentials_loaded: false,
-            refs_equal_seen: None,
             raw_inputs: Inputs::default(),
             catalog: None,
             unresolved: None,
@@ -403,6 +400,13 @@ impl Agent {
                     let _ = self.events.try_send((n.kind, n.reason, n.message));
                 }
                 Effect::Flush => self.flush().await,
+                Effect::SaveAttempt { record, failed } => {
+                    if let Err(e) = self.store.save(&record) {
+                        warn!(error = %e, "{failed}");
+                    }
+                }
+                Effect::SetState { state, reason } => self.set_state(state, reason).await,
+                Effect::Verify { request, expect } => self.start_verify(request, *expect),
             }
         }
         if reconcile {
@@ -681,12 +685,6 @@ impl Agent {
 
     async fn transient_failure(&mut self, reason: String) {
         self.fail(Retry::Transient, reason).await;
-    }
-
-    /// Reports `Degraded` with `reason` and decides again after `delay`.
-    async fn retry_in(&mut self, reason: String, delay: Duration) {
-        self.retry_after(delay);
-        self.report_retry(reason, delay).await;
     }
 
     /// Reports `Degraded` with `reason`, to be retried after `delay`.

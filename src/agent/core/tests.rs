@@ -4,23 +4,23 @@
 use super::*;
 
 /// One scenario.
-struct Row {
-    name: &'static str,
+pub(super) struct Row {
+    pub(super) name: &'static str,
     /// Each event and the effects it must return.
-    steps: Vec<(Event, Vec<Effect>)>,
+    pub(super) steps: Vec<(Event, Vec<Effect>)>,
     /// The activity after the last event.
-    activity: Activity,
-    /// The retry timer after the last event, from [`T0`]'s instant.
-    retry_in: Option<Duration>,
-    /// The readiness timer after the last event, from [`T0`]'s instant.
-    readiness_in: Option<Duration>,
-    /// The status patch's retry timer after the last event, from [`T0`]'s instant.
-    patch_in: Option<Duration>,
-    /// The credentials timer after the last event, from [`T0`]'s instant (`None`: at once).
-    credentials_in: Option<Duration>,
+    pub(super) activity: Activity,
+    /// The retry timer after the last event, from `t0`.
+    pub(super) retry_in: Option<Duration>,
+    /// The readiness timer after the last event, from `t0`.
+    pub(super) readiness_in: Option<Duration>,
+    /// The status patch's retry timer after the last event, from `t0`.
+    pub(super) patch_in: Option<Duration>,
+    /// The credentials timer after the last event, from `t0` (`None`: at once).
+    pub(super) credentials_in: Option<Duration>,
 }
 
-fn row(name: &'static str, steps: Vec<(Event, Vec<Effect>)>, activity: Activity) -> Row {
+pub(super) fn row(name: &'static str, steps: Vec<(Event, Vec<Effect>)>, activity: Activity) -> Row {
     Row {
         name,
         steps,
@@ -54,18 +54,18 @@ fn credentials(t0: Instant, client: bool, new: bool) -> Event {
     }
 }
 
-fn secs(s: u64) -> Duration {
+pub(super) fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
 }
 
-fn reconcile(t0: Instant, request: &str) -> Event {
+pub(super) fn reconcile(t0: Instant, request: &str) -> Event {
     Event::Reconcile {
         now: t0,
         request: Some(request.into()),
     }
 }
 
-fn ended(t0: Instant) -> Event {
+pub(super) fn ended(t0: Instant) -> Event {
     Event::Ended {
         now: t0,
         failed: None,
@@ -84,7 +84,7 @@ fn staging(request: &str) -> Step {
     }
 }
 
-fn running(step: Step, again: bool) -> Activity {
+pub(super) fn running(step: Step, again: bool) -> Activity {
     Activity::Running { step, again }
 }
 
@@ -116,7 +116,7 @@ fn in_preflight(t0: Instant, request: &str) -> Vec<(Event, Vec<Effect>)> {
 }
 
 /// `in_preflight`, then the preflight passed and the transaction runs.
-fn in_staging(t0: Instant, request: &str) -> Vec<(Event, Vec<Effect>)> {
+pub(super) fn in_staging(t0: Instant, request: &str) -> Vec<(Event, Vec<Effect>)> {
     let mut steps = in_preflight(t0, request);
     steps.extend([
         (ended(t0), vec![]),
@@ -126,7 +126,7 @@ fn in_staging(t0: Instant, request: &str) -> Vec<(Event, Vec<Effect>)> {
     steps
 }
 
-fn with(
+pub(super) fn with(
     mut steps: Vec<(Event, Vec<Effect>)>,
     more: Vec<(Event, Vec<Effect>)>,
 ) -> Vec<(Event, Vec<Effect>)> {
@@ -552,180 +552,15 @@ fn timer_rows(t0: Instant) -> Vec<Row> {
     ]
 }
 
-fn reported(state: State, reason: &str, entered: bool, notice: Option<Notice>) -> Event {
-    Event::Reported {
-        state,
-        reason: reason.into(),
-        entered,
-        notice,
-    }
-}
-
-fn post(notice: Notice) -> Effect {
-    Effect::PostEvent(notice)
-}
-
-/// What a set state or reboot request means for the outside: Events, publishing, flushing.
-#[allow(clippy::too_many_lines)] // a table, one row a scenario
-fn report_rows() -> Vec<Row> {
-    let idle = Activity::Idle;
-    let rolled_back = || Notice::warning("RolledBack", "came up on the old image".into());
-    vec![
-        row(
-            "entering Staged posts Staged and publishes",
-            vec![(
-                reported(State::Staged, "staged A", true, None),
-                vec![
-                    post(Notice::normal("Staged", "staged A".into())),
-                    Effect::Publish,
-                ],
-            )],
-            idle.clone(),
-        ),
-        row(
-            "entering Staging posts StagingStarted",
-            vec![(
-                reported(State::Staging, "staging A", true, None),
-                vec![
-                    post(Notice::normal("StagingStarted", "staging A".into())),
-                    Effect::Publish,
-                ],
-            )],
-            idle.clone(),
-        ),
-        row(
-            "entering Degraded posts a Failed warning",
-            vec![(
-                reported(State::Degraded, "staging failed: boom", true, None),
-                vec![
-                    post(Notice::warning("Failed", "staging failed: boom".into())),
-                    Effect::Publish,
-                ],
-            )],
-            idle.clone(),
-        ),
-        row(
-            "entering Refused posts a PreflightFailed warning",
-            vec![(
-                reported(State::Refused, "preflight check x failed", true, None),
-                vec![
-                    post(Notice::warning(
-                        "PreflightFailed",
-                        "preflight check x failed".into(),
-                    )),
-                    Effect::Publish,
-                ],
-            )],
-            idle.clone(),
-        ),
-        row(
-            "a new reason in the same state is only published",
-            vec![(
-                reported(State::Staging, "staging A: 40%", false, None),
-                vec![Effect::Publish],
-            )],
-            idle.clone(),
-        ),
-        row(
-            "entering a state that has no Event only publishes",
-            vec![(
-                reported(State::Preflight, "running preflight checks", true, None),
-                vec![Effect::Publish],
-            )],
-            idle.clone(),
-        ),
-        row(
-            "an Event given replaces the state's own",
-            vec![(
-                reported(State::Degraded, "rolled back", true, Some(rolled_back())),
-                vec![post(rolled_back()), Effect::Publish],
-            )],
-            idle.clone(),
-        ),
-        row(
-            "an Event given is posted though the state stays",
-            vec![(
-                reported(State::Degraded, "rolled back", false, Some(rolled_back())),
-                vec![post(rolled_back()), Effect::Publish],
-            )],
-            idle.clone(),
-        ),
-        row(
-            "finalizing: Rebooting is posted, published and patched at once",
-            vec![(
-                reported(
-                    State::Rebooting,
-                    "applying A",
-                    true,
-                    Some(Notice::normal("Rebooting", "applying A".into())),
-                ),
-                vec![
-                    post(Notice::normal("Rebooting", "applying A".into())),
-                    Effect::Publish,
-                    Effect::Flush,
-                ],
-            )],
-            idle.clone(),
-        ),
-        row(
-            "a new reason while Rebooting is patched at once too",
-            vec![(
-                reported(State::Rebooting, "applying A again", false, None),
-                vec![Effect::Publish, Effect::Flush],
-            )],
-            idle.clone(),
-        ),
-        row(
-            "a new reboot token is asked for with RebootRequested",
-            vec![(
-                Event::RebootToken {
-                    token: Some("t1".into()),
-                    changed: true,
-                },
-                vec![
-                    post(Notice::normal(
-                        "RebootRequested",
-                        "set reboot-approved to t1 to let the node reboot into the staged OS"
-                            .into(),
-                    )),
-                    Effect::Publish,
-                ],
-            )],
-            idle.clone(),
-        ),
-        row(
-            "a withdrawn reboot request is only published",
-            vec![(
-                Event::RebootToken {
-                    token: None,
-                    changed: true,
-                },
-                vec![Effect::Publish],
-            )],
-            idle.clone(),
-        ),
-        row(
-            "an unchanged reboot request does nothing",
-            vec![(
-                Event::RebootToken {
-                    token: Some("t1".into()),
-                    changed: false,
-                },
-                vec![],
-            )],
-            idle,
-        ),
-    ]
-}
-
 #[test]
 fn the_core_by_table() {
     let t0 = Instant::now();
-    let all = rows(t0)
-        .into_iter()
-        .chain(timer_rows(t0))
-        .chain(report_rows());
-    for r in all {
+    check(t0, rows(t0).into_iter().chain(timer_rows(t0)));
+}
+
+/// Runs each row on a fresh core; `t0` is the instant the rows' timers count from.
+pub(super) fn check(t0: Instant, rows: impl IntoIterator<Item = Row>) {
+    for r in rows {
         let mut core = Core::default();
         for (i, (event, want)) in r.steps.into_iter().enumerate() {
             let shown = format!("{event:?}");
@@ -813,4 +648,11 @@ fn only_a_settled_idle_core_is_idle() {
     assert!(!core.idle(), "the result is still acted on");
     core.handle(Event::Settled);
     assert!(core.idle());
+}
+
+#[test]
+fn pull_retries_are_spaced_and_capped() {
+    let secs: Vec<u64> = (1..=7).map(|n| pull_retry_delay(n).as_secs()).collect();
+    assert_eq!(secs, [10, 20, 40, 80, 160, 300, 300]);
+    assert_eq!(pull_retry_delay(u32::MAX), Duration::from_secs(300));
 }

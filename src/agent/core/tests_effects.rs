@@ -1,0 +1,449 @@
+//! The core's effects as a table (run by `tests.rs`'s `check`): what a reported state, a
+//! reboot request and the end of a staging transaction lead to.
+
+use super::tests::{Row, check, ended, in_staging, row, secs, with};
+use super::*;
+use crate::backend::KernelVariant;
+
+fn reported(state: State, reason: &str, entered: bool, notice: Option<Notice>) -> Event {
+    Event::Reported {
+        state,
+        reason: reason.into(),
+        entered,
+        notice,
+    }
+}
+
+fn post(notice: Notice) -> Effect {
+    Effect::PostEvent(notice)
+}
+
+/// What a set state or reboot request means for the outside: Events, publishing, flushing.
+#[allow(clippy::too_many_lines)] // a table, one row a scenario
+fn report_rows() -> Vec<Row> {
+    let idle = Activity::Idle;
+    let rolled_back = || Notice::warning("RolledBack", "came up on the old image".into());
+    vec![
+        row(
+            "entering Staged posts Staged and publishes",
+            vec![(
+                reported(State::Staged, "staged A", true, None),
+                vec![
+                    post(Notice::normal("Staged", "staged A".into())),
+                    Effect::Publish,
+                ],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "entering Staging posts StagingStarted",
+            vec![(
+                reported(State::Staging, "staging A", true, None),
+                vec![
+                    post(Notice::normal("StagingStarted", "staging A".into())),
+                    Effect::Publish,
+                ],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "entering Degraded posts a Failed warning",
+            vec![(
+                reported(State::Degraded, "staging failed: boom", true, None),
+                vec![
+                    post(Notice::warning("Failed", "staging failed: boom".into())),
+                    Effect::Publish,
+                ],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "entering Refused posts a PreflightFailed warning",
+            vec![(
+                reported(State::Refused, "preflight check x failed", true, None),
+                vec![
+                    post(Notice::warning(
+                        "PreflightFailed",
+                        "preflight check x failed".into(),
+                    )),
+                    Effect::Publish,
+                ],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "a new reason in the same state is only published",
+            vec![(
+                reported(State::Staging, "staging A: 40%", false, None),
+                vec![Effect::Publish],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "entering a state that has no Event only publishes",
+            vec![(
+                reported(State::Preflight, "running preflight checks", true, None),
+                vec![Effect::Publish],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "an Event given replaces the state's own",
+            vec![(
+                reported(State::Degraded, "rolled back", true, Some(rolled_back())),
+                vec![post(rolled_back()), Effect::Publish],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "an Event given is posted though the state stays",
+            vec![(
+                reported(State::Degraded, "rolled back", false, Some(rolled_back())),
+                vec![post(rolled_back()), Effect::Publish],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "finalizing: Rebooting is posted, published and patched at once",
+            vec![(
+                reported(
+                    State::Rebooting,
+                    "applying A",
+                    true,
+                    Some(Notice::normal("Rebooting", "applying A".into())),
+                ),
+                vec![
+                    post(Notice::normal("Rebooting", "applying A".into())),
+                    Effect::Publish,
+                    Effect::Flush,
+                ],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "a new reason while Rebooting is patched at once too",
+            vec![(
+                reported(State::Rebooting, "applying A again", false, None),
+                vec![Effect::Publish, Effect::Flush],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "a new reboot token is asked for with RebootRequested",
+            vec![(
+                Event::RebootToken {
+                    token: Some("t1".into()),
+                    changed: true,
+                },
+                vec![
+                    post(Notice::normal(
+                        "RebootRequested",
+                        "set reboot-approved to t1 to let the node reboot into the staged OS"
+                            .into(),
+                    )),
+                    Effect::Publish,
+                ],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "a withdrawn reboot request is only published",
+            vec![(
+                Event::RebootToken {
+                    token: None,
+                    changed: true,
+                },
+                vec![Effect::Publish],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "an unchanged reboot request does nothing",
+            vec![(
+                Event::RebootToken {
+                    token: Some("t1".into()),
+                    changed: false,
+                },
+                vec![],
+            )],
+            idle,
+        ),
+    ]
+}
+
+fn expect() -> (Expectation, String) {
+    let e = Expectation {
+        image_digest: "sha256:aa".into(),
+        target_major: 10,
+        kernel: KernelVariant::Default,
+        fips: false,
+    };
+    (e, "sha256:bb".into())
+}
+
+/// A record whose failure is of `request`, with `pull_failures` and maybe given up.
+fn failing(request: &str, pull_failures: u32, gave_up: Option<&str>) -> Record {
+    Record {
+        failure: Some(Failure {
+            request: request.into(),
+            pull_failures,
+            gave_up: gave_up.map(String::from),
+        }),
+        ..Record::default()
+    }
+}
+
+/// The staging transaction for "A" ended with `end`; the record read then is `record`.
+fn staged(t0: Instant, end: StagingEnd, record: Option<Record>, verify: bool) -> Event {
+    Event::StagingEnded(Box::new(StagingEnded {
+        now: t0,
+        request: "A".into(),
+        current: true,
+        end,
+        record,
+        expect: verify.then(expect),
+        pull_retries: 2,
+    }))
+}
+
+fn save(record: Record, failed: &'static str) -> Effect {
+    Effect::SaveAttempt {
+        record: Box::new(record),
+        failed,
+    }
+}
+
+fn remembered(record: Record) -> Effect {
+    save(record, "remembering the staging failure failed")
+}
+
+fn degraded(reason: &str) -> Effect {
+    Effect::SetState {
+        state: State::Degraded,
+        reason: reason.into(),
+    }
+}
+
+/// A transaction for "A" that ran and ended.
+fn transaction(t0: Instant, more: Vec<(Event, Vec<Effect>)>) -> Vec<(Event, Vec<Effect>)> {
+    with(with(in_staging(t0, "A"), vec![(ended(t0), vec![])]), more)
+}
+
+#[allow(clippy::too_many_lines)] // a table, one row a scenario
+fn staging_rows(t0: Instant) -> Vec<Row> {
+    let settling = Activity::Settling { again: false };
+    let boom = "staging failed: boom";
+    vec![
+        row(
+            "staging finished: the earlier failure is forgotten and the stage checked on disk",
+            transaction(
+                t0,
+                vec![(
+                    staged(t0, StagingEnd::Staged, Some(failing("A", 1, None)), true),
+                    vec![
+                        save(Record::default(), "forgetting the staging failure failed"),
+                        Effect::Verify {
+                            request: "A".into(),
+                            expect: Box::new(expect()),
+                        },
+                    ],
+                )],
+            ),
+            settling.clone(),
+        ),
+        row(
+            "staging finished with nothing to check or forget: decided again",
+            transaction(
+                t0,
+                vec![(
+                    staged(t0, StagingEnd::Staged, Some(Record::default()), false),
+                    vec![Effect::Reconcile],
+                )],
+            ),
+            settling.clone(),
+        ),
+        row(
+            "a transaction for a request no longer wanted is history: decided again",
+            transaction(
+                t0,
+                vec![(
+                    Event::StagingEnded(Box::new(StagingEnded {
+                        now: t0,
+                        request: "A".into(),
+                        current: false,
+                        end: StagingEnd::Failed("boom".into()),
+                        record: Some(Record::default()),
+                        expect: None,
+                        pull_retries: 2,
+                    })),
+                    vec![Effect::Reconcile],
+                )],
+            ),
+            settling.clone(),
+        ),
+        Row {
+            retry_in: Some(secs(1)),
+            ..row(
+                "staging that could not run now is retried on the transient back-off",
+                transaction(
+                    t0,
+                    vec![(
+                        staged(t0, StagingEnd::Transient("busy".into()), None, false),
+                        vec![Effect::Retry {
+                            retry: Retry::Transient,
+                            reason: "busy".into(),
+                            delay: secs(1),
+                        }],
+                    )],
+                ),
+                settling.clone(),
+            )
+        },
+        row(
+            "staging failed: remembered, not retried, Degraded with a Failed warning",
+            transaction(
+                t0,
+                vec![
+                    (
+                        staged(t0, StagingEnd::Failed("boom".into()), None, false),
+                        vec![remembered(failing("A", 0, Some(boom))), degraded(boom)],
+                    ),
+                    (
+                        Event::Reported {
+                            state: State::Degraded,
+                            reason: boom.into(),
+                            entered: true,
+                            notice: None,
+                        },
+                        vec![
+                            Effect::PostEvent(Notice::warning("Failed", boom.into())),
+                            Effect::Publish,
+                        ],
+                    ),
+                ],
+            ),
+            settling.clone(),
+        ),
+        row(
+            "refs equal is taken as staged meanwhile once per request, then as a failure",
+            vec![
+                (
+                    staged(t0, StagingEnd::RefsEqual("boom".into()), None, false),
+                    vec![Effect::Reconcile],
+                ),
+                (
+                    staged(t0, StagingEnd::RefsEqual("boom".into()), None, false),
+                    vec![remembered(failing("A", 0, Some(boom))), degraded(boom)],
+                ),
+            ],
+            Activity::Idle,
+        ),
+        Row {
+            retry_in: Some(secs(20)),
+            ..row(
+                "a network failure is retried, spaced, while pull-retries last",
+                vec![(
+                    staged(
+                        t0,
+                        StagingEnd::Network("net".into()),
+                        Some(failing("A", 1, None)),
+                        false,
+                    ),
+                    vec![
+                        remembered(failing("A", 2, None)),
+                        Effect::Retry {
+                            retry: Retry::Transient,
+                            reason: "staging failed on the network (retry 2 of 2): net".into(),
+                            delay: secs(20),
+                        },
+                    ],
+                )],
+                Activity::Idle,
+            )
+        },
+        row(
+            "past pull-retries a network failure gives up",
+            vec![(
+                staged(
+                    t0,
+                    StagingEnd::Network("net".into()),
+                    Some(failing("A", 2, None)),
+                    false,
+                ),
+                vec![
+                    remembered(failing(
+                        "A",
+                        3,
+                        Some("staging failed on the network 3 time(s), no retries left: net"),
+                    )),
+                    degraded("staging failed on the network 3 time(s), no retries left: net"),
+                ],
+            )],
+            Activity::Idle,
+        ),
+        Row {
+            retry_in: Some(secs(10)),
+            ..row(
+                "another request's failure is started afresh",
+                vec![(
+                    staged(
+                        t0,
+                        StagingEnd::Network("net".into()),
+                        Some(failing("B", 5, Some("gone"))),
+                        false,
+                    ),
+                    vec![
+                        remembered(failing("A", 1, None)),
+                        Effect::Retry {
+                            retry: Retry::Transient,
+                            reason: "staging failed on the network (retry 1 of 2): net".into(),
+                            delay: secs(10),
+                        },
+                    ],
+                )],
+                Activity::Idle,
+            )
+        },
+        row(
+            "an unreadable record: nothing is forgotten after a staging that finished",
+            vec![(
+                staged(t0, StagingEnd::Staged, None, false),
+                vec![Effect::Reconcile],
+            )],
+            Activity::Idle,
+        ),
+        row(
+            "a record that keeps the other fields keeps them when a failure is remembered",
+            vec![(
+                staged(
+                    t0,
+                    StagingEnd::Failed("boom".into()),
+                    Some(Record {
+                        version: 2,
+                        ..Record::default()
+                    }),
+                    false,
+                ),
+                vec![
+                    remembered(Record {
+                        version: 2,
+                        ..failing("A", 0, Some(boom))
+                    }),
+                    degraded(boom),
+                ],
+            )],
+            Activity::Idle,
+        ),
+    ]
+}
+
+#[test]
+fn staging_ends_by_table() {
+    let t0 = Instant::now();
+    check(t0, staging_rows(t0));
+}
+
+#[test]
+fn reporting_by_table() {
+    check(Instant::now(), report_rows());
+}
