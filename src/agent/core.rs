@@ -3,13 +3,15 @@
 //! back-offs, and how each [`Event`] changes them.
 //!
 //! [`Core::handle`] takes an event and returns the [`Effect`]s the loop (`event_loop.rs`) then
-//! executes: spawning the deployments read, aborting read-only work, cancelling the staging
-//! transaction, publishing, reporting a retry, running a reconcile. Time is an input (every
-//! event that arms a timer carries `now`), and so is randomness (the jitter of a registry
-//! back-off), so a sequence of events gives the same effects every time: `core/tests.rs`
-//! checks them as a table, without D-Bus, HTTP or files. What a step found (deployments,
-//! preflight results) is acted on by the agent's handlers, which start the next step through
-//! [`Event::Started`].
+//! executes: spawning the deployments read or the on-disk check, aborting read-only work,
+//! cancelling the staging transaction, writing the attempt record, reporting a state or a
+//! retry, posting a Kubernetes Event, publishing and flushing the status, running a reconcile.
+//! Time is an input (every event that arms a timer carries `now`), and so is randomness (the
+//! jitter of a back-off), and so is what the handlers read (the attempt record, how a
+//! transaction ended), so a sequence of events gives the same effects every time:
+//! `core/tests.rs` and `core/tests_effects.rs` check them as tables, without D-Bus, HTTP or
+//! files. What the other steps found (deployments, preflight results) is still acted on by the
+//! agent's handlers, which start the next step through [`Event::Started`].
 
 #[cfg(test)]
 mod tests;
@@ -171,6 +173,30 @@ pub(super) struct StagingEnded {
     pub(super) pull_retries: u32,
 }
 
+/// How the on-disk check of a staged deployment ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Verified {
+    /// It passed: the staged deployment's checksum, and the attempt record as read then (or
+    /// why it could not be read).
+    Passed {
+        checksum: String,
+        record: Result<Box<Record>, String>,
+    },
+    /// It did not pass, and why.
+    Failed(String),
+}
+
+/// What the loop does when the attempt record cannot be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum OnSaveError {
+    /// Log it with this message and go on: what the record holds is then remembered until the
+    /// next restart only.
+    Log(&'static str),
+    /// Report `Degraded` with the error and drop the effects after it: nothing may act on a
+    /// record that was not written.
+    Degrade,
+}
+
 /// Something the core reacts to.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Event {
@@ -252,6 +278,8 @@ pub(super) enum Event {
     },
     /// The staging transaction ended (after [`Event::Ended`]).
     StagingEnded(Box<StagingEnded>),
+    /// The on-disk check of the staged deployment ended.
+    Verified(Verified),
 }
 
 /// What the loop does for the core.
@@ -279,11 +307,10 @@ pub(super) enum Effect {
     PostEvent(Notice),
     /// Send the pending status patch now, not when the flush timer fires.
     Flush,
-    /// Write the attempt record; one that cannot be written is logged with `failed` and the
-    /// effects after it still run (what it holds is then remembered until the next restart).
+    /// Write the attempt record; `on_error` says what a failed write means.
     SaveAttempt {
         record: Box<Record>,
-        failed: &'static str,
+        on_error: OnSaveError,
     },
     /// Report `state` with `reason`.
     SetState { state: State, reason: String },
@@ -482,6 +509,7 @@ impl Core {
             } => reported(state, reason, entered, notice),
             Event::RebootToken { token, changed } => reboot_token(token, changed),
             Event::StagingEnded(ended) => self.staging_ended(*ended),
+            Event::Verified(verified) => verified_effects(verified),
         }
     }
 
@@ -621,7 +649,7 @@ impl Core {
                     r.failure.take()?;
                     Some(Effect::SaveAttempt {
                         record: Box::new(r),
-                        failed: "forgetting the staging failure failed",
+                        on_error: OnSaveError::Log("forgetting the staging failure failed"),
                     })
                 });
                 let next = match e.expect {
@@ -757,7 +785,40 @@ fn failure(record: Option<Record>, request: &str, update: impl FnOnce(&mut Failu
 fn remembered(record: Record) -> Effect {
     Effect::SaveAttempt {
         record: Box::new(record),
-        failed: "remembering the staging failure failed",
+        on_error: OnSaveError::Log("remembering the staging failure failed"),
+    }
+}
+
+/// A passed check is recorded durably (approval and finalization need it) before deciding
+/// again; a failed one, or a record that cannot be read or written, is reported `Degraded`.
+fn verified_effects(verified: Verified) -> Vec<Effect> {
+    let degraded = |reason| {
+        vec![Effect::SetState {
+            state: State::Degraded,
+            reason,
+        }]
+    };
+    match verified {
+        Verified::Passed {
+            checksum,
+            record: Ok(mut record),
+        } => {
+            if let Some(staged) = record.staged.as_mut() {
+                staged.verified = Some(checksum);
+            }
+            vec![
+                Effect::SaveAttempt {
+                    record,
+                    on_error: OnSaveError::Degrade,
+                },
+                Effect::Reconcile,
+            ]
+        }
+        Verified::Passed {
+            record: Err(reason),
+            ..
+        }
+        | Verified::Failed(reason) => degraded(reason),
     }
 }
 

@@ -41,7 +41,7 @@ use crate::config::RebootPolicy;
 use crate::dbus_api::{self, Request};
 use crate::host::attempt;
 use crate::host::facts::{self, HostRoot};
-use core::{Core, Effect, Event, Notice, Retry, Step};
+use core::{Core, Effect, Event, Notice, OnSaveError, Retry, Step};
 use gather::{Gatherer, Transient};
 use planner::{Decision, Lifecycle, Observation};
 use report::Report;
@@ -357,6 +357,17 @@ impl Agent {
         let mut reconcile = false;
         for effect in effects {
             match effect {
+                Effect::SaveAttempt { record, on_error } => {
+                    if let Err(e) = self.store.save(&record) {
+                        match on_error {
+                            OnSaveError::Log(failed) => warn!(error = %e, "{failed}"),
+                            OnSaveError::Degrade => {
+                                self.set_state(State::Degraded, e.to_string()).await;
+                                break;
+                            }
+                        }
+                    }
+                }
                 Effect::Observe => {
                     let backend = self.backend.clone();
                     self.task = Some(Task::spawn(async move {
@@ -400,11 +411,6 @@ impl Agent {
                     let _ = self.events.try_send((n.kind, n.reason, n.message));
                 }
                 Effect::Flush => self.flush().await,
-                Effect::SaveAttempt { record, failed } => {
-                    if let Err(e) = self.store.save(&record) {
-                        warn!(error = %e, "{failed}");
-                    }
-                }
                 Effect::SetState { state, reason } => self.set_state(state, reason).await,
                 Effect::Verify { request, expect } => self.start_verify(request, *expect),
             }

@@ -4,7 +4,7 @@
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::core::{Event, Retry, StagingEnd, StagingEnded, Step};
+use super::core::{Event, Retry, StagingEnd, StagingEnded, Step, Verified};
 use super::task::{Staging, Task};
 use super::work::{Outcome, PreflightRun, StageStart, VerifyFailed};
 use super::{Agent, BUSY_BACKOFF, REFS_EQUAL};
@@ -338,29 +338,18 @@ impl Agent {
     /// Records a passed check durably (approval and finalization need it), or reports the
     /// failure.
     pub(super) async fn on_verified(&mut self, result: Result<String, VerifyFailed>) {
-        match result {
-            Ok(checksum) => {
-                let mut record = match self.store.load() {
-                    Ok(r) => r,
-                    Err(e) => {
-                        self.set_state(State::Degraded, e.to_string()).await;
-                        return;
-                    }
-                };
-                if let Some(staged) = record.staged.as_mut() {
-                    staged.verified = Some(checksum);
-                }
-                if let Err(e) = self.store.save(&record) {
-                    self.set_state(State::Degraded, e.to_string()).await;
-                    return;
-                }
-                self.reconcile().await;
-            }
+        let verified = match result {
+            Ok(checksum) => Verified::Passed {
+                checksum,
+                record: self.store.load().map(Box::new).map_err(|e| e.to_string()),
+            },
             Err(e) => {
                 warn!(error = %e, label = e.label(), "the staged deployment did not pass its check");
-                self.set_state(State::Degraded, e.to_string()).await;
+                Verified::Failed(e.to_string())
             }
-        }
+        };
+        let effects = self.core.handle(Event::Verified(verified));
+        self.execute(effects).await;
     }
 
     pub(super) async fn start_staging(

@@ -209,7 +209,7 @@ fn staged(t0: Instant, end: StagingEnd, record: Option<Record>, verify: bool) ->
 fn save(record: Record, failed: &'static str) -> Effect {
     Effect::SaveAttempt {
         record: Box::new(record),
-        failed,
+        on_error: OnSaveError::Log(failed),
     }
 }
 
@@ -435,6 +435,68 @@ fn staging_rows(t0: Instant) -> Vec<Row> {
             Activity::Idle,
         ),
     ]
+}
+
+/// A record with a staging of "A", checked on disk (`verified`) or not.
+fn with_stage(verified: Option<&str>) -> Record {
+    Record {
+        staged: Some(crate::host::attempt::Staged {
+            request: "A".into(),
+            os_image: "quay.io/os@sha256:aa".into(),
+            id: Some("id".into()),
+            expect: Some(expect().0),
+            pinned: None,
+            verified: verified.map(String::from),
+        }),
+        ..Record::default()
+    }
+}
+
+fn verify_rows() -> Vec<Row> {
+    let idle = Activity::Idle;
+    vec![
+        row(
+            "a passed check is written to the record before deciding again",
+            vec![(
+                Event::Verified(Verified::Passed {
+                    checksum: "c1".into(),
+                    record: Ok(Box::new(with_stage(None))),
+                }),
+                vec![
+                    Effect::SaveAttempt {
+                        record: Box::new(with_stage(Some("c1"))),
+                        on_error: OnSaveError::Degrade,
+                    },
+                    Effect::Reconcile,
+                ],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "a check that did not pass is reported Degraded",
+            vec![(
+                Event::Verified(Verified::Failed("mismatch".into())),
+                vec![degraded("mismatch")],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "a record that cannot be read after a passed check is reported Degraded",
+            vec![(
+                Event::Verified(Verified::Passed {
+                    checksum: "c1".into(),
+                    record: Err("unreadable".into()),
+                }),
+                vec![degraded("unreadable")],
+            )],
+            idle,
+        ),
+    ]
+}
+
+#[test]
+fn verify_ends_by_table() {
+    check(Instant::now(), verify_rows());
 }
 
 #[test]
