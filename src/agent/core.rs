@@ -186,6 +186,20 @@ pub(super) enum Verified {
     Failed(String),
 }
 
+/// A finalization that did not end on the target, with what reporting it needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct RolledBack {
+    pub(super) now: Instant,
+    /// The attempt record as the decision read it.
+    pub(super) record: Record,
+    /// This boot, now reported for the attempt.
+    pub(super) boot_id: String,
+    /// What happened (the attempt, the image, the boot, the finalization's journal).
+    pub(super) reason: String,
+    /// The attempts bound allows another.
+    pub(super) retry: bool,
+}
+
 /// What the loop does when the attempt record cannot be written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum OnSaveError {
@@ -280,10 +294,14 @@ pub(super) enum Event {
     StagingEnded(Box<StagingEnded>),
     /// The on-disk check of the staged deployment ended.
     Verified(Verified),
+    /// A stale staged deployment of streamd's was removed; `record` as the decision read it.
+    StaleRemoved { now: Instant, record: Box<Record> },
+    /// The node came up on another deployment than the one finalized.
+    RolledBack(Box<RolledBack>),
 }
 
 /// What the loop does for the core.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) enum Effect {
     /// Spawn the deployments read ([`Step::Observe`]).
     Observe,
@@ -312,13 +330,20 @@ pub(super) enum Effect {
         record: Box<Record>,
         on_error: OnSaveError,
     },
-    /// Report `state` with `reason`.
-    SetState { state: State, reason: String },
+    /// Report `state` with `reason`, posting `notice` instead of the state's own Event.
+    SetState {
+        state: State,
+        reason: String,
+        notice: Option<Notice>,
+    },
     /// Check what the transaction for `request` staged on disk, against `expect` (in a task).
     Verify {
         request: String,
         expect: Box<(Expectation, String)>,
     },
+    /// Hand this event to the core once the effects before it ran: what must follow a record
+    /// write only when it succeeded (an [`OnSaveError::Degrade`] write that fails drops it).
+    Then(Box<Event>),
 }
 
 /// The agent's activity, timers and back-offs.
@@ -510,6 +535,8 @@ impl Core {
             Event::RebootToken { token, changed } => reboot_token(token, changed),
             Event::StagingEnded(ended) => self.staging_ended(*ended),
             Event::Verified(verified) => verified_effects(verified),
+            Event::StaleRemoved { now, record } => stale_removed(now, *record),
+            Event::RolledBack(r) => rolled_back(*r),
         }
     }
 
@@ -633,15 +660,7 @@ impl Core {
             self.backoff.reset();
             return vec![Effect::Reconcile];
         }
-        let degraded = |record, reason: String| {
-            vec![
-                remembered(record),
-                Effect::SetState {
-                    state: State::Degraded,
-                    reason,
-                },
-            ]
-        };
+        let degraded = |record, reason: String| vec![remembered(record), degraded(reason)];
         match e.end {
             StagingEnd::Staged => {
                 self.backoff.reset();
@@ -792,12 +811,6 @@ fn remembered(record: Record) -> Effect {
 /// A passed check is recorded durably (approval and finalization need it) before deciding
 /// again; a failed one, or a record that cannot be read or written, is reported `Degraded`.
 fn verified_effects(verified: Verified) -> Vec<Effect> {
-    let degraded = |reason| {
-        vec![Effect::SetState {
-            state: State::Degraded,
-            reason,
-        }]
-    };
     match verified {
         Verified::Passed {
             checksum,
@@ -818,7 +831,67 @@ fn verified_effects(verified: Verified) -> Vec<Effect> {
             record: Err(reason),
             ..
         }
-        | Verified::Failed(reason) => degraded(reason),
+        | Verified::Failed(reason) => vec![degraded(reason)],
+    }
+}
+
+/// Reports `Degraded` with `reason` (and the state's own Event).
+fn degraded(reason: String) -> Effect {
+    Effect::SetState {
+        state: State::Degraded,
+        reason,
+        notice: None,
+    }
+}
+
+/// The removed stage leaves the record before anything decides on the deployments again (at
+/// once, the transient back-off from its floor).
+fn stale_removed(now: Instant, record: Record) -> Vec<Effect> {
+    vec![
+        Effect::SaveAttempt {
+            record: Box::new(Record {
+                staged: None,
+                ..record
+            }),
+            on_error: OnSaveError::Degrade,
+        },
+        Effect::Then(Box::new(Event::Recovered(Retry::Transient))),
+        Effect::Then(Box::new(Event::RetryAt(now))),
+    ]
+}
+
+/// A rolled-back finalization is recorded as reported for this boot (so it is counted once),
+/// then reported with `RolledBack`: tried again after a short wait while the attempts bound
+/// allows, else refused until the request changes.
+fn rolled_back(r: RolledBack) -> Vec<Effect> {
+    let mut record = r.record;
+    if let Some(a) = record.attempt.as_mut() {
+        a.reported_boot = Some(r.boot_id);
+    }
+    let notice = Some(Notice::warning("RolledBack", r.reason.clone()));
+    let save = Effect::SaveAttempt {
+        record: Box::new(record),
+        on_error: OnSaveError::Degrade,
+    };
+    if r.retry {
+        vec![
+            save,
+            Effect::SetState {
+                state: State::Degraded,
+                reason: format!("{}; trying again", r.reason),
+                notice,
+            },
+            Effect::Then(Box::new(Event::RetryAt(r.now + MIN_BACKOFF))),
+        ]
+    } else {
+        vec![
+            save,
+            Effect::SetState {
+                state: State::Refused,
+                reason: format!("{}; giving up until the request changes", r.reason),
+                notice,
+            },
+        ]
     }
 }
 

@@ -411,7 +411,15 @@ impl Agent {
                     let _ = self.events.try_send((n.kind, n.reason, n.message));
                 }
                 Effect::Flush => self.flush().await,
-                Effect::SetState { state, reason } => self.set_state(state, reason).await,
+                Effect::SetState {
+                    state,
+                    reason,
+                    notice,
+                } => self.set_state_event(state, reason, notice).await,
+                Effect::Then(event) => {
+                    let more = self.core.handle(*event);
+                    Box::pin(self.execute(more)).await;
+                }
                 Effect::Verify { request, expect } => self.start_verify(request, *expect),
             }
         }

@@ -4,7 +4,7 @@
 use tracing::{info, warn};
 
 use super::Agent;
-use super::core::{Event, MIN_BACKOFF, Notice, Retry, Step};
+use super::core::{Event, MIN_BACKOFF, Notice, RolledBack, Step};
 use super::work::{Applying, Outcome};
 use crate::agent::planner::Decision;
 use crate::backend::BackendError;
@@ -129,17 +129,11 @@ impl Agent {
     pub(super) async fn on_cleaned_up(&mut self, record: Record, result: Result<(), BackendError>) {
         match result {
             Ok(()) => {
-                let rec = Record {
-                    staged: None,
-                    ..record
-                };
-                if let Err(e) = self.store.save(&rec) {
-                    self.set_state(State::Degraded, e.to_string()).await;
-                    return;
-                }
-                self.core.handle(Event::Recovered(Retry::Transient));
-                // Decide again on the cleaned-up deployments.
-                self.retry_after(std::time::Duration::ZERO);
+                let effects = self.core.handle(Event::StaleRemoved {
+                    now: std::time::Instant::now(),
+                    record: Box::new(record),
+                });
+                self.execute(effects).await;
             }
             Err(e) => {
                 self.transient_failure(format!("removing the stale staged deployment: {e}"))
@@ -149,7 +143,7 @@ impl Agent {
     }
 
     /// Reports a finalization that did not end on the target and decides whether to retry.
-    pub(super) async fn rolled_back(&mut self, mut record: Record, attempts: u32, retry: bool) {
+    pub(super) async fn rolled_back(&mut self, record: Record, attempts: u32, retry: bool) {
         let image = self
             .report
             .status()
@@ -165,26 +159,14 @@ impl Agent {
         if let Some(j) = journal {
             reason.push_str(&format!("; ostree-finalize-staged: {j}"));
         }
-        if let Some(a) = record.attempt.as_mut() {
-            a.reported_boot = Some(self.boot_id.clone());
-        }
-        if let Err(e) = self.store.save(&record) {
-            self.set_state(State::Degraded, e.to_string()).await;
-            return;
-        }
-        let event = Some(Notice::warning("RolledBack", reason.clone()));
-        if retry {
-            self.set_state_event(State::Degraded, format!("{reason}; trying again"), event)
-                .await;
-            self.retry_after(MIN_BACKOFF);
-        } else {
-            self.set_state_event(
-                State::Refused,
-                format!("{reason}; giving up until the request changes"),
-                event,
-            )
-            .await;
-        }
+        let effects = self.core.handle(Event::RolledBack(Box::new(RolledBack {
+            now: std::time::Instant::now(),
+            record,
+            boot_id: self.boot_id.clone(),
+            reason,
+            retry,
+        })));
+        self.execute(effects).await;
     }
 
     /// Whether finalizing the staged deployment must wait for a bootloader update: Secure Boot

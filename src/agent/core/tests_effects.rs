@@ -221,6 +221,7 @@ fn degraded(reason: &str) -> Effect {
     Effect::SetState {
         state: State::Degraded,
         reason: reason.into(),
+        notice: None,
     }
 }
 
@@ -492,6 +493,121 @@ fn verify_rows() -> Vec<Row> {
             idle,
         ),
     ]
+}
+
+/// A record of one finalization of "A" in boot `b0`, reported in `reported`.
+fn attempted(reported: Option<&str>) -> Record {
+    Record {
+        attempt: Some(crate::host::attempt::Attempt {
+            request: "A".into(),
+            os_image: "quay.io/os@sha256:aa".into(),
+            digest: "sha256:aa".into(),
+            boot_id: "b0".into(),
+            attempts: 1,
+            reported_boot: reported.map(String::from),
+            kernel: None,
+            fips: None,
+        }),
+        ..with_stage(Some("c1"))
+    }
+}
+
+fn rolled_back(t0: Instant, retry: bool) -> Event {
+    Event::RolledBack(Box::new(RolledBack {
+        now: t0,
+        record: attempted(None),
+        boot_id: "b1".into(),
+        reason: "came up on the old image".into(),
+        retry,
+    }))
+}
+
+/// What a removed stale stage and a rollback lead to: the record first, what follows only once
+/// it is written.
+fn record_first_rows(t0: Instant) -> Vec<Row> {
+    let idle = Activity::Idle;
+    let notice = || Notice::warning("RolledBack", "came up on the old image".into());
+    let save = |record| Effect::SaveAttempt {
+        record: Box::new(record),
+        on_error: OnSaveError::Degrade,
+    };
+    vec![
+        Row {
+            retry_in: Some(secs(0)),
+            ..row(
+                "a removed stale stage leaves the record, then is decided on at once",
+                vec![
+                    (
+                        Event::StaleRemoved {
+                            now: t0,
+                            record: Box::new(with_stage(Some("c1"))),
+                        },
+                        vec![
+                            save(Record::default()),
+                            Effect::Then(Box::new(Event::Recovered(Retry::Transient))),
+                            Effect::Then(Box::new(Event::RetryAt(t0))),
+                        ],
+                    ),
+                    (Event::Recovered(Retry::Transient), vec![]),
+                    (Event::RetryAt(t0), vec![]),
+                ],
+                idle.clone(),
+            )
+        },
+        Row {
+            retry_in: Some(MIN_BACKOFF),
+            ..row(
+                "a rollback within the bound is recorded for this boot, reported, tried again soon",
+                vec![
+                    (
+                        rolled_back(t0, true),
+                        vec![
+                            save(attempted(Some("b1"))),
+                            Effect::SetState {
+                                state: State::Degraded,
+                                reason: "came up on the old image; trying again".into(),
+                                notice: Some(notice()),
+                            },
+                            Effect::Then(Box::new(Event::RetryAt(t0 + MIN_BACKOFF))),
+                        ],
+                    ),
+                    (
+                        Event::Reported {
+                            state: State::Degraded,
+                            reason: "came up on the old image; trying again".into(),
+                            entered: true,
+                            notice: Some(notice()),
+                        },
+                        vec![Effect::PostEvent(notice()), Effect::Publish],
+                    ),
+                    (Event::RetryAt(t0 + MIN_BACKOFF), vec![]),
+                ],
+                idle.clone(),
+            )
+        },
+        row(
+            "a rollback past the bound is recorded and refused until the request changes",
+            vec![(
+                rolled_back(t0, false),
+                vec![
+                    save(attempted(Some("b1"))),
+                    Effect::SetState {
+                        state: State::Refused,
+                        reason: "came up on the old image; giving up until the request changes"
+                            .into(),
+                        notice: Some(notice()),
+                    },
+                ],
+            )],
+            idle,
+        ),
+    ]
+}
+
+#[test]
+fn record_first_by_table() {
+    let t0 = Instant::now();
+    check(t0, record_first_rows(t0));
 }
 
 #[test]
