@@ -298,6 +298,18 @@ pub(super) enum Event {
     StaleRemoved { now: Instant, record: Box<Record> },
     /// The node came up on another deployment than the one finalized.
     RolledBack(Box<RolledBack>),
+    /// The request's target booted and passed the after-boot check; `record` as the decision
+    /// read it, `image` the booted one.
+    Booted { record: Box<Record>, image: String },
+    /// Finalization was refused and nothing was applied: `record` is the one before this
+    /// attempt; `recheck`: what is staged must be checked on disk again (rpm-ostreed has
+    /// another deployment staged than the one checked).
+    FinalizeFailed {
+        now: Instant,
+        record: Box<Record>,
+        recheck: bool,
+        reason: String,
+    },
 }
 
 /// What the loop does for the core.
@@ -446,29 +458,18 @@ impl Core {
             Event::Reconcile { now, request } => self.reconcile(now, request),
             Event::Started(step) => self.started(step),
             Event::Ended { now, failed } => self.ended(now, failed),
-            Event::Settled => match self.activity {
-                Activity::Settling { again } => {
-                    self.activity = Activity::Idle;
-                    if again {
-                        vec![Effect::Reconcile]
-                    } else {
-                        Vec::new()
-                    }
-                }
-                _ => Vec::new(),
-            },
+            Event::Settled => self.settled(),
             Event::Failed {
                 now,
                 retry,
                 reason,
                 jitter,
             } => self.fail(now, retry, reason, jitter),
-            Event::Recovered(Retry::Transient) => {
-                self.backoff.reset();
-                Vec::new()
-            }
-            Event::Recovered(Retry::Registry) => {
-                self.registry_backoff.reset();
+            Event::Recovered(retry) => {
+                match retry {
+                    Retry::Transient => self.backoff.reset(),
+                    Retry::Registry => self.registry_backoff.reset(),
+                }
                 Vec::new()
             }
             Event::RetryAt(at) => {
@@ -537,6 +538,26 @@ impl Core {
             Event::Verified(verified) => verified_effects(verified),
             Event::StaleRemoved { now, record } => stale_removed(now, *record),
             Event::RolledBack(r) => rolled_back(*r),
+            Event::Booted { record, image } => booted(*record, &image),
+            Event::FinalizeFailed {
+                now,
+                record,
+                recheck,
+                reason,
+            } => self.finalize_failed(now, *record, recheck, reason),
+        }
+    }
+
+    /// The ended step's result was acted on: idle, or the reconcile asked for meanwhile.
+    fn settled(&mut self) -> Vec<Effect> {
+        let Activity::Settling { again } = self.activity else {
+            return Vec::new();
+        };
+        self.activity = Activity::Idle;
+        if again {
+            vec![Effect::Reconcile]
+        } else {
+            Vec::new()
         }
     }
 
@@ -723,6 +744,26 @@ impl Core {
         }
     }
 
+    /// A refused finalization restores the record from before the attempt (a stage to check
+    /// again unverified) and is retried on the transient back-off.
+    fn finalize_failed(
+        &mut self,
+        now: Instant,
+        mut record: Record,
+        recheck: bool,
+        reason: String,
+    ) -> Vec<Effect> {
+        if let Some(staged) = record.staged.as_mut().filter(|_| recheck) {
+            staged.verified = None;
+        }
+        let restore = Effect::SaveAttempt {
+            record: Box::new(record),
+            on_error: OnSaveError::Log("restoring the attempt record failed"),
+        };
+        let retry = self.fail(now, Retry::Transient, reason, 0.0);
+        [restore].into_iter().chain(retry).collect()
+    }
+
     /// Arms the retry timer after the back-off `retry`'s next delay.
     fn fail(&mut self, now: Instant, retry: Retry, reason: String, jitter: f64) -> Vec<Effect> {
         let delay = match retry {
@@ -857,6 +898,27 @@ fn stale_removed(now: Instant, record: Record) -> Vec<Effect> {
         },
         Effect::Then(Box::new(Event::Recovered(Retry::Transient))),
         Effect::Then(Box::new(Event::RetryAt(now))),
+    ]
+}
+
+/// The update is done: the record forgets the attempt, the stage and the approval ask, and
+/// `Done` is reported with `Applied`.
+fn booted(record: Record, image: &str) -> Vec<Effect> {
+    vec![
+        Effect::SaveAttempt {
+            record: Box::new(Record {
+                attempt: None,
+                staged: None,
+                approval: None,
+                ..record
+            }),
+            on_error: OnSaveError::Log("clearing the attempt record failed"),
+        },
+        Effect::SetState {
+            state: State::Done,
+            reason: String::new(),
+            notice: Some(Notice::normal("Applied", format!("booted {image}"))),
+        },
     ]
 }
 

@@ -38,23 +38,13 @@ impl Agent {
             return;
         }
         if applied {
-            let rec = Record {
-                attempt: None,
-                staged: None,
-                approval: None,
-                ..record
-            };
-            if let Err(e) = self.store.save(&rec) {
-                warn!(error = %e, "clearing the attempt record failed");
-            }
             self.report.set_attempts(0);
             let image = self.report.status().current_os_image.clone();
-            self.set_state_event(
-                State::Done,
-                String::new(),
-                Some(Notice::normal("Applied", format!("booted {image}"))),
-            )
-            .await;
+            let effects = self.core.handle(Event::Booted {
+                record: Box::new(record),
+                image,
+            });
+            self.execute(effects).await;
         } else {
             self.set_state(State::Done, String::new()).await;
         }
@@ -331,20 +321,13 @@ impl Agent {
                 self.retry_after(MIN_BACKOFF);
             }
             Err(e) => {
-                // Nothing was applied: this boot's attempt did not happen.
-                let mut record = record;
-                if matches!(
+                // Nothing was applied: this boot's attempt did not happen. rpm-ostreed
+                // finalizes only the deployment it has staged: what is staged now is checked on
+                // disk again before anything is approved or finalized.
+                let recheck = matches!(
                     e,
                     BackendError::RpmOstree(RpmOstreeError::StagedMismatch(_))
-                ) && let Some(staged) = record.staged.as_mut()
-                {
-                    // rpm-ostreed finalizes only the deployment it has staged: what is staged
-                    // now is checked on disk again before anything is approved or finalized.
-                    staged.verified = None;
-                }
-                if let Err(s) = self.store.save(&record) {
-                    warn!(error = %s, "restoring the attempt record failed");
-                }
+                );
                 self.report.set_attempts(attempt.saturating_sub(1));
                 let what = match &e {
                     BackendError::RpmOstree(RpmOstreeError::Inhibited(m)) => {
@@ -355,7 +338,13 @@ impl Agent {
                     ) => b.to_string(),
                     other => format!("applying the staged deployment failed: {other}"),
                 };
-                self.transient_failure(what).await;
+                let effects = self.core.handle(Event::FinalizeFailed {
+                    now: std::time::Instant::now(),
+                    record: Box::new(record),
+                    recheck,
+                    reason: what,
+                });
+                self.execute(effects).await;
             }
         }
     }

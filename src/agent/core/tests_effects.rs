@@ -522,8 +522,9 @@ fn rolled_back(t0: Instant, retry: bool) -> Event {
     }))
 }
 
-/// What a removed stale stage and a rollback lead to: the record first, what follows only once
-/// it is written.
+/// What a removed stale stage, a rollback, a booted target and a refused finalization lead
+/// to: the record first, what follows only once it is written (or, logged, whatever happens).
+#[allow(clippy::too_many_lines)] // a table, one row a scenario
 fn record_first_rows(t0: Instant) -> Vec<Row> {
     let idle = Activity::Idle;
     let notice = || Notice::warning("RolledBack", "came up on the old image".into());
@@ -582,6 +583,88 @@ fn record_first_rows(t0: Instant) -> Vec<Row> {
                     ),
                     (Event::RetryAt(t0 + MIN_BACKOFF), vec![]),
                 ],
+                idle.clone(),
+            )
+        },
+        row(
+            "the target booted: the record forgets the attempt, Done with Applied",
+            vec![(
+                Event::Booted {
+                    record: Box::new(Record {
+                        version: 2,
+                        ..attempted(Some("b1"))
+                    }),
+                    image: "quay.io/os@sha256:aa".into(),
+                },
+                vec![
+                    Effect::SaveAttempt {
+                        record: Box::new(Record {
+                            version: 2,
+                            ..Record::default()
+                        }),
+                        on_error: OnSaveError::Log("clearing the attempt record failed"),
+                    },
+                    Effect::SetState {
+                        state: State::Done,
+                        reason: String::new(),
+                        notice: Some(Notice::normal(
+                            "Applied",
+                            "booted quay.io/os@sha256:aa".into(),
+                        )),
+                    },
+                ],
+            )],
+            idle.clone(),
+        ),
+        Row {
+            retry_in: Some(secs(1)),
+            ..row(
+                "a refused finalization restores the record and is retried on the back-off",
+                vec![(
+                    Event::FinalizeFailed {
+                        now: t0,
+                        record: Box::new(with_stage(Some("c1"))),
+                        recheck: false,
+                        reason: "the reboot is blocked: inhibited".into(),
+                    },
+                    vec![
+                        Effect::SaveAttempt {
+                            record: Box::new(with_stage(Some("c1"))),
+                            on_error: OnSaveError::Log("restoring the attempt record failed"),
+                        },
+                        Effect::Retry {
+                            retry: Retry::Transient,
+                            reason: "the reboot is blocked: inhibited".into(),
+                            delay: secs(1),
+                        },
+                    ],
+                )],
+                idle.clone(),
+            )
+        },
+        Row {
+            retry_in: Some(secs(1)),
+            ..row(
+                "finalization refused for another staged deployment: the stage is checked again",
+                vec![(
+                    Event::FinalizeFailed {
+                        now: t0,
+                        record: Box::new(with_stage(Some("c1"))),
+                        recheck: true,
+                        reason: "mismatch".into(),
+                    },
+                    vec![
+                        Effect::SaveAttempt {
+                            record: Box::new(with_stage(None)),
+                            on_error: OnSaveError::Log("restoring the attempt record failed"),
+                        },
+                        Effect::Retry {
+                            retry: Retry::Transient,
+                            reason: "mismatch".into(),
+                            delay: secs(1),
+                        },
+                    ],
+                )],
                 idle.clone(),
             )
         },
