@@ -200,6 +200,23 @@ pub(super) struct RolledBack {
     pub(super) retry: bool,
 }
 
+/// A finalization about to be asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Finalizing {
+    /// The request (observed-desired hash).
+    pub(super) request: String,
+    /// The attempt record before this attempt (restored when finalization is refused).
+    pub(super) before: Record,
+    /// The record with this attempt in it.
+    pub(super) attempted: Record,
+    /// The staged digest to finalize.
+    pub(super) digest: String,
+    /// This attempt's number (from 1).
+    pub(super) attempt: u32,
+    /// What is reported while it runs.
+    pub(super) reason: String,
+}
+
 /// What the loop does when the attempt record cannot be written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum OnSaveError {
@@ -301,6 +318,8 @@ pub(super) enum Event {
     /// The request's target booted and passed the after-boot check; `record` as the decision
     /// read it, `image` the booted one.
     Booted { record: Box<Record>, image: String },
+    /// The decision is to finalize and reboot (any bootloader update before it is done).
+    Finalizing(Box<Finalizing>),
     /// Finalization was refused and nothing was applied: `record` is the one before this
     /// attempt; `recheck`: what is staged must be checked on disk again (rpm-ostreed has
     /// another deployment staged than the one checked).
@@ -352,6 +371,16 @@ pub(super) enum Effect {
     Verify {
         request: String,
         expect: Box<(Expectation, String)>,
+    },
+    /// Report `attempts` reboots into the request so far.
+    SetAttempts(u32),
+    /// Finalize `digest` and reboot (in a task), attempt `attempt` of `request`; `before` is
+    /// the record to restore when it is refused.
+    Apply {
+        request: String,
+        digest: String,
+        attempt: u32,
+        before: Box<Record>,
     },
     /// Hand this event to the core once the effects before it ran: what must follow a record
     /// write only when it succeeded (an [`OnSaveError::Degrade`] write that fails drops it).
@@ -539,6 +568,7 @@ impl Core {
             Event::StaleRemoved { now, record } => stale_removed(now, *record),
             Event::RolledBack(r) => rolled_back(*r),
             Event::Booted { record, image } => booted(*record, &image),
+            Event::Finalizing(f) => finalizing(*f),
             Event::FinalizeFailed {
                 now,
                 record,
@@ -898,6 +928,30 @@ fn stale_removed(now: Instant, record: Record) -> Vec<Effect> {
         },
         Effect::Then(Box::new(Event::Recovered(Retry::Transient))),
         Effect::Then(Box::new(Event::RetryAt(now))),
+    ]
+}
+
+/// The attempt is written before the reboot can happen (so the next boot knows what was
+/// tried; nothing is finalized when it cannot be), then counted and reported `Rebooting` with
+/// its Event (which patches the status at once), then finalization starts.
+fn finalizing(f: Finalizing) -> Vec<Effect> {
+    vec![
+        Effect::SaveAttempt {
+            record: Box::new(f.attempted),
+            on_error: OnSaveError::Degrade,
+        },
+        Effect::SetAttempts(f.attempt),
+        Effect::SetState {
+            state: State::Rebooting,
+            reason: f.reason.clone(),
+            notice: Some(Notice::normal("Rebooting", f.reason)),
+        },
+        Effect::Apply {
+            request: f.request,
+            digest: f.digest,
+            attempt: f.attempt,
+            before: Box::new(f.before),
+        },
     ]
 }
 

@@ -416,6 +416,20 @@ impl Agent {
                     reason,
                     notice,
                 } => self.set_state_event(state, reason, notice).await,
+                Effect::SetAttempts(n) => self.report.set_attempts(n),
+                Effect::Apply {
+                    request,
+                    digest,
+                    attempt,
+                    before,
+                } => {
+                    let applying = work::Applying {
+                        record: *before,
+                        digest,
+                        attempt,
+                    };
+                    self.start_apply(request, applying);
+                }
                 Effect::Then(event) => {
                     let more = self.core.handle(*event);
                     Box::pin(self.execute(more)).await;

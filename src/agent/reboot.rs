@@ -4,7 +4,7 @@
 use tracing::{info, warn};
 
 use super::Agent;
-use super::core::{Event, MIN_BACKOFF, Notice, RolledBack, Step};
+use super::core::{Event, Finalizing, MIN_BACKOFF, RolledBack, Step};
 use super::work::{Applying, Outcome};
 use crate::agent::planner::Decision;
 use crate::backend::BackendError;
@@ -247,9 +247,9 @@ impl Agent {
                 }
             }
         }
-        let mut rec = record.clone();
+        let mut attempted = record.clone();
         let facts = self.report.status().host.as_ref();
-        rec.attempt = Some(Attempt {
+        attempted.attempt = Some(Attempt {
             request: desired.observed_hash(),
             os_image: desired.os_image.to_string(),
             digest: digest.clone(),
@@ -259,30 +259,25 @@ impl Agent {
             kernel: facts.and_then(|f| f.kernel),
             fips: facts.and_then(|f| f.fips.enabled()),
         });
-        // Written before the reboot can happen, so the next boot knows what was tried.
-        if let Err(e) = self.store.save(&rec) {
-            self.set_state(State::Degraded, e.to_string()).await;
-            return;
-        }
-        self.report.set_attempts(attempt);
         let reason = format!(
             "applying {} (attempt {attempt} of {}): finalizing the staged deployment and rebooting",
             desired.os_image, self.reboot.max_attempts
         );
-        self.set_state_event(
-            State::Rebooting,
-            reason.clone(),
-            Some(Notice::normal("Rebooting", reason)),
-        )
-        .await;
-        // FinalizeDeployment, or `bootc switch` in a unit (up to an hour): in a task.
-        let backend = self.backend.clone();
-        let applying = Applying {
-            record,
+        let effects = self.core.handle(Event::Finalizing(Box::new(Finalizing {
+            request: desired.observed_hash(),
+            before: record,
+            attempted,
             digest,
             attempt,
-        };
-        let request = desired.observed_hash();
+            reason,
+        })));
+        self.execute(effects).await;
+    }
+
+    /// Asks for finalization and the reboot: FinalizeDeployment, or `bootc switch` in a unit
+    /// (up to an hour), in a task; [`Self::on_applied`] acts on its end.
+    pub(super) fn start_apply(&mut self, request: String, applying: Applying) {
+        let backend = self.backend.clone();
         self.start(Step::Apply { request }, async move {
             let result = backend.apply(&applying.digest).await;
             Outcome::Applied(Box::new(applying), result)

@@ -587,6 +587,61 @@ fn record_first_rows(t0: Instant) -> Vec<Row> {
             )
         },
         row(
+            "finalizing: the attempt is written, counted, Rebooting patched at once, then applied",
+            vec![
+                (
+                    Event::Finalizing(Box::new(Finalizing {
+                        request: "A".into(),
+                        before: with_stage(Some("c1")),
+                        attempted: attempted(None),
+                        digest: "sha256:aa".into(),
+                        attempt: 1,
+                        reason: "applying A".into(),
+                    })),
+                    vec![
+                        save(attempted(None)),
+                        Effect::SetAttempts(1),
+                        Effect::SetState {
+                            state: State::Rebooting,
+                            reason: "applying A".into(),
+                            notice: Some(Notice::normal("Rebooting", "applying A".into())),
+                        },
+                        Effect::Apply {
+                            request: "A".into(),
+                            digest: "sha256:aa".into(),
+                            attempt: 1,
+                            before: Box::new(with_stage(Some("c1"))),
+                        },
+                    ],
+                ),
+                (
+                    Event::Reported {
+                        state: State::Rebooting,
+                        reason: "applying A".into(),
+                        entered: true,
+                        notice: Some(Notice::normal("Rebooting", "applying A".into())),
+                    },
+                    vec![
+                        Effect::PostEvent(Notice::normal("Rebooting", "applying A".into())),
+                        Effect::Publish,
+                        Effect::Flush,
+                    ],
+                ),
+                (
+                    Event::Started(Step::Apply {
+                        request: "A".into(),
+                    }),
+                    vec![],
+                ),
+            ],
+            Activity::Running {
+                step: Step::Apply {
+                    request: "A".into(),
+                },
+                again: false,
+            },
+        ),
+        row(
             "the target booted: the record forgets the attempt, Done with Applied",
             vec![(
                 Event::Booted {
