@@ -13,6 +13,7 @@
 //! files. What the other steps found (deployments, preflight results) is still acted on by the
 //! agent's handlers, which start the next step through [`Event::Started`].
 
+mod inputs;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -20,12 +21,17 @@ mod tests_effects;
 
 use std::time::{Duration, Instant};
 
+use crate::backend::StagePlan;
 use crate::backoff::{Backoff, stretch};
 use crate::cluster::node::{CREDENTIALS_CHECK, EventType};
 use crate::cluster::protocol::State;
 use crate::cluster::report::{PATCH_MAX_BACKOFF, PatchFailure, patch_retry_delay};
 use crate::host::attempt::{Failure, Record};
 use crate::host::verify::Expectation;
+
+pub(super) use inputs::{
+    Finalizing, Notice, OnSaveError, RolledBack, StagingEnd, StagingEnded, StagingReady, Verified,
+};
 
 /// First delay after a transient failure, and the short fixed waits.
 pub(super) const MIN_BACKOFF: Duration = Duration::from_secs(1);
@@ -107,125 +113,6 @@ pub(super) enum Retry {
     Transient,
     /// A registry or DNS failure during preflight: 10 s to 5 min, jittered.
     Registry,
-}
-
-/// A Kubernetes Event to post on the Node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Notice {
-    pub(super) kind: EventType,
-    /// The Event's reason (`StagingStarted`, `RolledBack`, …).
-    pub(super) reason: &'static str,
-    pub(super) message: String,
-}
-
-impl Notice {
-    /// A `Normal` Event.
-    pub(super) fn normal(reason: &'static str, message: String) -> Self {
-        Notice {
-            kind: EventType::Normal,
-            reason,
-            message,
-        }
-    }
-
-    /// A `Warning` Event.
-    pub(super) fn warning(reason: &'static str, message: String) -> Self {
-        Notice {
-            kind: EventType::Warning,
-            reason,
-            message,
-        }
-    }
-}
-
-/// How the staging transaction ended, as far as what comes next is concerned; each failure
-/// with its error's text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum StagingEnd {
-    /// It staged the target.
-    Staged,
-    /// It could not run now: retried on the transient back-off.
-    Transient(String),
-    /// rpm-ostree refused a rebase onto the refspec the pending deployment has ("Old and new
-    /// refs are equal").
-    RefsEqual(String),
-    /// The fetch broke on the network.
-    Network(String),
-    /// Any other failure.
-    Failed(String),
-}
-
-/// The end of a staging transaction, with what acting on it needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct StagingEnded {
-    pub(super) now: Instant,
-    /// The request it staged (observed-desired hash).
-    pub(super) request: String,
-    /// That request is still the one wanted (else the result is history).
-    pub(super) current: bool,
-    pub(super) end: StagingEnd,
-    /// The attempt record as read now (`None`: it could not be read).
-    pub(super) record: Option<Record>,
-    /// What the staged deployment must look like and the digest the request pins: checked on
-    /// disk next.
-    pub(super) expect: Option<(Expectation, String)>,
-    /// New stagings of one request after a network failure (`pull-retries`).
-    pub(super) pull_retries: u32,
-}
-
-/// How the on-disk check of a staged deployment ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Verified {
-    /// It passed: the staged deployment's checksum, and the attempt record as read then (or
-    /// why it could not be read).
-    Passed {
-        checksum: String,
-        record: Result<Box<Record>, String>,
-    },
-    /// It did not pass, and why.
-    Failed(String),
-}
-
-/// A finalization that did not end on the target, with what reporting it needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct RolledBack {
-    pub(super) now: Instant,
-    /// The attempt record as the decision read it.
-    pub(super) record: Record,
-    /// This boot, now reported for the attempt.
-    pub(super) boot_id: String,
-    /// What happened (the attempt, the image, the boot, the finalization's journal).
-    pub(super) reason: String,
-    /// The attempts bound allows another.
-    pub(super) retry: bool,
-}
-
-/// A finalization about to be asked for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Finalizing {
-    /// The request (observed-desired hash).
-    pub(super) request: String,
-    /// The attempt record before this attempt (restored when finalization is refused).
-    pub(super) before: Record,
-    /// The record with this attempt in it.
-    pub(super) attempted: Record,
-    /// The staged digest to finalize.
-    pub(super) digest: String,
-    /// This attempt's number (from 1).
-    pub(super) attempt: u32,
-    /// What is reported while it runs.
-    pub(super) reason: String,
-}
-
-/// What the loop does when the attempt record cannot be written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum OnSaveError {
-    /// Log it with this message and go on: what the record holds is then remembered until the
-    /// next restart only.
-    Log(&'static str),
-    /// Report `Degraded` with the error and drop the effects after it: nothing may act on a
-    /// record that was not written.
-    Degrade,
 }
 
 /// Something the core reacts to.
@@ -320,6 +207,8 @@ pub(super) enum Event {
     Booted { record: Box<Record>, image: String },
     /// The decision is to finalize and reboot (any bootloader update before it is done).
     Finalizing(Box<Finalizing>),
+    /// A plan that passed preflight is to be staged.
+    StagingReady(Box<StagingReady>),
     /// Finalization was refused and nothing was applied: `record` is the one before this
     /// attempt; `recheck`: what is staged must be checked on disk again (rpm-ostreed has
     /// another deployment staged than the one checked).
@@ -374,6 +263,13 @@ pub(super) enum Effect {
     },
     /// Report `attempts` reboots into the request so far.
     SetAttempts(u32),
+    /// Start the staging transaction of `plan` for `request`; `expect`: what the staged
+    /// deployment must look like, and the digest the request pins.
+    Stage {
+        request: String,
+        plan: Box<StagePlan>,
+        expect: Option<Box<(Expectation, String)>>,
+    },
     /// Finalize `digest` and reboot (in a task), attempt `attempt` of `request`; `before` is
     /// the record to restore when it is refused.
     Apply {
@@ -569,6 +465,7 @@ impl Core {
             Event::RolledBack(r) => rolled_back(*r),
             Event::Booted { record, image } => booted(*record, &image),
             Event::Finalizing(f) => finalizing(*f),
+            Event::StagingReady(r) => staging_ready(*r),
             Event::FinalizeFailed {
                 now,
                 record,
@@ -951,6 +848,22 @@ fn finalizing(f: Finalizing) -> Vec<Effect> {
             digest: f.digest,
             attempt: f.attempt,
             before: Box::new(f.before),
+        },
+    ]
+}
+
+/// The staging is remembered before it starts: a staged deployment found after a crash is then
+/// known to be ours, and nothing is staged when that cannot be written.
+fn staging_ready(r: StagingReady) -> Vec<Effect> {
+    vec![
+        Effect::SaveAttempt {
+            record: Box::new(r.record),
+            on_error: OnSaveError::Degrade,
+        },
+        Effect::Stage {
+            request: r.request,
+            plan: Box::new(r.plan),
+            expect: r.expect.map(Box::new),
         },
     ]
 }

@@ -417,6 +417,11 @@ impl Agent {
                     notice,
                 } => self.set_state_event(state, reason, notice).await,
                 Effect::SetAttempts(n) => self.report.set_attempts(n),
+                Effect::Stage {
+                    request,
+                    plan,
+                    expect,
+                } => self.start_staging(*plan, request, expect.map(|e| *e)).await,
                 Effect::Apply {
                     request,
                     digest,

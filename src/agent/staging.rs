@@ -4,7 +4,7 @@
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::core::{Event, Retry, StagingEnd, StagingEnded, Step, Verified};
+use super::core::{Event, Retry, StagingEnd, StagingEnded, StagingReady, Step, Verified};
 use super::task::{Staging, Task};
 use super::work::{Outcome, PreflightRun, StageStart, VerifyFailed};
 use super::{Agent, BUSY_BACKOFF, REFS_EQUAL};
@@ -244,8 +244,6 @@ impl Agent {
 
     /// Records the staging, then starts the transaction.
     async fn begin_staging(&mut self, start: StageStart) {
-        // Remember the staging before it starts: a staged deployment found after a crash is
-        // then known to be ours.
         let StageStart {
             plan,
             hash,
@@ -275,12 +273,13 @@ impl Agent {
         if record.attempt.as_ref().is_some_and(|a| a.request != hash) {
             record.attempt = None;
         }
-        if let Err(e) = self.store.save(&record) {
-            self.set_state(State::Degraded, e.to_string()).await;
-            return;
-        }
-        info!(call = %serde_json::to_string(&UpdateDeploymentCall::for_plan(&plan)).unwrap_or_default(), backend = self.backend.kind().as_str(), "staging");
-        self.start_staging(plan, hash, expect).await;
+        let effects = self.core.handle(Event::StagingReady(Box::new(StagingReady {
+            request: hash,
+            plan,
+            expect,
+            record,
+        })));
+        self.execute(effects).await;
     }
 
     /// Forgets staging failures (`streamctl reconcile` asks to try again).
@@ -358,6 +357,7 @@ impl Agent {
         hash: String,
         expect: Option<(crate::host::verify::Expectation, String)>,
     ) {
+        info!(call = %serde_json::to_string(&UpdateDeploymentCall::for_plan(&plan)).unwrap_or_default(), backend = self.backend.kind().as_str(), "staging");
         let image = plan.os_image.to_string();
         // The RPMs it opens stay until it ends, whatever preflight runs meanwhile.
         self.gatherer.in_use.hold(

@@ -742,6 +742,41 @@ fn record_first_rows(t0: Instant) -> Vec<Row> {
     ]
 }
 
+/// Staging a plan that passed preflight: the record names it first, then the transaction starts.
+fn staging_ready_rows() -> Vec<Row> {
+    let image = format!("quay.io/os@sha256:{}", "a".repeat(64));
+    let image: crate::image::reference::ImageRef = image.parse().expect("a valid reference");
+    let plan = StagePlan::rebase("rhel-10", &image, false);
+    vec![row(
+        "a plan that passed preflight is remembered, then staged",
+        vec![(
+            Event::StagingReady(Box::new(StagingReady {
+                request: "A".into(),
+                plan: plan.clone(),
+                expect: Some(expect()),
+                record: with_stage(None),
+            })),
+            vec![
+                Effect::SaveAttempt {
+                    record: Box::new(with_stage(None)),
+                    on_error: OnSaveError::Degrade,
+                },
+                Effect::Stage {
+                    request: "A".into(),
+                    plan: Box::new(plan),
+                    expect: Some(Box::new(expect())),
+                },
+            ],
+        )],
+        Activity::Idle,
+    )]
+}
+
+#[test]
+fn staging_ready_by_table() {
+    check(Instant::now(), staging_ready_rows());
+}
+
 #[test]
 fn record_first_by_table() {
     let t0 = Instant::now();
