@@ -112,7 +112,7 @@ impl Agent {
             Activity::Idle | Activity::Settling { .. } => "work",
         };
         tokio::select! {
-            _ = sleep_until(self.credentials_at.into()) => Wake::CredentialsDue,
+            _ = sleep_until(self.core.credentials_at().unwrap_or_else(Instant::now).into()) => Wake::CredentialsDue,
             upd = next_opt(&mut src.watch) => Wake::Node(upd),
             upd = next_opt(&mut src.streams) => Wake::Streams(upd),
             ev = task::next(&mut self.task, step) => match ev {
@@ -132,9 +132,7 @@ impl Agent {
         match wake {
             Wake::CredentialsDue => {
                 if self.load_credentials().await {
-                    // A new client: the watches must use it, and a patch refused with the old
-                    // credentials need not wait for its slow retry.
-                    self.patch_retry_at = None;
+                    // A new client: the watches must use it.
                     src.watch = self.node.watch().map(StreamExt::boxed_local);
                     src.streams = None;
                 }
@@ -203,8 +201,7 @@ impl Agent {
             } => {
                 warn!(error = %message, "node watch failed; retrying");
                 if unauthorized {
-                    // The kubelet may have rotated the client certificate.
-                    self.credentials_at = Instant::now();
+                    self.core.handle(Event::Unauthorized);
                 }
                 if !self.node_seen {
                     self.waiting(format!("waiting for the Kubernetes API server: {message}"))

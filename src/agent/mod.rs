@@ -32,18 +32,16 @@ use crate::backend::Backend;
 use crate::backend::Deployment;
 use crate::backend::rpmostree::UpdateDeploymentCall;
 use crate::backoff::Backoff;
-use crate::cluster::node::{
-    CREDENTIALS_CHECK, CredentialsError, EventType, NodeClient, PatchError,
-};
+use crate::cluster::node::{CredentialsError, EventType, NodeClient};
 use crate::cluster::protocol::{CheckId, CheckInputs, Inputs, Mode, State};
-use crate::cluster::report::Reporter;
+use crate::cluster::report::{PatchFailure, Reporter};
 use crate::cluster::status::Status;
 use crate::cluster::streams::{Catalog, ResolveError};
 use crate::config::RebootPolicy;
 use crate::dbus_api::{self, Request};
 use crate::host::attempt;
 use crate::host::facts::{self, HostRoot};
-use core::{Core, Effect, Event, Retry, Step};
+use core::{Core, Effect, Event, Notice, OnSaveError, Retry, Step};
 use gather::{Gatherer, Transient};
 use planner::{Decision, Lifecycle, Observation};
 use report::Report;
@@ -54,11 +52,6 @@ use work::Outcome;
 const REFS_EQUAL: &str = "Old and new refs are equal";
 /// While a foreign rpm-ostree transaction runs: 1 s doubling to 30 s.
 const BUSY_BACKOFF: Backoff = Backoff::new(core::MIN_BACKOFF, Duration::from_secs(30));
-/// After a failed node patch: 1 s doubling to the reporter's cap.
-const PATCH_BACKOFF: Backoff =
-    Backoff::new(core::MIN_BACKOFF, crate::cluster::report::PATCH_MAX_BACKOFF);
-/// How often the credential files are looked for while there are none.
-const CREDENTIALS_WAIT: Duration = Duration::from_secs(5);
 
 /// The agent's part of the configuration.
 #[derive(Debug, Clone)]
@@ -92,24 +85,18 @@ pub struct Agent {
     report: Report,
     reporter: Reporter,
     inputs: Option<Inputs>,
-    /// What the agent is doing, its retry and readiness timers (sans I/O, see `core.rs`).
+    /// What the agent is doing, and all its timers (sans I/O, see `core.rs`).
     core: Core,
     /// The task or transaction of the step the core says runs.
     task: Option<Task>,
     /// Held by every preflight run, the agent's and `streamctl preflight`'s: they share the
     /// extraction directory, whose other images' RPMs a run removes.
     preflight_lock: std::sync::Arc<tokio::sync::Mutex<()>>,
-    patch_retry_at: Option<Instant>,
-    patch_backoff: Backoff,
     /// The Node object was read at least once.
     node_seen: bool,
-    /// When to look at the credential files next.
-    credentials_at: Instant,
     /// A client was built once (later loads are rotations).
     credentials_loaded: bool,
     reboot: Settings,
-    /// The request for which "Old and new refs are equal" was already taken as "staged meanwhile".
-    refs_equal_seen: Option<String>,
     /// The node's input annotations as written (before stream resolution).
     raw_inputs: Inputs,
     /// The cluster's streams, once read (resolution mode only).
@@ -187,12 +174,8 @@ impl Agent {
             core: Core::default(),
             task: None,
             preflight_lock: std::sync::Arc::default(),
-            patch_retry_at: None,
-            patch_backoff: PATCH_BACKOFF,
             node_seen: false,
-            credentials_at: Instant::now(),
             credentials_loaded: false,
-            refs_equal_seen: None,
             raw_inputs: Inputs::default(),
             catalog: None,
             unresolved: None,
@@ -216,12 +199,11 @@ impl Agent {
     async fn load_credentials(&mut self) -> bool {
         let result = self.node.load().await;
         let loaded = self.node.client().is_some();
-        self.credentials_at = Instant::now()
-            + if loaded {
-                CREDENTIALS_CHECK
-            } else {
-                CREDENTIALS_WAIT
-            };
+        self.core.handle(Event::CredentialsLoaded {
+            now: Instant::now(),
+            client: loaded,
+            new: matches!(result, Ok(true)),
+        });
         match result {
             Ok(true) => {
                 info!(
@@ -375,6 +357,17 @@ impl Agent {
         let mut reconcile = false;
         for effect in effects {
             match effect {
+                Effect::SaveAttempt { record, on_error } => {
+                    if let Err(e) = self.store.save(&record) {
+                        match on_error {
+                            OnSaveError::Log(failed) => warn!(error = %e, "{failed}"),
+                            OnSaveError::Degrade => {
+                                self.set_state(State::Degraded, e.to_string()).await;
+                                break;
+                            }
+                        }
+                    }
+                }
                 Effect::Observe => {
                     let backend = self.backend.clone();
                     self.task = Some(Task::spawn(async move {
@@ -414,6 +407,39 @@ impl Agent {
                     self.set_state(State::Preflight, reason).await;
                 }
                 Effect::Reconcile => reconcile = true,
+                Effect::PostEvent(n) => {
+                    let _ = self.events.try_send((n.kind, n.reason, n.message));
+                }
+                Effect::Flush => self.flush().await,
+                Effect::SetState {
+                    state,
+                    reason,
+                    notice,
+                } => self.set_state_event(state, reason, notice).await,
+                Effect::SetAttempts(n) => self.report.set_attempts(n),
+                Effect::Stage {
+                    request,
+                    plan,
+                    expect,
+                } => self.start_staging(*plan, request, expect.map(|e| *e)).await,
+                Effect::Apply {
+                    request,
+                    digest,
+                    attempt,
+                    before,
+                } => {
+                    let applying = work::Applying {
+                        record: *before,
+                        digest,
+                        attempt,
+                    };
+                    self.start_apply(request, applying);
+                }
+                Effect::Then(event) => {
+                    let more = self.core.handle(*event);
+                    Box::pin(self.execute(more)).await;
+                }
+                Effect::Verify { request, expect } => self.start_verify(request, *expect),
             }
         }
         if reconcile {
@@ -694,12 +720,6 @@ impl Agent {
         self.fail(Retry::Transient, reason).await;
     }
 
-    /// Reports `Degraded` with `reason` and decides again after `delay`.
-    async fn retry_in(&mut self, reason: String, delay: Duration) {
-        self.retry_after(delay);
-        self.report_retry(reason, delay).await;
-    }
-
     /// Reports `Degraded` with `reason`, to be retried after `delay`.
     async fn report_retry(&mut self, reason: String, delay: Duration) {
         warn!(%reason, retry_in = ?delay, "transient failure");
@@ -727,12 +747,7 @@ impl Agent {
     }
 
     /// Like [`Self::set_state`], posting `event` instead of the state's usual one.
-    async fn set_state_event(
-        &mut self,
-        state: State,
-        reason: String,
-        event: Option<(EventType, &'static str, String)>,
-    ) {
+    async fn set_state_event(&mut self, state: State, reason: String, event: Option<Notice>) {
         self.set_state_with(state, reason, Vec::new(), event).await;
     }
 
@@ -742,12 +757,8 @@ impl Agent {
         state: State,
         reason: String,
         failed_checks: Vec<CheckId>,
-        event: Option<(EventType, &'static str, String)>,
+        event: Option<Notice>,
     ) {
-        let explicit = event.is_some();
-        if let Some(ev) = event {
-            let _ = self.events.try_send(ev);
-        }
         let change = self
             .report
             .set_state(state, reason.clone(), failed_checks, unix_now());
@@ -763,11 +774,15 @@ impl Agent {
                 s.desired_os_image.as_deref().unwrap_or(&s.current_os_image),
                 self.node.name(),
             );
-            if let Some((kind, name)) = event_for(state).filter(|_| !explicit) {
-                let _ = self.events.try_send((kind, name, reason));
-            }
         }
-        self.publish().await;
+        let effects = self.core.handle(Event::Reported {
+            state,
+            reason,
+            entered: change.state,
+            notice: event,
+        });
+        // Boxed: executing an effect can set a state again.
+        Box::pin(self.execute(effects)).await;
     }
 
     async fn publish(&mut self) {
@@ -778,11 +793,7 @@ impl Agent {
     }
 
     fn flush_at(&self) -> Option<Instant> {
-        let due = self.reporter.due_at(Instant::now())?;
-        Some(match self.patch_retry_at {
-            Some(r) if r > due => r,
-            _ => due,
-        })
+        self.core.flush_at(self.reporter.due_at(Instant::now()))
     }
 
     async fn flush(&mut self) {
@@ -792,18 +803,22 @@ impl Agent {
         match self.node.patch(&patch).await {
             Ok(annotations) => {
                 self.reporter.patched(Instant::now(), &annotations);
-                if self.patch_retry_at.take().is_some() {
+                if self.core.patch_retry_at().is_some() {
                     info!("patching node annotations works again");
                 }
-                self.patch_backoff.reset();
+                self.core.handle(Event::Patched);
             }
             Err(e) => {
-                // Whatever is pending then goes out, not this patch: the latest status wins.
-                let delay = crate::cluster::report::patch_retry_delay(
-                    self.patch_backoff.next_delay(),
-                    &e,
-                    crate::backoff::jitter(),
-                );
+                let now = Instant::now();
+                self.core.handle(Event::PatchFailed {
+                    now,
+                    failure: PatchFailure::from(&e),
+                    jitter: crate::backoff::jitter(),
+                });
+                let delay = self
+                    .core
+                    .patch_retry_at()
+                    .map_or(Duration::ZERO, |at| at - now);
                 if e.is_transient() {
                     warn!(
                         error = %e,
@@ -813,10 +828,6 @@ impl Agent {
                         "patching node annotations failed; will retry"
                     );
                 } else {
-                    if matches!(e, PatchError::Rejected { status: 401, .. }) {
-                        // The kubelet may have rotated the client certificate.
-                        self.credentials_at = Instant::now();
-                    }
                     tracing::error!(
                         error = %e,
                         status = e.status(),
@@ -824,20 +835,8 @@ impl Agent {
                         "the api server rejected the node annotation patch; will retry slowly"
                     );
                 }
-                self.patch_retry_at = Some(Instant::now() + delay);
             }
         }
-    }
-}
-
-/// The Event posted when entering `state`, if any.
-fn event_for(state: State) -> Option<(EventType, &'static str)> {
-    match state {
-        State::Staging => Some((EventType::Normal, "StagingStarted")),
-        State::Staged => Some((EventType::Normal, "Staged")),
-        State::Refused => Some((EventType::Warning, "PreflightFailed")),
-        State::Degraded => Some((EventType::Warning, "Failed")),
-        State::Idle | State::Preflight | State::Rebooting | State::Done => None,
     }
 }
 

@@ -4,12 +4,11 @@
 use tracing::{info, warn};
 
 use super::Agent;
-use super::core::{Event, MIN_BACKOFF, Retry, Step};
+use super::core::{Event, Finalizing, MIN_BACKOFF, RolledBack, Step};
 use super::work::{Applying, Outcome};
 use crate::agent::planner::Decision;
 use crate::backend::BackendError;
 use crate::backend::rpmostree::RpmOstreeError;
-use crate::cluster::node::EventType;
 use crate::cluster::protocol::State;
 use crate::config::RebootPolicy;
 use crate::host::attempt::{Attempt, Record};
@@ -39,23 +38,13 @@ impl Agent {
             return;
         }
         if applied {
-            let rec = Record {
-                attempt: None,
-                staged: None,
-                approval: None,
-                ..record
-            };
-            if let Err(e) = self.store.save(&rec) {
-                warn!(error = %e, "clearing the attempt record failed");
-            }
             self.report.set_attempts(0);
             let image = self.report.status().current_os_image.clone();
-            self.set_state_event(
-                State::Done,
-                String::new(),
-                Some((EventType::Normal, "Applied", format!("booted {image}"))),
-            )
-            .await;
+            let effects = self.core.handle(Event::Booted {
+                record: Box::new(record),
+                image,
+            });
+            self.execute(effects).await;
         } else {
             self.set_state(State::Done, String::new()).await;
         }
@@ -97,17 +86,13 @@ impl Agent {
 
     /// Publishes `token` as `reboot-requested` (posting `RebootRequested` when it is new).
     pub(super) async fn request_reboot(&mut self, token: Option<String>, approved: Option<&str>) {
-        if self.report.set_reboot_request(token.clone(), approved) {
-            if let Some(t) = &token {
-                info!(token = %t, "requesting reboot approval");
-                let _ = self.events.try_send((
-                    EventType::Normal,
-                    "RebootRequested",
-                    format!("set reboot-approved to {t} to let the node reboot into the staged OS"),
-                ));
-            }
-            self.publish().await;
+        let changed = self.report.set_reboot_request(token.clone(), approved);
+        if let Some(t) = token.as_ref().filter(|_| changed) {
+            info!(token = %t, "requesting reboot approval");
         }
+        let effects = self.core.handle(Event::RebootToken { token, changed });
+        // Boxed: executing an effect can ask for a reboot again.
+        Box::pin(self.execute(effects)).await;
     }
 
     /// Removes a staged deployment of streamd's that no longer matches the request (in a task:
@@ -134,17 +119,11 @@ impl Agent {
     pub(super) async fn on_cleaned_up(&mut self, record: Record, result: Result<(), BackendError>) {
         match result {
             Ok(()) => {
-                let rec = Record {
-                    staged: None,
-                    ..record
-                };
-                if let Err(e) = self.store.save(&rec) {
-                    self.set_state(State::Degraded, e.to_string()).await;
-                    return;
-                }
-                self.core.handle(Event::Recovered(Retry::Transient));
-                // Decide again on the cleaned-up deployments.
-                self.retry_after(std::time::Duration::ZERO);
+                let effects = self.core.handle(Event::StaleRemoved {
+                    now: std::time::Instant::now(),
+                    record: Box::new(record),
+                });
+                self.execute(effects).await;
             }
             Err(e) => {
                 self.transient_failure(format!("removing the stale staged deployment: {e}"))
@@ -154,7 +133,7 @@ impl Agent {
     }
 
     /// Reports a finalization that did not end on the target and decides whether to retry.
-    pub(super) async fn rolled_back(&mut self, mut record: Record, attempts: u32, retry: bool) {
+    pub(super) async fn rolled_back(&mut self, record: Record, attempts: u32, retry: bool) {
         let image = self
             .report
             .status()
@@ -170,26 +149,14 @@ impl Agent {
         if let Some(j) = journal {
             reason.push_str(&format!("; ostree-finalize-staged: {j}"));
         }
-        if let Some(a) = record.attempt.as_mut() {
-            a.reported_boot = Some(self.boot_id.clone());
-        }
-        if let Err(e) = self.store.save(&record) {
-            self.set_state(State::Degraded, e.to_string()).await;
-            return;
-        }
-        let event = Some((EventType::Warning, "RolledBack", reason.clone()));
-        if retry {
-            self.set_state_event(State::Degraded, format!("{reason}; trying again"), event)
-                .await;
-            self.retry_after(MIN_BACKOFF);
-        } else {
-            self.set_state_event(
-                State::Refused,
-                format!("{reason}; giving up until the request changes"),
-                event,
-            )
-            .await;
-        }
+        let effects = self.core.handle(Event::RolledBack(Box::new(RolledBack {
+            now: std::time::Instant::now(),
+            record,
+            boot_id: self.boot_id.clone(),
+            reason,
+            retry,
+        })));
+        self.execute(effects).await;
     }
 
     /// Whether finalizing the staged deployment must wait for a bootloader update: Secure Boot
@@ -280,9 +247,9 @@ impl Agent {
                 }
             }
         }
-        let mut rec = record.clone();
+        let mut attempted = record.clone();
         let facts = self.report.status().host.as_ref();
-        rec.attempt = Some(Attempt {
+        attempted.attempt = Some(Attempt {
             request: desired.observed_hash(),
             os_image: desired.os_image.to_string(),
             digest: digest.clone(),
@@ -292,32 +259,25 @@ impl Agent {
             kernel: facts.and_then(|f| f.kernel),
             fips: facts.and_then(|f| f.fips.enabled()),
         });
-        // Written before the reboot can happen, so the next boot knows what was tried.
-        if let Err(e) = self.store.save(&rec) {
-            self.set_state(State::Degraded, e.to_string()).await;
-            return;
-        }
-        self.report.set_attempts(attempt);
         let reason = format!(
             "applying {} (attempt {attempt} of {}): finalizing the staged deployment and rebooting",
             desired.os_image, self.reboot.max_attempts
         );
-        self.set_state_event(
-            State::Rebooting,
-            reason.clone(),
-            Some((EventType::Normal, "Rebooting", reason)),
-        )
-        .await;
-        // The cluster must see Rebooting before the node goes down.
-        self.flush().await;
-        // FinalizeDeployment, or `bootc switch` in a unit (up to an hour): in a task.
-        let backend = self.backend.clone();
-        let applying = Applying {
-            record,
+        let effects = self.core.handle(Event::Finalizing(Box::new(Finalizing {
+            request: desired.observed_hash(),
+            before: record,
+            attempted,
             digest,
             attempt,
-        };
-        let request = desired.observed_hash();
+            reason,
+        })));
+        self.execute(effects).await;
+    }
+
+    /// Asks for finalization and the reboot: FinalizeDeployment, or `bootc switch` in a unit
+    /// (up to an hour), in a task; [`Self::on_applied`] acts on its end.
+    pub(super) fn start_apply(&mut self, request: String, applying: Applying) {
+        let backend = self.backend.clone();
         self.start(Step::Apply { request }, async move {
             let result = backend.apply(&applying.digest).await;
             Outcome::Applied(Box::new(applying), result)
@@ -356,20 +316,13 @@ impl Agent {
                 self.retry_after(MIN_BACKOFF);
             }
             Err(e) => {
-                // Nothing was applied: this boot's attempt did not happen.
-                let mut record = record;
-                if matches!(
+                // Nothing was applied: this boot's attempt did not happen. rpm-ostreed
+                // finalizes only the deployment it has staged: what is staged now is checked on
+                // disk again before anything is approved or finalized.
+                let recheck = matches!(
                     e,
                     BackendError::RpmOstree(RpmOstreeError::StagedMismatch(_))
-                ) && let Some(staged) = record.staged.as_mut()
-                {
-                    // rpm-ostreed finalizes only the deployment it has staged: what is staged
-                    // now is checked on disk again before anything is approved or finalized.
-                    staged.verified = None;
-                }
-                if let Err(s) = self.store.save(&record) {
-                    warn!(error = %s, "restoring the attempt record failed");
-                }
+                );
                 self.report.set_attempts(attempt.saturating_sub(1));
                 let what = match &e {
                     BackendError::RpmOstree(RpmOstreeError::Inhibited(m)) => {
@@ -380,7 +333,13 @@ impl Agent {
                     ) => b.to_string(),
                     other => format!("applying the staged deployment failed: {other}"),
                 };
-                self.transient_failure(what).await;
+                let effects = self.core.handle(Event::FinalizeFailed {
+                    now: std::time::Instant::now(),
+                    record: Box::new(record),
+                    recheck,
+                    reason: what,
+                });
+                self.execute(effects).await;
             }
         }
     }

@@ -4,7 +4,7 @@
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::core::{Event, REGISTRY_BACKOFF, Retry, Step};
+use super::core::{Event, Retry, StagingEnd, StagingEnded, StagingReady, Step, Verified};
 use super::task::{Staging, Task};
 use super::work::{Outcome, PreflightRun, StageStart, VerifyFailed};
 use super::{Agent, BUSY_BACKOFF, REFS_EQUAL};
@@ -244,8 +244,6 @@ impl Agent {
 
     /// Records the staging, then starts the transaction.
     async fn begin_staging(&mut self, start: StageStart) {
-        // Remember the staging before it starts: a staged deployment found after a crash is
-        // then known to be ours.
         let StageStart {
             plan,
             hash,
@@ -275,41 +273,16 @@ impl Agent {
         if record.attempt.as_ref().is_some_and(|a| a.request != hash) {
             record.attempt = None;
         }
-        if let Err(e) = self.store.save(&record) {
-            self.set_state(State::Degraded, e.to_string()).await;
-            return;
-        }
-        info!(call = %serde_json::to_string(&UpdateDeploymentCall::for_plan(&plan)).unwrap_or_default(), backend = self.backend.kind().as_str(), "staging");
-        self.start_staging(plan, hash, expect).await;
+        let effects = self.core.handle(Event::StagingReady(Box::new(StagingReady {
+            request: hash,
+            plan,
+            expect,
+            record,
+        })));
+        self.execute(effects).await;
     }
 
-    /// Updates what the attempt record remembers about failures of the request `hash` (starting
-    /// afresh for another request) and returns it. A record that cannot be written is logged:
-    /// the failure is then remembered until the next restart only.
-    fn remember_failure(
-        &mut self,
-        hash: &str,
-        update: impl FnOnce(&mut attempt::Failure),
-    ) -> attempt::Failure {
-        let mut record = self.store.load().unwrap_or_default();
-        let mut failure = record
-            .failure
-            .take()
-            .filter(|f| f.request == hash)
-            .unwrap_or_else(|| attempt::Failure {
-                request: hash.to_string(),
-                ..attempt::Failure::default()
-            });
-        update(&mut failure);
-        record.failure = Some(failure.clone());
-        if let Err(e) = self.store.save(&record) {
-            warn!(error = %e, "remembering the staging failure failed");
-        }
-        failure
-    }
-
-    /// Forgets staging failures (a staging succeeded, or `streamctl reconcile` asks to try
-    /// again).
+    /// Forgets staging failures (`streamctl reconcile` asks to try again).
     pub(super) fn forget_failure(&mut self) {
         let Ok(mut record) = self.store.load() else {
             return;
@@ -323,7 +296,11 @@ impl Agent {
 
     /// Checks the staged deployment on disk, in a task (the helper may take minutes on a slow
     /// disk); [`Self::on_verified`] records the result.
-    fn start_verify(&mut self, hash: String, expect: (crate::host::verify::Expectation, String)) {
+    pub(super) fn start_verify(
+        &mut self,
+        hash: String,
+        expect: (crate::host::verify::Expectation, String),
+    ) {
         let check = verify(
             self.backend.clone(),
             self.host.root().to_path_buf(),
@@ -360,29 +337,18 @@ impl Agent {
     /// Records a passed check durably (approval and finalization need it), or reports the
     /// failure.
     pub(super) async fn on_verified(&mut self, result: Result<String, VerifyFailed>) {
-        match result {
-            Ok(checksum) => {
-                let mut record = match self.store.load() {
-                    Ok(r) => r,
-                    Err(e) => {
-                        self.set_state(State::Degraded, e.to_string()).await;
-                        return;
-                    }
-                };
-                if let Some(staged) = record.staged.as_mut() {
-                    staged.verified = Some(checksum);
-                }
-                if let Err(e) = self.store.save(&record) {
-                    self.set_state(State::Degraded, e.to_string()).await;
-                    return;
-                }
-                self.reconcile().await;
-            }
+        let verified = match result {
+            Ok(checksum) => Verified::Passed {
+                checksum,
+                record: self.store.load().map(Box::new).map_err(|e| e.to_string()),
+            },
             Err(e) => {
                 warn!(error = %e, label = e.label(), "the staged deployment did not pass its check");
-                self.set_state(State::Degraded, e.to_string()).await;
+                Verified::Failed(e.to_string())
             }
-        }
+        };
+        let effects = self.core.handle(Event::Verified(verified));
+        self.execute(effects).await;
     }
 
     pub(super) async fn start_staging(
@@ -391,6 +357,7 @@ impl Agent {
         hash: String,
         expect: Option<(crate::host::verify::Expectation, String)>,
     ) {
+        info!(call = %serde_json::to_string(&UpdateDeploymentCall::for_plan(&plan)).unwrap_or_default(), backend = self.backend.kind().as_str(), "staging");
         let image = plan.os_image.to_string();
         // The RPMs it opens stay until it ends, whatever preflight runs meanwhile.
         self.gatherer.in_use.hold(
@@ -428,7 +395,8 @@ impl Agent {
         self.set_reason(text).await;
     }
 
-    /// Acts on the end of the staging transaction.
+    /// Acts on the end of the staging transaction: the core says what follows
+    /// ([`super::core::Core`]'s `staging_ended`).
     #[tracing::instrument(skip_all, fields(request = self.core.staging().unwrap_or_default()))]
     pub(super) async fn on_staged(&mut self, res: Result<(), BackendError>) {
         let Some(hash) = self.core.staging().map(String::from) else {
@@ -439,69 +407,43 @@ impl Agent {
         };
         self.ended(None).await;
         self.gatherer.in_use.hold(Holder::Staging, None);
-        if self.report.status().observed_desired.as_deref() != Some(hash.as_str()) {
-            // The request changed while this transaction ran: its result is history, act on the
-            // new request (which re-reads the deployments, so a stale stage is seen).
-            info!(result = ?res.as_ref().map_err(ToString::to_string), "superseded transaction ended");
-            self.core.handle(Event::Recovered(Retry::Transient));
-            self.reconcile().await;
-            return;
+        let current = self.report.status().observed_desired.as_deref() == Some(hash.as_str());
+        let end = staging_end(res);
+        match &end {
+            // The request changed while this transaction ran: its result is history, act on
+            // the new request (which re-reads the deployments, so a stale stage is seen).
+            _ if !current => info!(result = ?end, "superseded transaction ended"),
+            StagingEnd::Staged => info!("transaction finished"),
+            StagingEnd::RefsEqual(_) => {
+                info!(
+                    "rpm-ostree says the target is pending already (an earlier transaction may have staged it)"
+                );
+            }
+            _ => {}
         }
-        match res {
-            Ok(()) => {
-                info!("transaction finished");
-                self.core.handle(Event::Recovered(Retry::Transient));
-                self.forget_failure();
-                match done.expect {
-                    Some(expect) => self.start_verify(hash, expect),
-                    None => self.reconcile().await,
-                }
-            }
-            Err(e) if e.is_transient() => self.transient_failure(e.to_string()).await,
-            // A transaction started before a restart (streamd was killed mid-staging) staged the
-            // same target just before this one was asked for: the target is pending, which is
-            // what was wanted. Decide again on the deployments, once per request.
-            Err(BackendError::RpmOstree(RpmOstreeError::Failed(m)))
-                if m.starts_with(REFS_EQUAL)
-                    && self.refs_equal_seen.as_deref() != Some(hash.as_str()) =>
-            {
-                info!("the target was staged meanwhile by an earlier transaction; deciding again");
-                self.refs_equal_seen = Some(hash);
-                self.reconcile().await;
-            }
-            Err(e) if e.is_network_failure() => {
-                // A fetch that broke on the way gets a few spaced retries; past them it is
-                // treated like any failure.
-                let failures = self
-                    .remember_failure(&hash, |f| {
-                        f.pull_failures = f.pull_failures.saturating_add(1);
-                    })
-                    .pull_failures;
-                let retries = self.reboot.pull_retries;
-                if failures <= retries {
-                    let delay = pull_retry_delay(failures);
-                    let reason = format!(
-                        "staging failed on the network (retry {failures} of {retries}): {e}"
-                    );
-                    self.retry_in(reason, delay).await;
-                } else {
-                    let reason = format!(
-                        "staging failed on the network {failures} time(s), no retries left: {e}"
-                    );
-                    self.remember_failure(&hash, |f| f.gave_up = Some(reason.clone()));
-                    self.set_state(State::Degraded, reason).await;
-                }
-            }
-            Err(e) => {
-                // A failed transaction is not retried for the same request: retrying a broken
-                // image would flap the node between Staging and Degraded. A new request, or
-                // `streamctl reconcile`, tries again — also after a restart (the record
-                // remembers it).
-                let reason = format!("staging failed: {e}");
-                self.remember_failure(&hash, |f| f.gave_up = Some(reason.clone()));
-                self.set_state(State::Degraded, reason).await;
-            }
+        let effects = self.core.handle(Event::StagingEnded(Box::new(StagingEnded {
+            now: std::time::Instant::now(),
+            request: hash,
+            current,
+            end,
+            record: self.store.load().ok(),
+            expect: done.expect,
+            pull_retries: self.reboot.pull_retries,
+        })));
+        self.execute(effects).await;
+    }
+}
+
+/// How a staging transaction's result counts for what comes next.
+fn staging_end(res: Result<(), BackendError>) -> StagingEnd {
+    match res {
+        Ok(()) => StagingEnd::Staged,
+        Err(e) if e.is_transient() => StagingEnd::Transient(e.to_string()),
+        Err(e) if matches!(&e, BackendError::RpmOstree(RpmOstreeError::Failed(m)) if m.starts_with(REFS_EQUAL)) => {
+            StagingEnd::RefsEqual(e.to_string())
         }
+        Err(e) if e.is_network_failure() => StagingEnd::Network(e.to_string()),
+        Err(e) => StagingEnd::Failed(e.to_string()),
     }
 }
 
@@ -584,24 +526,5 @@ async fn stage_with_busy_retry(
             }
             other => return other,
         }
-    }
-}
-
-/// The wait before retry `n` (from 1) of a staging that failed on the network: 10 s, doubling,
-/// at most 5 minutes — long enough for a registry or DNS blip to pass.
-fn pull_retry_delay(n: u32) -> std::time::Duration {
-    REGISTRY_BACKOFF.nth(n)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::pull_retry_delay;
-    use std::time::Duration;
-
-    #[test]
-    fn pull_retries_are_spaced_and_capped() {
-        let secs: Vec<u64> = (1..=7).map(|n| pull_retry_delay(n).as_secs()).collect();
-        assert_eq!(secs, [10, 20, 40, 80, 160, 300, 300]);
-        assert_eq!(pull_retry_delay(u32::MAX), Duration::from_secs(300));
     }
 }

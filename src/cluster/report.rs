@@ -23,6 +23,28 @@ pub const PATCH_MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// status back for long.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
+/// What a failed patch says about sending it again: the part of a [`PatchError`] the retry
+/// timer needs, without the error's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PatchFailure {
+    /// The same patch may succeed later ([`PatchError::is_transient`]).
+    pub transient: bool,
+    /// The server's `Retry-After`, if it named one.
+    pub retry_after: Option<Duration>,
+    /// The server answered 401: the credentials may have been rotated.
+    pub unauthorized: bool,
+}
+
+impl From<&PatchError> for PatchFailure {
+    fn from(e: &PatchError) -> Self {
+        PatchFailure {
+            transient: e.is_transient(),
+            retry_after: e.retry_after(),
+            unauthorized: matches!(e, PatchError::Rejected { status: 401, .. }),
+        }
+    }
+}
+
 /// How long to wait before sending a failed patch again.
 ///
 /// `backoff` is the current step (the caller doubles it after each failure, up to
@@ -33,14 +55,14 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 ///   server's `Retry-After` (at most [`MAX_RETRY_AFTER`]).
 /// - A rejected patch would fail the same way at once, so it waits the cap: only a slow retry
 ///   can notice that someone fixed the cause (RBAC, credentials).
-pub fn patch_retry_delay(backoff: Duration, error: &PatchError, jitter: f64) -> Duration {
-    if !error.is_transient() {
+pub fn patch_retry_delay(backoff: Duration, failure: PatchFailure, jitter: f64) -> Duration {
+    if !failure.transient {
         return PATCH_MAX_BACKOFF;
     }
     let step = backoff.min(PATCH_MAX_BACKOFF);
     let spread = step.mul_f64(jitter.clamp(0.0, 1.0) / 2.0);
     let own = step / 2 + spread;
-    match error.retry_after() {
+    match failure.retry_after {
         Some(server) => own.max(server.min(MAX_RETRY_AFTER)),
         None => own,
     }
@@ -257,7 +279,7 @@ mod tests {
             (s(1), rejected, 0.0, PATCH_MAX_BACKOFF),
         ];
         for (backoff, error, jitter, want) in cases {
-            let got = patch_retry_delay(backoff, &error, jitter);
+            let got = patch_retry_delay(backoff, PatchFailure::from(&error), jitter);
             // Within a millisecond: f64 scaling of durations rounds.
             assert!(
                 got.abs_diff(want) <= ms(1),

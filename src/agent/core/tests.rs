@@ -4,40 +4,68 @@
 use super::*;
 
 /// One scenario.
-struct Row {
-    name: &'static str,
+pub(super) struct Row {
+    pub(super) name: &'static str,
     /// Each event and the effects it must return.
-    steps: Vec<(Event, Vec<Effect>)>,
+    pub(super) steps: Vec<(Event, Vec<Effect>)>,
     /// The activity after the last event.
-    activity: Activity,
-    /// The retry timer after the last event, from [`T0`]'s instant.
-    retry_in: Option<Duration>,
-    /// The readiness timer after the last event, from [`T0`]'s instant.
-    readiness_in: Option<Duration>,
+    pub(super) activity: Activity,
+    /// The retry timer after the last event, from `t0`.
+    pub(super) retry_in: Option<Duration>,
+    /// The readiness timer after the last event, from `t0`.
+    pub(super) readiness_in: Option<Duration>,
+    /// The status patch's retry timer after the last event, from `t0`.
+    pub(super) patch_in: Option<Duration>,
+    /// The credentials timer after the last event, from `t0` (`None`: at once).
+    pub(super) credentials_in: Option<Duration>,
 }
 
-fn row(name: &'static str, steps: Vec<(Event, Vec<Effect>)>, activity: Activity) -> Row {
+pub(super) fn row(name: &'static str, steps: Vec<(Event, Vec<Effect>)>, activity: Activity) -> Row {
     Row {
         name,
         steps,
         activity,
         retry_in: None,
         readiness_in: None,
+        patch_in: None,
+        credentials_in: None,
     }
 }
 
-fn secs(s: u64) -> Duration {
+/// A failed status patch: `status` 0 for one that may succeed later (no `Retry-After`), else
+/// the status the API server rejected it with.
+fn patch_failed(t0: Instant, status: u16) -> Event {
+    Event::PatchFailed {
+        now: t0,
+        failure: PatchFailure {
+            transient: status == 0,
+            retry_after: None,
+            unauthorized: status == 401,
+        },
+        jitter: 0.0,
+    }
+}
+
+fn credentials(t0: Instant, client: bool, new: bool) -> Event {
+    Event::CredentialsLoaded {
+        now: t0,
+        client,
+        new,
+    }
+}
+
+pub(super) fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
 }
 
-fn reconcile(t0: Instant, request: &str) -> Event {
+pub(super) fn reconcile(t0: Instant, request: &str) -> Event {
     Event::Reconcile {
         now: t0,
         request: Some(request.into()),
     }
 }
 
-fn ended(t0: Instant) -> Event {
+pub(super) fn ended(t0: Instant) -> Event {
     Event::Ended {
         now: t0,
         failed: None,
@@ -56,7 +84,7 @@ fn staging(request: &str) -> Step {
     }
 }
 
-fn running(step: Step, again: bool) -> Activity {
+pub(super) fn running(step: Step, again: bool) -> Activity {
     Activity::Running { step, again }
 }
 
@@ -88,7 +116,7 @@ fn in_preflight(t0: Instant, request: &str) -> Vec<(Event, Vec<Effect>)> {
 }
 
 /// `in_preflight`, then the preflight passed and the transaction runs.
-fn in_staging(t0: Instant, request: &str) -> Vec<(Event, Vec<Effect>)> {
+pub(super) fn in_staging(t0: Instant, request: &str) -> Vec<(Event, Vec<Effect>)> {
     let mut steps = in_preflight(t0, request);
     steps.extend([
         (ended(t0), vec![]),
@@ -98,7 +126,7 @@ fn in_staging(t0: Instant, request: &str) -> Vec<(Event, Vec<Effect>)> {
     steps
 }
 
-fn with(
+pub(super) fn with(
     mut steps: Vec<(Event, Vec<Effect>)>,
     more: Vec<(Event, Vec<Effect>)>,
 ) -> Vec<(Event, Vec<Effect>)> {
@@ -428,10 +456,111 @@ fn rows(t0: Instant) -> Vec<Row> {
     ]
 }
 
+/// The status patch's and the credentials' timers.
+fn timer_rows(t0: Instant) -> Vec<Row> {
+    let idle = Activity::Idle;
+    let ms = Duration::from_millis;
+    vec![
+        Row {
+            patch_in: Some(ms(1000)),
+            ..row(
+                "a failed patch is retried after half its back-off step, the step doubling",
+                vec![(patch_failed(t0, 0), vec![]), (patch_failed(t0, 0), vec![])],
+                idle.clone(),
+            )
+        },
+        Row {
+            patch_in: Some(ms(500)),
+            ..row(
+                "a patch that went out starts the patch back-off from the floor again",
+                vec![
+                    (patch_failed(t0, 0), vec![]),
+                    (patch_failed(t0, 0), vec![]),
+                    (Event::Patched, vec![]),
+                    (patch_failed(t0, 0), vec![]),
+                ],
+                idle.clone(),
+            )
+        },
+        row(
+            "a patch that went out clears the retry",
+            vec![(patch_failed(t0, 0), vec![]), (Event::Patched, vec![])],
+            idle.clone(),
+        ),
+        Row {
+            patch_in: Some(PATCH_MAX_BACKOFF),
+            credentials_in: Some(CREDENTIALS_CHECK),
+            ..row(
+                "a rejected patch waits the cap",
+                vec![
+                    (credentials(t0, true, true), vec![]),
+                    (patch_failed(t0, 403), vec![]),
+                ],
+                idle.clone(),
+            )
+        },
+        Row {
+            patch_in: Some(PATCH_MAX_BACKOFF),
+            ..row(
+                "a patch answered 401 has the credential files looked at at once",
+                vec![
+                    (credentials(t0, true, true), vec![]),
+                    (patch_failed(t0, 401), vec![]),
+                ],
+                idle.clone(),
+            )
+        },
+        row(
+            "a watch answered 401 has the credential files looked at at once",
+            vec![
+                (credentials(t0, true, true), vec![]),
+                (Event::Unauthorized, vec![]),
+            ],
+            idle.clone(),
+        ),
+        Row {
+            credentials_in: Some(CREDENTIALS_WAIT),
+            ..row(
+                "without a client the credential files are looked for again soon",
+                vec![(credentials(t0, false, false), vec![])],
+                idle.clone(),
+            )
+        },
+        Row {
+            credentials_in: Some(CREDENTIALS_CHECK),
+            ..row(
+                "new credentials let a refused patch go out without its slow retry",
+                vec![
+                    (patch_failed(t0, 403), vec![]),
+                    (credentials(t0, true, true), vec![]),
+                ],
+                idle.clone(),
+            )
+        },
+        Row {
+            patch_in: Some(PATCH_MAX_BACKOFF),
+            credentials_in: Some(CREDENTIALS_CHECK),
+            ..row(
+                "a look that keeps the loaded client keeps the patch's retry",
+                vec![
+                    (patch_failed(t0, 403), vec![]),
+                    (credentials(t0, true, false), vec![]),
+                ],
+                idle,
+            )
+        },
+    ]
+}
+
 #[test]
 fn the_core_by_table() {
     let t0 = Instant::now();
-    for r in rows(t0) {
+    check(t0, rows(t0).into_iter().chain(timer_rows(t0)));
+}
+
+/// Runs each row on a fresh core; `t0` is the instant the rows' timers count from.
+pub(super) fn check(t0: Instant, rows: impl IntoIterator<Item = Row>) {
+    for r in rows {
         let mut core = Core::default();
         for (i, (event, want)) in r.steps.into_iter().enumerate() {
             let shown = format!("{event:?}");
@@ -450,7 +579,41 @@ fn the_core_by_table() {
             "{}: readiness timer",
             r.name
         );
+        assert_eq!(
+            core.patch_retry_at(),
+            r.patch_in.map(|d| t0 + d),
+            "{}: patch retry timer",
+            r.name
+        );
+        assert_eq!(
+            core.credentials_at(),
+            r.credentials_in.map(|d| t0 + d),
+            "{}: credentials timer",
+            r.name
+        );
     }
+}
+
+#[test]
+fn the_status_patch_waits_for_a_failed_patchs_retry() {
+    let t0 = Instant::now();
+    let mut core = Core::default();
+    assert_eq!(core.flush_at(None), None, "nothing pending");
+    assert_eq!(core.flush_at(Some(t0)), Some(t0), "no retry: when due");
+    core.handle(patch_failed(t0, 403));
+    let retry = t0 + PATCH_MAX_BACKOFF;
+    assert_eq!(core.flush_at(Some(t0)), Some(retry), "not before the retry");
+    let later = retry + Duration::from_secs(1);
+    assert_eq!(
+        core.flush_at(Some(later)),
+        Some(later),
+        "nor before it is due"
+    );
+    assert_eq!(
+        core.flush_at(None),
+        None,
+        "a retry sends only what is pending"
+    );
 }
 
 #[test]
@@ -485,4 +648,11 @@ fn only_a_settled_idle_core_is_idle() {
     assert!(!core.idle(), "the result is still acted on");
     core.handle(Event::Settled);
     assert!(core.idle());
+}
+
+#[test]
+fn pull_retries_are_spaced_and_capped() {
+    let secs: Vec<u64> = (1..=7).map(|n| pull_retry_delay(n).as_secs()).collect();
+    assert_eq!(secs, [10, 20, 40, 80, 160, 300, 300]);
+    assert_eq!(pull_retry_delay(u32::MAX), Duration::from_secs(300));
 }
