@@ -147,6 +147,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         images: cfg.images.clone(),
         inspector: Default::default(),
         in_use: Default::default(),
+        read: streamd::agent::gather::ReadinessReads::new(&node_name, cfg.resolve_spread),
     };
     let reboot = streamd::agent::Settings {
         policy: cfg.reboot,
