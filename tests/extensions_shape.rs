@@ -131,3 +131,96 @@ fn a_real_sized_extensions_image_passes_the_limits() {
     assert_eq!(names, RPMS + 1);
     assert_eq!(headers, RPMS + 1, "every RPM's header is read");
 }
+
+/// Requests and blob bytes a registry serving the generated image sees for readiness reads by
+/// `nodes` nodes, each wanting `wanted` (none: a node without extensions).
+async fn served(nodes: usize, wanted: &[String]) -> (usize, usize) {
+    use std::sync::{Arc, Mutex};
+    use testbed::fakes::registry::hostile;
+    let layers = [base_layer(), repo_layer(), json_layer()];
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Labels": {
+            "io.openshift.os.extensions": "true",
+            "io.openshift.os.streamclass": "rhel-10",
+        }},
+        "rootfs": {"type": "layers", "diff_ids": []},
+    })
+    .to_string()
+    .into_bytes();
+    let descriptors = layers
+        .iter()
+        .map(|l| {
+            serde_json::json!({
+                "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                "digest": hostile::sha(l),
+                "size": l.len(),
+            })
+        })
+        .collect();
+    let manifest = hostile::manifest(&config, config.len() as i64, descriptors);
+    let tally = Arc::new(Mutex::new((0usize, 0usize)));
+    let (m, t) = (manifest.clone(), tally.clone());
+    let mut blobs = vec![config];
+    blobs.extend(layers);
+    let server = hostile::start(move |path| {
+        let body = if path.contains("/manifests/") {
+            Some(m.clone())
+        } else {
+            blobs
+                .iter()
+                .find(|b| path.ends_with(&hostile::sha(b)))
+                .cloned()
+        };
+        let mut t = t.lock().unwrap_or_else(|p| p.into_inner());
+        t.0 += 1;
+        match body {
+            Some(b) => {
+                t.1 += b.len();
+                hostile::ok(b)
+            }
+            None => hostile::status(404, b"{}".to_vec()),
+        }
+    })
+    .await
+    .expect("registry");
+    let image: streamd::image::reference::ImageRef =
+        format!("{}/openshift/ext@{}", server.host, hostile::sha(&manifest))
+            .parse()
+            .expect("image");
+    let insp = streamd::image::registry::Inspector::new(
+        streamd::image::pullsecret::PullSecret::default(),
+        std::slice::from_ref(&server.host),
+    )
+    .expect("inspector");
+    for _ in 0..nodes {
+        insp.extension_headers(&image, "x86_64", wanted)
+            .await
+            .expect("read");
+    }
+    *tally.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Figures for docs/performance.md "Readiness cost per node"; printed, never asserted on
+/// beyond the layer counts the registry must see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_cost_per_node_figures() {
+    let rt = ["kernel-rt-core".to_string()];
+    let (without, with) = (served(1, &[]).await, served(1, &rt).await);
+    let (fleet_without, fleet_with) = (served(100, &[]).await, served(100, &rt).await);
+    println!(
+        "readiness-cost: one node without extensions: {} requests, {} bytes; with: {} requests, {} bytes; \
+         100 nodes after a digest change without: {} requests, {} bytes; with: {} requests, {} bytes",
+        without.0,
+        without.1,
+        with.0,
+        with.1,
+        fleet_without.0,
+        fleet_without.1,
+        fleet_with.0,
+        fleet_with.1
+    );
+    assert_eq!(without.0, 2, "manifest and config only");
+    assert_eq!(with.0, 5, "manifest, config and the three layers");
+}
