@@ -2049,7 +2049,7 @@ fn run_layer(
         blob,
         media_type,
         wanted,
-        &dest,
+        Some(&dest),
         &mut ExtractBudget::new(EXTRACT_LIMITS),
     );
     let outside: Vec<_> = std::fs::read_dir(&root)

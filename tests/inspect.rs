@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use streamd::image::pullsecret::PullSecret;
 use streamd::image::reference::ImageRef;
@@ -101,7 +102,12 @@ async fn extensions_rpms_are_listed_and_extracted() {
         assert!(text.contains("el10"), "{text}");
     }
     let (arm, _) = insp
-        .extensions(&image(&ext.pullspec), "aarch64", &[], &out)
+        .extensions(
+            &image(&ext.pullspec),
+            "aarch64",
+            &["kernel-64k-core".into()],
+            &out,
+        )
         .await
         .expect("aarch64");
     assert!(arm.rpms.iter().any(|r| r.starts_with("kernel-64k-core-")));
@@ -753,4 +759,87 @@ fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// An extensions image (labels as openshift/os sets them) with one RPM layer, served by a
+/// registry that records the paths asked for.
+async fn counted_extensions() -> (hostile::Server, Vec<u8>, Vec<u8>, Arc<Mutex<Vec<String>>>) {
+    let layer = rpm_layer("kernel-rt-core-6.12.0-1.el10.x86_64.rpm", b"not an rpm");
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Labels": {
+            "io.openshift.os.extensions": "true",
+            "io.openshift.os.streamclass": "rhel-10",
+        }},
+        "rootfs": {"type": "layers", "diff_ids": []},
+    })
+    .to_string()
+    .into_bytes();
+    let manifest = hostile::manifest(&config, config.len() as i64, vec![gzip_layer(&layer)]);
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let (m, blobs, seen) = (manifest.clone(), [config, layer.clone()], asked.clone());
+    let server = hostile::start(move |path| {
+        seen.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(path.to_string());
+        if path.contains("/manifests/") {
+            return hostile::ok(m.clone());
+        }
+        match blobs.iter().find(|b| path.ends_with(&hostile::sha(b))) {
+            Some(b) => hostile::ok(b.clone()),
+            None => hostile::status(404, b"{}".to_vec()),
+        }
+    })
+    .await
+    .expect("hostile registry");
+    (server, manifest, layer, asked)
+}
+
+/// The blob requests among `asked`.
+fn blob_requests(asked: &Mutex<Vec<String>>) -> Vec<String> {
+    let asked = asked.lock().unwrap_or_else(|p| p.into_inner());
+    asked
+        .iter()
+        .filter(|p| p.contains("/blobs/"))
+        .cloned()
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_layer_is_read_when_no_package_is_wanted() {
+    let (server, manifest, layer, asked) = counted_extensions().await;
+    let out = dir("labels-only-out");
+    let (info, files) = hostile_inspector(&server.host)
+        .extensions(&hostile_image(&server.host, &manifest), "x86_64", &[], &out)
+        .await
+        .expect("labels");
+    assert!(info.is_extensions && !info.listed, "{info:?}");
+    assert_eq!(info.stream_class.as_deref(), Some("rhel-10"));
+    assert!(files.is_empty() && info.rpms.is_empty(), "{info:?}");
+    let blobs = blob_requests(&asked);
+    assert_eq!(blobs.len(), 1, "the config blob alone: {blobs:?}");
+    assert!(!blobs[0].ends_with(&hostile::sha(&layer)), "{blobs:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_are_read_without_writing_a_file() {
+    let (server, manifest, layer, asked) = counted_extensions().await;
+    let info = hostile_inspector(&server.host)
+        .extension_headers(
+            &hostile_image(&server.host, &manifest),
+            "x86_64",
+            &["kernel-rt-core".into()],
+        )
+        .await
+        .expect("headers");
+    assert!(info.listed, "{info:?}");
+    assert_eq!(info.rpms, ["kernel-rt-core-6.12.0-1.el10.x86_64"]);
+    let blobs = blob_requests(&asked);
+    assert_eq!(
+        blobs.len(),
+        2,
+        "the config and the one layer, once: {blobs:?}"
+    );
+    assert!(blobs[1].ends_with(&hostile::sha(&layer)), "{blobs:?}");
 }

@@ -291,7 +291,24 @@ async fn rhel10_readiness_on(name: &str, host: &str, release: testbed::OpenShift
     env.start_streamd();
     let r = readiness(&wait_readiness(&env, "rhel-10").await);
     assert_no_transaction(&env).await;
+    // Readiness extracts no RPM and keeps no record in the runtime directory (memory).
+    let kept: Vec<_> = walk(&env.dir.join("run/extensions"));
+    assert!(kept.is_empty(), "readiness wrote {kept:?}");
     r["rhel-10"].clone()
+}
+
+/// Every file below `dir` (none when it is missing).
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            files.extend(walk(&p));
+        } else {
+            files.push(p);
+        }
+    }
+    files
 }
 
 /// 4.21's machine-config daemon adds kernel-rt-kvm for a real-time MachineConfig while the

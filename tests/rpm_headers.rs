@@ -274,7 +274,7 @@ fn read(layer: &[u8], wanted: bool, limits: ExtractLimits) -> std::io::Result<La
         layer,
         "application/vnd.oci.image.layer.v1.tar",
         &wanted,
-        &dest,
+        Some(&dest),
         &mut ExtractBudget::new(limits),
     );
     let _ = std::fs::remove_dir_all(&dest);

@@ -6,8 +6,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::agent::preflight::{
     self, Cause, CheckResult, DiskFree, FactError, FromExtensions, Input, LayeringConfig, Mover,
@@ -50,6 +51,65 @@ pub struct Gatherer {
     /// The extractions the daemon's own request and its staging still use: a preflight never
     /// prunes them.
     pub in_use: InUse,
+    /// What readiness read of extensions images, in memory.
+    pub read: ReadinessReads,
+}
+
+/// One readiness answer: the image (by digest), the architecture and the packages wanted.
+type ReadKey = (String, String, Vec<String>);
+
+/// The extensions images readiness read, newest last, at most [`ReadinessReads::KEPT`]: one
+/// per stream it checks, so a pass after the first reads no layer again. A layer read is
+/// spread over `resolve-spread-seconds` like staging, by this node's share of it.
+#[derive(Debug, Clone, Default)]
+pub struct ReadinessReads {
+    held: Arc<Mutex<Vec<(ReadKey, ExtensionsInfo)>>>,
+    node: String,
+    spread: Duration,
+}
+
+impl ReadinessReads {
+    /// As many as readiness checks streams at most.
+    const KEPT: usize = crate::cluster::protocol::MAX_READINESS_STREAMS;
+
+    /// Nothing read yet, for `node`, spreading layer reads over `spread`.
+    pub fn new(node: &str, spread: Duration) -> Self {
+        ReadinessReads {
+            node: node.to_string(),
+            spread,
+            ..ReadinessReads::default()
+        }
+    }
+
+    /// How long this node waits before it reads the layers of `image`: nothing for its first
+    /// read since streamd started (nodes start as they boot, and the machine-config operator
+    /// reboots a pool a few at a time), else its share of the spread for that image, so after
+    /// a digest change, which every node sees at once, the fleet's reads do not come at once.
+    fn delay(&self, image: &ImageRef) -> Duration {
+        if self
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+        {
+            return Duration::ZERO;
+        }
+        crate::cluster::streams::share_of(self.spread, &[&self.node, image.digest()])
+    }
+
+    fn get(&self, key: &ReadKey) -> Option<ExtensionsInfo> {
+        let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        held.iter().find(|(k, _)| k == key).map(|(_, i)| i.clone())
+    }
+
+    fn put(&self, key: ReadKey, info: ExtensionsInfo) {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        held.retain(|(k, _)| *k != key);
+        if held.len() == Self::KEPT {
+            held.remove(0);
+        }
+        held.push((key, info));
+    }
 }
 
 /// Who still needs an extraction directory.
@@ -188,7 +248,7 @@ impl Gatherer {
 
     /// The extensions image's RPM list and the `wanted` RPMs from it: from the last
     /// extraction of the same image and packages when there is one, else pulled. Only this
-    /// image's extraction is kept.
+    /// image's extraction is kept. Readiness extracts nothing ([`Self::readiness_headers`]).
     async fn extensions(
         &self,
         inspector: &Inspector,
@@ -197,6 +257,12 @@ impl Gatherer {
         wanted: &[String],
         purpose: Purpose,
     ) -> Result<(ExtensionsInfo, Vec<PathBuf>), InspectError> {
+        if purpose == Purpose::MachineConfigReadiness {
+            let info = self
+                .readiness_headers(inspector, image, arch, wanted)
+                .await?;
+            return Ok((info, Vec::new()));
+        }
         let cache = self.cache();
         if purpose == Purpose::Request {
             self.in_use.hold(Holder::Request, Some(&cache.dir(image)));
@@ -205,8 +271,52 @@ impl Gatherer {
         if let Some(hit) = cache.get(image, arch, wanted) {
             return Ok(hit);
         }
-        // Pulled where podman pulls it for the machine-config daemon: through the host's
-        // registries.conf (mirrors first, blocked locations never), with streamd's pull secret.
+        let found = self
+            .pull_extensions(inspector, image, arch, wanted, Some(&cache))
+            .await?;
+        cache.put(image, arch, wanted, &found.0, &found.1);
+        Ok(found)
+    }
+
+    /// What readiness needs of the extensions image: its labels and, with packages wanted, the
+    /// RPM list and headers, read from the stream and kept in memory only (`/run` is RAM on
+    /// every node of the fleet, and readiness stages nothing). The image is digest-pinned, so
+    /// an answer stays true: the next pass for the same image and packages reads nothing.
+    async fn readiness_headers(
+        &self,
+        inspector: &Inspector,
+        image: &ImageRef,
+        arch: &str,
+        wanted: &[String],
+    ) -> Result<ExtensionsInfo, InspectError> {
+        let key = (image.to_string(), arch.to_string(), wanted.to_vec());
+        if let Some(hit) = self.read.get(&key) {
+            return Ok(hit);
+        }
+        if !wanted.is_empty() {
+            let delay = self.read.delay(image);
+            info!(image = %image, delay_s = delay.as_secs(), "reading the extensions image's rpm headers after this node's share of resolve-spread-seconds");
+            tokio::time::sleep(delay).await;
+        }
+        let (info, _) = self
+            .pull_extensions(inspector, image, arch, wanted, None)
+            .await?;
+        self.read.put(key, info.clone());
+        Ok(info)
+    }
+
+    /// The extensions image `image` read from the first place it can be had from, the
+    /// `wanted` RPMs extracted into `extract`'s directory for it when there is one. Pulled where
+    /// podman pulls it for the machine-config daemon: through the host's registries.conf
+    /// (mirrors first, blocked locations never), with streamd's pull secret.
+    async fn pull_extensions(
+        &self,
+        inspector: &Inspector,
+        image: &ImageRef,
+        arch: &str,
+        wanted: &[String],
+        extract: Option<&extensions::Cache>,
+    ) -> Result<(ExtensionsInfo, Vec<PathBuf>), InspectError> {
         let sources = crate::host::ospull::registries_conf(&self.host)
             .and_then(|c| Ok(c.pull_sources(image)?))
             .map_err(|e| InspectError::Invalid(e.to_string()))?;
@@ -219,15 +329,19 @@ impl Gatherer {
                 )));
                 continue;
             }
-            let dest = cache
-                .fresh(image)
-                .map_err(|e| InspectError::Invalid(format!("{}: {e}", cache.root().display())))?;
             let from = inspector.for_source(s, &sources);
-            match from.extensions(&s.image, arch, wanted, &dest).await {
-                Ok((info, files)) => {
-                    cache.put(image, arch, wanted, &info, &files);
-                    return Ok((info, files));
+            let read = match extract {
+                Some(cache) => {
+                    let dest = cache.fresh(image).map_err(|e| {
+                        InspectError::Invalid(format!("{}: {e}", cache.root().display()))
+                    })?;
+                    from.extensions(&s.image, arch, wanted, &dest).await
                 }
+                None => (from.extension_headers(&s.image, arch, wanted).await)
+                    .map(|info| (info, Vec::new())),
+            };
+            match read {
+                Ok(found) => return Ok(found),
                 Err(e) => {
                     debug!(%source, mirror = s.mirror, error = %e, "extensions image not read from this source");
                     // A transient failure anywhere is retried; else the last source's error.
@@ -376,6 +490,7 @@ impl Gatherer {
         // Providers the closure added are extracted now; the cache then serves the wanted
         // packages from the larger extraction.
         if let (Some(c), Some(img), Ok(i)) = (&closure, &desired.extensions_image, &inspector)
+            && purpose.mover() == Mover::Streamd
             && !c
                 .files()
                 .all(|file| extracted.iter().any(|p| file_name(p) == Some(file)))
@@ -709,6 +824,52 @@ mod tests {
     }
 
     #[test]
+    fn readiness_reads_are_spread_by_node_and_kept_in_memory() {
+        let image: ImageRef = format!("r.example/ext@sha256:{}", "a".repeat(64))
+            .parse()
+            .expect("image");
+        let spread = Duration::from_secs(600);
+        let key = |i: &ImageRef| {
+            (
+                i.to_string(),
+                "x86_64".to_string(),
+                vec!["usbguard".to_string()],
+            )
+        };
+        let seen = |node: &str| {
+            let r = ReadinessReads::new(node, spread);
+            r.put(key(&image), ExtensionsInfo::default());
+            r
+        };
+        let first = ReadinessReads::new("worker-0", spread);
+        assert_eq!(
+            first.delay(&image),
+            Duration::ZERO,
+            "the first read since start"
+        );
+        assert_eq!(first.get(&key(&image)), None);
+        let delays: Vec<Duration> = (0..20)
+            .map(|n| seen(&format!("worker-{n}")).delay(&image))
+            .collect();
+        assert!(delays.iter().all(|d| *d < spread), "{delays:?}");
+        assert!(delays.iter().any(|d| *d != delays[0]), "{delays:?}");
+        assert_eq!(
+            seen("worker-0").delay(&image),
+            delays[0],
+            "the same share every time"
+        );
+        assert_eq!(
+            seen("worker-0").get(&key(&image)),
+            Some(ExtensionsInfo::default())
+        );
+        assert_eq!(
+            ReadinessReads::default().delay(&image),
+            Duration::ZERO,
+            "no spread"
+        );
+    }
+
+    #[test]
     fn the_registry_client_is_kept_while_the_pull_secret_is_unchanged() {
         let g = Gatherer {
             host: HostRoot::new("/nonexistent"),
@@ -719,6 +880,7 @@ mod tests {
             images: ImagePolicy::default(),
             inspector: Default::default(),
             in_use: InUse::default(),
+            read: ReadinessReads::default(),
         };
         let cached = |g: &Gatherer| {
             g.inspector

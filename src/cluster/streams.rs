@@ -300,13 +300,22 @@ pub fn catalog_refresh(
 /// so a fleet's nodes start their pulls spread evenly over `spread`, and a restart of streamd
 /// does not draw a new delay.
 pub fn spread_delay(spread: Duration, node: &str, resolved: &Inputs) -> Duration {
+    share_of(
+        spread,
+        &[
+            node,
+            resolved.os_image.as_deref().unwrap_or_default(),
+            resolved.extensions_image.as_deref().unwrap_or_default(),
+        ],
+    )
+}
+
+/// A fraction of `spread` fixed by `parts` (the node's name first, then what it is for), so
+/// a fleet's nodes spread evenly over it and a restart draws the same share.
+pub fn share_of(spread: Duration, parts: &[&str]) -> Duration {
     let mut h = Sha256::new();
-    for part in [
-        Some(node),
-        resolved.os_image.as_deref(),
-        resolved.extensions_image.as_deref(),
-    ] {
-        h.update(part.unwrap_or_default().as_bytes());
+    for part in parts {
+        h.update(part.as_bytes());
         h.update([0]);
     }
     let digest = h.finalize();

@@ -195,6 +195,7 @@ mod tests {
     fn info() -> ExtensionsInfo {
         ExtensionsInfo {
             is_extensions: true,
+            listed: true,
             stream_class: Some("rhel-10".into()),
             rpms: vec!["kernel-rt-core-6.12.0-1.el10.x86_64".into()],
             headers: Vec::new(),

@@ -336,6 +336,7 @@ mod fixtures {
         };
         ExtensionsInfo {
             is_extensions: true,
+            listed: true,
             stream_class: Some(format!("rhel-{el}")),
             rpms: vec![
                 format!("kernel-rt-core-{rel}.x86_64"),

@@ -61,6 +61,10 @@ pub(super) fn extensions_image(i: &Input) -> CheckResult {
                     i.desired.stream
                 ),
             ),
+            _ if !ext.listed => pass(
+                id,
+                "labels read from its config; no package is needed from it, so no layer was read",
+            ),
             _ => pass(id, format!("{} RPMs", ext.rpms.len())),
         },
     }
@@ -276,6 +280,7 @@ mod tests {
         c.booted.requested_packages = vec!["usbguard".into()];
         c.extensions = Some(Ok(ExtensionsInfo {
             is_extensions: true,
+            listed: true,
             stream_class: Some("rhel-10".into()),
             rpms: vec![],
             headers: Vec::new(),

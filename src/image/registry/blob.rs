@@ -24,7 +24,7 @@ impl Inspector {
         image: &ImageRef,
         layer: &Descriptor,
         wanted: &[String],
-        dest: &Path,
+        dest: Option<&Path>,
         mut budget: ExtractBudget,
     ) -> Result<(LayerRpms, ExtractBudget), InspectError> {
         let size = Self::descriptor_size(image, layer, u64::MAX)?;
@@ -36,14 +36,20 @@ impl Inspector {
         // The bridge must be made on the runtime; it blocks only the thread that reads it.
         let bridge = SyncIoBridge::new(StreamReader::new(stream));
         let (media_type, digest) = (layer.media_type.clone(), layer.digest.clone());
-        let (wanted, dest) = (wanted.to_vec(), dest.to_path_buf());
+        let (wanted, dest) = (wanted.to_vec(), dest.map(Path::to_path_buf));
         let what = format!("{image}: layer {digest}");
         let registry = image.registry().to_string();
         let read = tokio::task::spawn_blocking(move || {
             // One byte past the declared size tells a longer blob without reading all of it.
             let mut hashed = Hashing::new(bridge.take(size.saturating_add(1)));
-            let found = rpms_in_layer(&mut hashed, &media_type, &wanted, &dest, &mut budget)
-                .and_then(|found| std::io::copy(&mut hashed, &mut std::io::sink()).map(|_| found));
+            let found = rpms_in_layer(
+                &mut hashed,
+                &media_type,
+                &wanted,
+                dest.as_deref(),
+                &mut budget,
+            )
+            .and_then(|found| std::io::copy(&mut hashed, &mut std::io::sink()).map(|_| found));
             (found, hashed.failure(), hashed.digest(), hashed.len, budget)
         })
         .await;

@@ -62,6 +62,9 @@ pub struct ExtensionsInfo {
     pub is_extensions: bool,
     /// `io.openshift.os.streamclass`, if present.
     pub stream_class: Option<String>,
+    /// Whether its layers were read: only when a package was wanted from it. Without, only
+    /// the labels (from the config blob) are known and `rpms` and `headers` are empty.
+    pub listed: bool,
     /// RPMs it carries, as `name-version-release.arch`.
     pub rpms: Vec<String>,
     /// The headers of those RPMs that could be read (Requires/Provides for the dependency
@@ -385,7 +388,9 @@ impl Inspector {
     }
 
     /// Inspects the extensions image for `arch`, and extracts the RPMs whose file names start
-    /// with one of `wanted` (package names) into `dest`, within [`EXTRACT_LIMITS`].
+    /// with one of `wanted` (package names) into `dest`, within [`EXTRACT_LIMITS`]. With
+    /// nothing wanted no layer is read: the labels come from the config blob, and a layer is
+    /// most of the image (UBI plus the whole RPM repository).
     ///
     /// Files are written into a temporary directory inside `dest` first and moved up when every
     /// layer has been read; on any error (a timeout included) it is removed, so a refused image
@@ -401,17 +406,56 @@ impl Inspector {
             InspectError::Invalid(format!("writing into {}: {e}", dest.display()))
         };
         let partial = blob::Partial::new(dest.join(".partial")).map_err(io)?;
-        let (info, files) = Self::within(image, self.extensions_deadline, async {
+        let (info, files) = self
+            .read_extensions(image, arch, wanted, Some(partial.path()))
+            .await?;
+        let mut moved = Vec::with_capacity(files.len());
+        for f in files {
+            let Some(name) = f.file_name() else { continue };
+            let to = dest.join(name);
+            std::fs::rename(&f, &to).map_err(io)?;
+            moved.push(to);
+        }
+        drop(partial);
+        Ok((info, moved))
+    }
+
+    /// What [`Self::extensions`] reads, with nothing written anywhere: the headers of the
+    /// `wanted` RPMs are read from the stream like every other one. For readiness, which
+    /// answers whether the packages are there and close, and stages nothing.
+    pub async fn extension_headers(
+        &self,
+        image: &ImageRef,
+        arch: &str,
+        wanted: &[String],
+    ) -> Result<ExtensionsInfo, InspectError> {
+        Ok(self.read_extensions(image, arch, wanted, None).await?.0)
+    }
+
+    /// The labels, and with something `wanted` every layer's RPM list and headers, the wanted
+    /// RPMs written into `dest` when there is one.
+    async fn read_extensions(
+        &self,
+        image: &ImageRef,
+        arch: &str,
+        wanted: &[String],
+        dest: Option<&Path>,
+    ) -> Result<(ExtensionsInfo, Vec<PathBuf>), InspectError> {
+        Self::within(image, self.extensions_deadline, async {
             let (m, _) = self.manifest(image, arch).await?;
             let (labels, _) = self.labels(image, &m).await?;
             let mut rpms = Vec::new();
             let mut extracted = Vec::new();
             let mut headers = Vec::new();
             let mut budget = ExtractBudget::new(EXTRACT_LIMITS);
-            for layer in &m.layers {
-                let ((names, files, read), left) = self
-                    .layer_rpms(image, layer, wanted, partial.path(), budget)
-                    .await?;
+            let layers = if wanted.is_empty() {
+                &[][..]
+            } else {
+                &m.layers[..]
+            };
+            for layer in layers {
+                let ((names, files, read), left) =
+                    self.layer_rpms(image, layer, wanted, dest, budget).await?;
                 budget = left;
                 rpms.extend(names);
                 extracted.extend(files);
@@ -422,6 +466,7 @@ impl Inspector {
             Ok((
                 ExtensionsInfo {
                     is_extensions: labels["io.openshift.os.extensions"].as_str() == Some("true"),
+                    listed: !wanted.is_empty(),
                     stream_class: labels["io.openshift.os.streamclass"]
                         .as_str()
                         .map(String::from),
@@ -431,16 +476,7 @@ impl Inspector {
                 extracted,
             ))
         })
-        .await?;
-        let mut moved = Vec::with_capacity(files.len());
-        for f in files {
-            let Some(name) = f.file_name() else { continue };
-            let to = dest.join(name);
-            std::fs::rename(&f, &to).map_err(io)?;
-            moved.push(to);
-        }
-        drop(partial);
-        Ok((info, moved))
+        .await
     }
 }
 
