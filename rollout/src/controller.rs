@@ -44,7 +44,7 @@ use crate::heartbeat;
 use crate::leader::{Fence, NotLeader};
 use crate::node::{
     CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, NodeView, ROLLOUT_POOL,
-    ROLLOUT_SET_ASIDE, ROLLOUT_STEP, ROLLOUT_TARGETED, Step,
+    ROLLOUT_SET_ASIDE, ROLLOUT_STEP, ROLLOUT_TARGETED, Step, taints_with_update,
 };
 use crate::planner::{self, Action, CheckKeys, Plan, PoolInput, Release, Summary};
 use crate::selection::{self, Owner};
@@ -476,6 +476,7 @@ async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
     // A malformed podSelector made the pool Degraded (`InvalidSpec`): no drain runs.
     let settings = drain::Settings::from_spec(&scope.pool.spec.drain).unwrap_or_default();
     let blockers = execute(scope, &input, &plan.actions, &listed.selected, &settings).await?;
+    set_update_taints(scope, &plan.taints, &listed.selected).await?;
     write_status(scope, &input, &plan.summary, &blockers).await?;
     let now = i64::try_from(input.now).unwrap_or(i64::MAX);
     let ours = listed
@@ -618,6 +619,34 @@ async fn execute(
     Ok(blockers)
 }
 
+/// Sets or removes the update taint as the plan says, each write conditional on the node as
+/// listed (or as this pass's last write of it left it): a 409 is looked at again next pass.
+async fn set_update_taints(
+    scope: &Scope<'_>,
+    taints: &[(String, bool)],
+    listed: &[Node],
+) -> Result<(), Error> {
+    for (node, on) in taints {
+        let Some(n) = listed.iter().find(|n| &n.name_any() == node) else {
+            continue;
+        };
+        let patch = json!({
+            "metadata": { "resourceVersion": n.resource_version().unwrap_or_default() },
+            "spec": { "taints": taints_with_update(n, *on) },
+        });
+        if patch_listed_node(scope, node, patch).await? {
+            tracing::info!(node, on, "update taint");
+        } else {
+            tracing::debug!(
+                node,
+                on,
+                "node changed since listed; update taint looked at again"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Patches `node` only if the fence holds and the node is as listed (or as this pass's last
 /// write of it left it); `false`: it is not (409), look again.
 async fn patch_listed_node(scope: &Scope<'_>, node: &str, mut patch: Value) -> Result<bool, Error> {
@@ -706,11 +735,15 @@ async fn release_node(scope: &Scope<'_>, n: &Node, why: &str) -> Result<bool, Er
     };
     let node = n.name_any();
     scope.ctx.fence.check()?;
-    let patch = release_patch(
+    let mut patch = release_patch(
         withdraw,
         uncordon,
         &n.resource_version().unwrap_or_default(),
     );
+    // A released node is no longer the pool's to update.
+    if NodeView::from_node(n).update_tainted {
+        patch["spec"]["taints"] = json!(taints_with_update(n, false));
+    }
     match scope
         .nodes
         .patch(&node, &patch_params(), &Patch::Merge(&patch))

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Taint};
 // The readiness protocol's keys are streamd's own (one definition for both halves).
 pub use streamd::cluster::protocol::{
     CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, MODE, READINESS,
@@ -39,10 +39,46 @@ pub const ROLLOUT_SET_ASIDE: &str = "osstream.openshift.io/rollout-set-aside";
 /// it), and a pool being deleted finds its nodes by it.
 pub const ROLLOUT_POOL: &str = "osstream.openshift.io/rollout-pool";
 
+/// The taint (effect `PreferNoSchedule`) the controller keeps on the pool's nodes still to
+/// update, so that pods evicted by a drain prefer nodes already updated; removed once the node
+/// runs the pool's request or is released. As the machine-config operator's node controller
+/// keeps `UpdateInProgress:PreferNoSchedule` on the nodes whose desired config is not the pool's
+/// target (openshift/machine-config-operator:pkg/daemon/constants/constants.go
+/// `NodeUpdateInProgressTaint`; pkg/controller/node/node_controller.go, release-4.21, the loop
+/// "Taint all the nodes in the node pool" of `syncMachineConfigPool`); its own key, so the two
+/// never remove each other's.
+pub const UPDATE_TAINT: &str = "osstream.openshift.io/update-in-progress";
+
 /// The machine-config daemon's mark on a node it manages
 /// (openshift/machine-config-operator:pkg/daemon/constants/constants.go
 /// `CurrentMachineConfigAnnotationKey`).
 pub const MCD_CURRENT_CONFIG: &str = "machineconfiguration.openshift.io/currentConfig";
+
+fn taints(node: &Node) -> &[Taint] {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or_default()
+}
+
+/// The node's taints with [`UPDATE_TAINT`] (`on`) or without it, the others kept as they are:
+/// a merge patch replaces the whole list, so it is written only conditional on the node's
+/// `resourceVersion`.
+pub fn taints_with_update(node: &Node, on: bool) -> Vec<Taint> {
+    let mut list: Vec<Taint> = taints(node)
+        .iter()
+        .filter(|t| t.key != UPDATE_TAINT)
+        .cloned()
+        .collect();
+    if on {
+        list.push(Taint {
+            key: UPDATE_TAINT.into(),
+            effect: "PreferNoSchedule".into(),
+            ..Taint::default()
+        });
+    }
+    list
+}
 
 /// The controller's progress with one node, parsed from [`ROLLOUT_STEP`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,6 +179,8 @@ pub struct NodeView {
     pub annotations: BTreeMap<String, String>,
     /// The node's streamd heartbeat.
     pub heartbeat: Heartbeat,
+    /// It carries [`UPDATE_TAINT`].
+    pub update_tainted: bool,
 }
 
 impl NodeView {
@@ -163,6 +201,7 @@ impl NodeView {
                 .unwrap_or(false),
             annotations: node.metadata.annotations.clone().unwrap_or_default(),
             heartbeat: Heartbeat::Unknown,
+            update_tainted: taints(node).iter().any(|t| t.key == UPDATE_TAINT),
         }
     }
 

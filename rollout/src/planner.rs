@@ -217,6 +217,10 @@ pub struct Plan {
     pub actions: Vec<Action>,
     /// For the pool's status.
     pub summary: Summary,
+    /// Nodes whose [`crate::node::UPDATE_TAINT`] is to be set (`true`: still to update) or
+    /// removed (`false`: updated, or the pool is the machine-config operator's); written after
+    /// the actions, each conditional on the node as listed.
+    pub taints: Vec<(String, bool)>,
 }
 
 /// Error in `spec.maxUnavailable`.
@@ -287,11 +291,24 @@ pub fn plan(pool: &PoolInput, nodes: &[NodeView]) -> Plan {
         summary.readiness = Some(readiness(&nodes, t, h));
     }
     let (Some(target), Some(hash), Ok(max)) = (target, hash, max) else {
-        return Plan { actions, summary };
+        return Plan {
+            actions,
+            summary,
+            taints: Vec::new(),
+        };
     };
     if summary.mco_managed {
         actions.extend(mco_releases(&nodes));
-        return Plan { actions, summary };
+        let taints = nodes
+            .iter()
+            .filter(|n| n.update_tainted)
+            .map(|n| (n.name.clone(), false))
+            .collect();
+        return Plan {
+            actions,
+            summary,
+            taints,
+        };
     }
 
     let phases: Vec<Phase> = nodes
@@ -325,7 +342,24 @@ pub fn plan(pool: &PoolInput, nodes: &[NodeView]) -> Plan {
         }
         actions.extend(work);
     }
-    Plan { actions, summary }
+    let taints = update_taints(&nodes, &phases);
+    Plan {
+        actions,
+        summary,
+        taints,
+    }
+}
+
+/// Every node not yet on the pool's request carries the update taint (also a paused or
+/// Degraded pool's: they are still to update), an updated one does not.
+fn update_taints(nodes: &[&NodeView], phases: &[Phase]) -> Vec<(String, bool)> {
+    nodes
+        .iter()
+        .zip(phases)
+        .map(|(n, p)| (n, *p != Phase::Updated))
+        .filter(|(n, want)| n.update_tainted != *want)
+        .map(|(n, want)| (n.name.clone(), want))
+        .collect()
 }
 
 /// A pool whose nodes became the machine-config operator's lets go of those it moves: each

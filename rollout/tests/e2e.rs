@@ -40,6 +40,10 @@ async fn a_pool_moves_one_node_at_a_time_past_a_pdb() {
         p.cordoned("worker-0") && p.eviction_refused("worker-0")
     })
     .await;
+    // Every node still to update prefers not to get the evicted pods.
+    for n in ["worker-0", "worker-1", "worker-2"] {
+        assert!(p.update_tainted(n), "{n} has no update taint");
+    }
     // The budget holds for a while (more than one drain pass): no approval, no second node.
     tokio::time::sleep(Duration::from_secs(7)).await;
     assert!(p.pods_on("worker-0").contains(&"web-a".to_string()));
@@ -60,6 +64,10 @@ async fn a_pool_moves_one_node_at_a_time_past_a_pdb() {
     p.wait("worker-2 done", 120, |p| p.done("worker-2")).await;
     p.wait("pool Updated", 30, |p| p.condition("Updated").0 == "True")
         .await;
+    // An updated node is seen so (and its taint removed) before the pool is Updated.
+    for n in ["worker-0", "worker-1", "worker-2"] {
+        assert!(!p.update_tainted(n), "{n} kept its update taint");
+    }
     assert!(
         p.pods_on("worker-0").contains(&"agent-0".to_string()),
         "DaemonSet pod evicted"
@@ -448,6 +456,7 @@ async fn deleting_a_pool_mid_rollout_releases_its_nodes() {
         p.annotation("worker-0", "rollout-step")
             .is_some_and(|s| s.starts_with("draining:"))
     );
+    assert!(p.update_tainted("worker-0") && p.update_tainted("worker-2"));
     p.delete_pool().await;
     p.wait("worker-0 and worker-2 released", 30, |p| {
         p.released("worker-0") && p.released("worker-2")
@@ -458,6 +467,10 @@ async fn deleting_a_pool_mid_rollout_releases_its_nodes() {
         "the pool went while worker-1 was still rebooting"
     );
     p.wait("the pool gone", 60, |p| p.pool().is_null()).await;
+    // Released, whether moved or not: no node keeps the pool's update taint.
+    for n in ["worker-0", "worker-1", "worker-2"] {
+        assert!(!p.update_tainted(n), "{n} kept its update taint");
+    }
     assert_eq!(
         p.annotation("worker-1", "current-stream").as_deref(),
         Some("rhel-10")
@@ -501,6 +514,8 @@ async fn a_node_leaving_the_selector_is_released_and_never_approved() {
     p.relabel_out("worker-0");
     p.wait("worker-0 released", 30, |p| p.released("worker-0"))
         .await;
+    // Released with the rest of the pool's keys (it is no longer the pool's to update).
+    assert!(!p.update_tainted("worker-0"));
     web_replica(&p, "web-b", "worker-2");
     for n in ["worker-1", "worker-2"] {
         p.wait(&format!("{n} done"), 120, |p| p.done(n)).await;

@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 use tower_test::mock::{self, Handle};
 
 use super::*;
+use crate::node::UPDATE_TAINT;
 
 /// The pool's pinned image: no OSImageStream is read.
 const OS10: &str = "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010";
@@ -263,6 +264,9 @@ fn create() -> Vec<Exchange> {
         event("NodeTargeted", "w1", "node w1: given stream rhel-10"),
         target("w2", "22"),
         event("NodeTargeted", "w2", "node w2: given stream rhel-10"),
+        // Both still to update: evicted pods should prefer updated nodes.
+        taint_node("w1", "21"),
+        taint_node("w2", "22"),
         patch_status(json!({
             "observedGeneration": 2,
             "target": format!("rhel-10 {OS10}"),
@@ -308,6 +312,8 @@ fn drain_blocked() -> Vec<Exchange> {
             api_status(429, "TooManyRequests", PDB_REFUSAL),
         ),
         daemon_set("owner", true),
+        taint_node("w1", "11"),
+        taint_node("w2", "12"),
         patch_status(json!({
             "machineCount": 2,
             "unavailableMachineCount": 1,
@@ -586,6 +592,17 @@ fn patch_node(name: &str, body: Want) -> Exchange {
         body,
     )
     .answer(StatusCode::OK, answer)
+}
+
+/// The update taint set on `name` (which has no other taint), conditional on `rv`.
+fn taint_node(name: &str, rv: &str) -> Exchange {
+    patch_node(
+        name,
+        Want::Exact(json!({
+            "metadata": { "resourceVersion": rv },
+            "spec": { "taints": [{ "key": UPDATE_TAINT, "effect": "PreferNoSchedule" }] },
+        })),
+    )
 }
 
 fn patch_pool(body: Value) -> Exchange {

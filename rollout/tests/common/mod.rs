@@ -333,6 +333,18 @@ impl Pool {
         self.node(node)["spec"]["unschedulable"] == true
     }
 
+    /// Whether `node` carries the controller's `update-in-progress:PreferNoSchedule` taint.
+    pub fn update_tainted(&self, node: &str) -> bool {
+        self.node(node)["spec"]["taints"]
+            .as_array()
+            .is_some_and(|ts| {
+                ts.iter().any(|t| {
+                    t["key"] == format!("{P}update-in-progress")
+                        && t["effect"] == "PreferNoSchedule"
+                })
+            })
+    }
+
     /// The node protocol's `key` on `node`.
     pub fn annotation(&self, node: &str, key: &str) -> Option<String> {
         self.node(node)["metadata"]["annotations"][format!("{P}{key}")]

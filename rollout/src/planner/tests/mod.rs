@@ -673,3 +673,98 @@ fn an_empty_pool_plans_nothing() {
     assert_eq!((p.summary.machines, p.summary.updated), (0, 0));
     assert_eq!(p.summary.degraded, None);
 }
+
+#[test]
+fn update_taints() {
+    let tainted = |mut n: NodeView| {
+        n.update_tainted = true;
+        n
+    };
+    let on = |n: &str| (n.to_string(), true);
+    let off = |n: &str| (n.to_string(), false);
+    let paused = PoolInput {
+        paused: true,
+        ..pool()
+    };
+    let invalid = PoolInput {
+        spec_error: Some("bad podSelector".into()),
+        ..pool()
+    };
+    type Row = (&'static str, PoolInput, Vec<NodeView>, Vec<(String, bool)>);
+    let rows: Vec<Row> = vec![
+        (
+            "fresh nodes are tainted",
+            pool(),
+            vec![node("w1"), node("w2")],
+            vec![on("w1"), on("w2")],
+        ),
+        (
+            "staging, staged and in flight keep theirs",
+            pool(),
+            vec![
+                tainted(in_state(node("w1"), "Staging")),
+                tainted(staged("w2", "t2")),
+                tainted(step(
+                    in_state(node("w3"), "Rebooting"),
+                    Step::Approved {
+                        since: None,
+                        token: "t3".into(),
+                    },
+                )),
+            ],
+            vec![],
+        ),
+        (
+            "an updated node loses it",
+            pool(),
+            vec![
+                tainted(in_state(node("w1"), "Done")),
+                in_state(node("w2"), "Done"),
+            ],
+            vec![off("w1")],
+        ),
+        // Uncordoned in this pass; the taint goes once it is seen updated.
+        (
+            "done but still marked keeps it until uncordoned",
+            pool(),
+            vec![tainted(step(
+                in_state(node("w1"), "Done"),
+                Step::Approved {
+                    since: None,
+                    token: "t1".into(),
+                },
+            ))],
+            vec![],
+        ),
+        (
+            "a failed node is still to update",
+            pool(),
+            vec![set(in_state(node("w1"), "Degraded"), REASON, "pull failed")],
+            vec![on("w1")],
+        ),
+        (
+            "a paused pool still marks what is to update",
+            paused,
+            vec![node("w1")],
+            vec![on("w1")],
+        ),
+        (
+            "an invalid spec changes no taint",
+            invalid,
+            vec![node("w1"), tainted(in_state(node("w2"), "Done"))],
+            vec![],
+        ),
+        (
+            "an MCO pool removes them",
+            pool(),
+            vec![
+                tainted(set(node("w1"), MCD_CURRENT_CONFIG, "rendered-worker-abc")),
+                set(node("w2"), MCD_CURRENT_CONFIG, "rendered-worker-abc"),
+            ],
+            vec![off("w1")],
+        ),
+    ];
+    for (name, pool, nodes, want) in rows {
+        assert_eq!(plan(&pool, &nodes).taints, want, "{name}");
+    }
+}
