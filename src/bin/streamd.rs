@@ -209,7 +209,7 @@ async fn try_start(cfg: &Config, host: &HostRoot, node: &NodeClient) -> anyhow::
         images: cfg.images.clone(),
         inspector: Default::default(),
         in_use: Default::default(),
-        read: streamd::agent::gather::ReadinessReads::new(&node_name, cfg.resolve_spread),
+        read: streamd::agent::gather::ReadinessReads::new(node.name(), cfg.resolve_spread),
     };
     let reboot = streamd::agent::Settings {
         policy: cfg.reboot,
