@@ -217,20 +217,7 @@ async fn a_host_booted_from_a_signed_image_switches_under_the_signature_policy()
 /// three: its lock step, the switch and the hold).
 async fn bootc_lines(env: &Env) -> Vec<serde_json::Value> {
     let units = env.systemd_units().await;
-    let bootc = serde_json::json!(env.vars()["TESTBED_BOOTC"]);
-    units
-        .as_array()
-        .expect("units")
-        .iter()
-        .flat_map(|u| {
-            u["spec"]["exec_start"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-        })
-        .map(|line| line[1].clone())
-        .filter(|argv| argv[0] == bootc)
-        .collect()
+    bootc_argvs(&units, &serde_json::json!(env.vars()["TESTBED_BOOTC"]))
 }
 
 /// The bootc commands that ran in units, without `bootc status`: the words after the program.

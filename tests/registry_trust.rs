@@ -89,6 +89,21 @@ async fn pull(root: &Path, image: &ImageRef, plain: &[String]) -> Result<(), Str
     }
 }
 
+/// A TLS registry (asking for a client certificate when `client`) whose CA is in a fresh host
+/// root's `/etc/containers/certs.d/<host:port>/ca.crt`: the PKI, the server, its image, the
+/// root and that certs.d directory (as an absolute path under the root).
+async fn trusted_by_ca(
+    name: &str,
+    client: bool,
+) -> (Pki, hostile::Server, ImageRef, PathBuf, String) {
+    let pki = Pki::generate().expect("pki");
+    let (server, img) = registry(Some(pki.server(client).expect("tls"))).await;
+    let root = dir(name);
+    let certs = format!("/etc/containers/certs.d/{}", server.host);
+    put(&root, &format!("{certs}/ca.crt"), &pki.ca_pem);
+    (pki, server, img, root, certs)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ca_in_certs_d_is_trusted_for_its_host_only() {
     let pki = Pki::generate().expect("pki");
@@ -129,11 +144,7 @@ async fn a_ca_in_certs_d_is_trusted_for_its_host_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_certificate_pair_in_certs_d_is_presented() {
-    let pki = Pki::generate().expect("pki");
-    let (server, img) = registry(Some(pki.server(true).expect("tls"))).await;
-    let root = dir("client");
-    let certs = format!("/etc/containers/certs.d/{}", server.host);
-    put(&root, &format!("{certs}/ca.crt"), &pki.ca_pem);
+    let (pki, _server, img, root, certs) = trusted_by_ca("client", true).await;
     pull(&root, &img, &[])
         .await
         .expect_err("the registry wants a client certificate");
@@ -146,11 +157,7 @@ async fn a_client_certificate_pair_in_certs_d_is_presented() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_files_in_certs_d_refuse_the_host_naming_the_file() {
-    let pki = Pki::generate().expect("pki");
-    let (server, img) = registry(Some(pki.server(false).expect("tls"))).await;
-    let root = dir("bad");
-    let certs = format!("/etc/containers/certs.d/{}", server.host);
-    put(&root, &format!("{certs}/ca.crt"), &pki.ca_pem);
+    let (pki, _server, img, root, certs) = trusted_by_ca("bad", false).await;
     let cases = [
         (
             "extra.crt",

@@ -189,18 +189,9 @@ async fn bootc_switches_under_the_policy_when_it_requires_a_signature() {
     env.wait_state("Rebooting").await;
     let units = env.systemd_units().await;
     let bootc = json!(env.vars()["TESTBED_BOOTC"]);
-    let switches: Vec<serde_json::Value> = units
-        .as_array()
-        .expect("units")
-        .iter()
-        .flat_map(|u| {
-            u["spec"]["exec_start"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-        })
-        .map(|line| line[1].clone())
-        .filter(|argv| argv[0] == bootc && argv[1] == "switch")
+    let switches: Vec<serde_json::Value> = bootc_argvs(&units, &bootc)
+        .into_iter()
+        .filter(|argv| argv[1] == "switch")
         .collect();
     assert_eq!(
         switches,

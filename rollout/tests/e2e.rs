@@ -219,6 +219,24 @@ fn block_worker0_drain(p: &Pool) {
     p.web_pdb(json!({"minAvailable": 1}));
 }
 
+/// A pool of `nodes` with `spec()` and one controller (no leader election), worker-0's drain
+/// held by a PodDisruptionBudget.
+async fn held_at_worker0(name: &str, nodes: usize) -> Pool {
+    let mut p = Pool::start(name, nodes, &[]).await;
+    block_worker0_drain(&p);
+    p.create_pool(spec());
+    p.start_controller("a", &["--leader-elect=false"]);
+    p
+}
+
+/// Waits until the API server has refused one of worker-0's evictions.
+async fn wait_eviction_refused(p: &Pool) {
+    p.wait("worker-0's eviction refused", 120, |p| {
+        p.eviction_refused("worker-0")
+    })
+    .await;
+}
+
 /// The new controller works on for a few drain passes against the budget (it takes up the
 /// drain, it does not start it again), then lets worker-0's drain go on (a second replica
 /// elsewhere), waits for the pool to finish and checks that no node was drained or approved
@@ -247,10 +265,7 @@ async fn wait_draining(p: &Pool, node: &str) {
 /// up the drain from the node's mark: one drain and one approval per node.
 #[tokio::test]
 async fn a_controller_killed_mid_drain_continues_without_a_second_approval() {
-    let mut p = Pool::start("kill", 2, &[]).await;
-    block_worker0_drain(&p);
-    p.create_pool(spec());
-    p.start_controller("a", &["--leader-elect=false"]);
+    let mut p = held_at_worker0("kill", 2).await;
     wait_draining(&p, "worker-0").await;
     let mark = p.annotation("worker-0", "rollout-step");
     p.kill_controller("a").await;
@@ -503,14 +518,8 @@ async fn deleting_a_pool_mid_rollout_releases_its_nodes() {
 /// once the budget would let its drain finish; the pool goes on with the other two.
 #[tokio::test]
 async fn a_node_leaving_the_selector_is_released_and_never_approved() {
-    let mut p = Pool::start("leave", 3, &[]).await;
-    block_worker0_drain(&p);
-    p.create_pool(spec());
-    p.start_controller("a", &["--leader-elect=false"]);
-    p.wait("worker-0's eviction refused", 120, |p| {
-        p.eviction_refused("worker-0")
-    })
-    .await;
+    let p = held_at_worker0("leave", 3).await;
+    wait_eviction_refused(&p).await;
     p.relabel_out("worker-0");
     p.wait("worker-0 released", 30, |p| p.released("worker-0"))
         .await;
@@ -694,14 +703,8 @@ async fn a_drain_past_its_timeout_is_set_aside_and_the_pool_moves_on() {
 /// budget lets its pod go.
 #[tokio::test]
 async fn a_node_uncordoned_mid_drain_is_cordoned_again() {
-    let mut p = Pool::start("recordon", 2, &[]).await;
-    block_worker0_drain(&p);
-    p.create_pool(spec());
-    p.start_controller("a", &["--leader-elect=false"]);
-    p.wait("worker-0's eviction refused", 120, |p| {
-        p.eviction_refused("worker-0")
-    })
-    .await;
+    let p = held_at_worker0("recordon", 2).await;
+    wait_eviction_refused(&p).await;
     p.api()
         .update("v1", "Node", None, "worker-0", |n| {
             n["spec"]["unschedulable"] = json!(false);
@@ -790,14 +793,8 @@ async fn the_pools_grace_period_reaches_the_evicted_pod() {
 /// never approved.
 #[tokio::test]
 async fn a_pool_that_becomes_mco_managed_mid_rollout_releases_its_nodes() {
-    let mut p = Pool::start("mcoturn", 2, &[]).await;
-    block_worker0_drain(&p);
-    p.create_pool(spec());
-    p.start_controller("a", &["--leader-elect=false"]);
-    p.wait("worker-0's eviction refused", 120, |p| {
-        p.eviction_refused("worker-0")
-    })
-    .await;
+    let p = held_at_worker0("mcoturn", 2).await;
+    wait_eviction_refused(&p).await;
     for n in p.fleet.nodes() {
         p.api()
             .update("v1", "Node", None, &n, |node| {

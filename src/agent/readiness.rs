@@ -610,14 +610,8 @@ fn resolve_target(stream: &str, catalog: Option<&Catalog>) -> Option<Target> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::mco::tests::{EXT, MINE, OS};
     use crate::cluster::streams::StreamImages;
-
-    const OS: &str =
-        "quay.io/o/os@sha256:0000000000000000000000000000000000000000000000000000000000000001";
-    const EXT: &str =
-        "quay.io/o/ext@sha256:0000000000000000000000000000000000000000000000000000000000000002";
-    const MINE: &str =
-        "quay.io/o/mine@sha256:0000000000000000000000000000000000000000000000000000000000000003";
 
     fn target() -> Target {
         Target::Check(Desired {
@@ -636,11 +630,9 @@ mod tests {
         }])
     }
 
+    /// A 4.22 MachineConfig rendered by build `abc`, with `spec`.
     fn mc(spec: &str) -> AppliedConfig {
-        machineconfig::parse(&format!(
-            r#"{{"metadata":{{"annotations":{{"machineconfiguration.openshift.io/release-image-version":"4.22.0","machineconfiguration.openshift.io/generated-by-controller-version":"abc"}}}},"spec":{{{spec}}}}}"#
-        ))
-        .expect("parse")
+        mco::tests::mc("4.22.0", "abc", "", spec)
     }
 
     /// The operator installs from the pool's own extensions image, so that one is checked.

@@ -93,20 +93,21 @@ pub fn extensions_override(
 }
 
 #[cfg(test)]
-mod tests {
+/// Fixtures shared with the agent's readiness tests, which judge the same MachineConfigs.
+pub(crate) mod tests {
     use super::*;
     use crate::host::facts::machineconfig::parse;
 
-    const OS: &str =
+    pub(crate) const OS: &str =
         "quay.io/o/os@sha256:0000000000000000000000000000000000000000000000000000000000000001";
-    const EXT: &str =
+    pub(crate) const EXT: &str =
         "quay.io/o/ext@sha256:0000000000000000000000000000000000000000000000000000000000000002";
-    const MINE: &str =
+    pub(crate) const MINE: &str =
         "quay.io/o/mine@sha256:0000000000000000000000000000000000000000000000000000000000000003";
 
     /// A rendered MachineConfig of `release` by controller build `build`, with `annotations`
     /// and `spec` (JSON object bodies).
-    fn mc(release: &str, build: &str, annotations: &str, spec: &str) -> AppliedConfig {
+    pub(crate) fn mc(release: &str, build: &str, annotations: &str, spec: &str) -> AppliedConfig {
         let comma = if annotations.is_empty() { "" } else { "," };
         parse(&format!(
             r#"{{"metadata":{{"annotations":{{"machineconfiguration.openshift.io/release-image-version":"{release}","machineconfiguration.openshift.io/generated-by-controller-version":"{build}"{comma}{annotations}}}}},"spec":{{{spec}}}}}"#

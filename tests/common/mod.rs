@@ -615,3 +615,21 @@ pub fn assert_documented(object: &Value, fields: &[(String, String)], what: &str
         );
     }
 }
+
+/// The argv of every `bootc` command line in `units` (the testbed's systemd units), in order:
+/// `bootc` is the program path the testbed gave (`TESTBED_BOOTC`).
+pub fn bootc_argvs(units: &Value, bootc: &Value) -> Vec<Value> {
+    units
+        .as_array()
+        .expect("units")
+        .iter()
+        .flat_map(|u| {
+            u["spec"]["exec_start"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|line| line[1].clone())
+        .filter(|argv| argv[0] == *bootc)
+        .collect()
+}
