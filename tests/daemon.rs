@@ -75,23 +75,26 @@ async fn sd_notify_to_a_full_socket_never_blocks() {
     let mut buf = [0u8; 4096];
     while sock.recv(&mut buf).is_ok() {}
     sock.set_nonblocking(false).expect("blocking");
-    sock.set_read_timeout(Some(Duration::from_secs(5)))
+    // What comes first is not fixed (a `STATUS=`, the `READY=1` sent again, a ping): read for up
+    // to 5 s until both a ping and `READY=1` are seen.
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
         .expect("timeout");
-    let n = sock
-        .recv(&mut buf)
-        .expect("a message within 5 s of draining");
-    assert!(String::from_utf8_lossy(&buf[..n]).contains("WATCHDOG=1"));
-    // READY=1 did not fit at the start; it is sent again until it does (systemd would
-    // otherwise fail the start at its timeout).
-    let mut seen = vec![String::from_utf8_lossy(&buf[..n]).into_owned()];
+    let mut seen: Vec<String> = Vec::new();
     let until = Instant::now() + Duration::from_secs(5);
-    while !seen.iter().any(|m| m.contains("READY=1")) && Instant::now() < until {
+    let has = |seen: &[String], what: &str| seen.iter().any(|m| m.contains(what));
+    while !(has(&seen, "WATCHDOG=1") && has(&seen, "READY=1")) && Instant::now() < until {
         if let Ok(n) = sock.recv(&mut buf) {
             seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
         }
     }
     assert!(
-        seen.iter().any(|m| m.contains("READY=1")),
+        has(&seen, "WATCHDOG=1"),
+        "no WATCHDOG=1 within 5 s of draining: {seen:?}"
+    );
+    // READY=1 did not fit at the start; it is sent again until it does (systemd would
+    // otherwise fail the start at its timeout).
+    assert!(
+        has(&seen, "READY=1"),
         "READY=1 never sent once the queue drained: {seen:?}"
     );
     assert!(env.stop_streamd().success());
