@@ -26,4 +26,6 @@ pub mod harness;
 pub mod scratch;
 
 pub use harness::fleet::{Fleet, FleetOptions};
-pub use harness::testbed::{Backend, NODE_NAME, OpenShift, Options, RpmOstreeVersion, Testbed};
+pub use harness::testbed::{
+    Backend, FeatureSet, NODE_NAME, OpenShift, Options, RpmOstreeVersion, Testbed,
+};

@@ -13,7 +13,9 @@ use clap::{Parser, Subcommand};
 
 use testbed::control::{Request, TestbedCmd};
 use testbed::harness::control_socket::control_client;
-use testbed::{Backend, Fleet, FleetOptions, OpenShift, Options, RpmOstreeVersion, Testbed};
+use testbed::{
+    Backend, FeatureSet, Fleet, FleetOptions, OpenShift, Options, RpmOstreeVersion, Testbed,
+};
 
 /// The streamd testbed: a private dbus-daemon, a fake rpm-ostreed and a fake Kubernetes API
 /// server, for the demo and the end-to-end tests.
@@ -34,7 +36,7 @@ enum Command {
         /// Host fixture: default, fips, realtime, fips-realtime, 64k-aarch64, old-cpu, runc,
         /// low-disk, layered, realtime-image, mcd, secureboot, layered-image,
         /// realtime-layered-image, mcd-layered-usbguard, mcd-realtime, mcd-wasm,
-        /// mcd-osimageurl-override, mcd-streamd-rpm.
+        /// mcd-osimageurl-override, mcd-streamd-rpm, mcd-kata.
         #[arg(long, default_value = "default")]
         host: String,
         /// The host's OS update tool: rpm-ostree (rpm-ostreed on the bus) or bootc (no
@@ -46,9 +48,15 @@ enum Command {
         #[arg(long = "rpm-ostree", default_value_t = RpmOstreeVersion::NEWEST)]
         rpm_ostree: RpmOstreeVersion,
         /// The OpenShift release played: 4.21, 4.22 or 4.23 (the machine-config operator whose
-        /// release annotation the node's rendered MachineConfig carries).
+        /// release annotation the node's rendered MachineConfig carries, and the OSImageStream
+        /// version its API server serves).
         #[arg(long, default_value_t = OpenShift::default())]
         openshift: OpenShift,
+        /// The cluster's feature set: Default (4.21 and 4.22 then serve no OSImageStream) or
+        /// TechPreviewNoUpgrade [default: TechPreviewNoUpgrade on 4.21 and 4.22, Default on
+        /// 4.23].
+        #[arg(long = "feature-set")]
+        feature_set: Option<FeatureSet>,
         #[command(flatten)]
         fleet: FleetArgs,
     },
@@ -69,6 +77,9 @@ enum Command {
         /// The OpenShift release played (see `up`).
         #[arg(long, default_value_t = OpenShift::default())]
         openshift: OpenShift,
+        /// The cluster's feature set (see `up`).
+        #[arg(long = "feature-set")]
+        feature_set: Option<FeatureSet>,
         #[command(flatten)]
         fleet: FleetArgs,
     },
@@ -201,16 +212,34 @@ async fn run(args: Args) -> anyhow::Result<()> {
             backend,
             rpm_ostree,
             openshift,
+            feature_set,
             fleet,
-        } => up(&dir, &host, (backend, rpm_ostree, openshift), &fleet).await,
+        } => {
+            up(
+                &dir,
+                &host,
+                (backend, rpm_ostree, openshift, feature_set),
+                &fleet,
+            )
+            .await
+        }
         Command::Serve {
             dir,
             host,
             backend,
             rpm_ostree,
             openshift,
+            feature_set,
             fleet,
-        } => serve(dir, host, (backend, rpm_ostree, openshift), fleet).await,
+        } => {
+            serve(
+                dir,
+                host,
+                (backend, rpm_ostree, openshift, feature_set),
+                fleet,
+            )
+            .await
+        }
         Command::Down { dir } => down(&dir).await,
         Command::Bench {
             dir,
@@ -277,12 +306,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-/// `up` and `serve`'s host tools: the backend, the rpm-ostree release and the OpenShift
-/// release played.
-type Tools = (Backend, RpmOstreeVersion, OpenShift);
+/// `up` and `serve`'s host tools: the backend, the rpm-ostree release, the OpenShift release
+/// played and its feature set.
+type Tools = (Backend, RpmOstreeVersion, OpenShift, Option<FeatureSet>);
 
 async fn up(dir: &Path, host: &str, tools: Tools, fleet: &FleetArgs) -> anyhow::Result<()> {
-    let (backend, rpm_ostree, openshift) = tools;
+    let (backend, rpm_ostree, openshift, feature_set) = tools;
     // Refuse an unknown fixture here rather than in the background process.
     testbed::fixtures::fixture(host)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -298,6 +327,9 @@ async fn up(dir: &Path, host: &str, tools: Tools, fleet: &FleetArgs) -> anyhow::
         .args(["--backend", backend_arg(backend)])
         .args(["--rpm-ostree", &rpm_ostree.to_string()])
         .args(["--openshift", &openshift.to_string()]);
+    if let Some(set) = feature_set {
+        serve.args(["--feature-set", &set.to_string()]);
+    }
     if let Some(nodes) = fleet.nodes {
         serve
             .args(["--nodes", &nodes.to_string(), "--streamd"])
@@ -342,7 +374,7 @@ fn backend_arg(backend: Backend) -> &'static str {
 }
 
 async fn serve(dir: PathBuf, host: String, tools: Tools, fleet: FleetArgs) -> anyhow::Result<()> {
-    let (backend, rpm_ostree, openshift) = tools;
+    let (backend, rpm_ostree, openshift, feature_set) = tools;
     // Either runs until the signal; dropping it stops everything.
     let running: (PathBuf, Box<dyn std::any::Any>) = match fleet.nodes {
         Some(nodes) => {
@@ -351,6 +383,7 @@ async fn serve(dir: PathBuf, host: String, tools: Tools, fleet: FleetArgs) -> an
                 backend,
                 rpm_ostree,
                 openshift,
+                feature_set,
                 streamd: Some(streamd_or_default(fleet.streamd)?),
                 ..FleetOptions::new(dir, nodes)
             })
@@ -365,6 +398,7 @@ async fn serve(dir: PathBuf, host: String, tools: Tools, fleet: FleetArgs) -> an
                 backend,
                 rpm_ostree,
                 openshift,
+                feature_set,
             })
             .await?;
             tracing::info!(dir = %tb.dir().display(), "testbed up");

@@ -290,6 +290,8 @@ fn expected_rpms(stream: &str, arch: &str) -> Vec<String> {
         .iter()
         .map(|n| format!("{n} {kernel} x86_64"))
         .chain([format!("usbguard {usbguard} x86_64")])
+        // The same el9 build in both streams, as RHCOS's rhel-10 extensions take it.
+        .chain(["kata-containers 3.21.0-1.el9 x86_64".to_string()])
         .collect(),
         _ => [
             "kernel-64k-core",
@@ -613,7 +615,10 @@ async fn serves_real_os_and_extensions_images_behind_basic_auth() {
     let (_, root) = p.image(&digest, &work).await;
     assert_eq!(
         rpm_query(&root.join("usr/share/rpm-ostree/extensions")).await,
-        ["usbguard 1.1.3-3.el10 x86_64"]
+        [
+            "kata-containers 3.21.0-1.el9 x86_64",
+            "usbguard 1.1.3-3.el10 x86_64"
+        ]
     );
 
     let arm_only = reg
@@ -686,8 +691,8 @@ async fn digests_are_stable_and_a_second_start_reuses_the_cache() {
         cold_stats.rpm_specs_built, cold_stats.rpm_specs_total,
         "a fresh dir builds every spec"
     );
-    assert_eq!(cold_stats.rpm_specs_total, 6);
-    assert_eq!(cold.rpms().len(), 18);
+    assert_eq!(cold_stats.rpm_specs_total, 8);
+    assert_eq!(cold.rpms().len(), 20);
     assert!(cold_stats.blobs_uploaded > 0);
     cold.stop().await.unwrap();
 
@@ -711,7 +716,7 @@ async fn digests_are_stable_and_a_second_start_reuses_the_cache() {
     let other = Registry::start(RegistryConfig { dir: dir.join("b") })
         .await
         .unwrap();
-    assert_eq!(other.stats().rpm_specs_built, 6);
+    assert_eq!(other.stats().rpm_specs_built, 8);
     assert_eq!(digests(&other), first, "another dir, same digests");
 
     println!(

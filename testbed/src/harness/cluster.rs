@@ -8,17 +8,24 @@ use anyhow::Context as _;
 
 use crate::fakes::apiserver::{ApiServer, StreamImages};
 use crate::fakes::registry::{Registry, RegistryConfig};
-use crate::fixtures::openshift::OpenShift;
+use crate::fixtures::openshift::{FeatureSet, OpenShift};
 
-/// Applies what a cluster with streamd deployed has: its RBAC and the OSImageStream `cluster`
+/// Applies what a cluster with streamd deployed has: its RBAC and, when `openshift` serves the
+/// OSImageStream on `feature_set` (in the version it serves), the OSImageStream `cluster`
 /// publishing `rhel-9` (the default) and `rhel-10` with the registry's images, written by the
 /// operator build of `openshift`.
 pub(crate) fn prepare_cluster(
     apiserver: &ApiServer,
     registry: &Registry,
     openshift: OpenShift,
+    feature_set: FeatureSet,
 ) -> anyhow::Result<()> {
     apiserver.create_manifests(include_str!("../../../docs/deploy/rbac.yaml"))?;
+    let served = openshift.osimagestream_version(feature_set);
+    apiserver.serve_os_image_streams(served)?;
+    if served.is_none() {
+        return Ok(());
+    }
     let images = registry.images();
     let stream_images = |i: usize, stream: &str| StreamImages {
         name: stream.into(),

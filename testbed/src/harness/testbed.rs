@@ -18,7 +18,7 @@ use crate::fakes::bus::Bus;
 use crate::fakes::registry::Registry;
 pub use crate::fakes::rpmostreed::RpmOstreeVersion;
 use crate::fixtures::images::TestImage;
-pub use crate::fixtures::openshift::OpenShift;
+pub use crate::fixtures::openshift::{FeatureSet, OpenShift};
 
 /// Node name of the testbed's node.
 pub const NODE_NAME: &str = "worker-0";
@@ -36,6 +36,8 @@ pub struct Options {
     pub rpm_ostree: RpmOstreeVersion,
     /// The OpenShift release played (default: the newest).
     pub openshift: OpenShift,
+    /// Its feature set (default: [`OpenShift::default_feature_set`]).
+    pub feature_set: Option<FeatureSet>,
 }
 
 impl Options {
@@ -47,6 +49,7 @@ impl Options {
             backend: Backend::default(),
             rpm_ostree: RpmOstreeVersion::default(),
             openshift: OpenShift::default(),
+            feature_set: None,
         }
     }
 }
@@ -104,7 +107,10 @@ impl Testbed {
         .await
         .context("starting the fake API server")?;
         // A cluster with streamd deployed: its RBAC applied and the two streams published.
-        prepare_cluster(&apiserver, &registry, opts.openshift)?;
+        let feature_set = opts
+            .feature_set
+            .unwrap_or(opts.openshift.default_feature_set());
+        prepare_cluster(&apiserver, &registry, opts.openshift, feature_set)?;
 
         let mut env = host.streamd_env(&kubeconfig);
         env.extend(image_env(&registry, &pull_secret));

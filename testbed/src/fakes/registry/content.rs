@@ -18,6 +18,11 @@ pub const EXTENSIONS_MARKER: &str = "usr/share/rpm-ostree/extensions/testbed-rep
 
 /// usbguard `VERSION-RELEASE` per stream.
 const USBGUARD: &[(&str, &str)] = &[("rhel-9", "1.1.3-1.el9"), ("rhel-10", "1.1.3-3.el10")];
+/// kata-containers `VERSION-RELEASE`: the same el9 build in both streams, as RHCOS's rhel-10
+/// extensions take it from an el9 repository (openshift/os `extensions/rhel-10.2.yaml`:
+/// `rhel-9.6-server-ose-4.21` on 4.21, `rhel-9.8-server-ose-4.22`/`-5.0` on 4.22 and 4.23;
+/// the version is the testbed's own).
+const KATA: &str = "3.21.0-1.el9";
 
 /// The image's default kernel release for `arch` (`ostree.linux`), e.g.
 /// `5.14.0-570.60.1.el9_6.aarch64`.
@@ -44,6 +49,7 @@ pub fn stream_rpms(catalog: &[TestImage]) -> anyhow::Result<Vec<StreamRpms>> {
                 stream: img.stream.clone(),
                 kernel: kernel.trim_end_matches(".x86_64").to_string(),
                 usbguard: usbguard.to_string(),
+                kata: KATA.to_string(),
             })
         })
         .collect()

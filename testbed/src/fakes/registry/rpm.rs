@@ -62,6 +62,8 @@ pub struct StreamRpms {
     pub kernel: String,
     /// usbguard `VERSION-RELEASE`, e.g. `1.1.3-1.el9`.
     pub usbguard: String,
+    /// kata-containers `VERSION-RELEASE` (an el9 build in every stream).
+    pub kata: String,
 }
 
 /// One spec file and the binary packages it produces.
@@ -153,14 +155,41 @@ fn kernel_spec(
     })
 }
 
-fn usbguard_spec(s: &StreamRpms) -> anyhow::Result<Spec> {
-    let (version, release) = split_evr(&s.usbguard)?;
+/// A one-package x86_64 spec of `stream`: `name` at `evr` (`VERSION-RELEASE`), with the
+/// `%install` and `%files` sections `body` gives `version`.
+fn one_package_spec(
+    stream: &str,
+    (name, evr, summary, license, url): (&str, &str, &str, &str, &str),
+    body: impl FnOnce(&str) -> String,
+) -> anyhow::Result<Spec> {
+    let (version, release) = split_evr(evr)?;
     let text = format!(
-        "Name: usbguard\nVersion: {version}\nRelease: {release}\n\
-         Summary: A tool for implementing USB device usage policy (streamd testbed placeholder)\n\
-         License: GPL-2.0-or-later\nURL: https://usbguard.github.io/\nExclusiveArch: x86_64\n\n\
-         %description\nPlaceholder with the name, version and file layout of RHEL's usbguard.\n\n\
-         %install\n\
+        "Name: {name}\nVersion: {version}\nRelease: {release}\n\
+         Summary: {summary} (streamd testbed placeholder)\n\
+         License: {license}\nURL: {url}\nExclusiveArch: x86_64\n\n\
+         %description\nPlaceholder with the name, version and file layout of RHEL's {name}.\n\n{}",
+        body(version)
+    );
+    Ok(Spec {
+        stream: stream.into(),
+        name: name.into(),
+        target: "x86_64",
+        text,
+        packages: vec![(name.into(), version.into(), release.into())],
+    })
+}
+
+fn usbguard_spec(s: &StreamRpms) -> anyhow::Result<Spec> {
+    let about = (
+        "usbguard",
+        s.usbguard.as_str(),
+        "A tool for implementing USB device usage policy",
+        "GPL-2.0-or-later",
+        "https://usbguard.github.io/",
+    );
+    one_package_spec(&s.stream, about, |version| {
+        format!(
+            "%install\n\
          mkdir -p %{{buildroot}}/usr/sbin %{{buildroot}}/etc/usbguard %{{buildroot}}/usr/lib/systemd/system\n\
          printf '#!/bin/sh\\necho usbguard-daemon {version}\\n' > %{{buildroot}}/usr/sbin/usbguard-daemon\n\
          chmod 0755 %{{buildroot}}/usr/sbin/usbguard-daemon\n\
@@ -168,13 +197,29 @@ fn usbguard_spec(s: &StreamRpms) -> anyhow::Result<Spec> {
          printf '[Service]\\nExecStart=/usr/sbin/usbguard-daemon\\n' > %{{buildroot}}/usr/lib/systemd/system/usbguard.service\n\n\
          %files\n/usr/sbin/usbguard-daemon\n%config(noreplace) /etc/usbguard/usbguard-daemon.conf\n\
          /usr/lib/systemd/system/usbguard.service\n"
+        )
+    })
+}
+
+/// kata-containers, the `sandboxed-containers` extension's package: an el9 build in both
+/// streams' extensions images (openshift/os `extensions/rhel-10.2.yaml` takes it from an el9
+/// `server-ose` repository on 4.21, 4.22 and 4.23).
+fn kata_spec(s: &StreamRpms) -> anyhow::Result<Spec> {
+    let about = (
+        "kata-containers",
+        s.kata.as_str(),
+        "Kata Containers runtime",
+        "Apache-2.0",
+        "https://katacontainers.io/",
     );
-    Ok(Spec {
-        stream: s.stream.clone(),
-        name: "usbguard".into(),
-        target: "x86_64",
-        text,
-        packages: vec![("usbguard".into(), version.into(), release.into())],
+    one_package_spec(&s.stream, about, |version| {
+        format!(
+            "%install\n\
+         mkdir -p %{{buildroot}}/usr/bin\n\
+         printf '#!/bin/sh\\necho kata-runtime {version}\\n' > %{{buildroot}}/usr/bin/kata-runtime\n\
+         chmod 0755 %{{buildroot}}/usr/bin/kata-runtime\n\n\
+         %files\n/usr/bin/kata-runtime\n"
+        )
     })
 }
 
@@ -194,6 +239,7 @@ fn specs(streams: &[StreamRpms]) -> anyhow::Result<Vec<Spec>> {
             &["core", "modules", "modules-core", "modules-extra"],
         )?);
         out.push(usbguard_spec(s)?);
+        out.push(kata_spec(s)?);
     }
     Ok(out)
 }
@@ -416,6 +462,7 @@ mod tests {
             stream: "rhel-9".into(),
             kernel: "5.14.0-570.60.1.el9_6".into(),
             usbguard: "1.1.3-1.el9".into(),
+            kata: "3.21.0-1.el9".into(),
         }]
     }
 
@@ -438,6 +485,7 @@ mod tests {
                 "kernel-64k-modules-core.aarch64",
                 "kernel-64k-modules-extra.aarch64",
                 "usbguard.x86_64",
+                "kata-containers.x86_64",
             ]
         );
         let rt = &specs[0].text;

@@ -25,7 +25,7 @@ use crate::fakes::apiserver::{ApiServer, ApiServerConfig};
 use crate::fakes::registry::Registry;
 use crate::fakes::rpmostreed::RpmOstreeVersion;
 use crate::fixtures::images::TestImage;
-use crate::fixtures::openshift::OpenShift;
+use crate::fixtures::openshift::{FeatureSet, OpenShift};
 use crate::harness::cluster::{image_env, prepare_cluster, start_registry, write_env};
 use crate::harness::control_socket::serve_control;
 use crate::harness::node_host::{HostSetup, NodeHost};
@@ -56,6 +56,8 @@ pub struct FleetOptions {
     pub rpm_ostree: RpmOstreeVersion,
     /// The OpenShift release every node's MachineConfig was rendered by.
     pub openshift: OpenShift,
+    /// The cluster's feature set (default: [`OpenShift::default_feature_set`]).
+    pub feature_set: Option<FeatureSet>,
     /// The streamd binary each node runs; `None`: none is started (start them yourself).
     pub streamd: Option<PathBuf>,
     /// How long a rebooting node stays down (NotReady, streamd stopped) before it boots.
@@ -73,6 +75,7 @@ impl FleetOptions {
             backend: Backend::default(),
             rpm_ostree: RpmOstreeVersion::default(),
             openshift: OpenShift::default(),
+            feature_set: None,
             streamd: None,
             reboot_downtime: Duration::from_millis(500),
         }
@@ -136,7 +139,10 @@ impl Fleet {
         })
         .await
         .context("starting the fake API server")?;
-        prepare_cluster(&apiserver, &registry, opts.openshift)?;
+        let feature_set = opts
+            .feature_set
+            .unwrap_or(opts.openshift.default_feature_set());
+        prepare_cluster(&apiserver, &registry, opts.openshift, feature_set)?;
         let mut nodes = Vec::with_capacity(opts.nodes);
         for i in 0..opts.nodes {
             let name = node_name(i);
