@@ -731,3 +731,96 @@ async fn the_mcds_own_stage_in_flight_is_not_a_foreign_pending_deployment() {
     );
     assert_no_transaction(&env).await;
 }
+
+/// 4.21's machine-config daemon does no bootloader update before the rebase: with Secure Boot
+/// on, the move to rhel-10 is not ready until bootupd's `bootloader-update.service` has run
+/// this boot (as systemd says), which leaves the bootloader where 4.22's daemon would put it.
+/// On the old code the node read ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_4_21_secure_boot_node_is_ready_once_the_bootloader_update_ran_this_boot() {
+    let mut env = Env::with_openshift(
+        "readiness-421-sb",
+        "mcd-secureboot",
+        testbed::OpenShift::V4_21,
+    )
+    .await;
+    env.start_streamd();
+    let e = readiness(&wait_readiness(&env, "rhel-10").await)["rhel-10"].clone();
+    assert_eq!(e["failed"], json!(["secure-boot"]), "{e}");
+    let reason = e["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("Secure Boot is on and bootloader-update.service has not run this boot")
+            && reason.contains("by release 4.21's"),
+        "{reason}"
+    );
+    assert_eq!(
+        host_facts(&env.annotations().await)["secureBoot"],
+        json!(true)
+    );
+    env.stop_streamd();
+
+    // The unit runs (as at boot, or as an admin starts it).
+    let conn = bus_connection(&env.tb).await;
+    conn.call_method(
+        Some("org.freedesktop.systemd1"),
+        "/org/freedesktop/systemd1",
+        Some("org.freedesktop.systemd1.Manager"),
+        "StartUnit",
+        &("bootloader-update.service", "replace"),
+    )
+    .await
+    .expect("StartUnit");
+    wait_unit_active(&conn, "bootloader-update.service").await;
+    env.start_streamd();
+    let a = env
+        .wait_for("rhel-10 ready", Duration::from_secs(90), |a| {
+            a.get(READINESS)
+                .and_then(|r| serde_json::from_str::<Value>(r).ok())
+                .is_some_and(|r| r["rhel-10"]["ready"] == json!(true))
+        })
+        .await;
+    assert_eq!(readiness(&a)["rhel-10"]["failed"], json!([]));
+    assert_no_transaction(&env).await;
+}
+
+/// Waits until systemd (the fake) has `unit` `active`.
+async fn wait_unit_active(conn: &zbus::Connection, unit: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let path: Option<zbus::zvariant::OwnedObjectPath> = conn
+            .call_method(
+                Some("org.freedesktop.systemd1"),
+                "/org/freedesktop/systemd1",
+                Some("org.freedesktop.systemd1.Manager"),
+                "GetUnit",
+                &(unit,),
+            )
+            .await
+            .ok()
+            .and_then(|m| m.body().deserialize().ok());
+        let mut state = String::new();
+        if let Some(path) = path {
+            let props = zbus::fdo::PropertiesProxy::builder(conn)
+                .destination("org.freedesktop.systemd1")
+                .and_then(|b| b.path(path))
+                .expect("properties proxy")
+                .build()
+                .await
+                .expect("properties proxy");
+            let iface = zbus::names::InterfaceName::from_static_str_unchecked(
+                "org.freedesktop.systemd1.Unit",
+            );
+            if let Ok(v) = props.get(iface, "ActiveState").await {
+                state = String::try_from(v).unwrap_or_default();
+            }
+        }
+        if state == "active" {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{unit} not active within 60 s: {state:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

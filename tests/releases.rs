@@ -17,7 +17,7 @@ const MODE: &str = "osstream.openshift.io/mode";
 const READINESS: &str = "osstream.openshift.io/readiness";
 
 /// The testbed's host fixtures the machine-config daemon manages.
-const MCD_FIXTURES: [&str; 7] = [
+const MCD_FIXTURES: [&str; 8] = [
     "mcd",
     "mcd-layered-usbguard",
     "mcd-realtime",
@@ -25,6 +25,7 @@ const MCD_FIXTURES: [&str; 7] = [
     "mcd-osimageurl-override",
     "mcd-streamd-rpm",
     "mcd-kata",
+    "mcd-secureboot",
 ];
 
 /// One row of the table, for one release, feature set and fixture.

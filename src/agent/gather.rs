@@ -511,6 +511,8 @@ impl Gatherer {
             arch: facts.arch.clone(),
             x86_64_level: facts.x86_64_level,
             fips: facts.fips,
+            secure_boot: facts.secure_boot,
+            bootloader_updated: facts.bootloader_updated,
             kernel,
             crio_runtime: crio,
             os_image,

@@ -447,7 +447,7 @@ impl Agent {
         if self.readiness_key.as_deref() == Some(key.as_str()) && !self.core.readiness_stale() {
             return;
         }
-        let Some(facts) = self.report.status().host.clone() else {
+        let Some(mut facts) = self.report.status().host.clone() else {
             return;
         };
         self.watch_streams_for(plan.checked());
@@ -459,6 +459,9 @@ impl Agent {
         let catalog = self.catalog.clone();
         self.start(Step::Readiness, async move {
             let _one_at_a_time = lock.lock().await;
+            // Whether the bootloader is this boot's: the secure-boot check's fact.
+            facts.bootloader_updated =
+                crate::host::bootloader::ran_this_boot(backend.connection()).await;
             let deployments = backend.deployments().await;
             let record = store.load().unwrap_or_default();
             let booted = deployments

@@ -549,6 +549,8 @@ mod tests {
                 fips: streamd::host::facts::Fips::Enabled,
                 kernel: Some(streamd::backend::KernelVariant::Realtime),
                 x86_64_level: Some(3),
+                secure_boot: Some(false),
+                bootloader_updated: None,
             }),
             last_error: Some("preflight check cpu-level failed: old".into()),
             reboot_requested: Some("abc.123".into()),

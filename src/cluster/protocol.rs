@@ -199,6 +199,9 @@ pub enum CheckId {
     Fips,
     /// The running kernel variant can be carried to the target.
     KernelVariant,
+    /// With UEFI Secure Boot on, the bootloader is updated before a move to another RHEL
+    /// major by whoever makes the move.
+    SecureBoot,
     /// The container runtime works on the target.
     ContainerRuntime,
     /// There is room for the new deployment.
@@ -220,7 +223,7 @@ pub enum CheckId {
 
 impl CheckId {
     /// Every check, in the order preflight runs them.
-    pub const ALL: [CheckId; 18] = [
+    pub const ALL: [CheckId; 19] = [
         CheckId::ImagePolicy,
         CheckId::ImageReference,
         CheckId::Backend,
@@ -232,6 +235,7 @@ impl CheckId {
         CheckId::CpuLevel,
         CheckId::Fips,
         CheckId::KernelVariant,
+        CheckId::SecureBoot,
         CheckId::ContainerRuntime,
         CheckId::DiskSpace,
         CheckId::LayeredPackages,
@@ -254,6 +258,7 @@ impl CheckId {
             CheckId::CpuLevel => "cpu-level",
             CheckId::Fips => "fips",
             CheckId::KernelVariant => "kernel-variant",
+            CheckId::SecureBoot => "secure-boot",
             CheckId::ContainerRuntime => "container-runtime",
             CheckId::DiskSpace => "disk-space",
             CheckId::LayeredPackages => "layered-packages",

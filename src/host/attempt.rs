@@ -456,6 +456,8 @@ mod tests {
             fips,
             kernel,
             x86_64_level: Some(3),
+            secure_boot: None,
+            bootloader_updated: None,
         };
         assert_eq!(
             after_boot(

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use tracing::info;
 
-use crate::backend::systemd::{JobEnd, ManagerProxy, ServiceProxy, job_watch, wait_job};
+use crate::backend::systemd::{JobEnd, ManagerProxy, ServiceProxy, UnitProxy, job_watch, wait_job};
 
 /// bootupd's unit (coreos/bootupd:contrib/packaging/bootloader-update.service).
 pub const UNIT: &str = "bootloader-update.service";
@@ -121,6 +121,28 @@ pub async fn update(conn: &zbus::Connection) -> Result<(), BootloaderError> {
         result: crate::text::one_line(&result, 64),
         status,
     })
+}
+
+/// Whether [`UNIT`] ran and succeeded this boot: systemd keeps the oneshot (`RemainAfterExit=yes`)
+/// `active` from its success until the next boot. `Some(false)` when systemd has it in
+/// another state or has not loaded it (it did not run this boot, or is not installed);
+/// `None` when systemd could not be asked.
+pub async fn ran_this_boot(conn: &zbus::Connection) -> Option<bool> {
+    let manager = ManagerProxy::new(conn).await.ok()?;
+    let path = match manager.get_unit(UNIT).await {
+        Ok(path) => path,
+        Err(zbus::Error::MethodError(name, _, _)) if name.as_str() == NO_SUCH_UNIT => {
+            return Some(false);
+        }
+        Err(_) => return None,
+    };
+    let unit = UnitProxy::builder(conn)
+        .path(path)
+        .ok()?
+        .build()
+        .await
+        .ok()?;
+    Some(unit.active_state().await.ok()? == "active")
 }
 
 async fn unit_result(conn: &zbus::Connection, manager: &ManagerProxy<'_>) -> Option<(String, i32)> {

@@ -36,7 +36,7 @@ enum Command {
         /// Host fixture: default, fips, realtime, fips-realtime, 64k-aarch64, old-cpu, runc,
         /// low-disk, layered, realtime-image, mcd, secureboot, layered-image,
         /// realtime-layered-image, mcd-layered-usbguard, mcd-realtime, mcd-wasm,
-        /// mcd-osimageurl-override, mcd-streamd-rpm, mcd-kata.
+        /// mcd-osimageurl-override, mcd-streamd-rpm, mcd-kata, mcd-secureboot.
         #[arg(long, default_value = "default")]
         host: String,
         /// The host's OS update tool: rpm-ostree (rpm-ostreed on the bus) or bootc (no

@@ -24,6 +24,7 @@ use crate::image::registry::{ExtensionsInfo, OsImageInfo};
 use crate::image::rpm::{Closure, el_major};
 
 mod advice;
+mod boot;
 mod errors;
 mod host;
 mod image;
@@ -93,6 +94,11 @@ pub struct Input {
     pub x86_64_level: Option<u8>,
     /// FIPS state.
     pub fips: Fips,
+    /// Whether UEFI Secure Boot is on; `None`: the variable could not be read.
+    pub secure_boot: Option<bool>,
+    /// Whether bootupd's `bootloader-update.service` ran and succeeded this boot; `None`: not
+    /// known.
+    pub bootloader_updated: Option<bool>,
     /// Kernel variant, or why it is inconsistent.
     pub kernel: Result<KernelVariant, FactError>,
     /// CRI-O's default runtime, or why it could not be read.
@@ -180,6 +186,7 @@ pub fn run(i: &Input) -> Vec<CheckResult> {
         kernel::cpu_level(i),
         kernel::fips(i),
         kernel::kernel_variant(i),
+        boot::secure_boot(i),
         host::container_runtime(i),
         host::disk_space(i),
         packages::layered_packages(i),
@@ -273,6 +280,8 @@ mod fixtures {
             arch: "x86_64".into(),
             x86_64_level: Some(3),
             fips: Fips::Disabled,
+            secure_boot: Some(false),
+            bootloader_updated: None,
             kernel: Ok(KernelVariant::Default),
             crio_runtime: Ok("crun".into()),
             os_image: Ok(OsImageInfo {

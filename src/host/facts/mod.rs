@@ -40,6 +40,19 @@ pub struct HostFacts {
         default
     )]
     pub x86_64_level: Option<u8>,
+    /// Whether UEFI Secure Boot is on (the `SecureBoot` EFI variable; off on a host that did
+    /// not boot by EFI); `None` when the variable cannot be read.
+    #[serde(
+        rename = "secureBoot",
+        skip_serializing_if = "Option::is_none",
+        default
+    )]
+    pub secure_boot: Option<bool>,
+    /// Whether bootupd's `bootloader-update.service` ran and succeeded this boot, as systemd
+    /// says when readiness runs (`None`: not asked, or systemd could not say). Not published in
+    /// the annotation: the `secure-boot` check's message says it.
+    #[serde(skip)]
+    pub bootloader_updated: Option<bool>,
 }
 
 impl HostFacts {
@@ -122,12 +135,15 @@ pub fn gather(root: &HostRoot, backend: BackendKind, booted: Option<&Deployment>
         .then(|| root.read("/proc/cpuinfo").ok())
         .flatten()
         .and_then(|c| cpu::x86_64_level(&c));
+    let secure_boot = secureboot::secure_boot(root).ok();
     HostFacts {
         arch,
         backend,
         fips,
         kernel,
         x86_64_level,
+        secure_boot,
+        bootloader_updated: None,
     }
 }
 
@@ -239,7 +255,7 @@ mod tests {
         assert_eq!(facts.arch, "aarch64");
         assert_eq!(
             facts.to_json(),
-            r#"{"arch":"aarch64","backend":"rpm-ostree","fips":"enabled","kernel":"64k-pages"}"#
+            r#"{"arch":"aarch64","backend":"rpm-ostree","fips":"enabled","kernel":"64k-pages","secureBoot":false}"#
         );
         std::fs::create_dir_all(d.join("etc/crio/crio.conf.d")).expect("mkdir");
         std::fs::write(
