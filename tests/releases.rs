@@ -16,17 +16,14 @@ const STATE: &str = "osstream.openshift.io/state";
 const MODE: &str = "osstream.openshift.io/mode";
 const READINESS: &str = "osstream.openshift.io/readiness";
 
-/// The testbed's host fixtures the machine-config daemon manages.
-const MCD_FIXTURES: [&str; 8] = [
-    "mcd",
-    "mcd-layered-usbguard",
-    "mcd-realtime",
-    "mcd-wasm",
-    "mcd-osimageurl-override",
-    "mcd-streamd-rpm",
-    "mcd-kata",
-    "mcd-secureboot",
-];
+/// The testbed's host fixtures the machine-config daemon manages (each needs its rows).
+fn mcd_fixtures() -> Vec<&'static str> {
+    testbed::fixtures::FIXTURES
+        .iter()
+        .filter(|f| f.mcd)
+        .map(|f| f.name)
+        .collect()
+}
 
 /// One row of the table, for one release, feature set and fixture.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,7 +65,7 @@ fn documented() -> BTreeMap<(String, String, String), Expected> {
                 .collect()
         };
         let fixtures = match fixtures {
-            "every" => MCD_FIXTURES.map(String::from).to_vec(),
+            "every" => mcd_fixtures().into_iter().map(String::from).collect(),
             f => list(f),
         };
         let e = Expected {
@@ -139,10 +136,11 @@ fn status_reason(fleet: &Fleet, node: &str) -> String {
 /// Waits until every node has a rhel-10 readiness entry, or (where the cluster serves no
 /// OSImageStream) a status saying there is nothing to check; returns each node's row.
 async fn rows(fleet: &Fleet, streams_served: bool) -> BTreeMap<String, Expected> {
+    let fixtures = mcd_fixtures();
     let deadline = Instant::now() + Duration::from_secs(240);
     let mut done = BTreeMap::new();
-    while done.len() < MCD_FIXTURES.len() {
-        for (i, fixture) in MCD_FIXTURES.iter().enumerate() {
+    while done.len() < fixtures.len() {
+        for (i, fixture) in fixtures.iter().enumerate() {
             let node = testbed::harness::fleet::node_name(i);
             if done.contains_key(*fixture) {
                 continue;
@@ -161,7 +159,7 @@ async fn rows(fleet: &Fleet, streams_served: bool) -> BTreeMap<String, Expected>
                 }
             }
         }
-        let last = MCD_FIXTURES.iter().find(|f| !done.contains_key(**f));
+        let last = fixtures.iter().find(|f| !done.contains_key(**f));
         assert!(
             Instant::now() < deadline || last.is_none(),
             "no verdict within 240 s for {last:?}; so far {done:#?}"
@@ -178,23 +176,21 @@ async fn rows(fleet: &Fleet, streams_served: bool) -> BTreeMap<String, Expected>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_on_each_release_and_feature_set_agrees_with_the_protocol_table() {
     let table = documented();
+    let fixtures = mcd_fixtures();
     for release in OpenShift::ALL {
         for set in FeatureSet::ALL {
             let scratch = ScratchDir::new(&format!("rel-{release}-{set}")).expect("scratch");
             let fleet = Fleet::start(FleetOptions {
                 host: "mcd".into(),
-                host_overrides: (0..MCD_FIXTURES.len())
-                    .map(|i| {
-                        (
-                            testbed::harness::fleet::node_name(i),
-                            MCD_FIXTURES[i].into(),
-                        )
-                    })
+                host_overrides: fixtures
+                    .iter()
+                    .enumerate()
+                    .map(|(i, f)| (testbed::harness::fleet::node_name(i), f.to_string()))
                     .collect(),
                 openshift: release,
                 feature_set: Some(set),
                 streamd: Some(env!("CARGO_BIN_EXE_streamd").into()),
-                ..FleetOptions::new(scratch.to_path_buf(), MCD_FIXTURES.len())
+                ..FleetOptions::new(scratch.to_path_buf(), fixtures.len())
             })
             .await
             .expect("fleet starts");
@@ -212,7 +208,7 @@ async fn readiness_on_each_release_and_feature_set_agrees_with_the_protocol_tabl
                     "{key:?}: observed {row:#?}, documented {want:#?}"
                 );
             }
-            for i in 0..MCD_FIXTURES.len() {
+            for i in 0..fixtures.len() {
                 let a = fleet
                     .annotations(&testbed::harness::fleet::node_name(i))
                     .expect("annotations");
