@@ -244,7 +244,7 @@ fn the_host_json_fields_and_values_are_documented() {
         kernel: Some(KernelVariant::Default),
         x86_64_level: Some(3),
         secure_boot: Some(true),
-        bootloader_updated: None,
+        bootloader_updated: Some(false),
     };
     let json = serde_json::to_value(&facts).expect("json");
     let mut names: Vec<String> = json.as_object().expect("object").keys().cloned().collect();

@@ -753,9 +753,11 @@ async fn a_4_21_secure_boot_node_is_ready_once_the_bootloader_update_ran_this_bo
             && reason.contains("by release 4.21's"),
         "{reason}"
     );
+    let host = host_facts(&env.annotations().await);
     assert_eq!(
-        host_facts(&env.annotations().await)["secureBoot"],
-        json!(true)
+        (&host["secureBoot"], &host["bootloaderUpdated"]),
+        (&json!(true), &json!(false)),
+        "{host}"
     );
     env.stop_streamd();
 
@@ -780,6 +782,7 @@ async fn a_4_21_secure_boot_node_is_ready_once_the_bootloader_update_ran_this_bo
         })
         .await;
     assert_eq!(readiness(&a)["rhel-10"]["failed"], json!([]));
+    assert_eq!(host_facts(&a)["bootloaderUpdated"], json!(true), "{a:?}");
     assert_no_transaction(&env).await;
 }
 

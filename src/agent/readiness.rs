@@ -512,6 +512,7 @@ impl Agent {
                 deployments,
                 entries,
                 transient,
+                bootloader_updated: facts.bootloader_updated,
             }))
         });
     }
@@ -541,6 +542,7 @@ impl Agent {
         }
         self.readiness_key = Some(run.key);
         self.report.set_readiness(run.entries);
+        self.report.set_bootloader_updated(run.bootloader_updated);
         if self.report.status().mode == Mode::Readiness {
             // The current stream may have become known: the state follows the same rules.
             self.hold_readiness().await;

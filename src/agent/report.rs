@@ -123,6 +123,13 @@ impl Report {
         self.status.readiness = readiness;
     }
 
+    /// Whether `bootloader-update.service` ran this boot, as the readiness checks last found.
+    pub(super) fn set_bootloader_updated(&mut self, updated: Option<bool>) {
+        if let Some(host) = self.status.host.as_mut() {
+            host.bootloader_updated = updated;
+        }
+    }
+
     /// Reboots into the request so far.
     pub(super) fn set_attempts(&mut self, attempts: u32) {
         self.status.attempts = attempts;

@@ -54,6 +54,8 @@ pub(super) struct ReadinessRun {
     pub(super) entries: BTreeMap<String, Readiness>,
     /// Some check could not run and is to be retried soon.
     pub(super) transient: bool,
+    /// Whether `bootloader-update.service` ran this boot, as systemd said for the run.
+    pub(super) bootloader_updated: Option<bool>,
 }
 
 /// How a piece of work ended.

@@ -49,9 +49,13 @@ pub struct HostFacts {
     )]
     pub secure_boot: Option<bool>,
     /// Whether bootupd's `bootloader-update.service` ran and succeeded this boot, as systemd
-    /// says when readiness runs (`None`: not asked, or systemd could not say). Not published in
-    /// the annotation: the `secure-boot` check's message says it.
-    #[serde(skip)]
+    /// said when the readiness checks last ran (`None`: not asked yet, or systemd could not
+    /// say).
+    #[serde(
+        rename = "bootloaderUpdated",
+        skip_serializing_if = "Option::is_none",
+        default
+    )]
     pub bootloader_updated: Option<bool>,
 }
 
