@@ -1,5 +1,6 @@
-//! House rules the compiler does not see on its own (issue 22 §3, §5): every crate root opts in
-//! to the lints, and no error that is only text crosses a module boundary in `src/`.
+//! House rules the compiler does not see on its own (issue 22 §3, §5, §6): every crate root opts
+//! in to the lints, no error that is only text crosses a module boundary in `src/`, and scratch
+//! directories come from one helper.
 
 use std::path::{Path, PathBuf};
 
@@ -467,4 +468,46 @@ mod tests { pub fn g() -> Result<(), String> {} }
         "src/agent/preflight/release_tests.rs"
     )));
     assert!(!is_test_file(Path::new("src/agent/core.rs")));
+}
+
+// ---- One scratch-directory helper -----------------------------------------------------------
+
+/// Every test's scratch directory is a `testbed::scratch::ScratchDir`: short enough for the
+/// sockets put in it, fresh, removed after a passing test and kept after a failing one. No other
+/// file of the workspace's crates or tests asks for the temporary directory itself.
+#[test]
+fn scratch_directories_come_from_one_helper() {
+    let helper = Path::new("testbed/src/scratch.rs");
+    let mut found = Vec::new();
+    for dir in [
+        "src",
+        "tests",
+        "rollout/src",
+        "rollout/tests",
+        "testbed/src",
+        "testbed/tests",
+    ] {
+        let mut files = Vec::new();
+        rust_files(&root().join(dir), &mut files);
+        for f in &files {
+            let rel = f.strip_prefix(root()).unwrap_or(f);
+            if rel == helper {
+                continue;
+            }
+            let code = code_only(&std::fs::read_to_string(f).expect("read source"));
+            for (n, line) in code.lines().enumerate() {
+                let asks = line.contains("env::temp_dir")
+                    || (line.contains("env::{") && line.contains("temp_dir"))
+                    || line.contains("tempfile::");
+                if asks {
+                    found.push(format!("{}:{}", rel.display(), n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "use testbed::scratch::ScratchDir for a scratch directory:\n{}",
+        found.join("\n")
+    );
 }
