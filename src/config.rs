@@ -596,11 +596,8 @@ fn check_combination(
 mod tests {
     use super::*;
 
-    fn tmpdir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("streamd-config-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("tmpdir");
-        d
+    fn tmpdir(name: &str) -> testbed::scratch::ScratchDir {
+        testbed::scratch::ScratchDir::new(&format!("config-{name}")).expect("scratch dir")
     }
 
     #[test]
@@ -642,7 +639,10 @@ mod tests {
     fn non_toml_file_is_an_error() {
         let d = tmpdir("nontoml");
         std::fs::write(d.join("a.conf"), "").expect("write");
-        assert!(matches!(load(&[d]), Err(ConfigError::NotToml(_))));
+        assert!(matches!(
+            load(&[d.to_path_buf()]),
+            Err(ConfigError::NotToml(_))
+        ));
     }
 
     #[test]

@@ -51,6 +51,16 @@ async fn happy_path_stages_rhel10_with_progress() {
 
     let staged = env.wait_state("Staged").await;
     assert_eq!(staged.get(STAGED_OS_IMAGE), Some(&env.rhel10()));
+    // The handlers' lines carry the request they act on (issue 22 §5): the step that ended,
+    // the decision, preflight's end and the transaction's end.
+    let log = plain(&env.log());
+    for span in ["work_done", "decide", "on_prepared", "on_staged"] {
+        assert!(
+            span_carries(&log, span, &staged[OBSERVED_DESIRED]),
+            "no {span} span with request={}:\n{log}",
+            staged[OBSERVED_DESIRED]
+        );
+    }
     assert_eq!(
         staged.get(CURRENT_STREAM).map(String::as_str),
         Some("rhel-9")
@@ -110,6 +120,58 @@ async fn happy_path_stages_rhel10_with_progress() {
     let out = env.kubectl(&["describe", "node", testbed::NODE_NAME]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("StagingStarted"), "{text}");
+}
+
+/// `log` without the fmt layer's colours (ANSI escape sequences).
+fn plain(log: &str) -> String {
+    let mut out = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // CSI: up to and including the final letter.
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Whether a line of `log` sits in span `span` with the field `request` = `hash`
+/// (`span{step="verify" request=abc}:`).
+fn span_carries(log: &str, span: &str, hash: &str) -> bool {
+    let open = format!("{span}{{");
+    let wanted = format!("request={hash}");
+    log.lines().any(|l| {
+        l.match_indices(&open).any(|(i, _)| {
+            let fields = l[i + open.len()..].split('}').next().unwrap_or_default();
+            fields.split(' ').any(|f| f == wanted)
+        })
+    })
+}
+
+#[test]
+fn a_span_is_found_by_name_and_request() {
+    let log = "\x1b[2mT\x1b[0m DEBUG \x1b[1mwork_done\x1b[0m{\x1b[3mstep\x1b[0m\x1b[2m=\x1b[0m\"verify\" \x1b[3mrequest\x1b[0m\x1b[2m=\x1b[0mabc}\x1b[2m:\x1b[0m x: m\n\
+               T DEBUG decide{request=abd}: x: m\n\
+               T DEBUG on_staged{request=\"abc\"}: x: m";
+    let log = plain(log);
+    assert!(
+        log.starts_with("T DEBUG work_done{step=\"verify\" request=abc}: x: m"),
+        "{log}"
+    );
+    assert!(span_carries(&log, "work_done", "abc"));
+    assert!(span_carries(&log, "decide", "abd"));
+    assert!(!span_carries(&log, "decide", "abc"));
+    assert!(
+        !span_carries(&log, "on_staged", "abc"),
+        "one format: no quotes"
+    );
+    assert!(!span_carries(&log, "reconcile", "abc"));
 }
 
 /// `streamctl preflight --json` and `plan --json` for the node's request print exactly the fields

@@ -10,7 +10,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use base64::Engine as _;
 use proptest::collection::{btree_map, vec};
@@ -18,6 +17,7 @@ use proptest::option;
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use proptest::test_runner::TestCaseError;
+use testbed::scratch::ScratchDir;
 use zbus::zvariant::{Array, Dict, ObjectPath, OwnedValue, Signature, StructureBuilder, Value};
 
 use streamd::agent::preflight::stream_major;
@@ -1844,14 +1844,9 @@ proptest! {
 // registry: extensions layer
 // ---------------------------------------------------------------------------------------------
 
-fn scratch() -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "streamd-fuzz-layer-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
+/// A scratch directory with an empty `dest` in it.
+fn scratch() -> ScratchDir {
+    let d = ScratchDir::new("fuzz-layer").expect("scratch dir");
     std::fs::create_dir_all(d.join("dest")).expect("scratch dir");
     d
 }
@@ -2069,7 +2064,6 @@ fn run_layer(
             in_dest.insert(name, std::fs::read(e.path()).expect("read extracted file"));
         }
     }
-    let _ = std::fs::remove_dir_all(&root);
     prop_assert!(outside.is_empty(), "escaped dest: {:?}", outside);
     prop_assert!(bad.is_empty(), "not regular *.rpm files: {:?}", bad);
     if let Ok((_, files, _)) = &res {
@@ -2251,17 +2245,10 @@ proptest! {
             mutated(Just(r#"{"version":1,"staged":null,"attempt":{"request":"r","osImage":"i","digest":"d","bootId":"b","attempts":1,"reportedBoot":null}}"#.to_string())),
         ],
     ) {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "streamd-fuzz-attempt-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).map_err(|e| fail(e.to_string()))?;
-        let store = streamd::host::attempt::Store::new(&dir);
+        let dir = ScratchDir::new("fuzz-attempt").map_err(|e| fail(e.to_string()))?;
+        let store = streamd::host::attempt::Store::new(dir.path());
         std::fs::write(store.path(), &text).map_err(|e| fail(e.to_string()))?;
         let loaded = store.load();
-        let _ = std::fs::remove_dir_all(&dir);
         match loaded {
             // Read forward-compatibly: any layout from version 1 on loads as it was written.
             Ok(r) => prop_assert!(r.version >= 1, "version {}", r.version),

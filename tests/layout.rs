@@ -5,6 +5,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+mod source;
+
+use source::{PathUse, Tok, code_only, path_uses, rust_files, tokens};
+
 /// The groups, each allowed to use only those of a lower rank; `dbus_api` and `logging` share
 /// a rank, so neither uses the other.
 const ORDER: [(&str, u8); 11] = [
@@ -29,20 +33,6 @@ fn allowed(from: &str, to: &str) -> bool {
     match (rank(from), rank(to)) {
         (Some(f), Some(t)) => t < f || from == to,
         _ => false,
-    }
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in rd.flatten() {
-        let p = entry.path();
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|e| e == "rs") {
-            out.push(p);
-        }
     }
 }
 
@@ -129,263 +119,6 @@ fn the_rule_catches_a_backward_use() {
 
 // ---- Module cycles and crate boundaries -------------------------------------------------------
 
-/// Rust source reduced to its code: comments and the insides of string and char literals become
-/// spaces (newlines kept, so line numbers still hold), so a path in a doc comment or a message
-/// is no dependency.
-fn code_only(text: &str) -> String {
-    let c: Vec<char> = text.chars().collect();
-    let mut out = String::with_capacity(text.len());
-    let blank = |out: &mut String, ch: char| out.push(if ch == '\n' { '\n' } else { ' ' });
-    let mut i = 0;
-    while i < c.len() {
-        let next = c.get(i + 1).copied();
-        if c[i] == '/' && next == Some('/') {
-            while i < c.len() && c[i] != '\n' {
-                blank(&mut out, c[i]);
-                i += 1;
-            }
-        } else if c[i] == '/' && next == Some('*') {
-            let mut depth = 0;
-            while i < c.len() {
-                if c[i] == '/' && c.get(i + 1) == Some(&'*') {
-                    depth += 1;
-                    out.push_str("  ");
-                    i += 2;
-                } else if c[i] == '*' && c.get(i + 1) == Some(&'/') {
-                    depth -= 1;
-                    out.push_str("  ");
-                    i += 2;
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    blank(&mut out, c[i]);
-                    i += 1;
-                }
-            }
-        } else if let Some(hashes) = raw_string_start(&c, i) {
-            // r"…", r#"…"#, br"…": no escapes; ends at the quote and as many #.
-            let open = c[i..].iter().position(|&ch| ch == '"').unwrap_or(0) + 1;
-            for _ in 0..open {
-                out.push(' ');
-            }
-            i += open;
-            while i < c.len() {
-                if c[i] == '"' && (1..=hashes).all(|h| c.get(i + h) == Some(&'#')) {
-                    for _ in 0..=hashes {
-                        out.push(' ');
-                    }
-                    i += hashes + 1;
-                    break;
-                }
-                blank(&mut out, c[i]);
-                i += 1;
-            }
-        } else if c[i] == '"' || (c[i] == '\'' && is_char_literal(&c, i)) {
-            let quote = c[i];
-            out.push(' ');
-            i += 1;
-            while i < c.len() && c[i] != quote {
-                if c[i] == '\\' {
-                    out.push(' ');
-                    i += 1;
-                }
-                if i < c.len() {
-                    blank(&mut out, c[i]);
-                    i += 1;
-                }
-            }
-            out.push(' ');
-            i += 1;
-        } else {
-            out.push(c[i]);
-            i += 1;
-        }
-    }
-    out
-}
-
-/// The number of `#` of a raw string literal starting at `i`, if one does.
-fn raw_string_start(c: &[char], i: usize) -> Option<usize> {
-    let ident_before = i > 0 && (c[i - 1].is_alphanumeric() || c[i - 1] == '_');
-    if ident_before {
-        return None;
-    }
-    let mut j = i;
-    if c.get(j) == Some(&'b') {
-        j += 1;
-    }
-    if c.get(j) != Some(&'r') {
-        return None;
-    }
-    j += 1;
-    let hashes = c[j..].iter().take_while(|&&ch| ch == '#').count();
-    (c.get(j + hashes) == Some(&'"')).then_some(hashes)
-}
-
-/// Whether the `'` at `i` opens a char literal (`'a'`, `'\n'`), not a lifetime (`'a`).
-fn is_char_literal(c: &[char], i: usize) -> bool {
-    match c.get(i + 1) {
-        Some('\\') => true,
-        Some(_) => c.get(i + 2) == Some(&'\''),
-        None => false,
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Tok {
-    Ident(String),
-    /// `::`
-    Sep,
-    Punct(char),
-}
-
-/// The tokens of `code` (from [`code_only`]) that paths are made of, with their line numbers.
-fn tokens(code: &str) -> Vec<(usize, Tok)> {
-    let mut out = Vec::new();
-    for (n, line) in code.lines().enumerate() {
-        let c: Vec<char> = line.chars().collect();
-        let mut i = 0;
-        while i < c.len() {
-            if c[i].is_alphabetic() || c[i] == '_' {
-                let start = i;
-                while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_') {
-                    i += 1;
-                }
-                out.push((n + 1, Tok::Ident(c[start..i].iter().collect())));
-            } else if c[i] == ':' && c.get(i + 1) == Some(&':') {
-                out.push((n + 1, Tok::Sep));
-                i += 2;
-            } else {
-                if !c[i].is_whitespace() {
-                    out.push((n + 1, Tok::Punct(c[i])));
-                }
-                i += 1;
-            }
-        }
-    }
-    out
-}
-
-/// One path a file uses: where, the inline modules it sits in, and its segments with use trees
-/// expanded (`a::{b, c::d}` is `a::b` and `a::c::d`; `self` in a tree is dropped).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct PathUse {
-    line: usize,
-    inline: Vec<String>,
-    segments: Vec<String>,
-}
-
-/// Every path in `text` that starts with one of `roots` (`crate`, `super`, an extern crate).
-fn path_uses(text: &str, roots: &[&str]) -> Vec<PathUse> {
-    let toks = tokens(&code_only(text));
-    let is = |i: usize, t: &Tok| toks.get(i).is_some_and(|(_, x)| x == t);
-    let mut out = Vec::new();
-    // Inline modules (`mod tests { … }`) with the brace depth their body opened at.
-    let mut inline: Vec<(String, usize)> = Vec::new();
-    let mut depth = 0;
-    let mut i = 0;
-    while i < toks.len() {
-        match &toks[i].1 {
-            Tok::Ident(m) if m == "mod" => {
-                if let (Some((_, Tok::Ident(name))), true) =
-                    (toks.get(i + 1), is(i + 2, &Tok::Punct('{')))
-                {
-                    depth += 1;
-                    inline.push((name.clone(), depth));
-                    i += 3;
-                    continue;
-                }
-            }
-            Tok::Ident(root)
-                if roots.contains(&root.as_str())
-                    && is(i + 1, &Tok::Sep)
-                    && !continues(&toks, i) =>
-            {
-                let mut found = Vec::new();
-                let line = toks[i].0;
-                i = use_tree(&toks, i, Vec::new(), &mut found);
-                let names: Vec<String> = inline.iter().map(|(n, _)| n.clone()).collect();
-                out.extend(found.into_iter().map(|segments| PathUse {
-                    line,
-                    inline: names.clone(),
-                    segments,
-                }));
-                continue;
-            }
-            Tok::Punct('{') => depth += 1,
-            Tok::Punct('}') => {
-                if inline.last().is_some_and(|(_, d)| *d == depth) {
-                    inline.pop();
-                }
-                depth -= 1;
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    out
-}
-
-/// Whether the token at `i` continues a longer path (`a::crate`), rather than starting one
-/// (`use ::streamd::x` starts one).
-fn continues(toks: &[(usize, Tok)], i: usize) -> bool {
-    if i == 0 || toks[i - 1].1 != Tok::Sep {
-        return false;
-    }
-    match i.checked_sub(2).map(|j| &toks[j].1) {
-        Some(Tok::Ident(s)) => s != "use",
-        Some(Tok::Punct(c)) => matches!(c, '>' | ')'),
-        _ => false,
-    }
-}
-
-/// Reads the path or use tree at `i` below `prefix` into `out`; the index after it.
-fn use_tree(
-    toks: &[(usize, Tok)],
-    mut i: usize,
-    mut prefix: Vec<String>,
-    out: &mut Vec<Vec<String>>,
-) -> usize {
-    loop {
-        match toks.get(i).map(|(_, t)| t) {
-            Some(Tok::Punct('{')) => {
-                i += 1;
-                while i < toks.len() && toks[i].1 != Tok::Punct('}') {
-                    i = use_tree(toks, i, prefix.clone(), out);
-                    if toks.get(i).is_some_and(|(_, t)| *t == Tok::Punct(',')) {
-                        i += 1;
-                    }
-                }
-                return i + 1;
-            }
-            Some(Tok::Ident(s)) => {
-                if s != "self" {
-                    prefix.push(s.clone());
-                }
-                i += 1;
-                if toks.get(i).is_some_and(|(_, t)| *t == Tok::Sep) {
-                    i += 1;
-                    continue;
-                }
-                if toks
-                    .get(i)
-                    .is_some_and(|(_, t)| *t == Tok::Ident("as".into()))
-                {
-                    i += 2;
-                }
-                out.push(prefix);
-                return i;
-            }
-            // `*`, or the `<` of a turbofish: the path so far.
-            _ => {
-                out.push(prefix);
-                return i;
-            }
-        }
-    }
-}
-
 /// One crate's files by module path (`[]` is the root, `["agent", "gather"]` is
 /// `crate::agent::gather`).
 type Modules = BTreeMap<Vec<String>, PathBuf>;
@@ -418,8 +151,8 @@ fn library_modules(src: &Path) -> Modules {
 }
 
 /// The file module a `crate::`/`super::` path used in module `from` (with its inline modules)
-/// lands in: the longest module path of `modules` it starts with.
-fn resolve(modules: &Modules, from: &[String], u: &PathUse) -> Option<Vec<String>> {
+/// lands in: the longest module path of `modules` it starts with, and the segments after it.
+fn resolve(modules: &Modules, from: &[String], u: &PathUse) -> Option<(Vec<String>, Vec<String>)> {
     let mut here: Vec<String> = from.iter().chain(&u.inline).cloned().collect();
     let mut segs = u.segments.iter().peekable();
     match segs.peek().map(|s| s.as_str()) {
@@ -438,8 +171,55 @@ fn resolve(modules: &Modules, from: &[String], u: &PathUse) -> Option<Vec<String
     here.extend(segs.cloned());
     (0..=here.len())
         .rev()
-        .map(|n| here[..n].to_vec())
-        .find(|m| modules.contains_key(m))
+        .find(|n| modules.contains_key(&here[..*n]))
+        .map(|n| (here[..n].to_vec(), here[n..].to_vec()))
+}
+
+/// The names module `m` (text `text`) imports from its own submodules with a `use`
+/// (`use work::Outcome;`, `pub use decide::{decide, reboot_token};`), each with the file module
+/// it comes from: another module's `super::Outcome` uses `work`, not `m`, and a cycle through
+/// such a re-export is a cycle too.
+fn imports_from_children(
+    modules: &Modules,
+    m: &[String],
+    text: &str,
+) -> BTreeMap<String, Vec<String>> {
+    let children: Vec<String> = modules
+        .keys()
+        .filter(|k| k.len() == m.len() + 1 && k.starts_with(m))
+        .map(|k| k[m.len()].clone())
+        .collect();
+    let roots: Vec<&str> = children.iter().map(String::as_str).collect();
+    let code = code_only(text);
+    let lines: Vec<&str> = code.lines().collect();
+    let on_use_line = |line: usize| {
+        let l = lines.get(line - 1).map_or("", |l| l.trim_start());
+        let l = l.strip_prefix("pub").map_or(l, |rest| {
+            rest.trim_start()
+                .strip_prefix('(')
+                .and_then(|r| r.split_once(')'))
+                .map_or(rest, |(_, after)| after)
+                .trim_start()
+        });
+        l.starts_with("use ")
+    };
+    let mut out = BTreeMap::new();
+    for u in path_uses(text, &roots) {
+        if !u.inline.is_empty() || !on_use_line(u.line) {
+            continue;
+        }
+        let full: Vec<String> = m.iter().chain(&u.segments).cloned().collect();
+        let Some(name) = u.segments.last() else {
+            continue;
+        };
+        if let Some(n) = (m.len() + 1..=full.len())
+            .rev()
+            .find(|n| modules.contains_key(&full[..*n]))
+        {
+            out.insert(name.clone(), full[..n].to_vec());
+        }
+    }
+    out
 }
 
 /// Which file modules each file module uses, each with the first line that does.
@@ -447,16 +227,25 @@ type Graph = BTreeMap<Vec<String>, BTreeMap<Vec<String>, usize>>;
 
 /// The graph of `modules`, each file's text given by `read`. A module's use of its own
 /// submodules is no edge: it declares them (`mod x;`) and uses them by relative paths, which
-/// are not read here either; what a submodule uses of its parent is.
+/// are not read here either; what a submodule uses of its parent is. A name the target imports
+/// from one of its submodules ([`imports_from_children`]) is a use of that submodule.
 fn module_graph(modules: &Modules, read: impl Fn(&Path) -> String) -> Graph {
+    let texts: BTreeMap<&Vec<String>, String> = modules.iter().map(|(m, f)| (m, read(f))).collect();
+    let imports: BTreeMap<&Vec<String>, BTreeMap<String, Vec<String>>> = texts
+        .iter()
+        .map(|(m, text)| (*m, imports_from_children(modules, m, text)))
+        .collect();
     let mut graph = Graph::new();
-    for (m, file) in modules {
-        let text = read(file);
-        let edges = graph.entry(m.clone()).or_default();
-        for u in path_uses(&text, &["crate", "super"]) {
-            if let Some(to) = resolve(modules, m, &u)
-                && !to.starts_with(m)
-            {
+    for (m, text) in &texts {
+        let edges = graph.entry((*m).clone()).or_default();
+        for u in path_uses(text, &["crate", "super"]) {
+            let Some((mut to, rest)) = resolve(modules, m, &u) else {
+                continue;
+            };
+            if let Some(child) = rest.first().and_then(|name| imports[&to].get(name)) {
+                to = child.clone();
+            }
+            if !to.starts_with(m) {
                 edges.entry(to).or_insert(u.line);
             }
         }
@@ -602,6 +391,14 @@ fn other_crates_use_only_what_streamd_shares() {
     );
 }
 
+/// The modules of a made-up crate, its files' texts by path.
+fn made_up(texts: &BTreeMap<&str, &str>) -> Modules {
+    texts
+        .keys()
+        .map(|f| (module_of(Path::new(""), Path::new(f)), PathBuf::from(f)))
+        .collect()
+}
+
 /// The cycle detector on a made-up crate: `a::b` and `c` use each other (through `crate::`);
 /// `a::b` and `c` use `a` one way (through `super::` and `crate::`), and `a`'s use of its own
 /// submodule is no edge; paths in comments and strings, and an inline module's `super`, are no
@@ -627,10 +424,7 @@ fn the_cycle_detector_finds_a_cycle_and_only_that() {
     ]
     .into_iter()
     .collect();
-    let modules: Modules = texts
-        .keys()
-        .map(|f| (module_of(Path::new(""), Path::new(f)), PathBuf::from(f)))
-        .collect();
+    let modules = made_up(&texts);
     let graph = module_graph(&modules, |f| texts[f.to_str().expect("name")].to_string());
     let m = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     let uses = |from: &[&str]| graph[&m(from)].keys().cloned().collect::<Vec<_>>();
@@ -648,6 +442,50 @@ fn the_cycle_detector_finds_a_cycle_and_only_that() {
         told,
         "cycle: a/b.rs <-> c.rs\n  a/b.rs:1 uses c.rs\n  c.rs:1 uses a/b.rs"
     );
+}
+
+/// A cycle through a parent's re-export: `p` imports `Thing` from `p::x` (and, in a test
+/// module, `f` from `p::y`), `p::y` uses `super::Thing` (that is `p::x`) and `p::x` uses
+/// `super::y::f`. Without the re-export, `p::y`'s use is one of `p` and no cycle.
+#[test]
+fn the_cycle_detector_sees_through_a_parents_use() {
+    let texts: BTreeMap<&str, &str> = [
+        ("lib.rs", "pub mod p;\n"),
+        (
+            "p/mod.rs",
+            "mod x;\nmod y;\npub(crate) use x::Thing;\n\
+             mod tests {\n    use y::f;\n}\n",
+        ),
+        ("p/x.rs", "pub struct Thing;\nfn g() { super::y::f() }\n"),
+        ("p/y.rs", "pub fn f() {}\nfn h(_: super::Thing) {}\n"),
+    ]
+    .into_iter()
+    .collect();
+    let modules = made_up(&texts);
+    let m = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let imports = imports_from_children(&modules, &m(&["p"]), texts["p/mod.rs"]);
+    assert_eq!(
+        imports.into_iter().collect::<Vec<_>>(),
+        [("Thing".to_string(), m(&["p", "x"]))],
+        "a use line's names, not a test module's"
+    );
+    let graph = module_graph(&modules, |f| texts[f.to_str().expect("name")].to_string());
+    assert_eq!(cycles(&graph), [vec![m(&["p", "x"]), m(&["p", "y"])]]);
+    let plain: BTreeMap<&str, &str> = texts
+        .iter()
+        .map(|(f, t)| {
+            (
+                *f,
+                if *f == "p/mod.rs" {
+                    "mod x;\nmod y;\npub struct Thing;\n"
+                } else {
+                    t
+                },
+            )
+        })
+        .collect();
+    let graph = module_graph(&modules, |f| plain[f.to_str().expect("name")].to_string());
+    assert!(cycles(&graph).is_empty(), "{graph:?}");
 }
 
 /// The crate rule on made-up text: a use tree is split into its paths, each judged; comments

@@ -84,6 +84,18 @@ impl Step {
         }
     }
 
+    /// The request (observed-desired hash) it runs for, if it runs for one.
+    pub(super) fn request(&self) -> Option<&str> {
+        match self {
+            Step::Preflight { request }
+            | Step::Staging { request }
+            | Step::Verify { request }
+            | Step::Apply { request } => Some(request),
+            Step::Cleanup { request } => request.as_deref(),
+            Step::Observe | Step::Bootloader | Step::Readiness => None,
+        }
+    }
+
     /// Whether stopping it changes nothing on the node, so a new request may drop it.
     fn droppable_for(&self, request: Option<&str>) -> bool {
         match self {
@@ -782,7 +794,7 @@ fn verified_effects(verified: Verified) -> Vec<Effect> {
     match verified {
         Verified::Passed {
             checksum,
-            record: Ok(mut record),
+            mut record,
         } => {
             if let Some(staged) = record.staged.as_mut() {
                 staged.verified = Some(checksum);
@@ -795,11 +807,7 @@ fn verified_effects(verified: Verified) -> Vec<Effect> {
                 Effect::Reconcile,
             ]
         }
-        Verified::Passed {
-            record: Err(reason),
-            ..
-        }
-        | Verified::Failed(reason) => vec![degraded(reason)],
+        Verified::Unrecorded(reason) | Verified::Failed(reason) => vec![degraded(reason)],
     }
 }
 

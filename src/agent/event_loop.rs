@@ -154,19 +154,7 @@ impl Agent {
                 self.on_staged(res).await;
                 self.settle().await;
             }
-            Wake::Work(done) => {
-                match done {
-                    Ok(outcome) => {
-                        self.ended(None).await;
-                        self.on_work(outcome).await;
-                    }
-                    Err(e) => {
-                        warn!(error = %e, label = e.label(), "work failed");
-                        self.ended(Some(e.to_string())).await;
-                    }
-                }
-                self.settle().await;
-            }
+            Wake::Work(done) => self.work_done(done).await,
             Wake::RetryDue => {
                 let effects = self.core.handle(Event::RetryDue);
                 self.execute(effects).await;
@@ -181,6 +169,30 @@ impl Agent {
             }
         }
         Ok(())
+    }
+
+    /// A step's task ended: tells the core, acts on what it found and settles. The span names
+    /// the step and the request it ran for, so every handler's lines carry them.
+    #[tracing::instrument(skip_all, fields(step = tracing::field::Empty, request = tracing::field::Empty))]
+    async fn work_done(&mut self, done: Result<Outcome, TaskFailed>) {
+        if let Activity::Running { step, .. } = self.core.activity() {
+            let span = tracing::Span::current();
+            span.record("step", step.label());
+            if let Some(request) = step.request() {
+                span.record("request", tracing::field::display(request));
+            }
+        }
+        match done {
+            Ok(outcome) => {
+                self.ended(None).await;
+                self.on_work(outcome).await;
+            }
+            Err(e) => {
+                warn!(error = %e, label = e.label(), "work failed");
+                self.ended(Some(e.to_string())).await;
+            }
+        }
+        self.settle().await;
     }
 
     /// What the node watch reported.

@@ -342,7 +342,7 @@ impl Agent {
         let inputs = self.inputs.clone().unwrap_or_default();
         let request = inputs.desired().ok().flatten().map(|d| d.observed_hash());
         if let Some(r) = &request {
-            tracing::Span::current().record("request", r.as_str());
+            tracing::Span::current().record("request", tracing::field::display(r));
         }
         self.report.set_desired(&inputs, request.clone());
         let effects = self.core.handle(Event::Reconcile {
@@ -534,7 +534,7 @@ impl Agent {
         let inputs = self.inputs.clone().unwrap_or_default();
         let desired = inputs.desired();
         if let Ok(Some(d)) = &desired {
-            tracing::Span::current().record("request", d.observed_hash().as_str());
+            tracing::Span::current().record("request", tracing::field::display(d.observed_hash()));
         }
         let mut record = match self.store.load() {
             Ok(r) => r,

@@ -574,7 +574,8 @@ fn operator_view(
     let not_applicable =
         mco::pinned(mc).or_else(|| from_catalog.then(|| mco::ignored(mc, written_by)).flatten());
     let reason = match (not_applicable, mco::extensions_override(mc, entries)) {
-        (Some(reason), _) | (None, Some(Err(reason))) => reason,
+        (Some(reason), _) => reason,
+        (None, Some(Err(unpinned))) => unpinned.to_string(),
         (None, Some(Ok(image))) => {
             desired.extensions_image = Some(image);
             return Target::Check(desired);

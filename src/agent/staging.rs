@@ -338,9 +338,12 @@ impl Agent {
     /// failure.
     pub(super) async fn on_verified(&mut self, result: Result<String, VerifyFailed>) {
         let verified = match result {
-            Ok(checksum) => Verified::Passed {
-                checksum,
-                record: self.store.load().map(Box::new).map_err(|e| e.to_string()),
+            Ok(checksum) => match self.store.load() {
+                Ok(record) => Verified::Passed {
+                    checksum,
+                    record: Box::new(record),
+                },
+                Err(e) => Verified::Unrecorded(e.to_string()),
             },
             Err(e) => {
                 warn!(error = %e, label = e.label(), "the staged deployment did not pass its check");
@@ -397,7 +400,7 @@ impl Agent {
 
     /// Acts on the end of the staging transaction: the core says what follows
     /// ([`super::core::Core`]'s `staging_ended`).
-    #[tracing::instrument(skip_all, fields(request = self.core.staging().unwrap_or_default()))]
+    #[tracing::instrument(skip_all, fields(request = %self.core.staging().unwrap_or_default()))]
     pub(super) async fn on_staged(&mut self, res: Result<(), BackendError>) {
         let Some(hash) = self.core.staging().map(String::from) else {
             return;

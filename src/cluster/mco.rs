@@ -73,11 +73,11 @@ pub fn ignored(mc: &AppliedConfig, written_by: Option<&str>) -> Option<String> {
 /// value is the pool's stream's, or the default stream's when it has none). Told only when
 /// the operator build that wrote the OSImageStream rendered the MachineConfig too (else the
 /// stream's images may be another release's). `Err`: the override is no digest-pinned
-/// reference, which streamd does not read (the reason says so).
+/// reference, which streamd does not read.
 pub fn extensions_override(
     mc: &AppliedConfig,
     entries: &[StreamImages],
-) -> Option<Result<ImageRef, String>> {
+) -> Option<Result<ImageRef, UnpinnedOverride>> {
     let image = mc.pins.extensions_image.as_str();
     let same_build = entries.first().is_some_and(|e| {
         e.written_by.is_some() && e.written_by.as_deref() == mc.pins.controller_version.as_deref()
@@ -85,11 +85,22 @@ pub fn extensions_override(
     if image.is_empty() || !same_build || entries.iter().any(|e| e.os_extensions_image == image) {
         return None;
     }
-    Some(image.parse().map_err(|e: ImageRefError| {
-        format!(
-            "the pool overrides baseOSExtensionsContainerImage, which the machine-config operator installs from instead of the stream's, with an image streamd cannot check ({e}); pin it by digest"
-        )
-    }))
+    Some(image.parse().map_err(UnpinnedOverride))
+}
+
+/// A user MachineConfig's `baseOSExtensionsContainerImage` that streamd cannot check: no
+/// digest-pinned reference. The message is the node's reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the pool overrides baseOSExtensionsContainerImage, which the machine-config operator installs from instead of the stream's, with an image streamd cannot check ({0}); pin it by digest"
+)]
+pub struct UnpinnedOverride(pub ImageRefError);
+
+impl UnpinnedOverride {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        "extensions-override-unpinned"
+    }
 }
 
 #[cfg(test)]
@@ -208,6 +219,7 @@ pub(crate) mod tests {
         let e = extensions_override(&tag, &streams)
             .expect("overridden")
             .expect_err("not pinned");
-        assert!(e.contains("pin it by digest"), "{e}");
+        assert!(e.to_string().contains("pin it by digest"), "{e}");
+        assert_eq!(e.label(), "extensions-override-unpinned");
     }
 }

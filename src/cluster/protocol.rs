@@ -160,14 +160,26 @@ impl fmt::Display for State {
     }
 }
 
+/// A `state` value that is not one of [`State::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown state {}", quote(.0))]
+pub struct UnknownState(pub String);
+
+impl UnknownState {
+    /// A short stable id for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        "state-unknown"
+    }
+}
+
 impl FromStr for State {
-    type Err = String;
+    type Err = UnknownState;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         State::ALL
             .into_iter()
             .find(|st| st.as_str() == s)
-            .ok_or_else(|| format!("unknown state {s:?}"))
+            .ok_or_else(|| UnknownState(crate::text::one_line(s, 64)))
     }
 }
 
@@ -759,7 +771,10 @@ mod tests {
         for st in State::ALL {
             assert_eq!(st.as_str().parse::<State>(), Ok(st));
         }
-        assert!("idle".parse::<State>().is_err());
+        assert_eq!(
+            "idle\nx".parse::<State>(),
+            Err(UnknownState("idle; x".into()))
+        );
     }
 
     #[test]

@@ -331,15 +331,14 @@ impl Store {
 mod tests {
     use super::*;
 
-    fn dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("streamd-attempt-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        d
+    fn dir(name: &str) -> testbed::scratch::ScratchDir {
+        testbed::scratch::ScratchDir::new(&format!("attempt-{name}")).expect("scratch dir")
     }
 
     #[test]
     fn missing_is_empty_and_saved_round_trips() {
-        let store = Store::new(dir("rt"));
+        let d = dir("rt");
+        let store = Store::new(d.path());
         assert_eq!(store.load().expect("load"), Record::default());
         let rec = Record {
             version: 0,
@@ -383,8 +382,7 @@ mod tests {
     #[test]
     fn corrupt_or_foreign_files_are_errors_naming_the_file() {
         let d = dir("corrupt");
-        std::fs::create_dir_all(&d).expect("mkdir");
-        let store = Store::new(&d);
+        let store = Store::new(d.path());
         for text in [
             "{",
             "[]",
@@ -402,8 +400,7 @@ mod tests {
     #[test]
     fn records_of_other_versions_are_read() {
         let d = dir("versions");
-        std::fs::create_dir_all(&d).expect("mkdir");
-        let store = Store::new(&d);
+        let store = Store::new(d.path());
         let v1 = r#"{
   "version": 1,
   "staged": { "request": "abc", "osImage": "r/x@sha256:1" },

@@ -421,12 +421,11 @@ mod tests {
         format!("{name}@{D}").parse().expect("ref")
     }
 
-    fn scratch(name: &str) -> HostRoot {
+    fn scratch(name: &str) -> (testbed::scratch::ScratchDir, HostRoot) {
         let dir =
-            std::env::temp_dir().join(format!("streamd-ospull-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("dir");
-        HostRoot::new(dir)
+            testbed::scratch::ScratchDir::new(&format!("ospull-{name}")).expect("scratch dir");
+        let root = HostRoot::new(dir.path());
+        (dir, root)
     }
 
     fn put(root: &HostRoot, path: &str, text: &str) {
@@ -437,7 +436,7 @@ mod tests {
 
     #[test]
     fn auth_files_are_looked_up_in_ostree_ext_order() {
-        let root = scratch("order");
+        let (_dir, root) = scratch("order");
         assert_eq!(auth_file(&root), Ok(None));
         let used = |root: &HostRoot| auth_file(root).expect("ok").expect("some").path;
         let entry = r#"{"auths":{"u.example":{"auth":"dTpw"}}}"#;
@@ -550,7 +549,7 @@ mod tests {
 
     #[test]
     fn drop_ins_are_read_in_order() {
-        let root = scratch("dropins");
+        let (_dir, root) = scratch("dropins");
         put(
             &root,
             CONF,

@@ -255,19 +255,19 @@ mod tests {
 
     const D: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000001";
 
-    fn root_with(name: &str, policy: &str) -> HostRoot {
+    fn root_with(name: &str, policy: &str) -> (testbed::scratch::ScratchDir, HostRoot) {
         let dir =
-            std::env::temp_dir().join(format!("streamd-sigpolicy-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+            testbed::scratch::ScratchDir::new(&format!("sigpolicy-{name}")).expect("scratch dir");
         std::fs::create_dir_all(dir.join("etc/containers")).expect("dir");
         std::fs::write(dir.join("etc/containers/policy.json"), policy).expect("policy");
-        HostRoot::new(dir)
+        let root = HostRoot::new(dir.path());
+        (dir, root)
     }
 
     /// What `policy` makes of `q.example/os@D` on a host booted from `booted` (nothing is
     /// pulled: the OS daemon's view has no endpoint that served the image).
     async fn judged(name: &str, policy: &str, booted: &str) -> Judgement {
-        let root = root_with(name, policy);
+        let (_dir, root) = root_with(name, policy);
         let image: ImageRef = format!("q.example/os@{D}").parse().expect("ref");
         let view = OsPull {
             auth_file: None,

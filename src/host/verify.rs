@@ -565,28 +565,20 @@ mod tests {
         assert!(many.contains("2 kernel directories"), "{many}");
     }
 
-    /// A scratch directory removed on drop.
-    struct Scratch(PathBuf);
+    /// A scratch directory (removed on drop) to put files in.
+    struct Scratch(testbed::scratch::ScratchDir);
 
     impl Scratch {
         fn new(name: &str) -> Scratch {
-            let p =
-                std::env::temp_dir().join(format!("streamd-verify-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&p);
-            std::fs::create_dir_all(&p).expect("scratch dir");
-            Scratch(p)
+            Scratch(
+                testbed::scratch::ScratchDir::new(&format!("verify-{name}")).expect("scratch dir"),
+            )
         }
 
         fn put(&self, rel: &str, text: &str) {
             let p = self.0.join(rel);
             std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
             std::fs::write(p, text).expect("write");
-        }
-    }
-
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
         }
     }
 

@@ -185,11 +185,12 @@ mod tests {
             .expect("image")
     }
 
-    fn scratch(name: &str) -> Cache {
-        let root =
-            std::env::temp_dir().join(format!("streamd-extcache-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        Cache::new(root)
+    /// A cache in a scratch directory, removed when the directory is dropped.
+    fn scratch(name: &str) -> (testbed::scratch::ScratchDir, Cache) {
+        let dir =
+            testbed::scratch::ScratchDir::new(&format!("extcache-{name}")).expect("scratch dir");
+        let cache = Cache::new(dir.join("cache"));
+        (dir, cache)
     }
 
     fn info() -> ExtensionsInfo {
@@ -212,7 +213,7 @@ mod tests {
 
     #[test]
     fn a_recorded_extraction_is_reused_only_for_the_same_request() {
-        let cache = scratch("reuse");
+        let (_dir, cache) = scratch("reuse");
         let (a, b) = (image('a'), image('b'));
         let wanted = vec!["kernel-rt-core".to_string()];
         assert!(cache.get(&a, "x86_64", &wanted).is_none(), "nothing yet");
@@ -225,12 +226,11 @@ mod tests {
             "other packages"
         );
         assert!(cache.get(&a, "x86_64", &[]).is_some(), "a subset is served");
-        std::fs::remove_dir_all(cache.root()).ok();
     }
 
     #[test]
     fn a_changed_missing_or_unrecorded_file_means_extracting_again() {
-        let cache = scratch("changed");
+        let (_dir, cache) = scratch("changed");
         let a = image('a');
         let wanted = vec!["kernel-rt-core".to_string()];
         let files = extract(&cache, &a, &wanted);
@@ -245,12 +245,11 @@ mod tests {
         assert!(cache.get(&a, "x86_64", &wanted).is_none(), "no record");
         std::fs::write(dir.join(RECORD), b"{not json").expect("write");
         assert!(cache.get(&a, "x86_64", &wanted).is_none(), "bad record");
-        std::fs::remove_dir_all(cache.root()).ok();
     }
 
     #[test]
     fn a_record_naming_a_path_outside_its_directory_is_not_trusted() {
-        let cache = scratch("escape");
+        let (_dir, cache) = scratch("escape");
         let a = image('a');
         let dir = cache.fresh(&a).expect("fresh");
         let record = Extraction {
@@ -263,12 +262,11 @@ mod tests {
         std::fs::write(dir.join(RECORD), serde_json::to_vec(&record).expect("json"))
             .expect("write");
         assert!(cache.get(&a, "x86_64", &[]).is_none());
-        std::fs::remove_dir_all(cache.root()).ok();
     }
 
     #[test]
     fn prune_keeps_only_the_current_image() {
-        let cache = scratch("prune");
+        let (_dir, cache) = scratch("prune");
         let (a, b) = (image('a'), image('b'));
         extract(&cache, &a, &[]);
         extract(&cache, &b, &[]);
@@ -281,6 +279,5 @@ mod tests {
         assert_eq!(left, vec![cache.dir(&b)]);
         cache.prune(&[]);
         assert_eq!(std::fs::read_dir(cache.root()).expect("root").count(), 0);
-        std::fs::remove_dir_all(cache.root()).ok();
     }
 }

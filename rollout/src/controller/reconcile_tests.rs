@@ -28,6 +28,46 @@ async fn create() {
     assert_eq!(r, Requeue::await_change());
 }
 
+/// The `pool` field of every `reconcile` span opened while it is the default subscriber.
+struct PoolSpans(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PoolSpans {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _: &tracing::span::Id,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        struct Pool(Option<String>);
+        impl tracing::field::Visit for Pool {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                if f.name() == "pool" {
+                    self.0 = Some(format!("{v:?}"));
+                }
+            }
+        }
+        if attrs.metadata().name() == "reconcile" {
+            let mut pool = Pool(None);
+            attrs.record(&mut pool);
+            let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            seen.push(pool.0.unwrap_or_default());
+        }
+    }
+}
+
+/// The reconcile's span carries the pool's name, so every line of the pass says which pool
+/// (issue 22 §5).
+#[tokio::test]
+async fn the_span_names_the_pool() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let subscriber = tracing_subscriber::registry().with(PoolSpans(seen.clone()));
+    let _default = tracing::subscriber::set_default(subscriber);
+    let name = Scenario::Create.pool().name_any();
+    reconciled(Scenario::Create).await.expect("reconcile");
+    assert_eq!(*seen.lock().expect("spans"), [name]);
+}
+
 #[tokio::test]
 async fn drain_blocked() {
     let r = reconciled(Scenario::DrainBlocked).await.expect("reconcile");

@@ -76,12 +76,13 @@ pub(in crate::agent) struct StagingEnded {
 /// How the on-disk check of a staged deployment ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(in crate::agent) enum Verified {
-    /// It passed: the staged deployment's checksum, and the attempt record as read then (or
-    /// why it could not be read).
+    /// It passed: the staged deployment's checksum, and the attempt record as read then.
     Passed {
         checksum: String,
-        record: Result<Box<Record>, String>,
+        record: Box<Record>,
     },
+    /// It passed, but the attempt record could not be read to note it: why, as reported.
+    Unrecorded(String),
     /// It did not pass, and why.
     Failed(String),
 }

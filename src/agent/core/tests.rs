@@ -134,8 +134,15 @@ pub(super) fn with(
     steps
 }
 
-#[allow(clippy::too_many_lines)]
 fn rows(t0: Instant) -> Vec<Row> {
+    [rows_1(t0), rows_2(t0), rows_3(t0), rows_4(t0)]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// Rows of [`rows`], part 1 of 4.
+fn rows_1(t0: Instant) -> Vec<Row> {
     let idle = Activity::Idle;
     vec![
         row(
@@ -216,6 +223,13 @@ fn rows(t0: Instant) -> Vec<Row> {
             ),
             running(staging("A"), false),
         ),
+    ]
+}
+
+/// Rows of [`rows`], part 2 of 4.
+fn rows_2(t0: Instant) -> Vec<Row> {
+    let idle = Activity::Idle;
+    vec![
         row(
             "a transaction does not carry a reconcile asked for before it",
             with(
@@ -300,6 +314,13 @@ fn rows(t0: Instant) -> Vec<Row> {
             ],
             idle.clone(),
         ),
+    ]
+}
+
+/// Rows of [`rows`], part 3 of 4.
+fn rows_3(t0: Instant) -> Vec<Row> {
+    let idle = Activity::Idle;
+    vec![
         row(
             "approval: finalizing, a reconcile meanwhile runs after it",
             vec![
@@ -382,6 +403,13 @@ fn rows(t0: Instant) -> Vec<Row> {
                 idle.clone(),
             )
         },
+    ]
+}
+
+/// Rows of [`rows`], part 4 of 4.
+fn rows_4(t0: Instant) -> Vec<Row> {
+    let idle = Activity::Idle;
+    vec![
         Row {
             retry_in: Some(secs(30)),
             ..row(
@@ -635,6 +663,25 @@ fn the_readiness_checks_run_again_when_marked_stale() {
     );
     core.handle(Event::ReadinessDue);
     assert_eq!(core.readiness_at(), None, "the timer is spent");
+}
+
+/// The request a step's span carries (the event loop's `work_done`).
+#[test]
+fn a_step_names_the_request_it_runs_for() {
+    let a = || "A".to_string();
+    for (step, want) in [
+        (Step::Observe, None),
+        (Step::Preflight { request: a() }, Some("A")),
+        (Step::Cleanup { request: Some(a()) }, Some("A")),
+        (Step::Cleanup { request: None }, None),
+        (Step::Staging { request: a() }, Some("A")),
+        (Step::Verify { request: a() }, Some("A")),
+        (Step::Bootloader, None),
+        (Step::Apply { request: a() }, Some("A")),
+        (Step::Readiness, None),
+    ] {
+        assert_eq!(step.request(), want, "{step:?}");
+    }
 }
 
 #[test]

@@ -118,19 +118,12 @@ mod tests {
     }
 
     fn with_file(bytes: Option<&[u8]>) -> Result<bool, RunstateError> {
-        let root = std::env::temp_dir().join(format!(
-            "streamd-runstate-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let _ = std::fs::remove_dir_all(&root);
+        let root = testbed::scratch::ScratchDir::new("runstate").expect("scratch dir");
         std::fs::create_dir_all(root.join("run/ostree")).unwrap();
         if let Some(b) = bytes {
             std::fs::write(root.join(STAGED), b).unwrap();
         }
-        let r = staged_locked(&root, &staged());
-        std::fs::remove_dir_all(&root).unwrap();
-        r
+        staged_locked(&root, &staged())
     }
 
     #[test]

@@ -230,8 +230,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_transaction_that_never_finishes_is_stalled_after_its_limit() {
-        let dir = std::env::temp_dir().join(format!("streamd-txn-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("mkdir");
+        let dir = testbed::scratch::ScratchDir::new("txn").expect("scratch dir");
         let path = dir.join("t.sock");
         let listener = tokio::net::UnixListener::bind(&path).expect("bind");
         let server = tokio::spawn(async move {
@@ -253,7 +252,6 @@ mod tests {
         let address = format!("unix:path={}", path.display());
         let got = run_within("Cleanup", Duration::from_millis(300), &address, &tx).await;
         server.abort();
-        let _ = std::fs::remove_dir_all(&dir);
         match got {
             Err(RpmOstreeError::Stalled { call, after_s }) => {
                 assert_eq!((call, after_s), ("Cleanup", 0));

@@ -72,8 +72,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_root_without_a_journal_gives_nothing() {
-        let d = std::env::temp_dir().join(format!("streamd-journal-{}", std::process::id()));
-        std::fs::create_dir_all(&d).expect("mkdir");
-        assert_eq!(finalize_failure(&HostRoot::new(&d)).await, None);
+        let d = testbed::scratch::ScratchDir::new("journal").expect("scratch dir");
+        assert_eq!(finalize_failure(&HostRoot::new(d.path())).await, None);
     }
 }

@@ -382,11 +382,10 @@ fn read(root: &HostRoot, name: &str) -> Result<Option<String>, ReadError> {
 mod tests {
     use super::*;
 
-    fn root(name: &str) -> (std::path::PathBuf, HostRoot) {
-        let d = std::env::temp_dir().join(format!("streamd-mc-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
+    fn root(name: &str) -> (testbed::scratch::ScratchDir, HostRoot) {
+        let d = testbed::scratch::ScratchDir::new(&format!("mc-{name}")).expect("scratch dir");
         std::fs::create_dir_all(d.join("etc/machine-config-daemon")).expect("mkdir");
-        let r = HostRoot::new(&d);
+        let r = HostRoot::new(d.path());
         (d, r)
     }
 

@@ -75,9 +75,8 @@ mod tests {
 
     #[test]
     fn annotations_then_host_files() {
-        let d = std::env::temp_dir().join(format!("streamd-mcd-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        let root = HostRoot::new(&d);
+        let d = testbed::scratch::ScratchDir::new("mcd").expect("scratch dir");
+        let root = HostRoot::new(d.path());
         let none = BTreeMap::new();
         assert_eq!(detect(&root, &none), None);
         let empty = BTreeMap::from([(NODE_ANNOTATIONS[0].to_string(), String::new())]);
@@ -97,6 +96,5 @@ mod tests {
             detect(&root, &set).map(|s| s.to_string()).as_deref(),
             Some("node annotation machineconfiguration.openshift.io/desiredConfig")
         );
-        let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -231,13 +231,13 @@ mod tests {
 
     #[test]
     fn reads_below_root() {
-        let d = std::env::temp_dir().join(format!("streamd-host-{}", std::process::id()));
+        let d = testbed::scratch::ScratchDir::new("host").expect("scratch dir");
         std::fs::create_dir_all(d.join("proc/sys/kernel")).expect("mkdir");
         std::fs::create_dir_all(d.join("usr/lib")).expect("mkdir");
         std::fs::write(d.join("proc/sys/kernel/hostname"), "worker-0\n").expect("write");
         std::fs::write(d.join("proc/sys/kernel/arch"), "aarch64\n").expect("write");
         std::fs::write(d.join("usr/lib/os-release"), "ID=rhcos\nRHEL_VERSION=9.6\n").expect("w");
-        let root = HostRoot::new(&d);
+        let root = HostRoot::new(d.path());
         assert_eq!(root.hostname().expect("hostname"), "worker-0");
         assert_eq!(
             root.os_release().expect("os").stream().as_deref(),

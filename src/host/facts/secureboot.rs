@@ -58,9 +58,8 @@ mod tests {
 
     #[test]
     fn the_efi_variable_decides() {
-        let d = std::env::temp_dir().join(format!("streamd-sb-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        let root = HostRoot::new(&d);
+        let d = testbed::scratch::ScratchDir::new("sb").expect("scratch dir");
+        let root = HostRoot::new(d.path());
         assert_eq!(secure_boot(&root), Ok(false), "BIOS boot");
         let var = root.path(SECURE_BOOT_VAR);
         std::fs::create_dir_all(var.parent().expect("parent")).expect("mkdir");

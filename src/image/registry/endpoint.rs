@@ -269,7 +269,7 @@ mod tests {
             plain: Vec::new(),
             trusted_hosts: vec!["*.blobs.example".into()],
         };
-        let root = std::env::temp_dir();
+        let root = testbed::scratch::ScratchDir::new("endpoint").expect("scratch dir");
         let base = Inspector::configured(PullSecret::default(), &access, &root).expect("inspector");
         let sources = [source("mirror.example:5000/os"), source("r.example/os")];
         let i = base.for_source(&sources[1], &sources);

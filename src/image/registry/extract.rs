@@ -272,8 +272,7 @@ mod tests {
             ("usr/share/rpm-ostree/extensions/repodata/repomd.xml", b"x"),
             ("usr/bin/true", b"t"),
         ]);
-        let dest = std::env::temp_dir().join(format!("streamd-rpms-{}", std::process::id()));
-        std::fs::create_dir_all(&dest).expect("mkdir");
+        let dest = testbed::scratch::ScratchDir::new("rpms").expect("scratch dir");
         let (names, files, _) = rt_core_from(&layer, &dest);
         assert_eq!(
             names,
@@ -284,7 +283,6 @@ mod tests {
         );
         assert_eq!(files.len(), 1);
         assert_eq!(std::fs::read(&files[0]).expect("read"), b"rt");
-        std::fs::remove_dir_all(&dest).ok();
     }
 
     fn gzip(raw: &[u8]) -> Vec<u8> {
@@ -305,11 +303,8 @@ mod tests {
         h.as_bytes().to_vec()
     }
 
-    fn scratch(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("streamd-hostile-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("mkdir");
-        d
+    fn scratch(name: &str) -> testbed::scratch::ScratchDir {
+        testbed::scratch::ScratchDir::new(&format!("hostile-{name}")).expect("scratch dir")
     }
 
     fn read(layer: &[u8], wanted: &[&str], dest: &Path, limits: ExtractLimits) -> String {
@@ -340,7 +335,6 @@ mod tests {
         let pax = gzip(&header("pax", tar::EntryType::XHeader, 1 << 30));
         let e = read(&pax, &[], &dest, EXTRACT_LIMITS);
         assert!(e.contains("tar header record"), "{e}");
-        std::fs::remove_dir_all(&dest).ok();
     }
 
     #[test]
@@ -375,7 +369,6 @@ mod tests {
         };
         let e = read(&gzip(&tar_with(&refs)), &[], &dest, many);
         assert!(e.contains("more than 20 tar entries"), "{e}");
-        std::fs::remove_dir_all(&dest).ok();
     }
 
     #[test]
@@ -393,12 +386,11 @@ mod tests {
             vec!["kernel-rt-core-6.12.0-1.el10.x86_64".to_string()]
         );
         assert_eq!(std::fs::read(&files[0]).expect("read"), b"rt");
-        std::fs::remove_dir_all(&dest).ok();
     }
 
     #[test]
     fn bad_layers_are_errors_not_panics() {
-        let dest = std::env::temp_dir();
+        let dest = testbed::scratch::ScratchDir::new("bad-layers").expect("scratch dir");
         for blob in [&b"\x1f\x8bnot gzip"[..], &[0u8; 10][..], &b"garbage"[..]] {
             let _ = rpms_in_layer(
                 blob,

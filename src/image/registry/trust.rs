@@ -219,10 +219,8 @@ fn identity(path: &str, cert: &[u8], key: &[u8]) -> Result<reqwest::Identity, Tr
 mod tests {
     use super::*;
 
-    fn root(name: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("streamd-trust-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        d
+    fn root(name: &str) -> testbed::scratch::ScratchDir {
+        testbed::scratch::ScratchDir::new(&format!("trust-{name}")).expect("scratch dir")
     }
 
     fn put(root: &Path, path: &str, text: &str) {
