@@ -839,6 +839,31 @@ async fn rebase_transaction_stages_a_locked_deployment() {
         )
     );
     assert_eq!(string_of(&target, "osname"), "rhcos");
+    // What rpm-ostree v2025.5 passes besides the lock: the booted deployment as the merge
+    // deployment, its kernel arguments, and an empty `overlay-initrds`.
+    let merge =
+        Dict::try_from(record["merge-deployment"].try_clone().expect("clone")).expect("a{sv}");
+    assert_eq!(
+        string_of(&merge, "name"),
+        format!(
+            "{}.{}",
+            string_of(&deployments[1], "checksum"),
+            i32::try_from(&*deployments[1]["serial"]).expect("i")
+        )
+    );
+    let strs = |key: &str| -> Vec<String> {
+        record[key]
+            .try_clone()
+            .expect("clone")
+            .try_into()
+            .expect("as")
+    };
+    assert!(
+        strs("kargs").iter().any(|a| a.starts_with("ostree=")),
+        "{:?}",
+        strs("kargs")
+    );
+    assert!(strs("overlay-initrds").is_empty());
     assert!(!env.legacy_lock_file().exists());
     assert!(bool_of(&deployments[1], "booted"));
     let default =

@@ -12,7 +12,9 @@
 #     unit but its own bootloader-update target unless the streamd_bootc
 #     tunable is on and then transient units too (never stops or reloads
 #     one), and can run journalctl and read the
-#     journal; systemd can create the bootc status file in /run/streamd.
+#     journal; systemd can create the bootc status file in /run/streamd;
+#  5. with a stub of the Fedora/RHEL types Debian lacks, both builds link, and
+#     the DISTRO=redhat one grants what streamd needs on an RHCOS node.
 set -euo pipefail
 # shellcheck source=tests/host/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -182,25 +184,28 @@ for ty in rpm_t install_t container_var_lib_t; do
         opt+=" $ty:off"
     fi
 done
-# 5. The rules for Fedora/RHEL's types (rpm-ostreed as install_t, its transaction
-# socket install_var_run_t: anaconda.te in fedora-selinux/selinux-policy, RHEL 9.2+
-# and 10). Debian's policy has neither type, so the optional blocks are off above;
-# a stub module declaring them (named as Fedora names them, nothing else of
-# Fedora's policy) turns them on, and the linked policy must then hold exactly
-# what anaconda_stream_connect() grants, and no write to the generic var_run_t
-# socket type.
+# 5. Fedora/RHEL's types. Debian's policy lacks some types that streamd meets on
+# an RHCOS node (fedora-selinux/selinux-policy, RHEL 9.2+ and 10; see
+# docs/upstream/selinux-rpm-layering.md): rpm-ostreed runs as install_t and its
+# transaction socket is install_var_run_t (anaconda.te), /ostree/repo is
+# system_conf_t (files.fc), /usr/bin/journalctl is
+# journalctl_exec_t, kubelet's pull secret container_var_lib_t and CRI-O's
+# configuration container_config_t (container-selinux). A stub module declares
+# the ones Debian's policy lacks (named as Fedora names them, nothing else of
+# Fedora's policy), which turns the optional blocks on; then both builds are
+# linked with it: the refpolicy one must hold exactly what
+# anaconda_stream_connect() grants and no write to the generic var_run_t socket
+# type, and the DISTRO=redhat one (the branch RHEL runs) every rule streamd
+# relies on for these types.
 mkdir "$t/fedora"
-cat >"$t/fedora/fedora_types.te" <<'POL'
-module fedora_types 1.0;
-require {
-	class dbus send_msg;
-	class sock_file write;
-	class unix_stream_socket connectto;
-	attribute domain;
-}
-type install_t, domain;
-type install_var_run_t;
-POL
+{
+    printf 'module fedora_types 1.0;\nrequire {\n\tattribute domain;\n}\n'
+    for ty in install_t install_var_run_t system_conf_t journalctl_exec_t container_var_lib_t container_config_t; do
+        known="$(seinfo -t "$ty" "$pol" 2>/dev/null || true)"
+        grep -qE "^\s*$ty\s*$" <<<"$known" && continue
+        if [[ $ty == install_t ]]; then printf 'type install_t, domain;\n'; else printf 'type %s;\n' "$ty"; fi
+    done
+} >"$t/fedora/fedora_types.te"
 checkmodule -M -m -o "$t/fedora/fedora_types.mod" "$t/fedora/fedora_types.te" >"$t/fedora/build.log" 2>&1 ||
     die "fedora type stub does not compile: $(cat "$t/fedora/build.log")"
 semodule_package -o "$t/fedora/fedora_types.pp" -m "$t/fedora/fedora_types.mod"
@@ -218,6 +223,45 @@ if fallows -s streamd_t -t var_run_t -c sock_file -p write; then
     die "streamd_t may write any var_run_t socket: the transaction socket is install_var_run_t"
 fi
 opt+=" install_t:on(fedora types: install_var_run_t sock_file write, connectto, dbus)"
+
+# 5b. The DISTRO=redhat build, linked and expanded the same way, and the rules it
+# relies on for each type streamd meets on a Fedora/RHEL node (labels as
+# docs/upstream/selinux-rpm-layering.md reads them from files.fc, anaconda.fc,
+# container.fc and logging.fc).
+link_policy "$t/redhat/streamd.pp" "$t/policy-redhat.bin"
+rpol="$t/policy-redhat.bin"
+rallows() { local out; out="$(sesearch -A "$@" "$rpol")" && [[ -n "$out" ]]; }
+# need WHAT TYPE CLASS PERM...: every permission is granted on the redhat link.
+need() {
+    local what="$1" ty="$2" cls="$3" p
+    shift 3
+    for p in "$@"; do
+        rallows -s streamd_t -t "$ty" -c "$cls" -p "$p" ||
+            die "DISTRO=redhat: streamd_t may not $p $cls $ty ($what)"
+    done
+}
+need "rpm-ostreed's transaction socket /run/rpm-ostree-transaction.sock" install_var_run_t sock_file write
+need "rpm-ostreed (install_t)" install_t unix_stream_socket connectto
+need "rpm-ostreed's D-Bus messages" install_t dbus send_msg
+rallows -s install_t -t streamd_t -c dbus -p send_msg || die "DISTRO=redhat: install_t may not send D-Bus messages to streamd_t"
+need "libostree's record /run/ostree/staged-deployment" var_run_t file open read
+need "/run/ostree" var_run_t dir search
+need "/ostree (usr_t)" usr_t dir search read
+need "/ostree/repo (system_conf_t)" system_conf_t dir search read
+need "/ostree/repo objects (system_conf_t)" system_conf_t file open read
+need "/etc/ostree/auth.json and /etc/containers (etc_t)" etc_t file open read
+need "the pull secret /var/lib/kubelet/config.json" container_var_lib_t file open read
+need "CRI-O's configuration /etc/crio" container_config_t file open read
+need "/proc/sys/crypto/fips_enabled" sysctl_crypto_t file open read
+need "journalctl (journalctl_exec_t)" journalctl_exec_t file execute execute_no_trans
+need "the journal (var_log_t)" var_log_t file open read map
+need "streamd-bootloader-update.target (pulls in bootupd's unit)" streamd_bootloader_unit_file_t service start
+if rallows -s streamd_t -t var_run_t -c sock_file -p write; then
+    die "DISTRO=redhat: streamd_t may write any var_run_t socket"
+fi
+rcaps="$(sesearch -A -s streamd_t -c capability "$rpol"; sesearch -A -s streamd_t -c capability2 "$rpol")"
+[[ -z "$rcaps" ]] || die "DISTRO=redhat: streamd_t has capabilities: $rcaps"
+opt+=" redhat:linked(the rules for each RHCOS node type asserted)"
 
 log "streamd_t: $n_allow allow rules, no capabilities, writes only:" "$(tr '\n' ' ' <<<"$writes")"
 result "selinux: streamd.pp builds (also DISTRO=redhat), links and expands with Debian's full policy; $n_allow allow rules, 0 capabilities, reads fips_enabled, starts only its bootloader-update target (streamd_bootc off) and transient units too (on), reads the journal; optional blocks$opt"

@@ -138,6 +138,103 @@ mod tests {
         assert!(!with_file(None).unwrap());
     }
 
+    /// Records serialized by GLib 2.74's `GVariantBuilder` (little-endian) with the calls
+    /// libostree v2025.7 makes in `ostree_sysroot_stage_tree_with_options` for what rpm-ostree
+    /// v2025.5 passes (`rpmostree_sysroot_upgrader_deploy`: `locked`, the merge deployment's
+    /// kernel arguments, an empty `overlay_initrds`); the second also has the `bootconfig-extra`
+    /// (`a{ss}`) of ostree after v2025.7. An RHCOS node's kernel arguments take the `kargs`
+    /// array past 255 bytes, so its framing offsets are 2 bytes wide.
+    /// What both records start with: `target`, `locked`, `merge-deployment`, `kargs` and the
+    /// key of `overlay-initrds`.
+    const GLIB_COMMON: &[&str] = &[
+        "74617267657400006e616d650000000064626631343532383834393861393261316232326561653364646131",
+        "3336343232393238663862356666396162306433613266323338643430346131326531662e30000073050000",
+        "6f736e616d6500007268636f730000730700000000000000626f6f746373756d000000000000000037616237",
+        "6566363134306563613866313831613737613961386666303834626364336230303435343736393064346666",
+        "38376637373965353262626638373163000073094e61bc00617b73767d0700006c6f636b6564000001006207",
+        "000000006d657267652d6465706c6f796d656e7400000000000000006e616d65000000003132613365376164",
+        "3531366237656637663732326562336332663234323135376564663730353539366131626665353038313636",
+        "6230613562333837633937312e310000730500006f736e616d6500007268636f730000730700000000000000",
+        "626f6f746373756d000000000000000061353631386135303062396563313939303437343766666165653336",
+        "346333643739353932313934343332353633653232316230396534376234306434623637000073094e61bc00",
+        "617b73767d1100006b6172677300000072770069676e6974696f6e2e706c6174666f726d2e69643d6d657461",
+        "6c00726f6f743d555549443d39316231623466642d396133642d346637652d386634652d3063386630613361",
+        "3561363200726f6f74666c6167733d70726a71756f746100626f6f743d555549443d38653264356233612d32",
+        "6631632d346335652d396236612d336432663165306339623861006f73747265653d2f6f73747265652f626f",
+        "6f742e312f7268636f732f376162376566363134306563613866313831613737613961386666303834626364",
+        "336230303435343736393064346666383766373739653532626266383731632f300073797374656d642e756e",
+        "69666965645f6367726f75705f6869657261726368793d31006367726f75705f6e6f5f76313d616c6c007073",
+        "693d3000666970733d310003001e004d0060008f00ee001101220128012f0100617306006f7665726c61792d",
+        "696e69747264730000617310",
+    ];
+    /// The rest of each record.
+    const GLIB_RECORDS: [&[&str]; 2] = [
+        &["ce00dc00be0110032403"],
+        &[
+            "00000000626f6f74636f6e6669672d6578747261000000000000000061626f6f74002f6f73747265652f6465",
+            "706c6f792f7268636f732f61626f6f742e696d6700062600617b73737d11ce00dc00be01100324036e03",
+        ],
+    ];
+
+    const STAGED_CSUM: &str = "dbf145288498a92a1b22eae3dda136422928f8b5ff9ab0d3a2f238d404a12e1f";
+    const MERGE_CSUM: &str = "12a3e7ad516b7ef7f722eb3c2f242157edf705596a1bfe508166b0a5b387c971";
+
+    fn unhex(parts: &[&str]) -> Vec<u8> {
+        let h = parts.concat();
+        (0..h.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn records_as_libostree_writes_them_for_rpm_ostree_are_decoded() {
+        if !cfg!(target_endian = "little") {
+            return;
+        }
+        for rest in GLIB_RECORDS {
+            let bytes = unhex(&[GLIB_COMMON, rest].concat());
+            let record = decode(&bytes).unwrap();
+            let name = |key: &str| match record.get(key).map(|v| &**v) {
+                Some(Value::Dict(d)) => d.get::<&str, String>(&"name").unwrap(),
+                other => panic!("{key}: {other:?}"),
+            };
+            assert_eq!(
+                name("target").as_deref(),
+                Some(format!("{STAGED_CSUM}.0").as_str())
+            );
+            assert_eq!(
+                name("merge-deployment").as_deref(),
+                Some(format!("{MERGE_CSUM}.1").as_str())
+            );
+            let strs =
+                |key: &str| -> Vec<String> { record[key].try_clone().unwrap().try_into().unwrap() };
+            let kargs = strs("kargs");
+            assert_eq!(kargs.len(), 10, "{kargs:?}");
+            assert_eq!(kargs[0], "rw");
+            assert!(
+                kargs[5].starts_with("ostree=/ostree/boot.1/rhcos/"),
+                "{kargs:?}"
+            );
+            assert_eq!(kargs[9], "fips=1");
+            assert!(strs("overlay-initrds").is_empty());
+            let root =
+                std::env::temp_dir().join(format!("streamd-runstate-glib-{}", std::process::id()));
+            std::fs::create_dir_all(root.join("run/ostree")).unwrap();
+            std::fs::write(root.join(STAGED), &bytes).unwrap();
+            let dep = |checksum: &str, serial| Deployment {
+                checksum: checksum.into(),
+                serial,
+                staged: true,
+                ..Deployment::default()
+            };
+            assert!(staged_locked(&root, &dep(STAGED_CSUM, 0)).unwrap());
+            // The merge deployment named in the record is not the staged one.
+            assert!(!staged_locked(&root, &dep(MERGE_CSUM, 1)).unwrap());
+            std::fs::remove_dir_all(&root).unwrap();
+        }
+    }
+
     #[test]
     fn a_broken_record_is_a_clear_error() {
         let e = with_file(Some(b"\xff\x00garbage")).unwrap_err();

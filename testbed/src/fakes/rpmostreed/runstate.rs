@@ -4,7 +4,8 @@
 //! On a real host libostree writes `/run/ostree/staged-deployment` when it stages
 //! (ostreedev/ostree:src/libostree/ostree-sysroot-deploy.c
 //! `ostree_sysroot_stage_tree_with_options`): an `a{sv}` GVariant with `target` (`name`,
-//! `osname`, `bootcsum`) and, for a locked stage, `locked: true`. Since rpm-ostree v2024.6
+//! `osname`, `bootcsum`), for a locked stage `locked: true`, and what rpm-ostree passes:
+//! `merge-deployment` (as `target`), `kargs` (`as`) and an empty `overlay-initrds` (`as`). Since rpm-ostree v2024.6
 //! (coreos/rpm-ostree commit 37c7228d, "daemon: use new finalization APIs") that key is the only
 //! record of the lock: no `staged-deployment-locked` file is created, and rpm-ostreed's
 //! `Deployments` (rust/src/daemon.rs `deployment_populate_variant`) reports
@@ -28,10 +29,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use ostree::glib::{self, prelude::ToVariant};
 use zvariant::serialized::{Context as Encoding, Format};
 use zvariant::{OwnedValue, Value};
 
-use super::model::State;
+use super::model::{Deployment, State};
 
 /// `/run/ostree/staged-deployment`, relative to the host root.
 const STAGED: &str = "run/ostree/staged-deployment";
@@ -78,6 +80,21 @@ fn previous(staged_path: &Path) -> Option<(String, bool)> {
     Some((name, locked))
 }
 
+/// libostree's `serialize_deployment_to_variant`: `name` (`<checksum>.<serial>`), `osname` and
+/// `bootcsum`.
+fn deployment_variant(d: &Deployment) -> glib::Variant {
+    let bootcsum = d
+        .disk
+        .as_ref()
+        .map(|d| d.bootcsum().to_string())
+        .unwrap_or_default();
+    let v = glib::VariantDict::new(None);
+    v.insert_value("name", &format!("{}.{}", d.checksum, d.serial).to_variant());
+    v.insert_value("osname", &d.osname.to_variant());
+    v.insert_value("bootcsum", &bootcsum.to_variant());
+    v.end()
+}
+
 /// Writes the runtime record of `state`'s staged deployment (or removes it when none is
 /// staged), the way current rpm-ostree leaves it, or with `legacy` the way rpm-ostree before
 /// v2024.6 did; the legacy file changes only as libostree changes it (see the module comment).
@@ -94,30 +111,36 @@ pub(crate) fn write(root: &Path, state: &State, legacy: bool) -> anyhow::Result<
             None => Ok(()),
         };
     };
-    let mut target: HashMap<&str, Value<'_>> = HashMap::new();
     let name = format!("{}.{}", staged.checksum, staged.serial);
-    let bootcsum = staged
+    // Serialized by GLib, as libostree does (`g_variant_get_data`): zvariant's GVariant
+    // encoder frames some containers wrongly (an `as` of RHCOS's kernel arguments whose
+    // dictionary entry comes to about 255 bytes is read back by GLib as `'': <()>`), while
+    // its decoder, which streamd uses, reads GLib's bytes of every size.
+    let record = glib::VariantDict::new(None);
+    record.insert_value("target", &deployment_variant(staged));
+    if staged.finalization_locked && !legacy {
+        record.insert_value("locked", &true.to_variant());
+    }
+    // What rpm-ostree passes besides the lock (coreos/rpm-ostree v2025.5
+    // src/daemon/rpmostree-sysroot-upgrader.cxx `rpmostree_sysroot_upgrader_deploy`): the
+    // merge deployment, the kernel arguments (the merge deployment's `options` unless the
+    // transaction changed them: the staged entry's), and `overlay_initrds`, a non-NULL vector
+    // that is empty without `initramfs-etc` files, so libostree writes the key as `[]`.
+    if let Some(merge) = state.deployments.iter().find(|d| d.booted) {
+        record.insert_value("merge-deployment", &deployment_variant(merge));
+    }
+    let kargs: Vec<&str> = staged
         .disk
         .as_ref()
-        .map(|d| d.bootcsum().to_string())
+        .map(|d| d.options.split_whitespace().collect())
         .unwrap_or_default();
-    target.insert("name", Value::from(name.as_str()));
-    target.insert("osname", Value::from(staged.osname.as_str()));
-    target.insert("bootcsum", Value::from(bootcsum.as_str()));
-    let mut record: HashMap<&str, Value<'_>> = HashMap::new();
-    record.insert("target", Value::from(target));
-    if staged.finalization_locked && !legacy {
-        record.insert("locked", Value::from(true));
-    }
-    // zvariant's GVariant format (its successor crate is `zgvariant`); libostree writes the
-    // bytes in the host's order.
-    let ctxt = Encoding::new(Format::GVariant, zvariant::NATIVE_ENDIAN, 0);
-    let bytes =
-        zvariant::to_bytes(ctxt, &record).context("serializing the staged-deployment record")?;
+    record.insert_value("kargs", &kargs.to_variant());
+    record.insert_value("overlay-initrds", &Vec::<&str>::new().to_variant());
+    let record = record.end();
     let dir = staged_path.parent().unwrap_or(root);
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let tmp = dir.join(".staged-deployment.tmp");
-    std::fs::write(&tmp, bytes.bytes()).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::write(&tmp, record.data()).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, &staged_path)
         .with_context(|| format!("renaming to {}", staged_path.display()))?;
     let create = || {
