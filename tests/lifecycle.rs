@@ -347,12 +347,19 @@ async fn inhibitor_lock_degrades_naming_it_and_retries() {
         attempt_record(&env).is_some_and(|r| r["attempt"].is_null()),
         "a blocked reboot is not an attempt"
     );
+    // Asked again after a minute, doubling (issue 20 §7: not every minute), or at once.
+    assert!(
+        reason.contains("asked again in 60s (streamctl reconcile asks at once)"),
+        "{reason}"
+    );
     env.tb
         .control(LogindCmd::Release {
             who: "etcd-backup".into(),
         })
         .await
         .expect("release");
+    let out = env.streamctl(&["reconcile"]);
+    assert!(out.status.success(), "{out:?}");
     env.wait_state("Rebooting").await;
     env.wait_for("the reboot", Duration::from_secs(60), |_| {
         env.reboot_initiated()

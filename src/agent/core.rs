@@ -37,6 +37,8 @@ pub(super) use inputs::{
 pub(super) const MIN_BACKOFF: Duration = Duration::from_secs(1);
 /// After a transient failure: 1 s doubling to 60 s.
 const TRANSIENT_BACKOFF: Backoff = Backoff::new(MIN_BACKOFF, Duration::from_secs(60));
+/// After a finalization the OS daemon refused: 1 min doubling to 30 min.
+const FINALIZE_BACKOFF: Backoff = Backoff::new(Duration::from_secs(60), Duration::from_secs(1800));
 /// After a registry or DNS failure during preflight or readiness: 10 s doubling to 5 min.
 pub(super) const REGISTRY_BACKOFF: Backoff =
     Backoff::new(Duration::from_secs(10), Duration::from_secs(300));
@@ -113,6 +115,10 @@ pub(super) enum Retry {
     Transient,
     /// A registry or DNS failure during preflight: 10 s to 5 min, jittered.
     Registry,
+    /// A finalization the OS daemon refused with nothing applied (an inhibitor, a daemon
+    /// error): 1 min doubling to 30 min, so a lasting refusal is not asked again every minute;
+    /// `streamctl reconcile` asks at once.
+    Finalize,
 }
 
 /// Something the core reacts to.
@@ -290,6 +296,7 @@ pub(super) struct Core {
     retry_at: Option<Instant>,
     backoff: Backoff,
     registry_backoff: Backoff,
+    finalize_backoff: Backoff,
     spread_until: Option<(Instant, String)>,
     readiness_at: Option<Instant>,
     readiness_stale: bool,
@@ -311,6 +318,7 @@ impl Default for Core {
             retry_at: None,
             backoff: TRANSIENT_BACKOFF,
             registry_backoff: REGISTRY_BACKOFF,
+            finalize_backoff: FINALIZE_BACKOFF,
             spread_until: None,
             readiness_at: None,
             readiness_stale: false,
@@ -394,6 +402,7 @@ impl Core {
                 match retry {
                     Retry::Transient => self.backoff.reset(),
                     Retry::Registry => self.registry_backoff.reset(),
+                    Retry::Finalize => self.finalize_backoff.reset(),
                 }
                 Vec::new()
             }
@@ -671,8 +680,10 @@ impl Core {
         }
     }
 
-    /// A refused finalization restores the record from before the attempt (a stage to check
-    /// again unverified) and is retried on the transient back-off.
+    /// A refused finalization restores the record from before the attempt. Refused for
+    /// another staged deployment, the stage is checked again unverified and finalized again on
+    /// the transient back-off; refused otherwise, the same finalization is asked again on the
+    /// finalization back-off (1 to 30 minutes).
     fn finalize_failed(
         &mut self,
         now: Instant,
@@ -683,11 +694,16 @@ impl Core {
         if let Some(staged) = record.staged.as_mut().filter(|_| recheck) {
             staged.verified = None;
         }
+        let backoff = if recheck {
+            Retry::Transient
+        } else {
+            Retry::Finalize
+        };
         let restore = Effect::SaveAttempt {
             record: Box::new(record),
             on_error: OnSaveError::Log("restoring the attempt record failed"),
         };
-        let retry = self.fail(now, Retry::Transient, reason, 0.0);
+        let retry = self.fail(now, backoff, reason, 0.0);
         [restore].into_iter().chain(retry).collect()
     }
 
@@ -696,6 +712,7 @@ impl Core {
         let delay = match retry {
             Retry::Transient => self.backoff.next_delay(),
             Retry::Registry => stretch(self.registry_backoff.next_delay(), jitter),
+            Retry::Finalize => self.finalize_backoff.next_delay(),
         };
         self.retry_at = Some(now + delay);
         vec![Effect::Retry {
@@ -777,7 +794,8 @@ fn remembered(record: Record) -> Effect {
 }
 
 /// A passed check is recorded durably (approval and finalization need it) before deciding
-/// again; a failed one, or a record that cannot be read or written, is reported `Degraded`.
+/// again; a failed one is remembered in the record (as a failed staging is) and reported
+/// `Degraded`, as is a record that cannot be read or written.
 fn verified_effects(verified: Verified) -> Vec<Effect> {
     match verified {
         Verified::Passed {
@@ -795,11 +813,28 @@ fn verified_effects(verified: Verified) -> Vec<Effect> {
                 Effect::Reconcile,
             ]
         }
+        Verified::Failed {
+            reason,
+            record: Ok(record),
+        } => match record.staged.as_ref().map(|s| s.request.clone()) {
+            // Remembered like a failed staging: not checked again until the request changes
+            // or `streamctl reconcile` asks.
+            Some(request) => vec![
+                remembered(failure(Some(*record), &request, |f| {
+                    f.gave_up = Some(reason.clone());
+                })),
+                degraded(reason),
+            ],
+            None => vec![degraded(reason)],
+        },
         Verified::Passed {
             record: Err(reason),
             ..
         }
-        | Verified::Failed(reason) => vec![degraded(reason)],
+        | Verified::Failed {
+            record: Err(_),
+            reason,
+        } => vec![degraded(reason)],
     }
 }
 

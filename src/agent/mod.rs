@@ -393,6 +393,18 @@ impl Agent {
                     delay,
                 } => self.report_retry(reason, delay).await,
                 Effect::Retry {
+                    retry: Retry::Finalize,
+                    reason,
+                    delay,
+                } => {
+                    let reason = format!(
+                        "{reason}; nothing was applied, asked again in {}s (streamctl reconcile asks at once)",
+                        delay.as_secs()
+                    );
+                    warn!(%reason, "the os daemon refused the finalization");
+                    self.set_state(State::Degraded, reason).await;
+                }
+                Effect::Retry {
                     retry: Retry::Registry,
                     reason,
                     delay,
@@ -589,20 +601,12 @@ impl Agent {
         )
         .await;
         match decision {
-            Decision::Stage(base) => {
-                let gave_up = record
-                    .failure
-                    .as_ref()
-                    .filter(|f| {
-                        Some(f.request.as_str()) == self.report.status().observed_desired.as_deref()
-                    })
-                    .and_then(|f| f.gave_up.clone());
-                match gave_up {
-                    // Failed for good before (maybe before a restart): not pulled again.
-                    Some(reason) => self.set_state(State::Degraded, reason).await,
-                    None => self.preflight_and_stage(&obs, base).await,
-                }
+            // Failed for good before (maybe before a restart): not pulled, or checked on disk,
+            // again.
+            Decision::Stage(_) | Decision::Verify if let Some(reason) = self.gave_up(&record) => {
+                self.set_state(State::Degraded, reason).await;
             }
+            Decision::Stage(base) => self.preflight_and_stage(&obs, base).await,
             Decision::CleanupStale => self.cleanup_stale(record).await,
             Decision::Verify => self.verify_recorded(&record).await,
             Decision::RolledBack { attempts, retry } => {
@@ -626,6 +630,18 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// Why staging (or the on-disk check of the stage) failed for good for the current request,
+    /// when it did.
+    fn gave_up(&self, record: &attempt::Record) -> Option<String> {
+        record
+            .failure
+            .as_ref()
+            .filter(|f| {
+                Some(f.request.as_str()) == self.report.status().observed_desired.as_deref()
+            })
+            .and_then(|f| f.gave_up.clone())
     }
 
     fn observe_deployments(&mut self, deployments: &[Deployment]) {

@@ -344,7 +344,10 @@ impl Agent {
             },
             Err(e) => {
                 warn!(error = %e, label = e.label(), "the staged deployment did not pass its check");
-                Verified::Failed(e.to_string())
+                Verified::Failed {
+                    reason: e.to_string(),
+                    record: self.store.load().map(Box::new).map_err(|e| e.to_string()),
+                }
             }
         };
         let effects = self.core.handle(Event::Verified(verified));

@@ -82,8 +82,12 @@ pub(in crate::agent) enum Verified {
         checksum: String,
         record: Result<Box<Record>, String>,
     },
-    /// It did not pass, and why.
-    Failed(String),
+    /// It did not pass: why, and the attempt record as read then (or why it could not be
+    /// read), where the failure is remembered.
+    Failed {
+        reason: String,
+        record: Result<Box<Record>, String>,
+    },
 }
 
 /// A finalization that did not end on the target, with what reporting it needs.

@@ -474,9 +474,36 @@ fn verify_rows() -> Vec<Row> {
             idle.clone(),
         ),
         row(
-            "a check that did not pass is reported Degraded",
+            "a check that did not pass is remembered like a failed staging and reported Degraded (issue 20 §7)",
             vec![(
-                Event::Verified(Verified::Failed("mismatch".into())),
+                Event::Verified(Verified::Failed {
+                    reason: "mismatch".into(),
+                    record: Ok(Box::new(with_stage(None))),
+                }),
+                vec![
+                    Effect::SaveAttempt {
+                        record: Box::new(Record {
+                            failure: Some(crate::host::attempt::Failure {
+                                request: "A".into(),
+                                pull_failures: 0,
+                                gave_up: Some("mismatch".into()),
+                            }),
+                            ..with_stage(None)
+                        }),
+                        on_error: OnSaveError::Log("remembering the staging failure failed"),
+                    },
+                    degraded("mismatch"),
+                ],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "a check that did not pass, with a record that cannot be read, is reported Degraded",
+            vec![(
+                Event::Verified(Verified::Failed {
+                    reason: "mismatch".into(),
+                    record: Err("unreadable".into()),
+                }),
                 vec![degraded("mismatch")],
             )],
             idle.clone(),
@@ -531,6 +558,27 @@ fn record_first_rows(t0: Instant) -> Vec<Row> {
     let save = |record| Effect::SaveAttempt {
         record: Box::new(record),
         on_error: OnSaveError::Degrade,
+    };
+    let refused = |delay| {
+        (
+            Event::FinalizeFailed {
+                now: t0,
+                record: Box::new(with_stage(Some("c1"))),
+                recheck: false,
+                reason: "the reboot is blocked: inhibited".into(),
+            },
+            vec![
+                Effect::SaveAttempt {
+                    record: Box::new(with_stage(Some("c1"))),
+                    on_error: OnSaveError::Log("restoring the attempt record failed"),
+                },
+                Effect::Retry {
+                    retry: Retry::Finalize,
+                    reason: "the reboot is blocked: inhibited".into(),
+                    delay,
+                },
+            ],
+        )
     };
     vec![
         Row {
@@ -672,28 +720,22 @@ fn record_first_rows(t0: Instant) -> Vec<Row> {
             idle.clone(),
         ),
         Row {
-            retry_in: Some(secs(1)),
+            retry_in: Some(secs(120)),
             ..row(
-                "a refused finalization restores the record and is retried on the back-off",
-                vec![(
-                    Event::FinalizeFailed {
-                        now: t0,
-                        record: Box::new(with_stage(Some("c1"))),
-                        recheck: false,
-                        reason: "the reboot is blocked: inhibited".into(),
-                    },
-                    vec![
-                        Effect::SaveAttempt {
-                            record: Box::new(with_stage(Some("c1"))),
-                            on_error: OnSaveError::Log("restoring the attempt record failed"),
-                        },
-                        Effect::Retry {
-                            retry: Retry::Transient,
-                            reason: "the reboot is blocked: inhibited".into(),
-                            delay: secs(1),
-                        },
-                    ],
-                )],
+                "a refused finalization restores the record and is asked again after minutes, doubling (issue 20 §7: not every minute)",
+                vec![refused(secs(60)), refused(secs(120))],
+                idle.clone(),
+            )
+        },
+        Row {
+            retry_in: Some(secs(60)),
+            ..row(
+                "a finalization that went through resets its back-off",
+                vec![
+                    refused(secs(60)),
+                    (Event::Recovered(Retry::Finalize), vec![]),
+                    refused(secs(60)),
+                ],
                 idle.clone(),
             )
         },
