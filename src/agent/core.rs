@@ -29,6 +29,8 @@ use crate::cluster::report::{PATCH_MAX_BACKOFF, PatchFailure, patch_retry_delay}
 use crate::host::attempt::{Failure, Record};
 use crate::host::verify::Expectation;
 
+use super::planner::TRY_AGAIN;
+
 pub(super) use inputs::{
     Finalizing, Notice, OnSaveError, RolledBack, StagingEnd, StagingEnded, StagingReady, Verified,
 };
@@ -643,7 +645,7 @@ impl Core {
                 vec![Effect::Reconcile]
             }
             StagingEnd::RefsEqual(error) | StagingEnd::Failed(error) => {
-                let reason = format!("staging failed: {error}");
+                let reason = format!("staging failed: {error}; {TRY_AGAIN}");
                 let record = failure(e.record, &e.request, |f| f.gave_up = Some(reason.clone()));
                 degraded(record, reason)
             }
@@ -669,7 +671,7 @@ impl Core {
                     ]
                 } else {
                     let reason = format!(
-                        "staging failed on the network {failures} time(s), no retries left: {error}"
+                        "staging failed on the network {failures} time(s), no retries left: {error}; {TRY_AGAIN}"
                     );
                     if let Some(f) = record.failure.as_mut() {
                         f.gave_up = Some(reason.clone());
@@ -819,12 +821,15 @@ fn verified_effects(verified: Verified) -> Vec<Effect> {
         } => match record.staged.as_ref().map(|s| s.request.clone()) {
             // Remembered like a failed staging: not checked again until the request changes
             // or `streamctl reconcile` asks.
-            Some(request) => vec![
-                remembered(failure(Some(*record), &request, |f| {
-                    f.gave_up = Some(reason.clone());
-                })),
-                degraded(reason),
-            ],
+            Some(request) => {
+                let reason = format!("{reason}; {TRY_AGAIN}");
+                vec![
+                    remembered(failure(Some(*record), &request, |f| {
+                        f.gave_up = Some(reason.clone());
+                    })),
+                    degraded(reason),
+                ]
+            }
             None => vec![degraded(reason)],
         },
         Verified::Passed {
@@ -952,7 +957,10 @@ fn rolled_back(r: RolledBack) -> Vec<Effect> {
             save,
             Effect::SetState {
                 state: State::Refused,
-                reason: format!("{}; giving up until the request changes", r.reason),
+                reason: format!(
+                    "{}; giving up until the request changes; {TRY_AGAIN}",
+                    r.reason
+                ),
                 notice,
             },
         ]

@@ -233,7 +233,7 @@ fn transaction(t0: Instant, more: Vec<(Event, Vec<Effect>)>) -> Vec<(Event, Vec<
 #[allow(clippy::too_many_lines)] // a table, one row a scenario
 fn staging_rows(t0: Instant) -> Vec<Row> {
     let settling = Activity::Settling { again: false };
-    let boom = "staging failed: boom";
+    let boom = &format!("staging failed: boom; {TRY_AGAIN}");
     vec![
         row(
             "staging finished: the earlier failure is forgotten and the stage checked on disk",
@@ -375,9 +375,13 @@ fn staging_rows(t0: Instant) -> Vec<Row> {
                     remembered(failing(
                         "A",
                         3,
-                        Some("staging failed on the network 3 time(s), no retries left: net"),
+                        Some(&format!(
+                            "staging failed on the network 3 time(s), no retries left: net; {TRY_AGAIN}"
+                        )),
                     )),
-                    degraded("staging failed on the network 3 time(s), no retries left: net"),
+                    degraded(&format!(
+                        "staging failed on the network 3 time(s), no retries left: net; {TRY_AGAIN}"
+                    )),
                 ],
             )],
             Activity::Idle,
@@ -486,13 +490,13 @@ fn verify_rows() -> Vec<Row> {
                             failure: Some(crate::host::attempt::Failure {
                                 request: "A".into(),
                                 pull_failures: 0,
-                                gave_up: Some("mismatch".into()),
+                                gave_up: Some(format!("mismatch; {TRY_AGAIN}")),
                             }),
                             ..with_stage(None)
                         }),
                         on_error: OnSaveError::Log("remembering the staging failure failed"),
                     },
-                    degraded("mismatch"),
+                    degraded(&format!("mismatch; {TRY_AGAIN}")),
                 ],
             )],
             idle.clone(),
@@ -773,8 +777,9 @@ fn record_first_rows(t0: Instant) -> Vec<Row> {
                     save(attempted(Some("b1"))),
                     Effect::SetState {
                         state: State::Refused,
-                        reason: "came up on the old image; giving up until the request changes"
-                            .into(),
+                        reason: format!(
+                            "came up on the old image; giving up until the request changes; {TRY_AGAIN}"
+                        ),
                         notice: Some(notice()),
                     },
                 ],
