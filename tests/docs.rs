@@ -241,6 +241,7 @@ fn the_host_json_fields_and_values_are_documented() {
         arch: "x86_64".into(),
         backend: BackendKind::RpmOstree,
         fips: Fips::Disabled,
+        fips_sources: Default::default(),
         kernel: Some(KernelVariant::Default),
         x86_64_level: Some(3),
     };

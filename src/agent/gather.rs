@@ -511,6 +511,7 @@ impl Gatherer {
             arch: facts.arch.clone(),
             x86_64_level: facts.x86_64_level,
             fips: facts.fips,
+            fips_sources: facts.fips_sources.clone(),
             kernel,
             crio_runtime: crio,
             os_image,

@@ -17,8 +17,8 @@ use crate::backend::{BackendKind, Deployment, KernelVariant};
 use crate::cluster::policy::Verdict;
 use crate::cluster::protocol::{CheckId, Desired};
 use crate::config::Policy;
-use crate::host::facts::Fips;
 use crate::host::facts::machineconfig::AppliedConfig;
+use crate::host::facts::{Fips, FipsSources};
 use crate::host::ospull::OsPull;
 use crate::image::registry::{ExtensionsInfo, OsImageInfo};
 use crate::image::rpm::{Closure, el_major};
@@ -93,6 +93,8 @@ pub struct Input {
     pub x86_64_level: Option<u8>,
     /// FIPS state.
     pub fips: Fips,
+    /// The two values it was read from.
+    pub fips_sources: FipsSources,
     /// Kernel variant, or why it is inconsistent.
     pub kernel: Result<KernelVariant, FactError>,
     /// CRI-O's default runtime, or why it could not be read.
@@ -273,6 +275,7 @@ mod fixtures {
             arch: "x86_64".into(),
             x86_64_level: Some(3),
             fips: Fips::Disabled,
+            fips_sources: FipsSources::default(),
             kernel: Ok(KernelVariant::Default),
             crio_runtime: Ok("crun".into()),
             os_image: Ok(OsImageInfo {
