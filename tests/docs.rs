@@ -265,3 +265,43 @@ fn the_host_json_fields_and_values_are_documented() {
         "docs/protocol.md's host row lacks {missing:?}: {row}"
     );
 }
+
+/// The OSImageStream feature sets the texts name are the ones the code's reasons name, and the
+/// protocol names all of them (issue 23 §3). A wrong name (`TechPreview` for the set) fails it.
+#[test]
+fn the_feature_sets_in_the_docs_are_the_code_s() {
+    use streamd::cluster::streams::NO_UPGRADE_FEATURE_SETS;
+    let mut seen = std::collections::BTreeSet::new();
+    for (file, text) in admin_texts() {
+        for (i, _) in text.match_indices("NoUpgrade") {
+            let start = text[..i]
+                .rfind(|c: char| !c.is_ascii_alphanumeric())
+                .map_or(0, |p| p + 1);
+            let end = i + "NoUpgrade".len();
+            let name = &text[start..end];
+            // Upstream Go and fields quoted in the ledgers (`inTechPreviewNoUpgrade()`,
+            // `spec.customNoUpgrade`) are no feature set's name.
+            if text[end..].starts_with('(') || name.starts_with(|c: char| c.is_ascii_lowercase()) {
+                continue;
+            }
+            assert!(
+                NO_UPGRADE_FEATURE_SETS.contains(&name),
+                "{}: {name} is not among {NO_UPGRADE_FEATURE_SETS:?}",
+                file.display()
+            );
+            seen.insert(name.to_string());
+        }
+    }
+    let protocol = std::fs::read_to_string(Path::new(ROOT).join("docs/protocol.md")).expect("read");
+    for set in NO_UPGRADE_FEATURE_SETS {
+        assert!(
+            protocol.contains(&format!("`{set}`")),
+            "docs/protocol.md lacks {set}"
+        );
+    }
+    let reason = streamd::cluster::streams::not_served();
+    for set in NO_UPGRADE_FEATURE_SETS {
+        assert!(reason.contains(set), "{reason}");
+    }
+    assert_eq!(seen.len(), NO_UPGRADE_FEATURE_SETS.len(), "{seen:?}");
+}
