@@ -388,31 +388,10 @@ impl Agent {
                 }
                 Effect::Publish => self.publish().await,
                 Effect::Retry {
-                    retry: Retry::Transient,
+                    retry,
                     reason,
                     delay,
-                } => self.report_retry(reason, delay).await,
-                Effect::Retry {
-                    retry: Retry::Finalize,
-                    reason,
-                    delay,
-                } => {
-                    let reason = format!(
-                        "{reason}; nothing was applied, asked again in {}s (streamctl reconcile asks at once)",
-                        delay.as_secs()
-                    );
-                    warn!(%reason, "the os daemon refused the finalization");
-                    self.set_state(State::Degraded, reason).await;
-                }
-                Effect::Retry {
-                    retry: Retry::Registry,
-                    reason,
-                    delay,
-                } => {
-                    warn!(error = %reason, retry_in = ?delay, "preflight could not reach the registry");
-                    self.set_reason(format!("{reason}; retrying in {}s", delay.as_secs()))
-                        .await;
-                }
+                } => self.report_retry(retry, reason, delay).await,
                 Effect::Spreading { reason } => {
                     // A request for the old images must not be approved meanwhile.
                     self.request_reboot(None, None).await;
@@ -736,14 +715,32 @@ impl Agent {
         self.fail(Retry::Transient, reason).await;
     }
 
-    /// Reports `Degraded` with `reason`, to be retried after `delay`.
-    async fn report_retry(&mut self, reason: String, delay: Duration) {
-        warn!(%reason, retry_in = ?delay, "transient failure");
-        self.set_state(
-            State::Degraded,
-            format!("{reason}; retrying in {}s", delay.as_secs()),
-        )
-        .await;
+    /// Reports a failure `retry`'s back-off retries after `delay`: `Degraded`, except a registry
+    /// failure during preflight, which keeps the state and says when it reads again.
+    async fn report_retry(&mut self, retry: Retry, reason: String, delay: Duration) {
+        match retry {
+            Retry::Transient => {
+                warn!(%reason, retry_in = ?delay, "transient failure");
+                self.set_state(
+                    State::Degraded,
+                    format!("{reason}; retrying in {}s", delay.as_secs()),
+                )
+                .await;
+            }
+            Retry::Finalize => {
+                let reason = format!(
+                    "{reason}; nothing was applied, asked again in {}s (streamctl reconcile asks at once)",
+                    delay.as_secs()
+                );
+                warn!(%reason, "the os daemon refused the finalization");
+                self.set_state(State::Degraded, reason).await;
+            }
+            Retry::Registry => {
+                warn!(error = %reason, retry_in = ?delay, "preflight could not reach the registry");
+                self.set_reason(format!("{reason}; retrying in {}s", delay.as_secs()))
+                    .await;
+            }
+        }
     }
 
     async fn set_state(&mut self, state: State, reason: String) {
