@@ -668,6 +668,13 @@ impl StalledRegistry {
 async fn start_watched_beside_a_stall(env: &mut Env) -> (StalledRegistry, Notifications) {
     let registry = StalledRegistry::start();
     env.allow_registries(&[&registry.addr.to_string()]);
+    let notes = start_watched(env).await;
+    (registry, notes)
+}
+
+/// Starts streamd with a 2 s watchdog (pings every second) reporting to a notify listener;
+/// returns once the node is `Idle`.
+async fn start_watched(env: &mut Env) -> Notifications {
     let sock_path = env.dir.join("notify.sock");
     let notes = Notifications::listen(&sock_path);
     env.start_streamd_with(&[
@@ -675,7 +682,7 @@ async fn start_watched_beside_a_stall(env: &mut Env) -> (StalledRegistry, Notifi
         ("WATCHDOG_USEC", "2000000"),
     ]);
     env.wait_state("Idle").await;
-    (registry, notes)
+    notes
 }
 
 /// The `WATCHDOG=1` messages received within `window`.
@@ -829,13 +836,7 @@ async fn a_preflight_call_during_staging_does_not_stall_the_loop() {
         per_second: 8,
     })
     .await;
-    let sock_path = env.dir.join("notify.sock");
-    let notes = Notifications::listen(&sock_path);
-    env.start_streamd_with(&[
-        ("NOTIFY_SOCKET", sock_path.to_str().expect("utf-8")),
-        ("WATCHDOG_USEC", "2000000"),
-    ]);
-    env.wait_state("Idle").await;
+    let notes = start_watched(&mut env).await;
     env.request_rhel10();
     env.wait_for("Staging", Duration::from_secs(30), |a| {
         a.get(STATE).map(String::as_str) == Some("Staging")

@@ -681,18 +681,7 @@ async fn a_refused_extraction_leaves_nothing_behind() {
             "size": layer.len(),
         })],
     );
-    let (m, c, l) = (manifest.clone(), config.clone(), layer.clone());
-    let server = hostile::start(move |path| {
-        if path.contains("/manifests/") {
-            hostile::ok(m.clone())
-        } else if path.ends_with(&hostile::sha(&c)) {
-            hostile::ok(c.clone())
-        } else {
-            hostile::ok(l.clone())
-        }
-    })
-    .await
-    .expect("hostile registry");
+    let server = one_layer_server(&manifest, &config, move || hostile::ok(layer.clone())).await;
     let out = dir("refused-out");
     std::fs::create_dir_all(&out).expect("mkdir");
     let e = rt_core_extensions(&server.host, &manifest, &out)
@@ -745,6 +734,26 @@ async fn rt_core_extensions(
             out,
         )
         .await
+}
+
+/// Serves `manifest` and `config`, and answers every other path (the layer) with `layer()`.
+async fn one_layer_server(
+    manifest: &[u8],
+    config: &[u8],
+    layer: impl Fn() -> hostile::Answer + Send + Sync + 'static,
+) -> hostile::Server {
+    let (m, c) = (manifest.to_vec(), config.to_vec());
+    hostile::start(move |path| {
+        if path.contains("/manifests/") {
+            hostile::ok(m.clone())
+        } else if path.ends_with(&hostile::sha(&c)) {
+            hostile::ok(c.clone())
+        } else {
+            layer()
+        }
+    })
+    .await
+    .expect("hostile registry")
 }
 
 /// Every file below `dir`.
@@ -859,18 +868,7 @@ async fn an_aborted_extraction_ends_before_the_next_uses_its_directory() {
         "size": 1_000_000,
     });
     let manifest = hostile::manifest(&config, config.len() as i64, vec![layer]);
-    let (m, c) = (manifest.clone(), config.clone());
-    let server = hostile::start(move |path| {
-        if path.contains("/manifests/") {
-            hostile::ok(m.clone())
-        } else if path.ends_with(&hostile::sha(&c)) {
-            hostile::ok(c.clone())
-        } else {
-            hostile::Answer::Trickle
-        }
-    })
-    .await
-    .expect("hostile registry");
+    let server = one_layer_server(&manifest, &config, || hostile::Answer::Trickle).await;
     let out = dir("aborted-out");
     let long = std::time::Duration::from_secs(600);
     let insp = hostile_inspector(&server.host).with_deadlines(long, long);
