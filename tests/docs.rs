@@ -305,3 +305,46 @@ fn the_feature_sets_in_the_docs_are_the_code_s() {
     }
     assert_eq!(seen.len(), NO_UPGRADE_FEATURE_SETS.len(), "{seen:?}");
 }
+
+/// Every `streamctl <command>` the docs, the journal catalog, the unit and the reasons that
+/// give up tell an admin to run is a command `streamctl --help` lists (issue 23 §2, §3).
+#[test]
+fn the_streamctl_commands_the_texts_name_exist() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_streamctl"))
+        .arg("--help")
+        .output()
+        .expect("streamctl runs");
+    let help = String::from_utf8_lossy(&help.stdout).to_string();
+    let commands: Vec<&str> = help
+        .split("Commands:")
+        .nth(1)
+        .and_then(|c| c.split("\n\n").next())
+        .expect("a command list")
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    // `generate` is hidden from the list (man pages and completions, for packaging).
+    let known = |c: &str| commands.contains(&c) || c == "generate";
+    let mut texts = admin_texts();
+    texts.push((
+        PathBuf::from("planner::TRY_AGAIN"),
+        streamd::agent::planner::TRY_AGAIN.to_string(),
+    ));
+    let mut named = 0;
+    for (file, text) in texts {
+        // As code: `streamctl reconcile`, `streamctl status --json`.
+        for (i, _) in text.match_indices("`streamctl ") {
+            let word: String = text[i + "`streamctl ".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase())
+                .collect();
+            assert!(
+                known(&word),
+                "{}: streamctl {word} is not a command: {commands:?}",
+                file.display()
+            );
+            named += 1;
+        }
+    }
+    assert!(named > 10, "{named}");
+}
