@@ -219,11 +219,13 @@ pub(super) enum Event {
     StagingReady(Box<StagingReady>),
     /// Finalization was refused and nothing was applied: `record` is the one before this
     /// attempt; `recheck`: what is staged must be checked on disk again (rpm-ostreed has
-    /// another deployment staged than the one checked).
+    /// another deployment staged than the one checked); `transient`: the daemon did not
+    /// refuse, it could not be asked (busy, unreachable).
     FinalizeFailed {
         now: Instant,
         record: Box<Record>,
         recheck: bool,
+        transient: bool,
         reason: String,
     },
 }
@@ -481,8 +483,9 @@ impl Core {
                 now,
                 record,
                 recheck,
+                transient,
                 reason,
-            } => self.finalize_failed(now, *record, recheck, reason),
+            } => self.finalize_failed(now, *record, (recheck, transient), reason),
         }
     }
 
@@ -682,21 +685,21 @@ impl Core {
         }
     }
 
-    /// A refused finalization restores the record from before the attempt. Refused for
+    /// A failed finalization restores the record from before the attempt. Refused for
     /// another staged deployment, the stage is checked again unverified and finalized again on
-    /// the transient back-off; refused otherwise, the same finalization is asked again on the
-    /// finalization back-off (1 to 30 minutes).
+    /// the transient back-off, as is one the daemon could not be asked for; refused otherwise,
+    /// the same finalization is asked again on the finalization back-off (1 to 30 minutes).
     fn finalize_failed(
         &mut self,
         now: Instant,
         mut record: Record,
-        recheck: bool,
+        (recheck, transient): (bool, bool),
         reason: String,
     ) -> Vec<Effect> {
         if let Some(staged) = record.staged.as_mut().filter(|_| recheck) {
             staged.verified = None;
         }
-        let backoff = if recheck {
+        let backoff = if recheck || transient {
             Retry::Transient
         } else {
             Retry::Finalize

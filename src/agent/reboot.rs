@@ -340,6 +340,14 @@ impl Agent {
                     now: std::time::Instant::now(),
                     record: Box::new(record),
                     recheck,
+                    // An inhibitor (transient to bootc's own retries) is a refusal here.
+                    transient: e.is_transient()
+                        && !matches!(
+                            e,
+                            BackendError::Bootc(
+                                crate::backend::bootc::BootcError::Inhibited { .. }
+                            )
+                        ),
                     reason: what,
                 });
                 self.execute(effects).await;

@@ -569,6 +569,7 @@ fn record_first_rows(t0: Instant) -> Vec<Row> {
                 now: t0,
                 record: Box::new(with_stage(Some("c1"))),
                 recheck: false,
+                transient: false,
                 reason: "the reboot is blocked: inhibited".into(),
             },
             vec![
@@ -746,12 +747,40 @@ fn record_first_rows(t0: Instant) -> Vec<Row> {
         Row {
             retry_in: Some(secs(1)),
             ..row(
+                "a finalization the daemon could not be asked for (busy) is tried again soon",
+                vec![(
+                    Event::FinalizeFailed {
+                        now: t0,
+                        record: Box::new(with_stage(Some("c1"))),
+                        recheck: false,
+                        transient: true,
+                        reason: "Transaction in progress".into(),
+                    },
+                    vec![
+                        Effect::SaveAttempt {
+                            record: Box::new(with_stage(Some("c1"))),
+                            on_error: OnSaveError::Log("restoring the attempt record failed"),
+                        },
+                        Effect::Retry {
+                            retry: Retry::Transient,
+                            reason: "Transaction in progress".into(),
+                            delay: secs(1),
+                        },
+                    ],
+                )],
+                idle.clone(),
+            )
+        },
+        Row {
+            retry_in: Some(secs(1)),
+            ..row(
                 "finalization refused for another staged deployment: the stage is checked again",
                 vec![(
                     Event::FinalizeFailed {
                         now: t0,
                         record: Box::new(with_stage(Some("c1"))),
                         recheck: true,
+                        transient: false,
                         reason: "mismatch".into(),
                     },
                     vec![
