@@ -668,6 +668,13 @@ impl StalledRegistry {
 async fn start_watched_beside_a_stall(env: &mut Env) -> (StalledRegistry, Notifications) {
     let registry = StalledRegistry::start();
     env.allow_registries(&[&registry.addr.to_string()]);
+    let notes = start_watched(env).await;
+    (registry, notes)
+}
+
+/// Starts streamd with a 2 s watchdog (pings every second) reporting to a notify listener;
+/// returns once the node is `Idle`.
+async fn start_watched(env: &mut Env) -> Notifications {
     let sock_path = env.dir.join("notify.sock");
     let notes = Notifications::listen(&sock_path);
     env.start_streamd_with(&[
@@ -675,7 +682,7 @@ async fn start_watched_beside_a_stall(env: &mut Env) -> (StalledRegistry, Notifi
         ("WATCHDOG_USEC", "2000000"),
     ]);
     env.wait_state("Idle").await;
-    (registry, notes)
+    notes
 }
 
 /// The `WATCHDOG=1` messages received within `window`.
@@ -815,6 +822,59 @@ async fn a_waiting_preflight_call_does_not_stall_the_loop() {
     env.wait_state("Staged").await;
     let _ = call.kill();
     let _ = call.wait();
+}
+
+/// `streamctl preflight` while a staging transaction runs (issue 20 §4): the call is answered
+/// from a task of its own, with the checks, and meanwhile the loop follows the transaction to
+/// `Staged` and pings the watchdog throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preflight_call_during_staging_does_not_stall_the_loop() {
+    let mut env = Env::new("stage-call").await;
+    // A staging of about 10 s: 80 progress signals, 8 a second.
+    env.rpmostreed(RpmOstreedCmd::Progress {
+        signals: 80,
+        per_second: 8,
+    })
+    .await;
+    let notes = start_watched(&mut env).await;
+    env.request_rhel10();
+    env.wait_for("Staging", Duration::from_secs(30), |a| {
+        a.get(STATE).map(String::as_str) == Some("Staging")
+    })
+    .await;
+    let called = Instant::now();
+    let rhel10 = env.rhel10();
+    let out = env.streamctl(&[
+        "preflight",
+        "--json",
+        "--stream",
+        "rhel-10",
+        "--os-image",
+        &rhel10,
+    ]);
+    let answered = called.elapsed();
+    // The checks ran (0: pass, 1: a check fails), not "could not run" (4).
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "{out:?}\n{}",
+        env.log()
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(
+        doc["checks"].as_array().is_some_and(|c| !c.is_empty()),
+        "{doc}"
+    );
+    env.wait_state("Staged").await;
+    let window = (called, Instant::now());
+    let span = window.1 - window.0;
+    let pings = watchdog_pings(&notes, window);
+    println!("preflight answered in {answered:?} during staging; {pings} WATCHDOG=1 in {span:?}");
+    assert!(
+        pings as u64 >= span.as_secs().saturating_sub(2),
+        "{pings} pings in {span:?}\n{}",
+        env.log()
+    );
+    assert_eq!(started_txns(&env).await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

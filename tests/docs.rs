@@ -241,6 +241,7 @@ fn the_host_json_fields_and_values_are_documented() {
         arch: "x86_64".into(),
         backend: BackendKind::RpmOstree,
         fips: Fips::Disabled,
+        fips_sources: Default::default(),
         kernel: Some(KernelVariant::Default),
         x86_64_level: Some(3),
         secure_boot: Some(true),
@@ -265,4 +266,87 @@ fn the_host_json_fields_and_values_are_documented() {
         missing.is_empty(),
         "docs/protocol.md's host row lacks {missing:?}: {row}"
     );
+}
+
+/// The OSImageStream feature sets the texts name are the ones the code's reasons name, and the
+/// protocol names all of them (issue 23 §3). A wrong name (`TechPreview` for the set) fails it.
+#[test]
+fn the_feature_sets_in_the_docs_are_the_code_s() {
+    use streamd::cluster::streams::NO_UPGRADE_FEATURE_SETS;
+    let mut seen = std::collections::BTreeSet::new();
+    for (file, text) in admin_texts() {
+        for (i, _) in text.match_indices("NoUpgrade") {
+            let start = text[..i]
+                .rfind(|c: char| !c.is_ascii_alphanumeric())
+                .map_or(0, |p| p + 1);
+            let end = i + "NoUpgrade".len();
+            let name = &text[start..end];
+            // Upstream Go and fields quoted in the ledgers (`inTechPreviewNoUpgrade()`,
+            // `spec.customNoUpgrade`) are no feature set's name.
+            if text[end..].starts_with('(') || name.starts_with(|c: char| c.is_ascii_lowercase()) {
+                continue;
+            }
+            assert!(
+                NO_UPGRADE_FEATURE_SETS.contains(&name),
+                "{}: {name} is not among {NO_UPGRADE_FEATURE_SETS:?}",
+                file.display()
+            );
+            seen.insert(name.to_string());
+        }
+    }
+    let protocol = std::fs::read_to_string(Path::new(ROOT).join("docs/protocol.md")).expect("read");
+    for set in NO_UPGRADE_FEATURE_SETS {
+        assert!(
+            protocol.contains(&format!("`{set}`")),
+            "docs/protocol.md lacks {set}"
+        );
+    }
+    let reason = streamd::cluster::streams::not_served();
+    for set in NO_UPGRADE_FEATURE_SETS {
+        assert!(reason.contains(set), "{reason}");
+    }
+    assert_eq!(seen.len(), NO_UPGRADE_FEATURE_SETS.len(), "{seen:?}");
+}
+
+/// Every `streamctl <command>` the docs, the journal catalog, the unit and the reasons that
+/// give up tell an admin to run is a command `streamctl --help` lists (issue 23 §2, §3).
+#[test]
+fn the_streamctl_commands_the_texts_name_exist() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_streamctl"))
+        .arg("--help")
+        .output()
+        .expect("streamctl runs");
+    let help = String::from_utf8_lossy(&help.stdout).to_string();
+    let commands: Vec<&str> = help
+        .split("Commands:")
+        .nth(1)
+        .and_then(|c| c.split("\n\n").next())
+        .expect("a command list")
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    // `generate` is hidden from the list (man pages and completions, for packaging).
+    let known = |c: &str| commands.contains(&c) || c == "generate";
+    let mut texts = admin_texts();
+    texts.push((
+        PathBuf::from("planner::TRY_AGAIN"),
+        streamd::agent::planner::TRY_AGAIN.to_string(),
+    ));
+    let mut named = 0;
+    for (file, text) in texts {
+        // As code: `streamctl reconcile`, `streamctl status --json`.
+        for (i, _) in text.match_indices("`streamctl ") {
+            let word: String = text[i + "`streamctl ".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase())
+                .collect();
+            assert!(
+                known(&word),
+                "{}: streamctl {word} is not a command: {commands:?}",
+                file.display()
+            );
+            named += 1;
+        }
+    }
+    assert!(named > 10, "{named}");
 }

@@ -681,18 +681,7 @@ async fn a_refused_extraction_leaves_nothing_behind() {
             "size": layer.len(),
         })],
     );
-    let (m, c, l) = (manifest.clone(), config.clone(), layer.clone());
-    let server = hostile::start(move |path| {
-        if path.contains("/manifests/") {
-            hostile::ok(m.clone())
-        } else if path.ends_with(&hostile::sha(&c)) {
-            hostile::ok(c.clone())
-        } else {
-            hostile::ok(l.clone())
-        }
-    })
-    .await
-    .expect("hostile registry");
+    let server = one_layer_server(&manifest, &config, move || hostile::ok(layer.clone())).await;
     let out = dir("refused-out");
     std::fs::create_dir_all(&out).expect("mkdir");
     let e = rt_core_extensions(&server.host, &manifest, &out)
@@ -745,6 +734,26 @@ async fn rt_core_extensions(
             out,
         )
         .await
+}
+
+/// Serves `manifest` and `config`, and answers every other path (the layer) with `layer()`.
+async fn one_layer_server(
+    manifest: &[u8],
+    config: &[u8],
+    layer: impl Fn() -> hostile::Answer + Send + Sync + 'static,
+) -> hostile::Server {
+    let (m, c) = (manifest.to_vec(), config.to_vec());
+    hostile::start(move |path| {
+        if path.contains("/manifests/") {
+            hostile::ok(m.clone())
+        } else if path.ends_with(&hostile::sha(&c)) {
+            hostile::ok(c.clone())
+        } else {
+            layer()
+        }
+    })
+    .await
+    .expect("hostile registry")
 }
 
 /// Every file below `dir`.
@@ -842,4 +851,61 @@ async fn headers_are_read_without_writing_a_file() {
         "the config and the one layer, once: {blobs:?}"
     );
     assert!(blobs[1].ends_with(&hostile::sha(&layer)), "{blobs:?}");
+}
+
+/// A preflight dropped mid-layer (a new request, a deadline) stops its extractor, and the next
+/// extraction into the same directory starts only once that extractor has ended (issue 20 §7).
+/// The layer trickles (uncompressed, so the reader waits for each byte rather than refusing
+/// the first); before, the aborted extractor read on for nobody until the tar parser refused
+/// 512 trickled bytes, about 100 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_extraction_ends_before_the_next_uses_its_directory() {
+    let config = hostile::config(0);
+    let layer = serde_json::json!({
+        "mediaType": "application/vnd.oci.image.layer.v1.tar",
+        "digest": format!("sha256:{}", "c".repeat(64)),
+        // The trickle's Content-Length.
+        "size": 1_000_000,
+    });
+    let manifest = hostile::manifest(&config, config.len() as i64, vec![layer]);
+    let server = one_layer_server(&manifest, &config, || hostile::Answer::Trickle).await;
+    let out = dir("aborted-out");
+    let long = std::time::Duration::from_secs(600);
+    let insp = hostile_inspector(&server.host).with_deadlines(long, long);
+    let img = hostile_image(&server.host, &manifest);
+    let first = {
+        let (insp, img, out) = (insp.clone(), img.clone(), out.clone());
+        tokio::spawn(async move {
+            insp.extensions(&img, "x86_64", &["kernel-rt-core".into()], &out)
+                .await
+        })
+    };
+    // Manifest, config, layer: the layer's answer has begun and its reader is running.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while server.hits() < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the layer was never asked for"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    first.abort();
+    assert!(first.await.expect_err("aborted").is_cancelled());
+    // The next extraction into the same directory (labels only: no layer to read).
+    let (info, files) = insp
+        .extensions(&img, "x86_64", &[], &out)
+        .await
+        .expect("labels");
+    assert!(files.is_empty() && !info.listed, "{info:?}");
+    assert!(walk(&out).is_empty(), "left behind: {:?}", walk(&out));
+    // The aborted reader let go of the layer (the server notices at its next byte).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while server.abandoned() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the aborted extractor still reads the layer"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }

@@ -213,6 +213,20 @@ async fn failed_finalization_rolls_back_retries_then_refuses() {
     assert_eq!(count(&txns, "UpdateDeployment"), 2, "{txns:#?}");
     assert_eq!(count(&txns, "FinalizeDeployment"), 2, "{txns:#?}");
     assert_eq!(env.annotations().await[STATE], "Refused");
+    // The same image again, from the first attempt, on `streamctl reconcile`, as the reason
+    // says (issue 23 §2).
+    assert!(
+        refused[REASON].contains("run `streamctl reconcile` on the node"),
+        "{refused:?}"
+    );
+    let out = env.streamctl(&["reconcile"]);
+    assert!(out.status.success(), "{out:?}");
+    env.wait_state("Staged").await;
+    assert!(
+        attempt_record(&env).is_some_and(|r| r["attempt"].is_null()),
+        "the attempts start over"
+    );
+    assert_eq!(count(&env.transactions().await, "UpdateDeployment"), 3);
     // A new request (here: the same image with its extensions image) starts from zero.
     env.request_rhel10_extensions();
     env.wait_reboot_request().await;
@@ -347,12 +361,19 @@ async fn inhibitor_lock_degrades_naming_it_and_retries() {
         attempt_record(&env).is_some_and(|r| r["attempt"].is_null()),
         "a blocked reboot is not an attempt"
     );
+    // Asked again after a minute, doubling (issue 20 §7: not every minute), or at once.
+    assert!(
+        reason.contains("asked again in 60s (streamctl reconcile asks at once)"),
+        "{reason}"
+    );
     env.tb
         .control(LogindCmd::Release {
             who: "etcd-backup".into(),
         })
         .await
         .expect("release");
+    let out = env.streamctl(&["reconcile"]);
+    assert!(out.status.success(), "{out:?}");
     env.wait_state("Rebooting").await;
     env.wait_for("the reboot", Duration::from_secs(60), |_| {
         env.reboot_initiated()

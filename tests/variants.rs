@@ -374,6 +374,23 @@ async fn staged_tree_without_rt_fails_verification_and_is_cleaned_up() {
         "nothing staged after the cleanup: {deps:#}"
     );
     assert!(!a.contains_key(STAGED_OS_IMAGE));
+    // Remembered like a failed staging (issue 20 §7): after a restart the same request is
+    // neither pulled nor checked again; the new process reports the remembered reason.
+    env.stop_streamd();
+    env.start_streamd();
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let out = env.streamctl(&["status"]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if text.contains("State:        Degraded") && text.contains("+rt") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let txns = env.transactions().await;
+    let methods: Vec<&str> = txns.iter().filter_map(|t| t["method"].as_str()).collect();
+    assert_eq!(methods, vec!["UpdateDeployment", "Cleanup"], "{txns:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,6 +29,8 @@ use crate::cluster::report::{PATCH_MAX_BACKOFF, PatchFailure, patch_retry_delay}
 use crate::host::attempt::{Failure, Record};
 use crate::host::verify::Expectation;
 
+use super::planner::TRY_AGAIN;
+
 pub(super) use inputs::{
     Finalizing, Notice, OnSaveError, RolledBack, StagingEnd, StagingEnded, StagingReady, Verified,
 };
@@ -37,6 +39,8 @@ pub(super) use inputs::{
 pub(super) const MIN_BACKOFF: Duration = Duration::from_secs(1);
 /// After a transient failure: 1 s doubling to 60 s.
 const TRANSIENT_BACKOFF: Backoff = Backoff::new(MIN_BACKOFF, Duration::from_secs(60));
+/// After a finalization the OS daemon refused: 1 min doubling to 30 min.
+const FINALIZE_BACKOFF: Backoff = Backoff::new(Duration::from_secs(60), Duration::from_secs(1800));
 /// After a registry or DNS failure during preflight or readiness: 10 s doubling to 5 min.
 pub(super) const REGISTRY_BACKOFF: Backoff =
     Backoff::new(Duration::from_secs(10), Duration::from_secs(300));
@@ -125,6 +129,10 @@ pub(super) enum Retry {
     Transient,
     /// A registry or DNS failure during preflight: 10 s to 5 min, jittered.
     Registry,
+    /// A finalization the OS daemon refused with nothing applied (an inhibitor, a daemon
+    /// error): 1 min doubling to 30 min, so a lasting refusal is not asked again every minute;
+    /// `streamctl reconcile` asks at once.
+    Finalize,
 }
 
 /// Something the core reacts to.
@@ -223,11 +231,13 @@ pub(super) enum Event {
     StagingReady(Box<StagingReady>),
     /// Finalization was refused and nothing was applied: `record` is the one before this
     /// attempt; `recheck`: what is staged must be checked on disk again (rpm-ostreed has
-    /// another deployment staged than the one checked).
+    /// another deployment staged than the one checked); `transient`: the daemon did not
+    /// refuse, it could not be asked (busy, unreachable).
     FinalizeFailed {
         now: Instant,
         record: Box<Record>,
         recheck: bool,
+        transient: bool,
         reason: String,
     },
 }
@@ -302,6 +312,7 @@ pub(super) struct Core {
     retry_at: Option<Instant>,
     backoff: Backoff,
     registry_backoff: Backoff,
+    finalize_backoff: Backoff,
     spread_until: Option<(Instant, String)>,
     readiness_at: Option<Instant>,
     readiness_stale: bool,
@@ -323,6 +334,7 @@ impl Default for Core {
             retry_at: None,
             backoff: TRANSIENT_BACKOFF,
             registry_backoff: REGISTRY_BACKOFF,
+            finalize_backoff: FINALIZE_BACKOFF,
             spread_until: None,
             readiness_at: None,
             readiness_stale: false,
@@ -406,6 +418,7 @@ impl Core {
                 match retry {
                     Retry::Transient => self.backoff.reset(),
                     Retry::Registry => self.registry_backoff.reset(),
+                    Retry::Finalize => self.finalize_backoff.reset(),
                 }
                 Vec::new()
             }
@@ -482,8 +495,9 @@ impl Core {
                 now,
                 record,
                 recheck,
+                transient,
                 reason,
-            } => self.finalize_failed(now, *record, recheck, reason),
+            } => self.finalize_failed(now, *record, (recheck, transient), reason),
         }
     }
 
@@ -646,7 +660,7 @@ impl Core {
                 vec![Effect::Reconcile]
             }
             StagingEnd::RefsEqual(error) | StagingEnd::Failed(error) => {
-                let reason = format!("staging failed: {error}");
+                let reason = format!("staging failed: {error}; {TRY_AGAIN}");
                 let record = failure(e.record, &e.request, |f| f.gave_up = Some(reason.clone()));
                 degraded(record, reason)
             }
@@ -672,7 +686,7 @@ impl Core {
                     ]
                 } else {
                     let reason = format!(
-                        "staging failed on the network {failures} time(s), no retries left: {error}"
+                        "staging failed on the network {failures} time(s), no retries left: {error}; {TRY_AGAIN}"
                     );
                     if let Some(f) = record.failure.as_mut() {
                         f.gave_up = Some(reason.clone());
@@ -683,23 +697,30 @@ impl Core {
         }
     }
 
-    /// A refused finalization restores the record from before the attempt (a stage to check
-    /// again unverified) and is retried on the transient back-off.
+    /// A failed finalization restores the record from before the attempt. Refused for
+    /// another staged deployment, the stage is checked again unverified and finalized again on
+    /// the transient back-off, as is one the daemon could not be asked for; refused otherwise,
+    /// the same finalization is asked again on the finalization back-off (1 to 30 minutes).
     fn finalize_failed(
         &mut self,
         now: Instant,
         mut record: Record,
-        recheck: bool,
+        (recheck, transient): (bool, bool),
         reason: String,
     ) -> Vec<Effect> {
         if let Some(staged) = record.staged.as_mut().filter(|_| recheck) {
             staged.verified = None;
         }
+        let backoff = if recheck || transient {
+            Retry::Transient
+        } else {
+            Retry::Finalize
+        };
         let restore = Effect::SaveAttempt {
             record: Box::new(record),
             on_error: OnSaveError::Log("restoring the attempt record failed"),
         };
-        let retry = self.fail(now, Retry::Transient, reason, 0.0);
+        let retry = self.fail(now, backoff, reason, 0.0);
         [restore].into_iter().chain(retry).collect()
     }
 
@@ -708,6 +729,7 @@ impl Core {
         let delay = match retry {
             Retry::Transient => self.backoff.next_delay(),
             Retry::Registry => stretch(self.registry_backoff.next_delay(), jitter),
+            Retry::Finalize => self.finalize_backoff.next_delay(),
         };
         self.retry_at = Some(now + delay);
         vec![Effect::Retry {
@@ -789,7 +811,8 @@ fn remembered(record: Record) -> Effect {
 }
 
 /// A passed check is recorded durably (approval and finalization need it) before deciding
-/// again; a failed one, or a record that cannot be read or written, is reported `Degraded`.
+/// again; a failed one is remembered in the record (as a failed staging is) and reported
+/// `Degraded`, as is a record that cannot be read or written.
 fn verified_effects(verified: Verified) -> Vec<Effect> {
     match verified {
         Verified::Passed {
@@ -807,7 +830,26 @@ fn verified_effects(verified: Verified) -> Vec<Effect> {
                 Effect::Reconcile,
             ]
         }
-        Verified::Unrecorded(reason) | Verified::Failed(reason) => vec![degraded(reason)],
+        Verified::Failed {
+            reason,
+            record: Some(record),
+        } => match record.staged.as_ref().map(|s| s.request.clone()) {
+            // Remembered like a failed staging: not checked again until the request changes
+            // or `streamctl reconcile` asks.
+            Some(request) => {
+                let reason = format!("{reason}; {TRY_AGAIN}");
+                vec![
+                    remembered(failure(Some(*record), &request, |f| {
+                        f.gave_up = Some(reason.clone());
+                    })),
+                    degraded(reason),
+                ]
+            }
+            None => vec![degraded(reason)],
+        },
+        Verified::Unrecorded(reason) | Verified::Failed { reason, record: None } => {
+            vec![degraded(reason)]
+        }
     }
 }
 
@@ -925,7 +967,10 @@ fn rolled_back(r: RolledBack) -> Vec<Effect> {
             save,
             Effect::SetState {
                 state: State::Refused,
-                reason: format!("{}; giving up until the request changes", r.reason),
+                reason: format!(
+                    "{}; giving up until the request changes; {TRY_AGAIN}",
+                    r.reason
+                ),
                 notice,
             },
         ]

@@ -513,6 +513,7 @@ impl Gatherer {
             fips: facts.fips,
             secure_boot: facts.secure_boot,
             bootloader_updated: facts.bootloader_updated,
+            fips_sources: facts.fips_sources.clone(),
             kernel,
             crio_runtime: crio,
             os_image,

@@ -388,19 +388,10 @@ impl Agent {
                 }
                 Effect::Publish => self.publish().await,
                 Effect::Retry {
-                    retry: Retry::Transient,
+                    retry,
                     reason,
                     delay,
-                } => self.report_retry(reason, delay).await,
-                Effect::Retry {
-                    retry: Retry::Registry,
-                    reason,
-                    delay,
-                } => {
-                    warn!(error = %reason, retry_in = ?delay, "preflight could not reach the registry");
-                    self.set_reason(format!("{reason}; retrying in {}s", delay.as_secs()))
-                        .await;
-                }
+                } => self.report_retry(retry, reason, delay).await,
                 Effect::Spreading { reason } => {
                     // A request for the old images must not be approved meanwhile.
                     self.request_reboot(None, None).await;
@@ -589,20 +580,12 @@ impl Agent {
         )
         .await;
         match decision {
-            Decision::Stage(base) => {
-                let gave_up = record
-                    .failure
-                    .as_ref()
-                    .filter(|f| {
-                        Some(f.request.as_str()) == self.report.status().observed_desired.as_deref()
-                    })
-                    .and_then(|f| f.gave_up.clone());
-                match gave_up {
-                    // Failed for good before (maybe before a restart): not pulled again.
-                    Some(reason) => self.set_state(State::Degraded, reason).await,
-                    None => self.preflight_and_stage(&obs, base).await,
-                }
+            // Failed for good before (maybe before a restart): not pulled, or checked on disk,
+            // again.
+            Decision::Stage(_) | Decision::Verify if let Some(reason) = self.gave_up(&record) => {
+                self.set_state(State::Degraded, reason).await;
             }
+            Decision::Stage(base) => self.preflight_and_stage(&obs, base).await,
             Decision::CleanupStale => self.cleanup_stale(record).await,
             Decision::Verify => self.verify_recorded(&record).await,
             Decision::RolledBack { attempts, retry } => {
@@ -626,6 +609,18 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// Why staging (or the on-disk check of the stage) failed for good for the current request,
+    /// when it did.
+    fn gave_up(&self, record: &attempt::Record) -> Option<String> {
+        record
+            .failure
+            .as_ref()
+            .filter(|f| {
+                Some(f.request.as_str()) == self.report.status().observed_desired.as_deref()
+            })
+            .and_then(|f| f.gave_up.clone())
     }
 
     fn observe_deployments(&mut self, deployments: &[Deployment]) {
@@ -720,14 +715,32 @@ impl Agent {
         self.fail(Retry::Transient, reason).await;
     }
 
-    /// Reports `Degraded` with `reason`, to be retried after `delay`.
-    async fn report_retry(&mut self, reason: String, delay: Duration) {
-        warn!(%reason, retry_in = ?delay, "transient failure");
-        self.set_state(
-            State::Degraded,
-            format!("{reason}; retrying in {}s", delay.as_secs()),
-        )
-        .await;
+    /// Reports a failure `retry`'s back-off retries after `delay`: `Degraded`, except a registry
+    /// failure during preflight, which keeps the state and says when it reads again.
+    async fn report_retry(&mut self, retry: Retry, reason: String, delay: Duration) {
+        match retry {
+            Retry::Transient => {
+                warn!(%reason, retry_in = ?delay, "transient failure");
+                self.set_state(
+                    State::Degraded,
+                    format!("{reason}; retrying in {}s", delay.as_secs()),
+                )
+                .await;
+            }
+            Retry::Finalize => {
+                let reason = format!(
+                    "{reason}; nothing was applied, asked again in {}s (streamctl reconcile asks at once)",
+                    delay.as_secs()
+                );
+                warn!(%reason, "the os daemon refused the finalization");
+                self.set_state(State::Degraded, reason).await;
+            }
+            Retry::Registry => {
+                warn!(error = %reason, retry_in = ?delay, "preflight could not reach the registry");
+                self.set_reason(format!("{reason}; retrying in {}s", delay.as_secs()))
+                    .await;
+            }
+        }
     }
 
     async fn set_state(&mut self, state: State, reason: String) {

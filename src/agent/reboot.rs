@@ -4,7 +4,7 @@
 use tracing::{info, warn};
 
 use super::Agent;
-use super::core::{Event, Finalizing, MIN_BACKOFF, RolledBack, Step};
+use super::core::{Event, Finalizing, MIN_BACKOFF, Retry, RolledBack, Step};
 use super::work::{Applying, Outcome};
 use crate::agent::planner::Decision;
 use crate::backend::BackendError;
@@ -296,7 +296,10 @@ impl Agent {
             attempt,
         } = applying;
         match result {
-            Ok(()) => info!(%digest, attempt, "reboot initiated"),
+            Ok(()) => {
+                info!(%digest, attempt, "reboot initiated");
+                self.core.handle(Event::Recovered(Retry::Finalize));
+            }
             Err(e) if e.possibly_applied() => {
                 // rpm-ostreed unlocks, says Finished and queues the reboot; the connection can
                 // drop in between. Keep the attempt (the after-boot check and the attempts
@@ -337,6 +340,14 @@ impl Agent {
                     now: std::time::Instant::now(),
                     record: Box::new(record),
                     recheck,
+                    // An inhibitor (transient to bootc's own retries) is a refusal here.
+                    transient: e.is_transient()
+                        && !matches!(
+                            e,
+                            BackendError::Bootc(
+                                crate::backend::bootc::BootcError::Inhibited { .. }
+                            )
+                        ),
                     reason: what,
                 });
                 self.execute(effects).await;

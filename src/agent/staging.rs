@@ -282,12 +282,21 @@ impl Agent {
         self.execute(effects).await;
     }
 
-    /// Forgets staging failures (`streamctl reconcile` asks to try again).
+    /// Forgets staging failures and reboots given up on (`streamctl reconcile` asks to try
+    /// again).
     pub(super) fn forget_failure(&mut self) {
         let Ok(mut record) = self.store.load() else {
             return;
         };
-        if record.failure.take().is_some()
+        let failed = record.failure.take().is_some();
+        // Reboots that all came up elsewhere, finished and reported in an earlier boot: the
+        // same image may be tried again, from the first attempt.
+        let exhausted = record.attempt.take_if(|a| {
+            a.attempts >= self.reboot.max_attempts
+                && a.boot_id != self.boot_id
+                && a.reported_boot.as_deref() == Some(self.boot_id.as_str())
+        });
+        if (failed || exhausted.is_some())
             && let Err(e) = self.store.save(&record)
         {
             warn!(error = %e, "forgetting the staging failure failed");
@@ -347,7 +356,10 @@ impl Agent {
             },
             Err(e) => {
                 warn!(error = %e, label = e.label(), "the staged deployment did not pass its check");
-                Verified::Failed(e.to_string())
+                Verified::Failed {
+                    reason: e.to_string(),
+                    record: self.store.load().ok().map(Box::new),
+                }
             }
         };
         let effects = self.core.handle(Event::Verified(verified));

@@ -547,6 +547,7 @@ mod tests {
                 arch: "x86_64".into(),
                 backend: streamd::backend::BackendKind::RpmOstree,
                 fips: streamd::host::facts::Fips::Enabled,
+                fips_sources: Default::default(),
                 kernel: Some(streamd::backend::KernelVariant::Realtime),
                 x86_64_level: Some(3),
                 secure_boot: Some(false),

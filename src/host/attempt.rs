@@ -451,6 +451,7 @@ mod tests {
             arch: "x86_64".into(),
             backend: Backend::RpmOstree,
             fips,
+            fips_sources: Default::default(),
             kernel,
             x86_64_level: Some(3),
             secure_boot: None,

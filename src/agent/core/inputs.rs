@@ -83,8 +83,12 @@ pub(in crate::agent) enum Verified {
     },
     /// It passed, but the attempt record could not be read to note it: why, as reported.
     Unrecorded(String),
-    /// It did not pass, and why.
-    Failed(String),
+    /// It did not pass: why, and the attempt record as read then (`None`: it could not be
+    /// read), where the failure is remembered.
+    Failed {
+        reason: String,
+        record: Option<Box<Record>>,
+    },
 }
 
 /// A finalization that did not end on the target, with what reporting it needs.

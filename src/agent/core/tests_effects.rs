@@ -335,7 +335,7 @@ fn staging_rows_1(t0: Instant) -> Vec<Row> {
 /// Rows of [`staging_rows`], part 2 of 3.
 fn staging_rows_2(t0: Instant) -> Vec<Row> {
     let settling = Activity::Settling { again: false };
-    let boom = "staging failed: boom";
+    let boom = &format!("staging failed: boom; {TRY_AGAIN}");
     vec![
         row(
             "staging failed: remembered, not retried, Degraded with a Failed warning",
@@ -412,9 +412,13 @@ fn staging_rows_2(t0: Instant) -> Vec<Row> {
                     remembered(failing(
                         "A",
                         3,
-                        Some("staging failed on the network 3 time(s), no retries left: net"),
+                        Some(&format!(
+                            "staging failed on the network 3 time(s), no retries left: net; {TRY_AGAIN}"
+                        )),
                     )),
-                    degraded("staging failed on the network 3 time(s), no retries left: net"),
+                    degraded(&format!(
+                        "staging failed on the network 3 time(s), no retries left: net; {TRY_AGAIN}"
+                    )),
                 ],
             )],
             Activity::Idle,
@@ -424,7 +428,7 @@ fn staging_rows_2(t0: Instant) -> Vec<Row> {
 
 /// Rows of [`staging_rows`], part 3 of 3.
 fn staging_rows_3(t0: Instant) -> Vec<Row> {
-    let boom = "staging failed: boom";
+    let boom = &format!("staging failed: boom; {TRY_AGAIN}");
     vec![
         Row {
             retry_in: Some(secs(10)),
@@ -518,9 +522,36 @@ fn verify_rows() -> Vec<Row> {
             idle.clone(),
         ),
         row(
-            "a check that did not pass is reported Degraded",
+            "a check that did not pass is remembered like a failed staging and reported Degraded (issue 20 §7)",
             vec![(
-                Event::Verified(Verified::Failed("mismatch".into())),
+                Event::Verified(Verified::Failed {
+                    reason: "mismatch".into(),
+                    record: Some(Box::new(with_stage(None))),
+                }),
+                vec![
+                    Effect::SaveAttempt {
+                        record: Box::new(Record {
+                            failure: Some(crate::host::attempt::Failure {
+                                request: "A".into(),
+                                pull_failures: 0,
+                                gave_up: Some(format!("mismatch; {TRY_AGAIN}")),
+                            }),
+                            ..with_stage(None)
+                        }),
+                        on_error: OnSaveError::Log("remembering the staging failure failed"),
+                    },
+                    degraded(&format!("mismatch; {TRY_AGAIN}")),
+                ],
+            )],
+            idle.clone(),
+        ),
+        row(
+            "a check that did not pass, with a record that cannot be read, is reported Degraded",
+            vec![(
+                Event::Verified(Verified::Failed {
+                    reason: "mismatch".into(),
+                    record: None,
+                }),
                 vec![degraded("mismatch")],
             )],
             idle.clone(),
@@ -561,6 +592,31 @@ fn rolled_back(t0: Instant, retry: bool) -> Event {
         reason: "came up on the old image".into(),
         retry,
     }))
+}
+
+/// A finalization refused by rpm-ostreed (an inhibitor), and what follows: the record is
+/// restored and the finalization asked again after `delay`.
+fn refused(t0: Instant, delay: Duration) -> (Event, Vec<Effect>) {
+    (
+        Event::FinalizeFailed {
+            now: t0,
+            record: Box::new(with_stage(Some("c1"))),
+            recheck: false,
+            transient: false,
+            reason: "the reboot is blocked: inhibited".into(),
+        },
+        vec![
+            Effect::SaveAttempt {
+                record: Box::new(with_stage(Some("c1"))),
+                on_error: OnSaveError::Log("restoring the attempt record failed"),
+            },
+            Effect::Retry {
+                retry: Retry::Finalize,
+                reason: "the reboot is blocked: inhibited".into(),
+                delay,
+            },
+        ],
+    )
 }
 
 /// The Event of a rollback.
@@ -744,15 +800,36 @@ fn record_first_rows_3(t0: Instant) -> Vec<Row> {
             idle.clone(),
         ),
         Row {
+            retry_in: Some(secs(120)),
+            ..row(
+                "a refused finalization restores the record and is asked again after minutes, doubling (issue 20 §7: not every minute)",
+                vec![refused(t0, secs(60)), refused(t0, secs(120))],
+                idle.clone(),
+            )
+        },
+        Row {
+            retry_in: Some(secs(60)),
+            ..row(
+                "a finalization that went through resets its back-off",
+                vec![
+                    refused(t0, secs(60)),
+                    (Event::Recovered(Retry::Finalize), vec![]),
+                    refused(t0, secs(60)),
+                ],
+                idle.clone(),
+            )
+        },
+        Row {
             retry_in: Some(secs(1)),
             ..row(
-                "a refused finalization restores the record and is retried on the back-off",
+                "a finalization the daemon could not be asked for (busy) is tried again soon",
                 vec![(
                     Event::FinalizeFailed {
                         now: t0,
                         record: Box::new(with_stage(Some("c1"))),
                         recheck: false,
-                        reason: "the reboot is blocked: inhibited".into(),
+                        transient: true,
+                        reason: "Transaction in progress".into(),
                     },
                     vec![
                         Effect::SaveAttempt {
@@ -761,7 +838,7 @@ fn record_first_rows_3(t0: Instant) -> Vec<Row> {
                         },
                         Effect::Retry {
                             retry: Retry::Transient,
-                            reason: "the reboot is blocked: inhibited".into(),
+                            reason: "Transaction in progress".into(),
                             delay: secs(1),
                         },
                     ],
@@ -785,6 +862,7 @@ fn record_first_rows_4(t0: Instant) -> Vec<Row> {
                         now: t0,
                         record: Box::new(with_stage(Some("c1"))),
                         recheck: true,
+                        transient: false,
                         reason: "mismatch".into(),
                     },
                     vec![
@@ -810,8 +888,9 @@ fn record_first_rows_4(t0: Instant) -> Vec<Row> {
                     saved(attempted(Some("b1"))),
                     Effect::SetState {
                         state: State::Refused,
-                        reason: "came up on the old image; giving up until the request changes"
-                            .into(),
+                        reason: format!(
+                            "came up on the old image; giving up until the request changes; {TRY_AGAIN}"
+                        ),
                         notice: Some(rollback_notice()),
                     },
                 ],

@@ -3,6 +3,12 @@
 use crate::backend::StagePlan;
 use crate::cluster::protocol::{ProtocolError, State};
 
+/// How to try the same image again after streamd gave up on it for a request (a failed
+/// staging or on-disk check, reboots that came up on another deployment): the end of every such
+/// reason (issue 23 §2).
+pub const TRY_AGAIN: &str =
+    "to try the same image again once the cause is fixed, run `streamctl reconcile` on the node";
+
 /// Why the planner refuses a request; its text is the reported reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
@@ -15,7 +21,7 @@ pub enum Refusal {
     /// Every allowed reboot into the request came up on another deployment.
     #[error(
         "the node was rebooted into {image} {attempts} time(s) and came up on another deployment \
-         each time; not trying again until the request changes"
+         each time; not trying again until the request changes; {TRY_AGAIN}"
     )]
     AttemptsExhausted {
         /// The requested OS image.

@@ -9,7 +9,7 @@ mod decision;
 mod observation;
 
 pub use decide::{decide, reboot_token};
-pub use decision::{Decision, Refusal};
+pub use decision::{Decision, Refusal, TRY_AGAIN};
 pub use observation::{Lifecycle, Observation, foreign_staged};
 
 #[cfg(test)]

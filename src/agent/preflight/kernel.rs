@@ -35,7 +35,10 @@ pub(super) fn fips(i: &Input) -> CheckResult {
     match i.fips {
         Fips::Inconsistent => fail(
             id,
-            "FIPS state is inconsistent: /proc/sys/crypto/fips_enabled and fips= on the kernel command line disagree; fix the host first",
+            format!(
+                "FIPS state is inconsistent: {}; streamd never changes FIPS mode: make the two agree on the host (the fips=1 kernel argument and a FIPS-enabled boot, or neither) before moving it",
+                i.fips_sources
+            ),
         ),
         Fips::Enabled => pass(
             id,
@@ -305,6 +308,12 @@ mod tests {
         cases.push(("cpu-level", c));
         let mut c = base();
         c.fips = Fips::Inconsistent;
+        c.fips_sources = crate::host::facts::FipsSources::read(Some("1\n"), "ro fips=0");
+        let m = message(&c, "fips");
+        assert!(
+            m.contains("fips_enabled is 1 and the kernel command line has fips=0"),
+            "{m}"
+        );
         cases.push(("fips", c));
         assert_refused(cases);
     }

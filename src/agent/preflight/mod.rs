@@ -17,8 +17,8 @@ use crate::backend::{BackendKind, Deployment, KernelVariant};
 use crate::cluster::policy::Verdict;
 use crate::cluster::protocol::{CheckId, Desired};
 use crate::config::Policy;
-use crate::host::facts::Fips;
 use crate::host::facts::machineconfig::AppliedConfig;
+use crate::host::facts::{Fips, FipsSources};
 use crate::host::ospull::OsPull;
 use crate::image::registry::{ExtensionsInfo, OsImageInfo};
 use crate::image::rpm::{Closure, el_major};
@@ -99,6 +99,8 @@ pub struct Input {
     /// Whether bootupd's `bootloader-update.service` ran and succeeded this boot; `None`: not
     /// known.
     pub bootloader_updated: Option<bool>,
+    /// The two values it was read from.
+    pub fips_sources: FipsSources,
     /// Kernel variant, or why it is inconsistent.
     pub kernel: Result<KernelVariant, FactError>,
     /// CRI-O's default runtime, or why it could not be read.
@@ -282,6 +284,7 @@ mod fixtures {
             fips: Fips::Disabled,
             secure_boot: Some(false),
             bootloader_updated: None,
+            fips_sources: FipsSources::default(),
             kernel: Ok(KernelVariant::Default),
             crio_runtime: Ok("crun".into()),
             os_image: Ok(OsImageInfo {

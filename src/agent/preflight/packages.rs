@@ -21,6 +21,33 @@ fn machine_config_asks(p: &FromExtensions, mc: &AppliedConfig) -> String {
     asks.join(" and ")
 }
 
+/// How many layered packages a reason names before it counts the rest.
+const NAMED_PACKAGES: usize = 8;
+
+/// What the node runs that must come from an extensions image, for a reason: the kernel
+/// variant with its packages, and the layered packages (the first [`NAMED_PACKAGES`]).
+fn what_is_needed(p: &FromExtensions) -> String {
+    let mut parts = Vec::new();
+    if p.variant != KernelVariant::Default {
+        parts.push(format!(
+            "the {} kernel ({})",
+            p.variant.as_str(),
+            p.kernel.join(", ")
+        ));
+    }
+    let layered: Vec<&str> = p.all_layered().map(String::as_str).collect();
+    if !layered.is_empty() {
+        let shown = layered[..layered.len().min(NAMED_PACKAGES)].join(", ");
+        let more = layered.len().saturating_sub(NAMED_PACKAGES);
+        parts.push(if more == 0 {
+            format!("the layered packages {shown}")
+        } else {
+            format!("the layered packages {shown} and {more} more")
+        });
+    }
+    parts.join(" and ")
+}
+
 pub(super) fn extensions_image(i: &Input) -> CheckResult {
     let id = CheckId::ExtensionsImage;
     let provided = provided(i);
@@ -45,7 +72,10 @@ pub(super) fn extensions_image(i: &Input) -> CheckResult {
         ),
         None if provided.needed() => fail(
             id,
-            "this node has a non-default kernel or layered packages, which must be re-provided for the target: set desired-extensions-image",
+            format!(
+                "this node runs {}, which the target must get again from an extensions image of the target's stream: in a StreamPool set spec.target.extensionsImage (beside spec.target.osImage); on a node without a pool, the annotation desired-extensions-image",
+                what_is_needed(&provided)
+            ),
         ),
         None => pass(id, "not needed"),
         Some(Err(e)) => fail(id, e.to_string()),
@@ -269,6 +299,15 @@ mod tests {
         let mut cases: Vec<(&str, Input)> = Vec::new();
         let mut c = base();
         layer_kernel(&mut c, KernelVariant::Realtime);
+        c.booted.requested_packages = vec!["usbguard".into()];
+        let m = message(&c, "extensions-image");
+        assert!(
+            m.starts_with("this node runs the realtime kernel (kernel-rt-core, ")
+                && m.contains(") and the layered packages usbguard, which")
+                && m.contains("spec.target.extensionsImage")
+                && m.contains("desired-extensions-image"),
+            "{m}"
+        );
         cases.push(("extensions-image", c));
         let mut c = base();
         c.extensions = Some(Ok(ExtensionsInfo {

@@ -33,6 +33,13 @@ pub const GROUP: &str = "machineconfiguration.openshift.io";
 /// clusters), and none before 4.21 (payload-manifests/crds/0000_80_machine-config_01_osimagestreams*.crd.yaml
 /// on each release branch).
 pub const VERSIONS: [&str; 2] = ["v1", "v1alpha1"];
+/// The feature sets that serve `v1alpha1` on 4.21 and 4.22 (`CustomNoUpgrade` only with the
+/// `OSStreams` gate enabled), as the reasons and docs name them.
+pub const NO_UPGRADE_FEATURE_SETS: [&str; 3] = [
+    "TechPreviewNoUpgrade",
+    "DevPreviewNoUpgrade",
+    "CustomNoUpgrade",
+];
 /// Kind.
 pub const KIND: &str = "OSImageStream";
 /// Resource (plural) name.

@@ -9,7 +9,7 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{info, warn};
 
-use super::{Catalog, GROUP, NAME, OsImageStream, PLURAL, VERSIONS};
+use super::{Catalog, GROUP, NAME, NO_UPGRADE_FEATURE_SETS, OsImageStream, PLURAL, VERSIONS};
 use crate::backoff::Backoff;
 
 /// The first of [`VERSIONS`] whose discovery document (`GET /apis/<group>/<version>`) lists
@@ -40,8 +40,10 @@ pub(super) fn listed_versions(groups: &APIGroupList) -> Vec<&'static str> {
 /// (docs/fidelity.md "OSImageStream per release").
 pub fn not_served() -> String {
     format!(
-        "the cluster serves no OSImageStream API ({PLURAL}.{GROUP} in {}): OpenShift serves v1 from 4.23 (on HyperShift only with a no-upgrade feature set) and v1alpha1 on 4.21 and 4.22 only with the TechPreviewNoUpgrade, DevPreviewNoUpgrade or CustomNoUpgrade (OSStreams gate) feature set",
-        VERSIONS.join(" or ")
+        "the cluster serves no OSImageStream API ({PLURAL}.{GROUP} in {}): OpenShift serves v1 from 4.23 (on HyperShift only with a no-upgrade feature set) and v1alpha1 on 4.21 and 4.22 only with the {} or {} (OSStreams gate) feature set",
+        VERSIONS.join(" or "),
+        NO_UPGRADE_FEATURE_SETS[..2].join(", "),
+        NO_UPGRADE_FEATURE_SETS[2],
     )
 }
 

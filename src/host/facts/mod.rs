@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use fips::Fips;
+pub use fips::{Fips, FipsSources};
 pub use osrelease::OsRelease;
 
 use crate::backend::{BackendKind, Deployment, KernelVariant, kernel};
@@ -30,6 +30,9 @@ pub struct HostFacts {
     pub backend: BackendKind,
     /// FIPS mode.
     pub fips: Fips,
+    /// The two values the FIPS mode was read from (for reasons; not published).
+    #[serde(skip)]
+    pub fips_sources: FipsSources,
     /// Kernel variant of the booted deployment; `None` when it could not be determined
     /// (no booted deployment yet, or overrides and running kernel disagree).
     pub kernel: Option<KernelVariant>,
@@ -130,10 +133,12 @@ impl HostRoot {
 /// Gathers the facts streamd publishes; `booted` is the booted deployment, if known.
 pub fn gather(root: &HostRoot, backend: BackendKind, booted: Option<&Deployment>) -> HostFacts {
     let arch = root.arch();
-    let fips = fips::fips(
-        root.read("/proc/sys/crypto/fips_enabled").ok().as_deref(),
-        &root.read("/proc/cmdline").unwrap_or_default(),
+    let (fips_enabled, cmdline) = (
+        root.read("/proc/sys/crypto/fips_enabled").ok(),
+        root.read("/proc/cmdline").unwrap_or_default(),
     );
+    let fips = fips::fips(fips_enabled.as_deref(), &cmdline);
+    let fips_sources = FipsSources::read(fips_enabled.as_deref(), &cmdline);
     let kernel = booted.and_then(|d| kernel_variant(root, d).ok());
     let x86_64_level = (arch == "x86_64")
         .then(|| root.read("/proc/cpuinfo").ok())
@@ -144,6 +149,7 @@ pub fn gather(root: &HostRoot, backend: BackendKind, booted: Option<&Deployment>
         arch,
         backend,
         fips,
+        fips_sources,
         kernel,
         x86_64_level,
         secure_boot,

@@ -1,5 +1,10 @@
 //! An extensions layer streamed from the registry through the RPM extraction on a blocking
 //! thread, digest-checked, into a directory removed on failure.
+//!
+//! The blocking thread outlives a dropped caller (a preflight aborted for a new request, a
+//! deadline): the caller's end stops the stream it reads, and the directory it writes into
+//! stays held, and is removed, only once the thread has ended, so the next extraction never
+//! shares it with a reader of an older one.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -24,19 +29,25 @@ impl Inspector {
         image: &ImageRef,
         layer: &Descriptor,
         wanted: &[String],
-        dest: Option<&Path>,
+        dest: Option<&Partial>,
         mut budget: ExtractBudget,
     ) -> Result<(LayerRpms, ExtractBudget), InspectError> {
         let size = Self::descriptor_size(image, layer, u64::MAX)?;
         let resp = self
             .blob_response(image, layer, size, self.extensions_deadline)
             .await?;
-        let stream =
-            futures::StreamExt::map(resp.bytes_stream(), |r| r.map_err(std::io::Error::other));
+        // The stream ends when this future is dropped (`_reading` with it): the thread then
+        // reads a truncated layer, fails and ends, instead of reading on for nobody.
+        let (_reading, dropped) = tokio::sync::oneshot::channel::<()>();
+        let stream = futures::StreamExt::take_until(
+            futures::StreamExt::map(resp.bytes_stream(), |r| r.map_err(std::io::Error::other)),
+            dropped,
+        );
         // The bridge must be made on the runtime; it blocks only the thread that reads it.
         let bridge = SyncIoBridge::new(StreamReader::new(stream));
         let (media_type, digest) = (layer.media_type.clone(), layer.digest.clone());
-        let (wanted, dest) = (wanted.to_vec(), dest.map(Path::to_path_buf));
+        // The thread holds the directory (and with it the extraction lock) until it ends.
+        let (wanted, held) = (wanted.to_vec(), dest.map(Partial::hold));
         let what = format!("{image}: layer {digest}");
         let registry = image.registry().to_string();
         let read = tokio::task::spawn_blocking(move || {
@@ -46,7 +57,7 @@ impl Inspector {
                 &mut hashed,
                 &media_type,
                 &wanted,
-                dest.as_deref(),
+                held.as_deref().map(Held::path),
                 &mut budget,
             )
             .and_then(|found| std::io::copy(&mut hashed, &mut std::io::sink()).map(|_| found));
@@ -74,29 +85,53 @@ impl Inspector {
     }
 }
 
-/// A directory that is removed when dropped, with what is in it.
-pub(super) struct Partial(PathBuf);
+/// One extraction at a time in the process: a new one waits until the blocking thread of an
+/// aborted one has ended (its directory is the same `.partial`).
+static EXTRACTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A directory that is removed, with what is in it, once neither its extraction nor a thread
+/// reading into it holds it; until then no other extraction starts.
+pub(super) struct Partial(std::sync::Arc<Held>);
+
+/// The directory and the extraction lock, shared by the extraction and its reading threads.
+pub(super) struct Held {
+    path: PathBuf,
+    _one_at_a_time: tokio::sync::MutexGuard<'static, ()>,
+}
 
 impl Partial {
-    pub(super) fn new(path: PathBuf) -> std::io::Result<Self> {
+    /// Waits for any earlier extraction's threads to end, then empties `path`.
+    pub(super) async fn new(path: PathBuf) -> std::io::Result<Self> {
+        let one = EXTRACTING.lock().await;
         match std::fs::remove_dir_all(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
         std::fs::create_dir_all(&path)?;
-        Ok(Partial(path))
+        Ok(Partial(std::sync::Arc::new(Held {
+            path,
+            _one_at_a_time: one,
+        })))
     }
 
-    pub(super) fn path(&self) -> &Path {
-        &self.0
+    /// A hold for a thread that writes into the directory.
+    fn hold(&self) -> std::sync::Arc<Held> {
+        self.0.clone()
     }
 }
 
-impl Drop for Partial {
+impl Held {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Held {
+    // Runs before the lock is released: the next extraction finds the directory gone.
     fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.0) {
-            tracing::warn!(dir = %self.0.display(), error = %e, "cannot remove a partial extraction");
+        if let Err(e) = std::fs::remove_dir_all(&self.path) {
+            tracing::warn!(dir = %self.path.display(), error = %e, "cannot remove a partial extraction");
         }
     }
 }

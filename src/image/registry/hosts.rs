@@ -205,6 +205,33 @@ mod tests {
         }
     }
 
+    /// The unit denies the metadata addresses to the whole process too (issue 20 §6), IPv6
+    /// included: every one the registry client refuses by name, except Azure's WireServer,
+    /// which is the node's DNS resolver there.
+    #[test]
+    fn the_unit_denies_every_metadata_address() {
+        let unit = include_str!("../../../systemd/streamd.service");
+        let denied: Vec<IpAddr> = unit
+            .lines()
+            .filter_map(|l| l.strip_prefix("IPAddressDeny="))
+            .flat_map(str::split_whitespace)
+            .map(|a| a.parse().expect("an address"))
+            .collect();
+        let mut wanted: Vec<IpAddr> = METADATA_V6.iter().map(|(a, _)| IpAddr::V6(*a)).collect();
+        wanted.extend(
+            ["169.254.169.254", "100.100.100.200"].map(|a| a.parse::<IpAddr>().expect("ip")),
+        );
+        for ip in &wanted {
+            assert!(
+                denied.contains(ip),
+                "{ip} is not in the unit's IPAddressDeny: {denied:?}"
+            );
+        }
+        for ip in &denied {
+            assert!(forbidden(*ip).is_some(), "{ip} is denied by the unit only");
+        }
+    }
+
     #[test]
     fn literals_in_urls_are_refused_by_address() {
         let url = |u: &str| reqwest::Url::parse(u).expect("url");

@@ -405,9 +405,11 @@ impl Inspector {
         let io = |e: std::io::Error| {
             InspectError::Invalid(format!("writing into {}: {e}", dest.display()))
         };
-        let partial = blob::Partial::new(dest.join(".partial")).map_err(io)?;
+        let partial = blob::Partial::new(dest.join(".partial"))
+            .await
+            .map_err(io)?;
         let (info, files) = self
-            .read_extensions(image, arch, wanted, Some(partial.path()))
+            .read_extensions(image, arch, wanted, Some(&partial))
             .await?;
         let mut moved = Vec::with_capacity(files.len());
         for f in files {
@@ -439,7 +441,7 @@ impl Inspector {
         image: &ImageRef,
         arch: &str,
         wanted: &[String],
-        dest: Option<&Path>,
+        dest: Option<&blob::Partial>,
     ) -> Result<(ExtensionsInfo, Vec<PathBuf>), InspectError> {
         Self::within(image, self.extensions_deadline, async {
             let (m, _) = self.manifest(image, arch).await?;

@@ -65,6 +65,8 @@ pub struct Server {
     pub host: String,
     /// Requests answered so far.
     pub hits: Arc<AtomicUsize>,
+    /// [`Answer::Trickle`]s that ended because the client closed the connection.
+    pub abandoned: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -85,6 +87,11 @@ impl Server {
     pub fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)
     }
+
+    /// Trickled answers whose client went away so far.
+    pub fn abandoned(&self) -> usize {
+        self.abandoned.load(Ordering::SeqCst)
+    }
 }
 
 /// Starts a server answering every request with `route(path)`.
@@ -104,35 +111,51 @@ pub async fn start_with_head(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let host = listener.local_addr()?.to_string();
     let hits = Arc::new(AtomicUsize::new(0));
-    let (route, counter) = (Arc::new(route), hits.clone());
+    let abandoned = Arc::new(AtomicUsize::new(0));
+    let counters = Arc::new(Counters {
+        hits: hits.clone(),
+        abandoned: abandoned.clone(),
+    });
+    let route = Arc::new(route);
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let task = tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else {
                 continue;
             };
-            let (route, counter, acceptor) = (route.clone(), counter.clone(), acceptor.clone());
+            let (route, counters, acceptor) = (route.clone(), counters.clone(), acceptor.clone());
             tokio::spawn(async move {
                 match acceptor {
                     // A failed handshake (the client refused the certificate) is no request.
                     Some(a) => {
                         if let Ok(tls) = a.accept(tcp).await {
-                            answer(tls, &*route, &counter).await;
+                            answer(tls, &*route, &counters).await;
                         }
                     }
-                    None => answer(tcp, &*route, &counter).await,
+                    None => answer(tcp, &*route, &counters).await,
                 }
             });
         }
     });
-    Ok(Server { host, hits, task })
+    Ok(Server {
+        host,
+        hits,
+        abandoned,
+        task,
+    })
+}
+
+/// What the server counts.
+struct Counters {
+    hits: Arc<AtomicUsize>,
+    abandoned: Arc<AtomicUsize>,
 }
 
 /// Reads one request head from `io` and writes what `route` says.
 async fn answer<S>(
     mut io: S,
     route: &(dyn Fn(&str, &str) -> Answer + Send + Sync),
-    counter: &AtomicUsize,
+    counters: &Counters,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
@@ -149,7 +172,7 @@ async fn answer<S>(
             return;
         }
     }
-    counter.fetch_add(1, Ordering::SeqCst);
+    counters.hits.fetch_add(1, Ordering::SeqCst);
     let text = String::from_utf8_lossy(&head);
     let path = text.split_whitespace().nth(1).unwrap_or("/").to_string();
     match route(&path, &text) {
@@ -178,6 +201,7 @@ async fn answer<S>(
             loop {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 if io.write_all(b" ").await.is_err() {
+                    counters.abandoned.fetch_add(1, Ordering::SeqCst);
                     return;
                 }
             }
