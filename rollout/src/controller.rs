@@ -27,10 +27,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
-use streamd::cluster::protocol::{
-    DESIRED_EXTENSIONS_IMAGE, DESIRED_OS_IMAGE, DESIRED_STREAM, Desired, Inputs, REBOOT_APPROVED,
-    validate_stream,
-};
+use streamd::cluster::protocol::{Desired, Inputs, validate_stream};
 use streamd::cluster::streams::{self, Catalog, StreamsUpdate};
 use tokio::sync::watch;
 
@@ -42,13 +39,15 @@ use crate::drain;
 use crate::events::{self, Journal, Note};
 use crate::heartbeat;
 use crate::leader::{Fence, NotLeader};
-use crate::node::{
-    CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, NodeView, ROLLOUT_POOL,
-    ROLLOUT_SET_ASIDE, ROLLOUT_STEP, ROLLOUT_TARGETED, Step, taints_with_update,
-};
+use crate::node::{NodeView, ROLLOUT_POOL, ROLLOUT_STEP, taints_with_update};
 use crate::planner::{self, Action, CheckKeys, Plan, PoolInput, Release, Summary};
+use crate::waves::{self, Waves};
+
+mod patches;
 use crate::selection::{self, Owner};
 use crate::status;
+use patches::check_patch;
+pub use patches::{action_patch, approval_patch, release_patch};
 
 /// Field manager of every write.
 pub const FIELD_MANAGER: &str = "streamd-rollout";
@@ -94,6 +93,8 @@ pub struct Context {
     heartbeats: Option<Api<Lease>>,
     /// Checked before every write (see [`crate::leader`]).
     fence: Fence,
+    /// The node this replica runs on (taken last).
+    node_name: Option<String>,
 }
 
 impl std::fmt::Debug for Context {
@@ -128,138 +129,26 @@ pub fn resolve_target(
     (desired, check)
 }
 
+/// The resolved target as the status and the canary's mark give it: `<stream> <os image>`.
+fn target_line(t: &Desired) -> String {
+    format!("{} {}", t.stream, t.os_image)
+}
+
+/// Whether the pool's canary already ran for `target` ([`waves::CANARY_DONE`]).
+fn canary_done(pool: &StreamPool, target: Option<&str>) -> bool {
+    target.is_some_and(|t| {
+        pool.annotations()
+            .get(waves::CANARY_DONE)
+            .map(String::as_str)
+            == Some(t)
+    })
+}
+
 fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or_default()
-}
-
-fn annotations_patch(pairs: &[(&str, Option<&str>)]) -> serde_json::Map<String, Value> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.map_or(Value::Null, |v| json!(v))))
-        .collect()
-}
-
-/// The check-* keys of `check`, with the pool's name.
-fn check_patch(pool: &str, check: &CheckKeys) -> serde_json::Map<String, Value> {
-    let mut pairs = check.annotations().to_vec();
-    pairs.push((ROLLOUT_POOL, Some(pool)));
-    annotations_patch(&pairs)
-}
-
-/// The merge patch an action of pool `pool` writes on its node (a drain's approval is
-/// [`approval_patch`]).
-pub fn action_patch(
-    pool: &str,
-    action: &Action,
-    target: &Desired,
-    check: Option<&CheckKeys>,
-    now: u64,
-) -> Option<Value> {
-    let (annotations, unschedulable) = match action {
-        Action::Check { .. } => (check_patch(pool, check?), None),
-        Action::Target { .. } => {
-            let os = target.os_image.to_string();
-            let ext = target.extensions_image.as_ref().map(ToString::to_string);
-            let at = now.to_string();
-            (
-                annotations_patch(&[
-                    (DESIRED_STREAM, Some(&target.stream)),
-                    (DESIRED_OS_IMAGE, Some(&os)),
-                    (DESIRED_EXTENSIONS_IMAGE, ext.as_deref()),
-                    (ROLLOUT_POOL, Some(pool)),
-                    (ROLLOUT_TARGETED, Some(&at)),
-                ]),
-                None,
-            )
-        }
-        Action::Cordon { token, .. } => {
-            let step = Step::Draining {
-                started: now,
-                token: token.clone(),
-            }
-            .render();
-            (
-                annotations_patch(&[(ROLLOUT_STEP, Some(&step))]),
-                Some(true),
-            )
-        }
-        Action::Drain { .. } | Action::Release { .. } => return None,
-        Action::Recordon { .. } => (serde_json::Map::new(), Some(true)),
-        Action::Uncordon { .. } => (
-            annotations_patch(&[
-                (ROLLOUT_STEP, None),
-                (REBOOT_APPROVED, None),
-                (ROLLOUT_SET_ASIDE, None),
-            ]),
-            Some(false),
-        ),
-        Action::SetAside { token, .. } => (
-            annotations_patch(&[(ROLLOUT_STEP, None), (ROLLOUT_SET_ASIDE, Some(token))]),
-            Some(false),
-        ),
-    };
-    let mut patch = if annotations.is_empty() {
-        json!({})
-    } else {
-        json!({ "metadata": { "annotations": annotations } })
-    };
-    if let Some(u) = unschedulable {
-        patch["spec"] = json!({ "unschedulable": u });
-    }
-    Some(patch)
-}
-
-/// Releases a node (see [`Release::Now`]), only if it is still as listed at `resource_version`
-/// (a node another pool took meanwhile is left to it: the write is a 409 and the next pass
-/// looks again).
-pub fn release_patch(withdraw: bool, uncordon: bool, resource_version: &str) -> Value {
-    let mut pairs = vec![
-        (ROLLOUT_POOL, None),
-        (CHECK_STREAM, None),
-        (CHECK_OS_IMAGE, None),
-        (CHECK_EXTENSIONS_IMAGE, None),
-        (ROLLOUT_SET_ASIDE, None),
-    ];
-    if withdraw {
-        pairs.extend([
-            (DESIRED_STREAM, None),
-            (DESIRED_OS_IMAGE, None),
-            (DESIRED_EXTENSIONS_IMAGE, None),
-            (ROLLOUT_TARGETED, None),
-        ]);
-    }
-    if uncordon {
-        pairs.extend([(ROLLOUT_STEP, None), (REBOOT_APPROVED, None)]);
-    }
-    let mut patch = json!({ "metadata": {
-        "annotations": annotations_patch(&pairs),
-        "resourceVersion": resource_version,
-    } });
-    if uncordon {
-        patch["spec"] = json!({ "unschedulable": false });
-    }
-    patch
-}
-
-/// Approves exactly `token` and marks it approved at `now`, in one patch, only if the node is
-/// still as listed at `resource_version` (cordoned: one uncordoned meanwhile may have taken new
-/// pods, so the write is a 409 and the next pass looks again).
-pub fn approval_patch(token: &str, now: u64, resource_version: &str) -> Value {
-    let step = Step::Approved {
-        since: Some(now),
-        token: token.to_string(),
-    }
-    .render();
-    json!({ "metadata": {
-        "annotations": annotations_patch(&[
-            (REBOOT_APPROVED, Some(token)),
-            (ROLLOUT_STEP, Some(&step)),
-        ]),
-        "resourceVersion": resource_version,
-    } })
 }
 
 /// Every write is a merge patch as [`FIELD_MANAGER`].
@@ -477,6 +366,11 @@ async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
     let settings = drain::Settings::from_spec(&scope.pool.spec.drain).unwrap_or_default();
     let blockers = execute(scope, &input, &plan.actions, &listed.selected, &settings).await?;
     set_update_taints(scope, &plan.taints, &listed.selected).await?;
+    if plan.summary.canary_complete
+        && let Ok(t) = &input.target
+    {
+        pause_after_canary(scope, &target_line(t)).await?;
+    }
     write_status(scope, &input, &plan.summary, &blockers).await?;
     let now = i64::try_from(input.now).unwrap_or(i64::MAX);
     let ours = listed
@@ -509,6 +403,9 @@ fn plan(
     }
     let selected = &listed.selected;
     let (target, check) = resolve_target(&spec.target, catalog.as_ref());
+    let target_text = target.as_ref().ok().map(target_line);
+    let now = now_secs();
+    let window = crate::window::now(&spec.windows, now).map_err(|e| e.to_string());
     let input = PoolInput {
         target,
         check,
@@ -528,12 +425,20 @@ fn plan(
         reboot_timeout_seconds: spec
             .reboot_timeout_seconds
             .unwrap_or(DEFAULT_REBOOT_TIMEOUT_SECONDS),
-        now: now_secs(),
+        now,
         spec_error: listed
             .invalid
             .clone()
-            .or_else(|| drain::Settings::from_spec(&spec.drain).err()),
+            .or_else(|| drain::Settings::from_spec(&spec.drain).err())
+            .or_else(|| window.clone().err()),
         claimed: listed.claimed.clone(),
+        waves: Waves {
+            controller_node: scope.ctx.node_name.clone(),
+            min_ready_seconds: spec.min_ready_seconds.unwrap_or_default(),
+            canary: spec.canary.map(|n| n as usize),
+            canary_done: canary_done(scope.pool, target_text.as_deref()),
+            window: window.unwrap_or_default(),
+        },
     };
     let now = i64::try_from(input.now).unwrap_or(i64::MAX);
     let views: Vec<NodeView> = selected
@@ -685,11 +590,7 @@ async fn write_status(
     let built = status::build(
         summary,
         pool.meta().generation,
-        input
-            .target
-            .as_ref()
-            .ok()
-            .map(|t| format!("{} {}", t.stream, t.os_image)),
+        input.target.as_ref().ok().map(target_line),
         pool.spec.paused,
         pool.status.as_ref(),
         blockers,
@@ -703,7 +604,13 @@ async fn write_status(
         scope.ctx.fence.check()?;
         let mut value = serde_json::to_value(&built).unwrap_or_default();
         // A merge patch keeps keys it does not name: clear the optional ones explicitly.
-        for key in ["target", "readiness", "nodes", "observedGeneration"] {
+        for key in [
+            "target",
+            "readiness",
+            "nodes",
+            "plannedOrder",
+            "observedGeneration",
+        ] {
             if let Some(map) = value.as_object_mut() {
                 map.entry(key).or_insert(Value::Null);
             }
@@ -725,6 +632,36 @@ async fn write_status(
         scope.publish(note).await;
     }
     Ok(())
+}
+
+/// The canary moved its nodes: pauses the pool (`spec.paused: true`) and marks the canary done
+/// for `target` ([`waves::CANARY_DONE`]) in one write, only if the pool is as the cache has it (a
+/// 409 is looked at again at the next pass).
+async fn pause_after_canary(scope: &Scope<'_>, target: &str) -> Result<(), Error> {
+    scope.ctx.fence.check()?;
+    let patch = json!({
+        "metadata": {
+            "annotations": { waves::CANARY_DONE: target },
+            "resourceVersion": scope.pool.resource_version(),
+        },
+        "spec": { "paused": true },
+    });
+    match scope
+        .pools
+        .patch(&scope.name, &patch_params(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(target, "canary complete; pool paused");
+            scope.publish(events::canary_complete(target)).await;
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(source) => Err(Error::Api {
+            what: format!("pausing pool {} after its canary", scope.name),
+            source,
+        }),
+    }
 }
 
 /// Releases node `n` of the pool (`why`, for the Event); `false`: not yet (its approved reboot
@@ -867,6 +804,7 @@ pub async fn run(
     clients: Clients,
     identity: &str,
     heartbeat_namespace: Option<&str>,
+    node_name: Option<&str>,
     fence: Fence,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
@@ -911,6 +849,7 @@ pub async fn run(
         journal: Journal::default(),
         heartbeats: heartbeat_namespace.map(|ns| Api::namespaced(client.clone(), ns)),
         fence,
+        node_name: node_name.map(str::to_string),
     });
     controller
         .watches(

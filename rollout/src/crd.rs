@@ -80,6 +80,63 @@ pub struct StreamPoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub reboot_timeout_seconds: Option<u64>,
+    /// How long a node back on the target, `Done`, Ready and uncordoned, still counts as
+    /// unavailable before the slot it frees goes to the next node (a Deployment's
+    /// `minReadySeconds`). Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub min_ready_seconds: Option<u64>,
+    /// Move this many nodes, then pause the pool (`spec.paused: true`, condition `Paused`
+    /// reason `CanaryComplete`) until an admin sets `paused: false`; once per target. Absent:
+    /// no canary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub canary: Option<u32>,
+    /// Maintenance windows: outside all of them no new node is cordoned (staging runs ahead,
+    /// a node already cordoned finishes). Empty: always.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub windows: Vec<MaintenanceWindow>,
+}
+
+/// A maintenance window: starts on each of `days` at `start` in `timeZone` and lasts
+/// `durationMinutes`.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MaintenanceWindow {
+    /// The days it starts on; empty: every day.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 7))]
+    pub days: Vec<Weekday>,
+    /// Start, local time, `HH:MM` (24-hour).
+    #[schemars(regex(pattern = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"))]
+    pub start: String,
+    /// Length in minutes, 1 to 10080 (a week); it may run past midnight.
+    #[schemars(range(min = 1, max = 10080))]
+    pub duration_minutes: u32,
+    /// IANA time zone of `start`, e.g. `Europe/Berlin`. Default `UTC`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub time_zone: Option<String>,
+}
+
+/// A day of the week.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Weekday {
+    /// Monday.
+    Mon,
+    /// Tuesday.
+    Tue,
+    /// Wednesday.
+    Wed,
+    /// Thursday.
+    Thu,
+    /// Friday.
+    Fri,
+    /// Saturday.
+    Sat,
+    /// Sunday.
+    Sun,
 }
 
 /// The target of a pool.
@@ -172,6 +229,10 @@ pub struct StreamPoolStatus {
     /// Why nodes are Degraded or Refused, or where a drain is stuck.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<NodeIssue>,
+    /// The nodes still to move, in the order the rollout takes them (zone by zone, oldest
+    /// first, the controller's own node last; held and failed nodes are not listed); at most 20.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub planned_order: Vec<String>,
     /// Readiness of the nodes not yet moved for the target stream, e.g.
     /// `12 of 14 ready; 2 refuse: cpu-level`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -123,6 +123,19 @@ pub fn released(node: &str, why: &str, withdrew: bool, uncordoned: bool) -> Note
     note(false, "NodeReleased", "Release", Some(node), &text)
 }
 
+/// The Event of a pool paused because its canary moved its nodes toward `target`.
+pub fn canary_complete(target: &str) -> Note {
+    note(
+        false,
+        "CanaryComplete",
+        "Pause",
+        None,
+        &format!(
+            "the canary's nodes run {target} and are back; the pool is paused: set spec.paused: false to go on"
+        ),
+    )
+}
+
 /// A lasting condition: its key, its value (a change is news) and its Event (`None`: the
 /// condition's quiet value, e.g. not degraded).
 type Lasting = (String, String, Option<Note>);

@@ -8,6 +8,8 @@
 //! - [`node`]: what the controller reads of a Node, and its own progress mark;
 //! - [`selection`]: which pool a node belongs to (the machine-config operator's rule), pure;
 //! - [`planner`]: the reconcile decisions, pure;
+//! - [`waves`]: the order nodes are taken in, holds, soak and canary, pure;
+//! - [`window`]: maintenance windows, pure;
 //! - [`status`]: the pool's status from the planner's summary;
 //! - [`drain`]: the Eviction API drain;
 //! - [`events`]: the Events an admin follows a rollout by;
@@ -24,6 +26,8 @@ pub mod node;
 pub mod planner;
 pub mod selection;
 pub mod status;
+pub mod waves;
+pub mod window;
 
 pub mod drain;
 pub mod events;

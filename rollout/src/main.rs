@@ -43,6 +43,10 @@ enum Command {
         /// "" reads none. A Ready node whose Lease ran out is reported and not taken for a reboot.
         #[arg(long, env = "HEARTBEAT_NAMESPACE", default_value = rollout::heartbeat::DEFAULT_NAMESPACE)]
         heartbeat_namespace: String,
+        /// The node this replica runs on (the downward API's `spec.nodeName`): the pool that
+        /// has it takes it last. "": unknown.
+        #[arg(long, env = "NODE_NAME", default_value = "")]
+        node_name: String,
     },
 }
 
@@ -61,11 +65,11 @@ async fn main() -> anyhow::Result<()> {
             leader_elect,
             lease_seconds,
             heartbeat_namespace,
+            node_name,
         } => {
-            tracing_subscriber::fmt()
-                .with_writer(std::io::stderr)
-                .init();
+            init_logging();
             let heartbeats = Some(heartbeat_namespace.as_str()).filter(|ns| !ns.is_empty());
+            let node_name = Some(node_name.as_str()).filter(|n| !n.is_empty());
             let config = kube::Config::infer()
                 .await
                 .context("reading the API server's configuration")?;
@@ -86,6 +90,7 @@ async fn main() -> anyhow::Result<()> {
                     clients,
                     &identity,
                     heartbeats,
+                    node_name,
                     leader::Fence::none(),
                     stopped(stop.clone()),
                 )
@@ -127,6 +132,7 @@ async fn main() -> anyhow::Result<()> {
                     clients.clone(),
                     &lease.identity,
                     heartbeats,
+                    node_name,
                     fence.clone(),
                     async move {
                         tokio::select! { () = lost => {}, () = broken => {}, () = stopping => {} }
@@ -143,12 +149,39 @@ async fn main() -> anyhow::Result<()> {
             }
             // Hand the lease over at once rather than after it expires.
             drop(held);
-            match tokio::time::timeout(std::time::Duration::from_secs(3), election).await {
-                Ok(Ok(Ok(_))) => tracing::info!("released the lease"),
-                _ => tracing::warn!("could not release the lease; it expires by itself"),
-            }
+            hand_over(election).await;
             Ok(())
         }
+    }
+}
+
+/// Logs to stderr at the level `RUST_LOG` names (`error`, `warn`, `info`, `debug`, `trace`,
+/// `off`; default and unreadable: `info`, the latter said in a warning).
+fn init_logging() {
+    let given = std::env::var("RUST_LOG").ok();
+    let level = given
+        .as_deref()
+        .map(str::parse::<tracing::level_filters::LevelFilter>);
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(match level {
+            Some(Ok(l)) => l,
+            _ => tracing::level_filters::LevelFilter::INFO,
+        })
+        .init();
+    if let Some(Err(_)) = level {
+        tracing::warn!(
+            rust_log = %streamd::text::one_line(given.as_deref().unwrap_or_default(), 64),
+            "RUST_LOG is not a level (error, warn, info, debug, trace, off); logging at info"
+        );
+    }
+}
+
+/// Waits a little for the election to release the lease.
+async fn hand_over(election: leader::Election) {
+    match tokio::time::timeout(std::time::Duration::from_secs(3), election).await {
+        Ok(Ok(Ok(_))) => tracing::info!("released the lease"),
+        _ => tracing::warn!("could not release the lease; it expires by itself"),
     }
 }
 

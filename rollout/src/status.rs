@@ -27,28 +27,10 @@ pub fn build(
     let degraded = summary.degraded.as_ref();
     // A refused spec moves nothing: not Updating.
     let refused = degraded.filter(|d| d.reason == "InvalidSpec");
-    let (updating_reason, updating_message) = if let Some(d) = refused {
-        (d.reason, d.message.clone())
-    } else if summary.mco_managed {
-        (
-            "ManagedByMachineConfigOperator",
-            "the machine-config operator manages these nodes; readiness checks only".to_string(),
-        )
-    } else if paused {
-        ("Paused", "the pool is paused".to_string())
-    } else if all_updated {
-        ("Updated", String::new())
-    } else if let Some(stall) = &summary.stall {
-        (stall.reason, stall.message.clone())
-    } else {
-        (
-            "Updating",
-            format!(
-                "{} of {} nodes updated; {} unavailable (max {})",
-                summary.updated, summary.machines, summary.unavailable, summary.max_unavailable
-            ),
-        )
-    };
+    let canary_message =
+        "the canary's nodes run the target; set spec.paused: false to go on".to_string();
+    let (updating_reason, updating_message) =
+        updating(summary, paused, refused, all_updated, &canary_message);
     let wanted = [
         cond(
             "Updating",
@@ -78,8 +60,16 @@ pub fn build(
         cond(
             "Paused",
             paused,
-            if paused { "Paused" } else { "NotPaused" },
-            String::new(),
+            match (paused, summary.canary_paused) {
+                (true, true) => "CanaryComplete",
+                (true, false) => "Paused",
+                (false, _) => "NotPaused",
+            },
+            if paused && summary.canary_paused {
+                canary_message
+            } else {
+                String::new()
+            },
         ),
     ];
     let conditions = wanted
@@ -116,7 +106,42 @@ pub fn build(
         no_heartbeat_machine_count: count(summary.agents_down),
         conditions,
         nodes,
+        planned_order: summary.upcoming.iter().take(MAX_ISSUES).cloned().collect(),
         readiness: summary.readiness.clone(),
+    }
+}
+
+/// The `Updating` condition's reason and message.
+fn updating(
+    summary: &Summary,
+    paused: bool,
+    refused: Option<&crate::planner::Degraded>,
+    all_updated: bool,
+    canary_message: &str,
+) -> (&'static str, String) {
+    if let Some(d) = refused {
+        (d.reason, d.message.clone())
+    } else if summary.mco_managed {
+        (
+            "ManagedByMachineConfigOperator",
+            "the machine-config operator manages these nodes; readiness checks only".to_string(),
+        )
+    } else if paused && summary.canary_paused {
+        ("CanaryComplete", canary_message.to_string())
+    } else if paused {
+        ("Paused", "the pool is paused".to_string())
+    } else if all_updated {
+        ("Updated", String::new())
+    } else if let Some(stall) = &summary.stall {
+        (stall.reason, stall.message.clone())
+    } else {
+        (
+            "Updating",
+            format!(
+                "{} of {} nodes updated; {} unavailable (max {})",
+                summary.updated, summary.machines, summary.unavailable, summary.max_unavailable
+            ),
+        )
     }
 }
 
