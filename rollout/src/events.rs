@@ -272,6 +272,7 @@ mod tests {
             type_: type_.into(),
             status: if on { "True" } else { "False" }.into(),
             last_transition_time: None,
+            observed_generation: None,
             reason: reason.into(),
             message: message.into(),
         };

@@ -74,12 +74,14 @@ pub fn build(
     ];
     let conditions = wanted
         .into_iter()
+        .map(|c| unknown_without_target(c, target.is_some()))
         .map(|mut c| {
             let kept = previous
                 .and_then(|p| p.conditions.iter().find(|o| o.type_ == c.type_))
                 .filter(|o| o.status == c.status)
                 .and_then(|o| o.last_transition_time.clone());
             c.last_transition_time = Some(kept.unwrap_or_else(|| now.clone()));
+            c.observed_generation = generation;
             c
         })
         .collect();
@@ -145,11 +147,23 @@ fn updating(
     }
 }
 
+/// Without a resolved target the controller cannot tell whether the nodes run it: `Updated` is
+/// `Unknown` (API conventions), with the reason the `Degraded` condition details.
+fn unknown_without_target(mut c: Condition, resolved: bool) -> Condition {
+    if !resolved && c.type_ == "Updated" {
+        c.status = "Unknown".into();
+        c.reason = "TargetUnknown".into();
+        c.message = "the target is not resolved; see the Degraded condition".into();
+    }
+    c
+}
+
 fn cond(type_: &str, status: bool, reason: &str, message: String) -> Condition {
     Condition {
         type_: type_.to_string(),
         status: if status { "True" } else { "False" }.to_string(),
         last_transition_time: None,
+        observed_generation: None,
         reason: reason.to_string(),
         message: streamd::text::one_line(&message, 1024),
     }
@@ -211,6 +225,49 @@ mod tests {
             s.nodes[0].reason
         );
         assert_eq!(s.nodes.len(), 2);
+    }
+
+    #[test]
+    fn conditions_follow_the_api_conventions() {
+        let unresolved = Summary {
+            machines: 2,
+            degraded: Some(Degraded {
+                reason: "TargetUnresolved",
+                message: "spec.target: no OSImageStream".into(),
+            }),
+            ..Summary::default()
+        };
+        let s = build(&unresolved, Some(7), None, false, None, &[], at(1));
+        assert_eq!(status_of(&s, "Updated"), ("Unknown", "TargetUnknown", 1));
+        assert_eq!(status_of(&s, "Degraded"), ("True", "TargetUnresolved", 1));
+        assert!(
+            s.conditions
+                .iter()
+                .all(|c| c.observed_generation == Some(7)),
+            "{:?}",
+            s.conditions
+        );
+        let mut types: Vec<&str> = s.conditions.iter().map(|c| c.type_.as_str()).collect();
+        types.sort_unstable();
+        types.dedup();
+        assert_eq!(
+            types.len(),
+            s.conditions.len(),
+            "one condition per type (a map)"
+        );
+    }
+
+    #[test]
+    fn a_canary_pause_says_so() {
+        let summary = Summary {
+            machines: 3,
+            updated: 1,
+            canary_paused: true,
+            ..Summary::default()
+        };
+        let s = build(&summary, Some(1), Some("t".into()), true, None, &[], at(1));
+        assert_eq!(status_of(&s, "Paused"), ("True", "CanaryComplete", 1));
+        assert_eq!(status_of(&s, "Updating"), ("False", "CanaryComplete", 1));
     }
 
     #[test]

@@ -112,3 +112,104 @@ fn the_controller_runs_on_control_plane_nodes_only() {
         ]
     );
 }
+
+/// The CRD's schema as JSON.
+fn crd_schema() -> serde_json::Value {
+    let crd: serde_json::Value =
+        serde_saphyr::from_str(&rollout::crd::crd_yaml().expect("render")).expect("yaml");
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
+}
+
+/// Every `format` in the schema is one Kubernetes knows (the API server warns about and drops
+/// others), every integer has bounds, and the CEL rules sit on the fields they judge.
+#[test]
+fn the_schema_speaks_kubernetes() {
+    fn walk(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+        if let Some(map) = v.as_object() {
+            if let Some(f) = map.get("format").and_then(|f| f.as_str())
+                && !["int32", "int64", "date-time"].contains(&f)
+            {
+                out.push(format!("{path}: format {f}"));
+            }
+            if map.get("type").and_then(|t| t.as_str()) == Some("integer")
+                && path.contains(".spec")
+                && !(map.contains_key("minimum") && map.contains_key("maximum"))
+            {
+                out.push(format!("{path}: integer without bounds"));
+            }
+            for (k, child) in map {
+                walk(child, &format!("{path}.{k}"), out);
+            }
+        } else if let Some(items) = v.as_array() {
+            for (i, child) in items.iter().enumerate() {
+                walk(child, &format!("{path}[{i}]"), out);
+            }
+        }
+    }
+    let schema = crd_schema();
+    let mut wrong = Vec::new();
+    walk(&schema, "", &mut wrong);
+    assert!(wrong.is_empty(), "{wrong:#?}");
+
+    let spec = &schema["properties"]["spec"]["properties"];
+    let rule = |v: &serde_json::Value| v["x-kubernetes-validations"][0]["rule"].clone();
+    assert_eq!(
+        rule(&spec["maxUnavailable"]),
+        rollout::crd::MAX_UNAVAILABLE_RULE
+    );
+    assert_eq!(
+        rule(&spec["target"]),
+        rollout::crd::EXTENSIONS_NEED_OS_IMAGE_RULE
+    );
+    let status = &schema["properties"]["status"]["properties"];
+    assert_eq!(status["conditions"]["x-kubernetes-list-type"], "map");
+    assert_eq!(
+        status["conditions"]["x-kubernetes-list-map-keys"],
+        serde_json::json!(["type"])
+    );
+    assert_eq!(
+        status["conditions"]["items"]["properties"]["status"]["enum"],
+        serde_json::json!(["True", "False", "Unknown"])
+    );
+    assert_eq!(status["nodes"]["maxItems"], 20);
+    assert_eq!(status["plannedOrder"]["maxItems"], 20);
+}
+
+/// The schema's patterns take what the controller takes: the stream pattern exactly streamd's
+/// stream names, the image pattern every digest-pinned reference streamd parses (and no tag).
+#[test]
+fn the_patterns_agree_with_the_controllers_parse() {
+    use streamd::cluster::protocol::validate_stream;
+    let stream = regex::Regex::new(rollout::crd::STREAM_PATTERN).expect("pattern");
+    for name in [
+        "rhel-10", "rhel-9.6", "a", "0", "a.b.c", "rhel--10", "", "-rhel", "rhel-", "RHEL-10",
+        "rhel_10", "rhel..10", ".rhel", "rhel.", "rhel 10", "rhel/10", "é",
+    ] {
+        assert_eq!(
+            stream.is_match(name),
+            validate_stream(name).is_ok(),
+            "{name:?}"
+        );
+    }
+    let digest = format!("sha256:{}", "0123456789abcdef".repeat(4));
+    let pinned = regex::Regex::new(rollout::crd::DIGEST_PINNED_PATTERN).expect("pattern");
+    for (image, want) in [
+        (format!("quay.io/openshift/rhcos@{digest}"), true),
+        (format!("registry.example:5000/a/b/c@{digest}"), true),
+        (format!("quay.io/openshift/rhcos:4.21@{digest}"), false),
+        ("quay.io/openshift/rhcos:4.21".to_string(), false),
+        ("quay.io/openshift/rhcos".to_string(), false),
+        (
+            format!("quay.io/openshift/rhcos@{}", digest.to_uppercase()),
+            false,
+        ),
+        (format!("quay.io/x y@{digest}"), false),
+        (format!("@{digest}"), false),
+    ] {
+        assert_eq!(pinned.is_match(&image), want, "{image}");
+        if want {
+            let parsed = image.parse::<streamd::image::reference::ImageRef>();
+            assert!(parsed.is_ok(), "{image}: {parsed:?}");
+        }
+    }
+}
