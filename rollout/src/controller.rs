@@ -609,6 +609,7 @@ async fn write_status(
             "readiness",
             "nodes",
             "plannedOrder",
+            "progress",
             "observedGeneration",
         ] {
             if let Some(map) = value.as_object_mut() {

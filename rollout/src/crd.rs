@@ -267,6 +267,10 @@ pub struct StreamPoolStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 20))]
     pub planned_order: Vec<String>,
+    /// Where each node on its way stands (in the planned order; at most 20).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    pub progress: Vec<NodeProgress>,
     /// Readiness of the nodes not yet moved for the target stream, e.g.
     /// `12 of 14 ready; 2 refuse: cpu-level`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -296,6 +300,24 @@ pub struct Condition {
     /// One line for a human.
     #[serde(default)]
     pub message: String,
+}
+
+/// Where one node on its way stands.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeProgress {
+    /// Node name.
+    pub name: String,
+    /// `Staging` (given the target; streamd pulls and stages), `WaitingForReboot` (staged, waits
+    /// for a slot), `Draining`, `Rebooting` (approved, until back `Done` and Ready) or `Soaking`
+    /// (back, within `minReadySeconds`).
+    pub step: String,
+    /// When the step started (absent where the controller did not write it down).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
+    /// streamd's last reason on the node (one line, capped).
+    #[serde(default)]
+    pub reason: String,
 }
 
 /// A node that needs an admin's look.

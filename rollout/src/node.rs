@@ -142,6 +142,14 @@ impl Step {
         Step::Unknown
     }
 
+    /// When the approval was written (`None`: not approved, or an older controller's mark).
+    pub fn approved_at(&self) -> Option<u64> {
+        match self {
+            Step::Approved { since, .. } => *since,
+            _ => None,
+        }
+    }
+
     /// The annotation value.
     pub fn render(&self) -> String {
         match self {

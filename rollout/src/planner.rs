@@ -218,6 +218,21 @@ pub struct Summary {
     pub canary_complete: bool,
     /// The pool is paused after its canary (not by hand).
     pub canary_paused: bool,
+    /// The nodes on their way, in the planned order.
+    pub progress: Vec<Progress>,
+}
+
+/// Where one node on its way stands, for the pool's `status.progress`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// Node name.
+    pub name: String,
+    /// `Staging`, `WaitingForReboot`, `Draining`, `Rebooting` or `Soaking`.
+    pub step: &'static str,
+    /// Unix seconds the step started, when the controller wrote it down.
+    pub since: Option<u64>,
+    /// streamd's last `reason` on the node (while staging: its state).
+    pub reason: String,
 }
 
 /// The next actions and the status.
@@ -711,7 +726,7 @@ fn canary(
     Some(left)
 }
 
-/// Held nodes (each an issue), the soak deadlines, and the planned order.
+/// Held nodes (each an issue), the soak deadlines, the nodes' progress and the planned order.
 fn held_and_soaking(
     pool: &PoolInput,
     nodes: &[&NodeView],
@@ -731,11 +746,37 @@ fn held_and_soaking(
             Phase::Updated => {
                 if let Some(left) = waves::soaking(n, pool.waves.min_ready_seconds, pool.now) {
                     recheck(summary, left);
+                    summary.progress.push(progress(n, "Soaking", n.updated_at()));
                 }
             }
-            Phase::Failed => {}
-            _ => summary.upcoming.push(n.name.clone()),
+            Phase::Failed | Phase::Untargeted => {}
+            Phase::Staging | Phase::Unresponsive => {
+                // streamd's state, not its reason: the reason moves with the pull's progress
+                // and each move would cost a status write.
+                let mut p = progress(n, "Staging", n.targeted_at());
+                p.reason = n
+                    .state()
+                    .map_or_else(|| "no state yet".to_string(), |s| s.to_string());
+                summary.progress.push(p);
+            }
+            Phase::Waiting => summary.progress.push(progress(n, "WaitingForReboot", None)),
+            Phase::InFlight => summary.progress.push(match n.step() {
+                Some(Step::Draining { started, .. }) => progress(n, "Draining", Some(started)),
+                _ => progress(n, "Rebooting", n.step().and_then(|s| s.approved_at())),
+            }),
         }
+        if !matches!(p, Phase::Held | Phase::Updated | Phase::Failed) {
+            summary.upcoming.push(n.name.clone());
+        }
+    }
+}
+
+fn progress(n: &NodeView, step: &'static str, since: Option<u64>) -> Progress {
+    Progress {
+        name: n.name.clone(),
+        step,
+        since,
+        reason: n.reason().to_string(),
     }
 }
 

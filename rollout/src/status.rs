@@ -4,7 +4,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::crd::{Condition, NodeIssue, StreamPoolStatus};
+use crate::crd::{Condition, NodeIssue, NodeProgress, StreamPoolStatus};
 use crate::planner::Summary;
 
 /// At most this many per-node issues are listed (the counts hold the rest).
@@ -109,6 +109,21 @@ pub fn build(
         conditions,
         nodes,
         planned_order: summary.upcoming.iter().take(MAX_ISSUES).cloned().collect(),
+        progress: summary
+            .progress
+            .iter()
+            .take(MAX_ISSUES)
+            .map(|p| NodeProgress {
+                name: p.name.clone(),
+                step: p.step.to_string(),
+                since: p
+                    .since
+                    .and_then(|s| i64::try_from(s).ok())
+                    .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s).ok())
+                    .map(Time),
+                reason: streamd::text::one_line(&p.reason, crate::events::MAX_NOTE_CHARS),
+            })
+            .collect(),
         readiness: summary.readiness.clone(),
     }
 }

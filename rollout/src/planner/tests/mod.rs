@@ -935,3 +935,52 @@ fn waves_in_the_summary() {
         "a held node is not tainted"
     );
 }
+
+#[test]
+fn progress_names_each_node_on_its_way() {
+    let soak = with_waves(Waves {
+        min_ready_seconds: 300,
+        ..Waves::default()
+    });
+    let nodes = [
+        updated_at("w0", 9_800),
+        step(staged("w1", "t1"), draining("t1", 9_900)),
+        step(
+            in_state(node("w2"), "Rebooting"),
+            Step::Approved {
+                since: Some(9_950),
+                token: "t2".into(),
+            },
+        ),
+        set(staged("w3", "t3"), REASON, "staged; waiting for approval"),
+        set(
+            in_state(set(node("w4"), ROLLOUT_TARGETED, "9990"), "Staging"),
+            REASON,
+            "pulling 40%",
+        ),
+        node("w5"),
+    ];
+    let got: Vec<(String, &str, Option<u64>, String)> = plan(&soak, &nodes)
+        .summary
+        .progress
+        .into_iter()
+        .map(|p| (p.name, p.step, p.since, p.reason))
+        .collect();
+    let want = [
+        ("w0", "Soaking", Some(9_800), ""),
+        ("w1", "Draining", Some(9_900), ""),
+        ("w2", "Rebooting", Some(9_950), ""),
+        (
+            "w3",
+            "WaitingForReboot",
+            None,
+            "staged; waiting for approval",
+        ),
+        ("w4", "Staging", Some(9_990), "Staging"),
+    ];
+    let want: Vec<(String, &str, Option<u64>, String)> = want
+        .iter()
+        .map(|(n, s, t, r)| (n.to_string(), *s, *t, r.to_string()))
+        .collect();
+    assert_eq!(got, want);
+}
