@@ -43,6 +43,7 @@ use crate::node::{NodeView, ROLLOUT_POOL, ROLLOUT_STEP, taints_with_update};
 use crate::planner::{self, Action, CheckKeys, Plan, PoolInput, Release, Summary};
 use crate::waves::{self, Waves};
 
+mod failures;
 mod patches;
 use crate::selection::{self, Owner};
 use crate::status;
@@ -57,13 +58,12 @@ pub const FINALIZER: &str = "osstream.openshift.io/rollout";
 pub const DRAIN_RETRY: Duration = Duration::from_secs(planner::DRAIN_PASS_SECONDS);
 /// Look again after a write found the object changed since it was read (409).
 const CONFLICT_RETRY: Duration = Duration::from_secs(1);
-/// Retry after a failed reconcile (API error).
-const ERROR_RETRY: Duration = Duration::from_secs(10);
 /// Longest a request may take (connect, send, each read); a hung API server costs a reconcile
 /// this long, not kube's default 295 s.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Why a reconcile failed; it is retried after [`ERROR_RETRY`].
+/// Why a reconcile failed; it is retried after a backoff of its own pool
+/// ([`failures::backoff`]).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An API request failed.
@@ -95,6 +95,8 @@ pub struct Context {
     fence: Fence,
     /// The node this replica runs on (taken last).
     node_name: Option<String>,
+    /// Failed reconciles per pool (backoff, causes told).
+    failures: failures::Failures,
 }
 
 impl std::fmt::Debug for Context {
@@ -196,23 +198,15 @@ impl Scope<'_> {
     /// Publishes `note` about the pool (and its node). Events are best effort: a failure is
     /// logged and the rollout goes on.
     async fn publish(&self, note: Note) {
-        let event = Event {
-            type_: if note.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: note.reason.into(),
-            note: Some(note.text),
-            action: note.action.into(),
-            secondary: note
-                .node
-                .as_ref()
-                .and_then(|n| self.node_refs.get(n))
-                .cloned(),
-        };
+        let secondary = note
+            .node
+            .as_ref()
+            .and_then(|n| self.node_refs.get(n))
+            .cloned();
+        let reason = note.reason;
+        let event = to_event(note, secondary);
         if let Err(e) = self.ctx.recorder.publish(&event, &self.pool_ref).await {
-            tracing::warn!(reason = note.reason, error = %e, "publishing an event failed");
+            tracing::warn!(reason, error = %e, "publishing an event failed");
         }
     }
 }
@@ -295,7 +289,9 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
         ),
     };
     let listed = split(&pool, &ctx.pools.state(), all.items);
-    finalizer(&scope, &listed).await
+    let done = finalizer(&scope, &listed).await?;
+    ctx.failures.succeeded(&scope.name);
+    Ok(done)
 }
 
 /// Between [`apply`] and [`cleanup`], as kube-runtime's `finalizer` helper: a pool being
@@ -736,6 +732,21 @@ async fn set_finalizer(
     }
 }
 
+/// The Event of `note`, related to `secondary` (its node).
+fn to_event(note: Note, secondary: Option<ObjectReference>) -> Event {
+    Event {
+        type_: if note.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: note.reason.into(),
+        note: Some(note.text),
+        action: note.action.into(),
+        secondary,
+    }
+}
+
 /// An Event's reference to `object`, without the version it had then (so that the recorder
 /// sees one object, not one per status write).
 fn reference(mut object: ObjectReference) -> ObjectReference {
@@ -747,9 +758,24 @@ fn jiff_now() -> k8s_openapi::jiff::Timestamp {
     k8s_openapi::jiff::Timestamp::now()
 }
 
-fn error_policy(pool: Arc<StreamPool>, error: &Error, _ctx: Arc<Context>) -> Requeue {
-    tracing::warn!(pool = %pool.name_any(), error = %error, "reconcile failed; retrying");
-    Requeue::requeue(ERROR_RETRY)
+/// A failed reconcile: logged at warn, told once per cause as a Warning Event on the pool (not
+/// by a replica that is not the leader: it makes no write), retried after the pool's backoff.
+fn error_policy(pool: Arc<StreamPool>, error: &Error, ctx: Arc<Context>) -> Requeue {
+    let name = pool.name_any();
+    let cause = failures::cause(error);
+    let (after, new) = ctx.failures.failed(&name, &cause);
+    tracing::warn!(pool = %name, error = %error, retry_in_secs = after.as_secs(), "reconcile failed; retrying");
+    if new && !matches!(error, Error::NotLeader(_)) {
+        let event = to_event(events::reconcile_failed(&error.to_string()), None);
+        let reference = reference(pool.object_ref(&()));
+        let recorder = ctx.recorder.clone();
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                tracing::warn!(error = %e, "publishing an event failed");
+            }
+        });
+    }
+    Requeue::requeue(after)
 }
 
 /// The pools that take a node with `labels` ([`selection::takes`]; each decides who owns it).
@@ -851,6 +877,7 @@ pub async fn run(
         heartbeats: heartbeat_namespace.map(|ns| Api::namespaced(client.clone(), ns)),
         fence,
         node_name: node_name.map(str::to_string),
+        failures: failures::Failures::default(),
     });
     controller
         .watches(

@@ -123,6 +123,18 @@ pub fn released(node: &str, why: &str, withdrew: bool, uncordoned: bool) -> Note
     note(false, "NodeReleased", "Release", Some(node), &text)
 }
 
+/// The Warning Event of a failed reconcile (`error`: what failed, one line), told once per
+/// cause.
+pub fn reconcile_failed(error: &str) -> Note {
+    note(
+        true,
+        "ReconcileFailed",
+        "Reconcile",
+        None,
+        &format!("reconcile failed, retrying with backoff: {error}"),
+    )
+}
+
 /// The Event of a pool paused because its canary moved its nodes toward `target`.
 pub fn canary_complete(target: &str) -> Note {
     note(

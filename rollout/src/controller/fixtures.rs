@@ -67,6 +67,7 @@ impl Context {
             heartbeats: None,
             fence,
             node_name: None,
+            failures: failures::Failures::default(),
         };
         (Arc::new(ctx), ApiServerVerifier(handle))
     }
