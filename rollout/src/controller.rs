@@ -39,6 +39,7 @@ use crate::drain;
 use crate::events::{self, Journal, Note};
 use crate::heartbeat;
 use crate::leader::{Fence, NotLeader};
+use crate::metrics::Metrics;
 use crate::node::{NodeView, ROLLOUT_POOL, ROLLOUT_STEP, taints_with_update};
 use crate::planner::{self, Action, CheckKeys, Plan, PoolInput, Release, Summary};
 use crate::waves::{self, Waves};
@@ -97,6 +98,8 @@ pub struct Context {
     node_name: Option<String>,
     /// Failed reconciles per pool (backoff, causes told).
     failures: failures::Failures,
+    /// What `/metrics` shows.
+    metrics: Arc<Metrics>,
 }
 
 impl std::fmt::Debug for Context {
@@ -334,6 +337,7 @@ async fn cleanup(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
         return Ok(Requeue::requeue(CONFLICT_RETRY));
     }
     scope.ctx.journal.forget(&scope.name);
+    scope.ctx.metrics.forget(&scope.name);
     tracing::info!("nodes released; the pool may go");
     Ok(Requeue::await_change())
 }
@@ -596,6 +600,10 @@ async fn write_status(
         .ctx
         .journal
         .news(&scope.name, pool.status.as_ref(), &built);
+    scope
+        .ctx
+        .metrics
+        .pool(&scope.name, &status::phase(&built), summary, blockers.len());
     if pool.status.as_ref() != Some(&built) {
         scope.ctx.fence.check()?;
         let mut value = serde_json::to_value(&built).unwrap_or_default();
@@ -764,6 +772,7 @@ fn error_policy(pool: Arc<StreamPool>, error: &Error, ctx: Arc<Context>) -> Requ
     let name = pool.name_any();
     let cause = failures::cause(error);
     let (after, new) = ctx.failures.failed(&name, &cause);
+    ctx.metrics.reconcile_failed(&name);
     tracing::warn!(pool = %name, error = %error, retry_in_secs = after.as_secs(), "reconcile failed; retrying");
     if new && !matches!(error, Error::NotLeader(_)) {
         let event = to_event(events::reconcile_failed(&error.to_string()), None);
@@ -832,6 +841,7 @@ pub async fn run(
     identity: &str,
     heartbeat_namespace: Option<&str>,
     node_name: Option<&str>,
+    metrics: Arc<Metrics>,
     fence: Fence,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
@@ -878,6 +888,7 @@ pub async fn run(
         fence,
         node_name: node_name.map(str::to_string),
         failures: failures::Failures::default(),
+        metrics,
     });
     controller
         .watches(

@@ -15,6 +15,7 @@
 //! - [`events`]: the Events an admin follows a rollout by;
 //! - [`controller`]: the kube-runtime controller, target resolution and the Node patches;
 //! - [`leader`]: leader election on a Lease;
+//! - [`metrics`]: Prometheus metrics, `/healthz` and `/readyz`;
 //! - [`heartbeat`]: the nodes' streamd heartbeat Leases.
 
 #![forbid(unsafe_code)]
@@ -35,3 +36,4 @@ pub mod heartbeat;
 
 pub mod controller;
 pub mod leader;
+pub mod metrics;

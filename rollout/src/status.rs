@@ -128,6 +128,29 @@ pub fn build(
     }
 }
 
+/// The pool's phase for the metrics: `Degraded`, `Paused` or `Updated` when that condition is
+/// `True`, else the `Updating` condition's reason (`Updating`, or the stall).
+pub fn phase(status: &StreamPoolStatus) -> String {
+    let on = |t: &str| {
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == t && c.status == "True")
+    };
+    ["Degraded", "Paused", "Updated"]
+        .into_iter()
+        .find(|t| on(t))
+        .map(str::to_string)
+        .or_else(|| {
+            status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Updating")
+                .map(|c| c.reason.clone())
+        })
+        .unwrap_or_default()
+}
+
 /// The `Updating` condition's reason and message.
 fn updating(
     summary: &Summary,

@@ -213,3 +213,35 @@ fn the_patterns_agree_with_the_controllers_parse() {
         }
     }
 }
+
+/// The Deployment serves the metrics port and probes it: liveness on `/healthz`, readiness on
+/// `/readyz`; the log level comes from `RUST_LOG`.
+#[test]
+fn the_deployment_probes_the_metrics_port() {
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&manifest("deployment.yaml")).expect("yaml");
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("a Deployment");
+    let c = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert!(
+        c["args"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|v| v == "--metrics-bind-address=0.0.0.0:8080")),
+        "{}",
+        c["args"]
+    );
+    assert_eq!(c["ports"][0]["containerPort"], 8080);
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let env: Vec<&str> = c["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    for name in ["RUST_LOG", "NODE_NAME", "POD_NAME", "POD_NAMESPACE"] {
+        assert!(env.contains(&name), "{name} not in {env:?}");
+    }
+}

@@ -68,6 +68,7 @@ impl Context {
             fence,
             node_name: None,
             failures: failures::Failures::default(),
+            metrics: Arc::default(),
         };
         (Arc::new(ctx), ApiServerVerifier(handle))
     }
