@@ -10,6 +10,15 @@ fn manifest(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The Deployment of deployment.yaml.
+fn deployment() -> serde_json::Value {
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&manifest("deployment.yaml")).expect("yaml");
+    docs.into_iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("a Deployment")
+}
+
 #[test]
 fn crd_yaml_is_the_generated_one() {
     let generated = rollout::crd::crd_yaml().expect("render");
@@ -79,12 +88,7 @@ fn rbac_is_least_privilege() {
 /// only: selected there, tolerating the control-plane taint under both its names.
 #[test]
 fn the_controller_runs_on_control_plane_nodes_only() {
-    let docs: Vec<serde_json::Value> =
-        serde_saphyr::from_multiple(&manifest("deployment.yaml")).expect("yaml");
-    let deployment = docs
-        .iter()
-        .find(|d| d["kind"] == "Deployment")
-        .expect("a Deployment");
+    let deployment = deployment();
     let pod = &deployment["spec"]["template"]["spec"];
     assert_eq!(
         pod["nodeSelector"],
@@ -218,12 +222,7 @@ fn the_patterns_agree_with_the_controllers_parse() {
 /// `/readyz`; the log level comes from `RUST_LOG`.
 #[test]
 fn the_deployment_probes_the_metrics_port() {
-    let docs: Vec<serde_json::Value> =
-        serde_saphyr::from_multiple(&manifest("deployment.yaml")).expect("yaml");
-    let deployment = docs
-        .iter()
-        .find(|d| d["kind"] == "Deployment")
-        .expect("a Deployment");
+    let deployment = deployment();
     let c = &deployment["spec"]["template"]["spec"]["containers"][0];
     assert!(
         c["args"]
