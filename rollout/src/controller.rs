@@ -64,7 +64,7 @@ const CONFLICT_RETRY: Duration = Duration::from_secs(1);
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Why a reconcile failed; it is retried after a backoff of its own pool
-/// ([`failures::backoff`]).
+/// (5 s, doubling, at most 5 min).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An API request failed.

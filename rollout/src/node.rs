@@ -54,6 +54,15 @@ pub const ROLLOUT_POOL: &str = "osstream.openshift.io/rollout-pool";
 /// never remove each other's.
 pub const UPDATE_TAINT: &str = "osstream.openshift.io/update-in-progress";
 
+/// The zone label the order groups nodes by (as the machine-config operator's node controller).
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// A node label or annotation that keeps the node out of the rollout (any value but `false`):
+/// it is not given the target nor cordoned, carries no update taint, and its own
+/// unavailability does not count against `maxUnavailable`. A node already taken (cordoned by
+/// the controller) finishes its cycle first (see `crate::waves`).
+pub const HOLD: &str = "osstream.openshift.io/rollout-hold";
+
 /// The machine-config daemon's mark on a node it manages
 /// (openshift/machine-config-operator:pkg/daemon/constants/constants.go
 /// `CurrentMachineConfigAnnotationKey`).
@@ -194,11 +203,11 @@ pub struct NodeView {
     pub heartbeat: Heartbeat,
     /// It carries [`UPDATE_TAINT`].
     pub update_tainted: bool,
-    /// Its [`crate::waves::ZONE_LABEL`].
+    /// Its [`ZONE_LABEL`].
     pub zone: Option<String>,
     /// `metadata.creationTimestamp`, Unix seconds.
     pub created: Option<i64>,
-    /// Its [`crate::waves::HOLD`] label, else annotation.
+    /// Its [`HOLD`] label, else annotation.
     pub hold: Option<String>,
 }
 
@@ -222,19 +231,14 @@ impl NodeView {
             annotations: node.metadata.annotations.clone().unwrap_or_default(),
             heartbeat: Heartbeat::Unknown,
             update_tainted: taints(node).iter().any(|t| t.key == UPDATE_TAINT),
-            zone: label(crate::waves::ZONE_LABEL).cloned(),
+            zone: label(ZONE_LABEL).cloned(),
             created: node
                 .metadata
                 .creation_timestamp
                 .as_ref()
                 .map(|t| t.0.as_second()),
-            hold: label(crate::waves::HOLD)
-                .or_else(|| {
-                    node.metadata
-                        .annotations
-                        .as_ref()
-                        .and_then(|a| a.get(crate::waves::HOLD))
-                })
+            hold: label(HOLD)
+                .or_else(|| node.metadata.annotations.as_ref().and_then(|a| a.get(HOLD)))
                 .cloned(),
         }
     }

@@ -6,14 +6,7 @@ use std::cmp::Ordering;
 
 use crate::node::NodeView;
 
-/// The zone label the order groups nodes by (as the machine-config operator's node controller).
-pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
-
-/// A node label or annotation that keeps the node out of the rollout (any value but `false`):
-/// it is not given the target nor cordoned, carries no update taint, and its own
-/// unavailability does not count against `maxUnavailable`. A node already taken (cordoned by
-/// the controller) finishes its cycle first.
-pub const HOLD: &str = "osstream.openshift.io/rollout-hold";
+pub use crate::node::{HOLD, ZONE_LABEL};
 
 /// On the StreamPool, written by the controller with `spec.paused: true` when its canary is
 /// done: the pool's resolved target (`<stream> <os image>`) the canary ran for. Setting

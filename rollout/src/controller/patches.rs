@@ -94,7 +94,7 @@ pub fn action_patch(
     Some(patch)
 }
 
-/// Releases a node (see [`Release::Now`]), only if it is still as listed at `resource_version`
+/// Releases a node (see [`crate::planner::Release::Now`]), only if it is still as listed at `resource_version`
 /// (a node another pool took meanwhile is left to it: the write is a 409 and the next pass
 /// looks again).
 pub fn release_patch(withdraw: bool, uncordon: bool, resource_version: &str) -> Value {
