@@ -27,10 +27,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
-use streamd::cluster::protocol::{
-    DESIRED_EXTENSIONS_IMAGE, DESIRED_OS_IMAGE, DESIRED_STREAM, Desired, Inputs, REBOOT_APPROVED,
-    validate_stream,
-};
+use streamd::cluster::protocol::{Desired, Inputs, validate_stream};
 use streamd::cluster::streams::{self, Catalog, StreamsUpdate};
 use tokio::sync::watch;
 
@@ -42,13 +39,17 @@ use crate::drain;
 use crate::events::{self, Journal, Note};
 use crate::heartbeat;
 use crate::leader::{Fence, NotLeader};
-use crate::node::{
-    CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, NodeView, ROLLOUT_POOL,
-    ROLLOUT_SET_ASIDE, ROLLOUT_STEP, ROLLOUT_TARGETED, Step, taints_with_update,
-};
+use crate::metrics::Metrics;
+use crate::node::{NodeView, ROLLOUT_POOL, ROLLOUT_STEP, taints_with_update};
 use crate::planner::{self, Action, CheckKeys, Plan, PoolInput, Release, Summary};
+use crate::waves::{self, Waves};
+
+mod failures;
+mod patches;
 use crate::selection::{self, Owner};
 use crate::status;
+use patches::check_patch;
+pub use patches::{action_patch, approval_patch, release_patch};
 
 /// Field manager of every write.
 pub const FIELD_MANAGER: &str = "streamd-rollout";
@@ -58,13 +59,12 @@ pub const FINALIZER: &str = "osstream.openshift.io/rollout";
 pub const DRAIN_RETRY: Duration = Duration::from_secs(planner::DRAIN_PASS_SECONDS);
 /// Look again after a write found the object changed since it was read (409).
 const CONFLICT_RETRY: Duration = Duration::from_secs(1);
-/// Retry after a failed reconcile (API error).
-const ERROR_RETRY: Duration = Duration::from_secs(10);
 /// Longest a request may take (connect, send, each read); a hung API server costs a reconcile
 /// this long, not kube's default 295 s.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Why a reconcile failed; it is retried after [`ERROR_RETRY`].
+/// Why a reconcile failed; it is retried after a backoff of its own pool
+/// (5 s, doubling, at most 5 min).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An API request failed.
@@ -94,6 +94,12 @@ pub struct Context {
     heartbeats: Option<Api<Lease>>,
     /// Checked before every write (see [`crate::leader`]).
     fence: Fence,
+    /// The node this replica runs on (taken last).
+    node_name: Option<String>,
+    /// Failed reconciles per pool (backoff, causes told).
+    failures: failures::Failures,
+    /// What `/metrics` shows.
+    metrics: Arc<Metrics>,
 }
 
 impl std::fmt::Debug for Context {
@@ -128,138 +134,26 @@ pub fn resolve_target(
     (desired, check)
 }
 
+/// The resolved target as the status and the canary's mark give it: `<stream> <os image>`.
+fn target_line(t: &Desired) -> String {
+    format!("{} {}", t.stream, t.os_image)
+}
+
+/// Whether the pool's canary already ran for `target` ([`waves::CANARY_DONE`]).
+fn canary_done(pool: &StreamPool, target: Option<&str>) -> bool {
+    target.is_some_and(|t| {
+        pool.annotations()
+            .get(waves::CANARY_DONE)
+            .map(String::as_str)
+            == Some(t)
+    })
+}
+
 fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or_default()
-}
-
-fn annotations_patch(pairs: &[(&str, Option<&str>)]) -> serde_json::Map<String, Value> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.map_or(Value::Null, |v| json!(v))))
-        .collect()
-}
-
-/// The check-* keys of `check`, with the pool's name.
-fn check_patch(pool: &str, check: &CheckKeys) -> serde_json::Map<String, Value> {
-    let mut pairs = check.annotations().to_vec();
-    pairs.push((ROLLOUT_POOL, Some(pool)));
-    annotations_patch(&pairs)
-}
-
-/// The merge patch an action of pool `pool` writes on its node (a drain's approval is
-/// [`approval_patch`]).
-pub fn action_patch(
-    pool: &str,
-    action: &Action,
-    target: &Desired,
-    check: Option<&CheckKeys>,
-    now: u64,
-) -> Option<Value> {
-    let (annotations, unschedulable) = match action {
-        Action::Check { .. } => (check_patch(pool, check?), None),
-        Action::Target { .. } => {
-            let os = target.os_image.to_string();
-            let ext = target.extensions_image.as_ref().map(ToString::to_string);
-            let at = now.to_string();
-            (
-                annotations_patch(&[
-                    (DESIRED_STREAM, Some(&target.stream)),
-                    (DESIRED_OS_IMAGE, Some(&os)),
-                    (DESIRED_EXTENSIONS_IMAGE, ext.as_deref()),
-                    (ROLLOUT_POOL, Some(pool)),
-                    (ROLLOUT_TARGETED, Some(&at)),
-                ]),
-                None,
-            )
-        }
-        Action::Cordon { token, .. } => {
-            let step = Step::Draining {
-                started: now,
-                token: token.clone(),
-            }
-            .render();
-            (
-                annotations_patch(&[(ROLLOUT_STEP, Some(&step))]),
-                Some(true),
-            )
-        }
-        Action::Drain { .. } | Action::Release { .. } => return None,
-        Action::Recordon { .. } => (serde_json::Map::new(), Some(true)),
-        Action::Uncordon { .. } => (
-            annotations_patch(&[
-                (ROLLOUT_STEP, None),
-                (REBOOT_APPROVED, None),
-                (ROLLOUT_SET_ASIDE, None),
-            ]),
-            Some(false),
-        ),
-        Action::SetAside { token, .. } => (
-            annotations_patch(&[(ROLLOUT_STEP, None), (ROLLOUT_SET_ASIDE, Some(token))]),
-            Some(false),
-        ),
-    };
-    let mut patch = if annotations.is_empty() {
-        json!({})
-    } else {
-        json!({ "metadata": { "annotations": annotations } })
-    };
-    if let Some(u) = unschedulable {
-        patch["spec"] = json!({ "unschedulable": u });
-    }
-    Some(patch)
-}
-
-/// Releases a node (see [`Release::Now`]), only if it is still as listed at `resource_version`
-/// (a node another pool took meanwhile is left to it: the write is a 409 and the next pass
-/// looks again).
-pub fn release_patch(withdraw: bool, uncordon: bool, resource_version: &str) -> Value {
-    let mut pairs = vec![
-        (ROLLOUT_POOL, None),
-        (CHECK_STREAM, None),
-        (CHECK_OS_IMAGE, None),
-        (CHECK_EXTENSIONS_IMAGE, None),
-        (ROLLOUT_SET_ASIDE, None),
-    ];
-    if withdraw {
-        pairs.extend([
-            (DESIRED_STREAM, None),
-            (DESIRED_OS_IMAGE, None),
-            (DESIRED_EXTENSIONS_IMAGE, None),
-            (ROLLOUT_TARGETED, None),
-        ]);
-    }
-    if uncordon {
-        pairs.extend([(ROLLOUT_STEP, None), (REBOOT_APPROVED, None)]);
-    }
-    let mut patch = json!({ "metadata": {
-        "annotations": annotations_patch(&pairs),
-        "resourceVersion": resource_version,
-    } });
-    if uncordon {
-        patch["spec"] = json!({ "unschedulable": false });
-    }
-    patch
-}
-
-/// Approves exactly `token` and marks it approved at `now`, in one patch, only if the node is
-/// still as listed at `resource_version` (cordoned: one uncordoned meanwhile may have taken new
-/// pods, so the write is a 409 and the next pass looks again).
-pub fn approval_patch(token: &str, now: u64, resource_version: &str) -> Value {
-    let step = Step::Approved {
-        since: Some(now),
-        token: token.to_string(),
-    }
-    .render();
-    json!({ "metadata": {
-        "annotations": annotations_patch(&[
-            (REBOOT_APPROVED, Some(token)),
-            (ROLLOUT_STEP, Some(&step)),
-        ]),
-        "resourceVersion": resource_version,
-    } })
 }
 
 /// Every write is a merge patch as [`FIELD_MANAGER`].
@@ -307,23 +201,15 @@ impl Scope<'_> {
     /// Publishes `note` about the pool (and its node). Events are best effort: a failure is
     /// logged and the rollout goes on.
     async fn publish(&self, note: Note) {
-        let event = Event {
-            type_: if note.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: note.reason.into(),
-            note: Some(note.text),
-            action: note.action.into(),
-            secondary: note
-                .node
-                .as_ref()
-                .and_then(|n| self.node_refs.get(n))
-                .cloned(),
-        };
+        let secondary = note
+            .node
+            .as_ref()
+            .and_then(|n| self.node_refs.get(n))
+            .cloned();
+        let reason = note.reason;
+        let event = to_event(note, secondary);
         if let Err(e) = self.ctx.recorder.publish(&event, &self.pool_ref).await {
-            tracing::warn!(reason = note.reason, error = %e, "publishing an event failed");
+            tracing::warn!(reason, error = %e, "publishing an event failed");
         }
     }
 }
@@ -406,7 +292,9 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
         ),
     };
     let listed = split(&pool, &ctx.pools.state(), all.items);
-    finalizer(&scope, &listed).await
+    let done = finalizer(&scope, &listed).await?;
+    ctx.failures.succeeded(&scope.name);
+    Ok(done)
 }
 
 /// Between [`apply`] and [`cleanup`], as kube-runtime's `finalizer` helper: a pool being
@@ -449,6 +337,7 @@ async fn cleanup(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
         return Ok(Requeue::requeue(CONFLICT_RETRY));
     }
     scope.ctx.journal.forget(&scope.name);
+    scope.ctx.metrics.forget(&scope.name);
     tracing::info!("nodes released; the pool may go");
     Ok(Requeue::await_change())
 }
@@ -477,6 +366,11 @@ async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
     let settings = drain::Settings::from_spec(&scope.pool.spec.drain).unwrap_or_default();
     let blockers = execute(scope, &input, &plan.actions, &listed.selected, &settings).await?;
     set_update_taints(scope, &plan.taints, &listed.selected).await?;
+    if plan.summary.canary_complete
+        && let Ok(t) = &input.target
+    {
+        pause_after_canary(scope, &target_line(t)).await?;
+    }
     write_status(scope, &input, &plan.summary, &blockers).await?;
     let now = i64::try_from(input.now).unwrap_or(i64::MAX);
     let ours = listed
@@ -509,6 +403,9 @@ fn plan(
     }
     let selected = &listed.selected;
     let (target, check) = resolve_target(&spec.target, catalog.as_ref());
+    let target_text = target.as_ref().ok().map(target_line);
+    let now = now_secs();
+    let window = crate::window::now(&spec.windows, now).map_err(|e| e.to_string());
     let input = PoolInput {
         target,
         check,
@@ -528,12 +425,20 @@ fn plan(
         reboot_timeout_seconds: spec
             .reboot_timeout_seconds
             .unwrap_or(DEFAULT_REBOOT_TIMEOUT_SECONDS),
-        now: now_secs(),
+        now,
         spec_error: listed
             .invalid
             .clone()
-            .or_else(|| drain::Settings::from_spec(&spec.drain).err()),
+            .or_else(|| drain::Settings::from_spec(&spec.drain).err())
+            .or_else(|| window.clone().err()),
         claimed: listed.claimed.clone(),
+        waves: Waves {
+            controller_node: scope.ctx.node_name.clone(),
+            min_ready_seconds: spec.min_ready_seconds.unwrap_or_default(),
+            canary: spec.canary.map(|n| n as usize),
+            canary_done: canary_done(scope.pool, target_text.as_deref()),
+            window: window.unwrap_or_default(),
+        },
     };
     let now = i64::try_from(input.now).unwrap_or(i64::MAX);
     let views: Vec<NodeView> = selected
@@ -685,11 +590,7 @@ async fn write_status(
     let built = status::build(
         summary,
         pool.meta().generation,
-        input
-            .target
-            .as_ref()
-            .ok()
-            .map(|t| format!("{} {}", t.stream, t.os_image)),
+        input.target.as_ref().ok().map(target_line),
         pool.spec.paused,
         pool.status.as_ref(),
         blockers,
@@ -699,11 +600,22 @@ async fn write_status(
         .ctx
         .journal
         .news(&scope.name, pool.status.as_ref(), &built);
+    scope
+        .ctx
+        .metrics
+        .pool(&scope.name, &status::phase(&built), summary, blockers.len());
     if pool.status.as_ref() != Some(&built) {
         scope.ctx.fence.check()?;
         let mut value = serde_json::to_value(&built).unwrap_or_default();
         // A merge patch keeps keys it does not name: clear the optional ones explicitly.
-        for key in ["target", "readiness", "nodes", "observedGeneration"] {
+        for key in [
+            "target",
+            "readiness",
+            "nodes",
+            "plannedOrder",
+            "progress",
+            "observedGeneration",
+        ] {
             if let Some(map) = value.as_object_mut() {
                 map.entry(key).or_insert(Value::Null);
             }
@@ -725,6 +637,36 @@ async fn write_status(
         scope.publish(note).await;
     }
     Ok(())
+}
+
+/// The canary moved its nodes: pauses the pool (`spec.paused: true`) and marks the canary done
+/// for `target` ([`waves::CANARY_DONE`]) in one write, only if the pool is as the cache has it (a
+/// 409 is looked at again at the next pass).
+async fn pause_after_canary(scope: &Scope<'_>, target: &str) -> Result<(), Error> {
+    scope.ctx.fence.check()?;
+    let patch = json!({
+        "metadata": {
+            "annotations": { waves::CANARY_DONE: target },
+            "resourceVersion": scope.pool.resource_version(),
+        },
+        "spec": { "paused": true },
+    });
+    match scope
+        .pools
+        .patch(&scope.name, &patch_params(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(target, "canary complete; pool paused");
+            scope.publish(events::canary_complete(target)).await;
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(source) => Err(Error::Api {
+            what: format!("pausing pool {} after its canary", scope.name),
+            source,
+        }),
+    }
 }
 
 /// Releases node `n` of the pool (`why`, for the Event); `false`: not yet (its approved reboot
@@ -798,6 +740,21 @@ async fn set_finalizer(
     }
 }
 
+/// The Event of `note`, related to `secondary` (its node).
+fn to_event(note: Note, secondary: Option<ObjectReference>) -> Event {
+    Event {
+        type_: if note.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: note.reason.into(),
+        note: Some(note.text),
+        action: note.action.into(),
+        secondary,
+    }
+}
+
 /// An Event's reference to `object`, without the version it had then (so that the recorder
 /// sees one object, not one per status write).
 fn reference(mut object: ObjectReference) -> ObjectReference {
@@ -809,9 +766,25 @@ fn jiff_now() -> k8s_openapi::jiff::Timestamp {
     k8s_openapi::jiff::Timestamp::now()
 }
 
-fn error_policy(pool: Arc<StreamPool>, error: &Error, _ctx: Arc<Context>) -> Requeue {
-    tracing::warn!(pool = %pool.name_any(), error = %error, "reconcile failed; retrying");
-    Requeue::requeue(ERROR_RETRY)
+/// A failed reconcile: logged at warn, told once per cause as a Warning Event on the pool (not
+/// by a replica that is not the leader: it makes no write), retried after the pool's backoff.
+fn error_policy(pool: Arc<StreamPool>, error: &Error, ctx: Arc<Context>) -> Requeue {
+    let name = pool.name_any();
+    let cause = failures::cause(error);
+    let (after, new) = ctx.failures.failed(&name, &cause);
+    ctx.metrics.reconcile_failed(&name);
+    tracing::warn!(pool = %name, error = %error, retry_in_secs = after.as_secs(), "reconcile failed; retrying");
+    if new && !matches!(error, Error::NotLeader(_)) {
+        let event = to_event(events::reconcile_failed(&error.to_string()), None);
+        let reference = reference(pool.object_ref(&()));
+        let recorder = ctx.recorder.clone();
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                tracing::warn!(error = %e, "publishing an event failed");
+            }
+        });
+    }
+    Requeue::requeue(after)
 }
 
 /// The pools that take a node with `labels` ([`selection::takes`]; each decides who owns it).
@@ -867,6 +840,8 @@ pub async fn run(
     clients: Clients,
     identity: &str,
     heartbeat_namespace: Option<&str>,
+    node_name: Option<&str>,
+    metrics: Arc<Metrics>,
     fence: Fence,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
@@ -911,6 +886,9 @@ pub async fn run(
         journal: Journal::default(),
         heartbeats: heartbeat_namespace.map(|ns| Api::namespaced(client.clone(), ns)),
         fence,
+        node_name: node_name.map(str::to_string),
+        failures: failures::Failures::default(),
+        metrics,
     });
     controller
         .watches(

@@ -123,6 +123,31 @@ pub fn released(node: &str, why: &str, withdrew: bool, uncordoned: bool) -> Note
     note(false, "NodeReleased", "Release", Some(node), &text)
 }
 
+/// The Warning Event of a failed reconcile (`error`: what failed, one line), told once per
+/// cause.
+pub fn reconcile_failed(error: &str) -> Note {
+    note(
+        true,
+        "ReconcileFailed",
+        "Reconcile",
+        None,
+        &format!("reconcile failed, retrying with backoff: {error}"),
+    )
+}
+
+/// The Event of a pool paused because its canary moved its nodes toward `target`.
+pub fn canary_complete(target: &str) -> Note {
+    note(
+        false,
+        "CanaryComplete",
+        "Pause",
+        None,
+        &format!(
+            "the canary's nodes run {target} and are back; the pool is paused: set spec.paused: false to go on"
+        ),
+    )
+}
+
 /// A lasting condition: its key, its value (a change is news) and its Event (`None`: the
 /// condition's quiet value, e.g. not degraded).
 type Lasting = (String, String, Option<Note>);
@@ -259,6 +284,7 @@ mod tests {
             type_: type_.into(),
             status: if on { "True" } else { "False" }.into(),
             last_transition_time: None,
+            observed_generation: None,
             reason: reason.into(),
             message: message.into(),
         };

@@ -8,11 +8,14 @@
 //! - [`node`]: what the controller reads of a Node, and its own progress mark;
 //! - [`selection`]: which pool a node belongs to (the machine-config operator's rule), pure;
 //! - [`planner`]: the reconcile decisions, pure;
+//! - [`waves`]: the order nodes are taken in, holds, soak and canary, pure;
+//! - [`window`]: maintenance windows, pure;
 //! - [`status`]: the pool's status from the planner's summary;
 //! - [`drain`]: the Eviction API drain;
 //! - [`events`]: the Events an admin follows a rollout by;
 //! - [`controller`]: the kube-runtime controller, target resolution and the Node patches;
 //! - [`leader`]: leader election on a Lease;
+//! - [`metrics`]: Prometheus metrics, `/healthz` and `/readyz`;
 //! - [`heartbeat`]: the nodes' streamd heartbeat Leases.
 
 #![forbid(unsafe_code)]
@@ -24,6 +27,8 @@ pub mod node;
 pub mod planner;
 pub mod selection;
 pub mod status;
+pub mod waves;
+pub mod window;
 
 pub mod drain;
 pub mod events;
@@ -31,3 +36,4 @@ pub mod heartbeat;
 
 pub mod controller;
 pub mod leader;
+pub mod metrics;

@@ -28,6 +28,11 @@ pub const ROLLOUT_STEP: &str = "osstream.openshift.io/rollout-step";
 /// acknowledge the request by then is `AgentNotResponding`).
 pub const ROLLOUT_TARGETED: &str = "osstream.openshift.io/rollout-targeted";
 
+/// Written by the controller only, when it uncordons a node that is back on the pool's request:
+/// the Unix seconds it did so, from which `spec.minReadySeconds` counts (the node soaks, counted
+/// unavailable, before the slot it frees goes to the next node).
+pub const ROLLOUT_UPDATED: &str = "osstream.openshift.io/rollout-updated";
+
 /// Written by the controller only, when a drain that ran past `drain.timeoutSeconds` is given up
 /// (`drain.onTimeout: release`): the `reboot-requested` token it gave up on. The node is
 /// uncordoned and waits until every other node had its turn; a new token (or an admin removing
@@ -48,6 +53,15 @@ pub const ROLLOUT_POOL: &str = "osstream.openshift.io/rollout-pool";
 /// "Taint all the nodes in the node pool" of `syncMachineConfigPool`); its own key, so the two
 /// never remove each other's.
 pub const UPDATE_TAINT: &str = "osstream.openshift.io/update-in-progress";
+
+/// The zone label the order groups nodes by (as the machine-config operator's node controller).
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// A node label or annotation that keeps the node out of the rollout (any value but `false`):
+/// it is not given the target nor cordoned, carries no update taint, and its own
+/// unavailability does not count against `maxUnavailable`. A node already taken (cordoned by
+/// the controller) finishes its cycle first (see `crate::waves`).
+pub const HOLD: &str = "osstream.openshift.io/rollout-hold";
 
 /// The machine-config daemon's mark on a node it manages
 /// (openshift/machine-config-operator:pkg/daemon/constants/constants.go
@@ -137,6 +151,14 @@ impl Step {
         Step::Unknown
     }
 
+    /// When the approval was written (`None`: not approved, or an older controller's mark).
+    pub fn approved_at(&self) -> Option<u64> {
+        match self {
+            Step::Approved { since, .. } => *since,
+            _ => None,
+        }
+    }
+
     /// The annotation value.
     pub fn render(&self) -> String {
         match self {
@@ -181,11 +203,18 @@ pub struct NodeView {
     pub heartbeat: Heartbeat,
     /// It carries [`UPDATE_TAINT`].
     pub update_tainted: bool,
+    /// Its [`ZONE_LABEL`].
+    pub zone: Option<String>,
+    /// `metadata.creationTimestamp`, Unix seconds.
+    pub created: Option<i64>,
+    /// Its [`HOLD`] label, else annotation.
+    pub hold: Option<String>,
 }
 
 impl NodeView {
     /// Reads a Node object.
     pub fn from_node(node: &Node) -> NodeView {
+        let label = |key: &str| node.metadata.labels.as_ref().and_then(|l| l.get(key));
         let ready = node
             .status
             .as_ref()
@@ -202,6 +231,15 @@ impl NodeView {
             annotations: node.metadata.annotations.clone().unwrap_or_default(),
             heartbeat: Heartbeat::Unknown,
             update_tainted: taints(node).iter().any(|t| t.key == UPDATE_TAINT),
+            zone: label(ZONE_LABEL).cloned(),
+            created: node
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.as_second()),
+            hold: label(HOLD)
+                .or_else(|| node.metadata.annotations.as_ref().and_then(|a| a.get(HOLD)))
+                .cloned(),
         }
     }
 
@@ -251,6 +289,12 @@ impl NodeView {
     /// not written (an older controller) or unreadable.
     pub fn targeted_at(&self) -> Option<u64> {
         self.get(ROLLOUT_TARGETED).and_then(|v| v.parse().ok())
+    }
+
+    /// When the controller last uncordoned the node back on the pool's request
+    /// ([`ROLLOUT_UPDATED`]).
+    pub fn updated_at(&self) -> Option<u64> {
+        self.get(ROLLOUT_UPDATED).and_then(|v| v.parse().ok())
     }
 
     /// Whether the controller gave up draining the node for `token` ([`ROLLOUT_SET_ASIDE`]).

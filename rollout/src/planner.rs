@@ -19,6 +19,7 @@ use crate::crd::{NodeIssue, OnTimeout};
 use crate::node::{
     CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, Heartbeat, NodeView, ROLLOUT_STEP, Step,
 };
+use crate::waves::{self, Waves};
 
 /// How often a drain within its timeout is looked at again (evictions a PodDisruptionBudget
 /// refuses, pods still terminating), as `kubectl drain` retries.
@@ -82,6 +83,8 @@ pub struct PoolInput {
     /// operator leaves such a node to neither, and so does the controller (each pool lists it
     /// and goes on with its other nodes).
     pub claimed: BTreeMap<String, String>,
+    /// Order, soak, canary and maintenance windows.
+    pub waves: Waves,
 }
 
 /// One step for one node; the executor does it with one Node patch (a drain pass lists and
@@ -208,6 +211,28 @@ pub struct Summary {
     pub mco_managed: bool,
     /// Nodes whose streamd heartbeat ran out (each also an issue).
     pub agents_down: usize,
+    /// The nodes still to move, in the order the rollout takes them (those in flight first
+    /// where they stand): the planned order.
+    pub upcoming: Vec<String>,
+    /// The canary moved its nodes: the pool is to be paused.
+    pub canary_complete: bool,
+    /// The pool is paused after its canary (not by hand).
+    pub canary_paused: bool,
+    /// The nodes on their way, in the planned order.
+    pub progress: Vec<Progress>,
+}
+
+/// Where one node on its way stands, for the pool's `status.progress`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// Node name.
+    pub name: String,
+    /// `Staging`, `WaitingForReboot`, `Draining`, `Rebooting` or `Soaking`.
+    pub step: &'static str,
+    /// Unix seconds the step started, when the controller wrote it down.
+    pub since: Option<u64>,
+    /// streamd's last `reason` on the node (while staging: its state).
+    pub reason: String,
 }
 
 /// The next actions and the status.
@@ -269,6 +294,8 @@ enum Phase {
     Updated,
     /// streamd reports Degraded or Refused for the request.
     Failed,
+    /// Not on the request and held out of the rollout ([`waves::HOLD`]); not taken.
+    Held,
 }
 
 /// Plans the next actions for a pool and its nodes (sorted by name, so candidates are taken in
@@ -277,12 +304,16 @@ pub fn plan(pool: &PoolInput, nodes: &[NodeView]) -> Plan {
     let mut summary = Summary {
         machines: nodes.len(),
         mco_managed: nodes.iter().any(|n| n.mco_managed()),
+        canary_paused: pool.paused && pool.waves.canary.is_some() && pool.waves.canary_done,
         ..Summary::default()
     };
     let nodes = unclaimed(pool, nodes, &mut summary);
     let max = max_unavailable(pool.max_unavailable.as_ref(), nodes.len());
     summary.max_unavailable = *max.as_ref().unwrap_or(&1);
-    summary.unavailable = nodes.iter().filter(|n| unavailable(n)).count();
+    summary.unavailable = nodes
+        .iter()
+        .filter(|n| counted_unavailable(pool, n))
+        .count();
     let target = usable_target(pool, &max, &mut summary);
     let hash = target.map(Desired::observed_hash);
 
@@ -316,6 +347,7 @@ pub fn plan(pool: &PoolInput, nodes: &[NodeView]) -> Plan {
         .map(|n| phase(pool, n, target, &hash))
         .collect();
     count(&nodes, &phases, &mut summary);
+    held_and_soaking(pool, &nodes, &phases, &mut summary);
     agents_down(&nodes, &mut summary);
     unresponsive(pool, &nodes, &phases, &hash, &mut summary);
 
@@ -333,7 +365,7 @@ pub fn plan(pool: &PoolInput, nodes: &[NodeView]) -> Plan {
 
     let blocked = pool.paused || summary.degraded.is_some();
     if !blocked {
-        let work = new_work(pool, &nodes, &phases, max, summary.unavailable);
+        let work = new_work(pool, &nodes, &phases, max, &mut summary);
         if !work.iter().any(|a| matches!(a, Action::Cordon { .. })) {
             let stall = blocked_by_others(&nodes, &phases, max, summary.unavailable);
             if summary.stall.is_none() {
@@ -351,12 +383,12 @@ pub fn plan(pool: &PoolInput, nodes: &[NodeView]) -> Plan {
 }
 
 /// Every node not yet on the pool's request carries the update taint (also a paused or
-/// Degraded pool's: they are still to update), an updated one does not.
+/// Degraded pool's: they are still to update), an updated or held one does not.
 fn update_taints(nodes: &[&NodeView], phases: &[Phase]) -> Vec<(String, bool)> {
     nodes
         .iter()
         .zip(phases)
-        .map(|(n, p)| (n, *p != Phase::Updated))
+        .map(|(n, p)| (n, !matches!(p, Phase::Updated | Phase::Held)))
         .filter(|(n, want)| n.update_tainted != *want)
         .map(|(n, want)| (n.name.clone(), want))
         .collect()
@@ -442,7 +474,9 @@ fn blocked_by_others(
         .any(|(n, p)| *p == Phase::Waiting && cordonable(n));
     let foreign: Vec<String> = nodes
         .iter()
-        .filter(|n| unavailable_node(n) && !n.annotations.contains_key(ROLLOUT_STEP))
+        .filter(|n| {
+            unavailable_node(n) && !n.annotations.contains_key(ROLLOUT_STEP) && !waves::held(n)
+        })
         .map(|n| {
             let why = if n.ready { "cordoned" } else { "NotReady" };
             format!("{} ({why})", n.name)
@@ -461,14 +495,15 @@ fn blocked_by_others(
     })
 }
 
-/// The nodes sorted by name, without those another custom pool selects too (each an issue).
+/// The nodes in the order they are taken ([`waves::order`]), without those another custom pool
+/// selects too (each an issue).
 fn unclaimed<'a>(
     pool: &PoolInput,
     nodes: &'a [NodeView],
     summary: &mut Summary,
 ) -> Vec<&'a NodeView> {
     let mut all: Vec<&NodeView> = nodes.iter().collect();
-    all.sort_by(|a, b| a.name.cmp(&b.name));
+    waves::order(&mut all, pool.waves.controller_node.as_deref());
     let mut nodes = Vec::with_capacity(all.len());
     for n in all {
         match pool.claimed.get(&n.name) {
@@ -592,13 +627,14 @@ fn agents_down(nodes: &[&NodeView], summary: &mut Summary) {
 
 /// New work for a pool that is neither paused nor Degraded: targets for untargeted nodes while
 /// staging slots are free, and cordons for nodes waiting to reboot while fewer than `max` are
-/// unavailable (`unavailable` now).
+/// unavailable, a maintenance window is open and the canary has slots left; the controller's
+/// own node only once no other node is on its way.
 fn new_work(
     pool: &PoolInput,
     nodes: &[&NodeView],
     phases: &[Phase],
     max: usize,
-    mut unavailable: usize,
+    summary: &mut Summary,
 ) -> Vec<Action> {
     // Staging runs ahead, bounded so the registry is not hit by the whole pool at once.
     let staging = phases.iter().filter(|p| **p == Phase::Staging).count();
@@ -612,25 +648,136 @@ fn new_work(
             node: n.name.clone(),
         })
         .collect();
-    // Nodes whose drain was given up for their token go last.
+    let mut budget = max.saturating_sub(summary.unavailable);
+    if let Some(left) = canary(pool, nodes, phases, summary) {
+        budget = budget.min(left);
+    }
+    let candidates = waiting_in_order(pool, nodes, phases);
+    if !pool.waves.window.open && !candidates.is_empty() {
+        budget = 0;
+        summary.stall.get_or_insert(Stall {
+            reason: "OutsideWindow",
+            message: "outside the pool's maintenance windows: no node is cordoned until the next one opens; staging goes on".into(),
+        });
+    }
+    if let Some(secs) = pool.waves.window.change_in {
+        recheck(summary, secs);
+    }
+    for (n, token) in candidates.into_iter().take(budget) {
+        actions.push(Action::Cordon {
+            node: n.name.clone(),
+            token: token.to_string(),
+        });
+    }
+    actions
+}
+
+/// The nodes that may be cordoned now, in the order they are taken, with their tokens: nodes
+/// whose drain was given up for their token go last, and the controller's own node only once
+/// no other node is on its way.
+fn waiting_in_order<'a>(
+    pool: &PoolInput,
+    nodes: &[&'a NodeView],
+    phases: &[Phase],
+) -> Vec<(&'a NodeView, &'a str)> {
+    let own = pool.waves.controller_node.as_deref();
+    let others_on_their_way = nodes.iter().zip(phases).any(|(n, p)| {
+        Some(n.name.as_str()) != own
+            && matches!(
+                p,
+                Phase::Untargeted | Phase::Staging | Phase::Waiting | Phase::InFlight
+            )
+    });
     let (fresh, aside): (Vec<_>, Vec<_>) = nodes
         .iter()
         .zip(phases)
         .filter(|(n, p)| **p == Phase::Waiting && cordonable(n))
-        .partition(|(n, _)| !n.reboot_requested().is_some_and(|t| n.set_aside_for(t)));
-    for (n, _) in fresh.into_iter().chain(aside) {
-        if unavailable >= max {
-            break;
+        .filter(|(n, _)| !(others_on_their_way && Some(n.name.as_str()) == own))
+        .filter_map(|(n, _)| Some((*n, n.reboot_requested()?)))
+        .partition(|(n, t)| !n.set_aside_for(t));
+    fresh.into_iter().chain(aside).collect()
+}
+
+/// With a canary that has not run for the target: how many more nodes it lets the rollout take
+/// (the nodes updated or in flight count); once they are all back and nodes remain, the canary
+/// is complete.
+fn canary(
+    pool: &PoolInput,
+    nodes: &[&NodeView],
+    phases: &[Phase],
+    summary: &mut Summary,
+) -> Option<usize> {
+    let in_flight = phases.iter().filter(|p| **p == Phase::InFlight).count();
+    let soaking = nodes
+        .iter()
+        .zip(phases)
+        .filter(|(n, p)| {
+            **p == Phase::Updated
+                && waves::soaking(n, pool.waves.min_ready_seconds, pool.now).is_some()
+        })
+        .count();
+    let left = waves::canary_slots(&pool.waves, summary.updated + in_flight)?;
+    let remaining = phases
+        .iter()
+        .any(|p| !matches!(p, Phase::Updated | Phase::Held | Phase::Failed));
+    if left == 0 && in_flight == 0 && soaking == 0 && remaining {
+        summary.canary_complete = true;
+    }
+    Some(left)
+}
+
+/// Held nodes (each an issue), the soak deadlines, the nodes' progress and the planned order.
+fn held_and_soaking(
+    pool: &PoolInput,
+    nodes: &[&NodeView],
+    phases: &[Phase],
+    summary: &mut Summary,
+) {
+    for (n, p) in nodes.iter().zip(phases) {
+        match p {
+            Phase::Held => summary.issues.push(NodeIssue {
+                name: n.name.clone(),
+                state: "Held".into(),
+                reason: format!(
+                    "held out of the rollout by its {} label or annotation; remove it to let the pool take the node",
+                    waves::HOLD
+                ),
+            }),
+            Phase::Updated => {
+                if let Some(left) = waves::soaking(n, pool.waves.min_ready_seconds, pool.now) {
+                    recheck(summary, left);
+                    summary.progress.push(progress(n, "Soaking", n.updated_at()));
+                }
+            }
+            Phase::Failed | Phase::Untargeted => {}
+            Phase::Staging | Phase::Unresponsive => {
+                // streamd's state, not its reason: the reason moves with the pull's progress
+                // and each move would cost a status write.
+                let mut p = progress(n, "Staging", n.targeted_at());
+                p.reason = n
+                    .state()
+                    .map_or_else(|| "no state yet".to_string(), |s| s.to_string());
+                summary.progress.push(p);
+            }
+            Phase::Waiting => summary.progress.push(progress(n, "WaitingForReboot", None)),
+            Phase::InFlight => summary.progress.push(match n.step() {
+                Some(Step::Draining { started, .. }) => progress(n, "Draining", Some(started)),
+                _ => progress(n, "Rebooting", n.step().and_then(|s| s.approved_at())),
+            }),
         }
-        if let Some(token) = n.reboot_requested() {
-            actions.push(Action::Cordon {
-                node: n.name.clone(),
-                token: token.to_string(),
-            });
-            unavailable += 1;
+        if !matches!(p, Phase::Held | Phase::Updated | Phase::Failed) {
+            summary.upcoming.push(n.name.clone());
         }
     }
-    actions
+}
+
+fn progress(n: &NodeView, step: &'static str, since: Option<u64>) -> Progress {
+    Progress {
+        name: n.name.clone(),
+        step,
+        since,
+        reason: n.reason().to_string(),
+    }
 }
 
 /// A node waiting for its reboot may be taken: available, and its agent alive (a node whose
@@ -655,6 +802,17 @@ fn unavailable(n: &NodeView) -> bool {
     unavailable_node(n) || n.annotations.contains_key(ROLLOUT_STEP)
 }
 
+/// Unavailable as `maxUnavailable` counts it: [`unavailable`], except a held node the
+/// controller has not taken (an admin keeps it out of the rollout; its downtime is not the
+/// rollout's), and a node that still soaks after its update (`minReadySeconds`).
+fn counted_unavailable(pool: &PoolInput, n: &NodeView) -> bool {
+    let taken = n.annotations.contains_key(ROLLOUT_STEP);
+    if waves::held(n) && !taken {
+        return false;
+    }
+    unavailable(n) || waves::soaking(n, pool.waves.min_ready_seconds, pool.now).is_some()
+}
+
 fn unavailable_node(n: &NodeView) -> bool {
     !n.ready || n.unschedulable
 }
@@ -677,6 +835,9 @@ fn phase(pool: &PoolInput, n: &NodeView, target: &Desired, hash: &str) -> Phase 
         } else {
             Phase::Untargeted
         };
+    }
+    if waves::held(n) && !(acked && state == Some(State::Done)) {
+        return Phase::Held;
     }
     let silent = n
         .targeted_at()

@@ -4,7 +4,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::crd::{Condition, NodeIssue, StreamPoolStatus};
+use crate::crd::{Condition, NodeIssue, NodeProgress, StreamPoolStatus};
 use crate::planner::Summary;
 
 /// At most this many per-node issues are listed (the counts hold the rest).
@@ -27,28 +27,10 @@ pub fn build(
     let degraded = summary.degraded.as_ref();
     // A refused spec moves nothing: not Updating.
     let refused = degraded.filter(|d| d.reason == "InvalidSpec");
-    let (updating_reason, updating_message) = if let Some(d) = refused {
-        (d.reason, d.message.clone())
-    } else if summary.mco_managed {
-        (
-            "ManagedByMachineConfigOperator",
-            "the machine-config operator manages these nodes; readiness checks only".to_string(),
-        )
-    } else if paused {
-        ("Paused", "the pool is paused".to_string())
-    } else if all_updated {
-        ("Updated", String::new())
-    } else if let Some(stall) = &summary.stall {
-        (stall.reason, stall.message.clone())
-    } else {
-        (
-            "Updating",
-            format!(
-                "{} of {} nodes updated; {} unavailable (max {})",
-                summary.updated, summary.machines, summary.unavailable, summary.max_unavailable
-            ),
-        )
-    };
+    let canary_message =
+        "the canary's nodes run the target; set spec.paused: false to go on".to_string();
+    let (updating_reason, updating_message) =
+        updating(summary, paused, refused, all_updated, &canary_message);
     let wanted = [
         cond(
             "Updating",
@@ -78,18 +60,28 @@ pub fn build(
         cond(
             "Paused",
             paused,
-            if paused { "Paused" } else { "NotPaused" },
-            String::new(),
+            match (paused, summary.canary_paused) {
+                (true, true) => "CanaryComplete",
+                (true, false) => "Paused",
+                (false, _) => "NotPaused",
+            },
+            if paused && summary.canary_paused {
+                canary_message
+            } else {
+                String::new()
+            },
         ),
     ];
     let conditions = wanted
         .into_iter()
+        .map(|c| unknown_without_target(c, target.is_some()))
         .map(|mut c| {
             let kept = previous
                 .and_then(|p| p.conditions.iter().find(|o| o.type_ == c.type_))
                 .filter(|o| o.status == c.status)
                 .and_then(|o| o.last_transition_time.clone());
             c.last_transition_time = Some(kept.unwrap_or_else(|| now.clone()));
+            c.observed_generation = generation;
             c
         })
         .collect();
@@ -116,8 +108,92 @@ pub fn build(
         no_heartbeat_machine_count: count(summary.agents_down),
         conditions,
         nodes,
+        planned_order: summary.upcoming.iter().take(MAX_ISSUES).cloned().collect(),
+        progress: summary
+            .progress
+            .iter()
+            .take(MAX_ISSUES)
+            .map(|p| NodeProgress {
+                name: p.name.clone(),
+                step: p.step.to_string(),
+                since: p
+                    .since
+                    .and_then(|s| i64::try_from(s).ok())
+                    .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s).ok())
+                    .map(Time),
+                reason: streamd::text::one_line(&p.reason, crate::events::MAX_NOTE_CHARS),
+            })
+            .collect(),
         readiness: summary.readiness.clone(),
     }
+}
+
+/// The pool's phase for the metrics: `Degraded`, `Paused` or `Updated` when that condition is
+/// `True`, else the `Updating` condition's reason (`Updating`, or the stall).
+pub fn phase(status: &StreamPoolStatus) -> String {
+    let on = |t: &str| {
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == t && c.status == "True")
+    };
+    ["Degraded", "Paused", "Updated"]
+        .into_iter()
+        .find(|t| on(t))
+        .map(str::to_string)
+        .or_else(|| {
+            status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Updating")
+                .map(|c| c.reason.clone())
+        })
+        .unwrap_or_default()
+}
+
+/// The `Updating` condition's reason and message.
+fn updating(
+    summary: &Summary,
+    paused: bool,
+    refused: Option<&crate::planner::Degraded>,
+    all_updated: bool,
+    canary_message: &str,
+) -> (&'static str, String) {
+    if let Some(d) = refused {
+        (d.reason, d.message.clone())
+    } else if summary.mco_managed {
+        (
+            "ManagedByMachineConfigOperator",
+            "the machine-config operator manages these nodes; readiness checks only".to_string(),
+        )
+    } else if paused && summary.canary_paused {
+        ("CanaryComplete", canary_message.to_string())
+    } else if paused {
+        ("Paused", "the pool is paused".to_string())
+    } else if all_updated {
+        ("Updated", String::new())
+    } else if let Some(stall) = &summary.stall {
+        (stall.reason, stall.message.clone())
+    } else {
+        (
+            "Updating",
+            format!(
+                "{} of {} nodes updated; {} unavailable (max {})",
+                summary.updated, summary.machines, summary.unavailable, summary.max_unavailable
+            ),
+        )
+    }
+}
+
+/// Without a resolved target the controller cannot tell whether the nodes run it: `Updated` is
+/// `Unknown` (API conventions), with the reason the `Degraded` condition details.
+fn unknown_without_target(mut c: Condition, resolved: bool) -> Condition {
+    if !resolved && c.type_ == "Updated" {
+        c.status = "Unknown".into();
+        c.reason = "TargetUnknown".into();
+        c.message = "the target is not resolved; see the Degraded condition".into();
+    }
+    c
 }
 
 fn cond(type_: &str, status: bool, reason: &str, message: String) -> Condition {
@@ -125,6 +201,7 @@ fn cond(type_: &str, status: bool, reason: &str, message: String) -> Condition {
         type_: type_.to_string(),
         status: if status { "True" } else { "False" }.to_string(),
         last_transition_time: None,
+        observed_generation: None,
         reason: reason.to_string(),
         message: streamd::text::one_line(&message, 1024),
     }
@@ -186,6 +263,49 @@ mod tests {
             s.nodes[0].reason
         );
         assert_eq!(s.nodes.len(), 2);
+    }
+
+    #[test]
+    fn conditions_follow_the_api_conventions() {
+        let unresolved = Summary {
+            machines: 2,
+            degraded: Some(Degraded {
+                reason: "TargetUnresolved",
+                message: "spec.target: no OSImageStream".into(),
+            }),
+            ..Summary::default()
+        };
+        let s = build(&unresolved, Some(7), None, false, None, &[], at(1));
+        assert_eq!(status_of(&s, "Updated"), ("Unknown", "TargetUnknown", 1));
+        assert_eq!(status_of(&s, "Degraded"), ("True", "TargetUnresolved", 1));
+        assert!(
+            s.conditions
+                .iter()
+                .all(|c| c.observed_generation == Some(7)),
+            "{:?}",
+            s.conditions
+        );
+        let mut types: Vec<&str> = s.conditions.iter().map(|c| c.type_.as_str()).collect();
+        types.sort_unstable();
+        types.dedup();
+        assert_eq!(
+            types.len(),
+            s.conditions.len(),
+            "one condition per type (a map)"
+        );
+    }
+
+    #[test]
+    fn a_canary_pause_says_so() {
+        let summary = Summary {
+            machines: 3,
+            updated: 1,
+            canary_paused: true,
+            ..Summary::default()
+        };
+        let s = build(&summary, Some(1), Some("t".into()), true, None, &[], at(1));
+        assert_eq!(status_of(&s, "Paused"), ("True", "CanaryComplete", 1));
+        assert_eq!(status_of(&s, "Updating"), ("False", "CanaryComplete", 1));
     }
 
     #[test]

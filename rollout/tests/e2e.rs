@@ -879,3 +879,54 @@ async fn a_pod_selector_limits_the_drain() {
     assert_eq!(p.pods_on("worker-0"), ["cache-0"]);
     p.assert_once(&["worker-0"]);
 }
+
+/// Issue 21 §3: a canary of one takes the first node of the planned order (zone `a` before zone
+/// `b`, whatever the names), then the controller pauses the pool (`CanaryComplete`); a held
+/// node is never targeted nor cordoned, and the pool goes on with the rest once unpaused.
+#[tokio::test]
+async fn a_canary_pauses_the_pool_and_a_held_node_is_left_alone() {
+    let mut p = Pool::start("canary", 3, &[]).await;
+    for (node, zone) in [("worker-0", "b"), ("worker-1", "b"), ("worker-2", "a")] {
+        p.api()
+            .update("v1", "Node", None, node, |n| {
+                n["metadata"]["labels"]["topology.kubernetes.io/zone"] = json!(zone);
+                if node == "worker-1" {
+                    n["metadata"]["annotations"]["osstream.openshift.io/rollout-hold"] =
+                        json!("true");
+                }
+            })
+            .expect("label");
+    }
+    let mut canary = spec();
+    canary["canary"] = json!(1);
+    p.create_pool(canary);
+    p.start_controller("a", &["--leader-elect=false"]);
+    p.wait("the canary's pause", 120, |p| {
+        p.condition("Paused").1 == "CanaryComplete"
+    })
+    .await;
+    assert!(p.done("worker-2"), "the canary is the first in the order");
+    assert!(!p.cordoned("worker-0") && !p.cordoned("worker-1"));
+    assert_eq!(p.pool()["spec"]["paused"], true);
+    assert_eq!(p.status()["plannedOrder"], json!(["worker-0"]));
+    assert!(reported(&p, "worker-1", "Held"));
+
+    p.patch_pool(json!({"spec": {"paused": false}})).await;
+    p.wait("worker-0 done", 120, |p| p.done("worker-0")).await;
+    p.wait("the pool goes on without the held node", 30, |p| {
+        p.condition("Paused").0 == "False" && p.status()["plannedOrder"].is_null()
+    })
+    .await;
+    assert_eq!(
+        p.condition("Updated").0,
+        "False",
+        "a held node is not moved"
+    );
+    assert_eq!(p.annotation("worker-1", "desired-stream"), None);
+    assert!(!p.update_tainted("worker-1"));
+    p.assert_once(&["worker-2", "worker-0"]);
+    let reasons = p.event_reasons("");
+    for r in ["CanaryComplete", "Paused", "Resumed"] {
+        assert!(reasons.iter().any(|x| x == r), "{r} not in {reasons:?}");
+    }
+}

@@ -17,7 +17,13 @@ use tokio::task::JoinHandle;
 use tower_test::mock::{self, Handle};
 
 use super::*;
-use crate::node::UPDATE_TAINT;
+
+use crate::node::{
+    CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, ROLLOUT_SET_ASIDE, ROLLOUT_TARGETED,
+    ROLLOUT_UPDATED, UPDATE_TAINT,
+};
+
+use streamd::cluster::protocol::{DESIRED_EXTENSIONS_IMAGE, REBOOT_APPROVED};
 
 /// The pool's pinned image: no OSImageStream is read.
 const OS10: &str = "quay.io/openshift/rhcos@sha256:1010101010101010101010101010101010101010101010101010101010101010";
@@ -60,6 +66,9 @@ impl Context {
             journal: Journal::default(),
             heartbeats: None,
             fence,
+            node_name: None,
+            failures: failures::Failures::default(),
+            metrics: Arc::default(),
         };
         (Arc::new(ctx), ApiServerVerifier(handle))
     }
@@ -249,6 +258,7 @@ fn create() -> Vec<Exchange> {
                 DESIRED_EXTENSIONS_IMAGE: null,
                 ROLLOUT_POOL: "worker",
                 ROLLOUT_TARGETED: "1…",
+                ROLLOUT_UPDATED: null,
             }, "resourceVersion": rv } })),
         )
     };
@@ -704,6 +714,7 @@ fn release_body(withdraw: bool, uncordon: bool, resource_version: &str) -> Value
         CHECK_OS_IMAGE: null,
         CHECK_EXTENSIONS_IMAGE: null,
         ROLLOUT_SET_ASIDE: null,
+        ROLLOUT_UPDATED: null,
     });
     if withdraw {
         annotations[DESIRED_STREAM] = Value::Null;

@@ -30,6 +30,7 @@ fn patches_write_only_the_controllers_keys() {
             "osstream.openshift.io/desired-extensions-image": null,
             "osstream.openshift.io/rollout-pool": "worker",
             "osstream.openshift.io/rollout-targeted": "1234",
+            "osstream.openshift.io/rollout-updated": null,
         }}}))
     );
     assert_eq!(
@@ -49,6 +50,7 @@ fn patches_write_only_the_controllers_keys() {
                 "osstream.openshift.io/rollout-step": null,
                 "osstream.openshift.io/reboot-approved": null,
                 "osstream.openshift.io/rollout-set-aside": null,
+                "osstream.openshift.io/rollout-updated": "1234",
             }},
             "spec": {"unschedulable": false},
         }))
@@ -101,6 +103,7 @@ fn a_release_removes_the_controllers_keys_only_if_the_node_is_as_listed() {
                     "osstream.openshift.io/check-os-image": null,
                     "osstream.openshift.io/check-extensions-image": null,
                     "osstream.openshift.io/rollout-set-aside": null,
+                    "osstream.openshift.io/rollout-updated": null,
                     "osstream.openshift.io/desired-stream": null,
                     "osstream.openshift.io/desired-os-image": null,
                     "osstream.openshift.io/desired-extensions-image": null,
@@ -116,7 +119,7 @@ fn a_release_removes_the_controllers_keys_only_if_the_node_is_as_listed() {
     let keep = release_patch(false, false, "7");
     assert_eq!(
         keep["metadata"]["annotations"].as_object().map(|m| m.len()),
-        Some(5)
+        Some(6)
     );
     assert!(keep.get("spec").is_none());
 }

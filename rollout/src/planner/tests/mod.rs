@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::node::{MCD_CURRENT_CONFIG, READINESS, ROLLOUT_SET_ASIDE, ROLLOUT_TARGETED};
+use crate::waves::{self, Waves};
 use streamd::cluster::protocol::FAILED_CHECKS;
 use streamd::cluster::protocol::{
     DESIRED_OS_IMAGE, DESIRED_STREAM, OBSERVED_DESIRED, REASON, REBOOT_REQUESTED, STATE,
@@ -43,6 +44,7 @@ fn pool() -> PoolInput {
         reboot_timeout_seconds: 1_800,
         now: 10_000,
         claimed: BTreeMap::new(),
+        waves: Waves::default(),
     }
 }
 
@@ -767,4 +769,218 @@ fn update_taints() {
     for (name, pool, nodes, want) in rows {
         assert_eq!(plan(&pool, &nodes).taints, want, "{name}");
     }
+}
+
+fn in_zone(mut n: NodeView, zone: &str, created: i64) -> NodeView {
+    n.zone = Some(zone.into());
+    n.created = Some(created);
+    n
+}
+
+fn held(mut n: NodeView) -> NodeView {
+    n.hold = Some("true".into());
+    n
+}
+
+/// Done and uncordoned by the controller at `at`.
+fn updated_at(name: &str, at: u64) -> NodeView {
+    set(
+        in_state(node(name), "Done"),
+        crate::node::ROLLOUT_UPDATED,
+        &at.to_string(),
+    )
+}
+
+fn with_waves(waves: Waves) -> PoolInput {
+    PoolInput { waves, ..pool() }
+}
+
+#[test]
+fn waves_table() {
+    let own = with_waves(Waves {
+        controller_node: Some("w1".into()),
+        ..Waves::default()
+    });
+    let soak = with_waves(Waves {
+        min_ready_seconds: 300,
+        ..Waves::default()
+    });
+    let canary = |done| {
+        with_waves(Waves {
+            canary: Some(1),
+            canary_done: done,
+            ..Waves::default()
+        })
+    };
+    let closed = with_waves(Waves {
+        window: waves::WindowNow {
+            open: false,
+            change_in: Some(3_600),
+        },
+        ..Waves::default()
+    });
+    let mut held_cordoned = held(staged("w1", "t1"));
+    held_cordoned.unschedulable = true;
+    #[rustfmt::skip]
+    let table: Vec<(&str, PoolInput, Vec<NodeView>, Vec<Action>)> = vec![
+        ("zone by zone, oldest first, not by name", pool(),
+         vec![in_zone(staged("w1", "t1"), "b", 1), in_zone(staged("w2", "t2"), "a", 9), in_zone(staged("w3", "t3"), "a", 5)],
+         vec![cordon("w3", "t3")]),
+        ("targets are given in that order too", PoolInput { max_concurrent_staging: 1, ..pool() },
+         vec![in_zone(node("w1"), "b", 1), in_zone(node("w2"), "a", 9)],
+         vec![target_a("w2")]),
+        ("the controller's node waits while another is on its way", own.clone(),
+         vec![staged("w1", "t1"), in_state(node("w2"), "Staging")],
+         vec![]),
+        ("the controller's node is taken last", own.clone(),
+         vec![staged("w1", "t1"), in_state(node("w2"), "Done")],
+         vec![cordon("w1", "t1")]),
+        ("a silent agent elsewhere does not hold the controller's node", own,
+         vec![staged("w1", "t1"), set(targeted(node("w2")), crate::node::ROLLOUT_TARGETED, "1")],
+         vec![cordon("w1", "t1")]),
+        ("a held node is neither targeted nor cordoned", pool(),
+         vec![held(node("w1")), held(staged("w2", "t2")), staged("w3", "t3")],
+         vec![cordon("w3", "t3")]),
+        ("a held node someone cordoned uses no slot", pool(),
+         vec![held_cordoned, staged("w2", "t2")],
+         vec![cordon("w2", "t2")]),
+        ("a held node already taken finishes its cycle", pool(),
+         vec![held(step(staged("w1", "t1"), draining("t1", 9_900)))],
+         vec![Action::Drain { node: "w1".into(), token: "t1".into() }]),
+        ("a node soaking holds its slot", soak.clone(),
+         vec![updated_at("w1", 9_800), staged("w2", "t2")],
+         vec![]),
+        ("after the soak the slot is free", soak,
+         vec![updated_at("w1", 9_700), staged("w2", "t2")],
+         vec![cordon("w2", "t2")]),
+        ("the canary takes its nodes", canary(false),
+         vec![staged("w1", "t1"), staged("w2", "t2")],
+         vec![cordon("w1", "t1")]),
+        ("the canary took its node: no more", canary(false),
+         vec![in_state(node("w1"), "Done"), staged("w2", "t2")],
+         vec![]),
+        ("the canary ran for this target: the pool goes on", canary(true),
+         vec![in_state(node("w1"), "Done"), staged("w2", "t2")],
+         vec![cordon("w2", "t2")]),
+        ("outside the windows: staging goes on, no cordon", PoolInput { max_concurrent_staging: 1, ..closed.clone() },
+         vec![staged("w1", "t1"), node("w2")],
+         vec![target_a("w2")]),
+        ("outside the windows: a node in flight finishes", closed,
+         vec![step(staged("w1", "t1"), draining("t1", 9_900)), staged("w2", "t2")],
+         vec![Action::Drain { node: "w1".into(), token: "t1".into() }]),
+    ];
+    for (name, pool, nodes, want) in table {
+        assert_eq!(plan(&pool, &nodes).actions, want, "{name}");
+    }
+}
+
+#[test]
+fn waves_in_the_summary() {
+    let canary = with_waves(Waves {
+        canary: Some(1),
+        ..Waves::default()
+    });
+    let nodes = [in_state(node("w1"), "Done"), staged("w2", "t2")];
+    assert!(plan(&canary, &nodes).summary.canary_complete);
+    let in_flight = [
+        step(in_state(node("w1"), "Rebooting"), draining("t1", 9_990)),
+        staged("w2", "t2"),
+    ];
+    assert!(
+        !plan(&canary, &in_flight).summary.canary_complete,
+        "complete only once its nodes are back"
+    );
+    let all = [in_state(node("w1"), "Done")];
+    assert!(
+        !plan(&canary, &all).summary.canary_complete,
+        "nothing left to pause for"
+    );
+
+    let soak = with_waves(Waves {
+        min_ready_seconds: 300,
+        ..Waves::default()
+    });
+    let s = plan(&soak, &[updated_at("w1", 9_800), staged("w2", "t2")]).summary;
+    assert_eq!((s.unavailable, s.recheck_after), (1, Some(100)));
+
+    let closed = with_waves(Waves {
+        window: waves::WindowNow {
+            open: false,
+            change_in: Some(3_600),
+        },
+        ..Waves::default()
+    });
+    let s = plan(&closed, &[staged("w1", "t1")]).summary;
+    assert_eq!(s.stall.map(|x| x.reason), Some("OutsideWindow"));
+    assert_eq!(s.recheck_after, Some(3_600));
+
+    let p = plan(
+        &pool(),
+        &[
+            in_zone(held(node("w0")), "a", 0),
+            in_zone(in_state(node("w1"), "Done"), "a", 1),
+            in_zone(staged("w2", "t2"), "b", 2),
+            in_zone(node("w3"), "a", 3),
+        ],
+    );
+    assert_eq!(p.summary.upcoming, ["w3", "w2"], "the planned order");
+    assert!(
+        p.summary
+            .issues
+            .iter()
+            .any(|i| i.name == "w0" && i.state == "Held")
+    );
+    assert!(
+        !p.taints.iter().any(|(n, on)| n == "w0" && *on),
+        "a held node is not tainted"
+    );
+}
+
+#[test]
+fn progress_names_each_node_on_its_way() {
+    let soak = with_waves(Waves {
+        min_ready_seconds: 300,
+        ..Waves::default()
+    });
+    let nodes = [
+        updated_at("w0", 9_800),
+        step(staged("w1", "t1"), draining("t1", 9_900)),
+        step(
+            in_state(node("w2"), "Rebooting"),
+            Step::Approved {
+                since: Some(9_950),
+                token: "t2".into(),
+            },
+        ),
+        set(staged("w3", "t3"), REASON, "staged; waiting for approval"),
+        set(
+            in_state(set(node("w4"), ROLLOUT_TARGETED, "9990"), "Staging"),
+            REASON,
+            "pulling 40%",
+        ),
+        node("w5"),
+    ];
+    let got: Vec<(String, &str, Option<u64>, String)> = plan(&soak, &nodes)
+        .summary
+        .progress
+        .into_iter()
+        .map(|p| (p.name, p.step, p.since, p.reason))
+        .collect();
+    let want = [
+        ("w0", "Soaking", Some(9_800), ""),
+        ("w1", "Draining", Some(9_900), ""),
+        ("w2", "Rebooting", Some(9_950), ""),
+        (
+            "w3",
+            "WaitingForReboot",
+            None,
+            "staged; waiting for approval",
+        ),
+        ("w4", "Staging", Some(9_990), "Staging"),
+    ];
+    let want: Vec<(String, &str, Option<u64>, String)> = want
+        .iter()
+        .map(|(n, s, t, r)| (n.to_string(), *s, *t, r.to_string()))
+        .collect();
+    assert_eq!(got, want);
 }

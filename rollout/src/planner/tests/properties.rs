@@ -55,6 +55,8 @@ struct Gen {
     unchecked: bool,
     /// Another pool selects it too.
     claimed: bool,
+    /// Held out of the rollout (`rollout-hold`).
+    held: bool,
 }
 
 impl Gen {
@@ -103,6 +105,9 @@ impl Gen {
         if self.unchecked {
             n.annotations.remove(CHECK_STREAM);
         }
+        if self.held {
+            n.hold = Some("true".into());
+        }
         n
     }
 }
@@ -130,9 +135,10 @@ fn gen_node() -> impl Strategy<Value = Gen> {
         prop::bool::weighted(0.15),
         prop::bool::weighted(0.2),
         prop::bool::weighted(0.05),
+        prop::bool::weighted(0.1),
     )
         .prop_map(
-            |(shape, requested, marked, ready, cordoned, unchecked, claimed)| Gen {
+            |(shape, requested, marked, ready, cordoned, unchecked, claimed, held)| Gen {
                 shape,
                 requested,
                 marked,
@@ -140,6 +146,7 @@ fn gen_node() -> impl Strategy<Value = Gen> {
                 cordoned,
                 unchecked,
                 claimed,
+                held,
             },
         )
 }
@@ -157,25 +164,49 @@ fn gen_pool() -> impl Strategy<Value = PoolInput> {
         prop::bool::weighted(0.2),
         prop::bool::weighted(0.1),
         any::<bool>(),
+        gen_waves(),
     )
         .prop_map(
-            |(max_unavailable, max_concurrent_staging, paused, unresolved, release)| PoolInput {
-                target: if unresolved {
-                    Err("spec.target: no OSImageStream".into())
-                } else {
-                    Ok(target())
-                },
-                max_unavailable,
-                max_concurrent_staging,
-                paused,
-                drain_on_timeout: if release {
-                    OnTimeout::Release
-                } else {
-                    OnTimeout::Retry
-                },
-                ..pool()
+            |(max_unavailable, max_concurrent_staging, paused, unresolved, release, waves)| {
+                PoolInput {
+                    target: if unresolved {
+                        Err("spec.target: no OSImageStream".into())
+                    } else {
+                        Ok(target())
+                    },
+                    max_unavailable,
+                    max_concurrent_staging,
+                    paused,
+                    drain_on_timeout: if release {
+                        OnTimeout::Release
+                    } else {
+                        OnTimeout::Retry
+                    },
+                    waves,
+                    ..pool()
+                }
             },
         )
+}
+
+/// A canary or none, a window open or closed, the controller on `w0` or elsewhere.
+fn gen_waves() -> impl Strategy<Value = Waves> {
+    (
+        prop::option::weighted(0.3, 0usize..3),
+        any::<bool>(),
+        prop::bool::weighted(0.8),
+        any::<bool>(),
+    )
+        .prop_map(|(canary, canary_done, open, own)| Waves {
+            controller_node: own.then(|| "w0".to_string()),
+            canary,
+            canary_done,
+            window: waves::WindowNow {
+                open,
+                change_in: Some(60),
+            },
+            ..Waves::default()
+        })
 }
 
 /// Nodes `w0`… and an order to list them in.
@@ -226,7 +257,7 @@ fn check(
     // cordoned).
     for (g, n) in free
         .iter()
-        .filter(|(g, _)| usable && g.shape == Shape::Silent)
+        .filter(|(g, _)| usable && g.shape == Shape::Silent && !g.held)
     {
         prop_assert!(
             p.summary
@@ -237,12 +268,14 @@ fn check(
             g
         );
     }
-    let checks: Vec<&str> = p
+    // In the planned order (the controller's node last): compared as a set.
+    let mut checks: Vec<&str> = p
         .actions
         .iter()
         .filter(|a| matches!(a, Action::Check { .. }))
         .map(Action::node)
         .collect();
+    checks.sort_unstable();
     let mut want: Vec<&str> = free
         .iter()
         .filter(|(g, _)| g.unchecked && !(g.given() && usable))
@@ -286,6 +319,8 @@ fn check_step(
         Action::Check { .. } => {}
         Action::Target { .. } => {
             prop_assert!(!g.given(), "{name} given the request again");
+            // A node the controller already took (its mark) finishes its cycle, held or not.
+            prop_assert!(!g.held || g.marked(), "{name} held, and given the request");
             prop_assert!(
                 !input.paused && p.summary.degraded.is_none(),
                 "{a:?} while paused or degraded"
@@ -313,6 +348,8 @@ fn check_step(
                     g.shape == Shape::Staged && n.ready && !n.unschedulable,
                     "{a:?} of {g:?}"
                 );
+                prop_assert!(!g.held, "{name} held, and cordoned");
+                prop_assert!(input.waves.window.open, "{a:?} outside the windows");
                 prop_assert!(p.summary.degraded.is_none(), "{a:?} while degraded");
             }
         }
@@ -375,12 +412,18 @@ fn check_capacity(
         free.iter()
             .any(|(_, n)| n.name == name && !unavailable_now(n))
     };
-    let before = free.iter().filter(|(_, n)| unavailable_now(n)).count();
+    let before = free
+        .iter()
+        .filter(|(g, n)| (g.marked() || !g.held) && unavailable_now(n))
+        .count();
     let taken = p
         .actions
         .iter()
         .filter(|a| matches!(a, Action::Cordon { node, .. } if available(node)))
         .count();
+    if let Some(canary) = input.waves.canary.filter(|_| !input.waves.canary_done) {
+        prop_assert!(taken <= canary, "{taken} taken by a canary of {canary}");
+    }
     match max_unavailable(input.max_unavailable.as_ref(), free.len()) {
         Ok(limit) => prop_assert!(
             taken == 0 || before + taken <= limit,
