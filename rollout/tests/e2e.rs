@@ -364,11 +364,14 @@ async fn a_leader_cut_off_from_the_api_server_stops_acting_before_the_standby_ta
 async fn a_node_rebooted_by_someone_else_mid_rollout() {
     let mut p = Pool::start("reboot", 3, &[]).await;
     block_worker0_drain(&p);
-    let mut s = spec();
-    s["maxConcurrentStaging"] = json!(3);
-    p.create_pool(s);
+    // One node staged at a time until worker-0 is held at its drain: with all three staging at
+    // once, whichever is staged first is cordoned first, and on a loaded machine that was
+    // worker-2 (CI saw it). Then the others stage while worker-0 holds the one slot.
+    p.create_pool(spec());
     p.start_controller("a", &["--leader-elect=false"]);
     wait_draining(&p, "worker-0").await;
+    p.patch_pool(json!({"spec": {"maxConcurrentStaging": 3}}))
+        .await;
     p.wait("worker-2 staged", 120, |p| {
         p.annotation("worker-2", "reboot-requested").is_some()
     })
