@@ -218,8 +218,7 @@ mod tests {
             );
             assert_eq!(kargs[9], "fips=1");
             assert!(strs("overlay-initrds").is_empty());
-            let root =
-                std::env::temp_dir().join(format!("streamd-runstate-glib-{}", std::process::id()));
+            let root = testbed::scratch::ScratchDir::new("runstate-glib").expect("scratch dir");
             std::fs::create_dir_all(root.join("run/ostree")).unwrap();
             std::fs::write(root.join(STAGED), &bytes).unwrap();
             let dep = |checksum: &str, serial| Deployment {
@@ -231,7 +230,6 @@ mod tests {
             assert!(staged_locked(&root, &dep(STAGED_CSUM, 0)).unwrap());
             // The merge deployment named in the record is not the staged one.
             assert!(!staged_locked(&root, &dep(MERGE_CSUM, 1)).unwrap());
-            std::fs::remove_dir_all(&root).unwrap();
         }
     }
 
