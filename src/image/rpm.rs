@@ -1,10 +1,13 @@
 //! RPM names: a package name or a NEVRA (`name-version-release.arch`), as rpm-ostree reports
 //! layered packages and as extensions images name their files; their headers (src/image/rpm/header.rs);
-//! and the dependency closure over them.
+//! what they need of the rpm that reads them (src/image/rpm/reader.rs); and the dependency closure
+//! over them.
 
 mod header;
+mod reader;
 
 pub use header::{HEADER_LIMITS, HeaderBudget, HeaderError, HeaderLimits};
+pub use reader::{ReaderNeeds, RpmRelease, Unreadable, unreadable};
 
 use std::collections::{HashMap, HashSet};
 
@@ -168,8 +171,11 @@ pub struct RpmHeader {
     pub arch: String,
     /// Provides, including the package's own `name = [epoch:]version-release`.
     pub provides: Vec<Dep>,
-    /// Requires (`rpmlib(…)` ones dropped: rpm itself satisfies them).
+    /// Requires, but for the `rpmlib(…)` ones, which are in `needs`.
     pub requires: Vec<Dep>,
+    /// What it needs of the rpm that reads it (src/image/rpm/reader.rs).
+    #[serde(default)]
+    pub needs: ReaderNeeds,
 }
 
 impl RpmHeader {
@@ -432,6 +438,7 @@ mod tests {
             arch: arch.into(),
             provides: provides.iter().map(|p| dep(p)).collect(),
             requires: requires.iter().map(|r| dep(r)).collect(),
+            needs: ReaderNeeds::default(),
         }
     }
 
@@ -783,6 +790,7 @@ mod tests {
                     arch: "noarch".into(),
                     provides,
                     requires,
+                    needs: ReaderNeeds::default(),
                 },
             )
     }
