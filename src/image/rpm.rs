@@ -173,8 +173,9 @@ pub struct RpmHeader {
     pub provides: Vec<Dep>,
     /// Requires, but for the `rpmlib(…)` ones, which are in `needs`.
     pub requires: Vec<Dep>,
-    /// What it needs of the rpm that reads it (src/image/rpm/reader.rs).
-    #[serde(default)]
+    /// What it needs of the rpm that reads it (src/image/rpm/reader.rs). Required in a
+    /// recorded extraction (src/image/extensions.rs): a record from before it was read fails
+    /// to parse, and the image is extracted again rather than judged without it.
     pub needs: ReaderNeeds,
 }
 
