@@ -7,6 +7,8 @@ mod header;
 mod reader;
 
 pub use header::{HEADER_LIMITS, HeaderBudget, HeaderError, HeaderLimits};
+#[cfg(test)]
+pub(crate) use reader::el10_rt_core;
 pub use reader::{ReaderNeeds, RpmRelease, Unreadable, unreadable};
 
 use std::collections::{HashMap, HashSet};

@@ -332,28 +332,17 @@ mod tests {
     /// build (which installs in the target image) is not judged by the booted rpm.
     #[test]
     fn rpms_the_booted_rpm_cannot_read_are_refused() {
-        use crate::image::rpm::{Dep, Op, ReaderNeeds, RpmHeader};
         let node = |rpmlib: &str, booted: u32| {
             let mut c = base();
             layer_kernel(&mut c, KernelVariant::Realtime);
             c.extensions = Some(Ok(rt_ext(10)));
             c.booted_major = Some(booted);
             c.closure = Some(Closure {
-                packages: vec![RpmHeader {
-                    file: "kernel-rt-core-6.12.0-124.8.1.el10_1.x86_64.rpm".into(),
-                    name: "kernel-rt-core".into(),
-                    epoch: 0,
-                    version: "6.12.0".into(),
-                    release: "124.8.1.el10_1".into(),
-                    arch: "x86_64".into(),
-                    provides: Vec::new(),
-                    requires: Vec::new(),
-                    needs: ReaderNeeds {
-                        rpmlib: vec![Dep::versioned(rpmlib, Op::Le, "5.4.18-1")],
-                        payload_compressor: Some("zstd".into()),
-                        format: None,
-                    },
-                }],
+                packages: vec![crate::image::rpm::el10_rt_core(
+                    &[(rpmlib, "5.4.18-1")],
+                    Some("zstd"),
+                    None,
+                )],
                 ..Closure::default()
             });
             c

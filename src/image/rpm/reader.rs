@@ -157,31 +157,39 @@ pub fn unreadable(h: &RpmHeader, rpm: RpmRelease) -> Option<Unreadable> {
     })
 }
 
+/// The tests' el10 `kernel-rt-core`, needing the `rpmlib` features (`<= EVR`, as rpmbuild
+/// asks), the payload `compressor` and the package `format` of its reader.
+#[cfg(test)]
+pub(crate) fn el10_rt_core(
+    rpmlib: &[(&str, &str)],
+    compressor: Option<&str>,
+    format: Option<u32>,
+) -> RpmHeader {
+    RpmHeader {
+        file: "kernel-rt-core-6.12.0-124.8.1.el10_1.x86_64.rpm".into(),
+        name: "kernel-rt-core".into(),
+        epoch: 0,
+        version: "6.12.0".into(),
+        release: "124.8.1.el10_1".into(),
+        arch: "x86_64".into(),
+        provides: Vec::new(),
+        requires: Vec::new(),
+        needs: ReaderNeeds {
+            rpmlib: rpmlib
+                .iter()
+                .map(|(n, evr)| Dep::versioned(*n, super::Op::Le, *evr))
+                .collect(),
+            payload_compressor: compressor.map(str::to_string),
+            format,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::image::rpm::Op;
 
-    fn header(rpmlib: &[(&str, &str)], compressor: Option<&str>, format: Option<u32>) -> RpmHeader {
-        RpmHeader {
-            file: "kernel-rt-core-6.12.0-124.8.1.el10_1.x86_64.rpm".into(),
-            name: "kernel-rt-core".into(),
-            epoch: 0,
-            version: "6.12.0".into(),
-            release: "124.8.1.el10_1".into(),
-            arch: "x86_64".into(),
-            provides: Vec::new(),
-            requires: Vec::new(),
-            needs: ReaderNeeds {
-                rpmlib: rpmlib
-                    .iter()
-                    .map(|(n, evr)| Dep::versioned(*n, Op::Le, *evr))
-                    .collect(),
-                payload_compressor: compressor.map(str::to_string),
-                format,
-            },
-        }
-    }
+    use el10_rt_core as header;
 
     /// What RHEL 10's rpmbuild (4.19.1.1) writes into a binary package: build/files.c and
     /// build/pack.c `rpmlibNeedsFeature` calls for a zstd payload with SHA-256 file digests
