@@ -351,8 +351,8 @@ async fn extensions_image_missing_a_dependency_is_refused_before_any_transaction
 
 /// An extensions image whose kernel-rt-modules-extra (built by the real rpmbuild) needs an
 /// `rpmlib(…)` feature the booted el9 rpm does not provide: rpm-ostree would import it with the
-/// booted librpm and fail the transaction; preflight refuses it before any transaction, naming
-/// the file, the feature and the booted rpm.
+/// booted librpm, which checks no such feature; preflight refuses it before any transaction, as
+/// `rpm -i` would, naming the file, the feature and the booted rpm.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rpm_the_booted_rpm_cannot_read_is_refused_before_any_transaction() {
     let mut env = Env::with_host("refuse-rpmlib", "realtime").await;

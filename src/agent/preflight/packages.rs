@@ -243,7 +243,7 @@ pub(super) fn rpm_dependencies(i: &Input) -> CheckResult {
         return fail(
             id,
             format!(
-                "rpm-ostree imports the extensions image's RPMs with the booted OS's {rpm} and would fail the transaction: {}",
+                "the booted OS's {rpm}, with which rpm-ostree imports the RPMs passed, cannot read these of the extensions image: {}",
                 unreadable.join("; ")
             ),
         );
@@ -355,7 +355,7 @@ mod tests {
         assert_eq!(failed(&c), vec!["rpm-dependencies"], "{:#?}", run(&c));
         assert_eq!(
             message(&c, "rpm-dependencies"),
-            "rpm-ostree imports the extensions image's RPMs with the booted OS's rpm 4.16.1.3 (el9) and would fail the transaction: kernel-rt-core-6.12.0-124.8.1.el10_1.x86_64.rpm: it needs rpmlib(PayloadIsZstd2) <= 5.4.18-1, which rpm 4.16.1.3 (el9) does not provide"
+            "the booted OS's rpm 4.16.1.3 (el9), with which rpm-ostree imports the RPMs passed, cannot read these of the extensions image: kernel-rt-core-6.12.0-124.8.1.el10_1.x86_64.rpm: it needs rpmlib(PayloadIsZstd2) <= 5.4.18-1, which rpm 4.16.1.3 (el9) does not provide"
         );
         let m = message(&node("rpmlib(PayloadIsZstd2)", 10), "rpm-dependencies");
         assert!(m.contains("rpm 4.19.1.1 (el10)"), "{m}");

@@ -6,9 +6,10 @@
 //! `src/libpriv/rpmostree-unpacker-core.cxx` `rpmostree_unpack_rpm2cpio`: libarchive reads the
 //! payload with the gzip, bzip2, xz, lzma and zstd filters and the cpio format only). Neither
 //! libsolv (it makes the system solvable provide every unknown `rpmlib(…)`) nor rpm-ostree (no
-//! `rpmtsCheck`) checks the `rpmlib(…)` Requires, so a package its reader cannot handle fails
-//! the transaction only while it is imported, after the pull. These are the checks rpm's own
-//! `rpmtsCheck` would make, plus the payload the importer can decode.
+//! `rpmtsCheck`) checks the `rpmlib(…)` Requires: a payload the importer cannot decode fails the
+//! transaction while it is imported, and a feature the booted rpm lacks is imported without its
+//! meaning. These are the checks rpm's own `rpmtsCheck` would make (`rpm -i` refuses "rpmlib(X)
+//! is needed by"), plus the payload the importer can decode.
 
 use super::{Dep, RpmHeader};
 
