@@ -191,7 +191,8 @@ fn be32s(list: &[u32]) -> Vec<u8> {
 const NAME: &str = "foo";
 const FILE: &str = "foo-1.0-1.el10.x86_64.rpm";
 
-/// A main header as rpmbuild writes one: NEVRA, Provides, Requires, the encoding.
+/// A main header as rpmbuild writes one: NEVRA, Provides, Requires (with the `rpmlib(…)`
+/// features it needs of rpm), the payload compressor, the encoding.
 fn main_header() -> Header {
     Header::new(
         IMMUTABLE,
@@ -206,11 +207,18 @@ fn main_header() -> Header {
                 2,
                 cstrs(&[NAME, "libfoo.so.1()(64bit)"]),
             ),
-            (1048, INT32, 2, be32s(&[0, 12])),
-            (1049, STRING_ARRAY, 2, cstrs(&["/bin/sh", "bar"])),
-            (1050, STRING_ARRAY, 2, cstrs(&["", "2.0"])),
+            // RPMSENSE_RPMLIB|LESS|EQUAL for rpmlib(…), as rpmbuild's `rpmlibNeedsFeature`.
+            (1048, INT32, 3, be32s(&[0, 12, (1 << 24) | 10])),
+            (
+                1049,
+                STRING_ARRAY,
+                3,
+                cstrs(&["/bin/sh", "bar", "rpmlib(PayloadIsZstd)"]),
+            ),
+            (1050, STRING_ARRAY, 3, cstrs(&["", "2.0", "5.4.18-1"])),
             (1112, INT32, 2, be32s(&[8, 0])),
             (1113, STRING_ARRAY, 2, cstrs(&["1.0-1.el10", ""])),
+            (1125, STRING, 1, cstr("zstd")),
             (5062, STRING, 1, cstr("utf-8")),
         ],
     )
@@ -321,6 +329,9 @@ fn a_well_formed_rpm_is_read() {
         ["foo = 1.0-1.el10", "libfoo.so.1()(64bit)"]
     );
     assert_eq!(deps(&h.requires), ["/bin/sh", "bar >= 2.0"]);
+    assert_eq!(deps(&h.needs.rpmlib), ["rpmlib(PayloadIsZstd) <= 5.4.18-1"]);
+    assert_eq!(h.needs.payload_compressor.as_deref(), Some("zstd"));
+    assert_eq!(h.needs.format, None);
 }
 
 #[test]
@@ -444,7 +455,8 @@ fn the_headers_of_an_image_are_counted_across_its_rpms() {
         (
             "dependencies",
             HeaderLimits {
-                max_deps: 8,
+                // Two Provides and three Requires each.
+                max_deps: 10,
                 ..HEADER_LIMITS
             },
         ),
@@ -463,9 +475,10 @@ fn the_headers_of_an_image_are_counted_across_its_rpms() {
     }
 }
 
-/// The main header's tags that are kept: NEVRA, Provides and Requires.
-const KEPT: [u32; 11] = [
-    1000, 1001, 1002, 1003, 1022, 1047, 1048, 1049, 1050, 1112, 1113,
+/// The main header's tags that are kept: NEVRA, Provides and Requires, the payload compressor
+/// and rpm 6's package format.
+const KEPT: [u32; 13] = [
+    1000, 1001, 1002, 1003, 1022, 1047, 1048, 1049, 1050, 1112, 1113, 1125, 5114,
 ];
 
 /// Bytes of kept tag data in `main`: integers by their count, strings to their last NUL.
@@ -663,13 +676,16 @@ fn grown(c: &Case) -> (Header, Header) {
         (1050, STRING_ARRAY, 2, cstrs(&["", "2.0"])),
         (1112, INT32, n as u32, be32s(&flags)),
         (1113, STRING_ARRAY, n as u32, cstrs(&versions)),
+        (1125, STRING, 1, cstr("zstd")),
         (5062, STRING, 1, cstr("utf-8")),
     ];
     if c.main_filler > 0 {
         main_tags.push((5099, BIN, c.main_filler as u32, vec![7; c.main_filler]));
     }
+    main_tags.push((5114, INT32, 1, be32s(&[4])));
+    // Tag numbers rpm does not define (5114 is rpm 6's RPMTAG_RPMFORMAT, kept).
     for k in 0..c.tags {
-        main_tags.push((5100 + k as u32, BIN, 1, vec![k as u8]));
+        main_tags.push((6000 + k as u32, BIN, 1, vec![k as u8]));
     }
     (
         Header::new(SIGNATURES, &sig_tags),
@@ -784,7 +800,7 @@ fn apply(b: &Break, sig: &mut Header, main: &mut Header, limits: &HeaderLimits) 
 }
 
 fn tag_is_int(tag: u32) -> bool {
-    matches!(tag, 1003 | 1048 | 1112)
+    matches!(tag, 1003 | 1048 | 1112 | 5114)
 }
 
 fn scale() -> u32 {

@@ -349,6 +349,71 @@ async fn extensions_image_missing_a_dependency_is_refused_before_any_transaction
     );
 }
 
+/// An extensions image whose kernel-rt-modules-extra (built by the real rpmbuild) needs an
+/// `rpmlib(…)` feature the booted el9 rpm does not provide: rpm-ostree would import it with the
+/// booted librpm, which checks no such feature; preflight refuses it before any transaction, as
+/// `rpm -i` would, naming the file, the feature and the booted rpm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rpm_the_booted_rpm_cannot_read_is_refused_before_any_transaction() {
+    let mut env = Env::with_host("refuse-rpmlib", "realtime").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let reg = env.tb.registry();
+    let extra = reg
+        .rpms()
+        .iter()
+        .find(|r| r.stream == "rhel-10" && r.name == "kernel-rt-modules-extra")
+        .expect("rhel-10 kernel-rt-modules-extra")
+        .clone();
+    let cache = extra
+        .path
+        .parent()
+        .and_then(std::path::Path::parent)
+        .expect("the rpm cache");
+    let needy = testbed::fakes::registry::rpm::build_requiring(
+        cache,
+        "rhel-10",
+        &extra.name,
+        &format!("{}-{}", extra.version, extra.release),
+        "rpmlib(PayloadIsZstd2) <= 6.1.0-1",
+    )
+    .await
+    .expect("rpmbuild");
+    let mut files = reg
+        .extensions_files("rhel-10", testbed::fakes::registry::Arch::Amd64, |r| {
+            r.name != extra.name
+        })
+        .expect("files");
+    files.push((
+        format!(
+            "{}/{}",
+            testbed::fakes::registry::content::EXTENSIONS_DIR,
+            needy.file_name()
+        ),
+        std::fs::read(&needy.path).expect("built rpm"),
+    ));
+    let labels = BTreeMap::from([
+        ("io.openshift.os.extensions".to_string(), "true".to_string()),
+        (
+            "io.openshift.os.streamclass".to_string(),
+            "rhel-10".to_string(),
+        ),
+    ]);
+    let (ext, _) = reg
+        .push_custom("ext-needing-rpm-6", labels, files)
+        .await
+        .expect("push");
+    let os = env.rhel10();
+    env.request("rhel-10", &os, Some(&ext));
+    let r = refused(&env, "rpm-dependencies").await;
+    assert!(
+        r.contains(&needy.file_name())
+            && r.contains("rpmlib(PayloadIsZstd2) <= 6.1.0-1")
+            && r.contains("rpm 4.16.1.3 (el9)"),
+        "the reason names the file, the feature and the booted rpm: {r}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn staged_tree_without_rt_fails_verification_and_is_cleaned_up() {
     let mut env = Env::with_host("verify-rt", "realtime").await;

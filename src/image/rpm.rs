@@ -1,10 +1,15 @@
 //! RPM names: a package name or a NEVRA (`name-version-release.arch`), as rpm-ostree reports
 //! layered packages and as extensions images name their files; their headers (src/image/rpm/header.rs);
-//! and the dependency closure over them.
+//! what they need of the rpm that reads them (src/image/rpm/reader.rs); and the dependency closure
+//! over them.
 
 mod header;
+mod reader;
 
 pub use header::{HEADER_LIMITS, HeaderBudget, HeaderError, HeaderLimits};
+#[cfg(test)]
+pub(crate) use reader::el10_rt_core;
+pub use reader::{ReaderNeeds, RpmRelease, Unreadable, unreadable};
 
 use std::collections::{HashMap, HashSet};
 
@@ -168,8 +173,12 @@ pub struct RpmHeader {
     pub arch: String,
     /// Provides, including the package's own `name = [epoch:]version-release`.
     pub provides: Vec<Dep>,
-    /// Requires (`rpmlib(…)` ones dropped: rpm itself satisfies them).
+    /// Requires, but for the `rpmlib(…)` ones, which are in `needs`.
     pub requires: Vec<Dep>,
+    /// What it needs of the rpm that reads it (src/image/rpm/reader.rs). Required in a
+    /// recorded extraction (src/image/extensions.rs): a record from before it was read fails
+    /// to parse, and the image is extracted again rather than judged without it.
+    pub needs: ReaderNeeds,
 }
 
 impl RpmHeader {
@@ -432,6 +441,7 @@ mod tests {
             arch: arch.into(),
             provides: provides.iter().map(|p| dep(p)).collect(),
             requires: requires.iter().map(|r| dep(r)).collect(),
+            needs: ReaderNeeds::default(),
         }
     }
 
@@ -783,6 +793,7 @@ mod tests {
                     arch: "noarch".into(),
                     provides,
                     requires,
+                    needs: ReaderNeeds::default(),
                 },
             )
     }

@@ -7,7 +7,7 @@ use crate::backend::KernelVariant;
 use crate::cluster::protocol::CheckId;
 use crate::host::facts::machineconfig::AppliedConfig;
 use crate::host::facts::mco_release::Named;
-use crate::image::rpm::{el_major, names_package, package_name};
+use crate::image::rpm::{RpmRelease, el_major, names_package, package_name, unreadable};
 
 /// What the applied MachineConfig asks the extensions image for, for a reason.
 fn machine_config_asks(p: &FromExtensions, mc: &AppliedConfig) -> String {
@@ -249,12 +249,35 @@ fn reprovided(i: &Input, provided_by: &FromExtensions, target: Option<u32>) -> C
 /// no repositories), so a dependency the image lacks fails the transaction after the image
 /// is pulled. A requirement of the variant kernel's own family is missing for certain (no
 /// base carries it); anything else the image does not provide is left to the new base,
-/// whose package list cannot be read before it is pulled.
+/// whose package list cannot be read before it is pulled. Each RPM must also be one the booted
+/// OS's rpm-ostree can import (src/image/rpm/reader.rs): it does so before the pull, with the
+/// booted rpm, unless the machine-config operator's on-cluster build installs them in the
+/// target image instead.
 pub(super) fn rpm_dependencies(i: &Input) -> CheckResult {
     let id = CheckId::RpmDependencies;
     let Some(closure) = &i.closure else {
         return pass(id, "no RPMs to pass");
     };
+    let rpm = RpmRelease::of_major(i.booted_major);
+    let unreadable: Vec<String> = if rebuilt_by_mco(&i.booted, i.mover) {
+        Vec::new()
+    } else {
+        closure
+            .packages
+            .iter()
+            .filter_map(|h| unreadable(h, rpm))
+            .map(|u| u.to_string())
+            .collect()
+    };
+    if !unreadable.is_empty() {
+        return fail(
+            id,
+            format!(
+                "the booted OS's {rpm}, with which rpm-ostree imports the RPMs passed, cannot read these of the extensions image: {}",
+                unreadable.join("; ")
+            ),
+        );
+    }
     if !closure.missing.is_empty() {
         let what: Vec<String> = closure
             .missing
@@ -341,6 +364,44 @@ mod tests {
         });
         cases.push(("rpm-dependencies", c));
         assert_refused(cases);
+    }
+
+    /// A passed RPM the booted rpm cannot read is refused before any transaction, naming the
+    /// file, what it needs and the booted rpm; one it can read passes, and the on-cluster
+    /// build (which installs in the target image) is not judged by the booted rpm.
+    #[test]
+    fn rpms_the_booted_rpm_cannot_read_are_refused() {
+        let node = |rpmlib: &str, booted: u32| {
+            let mut c = base();
+            layer_kernel(&mut c, KernelVariant::Realtime);
+            c.extensions = Some(Ok(rt_ext(10)));
+            c.booted_major = Some(booted);
+            c.closure = Some(Closure {
+                packages: vec![crate::image::rpm::el10_rt_core(
+                    &[(rpmlib, "5.4.18-1")],
+                    Some("zstd"),
+                    None,
+                )],
+                ..Closure::default()
+            });
+            c
+        };
+        assert_eq!(
+            failed(&node("rpmlib(PayloadIsZstd)", 9)),
+            Vec::<&str>::new()
+        );
+        let c = node("rpmlib(PayloadIsZstd2)", 9);
+        assert_eq!(failed(&c), vec!["rpm-dependencies"], "{:#?}", run(&c));
+        assert_eq!(
+            message(&c, "rpm-dependencies"),
+            "the booted OS's rpm 4.16.1.3 (el9), with which rpm-ostree imports the RPMs passed, cannot read these of the extensions image: kernel-rt-core-6.12.0-124.8.1.el10_1.x86_64.rpm: it needs rpmlib(PayloadIsZstd2) <= 5.4.18-1, which rpm 4.16.1.3 (el9) does not provide"
+        );
+        let m = message(&node("rpmlib(PayloadIsZstd2)", 10), "rpm-dependencies");
+        assert!(m.contains("rpm 4.19.1.1 (el10)"), "{m}");
+        let mut c = node("rpmlib(PayloadIsZstd2)", 9);
+        ocl(&mut c);
+        c.mover = Mover::MachineConfigOperator;
+        assert!(!failed(&c).contains(&"rpm-dependencies"), "{:#?}", run(&c));
     }
 
     /// The machine-config operator's move installs the extensions the applied MachineConfig

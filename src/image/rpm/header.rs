@@ -13,7 +13,7 @@
 
 use std::io::{BufRead, Read};
 
-use super::{Dep, Op, RpmHeader};
+use super::{Dep, Op, ReaderNeeds, RpmHeader};
 
 /// Limits on what the RPM headers of one image may make streamd read and keep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,7 +147,10 @@ const REQUIRENAME: u32 = 1049;
 const REQUIREVERSION: u32 = 1050;
 const PROVIDEFLAGS: u32 = 1112;
 const PROVIDEVERSION: u32 = 1113;
-const KEPT_STRINGS: [u32; 8] = [
+const PAYLOADCOMPRESSOR: u32 = 1125;
+/// rpm 6.0's package format version (rpm-6.0.0-release include/rpm/rpmtag.h).
+const RPMFORMAT: u32 = 5114;
+const KEPT_STRINGS: [u32; 9] = [
     NAME,
     VERSION,
     RELEASE,
@@ -156,8 +159,9 @@ const KEPT_STRINGS: [u32; 8] = [
     REQUIRENAME,
     REQUIREVERSION,
     PROVIDEVERSION,
+    PAYLOADCOMPRESSOR,
 ];
-const KEPT_INTS: [u32; 3] = [EPOCH, REQUIREFLAGS, PROVIDEFLAGS];
+const KEPT_INTS: [u32; 4] = [EPOCH, REQUIREFLAGS, PROVIDEFLAGS, RPMFORMAT];
 
 /// Tag data types (rpmtag.h `rpmTagType_e`); `NULL` (0) is never valid on disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -616,8 +620,7 @@ fn ints(kept: &[Kept], tag: u32) -> Option<Vec<u32>> {
     })
 }
 
-/// One dependency list from its names, flags (`RPMSENSE_LESS|GREATER|EQUAL`) and versions tags;
-/// `rpmlib(…)` ones dropped, as rpm itself satisfies them.
+/// One dependency list from its names, flags (`RPMSENSE_LESS|GREATER|EQUAL`) and versions tags.
 fn deps(kept: &[Kept], [names, flags, versions]: [u32; 3]) -> Result<Vec<Dep>, HeaderError> {
     match (
         strings(kept, names)?,
@@ -629,7 +632,6 @@ fn deps(kept: &[Kept], [names, flags, versions]: [u32; 3]) -> Result<Vec<Dep>, H
             .into_iter()
             .zip(f)
             .zip(v)
-            .filter(|((name, _), _)| !name.starts_with("rpmlib("))
             .map(|((name, f), evr)| {
                 let op = match (f & 2 != 0, f & 4 != 0, f & 8 != 0) {
                     (true, false, false) => Some(Op::Lt),
@@ -657,6 +659,10 @@ fn decode(kept: &[Kept], file: &str) -> Result<RpmHeader, HeaderError> {
             .and_then(|v| v.into_iter().next())
             .ok_or_else(|| invalid(format!("no tag {tag}")))
     };
+    // `rpmlib(…)` Requires are what the package needs of rpm itself, not of other packages.
+    let (rpmlib, requires) = deps(kept, [REQUIRENAME, REQUIREFLAGS, REQUIREVERSION])?
+        .into_iter()
+        .partition(|d| d.name.starts_with("rpmlib("));
     Ok(RpmHeader {
         file: file.to_string(),
         name: one(NAME)?,
@@ -667,7 +673,13 @@ fn decode(kept: &[Kept], file: &str) -> Result<RpmHeader, HeaderError> {
         release: one(RELEASE)?,
         arch: one(ARCH)?,
         provides: deps(kept, [PROVIDENAME, PROVIDEFLAGS, PROVIDEVERSION])?,
-        requires: deps(kept, [REQUIRENAME, REQUIREFLAGS, REQUIREVERSION])?,
+        requires,
+        needs: ReaderNeeds {
+            rpmlib,
+            payload_compressor: strings(kept, PAYLOADCOMPRESSOR)?
+                .and_then(|v| v.into_iter().next()),
+            format: ints(kept, RPMFORMAT).and_then(|v| v.first().copied()),
+        },
     })
 }
 

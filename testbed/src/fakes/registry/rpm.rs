@@ -17,7 +17,7 @@ use super::oci::SOURCE_DATE_EPOCH;
 /// How long one `rpmbuild` may take before it is killed.
 const RPMBUILD_TIMEOUT: Duration = Duration::from_secs(120);
 /// Bumped when the way specs are turned into RPMs changes, to invalidate old caches.
-const CACHE_SCHEMA: &str = "testbed-rpms-v2";
+const CACHE_SCHEMA: &str = "testbed-rpms-v3";
 
 /// One built RPM file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -258,12 +258,69 @@ fn defines(topdir: &Path) -> Vec<String> {
             "clamp_mtime_to_source_date_epoch 1",
             "debug_package %{nil}",
             "__os_install_post %{nil}",
-            "_binary_payload w9.gzdio",
+            // What RHEL 9 and 10 build with (redhat-rpm-config `_binary_payload w19.zstdio`,
+            // SHA-256 file digests): the packages then need rpmlib(PayloadIsZstd) of their
+            // reader, as RHEL's do.
+            "_binary_payload w19.zstdio",
             "_binary_filedigest_algorithm 8",
         ]
         .map(String::from),
     );
     d
+}
+
+/// Builds (or takes from `cache`) one x86_64 package `name` at `evr` (`VERSION-RELEASE`) of
+/// `stream` with one placeholder file and no Requires but `requires` (a spec's `Requires:`
+/// value, e.g. an `rpmlib(…)` feature the booted rpm lacks) and those rpmbuild adds.
+pub async fn build_requiring(
+    cache: &Path,
+    stream: &str,
+    name: &str,
+    evr: &str,
+    requires: &str,
+) -> anyhow::Result<Rpm> {
+    let about = (
+        name,
+        evr,
+        "A package needing more of its reader",
+        "MIT",
+        "https://example.com/",
+    );
+    let spec = one_package_spec(stream, about, |version| {
+        format!(
+            "%install\nmkdir -p %{{buildroot}}/usr/share/testbed\n\
+             printf '{name} {version}\\n' > %{{buildroot}}/usr/share/testbed/{name}\n\n\
+             %files\n/usr/share/testbed/{name}\n"
+        )
+    })?;
+    let spec = Spec {
+        text: spec.text.replacen(
+            "\n\n%description",
+            &format!("\nAutoReq: no\nRequires: {requires}\n\n%description"),
+            1,
+        ),
+        ..spec
+    };
+    std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
+    let mut h = Sha256::new();
+    let defined = defines(Path::new("TOPDIR"));
+    for part in [CACHE_SCHEMA, &toolchain_id().await?, &spec.text]
+        .into_iter()
+        .chain(defined.iter().map(String::as_str))
+    {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    let dir = cache.join(format!(
+        "custom-{name}-{}",
+        &format!("{:x}", h.finalize())[..16]
+    ));
+    if !complete(&dir, &spec) {
+        build_one(cache, &dir, &spec).await?;
+    }
+    collect(&dir, &spec)?
+        .pop()
+        .context("rpmbuild produced no package")
 }
 
 /// Runs `cmd` to completion within `timeout`, returning stdout; a non-zero exit is an error
