@@ -847,7 +847,11 @@ fn verified_effects(verified: Verified) -> Vec<Effect> {
             }
             None => vec![degraded(reason)],
         },
-        Verified::Unrecorded(reason) | Verified::Failed { reason, record: None } => {
+        Verified::Unrecorded(reason)
+        | Verified::Failed {
+            reason,
+            record: None,
+        } => {
             vec![degraded(reason)]
         }
     }
