@@ -11,6 +11,7 @@ use std::os::unix::process::CommandExt as _;
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
+use testbed::bench::strategy::{Simulated, Strategy};
 use testbed::control::{Request, TestbedCmd};
 use testbed::harness::control_socket::control_client;
 use testbed::{
@@ -120,6 +121,21 @@ enum Command {
         /// (default: next to this testbed binary).
         #[arg(long, requires = "fleet")]
         controller: Option<PathBuf>,
+        /// Fleet bench: the order in which a node is moved: `stage-first`, the rollout
+        /// controller's (stage while the node serves, then cordon, drain, reboot), or
+        /// `drain-first`, the machine-config operator's (cordon, drain, stage, reboot), played
+        /// by the bench itself (see docs/performance.md, "Stage-first against drain-first").
+        #[arg(long, value_enum, default_value_t = Strategy::StageFirst, requires = "fleet")]
+        strategy: Strategy,
+        /// Fleet bench: seconds each node's staging takes beyond the fake's own work (a pull).
+        #[arg(long, default_value_t = 0.0, requires = "fleet")]
+        pull_seconds: f64,
+        /// Fleet bench: seconds each node's one pod takes to stop once evicted (0: no pod).
+        #[arg(long, default_value_t = 0.0, requires = "fleet")]
+        drain_seconds: f64,
+        /// Fleet bench: seconds a rebooting node stays down.
+        #[arg(long, default_value_t = 0.5, requires = "fleet")]
+        reboot_seconds: f64,
     },
     /// Reboot the testbed host: an unlocked staged deployment is applied, a locked one is
     /// discarded (as ostree-finalize-staged does), the boot id changes. Stop streamd first and
@@ -165,6 +181,14 @@ fn streamd_or_default(streamd: Option<PathBuf>) -> anyhow::Result<PathBuf> {
 }
 
 /// `path`, or the binary `name` next to this one.
+/// A simulated duration from a command-line flag: finite, not negative, at most a day.
+fn seconds(value: f64, flag: &str) -> anyhow::Result<Duration> {
+    if !(0.0..=86_400.0).contains(&value) {
+        bail!("{flag} must be between 0 and 86400 seconds, not {value}");
+    }
+    Ok(Duration::from_secs_f64(value))
+}
+
 fn path_or_sibling(path: Option<PathBuf>, name: &str) -> anyhow::Result<PathBuf> {
     match path {
         Some(p) => Ok(p),
@@ -251,6 +275,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             max_unavailable,
             max_staging,
             controller,
+            strategy,
+            pull_seconds,
+            drain_seconds,
+            reboot_seconds,
         } => {
             let streamd = streamd_or_default(streamd)?;
             if let Some(nodes) = fleet {
@@ -262,6 +290,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
                         controller: path_or_sibling(controller, "streamd-rollout")?,
                         max_unavailable,
                         max_staging,
+                        strategy,
+                        simulated: Simulated {
+                            pull: seconds(pull_seconds, "--pull-seconds")?,
+                            drain: seconds(drain_seconds, "--drain-seconds")?,
+                            reboot: seconds(reboot_seconds, "--reboot-seconds")?,
+                        },
                     })
                     .await?;
                 let text = serde_json::to_string_pretty(&figures)?;

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use testbed::bench::strategy::{Simulated, Strategy};
 use testbed::control::{ApiServerCmd, TestbedCmd};
 use testbed::scratch::ScratchDir;
 use testbed::{Fleet, FleetOptions};
@@ -225,6 +226,11 @@ async fn the_fleet_bench_measures_the_real_controller() {
         controller: workspace_bin("streamd-rollout", "rollout"),
         max_unavailable: 1,
         max_staging: 1,
+        strategy: Strategy::StageFirst,
+        simulated: Simulated {
+            reboot: Duration::from_millis(500),
+            ..Simulated::default()
+        },
     })
     .await
     .expect("the bench runs");
@@ -243,6 +249,49 @@ async fn the_fleet_bench_measures_the_real_controller() {
         figures["agents"]["watches_open_max"]["max"].as_u64() >= Some(1),
         "{figures:#}"
     );
+    drop(figures);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `testbed bench --fleet --strategy drain-first` (issue 21 §7): the bench moves the nodes in the
+/// machine-config operator's order, so each node's pull is inside its unavailable window: the
+/// window is at least drain + pull + reboot (a lower bound the simulated sleeps guarantee
+/// whatever the load; staging first would leave the 3 s pull outside it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drain_first_bench_pulls_while_the_node_is_out() {
+    let dir = scratch("drainfirst");
+    let sim = Simulated {
+        pull: Duration::from_secs(3),
+        drain: Duration::from_millis(500),
+        reboot: Duration::from_millis(500),
+    };
+    let figures = testbed::bench::fleet::run(&testbed::bench::fleet::FleetBenchOptions {
+        dir: dir.to_path_buf(),
+        nodes: 2,
+        streamd: streamd_bin(),
+        controller: workspace_bin("streamd-rollout", "rollout"),
+        max_unavailable: 1,
+        max_staging: 1,
+        strategy: Strategy::DrainFirst,
+        simulated: sim,
+    })
+    .await
+    .expect("the bench runs");
+    let strategy = &figures["strategy"];
+    assert_eq!(strategy["name"], "drain-first", "{figures:#}");
+    assert_eq!(figures["max_unavailable_seen"], 1, "{figures:#}");
+    let least = (sim.pull + sim.drain + sim.reboot).as_secs_f64();
+    for node in ["worker-0", "worker-1"] {
+        let windows = strategy["unavailable_window_s"]["by_node"][node]
+            .as_array()
+            .unwrap_or_else(|| panic!("no window for {node}: {figures:#}"));
+        assert_eq!(windows.len(), 1, "{figures:#}");
+        assert!(
+            windows[0].as_f64() >= Some(least),
+            "{node} was out less than drain + pull + reboot: {figures:#}"
+        );
+    }
+    assert_eq!(strategy["model"]["drain_first_ideal_s"], 8.0, "{figures:#}");
     drop(figures);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -19,6 +19,7 @@ use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 use streamd::cluster::protocol::STATE;
 
+use super::strategy::{self, Model, Simulated, Strategy};
 use super::{cpu_ticks, status_kib};
 use crate::control::{ApiServerCmd, RpmOstreedCmd};
 use crate::fakes::apiserver::clock::unix_ms;
@@ -50,6 +51,10 @@ pub struct FleetBenchOptions {
     pub max_unavailable: usize,
     /// The pool's `maxConcurrentStaging`.
     pub max_staging: usize,
+    /// The order in which a node is moved.
+    pub strategy: Strategy,
+    /// The simulated pull, drain and reboot.
+    pub simulated: Simulated,
 }
 
 /// One process's most RSS seen and CPU ticks at its last sample.
@@ -105,9 +110,23 @@ pub async fn run(opts: &FleetBenchOptions) -> anyhow::Result<Value> {
     let started = Instant::now();
     let fleet = Fleet::start(FleetOptions {
         streamd: Some(opts.streamd.clone()),
+        reboot_downtime: opts.simulated.reboot,
         ..FleetOptions::new(&opts.dir, opts.nodes)
     })
     .await?;
+    strategy::prepare(&fleet, &opts.simulated).await?;
+    match opts.strategy {
+        Strategy::StageFirst => stage_first(opts, &fleet, started).await,
+        Strategy::DrainFirst => drain_first(opts, &fleet, started).await,
+    }
+}
+
+/// The rollout controller moves the fleet (see the module documentation).
+async fn stage_first(
+    opts: &FleetBenchOptions,
+    fleet: &Fleet,
+    started: Instant,
+) -> anyhow::Result<Value> {
     let nodes = fleet.nodes();
     let api = fleet.apiserver();
     let kubeconfig = controller::install(api)?;
@@ -118,25 +137,14 @@ pub async fn run(opts: &FleetBenchOptions) -> anyhow::Result<Value> {
             Replica::start(&opts.controller, &kubeconfig, &identity, &log)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    wait_for(
-        "every agent to report Idle",
-        Duration::from_secs(60 + nodes.len() as u64),
-        || {
-            nodes.iter().all(|n| {
-                fleet
-                    .annotations(n)
-                    .is_ok_and(|a| state(&a) == Some("Idle"))
-            })
-        },
-    )
-    .await?;
+    all_idle(fleet).await?;
     wait_for(
         "a controller replica to take the lease (see DIR/controller-*.log)",
         Duration::from_secs(60),
         || controller::leader(api).is_some(),
     )
     .await?;
-    wait_for_settled_watches(&fleet).await?;
+    wait_for_settled_watches(fleet).await?;
     let up_s = started.elapsed().as_secs_f64();
     for r in &mut replicas {
         r.pid()?;
@@ -157,17 +165,18 @@ pub async fn run(opts: &FleetBenchOptions) -> anyhow::Result<Value> {
             "target": { "stream": "rhel-10" },
             "maxUnavailable": opts.max_unavailable,
             "maxConcurrentStaging": opts.max_staging,
+            "drain": { "gracePeriodSeconds": opts.simulated.grace_seconds() },
         },
     }))
     .context("creating the StreamPool")?;
-    let watched = watch_rollout(&fleet, &mut replicas, t0).await;
+    let watched = watch_rollout(fleet, &mut replicas, t0).await;
     let wall_s = t0.elapsed().as_secs_f64();
     let watched = watched?;
 
     let stats = api.control(ApiServerCmd::STATS).await?;
     let record = api.control(ApiServerCmd::Unavailable).await?;
     let cycles = unavailable_spells(&record, unix_ms());
-    let pulls = pulling_transactions(&fleet).await?;
+    let pulls = pulling_transactions(fleet).await?;
     let leader = controller::leader(api);
     let n = nodes.len() as f64;
 
@@ -218,6 +227,7 @@ pub async fn run(opts: &FleetBenchOptions) -> anyhow::Result<Value> {
         "max_unavailable": opts.max_unavailable,
         "max_staging": opts.max_staging,
         "controller_replicas": REPLICAS,
+        "strategy": strategy_figures(opts, &cycles, wall_s),
         "fleet_up_s": round2(up_s),
         "rollout_wall_s": round2(wall_s),
         "node_cycle_s": { "count": cycles.len(), "mean": round2(mean(&cycle_s)), "max": round2(max(&cycle_s)) },
@@ -264,6 +274,82 @@ pub async fn run(opts: &FleetBenchOptions) -> anyhow::Result<Value> {
     }))
 }
 
+/// The bench plays the machine-config operator's order ([`strategy::drain_first`]); no
+/// controller runs, so there are no controller figures.
+async fn drain_first(
+    opts: &FleetBenchOptions,
+    fleet: &Fleet,
+    started: Instant,
+) -> anyhow::Result<Value> {
+    let api = fleet.apiserver();
+    all_idle(fleet).await?;
+    let up_s = started.elapsed().as_secs_f64();
+    api.control(ApiServerCmd::ResetStats).await?;
+    api.control(ApiServerCmd::ResetUnavailable).await?;
+    let t0 = Instant::now();
+    let per_node = opts.simulated.pull + opts.simulated.drain + opts.simulated.reboot;
+    let timeout =
+        (per_node + Duration::from_secs(120)) * u32::try_from(opts.nodes).unwrap_or(u32::MAX);
+    strategy::drain_first(fleet, opts.max_unavailable, &opts.simulated, timeout).await?;
+    let wall_s = t0.elapsed().as_secs_f64();
+    let record = api.control(ApiServerCmd::Unavailable).await?;
+    let cycles = unavailable_spells(&record, unix_ms());
+    let pulls = pulling_transactions(fleet).await?;
+    Ok(json!({
+        "nodes": opts.nodes,
+        "max_unavailable": opts.max_unavailable,
+        "strategy": strategy_figures(opts, &cycles, wall_s),
+        "fleet_up_s": round2(up_s),
+        "rollout_wall_s": round2(wall_s),
+        "max_unavailable_seen": record["max"],
+        "pulling_transactions_max": max_overlap(&pulls),
+    }))
+}
+
+/// The strategy, the simulated durations, each node's unavailable windows (cordon or NotReady
+/// → uncordoned and Ready, by the API server's record) and the figures against the model.
+fn strategy_figures(opts: &FleetBenchOptions, cycles: &[(String, f64)], wall_s: f64) -> Value {
+    let sim = &opts.simulated;
+    let mut by_node: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for (node, s) in cycles {
+        by_node.entry(node).or_default().push(round2(*s));
+    }
+    let windows: Vec<f64> = cycles.iter().map(|(_, s)| *s).collect();
+    let model = Model::new(opts.nodes, opts.max_unavailable, sim);
+    json!({
+        "name": match opts.strategy {
+            Strategy::StageFirst => "stage-first",
+            Strategy::DrainFirst => "drain-first",
+        },
+        "pull_s": sim.pull.as_secs_f64(),
+        "drain_s": sim.drain.as_secs_f64(),
+        "reboot_s": sim.reboot.as_secs_f64(),
+        "unavailable_window_s": {
+            "mean": round2(mean(&windows)),
+            "max": round2(max(&windows)),
+            "by_node": by_node,
+        },
+        "model": model.ratios(mean(&windows), wall_s),
+    })
+}
+
+/// Waits until every agent reports Idle.
+async fn all_idle(fleet: &Fleet) -> anyhow::Result<()> {
+    let nodes = fleet.nodes();
+    wait_for(
+        "every agent to report Idle",
+        Duration::from_secs(60 + nodes.len() as u64),
+        || {
+            nodes.iter().all(|n| {
+                fleet
+                    .annotations(n)
+                    .is_ok_and(|a| state(&a) == Some("Idle"))
+            })
+        },
+    )
+    .await
+}
+
 /// A clear error before anything starts when a binary is missing.
 fn require(bin: &Path, package: &str, flag: &str) -> anyhow::Result<()> {
     if !bin.is_file() {
@@ -277,7 +363,8 @@ fn require(bin: &Path, package: &str, flag: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn round2(x: f64) -> f64 {
+/// `x` rounded to hundredths.
+pub(super) fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 

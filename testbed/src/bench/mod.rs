@@ -31,6 +31,7 @@ use crate::control::{ApiServerCmd, RpmOstreedCmd};
 use crate::harness::testbed::{NODE_NAME, Options, Testbed};
 
 pub mod fleet;
+pub mod strategy;
 
 /// How long a staged migration is watched before the approval: a re-pull loop (cleanup and
 /// stage again) shows up as more transactions, imports and registry GETs.

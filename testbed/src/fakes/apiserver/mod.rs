@@ -488,6 +488,21 @@ impl ApiServer {
             .map_err(|m| anyhow!("updating {kind} {name}: {m}"))
     }
 
+    /// Deletes the pod `namespace/name` as a client's `DELETE` with `gracePeriodSeconds:
+    /// grace` would, without a request: a pod bound to a node is only marked and goes once its
+    /// kubelet removes it (the `pod-removal` delay, at most `grace`).
+    pub fn delete_pod(&self, namespace: &str, name: &str, grace: i64) -> anyhow::Result<()> {
+        let opts = pods::DeleteOptions::from_value(&json!({ "gracePeriodSeconds": grace }))
+            .map_err(|err| anyhow!("deleting pod {namespace}/{name}: {}", err.message))?;
+        pods::delete(&self.shared, &discovery::PODS, Some(namespace), name, &opts)
+            .map_err(|err| anyhow!("deleting pod {namespace}/{name}: {}", err.message))?;
+        self.shared
+            .fields
+            .forget(&discovery::PODS, Some(namespace), name);
+        routes::after_write(&self.shared, &discovery::PODS, Some(namespace));
+        Ok(())
+    }
+
     /// Rewrites the status of an object as its controller or kubelet would through the `status`
     /// subresource (`edit` changes a copy of the stored object; only its `status` is kept).
     pub fn update_status(
