@@ -52,6 +52,26 @@ fn extensions_of(registry: &Registry, stream: &str) -> String {
         .unwrap_or_default()
 }
 
+/// The variables of `DIR/env` that point a client at the cluster as its admin: `KUBECONFIG`,
+/// `TESTBED_DIR`, `TESTBED_API_URL` and `KUBECACHEDIR`. kubectl keeps its discovery per
+/// `host_port` under `~/.kube/cache` for hours, and fake API servers reuse ephemeral ports: a
+/// testbed serving OSImageStream as `v1alpha1` on a port where an earlier one served `v1` had
+/// kubectl ask for the `v1` path and get a 404 (seen in a test run). Each testbed keeps its own.
+pub(crate) fn admin_env(dir: &Path, api_url: &str) -> [(String, String); 4] {
+    [
+        (
+            "KUBECONFIG".to_string(),
+            dir.join("kubeconfig-admin").display().to_string(),
+        ),
+        ("TESTBED_DIR".into(), dir.display().to_string()),
+        ("TESTBED_API_URL".into(), api_url.to_string()),
+        (
+            "KUBECACHEDIR".into(),
+            dir.join("kube-cache").display().to_string(),
+        ),
+    ]
+}
+
 /// Starts the registry in `dir/registry` and writes `dir/pull-secret.json` for it.
 pub(crate) async fn start_registry(dir: &Path) -> anyhow::Result<(Registry, PathBuf)> {
     let registry = Registry::start(RegistryConfig {

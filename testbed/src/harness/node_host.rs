@@ -150,7 +150,10 @@ impl NodeHost {
         let mut config = format!(
             "# written by the testbed\nnode-name = {node:?}\nkubeconfig = {kc:?}\nhost-root = {hr:?}\n\
              pull-secret = {ps:?}\nruntime-dir = {rd:?}\nstate-dir = {sd:?}\nbootc-path = {bc:?}\n\
-             insecure-registries = [{reg:?}]\n",
+             insecure-registries = [{reg:?}]\n\
+             # act on a changed image at once: a share of the default 600 s, fixed by the image's\n\
+             # digest, outlasts a test's wait (tests of the spread set theirs in a later drop-in)\n\
+             resolve-spread-seconds = 0\n",
             node = setup.node,
             kc = setup.kubeconfig.display().to_string(),
             hr = dir.join("host").display().to_string(),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use super::cluster::{image_env, prepare_cluster, start_registry, write_env};
+use super::cluster::{admin_env, image_env, prepare_cluster, start_registry, write_env};
 use super::control_socket::serve_control;
 pub use super::node_host::Backend;
 use super::node_host::{HostSetup, NodeHost};
@@ -114,14 +114,7 @@ impl Testbed {
 
         let mut env = host.streamd_env(&kubeconfig);
         env.extend(image_env(&registry, &pull_secret));
-        env.extend([
-            (
-                "KUBECONFIG".to_string(),
-                dir.join("kubeconfig-admin").display().to_string(),
-            ),
-            ("TESTBED_DIR".into(), dir.display().to_string()),
-            ("TESTBED_API_URL".into(), apiserver.url().to_string()),
-        ]);
+        env.extend(admin_env(&dir, apiserver.url()));
         let inner = Arc::new(Components { apiserver, host });
         // Weak: dropping the testbed stops its bus and fakes even though the socket task lives on.
         let control = Arc::downgrade(&inner);

@@ -26,7 +26,7 @@ use crate::fakes::registry::Registry;
 use crate::fakes::rpmostreed::RpmOstreeVersion;
 use crate::fixtures::images::TestImage;
 use crate::fixtures::openshift::{FeatureSet, OpenShift};
-use crate::harness::cluster::{image_env, prepare_cluster, start_registry, write_env};
+use crate::harness::cluster::{admin_env, image_env, prepare_cluster, start_registry, write_env};
 use crate::harness::control_socket::serve_control;
 use crate::harness::node_host::{HostSetup, NodeHost};
 use crate::harness::testbed::Backend;
@@ -189,15 +189,8 @@ impl Fleet {
             .map(|i| tokio::spawn(kubelet(Arc::downgrade(&inner), i)))
             .collect();
         let mut env = image_env(&registry, &pull_secret);
-        env.extend([
-            (
-                "KUBECONFIG".to_string(),
-                dir.join("kubeconfig-admin").display().to_string(),
-            ),
-            ("TESTBED_DIR".into(), dir.display().to_string()),
-            ("TESTBED_API_URL".into(), inner.apiserver.url().to_string()),
-            ("TESTBED_NODES".into(), opts.nodes.to_string()),
-        ]);
+        env.extend(admin_env(&dir, inner.apiserver.url()));
+        env.insert("TESTBED_NODES".into(), opts.nodes.to_string());
         let control = Arc::downgrade(&inner);
         serve_control(&dir.join("control.sock"), move |cmd| {
             let inner = control.upgrade();
