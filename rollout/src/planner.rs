@@ -10,16 +10,13 @@
 //! unavailable when it is not Ready, cordoned (by anyone) or being moved, and a new node is
 //! taken only while fewer than `maxUnavailable` are.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use streamd::cluster::protocol::{CheckId, Desired, Inputs, State, UnknownCheck};
 
 use crate::crd::{NodeIssue, OnTimeout};
-use crate::node::{
-    CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, Heartbeat, NodeView, ROLLOUT_STEP, Step,
-};
-use crate::waves::{self, Waves};
+use crate::node::{Heartbeat, NodeView, ROLLOUT_STEP, Step};
+use crate::waves;
 
 /// How often a drain within its timeout is looked at again (evictions a PodDisruptionBudget
 /// refuses, pods still terminating), as `kubectl drain` retries.
@@ -27,7 +24,10 @@ pub const DRAIN_PASS_SECONDS: u64 = 5;
 
 mod model;
 
-pub use model::{Action, CheckKeys, Degraded, MaxUnavailableError, Plan, PoolInput, Progress, Stall, Summary, max_unavailable};
+pub use model::{
+    Action, CheckKeys, Degraded, MaxUnavailableError, Plan, PoolInput, Progress, Stall, Summary,
+    max_unavailable,
+};
 
 /// Where one node stands for the pool's request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use streamd::cluster::protocol::{CheckId, Desired, Inputs, State, UnknownCheck};
+use streamd::cluster::protocol::Desired;
 
 use crate::crd::{NodeIssue, OnTimeout};
-use crate::node::{CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, Heartbeat, NodeView, ROLLOUT_STEP, Step};
-use crate::waves::{self, Waves};
+use crate::node::{CHECK_EXTENSIONS_IMAGE, CHECK_OS_IMAGE, CHECK_STREAM, NodeView};
+use crate::waves::Waves;
 
 /// The check-* keys the pool asks its not-yet-moved nodes to dry-run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,7 +31,8 @@ impl CheckKeys {
         ]
     }
 
-    fn set_on(&self, node: &NodeView) -> bool {
+    /// Whether `node` carries exactly these keys already.
+    pub(super) fn set_on(&self, node: &NodeView) -> bool {
         self.annotations()
             .iter()
             .all(|(k, v)| node.annotations.get(*k).map(String::as_str) == *v)

@@ -1,7 +1,13 @@
 //! The planner's table and scenario tests; the property test is in `properties.rs`.
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
 use super::*;
-use crate::node::{MCD_CURRENT_CONFIG, READINESS, ROLLOUT_SET_ASIDE, ROLLOUT_TARGETED};
+use crate::node::{
+    CHECK_STREAM, MCD_CURRENT_CONFIG, READINESS, ROLLOUT_SET_ASIDE, ROLLOUT_TARGETED,
+};
 use crate::waves::{self, Waves};
 use streamd::cluster::protocol::FAILED_CHECKS;
 use streamd::cluster::protocol::{

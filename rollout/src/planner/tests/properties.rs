@@ -3,10 +3,13 @@
 //! edited by hand, a node cordoned by someone else or claimed by another pool), checked against
 //! what the rollout promises. proptest shrinks a failure to a smallest pool.
 
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::select;
 use streamd::cluster::protocol::{REASON, REBOOT_REQUESTED};
+
+use crate::node::CHECK_STREAM;
 
 use super::*;
 
