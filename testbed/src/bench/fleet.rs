@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use streamd::cluster::protocol::STATE;
 
 use super::strategy::{self, Model, Simulated, Strategy};
-use super::{cpu_ticks, status_kib};
+use super::{cpu_ticks, round2, status_kib};
 use crate::control::{ApiServerCmd, RpmOstreedCmd};
 use crate::fakes::apiserver::clock::unix_ms;
 use crate::harness::fleet::controller::{self, Replica, SERVICE_ACCOUNT};
@@ -361,11 +361,6 @@ fn require(bin: &Path, package: &str, flag: &str) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// `x` rounded to hundredths.
-pub(super) fn round2(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
 }
 
 fn mean(xs: &[f64]) -> f64 {

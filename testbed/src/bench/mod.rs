@@ -360,6 +360,11 @@ fn proc_status(pid: u32) -> anyhow::Result<String> {
     std::fs::read_to_string(format!("/proc/{pid}/status")).context("reading /proc/PID/status")
 }
 
+/// `x` rounded to hundredths (the benches' figures).
+pub(crate) fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
 /// A `/proc/PID/status` figure in KiB (pub(crate) for the fleet bench, testbed/src/bench/fleet.rs).
 pub(crate) fn status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
     proc_status(pid)?

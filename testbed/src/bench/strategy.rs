@@ -91,16 +91,16 @@ impl Model {
     pub fn ratios(&self, window_mean_s: f64, wall_s: f64) -> Value {
         let ratio = |x: f64, of: f64| {
             if of > 0.0 {
-                Some(super::fleet::round2(x / of))
+                Some(super::round2(x / of))
             } else {
                 None
             }
         };
         json!({
             "rounds": self.rounds,
-            "drain_plus_reboot_s": super::fleet::round2(self.window_s),
-            "pipelined_ideal_s": super::fleet::round2(self.pipelined_s),
-            "drain_first_ideal_s": super::fleet::round2(self.drain_first_s),
+            "drain_plus_reboot_s": super::round2(self.window_s),
+            "pipelined_ideal_s": super::round2(self.pipelined_s),
+            "drain_first_ideal_s": super::round2(self.drain_first_s),
             "window_over_drain_plus_reboot": ratio(window_mean_s, self.window_s),
             "wall_over_pipelined_ideal": ratio(wall_s, self.pipelined_s),
             "wall_over_drain_first_ideal": ratio(wall_s, self.drain_first_s),
