@@ -214,26 +214,32 @@ async fn each_node_runs_its_own_streamd_moves_and_reboots_on_its_own() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `testbed bench --fleet` at a small N: the real streamd-rollout (two replicas, leader election,
-/// the shipped RBAC) moves the pool, and the figures come from the API server's own records.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_fleet_bench_measures_the_real_controller() {
-    let dir = scratch("bench");
-    let figures = testbed::bench::fleet::run(&testbed::bench::fleet::FleetBenchOptions {
+/// `testbed bench --fleet 2 --max-unavailable 1` in `dir` with `strategy` and `simulated` durations.
+async fn two_node_bench(dir: &std::path::Path, strategy: Strategy, simulated: Simulated) -> Value {
+    testbed::bench::fleet::run(&testbed::bench::fleet::FleetBenchOptions {
         dir: dir.to_path_buf(),
         nodes: 2,
         streamd: streamd_bin(),
         controller: workspace_bin("streamd-rollout", "rollout"),
         max_unavailable: 1,
         max_staging: 1,
-        strategy: Strategy::StageFirst,
-        simulated: Simulated {
-            reboot: Duration::from_millis(500),
-            ..Simulated::default()
-        },
+        strategy,
+        simulated,
     })
     .await
-    .expect("the bench runs");
+    .expect("the bench runs")
+}
+
+/// `testbed bench --fleet` at a small N: the real streamd-rollout (two replicas, leader election,
+/// the shipped RBAC) moves the pool, and the figures come from the API server's own records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_bench_measures_the_real_controller() {
+    let dir = scratch("bench");
+    let simulated = Simulated {
+        reboot: Duration::from_millis(500),
+        ..Simulated::default()
+    };
+    let figures = two_node_bench(&dir, Strategy::StageFirst, simulated).await;
     let controller = &figures["controller"];
     assert!(
         controller["requests_total"].as_u64() > Some(0),
@@ -265,18 +271,7 @@ async fn the_drain_first_bench_pulls_while_the_node_is_out() {
         drain: Duration::from_millis(500),
         reboot: Duration::from_millis(500),
     };
-    let figures = testbed::bench::fleet::run(&testbed::bench::fleet::FleetBenchOptions {
-        dir: dir.to_path_buf(),
-        nodes: 2,
-        streamd: streamd_bin(),
-        controller: workspace_bin("streamd-rollout", "rollout"),
-        max_unavailable: 1,
-        max_staging: 1,
-        strategy: Strategy::DrainFirst,
-        simulated: sim,
-    })
-    .await
-    .expect("the bench runs");
+    let figures = two_node_bench(&dir, Strategy::DrainFirst, sim).await;
     let strategy = &figures["strategy"];
     assert_eq!(strategy["name"], "drain-first", "{figures:#}");
     assert_eq!(figures["max_unavailable_seen"], 1, "{figures:#}");
