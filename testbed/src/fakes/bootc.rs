@@ -95,11 +95,12 @@ impl Outcome {
     /// whatever stderr is (`ERROR` in red, no `error:` prefix); since v1.4.0 `run_main` writes
     /// `error: ` through anstream, which drops the colour when stderr is no terminal
     /// (bootc-dev/bootc v1.1.6 cli/src/main.rs and utils/src/tracing_util.rs; v1.4.0 cli/src/main.rs).
-    fn as_printed_by(mut self, version: Version) -> Self {
-        if version < Version(1, 4, 0) && self.code == 1 {
-            if let Some(chain) = self.stderr.strip_prefix("error: ") {
-                self.stderr = format!("\u{1b}[31mERROR\u{1b}[0m {chain}");
-            }
+    fn printed_by(mut self, version: Version) -> Self {
+        if version < Version(1, 4, 0)
+            && self.code == 1
+            && let Some(chain) = self.stderr.strip_prefix("error: ")
+        {
+            self.stderr = format!("\u{1b}[31mERROR\u{1b}[0m {chain}");
         }
         self
     }
@@ -366,7 +367,7 @@ impl BootcIface {
             }
             Err(e) => Outcome::error(format!("testbed: {e}")),
         };
-        outcome.as_printed_by(self.version()).to_shell()
+        outcome.printed_by(self.version()).to_shell()
     }
 }
 
@@ -882,15 +883,15 @@ mod tests {
     fn errors_are_printed_as_each_version_prints_them() {
         let e = || Outcome::error("Switching: Pulling: x");
         assert_eq!(
-            e().as_printed_by(Version(1, 3, 0)).stderr,
+            e().printed_by(Version(1, 3, 0)).stderr,
             "\u{1b}[31mERROR\u{1b}[0m Switching: Pulling: x\n"
         );
         assert_eq!(
-            e().as_printed_by(Version(1, 4, 0)).stderr,
+            e().printed_by(Version(1, 4, 0)).stderr,
             "error: Switching: Pulling: x\n"
         );
         // clap's usage errors (exit 2) never went through tracing.
-        let usage = Outcome::usage("bad", "bootc <COMMAND>").as_printed_by(Version(1, 1, 6));
+        let usage = Outcome::usage("bad", "bootc <COMMAND>").printed_by(Version(1, 1, 6));
         assert!(usage.stderr.starts_with("error: bad"), "{}", usage.stderr);
     }
 
