@@ -353,7 +353,7 @@ fn status_documents_parse_and_malformed_ones_are_errors() {
         Some("ostree-remote-registry:rhel:q.io/x/os@sha256:aa")
     );
 
-    // bootc before v1.3.0 (and v1alpha1 before v1.1.0): no stateroot; known by checksum.serial.
+    // bootc before v1.3.0 (and v1alpha1 before v0.1.15): no stateroot; known by checksum.serial.
     let mut old = entry();
     old["ostree"]
         .as_object_mut()

@@ -123,12 +123,27 @@ async fn a_bootc_from_before_format_and_stateroot_is_driven_all_the_way() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bootc_switch_broken_by_the_network_is_retried_with_bootcs_words() {
-    let mut env = Env::with_backend("bootc-netfail", "default", testbed::Backend::Bootc).await;
+    network_failure_is_retried("bootc-netfail", "1.11.0", "error: Switching").await;
+}
+
+/// bootc before v1.4.0 (RHEL 9.5's 1.1.2, RHEL 10.0's 1.1.6) printed its error chain through
+/// tracing, `ERROR` in red and no `error:` prefix: the reason keeps bootc's words without the
+/// colour codes, and the failure still reads as a network one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_bootcs_network_failure_is_read_without_its_colour_codes() {
+    network_failure_is_retried("bootc-netfail-old", "1.1.6", "ERROR Switching").await;
+}
+
+/// A bootc `version` that cannot hold a stage fails its switch on the network once: streamd
+/// retries with bootc's words (`printed`: how that version starts the chain), then the approved
+/// reboot goes ahead.
+async fn network_failure_is_retried(name: &str, version: &str, printed: &str) {
+    let mut env = Env::with_backend(name, "default", testbed::Backend::Bootc).await;
     // A bootc that cannot hold a stage: the switch runs after the approval.
     bootc(
         &env,
         BootcCmd::Version {
-            version: Some("1.11.0".into()),
+            version: Some(version.into()),
         },
     )
     .await;
@@ -150,7 +165,8 @@ async fn a_bootc_switch_broken_by_the_network_is_retried_with_bootcs_words() {
     assert_eq!(degraded[STATE], "Degraded");
     assert!(
         degraded[REASON].starts_with("staging failed on the network (retry 1 of 3): bootc failed in unit streamd-bootc-deploy.service")
-            && degraded[REASON].contains("error: Switching: Pulling: Creating importer")
+            && degraded[REASON].contains(&format!("{printed}: Pulling: Creating importer"))
+            && !degraded[REASON].contains("[31m")
             && degraded[REASON].contains("lookup quay.io: no such host"),
         "{}",
         degraded[REASON]

@@ -11,8 +11,10 @@
 //!   An absolute symlink resolves below the host root, as cap-std's `RootDir` does there.
 //! - `registries.conf`: see [`crate::image::registries`]; every endpoint is tried in order and
 //!   the first that serves the manifest is used.
-//! - `policy.json`: the first of [`POLICY_FILES`] (crates/ostree-ext/src/container/skopeo.rs
-//!   `SYSTEM_POLICY_PATHS`); a `reject` requirement for the image refuses the pull.
+//! - `policy.json`: [`POLICY_FILES`]; a `reject` requirement for the image refuses the pull.
+//!   skopeo's containers/image (≤ v5.36, what RHEL 9.6/10 ship) reads `/etc/containers/policy.json`
+//!   only, and ostree-ext falls back to `/usr/share/containers/policy.json` only since bootc
+//!   v1.16.3 (1dc4dcc5): a node without the `/etc` file refuses every pull, whatever `/usr/share` says.
 //!
 //! streamd never writes any of these files (see docs/protocol.md, "Pull credentials").
 
@@ -33,11 +35,9 @@ pub const AUTH_FILES: [&str; 3] = [
     "/usr/lib/ostree/auth.json",
 ];
 
-/// The containers policy files, in the order ostree-ext looks (no user config for root here).
-pub const POLICY_FILES: [&str; 2] = [
-    "/etc/containers/policy.json",
-    "/usr/share/containers/policy.json",
-];
+/// The containers policy files the daemon's pull reads (no user config for root here; no
+/// `/usr/share` fallback on shipped releases, see the module doc).
+pub const POLICY_FILES: [&str; 1] = ["/etc/containers/policy.json"];
 
 /// Symlink hops followed before a file counts as unreadable (the kernel's own limit is 40).
 const MAX_LINKS: usize = 8;
@@ -469,6 +469,21 @@ mod tests {
         assert!(!e.contains("hunter2"), "{e}");
     }
 
+    /// Only `/etc/containers/policy.json` counts: the daemons' containers/image on shipped
+    /// releases has no `/usr/share` fallback, so a node with only that file refuses every pull.
+    #[test]
+    fn the_policy_is_read_from_etc_only() {
+        let (_dir, root) = scratch("policy-etc");
+        let accept = r#"{"default":[{"type":"insecureAcceptAnything"}]}"#;
+        put(&root, "/usr/share/containers/policy.json", accept);
+        assert_eq!(policy_file(&root), Err(PullConfigError::NoPolicy));
+        put(&root, "/etc/containers/policy.json", accept);
+        assert_eq!(
+            policy_file(&root).expect("policy").0,
+            "/etc/containers/policy.json"
+        );
+    }
+
     #[test]
     fn policy_scopes_go_from_specific_to_default() {
         let p = r#"{"default":[{"type":"insecureAcceptAnything"}],
@@ -538,7 +553,7 @@ mod tests {
         assert_eq!(errors[0].to_string(), "/etc/ostree/auth.json: denied");
         assert_eq!(
             errors[4].to_string(),
-            "no containers policy (/etc/containers/policy.json, /usr/share/containers/policy.json); \
+            "no containers policy (/etc/containers/policy.json); \
              the daemon refuses every pull without one"
         );
         assert_eq!(

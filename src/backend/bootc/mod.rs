@@ -14,7 +14,7 @@
 //! `bootc status --json` is the hidden legacy flag every bootc with JSON output accepts (since
 //! v0.1; `--format=json` only since v0.1.13), as the machine-config daemon uses it; the
 //! document is parsed in every shape bootc has printed (`org.containers.bootc/v1alpha1` before
-//! v1.1.0, no `ostree.stateroot` before v1.3.0: bootc-dev/bootc:crates/lib/src/spec.rs).
+//! v0.1.15, no `ostree.stateroot` before v1.3.0: bootc-dev/bootc:crates/lib/src/spec.rs).
 //!
 //! `bootc switch` stages unlocked: any reboot, planned or not, applies it. bootc >= 1.12 can
 //! hold a stage ([`Client::hold`], `bootc upgrade --download-only`, which locks the staged

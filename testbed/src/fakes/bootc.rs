@@ -40,7 +40,7 @@ const REPLY_TIMEOUT_MS: u32 = 600_000;
 /// The bootc release the fake behaves as (default 1.16.9). What changed, from bootc-dev/bootc's
 /// tags (`git log -S` on lib/src/spec.rs, crates/lib/src/spec.rs and cli.rs):
 /// `--format` since v0.1.13 (the hidden `--json` since v0.1), `store` since v0.1.14,
-/// `apiVersion` `org.containers.bootc/v1` since v1.1.0 (`v1alpha1` before), `architecture`
+/// `apiVersion` `org.containers.bootc/v1` since v0.1.15 (5b5b5721; `v1alpha1` before), `architecture`
 /// since v1.2.0, `ostree.stateroot` and `otherDeployments` since v1.3.0, `softRebootCapable`
 /// since v1.7.0, `composefs` since v1.9.0, `downloadOnly` since v1.12.0, `usrOverlay` since
 /// v1.14.0, `readOnly` since v1.16.7.
@@ -88,6 +88,21 @@ impl Outcome {
             stderr: format!("error: {chain}\n"),
             code: 1,
         }
+    }
+
+    /// The outcome as `version` prints it: before v1.4.0 bootc's own errors went through
+    /// `tracing::error!("{:#}", e)` to a `tracing_subscriber` compact formatter with ANSI on
+    /// whatever stderr is (`ERROR` in red, no `error:` prefix); since v1.4.0 `run_main` writes
+    /// `error: ` through anstream, which drops the colour when stderr is no terminal
+    /// (bootc-dev/bootc v1.1.6 cli/src/main.rs and utils/src/tracing_util.rs; v1.4.0 cli/src/main.rs).
+    fn printed_by(mut self, version: Version) -> Self {
+        if version < Version(1, 4, 0)
+            && self.code == 1
+            && let Some(chain) = self.stderr.strip_prefix("error: ")
+        {
+            self.stderr = format!("\u{1b}[31mERROR\u{1b}[0m {chain}");
+        }
+        self
     }
 
     /// A command-line error as clap prints it (exit 2).
@@ -352,7 +367,7 @@ impl BootcIface {
             }
             Err(e) => Outcome::error(format!("testbed: {e}")),
         };
-        outcome.to_shell()
+        outcome.printed_by(self.version()).to_shell()
     }
 }
 
@@ -835,7 +850,7 @@ fn host_document(deps: &[HostDeployment], arch: &str, booted_only: bool, version
         ],
     );
     json!({
-        "apiVersion": if version >= Version(1, 1, 0) {
+        "apiVersion": if version >= Version(0, 1, 15) {
             "org.containers.bootc/v1"
         } else {
             "org.containers.bootc/v1alpha1"
@@ -862,6 +877,22 @@ mod tests {
         for bad in ["3:ab,", "x:ab,", "2:abc", "2"] {
             assert!(decode_args(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn errors_are_printed_as_each_version_prints_them() {
+        let e = || Outcome::error("Switching: Pulling: x");
+        assert_eq!(
+            e().printed_by(Version(1, 3, 0)).stderr,
+            "\u{1b}[31mERROR\u{1b}[0m Switching: Pulling: x\n"
+        );
+        assert_eq!(
+            e().printed_by(Version(1, 4, 0)).stderr,
+            "error: Switching: Pulling: x\n"
+        );
+        // clap's usage errors (exit 2) never went through tracing.
+        let usage = Outcome::usage("bad", "bootc <COMMAND>").printed_by(Version(1, 1, 6));
+        assert!(usage.stderr.starts_with("error: bad"), "{}", usage.stderr);
     }
 
     #[test]

@@ -18,7 +18,7 @@
 //! own error code and message; ostreedev/ostree#3433 shows the chain on a real node). Text from
 //! the registry is cut and made one line.
 //!
-//! - `/etc/containers/policy.json` (else `/usr/share/containers/policy.json`), evaluated once
+//! - `/etc/containers/policy.json` (containers/image ≤ v5.36 has no `/usr/share` fallback), evaluated once
 //!   an endpoint served the image, as skopeo's proxy does in `OpenImage`
 //!   (containers/skopeo:cmd/skopeo/proxy.go `openImageImpl` → `IsRunningImageAllowed`): a
 //!   `reject` requirement fails "Running image docker://… is rejected by policy."
@@ -267,10 +267,7 @@ fn find<'a>(regs: &'a [RegistryEntry], name: &str) -> Option<&'a RegistryEntry> 
 }
 
 /// The policy files, in the order containers/image looks for root.
-const POLICY_FILES: [&str; 2] = [
-    "etc/containers/policy.json",
-    "usr/share/containers/policy.json",
-];
+const POLICY_FILES: [&str; 1] = ["etc/containers/policy.json"];
 
 /// `Err` when the first policy file rejects `image` (`host/repo@digest`): the most specific
 /// `docker` scope (the reference, its repository, each namespace, the host, `*.` parents of
