@@ -18,6 +18,7 @@ mod patch;
 mod pki;
 mod pods;
 mod routes;
+pub mod schema;
 mod selector;
 mod stats;
 mod status;

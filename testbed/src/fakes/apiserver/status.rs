@@ -170,7 +170,9 @@ impl ApiError {
         );
         let causes: Vec<Value> = causes
             .iter()
-            .map(|(field, msg)| json!({ "reason": "FieldValueInvalid", "message": msg, "field": field }))
+            .map(
+                |(field, msg)| json!({ "reason": cause_type(msg), "message": msg, "field": field }),
+            )
             .collect();
         err.details = Some(json!({
             "name": name,
@@ -261,4 +263,23 @@ impl ApiError {
         }
         status
     }
+}
+
+/// The `field.ErrorType` of a field error from the body it starts with (apimachinery
+/// pkg/util/validation/field/errors.go: `ErrorType.String()`), as a cause's `reason`.
+fn cause_type(body: &str) -> &'static str {
+    const TYPES: &[(&str, &str)] = &[
+        ("Required value", "FieldValueRequired"),
+        ("Unsupported value", "FieldValueNotSupported"),
+        ("Duplicate value", "FieldValueDuplicate"),
+        ("Too long", "FieldValueTooLong"),
+        ("Too many", "FieldValueTooMany"),
+        ("Forbidden", "FieldValueForbidden"),
+        ("Not found", "FieldValueNotFound"),
+        ("Internal error", "InternalError"),
+    ];
+    TYPES
+        .iter()
+        .find(|(prefix, _)| body.starts_with(prefix))
+        .map_or("FieldValueInvalid", |(_, t)| t)
 }

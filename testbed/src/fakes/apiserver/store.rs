@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::broadcast;
 
 use super::clock;
-use super::discovery::{NAMESPACES, NODES, ResourceDef};
+use super::discovery::{CUSTOMRESOURCEDEFINITIONS, NAMESPACES, NODES, ResourceDef};
 use super::status::ApiError;
 use super::validate;
 
@@ -187,6 +187,18 @@ fn set_meta(obj: &mut Value, field: &str, value: Value) {
     if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
         meta.insert(field.to_string(), value);
     }
+}
+
+/// The stored CustomResourceDefinition that defines `def`, if it is a custom resource.
+fn crd_of<'a>(inner: &'a Inner, def: &ResourceDef) -> Option<&'a Value> {
+    if !def.custom {
+        return None;
+    }
+    let name = format!("{}.{}", def.plural, def.group);
+    inner
+        .objects
+        .get(&Key::new(&CUSTOMRESOURCEDEFINITIONS, None, &name))
+        .map(|crd| crd.as_ref())
 }
 
 impl Store {
@@ -383,6 +395,7 @@ impl Store {
             meta.remove("generation");
         }
         validate::object(def, &name, &obj)?;
+        validate::custom_resource(crd_of(&inner, def), def, &name, &obj, None)?;
         let key = Key::new(def, namespace.filter(|_| def.namespaced), &name);
         if inner.objects.contains_key(&key) {
             return Err(ApiError::already_exists(def, &name));
@@ -480,6 +493,7 @@ impl Store {
             set_meta(&mut next, "generation", json!(generation + 1));
         }
         validate::object(def, name, &next)?;
+        validate::custom_resource(crd_of(&inner, def), def, name, &next, Some(&current))?;
         set_meta(&mut next, "resourceVersion", json!(current_rv));
         if next == *current {
             return Ok(current);

@@ -7,6 +7,7 @@ use super::crd;
 use super::discovery::{
     CUSTOMRESOURCEDEFINITIONS, EVENTS_V1, OSIMAGESTREAMS, PODDISRUPTIONBUDGETS, PODS, ResourceDef,
 };
+use super::schema;
 use super::status::ApiError;
 
 /// Kubernetes' limit on the total size of an object's annotations.
@@ -105,6 +106,33 @@ pub(crate) fn object(def: &ResourceDef, name: &str, obj: &Value) -> Result<(), A
     } else {
         Err(ApiError::invalid(def, name, &causes))
     }
+}
+
+/// Checks a custom resource against the `openAPIV3Schema` of its version in `crd` (the stored
+/// CustomResourceDefinition) and its CEL rules; `old` is the stored object on an update.
+pub(crate) fn custom_resource(
+    crd: Option<&Value>,
+    def: &ResourceDef,
+    name: &str,
+    obj: &Value,
+    old: Option<&Value>,
+) -> Result<(), ApiError> {
+    let Some(schema) = crd
+        .and_then(|crd| crd.pointer("/spec/versions"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == def.version)
+        .and_then(|v| v.pointer("/schema/openAPIV3Schema"))
+    else {
+        return Ok(());
+    };
+    let errors = schema::validate(schema, obj, old);
+    if errors.is_empty() {
+        return Ok(());
+    }
+    let causes: Vec<(String, String)> = errors.into_iter().map(|e| (e.field, e.body)).collect();
+    Err(ApiError::invalid(def, name, &causes))
 }
 
 /// The checks kube-apiserver applies to an `events.k8s.io/v1` Event
