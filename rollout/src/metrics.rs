@@ -187,11 +187,21 @@ impl Metrics {
         self.reconcile_errors.remove(&label);
     }
 
-    /// Whether this replica leads (a leader is ready too).
+    /// Whether this replica leads (a leader is ready too). A replica that stops leading drops
+    /// the pools' gauges: they would go stale while another replica reconciles, and two replicas
+    /// would report a pool's phase at once. The error counts stay (a counter only rises).
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
         if leading {
             self.set_ready();
+            return;
+        }
+        let mut shown = self.shown.lock().unwrap_or_else(|e| e.into_inner());
+        shown.clear();
+        self.phase.clear();
+        self.nodes.clear();
+        for family in [&self.drains, &self.drain_timeouts, &self.evictions_blocked] {
+            family.clear();
         }
     }
 

@@ -68,6 +68,33 @@ fn metrics_render_the_pools_in_the_openmetrics_text_format() {
     assert!(!render(&m).contains("pool=\"worker\""));
 }
 
+#[test]
+fn a_replica_that_stops_leading_drops_the_pools_gauges_and_keeps_the_counts() {
+    let m = Metrics::default();
+    m.set_leader(true);
+    m.pool("worker", "DrainTimeout", &summary(), 1);
+    m.reconcile_failed("worker");
+    m.set_leader(false);
+    let text = render(&m);
+    assert!(text.contains("streamd_rollout_leader 0"), "{text}");
+    assert!(text.contains("streamd_rollout_reconcile_errors_total{pool=\"worker\"} 1"));
+    for gone in [
+        "pool_phase{",
+        "pool_nodes{",
+        "drains{",
+        "drain_timeouts{",
+        "evictions_blocked{",
+    ] {
+        assert!(!text.contains(gone), "{gone}\n{text}");
+    }
+    // Leading again, the next reconcile shows the pool afresh.
+    m.set_leader(true);
+    m.pool("worker", "Updated", &Summary::default(), 0);
+    let text = render(&m);
+    assert!(text.contains("streamd_rollout_pool_phase{pool=\"worker\",phase=\"Updated\"} 1"));
+    assert!(!text.contains("DrainTimeout"), "{text}");
+}
+
 /// Checks `text` line by line against the OpenMetrics text format: metadata then samples per
 /// family, each family once, sample names of their family (a counter's with `_total`), label
 /// values escaped, numeric values, `# EOF` last.
