@@ -48,6 +48,7 @@ mod failures;
 mod patches;
 use crate::selection::{self, Owner};
 use crate::status;
+use crate::status::DrainBlocker;
 use patches::check_patch;
 pub use patches::{action_patch, approval_patch, release_patch};
 
@@ -461,7 +462,7 @@ async fn execute(
     actions: &[Action],
     listed: &[Node],
     settings: &drain::Settings,
-) -> Result<Vec<(String, String)>, Error> {
+) -> Result<Vec<DrainBlocker>, Error> {
     let mut blockers = Vec::new();
     // A node whose write was refused as changed gets no more writes in this pass.
     let mut conflicted = std::collections::BTreeSet::new();
@@ -488,7 +489,11 @@ async fn execute(
                         source,
                     })?;
                 if !pass.complete() {
-                    blockers.push((node.to_string(), pass.remaining.join("; ")));
+                    blockers.push(DrainBlocker {
+                        node: node.to_string(),
+                        evictions_refused: pass.refused,
+                        why: pass.remaining.join("; "),
+                    });
                     continue;
                 }
                 tracing::info!(node, token, "drained; approving the reboot");
@@ -513,7 +518,11 @@ async fn execute(
         if !patch_listed_node(scope, node, patch).await? {
             let why =
                 "the node changed since it was listed (uncordoned?); not approved, looked at again";
-            blockers.push((node.to_string(), why.to_string()));
+            blockers.push(DrainBlocker {
+                node: node.to_string(),
+                evictions_refused: false,
+                why: why.to_string(),
+            });
             conflicted.insert(node);
             continue;
         }
@@ -584,7 +593,7 @@ async fn write_status(
     scope: &Scope<'_>,
     input: &PoolInput,
     summary: &Summary,
-    blockers: &[(String, String)],
+    blockers: &[DrainBlocker],
 ) -> Result<(), Error> {
     let pool = scope.pool;
     let built = status::build(
