@@ -40,7 +40,7 @@ use crate::events::{self, Journal, Note};
 use crate::heartbeat;
 use crate::leader::{Fence, NotLeader};
 use crate::metrics::Metrics;
-use crate::node::{NodeView, ROLLOUT_POOL, ROLLOUT_STEP, taints_with_update};
+use crate::node::{NodeView, ROLLOUT_POOL, ROLLOUT_STEP, Step, taints_with_update};
 use crate::planner::{self, Action, CheckKeys, Plan, PoolInput, Release, Summary};
 use crate::waves::{self, Waves};
 
@@ -526,11 +526,29 @@ async fn execute(
             conflicted.insert(node);
             continue;
         }
+        if matches!(action, Action::Drain { .. }) {
+            drained(scope, listed, node, input.now);
+        }
         if let Some(note) = events::for_action(action, &scope.pool.spec.target.stream) {
             scope.publish(note).await;
         }
     }
     Ok(blockers)
+}
+
+/// Records how long `node`'s drain took (from its mark as listed), now that its reboot is
+/// approved.
+fn drained(scope: &Scope<'_>, listed: &[Node], node: &str, now: u64) {
+    let step = listed
+        .iter()
+        .find(|n| n.name_any() == node)
+        .and_then(|n| NodeView::from_node(n).step());
+    if let Some(Step::Draining { started, .. }) = step {
+        scope
+            .ctx
+            .metrics
+            .drained(&scope.name, now.saturating_sub(started));
+    }
 }
 
 /// Sets or removes the update taint as the plan says, each write conditional on the node as

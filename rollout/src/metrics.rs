@@ -19,6 +19,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -66,6 +67,7 @@ pub struct Metrics {
     drain_timeouts: Family<PoolLabel, Gauge>,
     evictions_blocked: Family<PoolLabel, Gauge>,
     reconcile_errors: Family<PoolLabel, Counter>,
+    drain_seconds: Family<PoolLabel, Histogram, fn() -> Histogram>,
     leader: Gauge,
     ready: AtomicBool,
     shown: Mutex<BTreeMap<String, Shown>>,
@@ -82,6 +84,7 @@ impl Default for Metrics {
             drain_timeouts: Family::default(),
             evictions_blocked: Family::default(),
             reconcile_errors: Family::default(),
+            drain_seconds: Family::new_with_constructor(drain_histogram),
             leader: Gauge::default(),
             ready: AtomicBool::new(false),
             shown: Mutex::default(),
@@ -112,6 +115,12 @@ impl Default for Metrics {
             "reconcile_errors",
             "Failed reconciles",
             m.reconcile_errors.clone(),
+        );
+        registry.register_with_unit(
+            "drain_duration",
+            "Drains that finished, from the cordon to the reboot's approval",
+            prometheus_client::registry::Unit::Seconds,
+            m.drain_seconds.clone(),
         );
         registry.register(
             "leader",
@@ -164,6 +173,15 @@ impl Metrics {
         );
     }
 
+    /// Records a drain of `pool` that finished after `seconds` (its reboot approved).
+    pub fn drained(&self, pool: &str, seconds: u64) {
+        // A drain past u32::MAX seconds (136 years) is a clock jump: the last bucket anyway.
+        let seconds = f64::from(u32::try_from(seconds).unwrap_or(u32::MAX));
+        self.drain_seconds
+            .get_or_create(&pool_label(pool))
+            .observe(seconds);
+    }
+
     /// Counts a failed reconcile of `pool`.
     pub fn reconcile_failed(&self, pool: &str) {
         self.reconcile_errors.get_or_create(&pool_label(pool)).inc();
@@ -185,6 +203,7 @@ impl Metrics {
             family.remove(&label);
         }
         self.reconcile_errors.remove(&label);
+        self.drain_seconds.remove(&label);
     }
 
     /// Whether this replica leads (a leader is ready too). A replica that stops leading drops
@@ -316,6 +335,12 @@ impl Default for Limits {
             connection: Duration::from_secs(30),
         }
     }
+}
+
+/// The drain durations' buckets: 5 s doubling to 2560 s (43 min; the default drain timeout is
+/// 600 s), then `+Inf`.
+fn drain_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(5.0, 2.0, 10))
 }
 
 fn pool_label(pool: &str) -> PoolLabel {

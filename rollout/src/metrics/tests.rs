@@ -69,6 +69,28 @@ fn metrics_render_the_pools_in_the_openmetrics_text_format() {
 }
 
 #[test]
+fn finished_drains_are_a_histogram_of_seconds_per_pool() {
+    let m = Metrics::default();
+    m.drained("worker", 3);
+    m.drained("worker", 42);
+    m.drained("worker", u64::MAX);
+    let text = render(&m);
+    for line in [
+        "# TYPE streamd_rollout_drain_duration_seconds histogram",
+        "# UNIT streamd_rollout_drain_duration_seconds seconds",
+        "streamd_rollout_drain_duration_seconds_count{pool=\"worker\"} 3",
+        "streamd_rollout_drain_duration_seconds_bucket{le=\"5.0\",pool=\"worker\"} 1",
+        "streamd_rollout_drain_duration_seconds_bucket{le=\"80.0\",pool=\"worker\"} 2",
+        "streamd_rollout_drain_duration_seconds_bucket{le=\"2560.0\",pool=\"worker\"} 2",
+        "streamd_rollout_drain_duration_seconds_bucket{le=\"+Inf\",pool=\"worker\"} 3",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line}\n{text}");
+    }
+    m.forget("worker");
+    assert!(!render(&m).contains("pool=\"worker\""));
+}
+
+#[test]
 fn a_replica_that_stops_leading_drops_the_pools_gauges_and_keeps_the_counts() {
     let m = Metrics::default();
     m.set_leader(true);
@@ -100,6 +122,7 @@ fn a_replica_that_stops_leading_drops_the_pools_gauges_and_keeps_the_counts() {
 /// values escaped, numeric values, `# EOF` last.
 fn check_openmetrics(text: &str) -> Result<usize, String> {
     let name = "[a-zA-Z_:][a-zA-Z0-9_:]*";
+    let unit = regex::Regex::new(&format!(r"^# UNIT ({name}) [a-z]+$")).expect("regex");
     let value = r#""(?:[^"\\\n]|\\[\\"n])*""#;
     let help = regex::Regex::new(&format!(r"^# HELP ({name}) [^\n]*$")).expect("regex");
     let kind = regex::Regex::new(&format!(
@@ -114,26 +137,30 @@ fn check_openmetrics(text: &str) -> Result<usize, String> {
         .strip_suffix("# EOF\n")
         .ok_or("no `# EOF` at the end")?;
     let mut families = BTreeSet::new();
-    let (mut family, mut counter, mut samples) = (String::new(), false, 0);
+    let (mut family, mut samples) = (String::new(), 0);
+    let mut suffixes: &[&str] = &[""];
     for line in body.lines() {
         if let Some(c) = help.captures(line) {
             if c[1] != family && !families.insert(c[1].to_string()) {
                 return Err(format!("family repeated: {line}"));
             }
             family = c[1].to_string();
+        } else if let Some(c) = unit.captures(line) {
+            if c[1] != family {
+                return Err(format!("unit outside its family: {line}"));
+            }
         } else if let Some(c) = kind.captures(line) {
             if c[1] != family && !families.insert(c[1].to_string()) {
                 return Err(format!("family repeated: {line}"));
             }
             family = c[1].to_string();
-            counter = &c[2] == "counter";
-        } else if let Some(c) = sample.captures(line) {
-            let want = if counter {
-                format!("{family}_total")
-            } else {
-                family.clone()
+            suffixes = match &c[2] {
+                "counter" => &["_total"],
+                "histogram" => &["_bucket", "_sum", "_count"],
+                _ => &[""],
             };
-            if c[1] != want {
+        } else if let Some(c) = sample.captures(line) {
+            if !suffixes.iter().any(|s| c[1] == format!("{family}{s}")) {
                 return Err(format!("sample outside its family {family}: {line}"));
             }
             samples += 1;
@@ -155,9 +182,11 @@ fn a_scrape_is_valid_openmetrics_text() {
     m.pool("worker", "DrainTimeout", &summary(), 1);
     m.pool("odd\\pool\nname\"", "Updating", &Summary::default(), 0);
     m.reconcile_failed("worker");
+    m.drained("worker", 42);
     let text = render(&m);
     let samples = check_openmetrics(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    assert_eq!(samples, 13, "{text}");
+    // 13, and the histogram's 11 buckets, sum and count.
+    assert_eq!(samples, 26, "{text}");
     // The checker is strict: a raw newline in a label value, a sample outside its family and a
     // missing `# EOF` are refused.
     for bad in [
