@@ -305,3 +305,17 @@ async fn clients_that_never_finish_their_request_do_not_pin_the_server() {
     }
     server.abort();
 }
+
+#[tokio::test]
+async fn a_scrape_larger_than_the_connection_buffer_is_served_whole() {
+    let (m, addr, server) = start(Limits::default()).await;
+    for i in 0..300 {
+        m.pool(&format!("pool-{i:03}"), "Updating", &summary(), 1);
+    }
+    let want = render(&m);
+    assert!(want.len() > 8 * MAX_BUF_BYTES, "{}", want.len());
+    let answer = get(addr, "/metrics").await;
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b);
+    assert_eq!(body, Some(want.as_str()));
+    server.abort();
+}
