@@ -40,7 +40,7 @@ use crate::events::{self, Journal, Note};
 use crate::heartbeat;
 use crate::leader::{Fence, NotLeader};
 use crate::metrics::Metrics;
-use crate::node::{NodeView, ROLLOUT_POOL, ROLLOUT_STEP, taints_with_update};
+use crate::node::{NodeView, ROLLOUT_POOL, ROLLOUT_STEP, Step, taints_with_update};
 use crate::planner::{self, Action, CheckKeys, Plan, PoolInput, Release, Summary};
 use crate::waves::{self, Waves};
 
@@ -48,6 +48,7 @@ mod failures;
 mod patches;
 use crate::selection::{self, Owner};
 use crate::status;
+use crate::status::DrainBlocker;
 use patches::check_patch;
 pub use patches::{action_patch, approval_patch, release_patch};
 
@@ -461,7 +462,7 @@ async fn execute(
     actions: &[Action],
     listed: &[Node],
     settings: &drain::Settings,
-) -> Result<Vec<(String, String)>, Error> {
+) -> Result<Vec<DrainBlocker>, Error> {
     let mut blockers = Vec::new();
     // A node whose write was refused as changed gets no more writes in this pass.
     let mut conflicted = std::collections::BTreeSet::new();
@@ -488,7 +489,11 @@ async fn execute(
                         source,
                     })?;
                 if !pass.complete() {
-                    blockers.push((node.to_string(), pass.remaining.join("; ")));
+                    blockers.push(DrainBlocker {
+                        node: node.to_string(),
+                        evictions_refused: pass.refused,
+                        why: pass.remaining.join("; "),
+                    });
                     continue;
                 }
                 tracing::info!(node, token, "drained; approving the reboot");
@@ -513,15 +518,37 @@ async fn execute(
         if !patch_listed_node(scope, node, patch).await? {
             let why =
                 "the node changed since it was listed (uncordoned?); not approved, looked at again";
-            blockers.push((node.to_string(), why.to_string()));
+            blockers.push(DrainBlocker {
+                node: node.to_string(),
+                evictions_refused: false,
+                why: why.to_string(),
+            });
             conflicted.insert(node);
             continue;
+        }
+        if matches!(action, Action::Drain { .. }) {
+            drained(scope, listed, node, input.now);
         }
         if let Some(note) = events::for_action(action, &scope.pool.spec.target.stream) {
             scope.publish(note).await;
         }
     }
     Ok(blockers)
+}
+
+/// Records how long `node`'s drain took (from its mark as listed), now that its reboot is
+/// approved.
+fn drained(scope: &Scope<'_>, listed: &[Node], node: &str, now: u64) {
+    let step = listed
+        .iter()
+        .find(|n| n.name_any() == node)
+        .and_then(|n| NodeView::from_node(n).step());
+    if let Some(Step::Draining { started, .. }) = step {
+        scope
+            .ctx
+            .metrics
+            .drained(&scope.name, now.saturating_sub(started));
+    }
 }
 
 /// Sets or removes the update taint as the plan says, each write conditional on the node as
@@ -584,7 +611,7 @@ async fn write_status(
     scope: &Scope<'_>,
     input: &PoolInput,
     summary: &Summary,
-    blockers: &[(String, String)],
+    blockers: &[DrainBlocker],
 ) -> Result<(), Error> {
     let pool = scope.pool;
     let built = status::build(

@@ -193,6 +193,8 @@ pub struct Pass {
     pub remaining: Vec<String>,
     /// Evictions accepted in this pass.
     pub evicted: usize,
+    /// A PodDisruptionBudget refused an eviction (429) in this pass.
+    pub refused: bool,
 }
 
 impl Pass {
@@ -267,6 +269,7 @@ fn record(out: &mut Pass, node: &str, id: &str, outcome: Eviction) {
         Eviction::Gone => {}
         Eviction::Refused(m) => {
             tracing::info!(node, pod = %id, message = %m, "eviction refused; retrying");
+            out.refused = true;
             out.remaining
                 .push(format!("{id}: eviction refused (429): {m}"));
         }

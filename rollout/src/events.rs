@@ -19,6 +19,8 @@ use crate::planner::Action;
 
 /// `reportingController` of every Event.
 pub const REPORTER: &str = "streamd-rollout";
+/// The `status.nodes[]` state of a drain a PodDisruptionBudget holds, and its Event's reason.
+pub const EVICTION_BLOCKED: &str = "EvictionBlocked";
 /// A note is one line of at most this many characters (the API allows 1024 bytes; a character
 /// is at most 4).
 pub const MAX_NOTE_CHARS: usize = 256;
@@ -203,12 +205,10 @@ fn lasting(status: &StreamPoolStatus) -> Vec<Lasting> {
             "NodeNotReturning" => ("NodeNotReturning", "Reboot"),
             "DrainTimeout" => ("DrainTimeout", "Drain"),
             "Conflict" => ("NodeInSeveralPools", "Rollout"),
-            "Draining" if issue.reason.contains("eviction refused (429)") => {
-                ("EvictionBlocked", "Drain")
-            }
+            EVICTION_BLOCKED => (EVICTION_BLOCKED, "Drain"),
             _ => continue,
         };
-        let text = if reason == "EvictionBlocked" {
+        let text = if reason == EVICTION_BLOCKED {
             format!(
                 "node {name}: a PodDisruptionBudget refuses an eviction; retrying: {}",
                 issue.reason
@@ -219,7 +219,7 @@ fn lasting(status: &StreamPoolStatus) -> Vec<Lasting> {
         out.push((
             format!("{reason}/{name}"),
             // An eviction refused again on the next pass is the same news.
-            if reason == "EvictionBlocked" {
+            if reason == EVICTION_BLOCKED {
                 String::new()
             } else {
                 issue.reason.clone()
@@ -322,7 +322,7 @@ mod tests {
             None,
             &[(
                 "w1",
-                "Draining",
+                EVICTION_BLOCKED,
                 "default/web: eviction refused (429): Cannot evict pod",
             )],
         );
@@ -336,7 +336,7 @@ mod tests {
             None,
             &[(
                 "w1",
-                "Draining",
+                EVICTION_BLOCKED,
                 "default/web: eviction refused (429): other text",
             )],
         );
@@ -360,6 +360,21 @@ mod tests {
         assert_eq!(reasons(&j.news("p", Some(&paused), &quiet)), ["Resumed"]);
         // A new pool created paused.
         assert_eq!(reasons(&j.news("q", None, &paused)), ["Paused"]);
+    }
+
+    #[test]
+    fn only_a_refused_eviction_is_eviction_blocked_whatever_the_text_says() {
+        // A pod whose name (or a reason text) reads like a refusal is still only draining.
+        let draining = status(
+            false,
+            None,
+            &[(
+                "w1",
+                "Draining",
+                "default/eviction refused (429): terminating",
+            )],
+        );
+        assert!(Journal::default().news("p", None, &draining).is_empty());
     }
 
     #[test]

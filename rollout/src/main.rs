@@ -21,7 +21,8 @@ enum Command {
     /// Print the StreamPool CustomResourceDefinition (YAML), generated from the Rust types.
     Crd,
     /// Run the controller (with the in-cluster or KUBECONFIG credentials), as leader of the
-    /// Lease when it holds it.
+    /// Lease when it holds it. Logs go to stderr at the level `RUST_LOG` names (`error`, `warn`,
+    /// `info`, `debug`, `trace`, `off`; default `info`).
     Run {
         /// Lease name.
         #[arg(long, default_value = "streamd-rollout", env = "LEASE_NAME")]
@@ -47,8 +48,9 @@ enum Command {
         /// has it takes it last. "": unknown.
         #[arg(long, env = "NODE_NAME", default_value = "")]
         node_name: String,
-        /// Where `/metrics` (Prometheus), `/healthz` and `/readyz` are served, e.g.
-        /// `0.0.0.0:8080` (the shipped Deployment's); "" serves none.
+        /// Where `/metrics` (OpenMetrics text, for Prometheus), `/healthz` (the process serves)
+        /// and `/readyz` (it joined the leader election) are served, e.g. `0.0.0.0:8080` (the
+        /// shipped Deployment's); "" serves none.
         #[arg(long, env = "METRICS_BIND_ADDRESS", default_value = "")]
         metrics_bind_address: String,
     },

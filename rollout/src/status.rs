@@ -5,20 +5,49 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::crd::{Condition, NodeIssue, NodeProgress, StreamPoolStatus};
+use crate::events::EVICTION_BLOCKED;
 use crate::planner::Summary;
 
 /// At most this many per-node issues are listed (the counts hold the rest).
 pub const MAX_ISSUES: usize = 20;
 
+/// A node being drained that is not drained yet, as the executor found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrainBlocker {
+    /// The node.
+    pub node: String,
+    /// A PodDisruptionBudget refused one of its evictions (state [`EVICTION_BLOCKED`], else
+    /// `Draining`).
+    pub evictions_refused: bool,
+    /// What is left, one line (`namespace/name: why; …`).
+    pub why: String,
+}
+
+impl DrainBlocker {
+    /// Its entry in `status.nodes[]`.
+    fn issue(&self) -> NodeIssue {
+        let state = if self.evictions_refused {
+            EVICTION_BLOCKED
+        } else {
+            "Draining"
+        };
+        NodeIssue {
+            name: self.node.clone(),
+            state: state.into(),
+            reason: self.why.clone(),
+        }
+    }
+}
+
 /// The status to write. `previous` keeps transition times; `drain_blockers` are the executor's
-/// findings for nodes being drained (`node`, what is left).
+/// findings for nodes being drained.
 pub fn build(
     summary: &Summary,
     generation: Option<i64>,
     target: Option<String>,
     paused: bool,
     previous: Option<&StreamPoolStatus>,
-    drain_blockers: &[(String, String)],
+    drain_blockers: &[DrainBlocker],
     now: Time,
 ) -> StreamPoolStatus {
     // An empty pool has nothing left to move: Updated, as a MachineConfigPool without machines.
@@ -86,11 +115,7 @@ pub fn build(
         })
         .collect();
     let mut nodes = summary.issues.clone();
-    nodes.extend(drain_blockers.iter().map(|(n, why)| NodeIssue {
-        name: n.clone(),
-        state: "Draining".into(),
-        reason: why.clone(),
-    }));
+    nodes.extend(drain_blockers.iter().map(DrainBlocker::issue));
     nodes.truncate(MAX_ISSUES);
     // What a node (or whoever can annotate it) wrote reaches the pool's status inert and bounded,
     // like the Events' text.
@@ -247,7 +272,11 @@ mod tests {
             }],
             ..Summary::default()
         };
-        let blockers = [("w2".to_string(), "pod a\rpod b".to_string())];
+        let blockers = [DrainBlocker {
+            node: "w2".into(),
+            evictions_refused: false,
+            why: "pod a\rpod b".into(),
+        }];
         let s = build(&summary, None, None, false, None, &blockers, at(1));
         for n in &s.nodes {
             assert!(!n.reason.chars().any(char::is_control), "{:?}", n.reason);
@@ -422,11 +451,23 @@ mod tests {
             Some("t".into()),
             false,
             Some(&paused),
-            &[("w9".into(), "ns/p: eviction refused (429)".into())],
+            &[
+                DrainBlocker {
+                    node: "w9".into(),
+                    evictions_refused: true,
+                    why: "ns/p: eviction refused (429)".into(),
+                },
+                DrainBlocker {
+                    node: "w8".into(),
+                    evictions_refused: false,
+                    why: "ns/q: terminating".into(),
+                },
+            ],
             at(400),
         );
         assert_eq!(status_of(&last, "Updated"), ("True", "Updated", 400));
         assert_eq!(status_of(&last, "Updating").0, "False");
-        assert_eq!(last.nodes[0].state, "Draining");
+        let states: Vec<_> = last.nodes.iter().map(|n| n.state.as_str()).collect();
+        assert_eq!(states, [EVICTION_BLOCKED, "Draining"]);
     }
 }

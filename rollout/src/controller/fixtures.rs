@@ -332,7 +332,7 @@ fn drain_blocked() -> Vec<Exchange> {
                 ("False", "NotUpdated"),
                 ("False", "AsExpected"),
             ),
-            "nodes": [{ "name": "w1", "state": "Draining", "reason": why }],
+            "nodes": [{ "name": "w1", "state": "EvictionBlocked", "reason": why }],
             "readiness": "2 of 2 ready",
         })),
         warning(

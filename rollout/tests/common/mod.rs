@@ -272,11 +272,14 @@ impl Pool {
             .expect("relabel");
     }
 
-    /// The pool's status names a PodDisruptionBudget's 429 in `node`'s drain.
+    /// The pool's status shows `node`'s drain held by a PodDisruptionBudget (state
+    /// `EvictionBlocked`, its 429 in the reason).
     pub fn eviction_refused(&self, node: &str) -> bool {
         self.status()["nodes"].as_array().is_some_and(|ns| {
             ns.iter().any(|n| {
-                n["name"] == node && n["reason"].as_str().unwrap_or_default().contains("429")
+                n["name"] == node
+                    && n["state"] == "EvictionBlocked"
+                    && n["reason"].as_str().unwrap_or_default().contains("429")
             })
         })
     }
