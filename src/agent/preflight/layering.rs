@@ -311,7 +311,7 @@ mod tests {
     }
 
     #[test]
-    fn rpm_ostreed_conf_is_read_as_glib_reads_it() {
+    fn the_files_are_read_as_glib_and_dnf_read_them() {
         let conf = "[Daemon]\n#LockLayering=false\nLockLayering=true\n";
         assert_eq!(
             lock_layering(CONF, conf),
