@@ -444,6 +444,9 @@ impl Gatherer {
             arch,
             var_files.iter().map(|(n, t)| (n.as_str(), t.as_str())),
         );
+        let daemon = read(repos::MCO_PROXY_ENV)?
+            .map(|t| repos::DaemonProxy::from_env_file(&t))
+            .unwrap_or_default();
         let main = read(repos::DNF_CONF)?
             .map(|t| repos::main_connection(&t))
             .unwrap_or_default();
@@ -454,10 +457,9 @@ impl Gatherer {
             defs.extend(repos::enabled_repos(&file, &text, &vars, &main));
         }
         let repos = futures::stream::iter(defs)
-            .map(|def| async move {
-                let reach =
-                    preflight::probe::probe(&def, &self.host, preflight::probe::REQUEST_DEADLINE)
-                        .await;
+            .map(|def| async {
+                let deadline = preflight::probe::REQUEST_DEADLINE;
+                let reach = preflight::probe::probe(&def, &daemon, &self.host, deadline).await;
                 Repo {
                     id: def.id,
                     at: def.at,

@@ -8,7 +8,9 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use super::layering::Reach;
-use super::repos::{RepoDef, Source, SourceKind, metalink_urls, mirrors, repomd_url, shown};
+use super::repos::{
+    DaemonProxy, RepoDef, Source, SourceKind, metalink_urls, mirrors, repomd_url, shown,
+};
 use crate::host::facts::HostRoot;
 
 /// The deadline of one request (connect, answer and the bounded read).
@@ -36,8 +38,14 @@ enum Failed {
 }
 
 /// Whether `repo`'s metadata can be read from any of its sources, each request bounded by
-/// `deadline`; local (`file://`) sources are looked up below `host`.
-pub async fn probe(repo: &RepoDef, host: &HostRoot, deadline: Duration) -> Reach {
+/// `deadline`, through its proxy or else the daemon's (`daemon`); local (`file://`) sources
+/// are looked up below `host`.
+pub async fn probe(
+    repo: &RepoDef,
+    daemon: &DaemonProxy,
+    host: &HostRoot,
+    deadline: Duration,
+) -> Reach {
     if repo.sources.is_empty() {
         return Reach::Unreachable {
             at: repo.at.clone(),
@@ -69,7 +77,7 @@ pub async fn probe(repo: &RepoDef, host: &HostRoot, deadline: Duration) -> Reach
         }
         let c = match &client {
             Some(c) => c,
-            None => match build(repo, host, deadline) {
+            None => match build(repo, daemon, host, deadline) {
                 Ok(c) => client.insert(c),
                 Err(why) => return Reach::NotProbed(why),
             },
@@ -202,9 +210,14 @@ fn cause(e: &reqwest::Error, deadline: Duration) -> String {
     crate::text::one_line(&format!("{kind}{text}"), 200)
 }
 
-/// The client librepo's settings for `repo` amount to: its proxy or none (rpm-ostreed's own
-/// environment is not streamd's), its TLS verification and CA file.
-fn build(repo: &RepoDef, host: &HostRoot, deadline: Duration) -> Result<Client, String> {
+/// The client librepo's settings for `repo` amount to: its proxy, else the daemon's (never
+/// streamd's own environment), its TLS verification and CA file.
+fn build(
+    repo: &RepoDef,
+    daemon: &DaemonProxy,
+    host: &HostRoot,
+    deadline: Duration,
+) -> Result<Client, String> {
     // reqwest is built without a default TLS provider (see the registry client).
     let _ = rustls::crypto::ring::default_provider().install_default();
     let conn = &repo.connection;
@@ -218,6 +231,28 @@ fn build(repo: &RepoDef, host: &HostRoot, deadline: Duration) -> Result<Client, 
         let p = reqwest::Proxy::all(proxy.as_str())
             .map_err(|_| format!("its proxy {} is not a URL", shown(proxy)))?;
         b = b.proxy(p);
+    } else {
+        let no_proxy = || {
+            daemon
+                .no_proxy
+                .as_deref()
+                .and_then(reqwest::NoProxy::from_string)
+        };
+        let bad = |p: &str| format!("the daemon's proxy {} is not a URL", shown(p));
+        if let Some(p) = &daemon.http {
+            b = b.proxy(
+                reqwest::Proxy::http(p.as_str())
+                    .map_err(|_| bad(p))?
+                    .no_proxy(no_proxy()),
+            );
+        }
+        if let Some(p) = &daemon.https {
+            b = b.proxy(
+                reqwest::Proxy::https(p.as_str())
+                    .map_err(|_| bad(p))?
+                    .no_proxy(no_proxy()),
+            );
+        }
     }
     if let Some(ca) = &conn.ca {
         let pem = std::fs::read(host.path(ca))
@@ -299,6 +334,11 @@ mod tests {
 
     /// The one repository of `text` (`/etc/yum.repos.d/t.repo`), probed within `deadline`.
     async fn reach_of(text: &str, deadline: Duration) -> Reach {
+        reach_through(text, &DaemonProxy::default(), deadline).await
+    }
+
+    /// [`reach_of`] with the daemon's proxies `daemon`.
+    async fn reach_through(text: &str, daemon: &DaemonProxy, deadline: Duration) -> Reach {
         let vars = Vars::new(Some("10"), "x86_64", [("stream", "10-stream")]);
         let repos = enabled_repos(
             "/etc/yum.repos.d/t.repo",
@@ -308,7 +348,7 @@ mod tests {
         );
         assert_eq!(repos.len(), 1, "{text}");
         let host = HostRoot::new("/nonexistent-host-root");
-        probe(&repos[0], &host, deadline).await
+        probe(&repos[0], daemon, &host, deadline).await
     }
 
     /// The address of a port nothing listens on.
@@ -419,6 +459,33 @@ mod tests {
         };
         assert_eq!(place, at(2));
         assert!(why.contains("no answer within 2 s"), "{why}");
+    }
+
+    /// The cluster proxy the machine-config operator gives rpm-ostreed is the way out.
+    #[tokio::test]
+    async fn the_daemons_proxy_is_used_unless_no_proxy_names_the_host() {
+        let proxy = serve(BTreeMap::from([(
+            "http://repo.invalid/el/repodata/repomd.xml",
+            Answer::Ok(REPOMD.into()),
+        )]))
+        .await;
+        let text = "[p]\nbaseurl=http://repo.invalid/el\n";
+        let daemon = DaemonProxy::from_env_file(&format!("http_proxy={proxy}\n"));
+        assert_eq!(reach_through(text, &daemon, LONG).await, Reach::Present);
+        // The repository's own `proxy` wins; `_none_` means none.
+        let own = format!("{text}proxy={proxy}\n");
+        assert_eq!(reach_of(&own, LONG).await, Reach::Present);
+        let none = format!("{text}proxy=_none_\n");
+        assert!(matches!(
+            reach_through(&none, &DaemonProxy::default(), LONG).await,
+            Reach::Unreachable { .. }
+        ));
+        let direct =
+            DaemonProxy::from_env_file(&format!("http_proxy={proxy}\nNO_PROXY=.invalid\n"));
+        assert!(matches!(
+            reach_through(text, &direct, LONG).await,
+            Reach::Unreachable { .. }
+        ));
     }
 
     #[tokio::test]

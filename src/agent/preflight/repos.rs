@@ -27,6 +27,47 @@ pub const VARS_DIRS: [&str; 2] = ["/etc/yum/vars", "/etc/dnf/vars"];
 /// dnf's main configuration, whose `[main]` gives every repository its defaults.
 pub const DNF_CONF: &str = "/etc/dnf/dnf.conf";
 
+/// The environment file the machine-config operator gives rpm-ostreed when the cluster has a
+/// proxy (templates/common/_base/units/rpm-ostreed-proxy.service.yaml, `EnvironmentFile=`).
+pub const MCO_PROXY_ENV: &str = "/etc/mco/proxy.env";
+
+/// The proxies rpm-ostreed's environment gives a repository without `proxy`: rpm-ostree passes
+/// `http_proxy` to libdnf for every scheme (`dnf_context_set_http_proxy`); without it curl
+/// reads `https_proxy`/`HTTPS_PROXY` for HTTPS only (never an upper-case `HTTP_PROXY`), and
+/// `no_proxy`/`NO_PROXY`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DaemonProxy {
+    /// For `http://` URLs.
+    pub http: Option<String>,
+    /// For `https://` URLs.
+    pub https: Option<String>,
+    /// Hosts reached directly.
+    pub no_proxy: Option<String>,
+}
+
+impl DaemonProxy {
+    /// The proxies of an environment file (`KEY=VALUE` lines, values optionally quoted).
+    pub fn from_env_file(text: &str) -> DaemonProxy {
+        let vars: BTreeMap<&str, &str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.trim(), v.trim().trim_matches(['"', '\''])))
+            .filter(|(_, v)| !v.is_empty())
+            .collect();
+        let get = |k: &str| vars.get(k).map(|v| (*v).to_string());
+        let all = get("http_proxy");
+        DaemonProxy {
+            http: all.clone(),
+            https: all
+                .or_else(|| get("https_proxy"))
+                .or_else(|| get("HTTPS_PROXY")),
+            no_proxy: get("no_proxy").or_else(|| get("NO_PROXY")),
+        }
+    }
+}
+
 /// How a repository names where its metadata is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SourceKind {
@@ -475,6 +516,28 @@ proxy=_none_
         assert!(!main.verify);
         let r = enabled_repos(F, "[g]\nbaseurl=https://g\n", &vars(), &main);
         assert_eq!(r[0].connection.proxy.as_deref(), Some("http://p"));
+    }
+
+    #[test]
+    fn the_daemons_proxy_is_read_as_rpm_ostree_and_curl_read_it() {
+        // What the machine-config operator writes: upper case only.
+        let mco = "# comment\nHTTP_PROXY=http://p:3128\nHTTPS_PROXY=\"http://u:pw@p:3129\"\nNO_PROXY=.cluster.local,10.0.0.0/8\n";
+        assert_eq!(
+            DaemonProxy::from_env_file(mco),
+            DaemonProxy {
+                http: None,
+                https: Some("http://u:pw@p:3129".into()),
+                no_proxy: Some(".cluster.local,10.0.0.0/8".into()),
+            }
+        );
+        // rpm-ostree hands `http_proxy` to libdnf for every scheme.
+        let lower = "http_proxy=http://q:1\nhttps_proxy=http://r:2\n";
+        let p = DaemonProxy::from_env_file(lower);
+        assert_eq!(
+            (p.http.as_deref(), p.https.as_deref()),
+            (Some("http://q:1"), Some("http://q:1"))
+        );
+        assert_eq!(DaemonProxy::from_env_file(""), DaemonProxy::default());
     }
 
     #[test]
