@@ -10,9 +10,11 @@ use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
+use futures::StreamExt;
+
 use crate::agent::preflight::{
     self, Cause, CheckResult, DiskFree, FactError, FromExtensions, Input, LayeringConfig, Mover,
-    RPM_OSTREED_CONF, Repo, YUM_REPOS_D,
+    RPM_OSTREED_CONF, Repo, YUM_REPOS_D, repos,
 };
 use crate::backend::Deployment;
 use crate::backend::KernelVariant;
@@ -29,6 +31,9 @@ use crate::image::reference::ImageRef;
 use crate::image::registry::{Access, InspectError, Inspector};
 use crate::image::registry::{ExtensionsInfo, OsImageInfo};
 use crate::image::rpm::{Closure, RpmHeader, close, el_major, package_name};
+
+/// Repositories probed side by side.
+const PROBES_AT_ONCE: usize = 8;
 
 /// What the gatherer needs from the configuration.
 #[derive(Debug, Clone)]
@@ -387,10 +392,17 @@ impl Gatherer {
         }
     }
 
-    /// `LockLayering` in `/etc/rpm-ostreed.conf` and the enabled repositories of
-    /// `/etc/yum.repos.d`: the merge deployment's `/etc` is the booted one's, since streamd
-    /// stages only when nothing else is pending.
-    fn layering(&self) -> Result<LayeringConfig, FactError> {
+    /// `LockLayering` in `/etc/rpm-ostreed.conf` and, when `probe` (the move makes
+    /// rpm-ostree read them: [`preflight::reads_repositories`]), the enabled repositories of
+    /// `/etc/yum.repos.d`, each probed with the variables of a move to EL `target` on `arch`:
+    /// the merge deployment's `/etc` is the booted one's, since streamd stages only when
+    /// nothing else is pending.
+    async fn layering(
+        &self,
+        probe: bool,
+        target: Option<u32>,
+        arch: &str,
+    ) -> Result<LayeringConfig, FactError> {
         let read = |file: &str| match std::fs::read_to_string(self.host.path(file)) {
             Ok(text) => Ok(Some(text)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -401,26 +413,62 @@ impl Gatherer {
         };
         let lock_layering =
             read(RPM_OSTREED_CONF)?.and_then(|t| preflight::lock_layering(RPM_OSTREED_CONF, &t));
-        let mut names: Vec<String> = std::fs::read_dir(self.host.path(YUM_REPOS_D))
-            .map(|rd| {
-                rd.filter_map(Result::ok)
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| n.ends_with(".repo"))
-                    .collect()
-            })
-            .unwrap_or_default();
-        names.sort();
-        let mut repos = Vec::new();
-        for name in names {
-            let file = format!("{YUM_REPOS_D}/{name}");
-            let Some(text) = read(&file)? else { continue };
-            for (id, at, urls) in preflight::enabled_repos(&file, &text) {
-                let reach = preflight::reach(&urls, |p| {
-                    self.host.path(p).join("repodata/repomd.xml").is_file()
-                });
-                repos.push(Repo { id, at, reach });
+        if !probe {
+            return Ok(LayeringConfig {
+                lock_layering,
+                repos: Vec::new(),
+            });
+        }
+        let listed = |dir: &str, keep: fn(&str) -> bool| {
+            let mut names: Vec<String> = std::fs::read_dir(self.host.path(dir))
+                .map(|rd| {
+                    rd.filter_map(Result::ok)
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .filter(|n| keep(n))
+                        .collect()
+                })
+                .unwrap_or_default();
+            names.sort();
+            names
+        };
+        let mut var_files = Vec::new();
+        for dir in repos::VARS_DIRS {
+            for name in listed(dir, |n| !n.starts_with('.')) {
+                if let Some(text) = read(&format!("{dir}/{name}"))? {
+                    var_files.push((name, text));
+                }
             }
         }
+        let vars = repos::Vars::new(
+            target.map(|m| m.to_string()).as_deref(),
+            arch,
+            var_files.iter().map(|(n, t)| (n.as_str(), t.as_str())),
+        );
+        let daemon = read(repos::MCO_PROXY_ENV)?
+            .map(|t| repos::DaemonProxy::from_env_file(&t))
+            .unwrap_or_default();
+        let main = read(repos::DNF_CONF)?
+            .map(|t| repos::main_connection(&t))
+            .unwrap_or_default();
+        let mut defs = Vec::new();
+        for name in listed(YUM_REPOS_D, |n| n.ends_with(".repo")) {
+            let file = format!("{YUM_REPOS_D}/{name}");
+            let Some(text) = read(&file)? else { continue };
+            defs.extend(repos::enabled_repos(&file, &text, &vars, &main));
+        }
+        let repos = futures::stream::iter(defs)
+            .map(|def| async {
+                let deadline = preflight::probe::REQUEST_DEADLINE;
+                let reach = preflight::probe::probe(&def, &daemon, &self.host, deadline).await;
+                Repo {
+                    id: def.id,
+                    at: def.at,
+                    reach,
+                }
+            })
+            .buffered(PROBES_AT_ONCE)
+            .collect()
+            .await;
         Ok(LayeringConfig {
             lock_layering,
             repos,
@@ -470,6 +518,7 @@ impl Gatherer {
             machine_config.as_ref(),
             booted_major,
         );
+        let probes = preflight::reads_repositories(facts.backend, purpose.mover(), booted, &needed);
         let crio = facts::crio_default_runtime(&self.host).map_err(FactError::from);
         let inspector = self.secret().and_then(|s| self.inspector(&s));
         let (layered, wanted) = wanted_packages(&needed);
@@ -521,7 +570,7 @@ impl Gatherer {
             signature: signature.verdict,
             extensions,
             closure,
-            layering: self.layering(),
+            layering: self.layering(probes, target, &facts.arch).await,
             disk: self.disk(),
             nic_names_persisted: self.nic_names_persisted(),
             foreign_staged: foreign_staged.cloned(),

@@ -99,7 +99,13 @@ impl KernelVariant {
     }
 }
 
-/// The default-kernel packages a variant removes from the base.
+/// The default-kernel packages a variant removes from the base: the machine-config daemon's
+/// list, the same for RHEL 9 and 10 (openshift/machine-config-operator release-4.21 to 4.23,
+/// pkg/daemon/update.go `getKernelPackagesForRelease`/`getKernelPackagesForTargetRelease`);
+/// RHCOS 10's base carries all five (openshift/os extensions/rhel-10.2.yaml). A name requested
+/// for removal that the new base lacks fails rpm-ostree's transaction after the pull
+/// (`Package "X" not found`), one the origin already removes is dropped ("Inactive base
+/// removals"), so the plan requests only the names the origin does not remove yet.
 pub const DEFAULT_KERNEL_PACKAGES: [&str; 5] = [
     "kernel",
     "kernel-core",

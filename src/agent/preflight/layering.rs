@@ -2,11 +2,12 @@
 //! `/etc/rpm-ostreed.conf` and the enabled repositories of the merge deployment's
 //! `/etc/yum.repos.d` (coreos/rpm-ostree v2025.5: src/daemon/rpmostree-sysroot-upgrader.cxx
 //! `rpmostree_sysroot_upgrader_prep_layering`, src/libpriv/rpmostree-core.cxx
-//! `rpmostree_context_prepare`, which marks every enabled repository required).
+//! `rpmostree_context_prepare`, which marks every enabled repository required). The
+//! repositories are read by [`super::repos`] and probed by [`super::probe`].
 
-use super::needs::provided;
+use super::needs::{FromExtensions, provided};
 use super::{CheckResult, Input, Mover, fail, pass, warn};
-use crate::backend::BackendKind;
+use crate::backend::{BackendKind, Deployment};
 use crate::cluster::protocol::CheckId;
 
 /// The daemon's configuration file.
@@ -33,12 +34,18 @@ impl std::fmt::Display for Place {
 /// Whether rpm-ostree can read an enabled repository's metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reach {
-    /// A local repository whose metadata is there.
+    /// A source answered with a `repomd.xml` (or a local repository's is there).
     Present,
-    /// It cannot be read; why.
-    Unreachable(String),
-    /// Over the network: not probed.
-    Remote(String),
+    /// No source could be read: the line of the first one, and why it failed.
+    Unreachable {
+        /// The line naming the source (its section's when it has none).
+        at: Place,
+        /// Why (one line, no credentials).
+        why: String,
+    },
+    /// streamd cannot reach it as librepo would (client certificates, credentials, a scheme
+    /// other than HTTP), or the move layers nothing: why.
+    NotProbed(String),
 }
 
 /// An enabled repository.
@@ -88,92 +95,29 @@ pub fn lock_layering(file: &str, text: &str) -> Option<Place> {
     found
 }
 
-/// The enabled repositories of a `.repo` file: each section, its line and its `baseurl`s
-/// (`mirrorlist`/`metalink` as a remote source); dnf enables a section without `enabled`.
-pub fn enabled_repos(file: &str, text: &str) -> Vec<(String, Place, Vec<String>)> {
-    struct Section {
-        id: String,
-        line: usize,
-        enabled: bool,
-        urls: Vec<String>,
-    }
-    let mut sections: Vec<Section> = Vec::new();
-    for (n, raw) in text.lines().enumerate() {
-        let line = raw.trim();
-        if line.starts_with('#') || line.starts_with(';') || line.is_empty() {
-            continue;
-        }
-        if let Some(id) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            sections.push(Section {
-                id: id.trim().to_string(),
-                line: n + 1,
-                enabled: true,
-                urls: Vec::new(),
-            });
-            continue;
-        }
-        let (Some(s), Some((k, v))) = (sections.last_mut(), line.split_once('=')) else {
-            continue;
-        };
-        match k.trim() {
-            "enabled" => {
-                s.enabled = !matches!(
-                    v.trim().to_ascii_lowercase().as_str(),
-                    "0" | "false" | "no" | "off"
-                );
-            }
-            "baseurl" => s.urls.extend(
-                v.split(|c: char| c == ',' || c.is_whitespace())
-                    .filter(|u| !u.is_empty())
-                    .map(str::to_string),
-            ),
-            "mirrorlist" | "metalink" => s.urls.push(v.trim().to_string()),
-            _ => {}
-        }
-    }
-    sections
-        .into_iter()
-        .filter(|s| s.enabled && s.id != "main")
-        .map(|s| {
-            let at = Place {
-                file: file.to_string(),
-                line: s.line,
-            };
-            (s.id, at, s.urls)
-        })
-        .collect()
+/// Whether streamd's move makes rpm-ostree read the repositories: a layered deployment (a
+/// variant kernel or packages from the extensions image, or base removals the origin keeps)
+/// staged by rpm-ostree. The machine-config daemon's move writes the repository it layers
+/// from itself; the gatherer probes the repositories only when this holds.
+pub fn reads_repositories(
+    backend: BackendKind,
+    mover: Mover,
+    booted: &Deployment,
+    needed: &FromExtensions,
+) -> bool {
+    backend == BackendKind::RpmOstree && mover == Mover::Streamd && layered(booted, needed)
 }
 
-/// Whether a repository with sources `urls` can be read, `local(path)` saying whether a local
-/// repository's metadata (`repodata/repomd.xml` below `path`) exists.
-pub fn reach(urls: &[String], local: impl Fn(&str) -> bool) -> Reach {
-    let Some(first) = urls.first() else {
-        return Reach::Unreachable("no baseurl, mirrorlist or metalink".into());
-    };
-    if let Some(remote) = urls.iter().find(|u| !u.starts_with("file://")) {
-        return Reach::Remote(remote.clone());
-    }
-    match urls
-        .iter()
-        .filter_map(|u| u.strip_prefix("file://"))
-        .find(|p| local(p))
-    {
-        Some(_) => Reach::Present,
-        None => Reach::Unreachable(format!("{first} has no repodata/repomd.xml")),
-    }
-}
-
-/// Whether the move's deployment is layered (rpm-ostree assembles it from packages): a
-/// variant kernel or packages from the extensions image, or base removals the origin keeps.
-fn layered(i: &Input) -> bool {
-    provided(i).needed() || !i.booted.requested_base_removals.is_empty()
+/// Whether the move's deployment is layered (rpm-ostree assembles it from packages).
+fn layered(booted: &Deployment, needed: &FromExtensions) -> bool {
+    needed.needed() || !booted.requested_base_removals.is_empty()
 }
 
 /// `LockLayering=true` refuses every layered deployment; an enabled repository rpm-ostree
 /// cannot read fails the transaction after the pull, one not probed is worth knowing.
 pub(super) fn layering_config(i: &Input) -> CheckResult {
     let id = CheckId::LayeringConfig;
-    if i.backend == BackendKind::Bootc || !layered(i) {
+    if i.backend == BackendKind::Bootc || !layered(&i.booted, &provided(i)) {
         return pass(
             id,
             "not a layered deployment: rpm-ostree reads no repository",
@@ -199,7 +143,7 @@ pub(super) fn layering_config(i: &Input) -> CheckResult {
         .repos
         .iter()
         .filter_map(|r| match &r.reach {
-            Reach::Unreachable(why) => Some(format!("{} [{}]: {why}", r.at, r.id)),
+            Reach::Unreachable { at, why } => Some(format!("{at} [{}]: {why}", r.id)),
             _ => None,
         })
         .collect();
@@ -207,31 +151,31 @@ pub(super) fn layering_config(i: &Input) -> CheckResult {
         return fail(
             id,
             format!(
-                "rpm-ostree reads every enabled repository for a layered deployment and fails the transaction if one cannot be read: {}; disable them (enabled=0) or make them readable",
+                "rpm-ostree downloads the metadata of every enabled repository for a layered deployment and fails the transaction, after pulling the image, if one cannot be read: {}; disable it (enabled=0) or make it reachable",
                 unreachable.join("; ")
             ),
         );
     }
-    let remote: Vec<String> = cfg
+    let unprobed: Vec<String> = cfg
         .repos
         .iter()
         .filter_map(|r| match &r.reach {
-            Reach::Remote(url) => Some(format!("{} [{}] ({url})", r.at, r.id)),
+            Reach::NotProbed(why) => Some(format!("{} [{}]: {why}", r.at, r.id)),
             _ => None,
         })
         .collect();
-    if !remote.is_empty() {
+    if !unprobed.is_empty() {
         return warn(
             id,
             format!(
-                "rpm-ostree will download the metadata of these enabled repositories, which streamd does not probe, and fail the transaction if one is unreachable: {}",
-                remote.join("; ")
+                "rpm-ostree will download the metadata of these enabled repositories, which streamd could not probe, and fail the transaction if one is unreachable: {}",
+                unprobed.join("; ")
             ),
         );
     }
     pass(
         id,
-        "LockLayering is not set; every enabled repository is readable",
+        "LockLayering is not set; every enabled repository answered",
     )
 }
 
@@ -274,12 +218,21 @@ mod tests {
         let gone = LayeringConfig {
             repos: vec![repo(
                 1,
-                Reach::Unreachable("file:///var/mnt/ext has no repodata/repomd.xml".into()),
+                Reach::Unreachable {
+                    at: Place {
+                        file: "/etc/yum.repos.d/coreos-extensions.repo".into(),
+                        line: 3,
+                    },
+                    why: "file:///var/mnt/ext has no repodata/repomd.xml".into(),
+                },
             )],
             ..LayeringConfig::default()
         };
-        let remote = LayeringConfig {
-            repos: vec![repo(7, Reach::Remote("https://r.example/el10".into()))],
+        let unprobed = LayeringConfig {
+            repos: vec![repo(
+                7,
+                Reach::NotProbed("it sets sslclientcert, which streamd does not use".into()),
+            )],
             ..LayeringConfig::default()
         };
         vec![
@@ -309,7 +262,7 @@ mod tests {
                 gone.clone(),
                 true,
                 Outcome::Fail,
-                "/etc/yum.repos.d/coreos-extensions.repo:1 [coreos-extensions]: file:///var/mnt/ext has no repodata/repomd.xml",
+                "/etc/yum.repos.d/coreos-extensions.repo:3 [coreos-extensions]: file:///var/mnt/ext has no repodata/repomd.xml",
             ),
             (
                 "a leftover repository, not layered",
@@ -319,21 +272,21 @@ mod tests {
                 "not a layered deployment",
             ),
             (
-                "a remote repository",
-                remote,
+                "a repository streamd cannot probe",
+                unprobed,
                 true,
                 Outcome::Warn,
-                "/etc/yum.repos.d/coreos-extensions.repo:7 [coreos-extensions] (https://r.example/el10)",
+                "/etc/yum.repos.d/coreos-extensions.repo:7 [coreos-extensions]: it sets sslclientcert",
             ),
             (
-                "a readable local repository",
+                "a readable repository",
                 LayeringConfig {
                     repos: vec![repo(1, Reach::Present)],
                     ..LayeringConfig::default()
                 },
                 true,
                 Outcome::Pass,
-                "every enabled repository is readable",
+                "every enabled repository answered",
             ),
         ]
     }
@@ -375,19 +328,5 @@ mod tests {
             lock_layering(CONF, "[Experimental]\nLockLayering=true\n"),
             None
         );
-        let repos = "[main]\n\n[a]\nbaseurl=file:///srv/a\n[b]\nenabled=0\nbaseurl=https://b\n[c]\nmirrorlist=https://m\n";
-        let got = enabled_repos("/etc/yum.repos.d/x.repo", repos);
-        let ids: Vec<(&str, usize)> = got
-            .iter()
-            .map(|(id, at, _)| (id.as_str(), at.line))
-            .collect();
-        assert_eq!(ids, [("a", 3), ("c", 8)]);
-        assert_eq!(reach(&got[0].2, |p| p == "/srv/a"), Reach::Present);
-        assert!(matches!(reach(&got[0].2, |_| false), Reach::Unreachable(_)));
-        assert_eq!(
-            reach(&got[1].2, |_| true),
-            Reach::Remote("https://m".into())
-        );
-        assert!(matches!(reach(&[], |_| true), Reach::Unreachable(_)));
     }
 }

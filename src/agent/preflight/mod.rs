@@ -7,7 +7,8 @@
 //! One file per family of checks: `image.rs` (the image policy, the OS image and its pull), `kernel.rs` (CPU,
 //! FIPS, kernel variant), `packages.rs` (the extensions image and what it re-provides),
 //! `host.rs` (backend, runtime, disk, NICs, a pending deployment), `layering.rs` (what else
-//! rpm-ostree reads for a layered deployment); `needs.rs` is what a move
+//! rpm-ostree reads for a layered deployment, its repositories read by `repos.rs` and probed
+//! by `probe.rs`, the one part that does I/O, for the gatherer); `needs.rs` is what a move
 //! needs from the extensions image, which several of them judge; `errors.rs` why a fact could
 //! not be had.
 
@@ -32,14 +33,16 @@ mod kernel;
 mod layering;
 mod needs;
 mod packages;
+pub mod probe;
 #[cfg(test)]
 mod release_tests;
+pub mod repos;
 mod signature;
 
 pub use errors::{Cause, FactError};
 pub use layering::{
-    LayeringConfig, Place, RPM_OSTREED_CONF, Reach, Repo, YUM_REPOS_D, enabled_repos,
-    lock_layering, reach,
+    LayeringConfig, Place, RPM_OSTREED_CONF, Reach, Repo, YUM_REPOS_D, lock_layering,
+    reads_repositories,
 };
 pub use needs::{FromExtensions, from_extensions, layered_packages_of, variant_from_extensions};
 
