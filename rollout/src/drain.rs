@@ -164,9 +164,6 @@ pub fn verdict(pod: &Pod, settings: &Settings, now: i64) -> Verdict {
     Verdict::Evict
 }
 
-/// How a pod blocked by a failed lookup of its DaemonSet is reported.
-const DAEMON_SET_LOOKUP_FAILED: &str = "looking up its DaemonSet failed";
-
 /// What a drain does with a pod whose controller is a DaemonSet, from the lookup of the
 /// DaemonSet: kept when it exists; evicted when it is gone (an orphan the DaemonSet will not
 /// replace, as `kubectl drain --force` and the machine-config operator's drain); blocked, and
@@ -175,7 +172,7 @@ pub fn daemon_set_verdict(lookup: &Result<(), kube::Error>) -> Verdict {
     match lookup {
         Ok(()) => Verdict::Skip("DaemonSet pod"),
         Err(kube::Error::Api(s)) if s.code == 404 => Verdict::Evict,
-        Err(e) => Verdict::Block(format!("{DAEMON_SET_LOOKUP_FAILED}: {e}")),
+        Err(e) => Verdict::Block(format!("looking up its DaemonSet failed: {e}")),
     }
 }
 
@@ -273,6 +270,7 @@ pub async fn pass(
         let name = pod.metadata.name.clone().unwrap_or_default();
         let id = format!("{ns}/{name}");
         let mut v = verdict(&pod, settings, now);
+        let looked_up = matches!(v, Verdict::DaemonSet(_));
         if let Verdict::DaemonSet(owner) = &v {
             let key = (ns.clone(), owner.clone());
             if !daemon_sets.contains_key(&key) {
@@ -293,7 +291,7 @@ pub async fn pass(
             Verdict::Block(why) => {
                 // A failed DaemonSet lookup is tried again; an emptyDir pod waits for the
                 // pool's settings to change (a pool event).
-                if why.starts_with(DAEMON_SET_LOOKUP_FAILED) {
+                if looked_up {
                     out.retry_within(RETRY_SECONDS);
                 }
                 out.remaining.push(format!("{id}: {why}"));
@@ -464,6 +462,24 @@ mod tests {
         for (name, p, s, want) in table {
             assert_eq!(verdict(&p, s, NOW), want, "{name}");
         }
+    }
+
+    #[test]
+    fn a_terminating_pod_is_let_go_when_its_skip_timeout_runs_out() {
+        let skip_after_60 = Settings {
+            skip_wait_for_delete_timeout_seconds: Some(60),
+            ..Settings::default()
+        };
+        let terminating = terminating_since(pod(), NOW - 30);
+        // Due 60 s after its deletion: the pass after that one skips it (`verdict`).
+        assert_eq!(skip_due(&terminating, &skip_after_60, NOW), Some(31));
+        assert_eq!(
+            verdict(&terminating, &skip_after_60, NOW + 31),
+            Verdict::Skip("terminating for longer than spec.drain.skipWaitForDeleteTimeoutSeconds")
+        );
+        assert_eq!(skip_due(&terminating, &skip_after_60, NOW + 40), Some(1));
+        assert_eq!(skip_due(&terminating, &Settings::default(), NOW), None);
+        assert_eq!(skip_due(&pod(), &skip_after_60, NOW), None);
     }
 
     #[test]

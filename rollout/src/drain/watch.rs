@@ -110,7 +110,7 @@ impl PodWatches {
         if let Some((watch_client, wake)) = &self.follow {
             let watched = Arc::new(Mutex::new(Watched {
                 pool: pool.to_string(),
-                pods: list.items.iter().map(|p| (id(p), p.clone())).collect(),
+                pods: list.items.iter().map(|p| (id(p), kept(p))).collect(),
                 live: true,
                 used: Instant::now(),
             }));
@@ -147,6 +147,14 @@ fn id(pod: &Pod) -> String {
         pod.metadata.namespace.as_deref().unwrap_or_default(),
         pod.metadata.name.as_deref().unwrap_or_default()
     )
+}
+
+/// `pod` as the watch keeps it: without `managedFields`, which a drain never reads and which
+/// are often the largest part of a pod.
+fn kept(pod: &Pod) -> Pod {
+    let mut pod = pod.clone();
+    pod.metadata.managed_fields = None;
+    pod
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -229,7 +237,7 @@ impl Follow {
                         let mut w = lock(&self.watched);
                         match &event {
                             WatchEvent::Added(p) | WatchEvent::Modified(p) => {
-                                w.pods.insert(id(p), p.clone());
+                                w.pods.insert(id(p), kept(p));
                             }
                             WatchEvent::Deleted(p) => {
                                 w.pods.remove(&id(p));
