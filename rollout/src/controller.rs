@@ -3,10 +3,11 @@
 //! polling. Each reconcile lists the nodes afresh (a consistent read, so a decision never
 //! rests on a cache that has not yet seen the controller's own last patch), asks the
 //! [`planner`](crate::planner) what to do, does it with one Node patch per action, and writes
-//! the status. A drain in progress is looked at again every [`DRAIN_RETRY`] (evictions a
-//! PodDisruptionBudget refuses, pods still terminating), as `kubectl drain` retries, one past
-//! its timeout less often, and a pool with a deadline pending when it falls due
-//! ([`Summary::recheck_after`]). What it does is also told in Events on the pool
+//! the status. A drain in progress is woken by its node's pod events
+//! ([`drain::watch`]: the pod watches map each event to the pool draining the node) and looked
+//! at again when an eviction must be tried again ([`drain::Pass::retry_after`]), at the latest
+//! after [`drain::BACKSTOP_SECONDS`]; one past its timeout less often, and a pool with a
+//! deadline pending when it falls due ([`Summary::recheck_after`]). What it does is also told in Events on the pool
 //! ([`events`](crate::events)).
 //!
 //! A pool carries the [`FINALIZER`]: deleting it releases its nodes first (see
@@ -56,8 +57,9 @@ pub use patches::{action_patch, approval_patch, release_patch};
 pub const FIELD_MANAGER: &str = "streamd-rollout";
 /// On every StreamPool: the pool goes only once the controller released its nodes.
 pub const FINALIZER: &str = "osstream.openshift.io/rollout";
-/// How often a node being drained is looked at again.
-pub const DRAIN_RETRY: Duration = Duration::from_secs(planner::DRAIN_PASS_SECONDS);
+/// How soon a release that must wait (the node's approved reboot under way, or the node changed)
+/// is looked at again: a refused eviction's retry ([`drain::RETRY_SECONDS`]).
+pub const DRAIN_RETRY: Duration = Duration::from_secs(drain::RETRY_SECONDS);
 /// Look again after a write found the object changed since it was read (409).
 const CONFLICT_RETRY: Duration = Duration::from_secs(1);
 /// Longest a request may take (connect, send, each read); a hung API server costs a reconcile
@@ -87,6 +89,10 @@ pub struct Context {
     client: kube::Client,
     /// Without kube's built-in retry of 429 (see [`Clients`]).
     drain_client: kube::Client,
+    /// The pods of the nodes being drained.
+    pods: drain::watch::PodWatches,
+    /// An unfinished drain's next pass at the latest ([`drain::BACKSTOP_SECONDS`]).
+    drain_backstop: u64,
     catalog: watch::Receiver<Option<Catalog>>,
     pools: Store<StreamPool>,
     recorder: Recorder,
@@ -365,7 +371,8 @@ async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
     };
     // A malformed podSelector made the pool Degraded (`InvalidSpec`): no drain runs.
     let settings = drain::Settings::from_spec(&scope.pool.spec.drain).unwrap_or_default();
-    let blockers = execute(scope, &input, &plan.actions, &listed.selected, &settings).await?;
+    let (blockers, drain_after) =
+        execute(scope, &input, &plan, &listed.selected, &settings).await?;
     set_update_taints(scope, &plan.taints, &listed.selected).await?;
     if plan.summary.canary_complete
         && let Ok(t) = &input.target
@@ -381,6 +388,7 @@ async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
     // A deadline or a heartbeat that runs out changes nothing the watches see.
     let after = [
         leaving.then_some(DRAIN_RETRY),
+        drain_after.map(Duration::from_secs),
         plan.summary.recheck_after.map(Duration::from_secs),
         heartbeat::recheck_after(ours, now),
     ]
@@ -455,18 +463,21 @@ fn plan(
 
 /// Does `actions`, one Node patch each (a drain runs a pass first and approves only once no
 /// pod is left; a release is [`release_node`]'s, of the node as `listed`), and tells each in an
-/// Event; returns the drains not finished, with what is left (`node`, pods).
+/// Event; returns the drains not finished, with what is left (`node`, pods), and when the next
+/// pass of a drain within its timeout is due at the latest (seconds; one past it goes at the
+/// planner's pace).
 async fn execute(
     scope: &Scope<'_>,
     input: &PoolInput,
-    actions: &[Action],
+    plan: &Plan,
     listed: &[Node],
     settings: &drain::Settings,
-) -> Result<Vec<DrainBlocker>, Error> {
+) -> Result<(Vec<DrainBlocker>, Option<u64>), Error> {
     let mut blockers = Vec::new();
+    let mut drain_after: Option<u64> = None;
     // A node whose write was refused as changed gets no more writes in this pass.
     let mut conflicted = std::collections::BTreeSet::new();
-    for action in actions {
+    for action in &plan.actions {
         let node = action.node();
         if conflicted.contains(node) {
             continue;
@@ -482,20 +493,29 @@ async fn execute(
             (Action::Drain { token, .. }, _) => {
                 scope.ctx.fence.check()?;
                 let now = i64::try_from(input.now).unwrap_or(i64::MAX);
-                let pass = drain::pass(&scope.ctx.drain_client, node, settings, now)
+                let pods = scope
+                    .ctx
+                    .pods
+                    .pods(&scope.name, node)
                     .await
                     .map_err(|source| Error::Api {
-                        what: format!("draining node {node}"),
+                        what: format!("listing the pods of node {node}"),
                         source,
                     })?;
+                let pass = drain::pass(&scope.ctx.drain_client, node, pods, settings, now).await;
                 if !pass.complete() {
                     blockers.push(DrainBlocker {
                         node: node.to_string(),
                         evictions_refused: pass.refused,
                         why: pass.remaining.join("; "),
                     });
+                    if !plan.summary.timed_out.iter().any(|t| t == node) {
+                        let due = pass.retry_after.unwrap_or(scope.ctx.drain_backstop);
+                        drain_after = Some(drain_after.map_or(due, |d| d.min(due)));
+                    }
                     continue;
                 }
+                scope.ctx.pods.stop(node);
                 tracing::info!(node, token, "drained; approving the reboot");
                 let listed_version = listed
                     .iter()
@@ -533,7 +553,7 @@ async fn execute(
             scope.publish(note).await;
         }
     }
-    Ok(blockers)
+    Ok((blockers, drain_after))
 }
 
 /// Records how long `node`'s drain took (from its mark as listed), now that its reboot is
@@ -898,9 +918,16 @@ pub async fn run(
         watcher::Config::default(),
     );
     let store = controller.store();
+    // Pod events on the nodes being drained, each naming the pool to wake (drain::watch).
+    let (wake_tx, wake_rx) = tokio::sync::mpsc::channel::<ObjectRef<StreamPool>>(64);
+    let wakes = futures::stream::unfold(wake_rx, |mut rx| async move {
+        rx.recv().await.map(|pool| (pool, rx))
+    });
     let ctx = Arc::new(Context {
         client: client.clone(),
         drain_client: clients.drain,
+        pods: drain::watch::PodWatches::new(client.clone(), clients.watch.clone(), wake_tx),
+        drain_backstop: drain::backstop_seconds(),
         catalog: catalog_rx,
         pools: store.clone(),
         recorder: Recorder::new(
@@ -934,6 +961,7 @@ pub async fn run(
                 pools
             },
         )
+        .reconcile_on(wakes)
         .reconcile_all_on(triggers)
         .with_config(Config::default().debounce(Duration::from_millis(200)))
         .graceful_shutdown_on(shutdown)

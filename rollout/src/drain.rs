@@ -8,20 +8,50 @@
 //! its data may be deleted, every other pod is evicted (pods without a controller too, as the
 //! machine-config operator's drain with `Force: true`,
 //! openshift/machine-config-operator:pkg/controller/drain/drain_controller.go), and an eviction
-//! a PodDisruptionBudget refuses (429) is tried again on the next pass.
+//! a PodDisruptionBudget refuses (429) is tried again [`RETRY_SECONDS`] later.
 //!
-//! One [`pass`] lists the node's pods and evicts what may go; the caller runs passes until
-//! nothing is left, so a controller restart simply continues with the next pass.
+//! One [`pass`] evicts what may go among the node's pods and reports what is left; the caller
+//! runs passes until nothing is left, so a controller restart simply continues with the next
+//! pass. The pods come from a watch of the node ([`watch`]), whose events wake the next pass as
+//! soon as a pod goes: a drain is approved when its last pod is deleted, not at the next tick of
+//! a timer. What no pod event announces has its own deadline ([`Pass::retry_after`]): an
+//! eviction refused (429, nothing changes on the pod) or failed is tried again after
+//! [`RETRY_SECONDS`], kubectl's cadence; a pod terminating is skipped when
+//! `skipWaitForDeleteTimeoutSeconds` runs out. A slow backstop ([`BACKSTOP_SECONDS`]) covers a
+//! watch event lost to a broken connection.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::core::{Selector, SelectorExt};
 use serde_json::{Value, json};
 
 use crate::crd::DrainSpec;
+
+pub mod watch;
+
+/// How long after a refused or failed eviction it is tried again: `kubectl drain`'s wait after
+/// a 429 (kubernetes/kubectl:pkg/drain/drain.go `evictPods`, "will retry after 5s").
+pub const RETRY_SECONDS: u64 = 5;
+
+/// How long an unfinished drain waits at most for its next pass when nothing else is due: only
+/// a pod event lost with its watch's connection waits this long.
+pub const BACKSTOP_SECONDS: u64 = 30;
+
+/// Overrides [`BACKSTOP_SECONDS`] (whole seconds, at least 1): the end-to-end test of pod-driven
+/// drains sets it long to show that the pod event, not the backstop, lets the drain finish.
+pub const BACKSTOP_ENV: &str = "STREAMD_ROLLOUT_DRAIN_BACKSTOP_SECONDS";
+
+/// The backstop in effect: [`BACKSTOP_ENV`] when it holds a number, else [`BACKSTOP_SECONDS`].
+pub fn backstop_seconds() -> u64 {
+    std::env::var(BACKSTOP_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .unwrap_or(BACKSTOP_SECONDS)
+}
 
 /// The annotation the kubelet puts on the API copy of a static pod
 /// (kubernetes/kubernetes:pkg/kubelet/types/pod_update.go `ConfigMirrorAnnotationKey`).
@@ -195,6 +225,9 @@ pub struct Pass {
     pub evicted: usize,
     /// A PodDisruptionBudget refused an eviction (429) in this pass.
     pub refused: bool,
+    /// Seconds until a pass is due although no pod changes (an eviction to try again, a
+    /// terminating pod no longer waited for); `None`: only a pod event is.
+    pub retry_after: Option<u64>,
 }
 
 impl Pass {
@@ -202,28 +235,44 @@ impl Pass {
     pub fn complete(&self) -> bool {
         self.remaining.is_empty()
     }
+
+    /// A pass is due within `secs` whatever the pods do.
+    fn retry_within(&mut self, secs: u64) {
+        self.retry_after = Some(self.retry_after.map_or(secs, |s| s.min(secs)));
+    }
 }
 
-/// One drain pass over `node` at `now` (Unix seconds): lists its pods (field selector
-/// `spec.nodeName`), looks up the DaemonSets of DaemonSet pods (once each), evicts the pods that
-/// may go, and reports what is left.
+/// Seconds from `now` until `pod`, terminating, is no longer waited for
+/// (`skipWaitForDeleteTimeoutSeconds` past its deletionTimestamp; [`verdict`]); `None`: it is
+/// waited for until it goes.
+fn skip_due(pod: &Pod, settings: &Settings, now: i64) -> Option<u64> {
+    let deleted = pod.metadata.deletion_timestamp.as_ref()?;
+    let timeout = settings.skip_wait_for_delete_timeout_seconds?;
+    let due = deleted.0.as_second().saturating_add_unsigned(timeout) + 1;
+    Some(
+        u64::try_from(due.saturating_sub(now))
+            .unwrap_or_default()
+            .max(1),
+    )
+}
+
+/// One drain pass over `node`'s `pods` at `now` (Unix seconds): looks up the DaemonSets of
+/// DaemonSet pods (once each), evicts the pods that may go, and reports what is left.
 pub async fn pass(
     client: &kube::Client,
     node: &str,
+    pods: Vec<Pod>,
     settings: &Settings,
     now: i64,
-) -> kube::Result<Pass> {
-    let pods: Api<Pod> = Api::all(client.clone());
-    let list = pods
-        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-        .await?;
+) -> Pass {
     let mut out = Pass::default();
     let mut daemon_sets: BTreeMap<(String, String), Verdict> = BTreeMap::new();
-    for pod in list.items {
+    for pod in pods {
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
         let id = format!("{ns}/{name}");
         let mut v = verdict(&pod, settings, now);
+        let looked_up = matches!(v, Verdict::DaemonSet(_));
         if let Verdict::DaemonSet(owner) = &v {
             let key = (ns.clone(), owner.clone());
             if !daemon_sets.contains_key(&key) {
@@ -235,8 +284,20 @@ pub async fn pass(
         }
         match v {
             Verdict::Skip(why) => tracing::debug!(node, pod = %id, why, "drain skips pod"),
-            Verdict::Wait => out.remaining.push(format!("{id}: terminating")),
-            Verdict::Block(why) => out.remaining.push(format!("{id}: {why}")),
+            Verdict::Wait => {
+                if let Some(due) = skip_due(&pod, settings, now) {
+                    out.retry_within(due);
+                }
+                out.remaining.push(format!("{id}: terminating"));
+            }
+            Verdict::Block(why) => {
+                // A failed DaemonSet lookup is tried again; an emptyDir pod waits for the
+                // pool's settings to change (a pool event).
+                if looked_up {
+                    out.retry_within(RETRY_SECONDS);
+                }
+                out.remaining.push(format!("{id}: {why}"));
+            }
             // Looked up above.
             Verdict::DaemonSet(_) => {}
             Verdict::Evict => {
@@ -255,7 +316,7 @@ pub async fn pass(
             }
         }
     }
-    Ok(out)
+    out
 }
 
 /// Records the answer to the eviction of pod `id` in `out`.
@@ -270,11 +331,13 @@ fn record(out: &mut Pass, node: &str, id: &str, outcome: Eviction) {
         Eviction::Refused(m) => {
             tracing::info!(node, pod = %id, message = %m, "eviction refused; retrying");
             out.refused = true;
+            out.retry_within(RETRY_SECONDS);
             out.remaining
                 .push(format!("{id}: eviction refused (429): {m}"));
         }
         Eviction::Failed(m) => {
             tracing::warn!(node, pod = %id, error = %m, "eviction failed; retrying");
+            out.retry_within(RETRY_SECONDS);
             out.remaining.push(format!("{id}: eviction failed: {m}"));
         }
     }
@@ -402,6 +465,24 @@ mod tests {
         for (name, p, s, want) in table {
             assert_eq!(verdict(&p, s, NOW), want, "{name}");
         }
+    }
+
+    #[test]
+    fn a_terminating_pod_is_let_go_when_its_skip_timeout_runs_out() {
+        let skip_after_60 = Settings {
+            skip_wait_for_delete_timeout_seconds: Some(60),
+            ..Settings::default()
+        };
+        let terminating = terminating_since(pod(), NOW - 30);
+        // Due 60 s after its deletion: the pass after that one skips it (`verdict`).
+        assert_eq!(skip_due(&terminating, &skip_after_60, NOW), Some(31));
+        assert_eq!(
+            verdict(&terminating, &skip_after_60, NOW + 31),
+            Verdict::Skip("terminating for longer than spec.drain.skipWaitForDeleteTimeoutSeconds")
+        );
+        assert_eq!(skip_due(&terminating, &skip_after_60, NOW + 40), Some(1));
+        assert_eq!(skip_due(&terminating, &Settings::default(), NOW), None);
+        assert_eq!(skip_due(&pod(), &skip_after_60, NOW), None);
     }
 
     #[test]

@@ -18,10 +18,6 @@ use crate::crd::{NodeIssue, OnTimeout};
 use crate::node::{Heartbeat, NodeView, ROLLOUT_STEP, Step};
 use crate::waves;
 
-/// How often a drain within its timeout is looked at again (evictions a PodDisruptionBudget
-/// refuses, pods still terminating), as `kubectl drain` retries.
-pub const DRAIN_PASS_SECONDS: u64 = 5;
-
 mod model;
 
 pub use model::{
@@ -671,7 +667,9 @@ fn staged_in_flight(
             let waited = pool.now.saturating_sub(started);
             let Some(over) = waited.checked_sub(pool.drain_timeout_seconds + 1) else {
                 summary.draining.push(n.name.clone());
-                recheck(summary, DRAIN_PASS_SECONDS);
+                // Its passes are the drain's to schedule (pod events, evictions to try again:
+                // `crate::drain`); its timeout is the planner's.
+                recheck(summary, pool.drain_timeout_seconds + 1 - waited);
                 return Some(drain);
             };
             summary.timed_out.push(n.name.clone());

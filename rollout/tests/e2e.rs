@@ -790,6 +790,36 @@ async fn the_pools_grace_period_reaches_the_evicted_pod() {
     p.assert_once(&["worker-0"]);
 }
 
+/// A drain is approved because its last pod went, not at a timer's next tick: with the drain's
+/// backstop an hour long (`STREAMD_ROLLOUT_DRAIN_BACKSTOP_SECONDS`) and the pool's timeout ten
+/// minutes, nothing but the watch of worker-0's pods can wake the pool between the eviction (the
+/// pod then terminating, removed by the kubelet stand-in 3 s later) and the approval.
+#[tokio::test]
+async fn a_drain_is_approved_when_its_last_pod_goes() {
+    let mut p = Pool::start("podwake", 1, &[]).await;
+    p.api()
+        .control(ApiServerCmd::PodRemoval { delay_ms: 3_000 })
+        .await
+        .expect("pod-removal");
+    web_replica(&p, "web-a", "worker-0");
+    p.create_pool(spec());
+    p.set_controller_env(rollout::drain::BACKSTOP_ENV, "3600");
+    p.start_controller("a", &["--leader-elect=false"]);
+    p.wait("web-a evicted", 120, |p| {
+        p.api()
+            .get("v1", "Pod", Some("default"), "web-a")
+            .is_ok_and(|pod| pod["metadata"]["deletionTimestamp"].is_string())
+    })
+    .await;
+    p.wait("worker-0 approved", 120, |p| {
+        p.annotation("worker-0", "reboot-approved").is_some()
+    })
+    .await;
+    assert!(p.pods_on("worker-0").is_empty(), "approved with pods left");
+    p.wait("worker-0 done", 120, |p| p.done("worker-0")).await;
+    p.assert_once(&["worker-0"]);
+}
+
 /// The machine-config daemon marks the nodes while worker-0's drain waits on a
 /// PodDisruptionBudget: the pool turns readiness-only and releases worker-0 (uncordoned, its mark
 /// and the pool's request removed, Event `NodeReleased`) instead of leaving it cordoned; it is

@@ -72,7 +72,7 @@ fn rbac_is_least_privilege() {
             "ClusterRole osstream.openshift.io streampools [] list,watch,patch",
             "ClusterRole osstream.openshift.io streampools/status [] patch",
             "ClusterRole  nodes [] list,watch,patch",
-            "ClusterRole  pods [] list",
+            "ClusterRole  pods [] list,watch",
             "ClusterRole  pods/eviction [] create",
             "ClusterRole apps daemonsets [] get",
             "ClusterRole machineconfiguration.openshift.io osimagestreams [] list,watch",

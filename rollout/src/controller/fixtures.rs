@@ -54,6 +54,8 @@ impl Context {
         let ctx = Context {
             client: client.clone(),
             drain_client: client.clone(),
+            pods: drain::watch::PodWatches::listing(client.clone()),
+            drain_backstop: drain::BACKSTOP_SECONDS,
             catalog,
             pools: pools.as_reader(),
             recorder: Recorder::new(

@@ -109,6 +109,8 @@ pub struct Pool {
     pub admin: kube::Client,
     sa_kubeconfig: PathBuf,
     controllers: Vec<(String, tokio::process::Child)>,
+    /// Environment of the replicas started from now on.
+    controller_env: Vec<(String, String)>,
     seen: Arc<Mutex<Seen>>,
     watch: tokio::task::JoinHandle<()>,
     name: String,
@@ -162,6 +164,7 @@ impl Pool {
             admin,
             sa_kubeconfig,
             controllers: Vec::new(),
+            controller_env: Vec::new(),
             seen,
             watch,
             name: name.to_string(),
@@ -194,6 +197,7 @@ impl Pool {
                 "streamd-rollout",
             ])
             .args(extra)
+            .envs(self.controller_env.iter().cloned())
             .env("KUBECONFIG", kubeconfig)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(log).expect("log"))
@@ -201,6 +205,12 @@ impl Pool {
             .spawn()
             .expect("streamd-rollout");
         self.controllers.push((identity.to_string(), child));
+    }
+
+    /// Sets `key=value` in the environment of the replicas started from now on.
+    pub fn set_controller_env(&mut self, key: &str, value: &str) {
+        self.controller_env
+            .push((key.to_string(), value.to_string()));
     }
 
     /// SIGKILLs the replica `identity`.
