@@ -387,6 +387,8 @@ impl BootedHost {
                 "private",
                 "--pid",
                 "--fork",
+                // A timed-out command's kill reaches the namespace's processes too.
+                "--kill-child",
                 "--",
                 "/bin/sh",
                 "-c",
