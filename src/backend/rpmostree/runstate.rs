@@ -233,6 +233,109 @@ mod tests {
         }
     }
 
+    /// A record real libostree 2025.x wrote on a testbed sysroot (Debian trixie's `ostree`, in
+    /// the root scripts/setup.sh makes; on CI a missing root fails the test): staged over the
+    /// booted deployment with the lock, the way rpm-ostree stages, then unlocked and finalized by
+    /// the same libostree. streamd reads the lock from it at each step.
+    #[tokio::test]
+    async fn records_real_libostree_2025_writes_are_decoded() {
+        use testbed::fakes::rpmostreed::libostree::{BootedHost, Trixie};
+        use testbed::fixtures::images::{DEFAULT_REGISTRY, catalog};
+        let Some(trixie) = Trixie::for_test("records_real_libostree_2025_writes_are_decoded")
+            .expect("the trixie root scripts/setup.sh makes")
+        else {
+            return;
+        };
+        assert!(
+            trixie.version().starts_with("2025."),
+            "{}",
+            trixie.version()
+        );
+        let root = testbed::scratch::ScratchDir::new("real-ostree").expect("scratch dir");
+        let images = catalog(DEFAULT_REGISTRY);
+        let kargs: Vec<String> = ["rw", "root=UUID=91b1b4fd", "rootflags=prjquota", "fips=1"]
+            .map(String::from)
+            .to_vec();
+        let host = BootedHost::create(&root, "rhcos", &images[0], &kargs)
+            .await
+            .expect("booted sysroot");
+        let target = host.commit(&images[1]).await.expect("commit");
+        // What rpm-ostree passes: the merge deployment's arguments (its `ostree=` among them).
+        let stage_kargs = host.booted_options().to_vec();
+        assert!(
+            stage_kargs
+                .iter()
+                .any(|k| k.starts_with("ostree=/ostree/boot."))
+        );
+        let (staged, out) = host
+            .stage(&trixie, &target, &stage_kargs, true)
+            .await
+            .expect("real libostree stages on the testbed sysroot");
+        assert!(
+            out.stderr
+                .contains("systemctl stub: start ostree-finalize-staged.service"),
+            "{}",
+            out.stderr
+        );
+        let dep = |name: &testbed::fakes::rpmostreed::libostree::DeploymentName| Deployment {
+            checksum: name.checksum.clone(),
+            serial: name.serial,
+            staged: true,
+            ..Deployment::default()
+        };
+        let read = || decode(&std::fs::read(root.join(STAGED)).unwrap()).unwrap();
+        let name =
+            |record: &HashMap<String, OwnedValue>, key: &str| match record.get(key).map(|v| &**v) {
+                Some(Value::Dict(d)) => d.get::<&str, String>(&"name").unwrap(),
+                other => panic!("{key}: {other:?}"),
+            };
+        let record = read();
+        assert_eq!(name(&record, "target"), Some(staged.to_string()));
+        assert_eq!(
+            name(&record, "merge-deployment"),
+            Some(host.booted().to_string())
+        );
+        let written: Vec<String> = record["kargs"].try_clone().unwrap().try_into().unwrap();
+        assert_eq!(written, stage_kargs);
+        assert!(matches!(
+            record.get("locked").map(|v| &**v),
+            Some(Value::Bool(true))
+        ));
+        // rpm-ostree leaves no legacy file: the key is the whole lock.
+        assert!(!root.join("run/ostree/staged-deployment-locked").exists());
+        assert!(staged_locked(&root, &dep(&staged)).unwrap());
+        assert!(!staged_locked(&root, &dep(host.booted())).unwrap());
+
+        // libostree honours the key alone: a locked deployment is not finalized.
+        let out = host
+            .finalize_staged(&trixie)
+            .await
+            .expect("finalize-staged");
+        assert!(root.join(STAGED).exists(), "{out:?}");
+        assert!(staged_locked(&root, &dep(&staged)).unwrap());
+
+        host.change_finalization(&trixie, true)
+            .await
+            .expect("unlock by real libostree");
+        assert!(matches!(
+            read().get("locked").map(|v| &**v),
+            Some(Value::Bool(false))
+        ));
+        assert!(!staged_locked(&root, &dep(&staged)).unwrap());
+
+        host.finalize_staged(&trixie)
+            .await
+            .expect("finalize-staged");
+        assert!(!root.join(STAGED).exists());
+        assert!(!staged_locked(&root, &dep(&staged)).unwrap());
+        let status = host.status(&trixie).await.expect("status").stdout;
+        let first = status
+            .lines()
+            .find(|l| l.contains("rhcos "))
+            .unwrap_or_default();
+        assert!(first.contains(&staged.to_string()), "{status}");
+    }
+
     #[test]
     fn a_broken_record_is_a_clear_error() {
         let e = with_file(Some(b"\xff\x00garbage")).unwrap_err();
