@@ -1,9 +1,19 @@
 //! The thin edge: a kube-runtime controller over `StreamPool`s, woken by watches of the pools,
 //! the Nodes (mapped to the pools that select them) and the cluster's OSImageStream — no
-//! polling. Each reconcile lists the nodes afresh (a consistent read, so a decision never
-//! rests on a cache that has not yet seen the controller's own last patch), asks the
-//! [`planner`](crate::planner) what to do, does it with one Node patch per action, and writes
-//! the status. A drain in progress is looked at again every [`DRAIN_RETRY`] (evictions a
+//! polling. The Node watch also fills a node store (a reflector), which each reconcile reads
+//! instead of listing the nodes. A decision must never rest on a copy that has not yet seen the
+//! controller's own last write (it would, say, cordon a node a second time, or approve a reboot
+//! on a node it had uncordoned): every write's returned `resourceVersion` is kept
+//! ([`written`]), and a pool is not reconciled while the store's copy of any node, or the
+//! cache's copy of the pool, predates it; the watch brings the write back within moments and
+//! its event reconciles the pool again ([`STALE_RETRY`] at the latest). Every node write is
+//! moreover conditional on the version it was decided on, as before, so a copy older than
+//! someone else's write is a 409, looked at again. Each reconcile asks the
+//! [`planner`](crate::planner) what to do and does it with at most one Node patch per node (the
+//! pass's actions and update-taint change of a node merged), and writes the status when it
+//! changed: at once when a condition, the target, the generation or a node issue changed, else
+//! (per-node progress only) at most every [`STATUS_INTERVAL`] per pool, each write conditional
+//! on the pool's `resourceVersion` (a 409 is looked at again from the cache). A drain in progress is looked at again every [`DRAIN_RETRY`] (evictions a
 //! PodDisruptionBudget refuses, pods still terminating), as `kubectl drain` retries, one past
 //! its timeout less often, and a pool with a deadline pending when it falls due
 //! ([`Summary::recheck_after`]). What it does is also told in Events on the pool
@@ -20,11 +30,11 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action as Requeue, Config, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, reflector::reflector, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 use streamd::cluster::protocol::{Desired, Inputs, validate_stream};
@@ -46,6 +56,7 @@ use crate::waves::{self, Waves};
 
 mod failures;
 mod patches;
+mod written;
 use crate::selection::{self, Owner};
 use crate::status;
 use patches::check_patch;
@@ -59,6 +70,11 @@ pub const FINALIZER: &str = "osstream.openshift.io/rollout";
 pub const DRAIN_RETRY: Duration = Duration::from_secs(planner::DRAIN_PASS_SECONDS);
 /// Look again after a write found the object changed since it was read (409).
 const CONFLICT_RETRY: Duration = Duration::from_secs(1);
+/// Look again after this at the latest while the caches have not seen the controller's own last
+/// write (the watch event that brings it reconciles the pool sooner).
+pub const STALE_RETRY: Duration = Duration::from_millis(500);
+/// A pool's status changed only in per-node progress is written at most this often.
+pub const STATUS_INTERVAL: Duration = Duration::from_secs(5);
 /// Longest a request may take (connect, send, each read); a hung API server costs a reconcile
 /// this long, not kube's default 295 s.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
@@ -79,6 +95,9 @@ pub enum Error {
     /// This replica could not prove it holds the leader lease, so it made no write.
     #[error(transparent)]
     NotLeader(#[from] NotLeader),
+    /// The Node watch has not yet listed the nodes (the store is empty until it has).
+    #[error("the node watch has not listed the nodes within {0:?}")]
+    NodesNotRead(Duration),
 }
 
 /// What reconciles share.
@@ -88,10 +107,18 @@ pub struct Context {
     drain_client: kube::Client,
     catalog: watch::Receiver<Option<Catalog>>,
     pools: Store<StreamPool>,
+    /// Every Node, as the Node watch last showed it.
+    nodes: Store<Node>,
+    /// The controller's own last writes of nodes and of pools (see [`written`]).
+    node_writes: written::Written,
+    pool_writes: written::Written,
+    /// When each pool's status was last written (see [`STATUS_INTERVAL`]).
+    status_written: std::sync::Mutex<BTreeMap<String, std::time::Instant>>,
     recorder: Recorder,
     journal: Journal,
-    /// The nodes' heartbeat Leases; `None`: not read (every heartbeat unknown).
-    heartbeats: Option<Api<Lease>>,
+    /// The nodes' heartbeat Leases, as a watch of their namespace last showed them; `None`:
+    /// not read (every heartbeat unknown).
+    heartbeats: Option<Store<Lease>>,
     /// Checked before every write (see [`crate::leader`]).
     fence: Fence,
     /// The node this replica runs on (taken last).
@@ -187,10 +214,18 @@ impl Scope<'_> {
         versions.get(node).cloned()
     }
 
-    /// Records what a write of `node` returned.
+    /// Records what a write of `node` returned, for this pass and the next ones.
     fn set_version(&self, node: &str, rv: String) {
+        self.ctx.node_writes.wrote(node, rv.clone());
         let mut versions = self.versions.lock().unwrap_or_else(|e| e.into_inner());
         versions.insert(node.to_string(), rv);
+    }
+
+    /// Records what a write of the pool returned.
+    fn wrote_pool(&self, written: &StreamPool) {
+        if let Some(rv) = written.resource_version() {
+            self.ctx.pool_writes.wrote(&self.name, rv);
+        }
     }
 
     /// The node carries this pool's request (its name in [`ROLLOUT_POOL`]).
@@ -259,19 +294,42 @@ fn split(pool: &StreamPool, others: &[Arc<StreamPool>], nodes: Vec<Node>) -> Lis
     listed
 }
 
-/// One pass over `pool`: lists the nodes and hands them to [`finalizer`]; its span carries the
-/// pool's name.
+/// One pass over `pool`: reads the nodes from the store and hands them to [`finalizer`], unless
+/// a cached copy predates the controller's own last write; its span carries the pool's name.
 #[tracing::instrument(skip(pool, ctx), fields(pool = %pool.name_any()))]
 async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, Error> {
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    // Every node, not only the selected ones: those that left the selector are released.
-    let all = nodes
-        .list(&ListParams::default())
+    tokio::time::timeout(REQUEST_TIMEOUT, ctx.nodes.wait_until_ready())
         .await
-        .map_err(|source| Error::Api {
-            what: "listing the nodes".into(),
-            source,
-        })?;
+        .map_err(|_| Error::NodesNotRead(REQUEST_TIMEOUT))?
+        .map_err(|_| Error::NodesNotRead(REQUEST_TIMEOUT))?;
+    // Every node, not only the selected ones: those that left the selector are released.
+    let mut all: Vec<Node> = ctx
+        .nodes
+        .state()
+        .iter()
+        .map(|n| n.as_ref().clone())
+        .collect();
+    // In name order, as the API server lists them (the store keeps no order).
+    all.sort_by_key(ResourceExt::name_any);
+    let pool_stale = ctx
+        .pool_writes
+        .stale(&pool.name_any(), pool.resource_version().as_deref());
+    let nodes_stale = all
+        .iter()
+        .filter(|n| {
+            ctx.node_writes
+                .stale(&n.name_any(), n.resource_version().as_deref())
+        })
+        .count();
+    if pool_stale || nodes_stale > 0 {
+        tracing::debug!(
+            pool_stale,
+            nodes_stale,
+            "the cache has not seen this controller's last write yet; looked at again"
+        );
+        return Ok(Requeue::requeue(STALE_RETRY));
+    }
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
     let scope = Scope {
         ctx: &ctx,
         pool: &pool,
@@ -280,18 +338,16 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
         pools: Api::all(ctx.client.clone()),
         pool_ref: reference(pool.object_ref(&())),
         node_refs: all
-            .items
             .iter()
             .map(|n| (n.name_any(), reference(n.object_ref(&()))))
             .collect(),
         versions: std::sync::Mutex::new(
-            all.items
-                .iter()
+            all.iter()
                 .filter_map(|n| Some((n.name_any(), n.resource_version()?)))
                 .collect(),
         ),
     };
-    let listed = split(&pool, &ctx.pools.state(), all.items);
+    let listed = split(&pool, &ctx.pools.state(), all);
     let done = finalizer(&scope, &listed).await?;
     ctx.failures.succeeded(&scope.name);
     Ok(done)
@@ -305,7 +361,7 @@ async fn finalizer(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error>
         return cleanup(scope, listed).await;
     }
     if !scope.pool.finalizers().iter().any(|f| f == FINALIZER)
-        && !set_finalizer(&scope.pools, scope.pool, true).await?
+        && !set_finalizer(scope, true).await?
     {
         return Ok(Requeue::requeue(CONFLICT_RETRY));
     }
@@ -333,11 +389,18 @@ async fn cleanup(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
     if waiting > 0 {
         return Ok(Requeue::requeue(DRAIN_RETRY));
     }
-    if !set_finalizer(&scope.pools, scope.pool, false).await? {
+    if !set_finalizer(scope, false).await? {
         return Ok(Requeue::requeue(CONFLICT_RETRY));
     }
     scope.ctx.journal.forget(&scope.name);
     scope.ctx.metrics.forget(&scope.name);
+    scope.ctx.pool_writes.forget(&scope.name);
+    scope
+        .ctx
+        .status_written
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&scope.name);
     tracing::info!("nodes released; the pool may go");
     Ok(Requeue::await_change())
 }
@@ -354,24 +417,25 @@ async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
     for n in leavers {
         leaving |= !release_node(scope, n, "it left the pool's selector").await?;
     }
-    let leases = match &scope.ctx.heartbeats {
-        Some(api) => heartbeat::read(api).await,
-        None => BTreeMap::new(),
-    };
+    let leases = scope
+        .ctx
+        .heartbeats
+        .as_ref()
+        .map(heartbeat::read)
+        .unwrap_or_default();
     let Some((input, plan)) = plan(scope, listed, &leases) else {
         // The first read of OSImageStream is under way; its arrival reconciles every pool.
         return Ok(Requeue::await_change());
     };
     // A malformed podSelector made the pool Degraded (`InvalidSpec`): no drain runs.
     let settings = drain::Settings::from_spec(&scope.pool.spec.drain).unwrap_or_default();
-    let blockers = execute(scope, &input, &plan.actions, &listed.selected, &settings).await?;
-    set_update_taints(scope, &plan.taints, &listed.selected).await?;
+    let blockers = execute(scope, &input, &plan, &listed.selected, &settings).await?;
     if plan.summary.canary_complete
         && let Ok(t) = &input.target
     {
         pause_after_canary(scope, &target_line(t)).await?;
     }
-    write_status(scope, &input, &plan.summary, &blockers).await?;
+    let status_due = write_status(scope, &input, &plan.summary, &blockers).await?;
     let now = i64::try_from(input.now).unwrap_or(i64::MAX);
     let ours = listed
         .selected
@@ -380,6 +444,7 @@ async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
     // A deadline or a heartbeat that runs out changes nothing the watches see.
     let after = [
         leaving.then_some(DRAIN_RETRY),
+        status_due,
         plan.summary.recheck_after.map(Duration::from_secs),
         heartbeat::recheck_after(ours, now),
     ]
@@ -452,52 +517,37 @@ fn plan(
     Some((input, plan))
 }
 
-/// Does `actions`, one Node patch each (a drain runs a pass first and approves only once no
-/// pod is left; a release is [`release_node`]'s, of the node as `listed`), and tells each in an
-/// Event; returns the drains not finished, with what is left (`node`, pods).
+/// Does the plan's actions and update-taint changes with at most one Node patch per node (the
+/// check keys, the target, a cordon or an uncordon of a node and its taint change merged; a
+/// drain runs a pass first and approves only once no pod is left; a release is
+/// [`release_node`]'s, of the node as `listed`), and tells in an Event what an admin follows
+/// a node by; returns the drains not finished, with what is left (`node`, pods).
 async fn execute(
     scope: &Scope<'_>,
     input: &PoolInput,
-    actions: &[Action],
+    plan: &Plan,
     listed: &[Node],
     settings: &drain::Settings,
 ) -> Result<Vec<(String, String)>, Error> {
+    let find = |node: &str| listed.iter().find(|n| n.name_any() == node);
     let mut blockers = Vec::new();
-    // A node whose write was refused as changed gets no more writes in this pass.
-    let mut conflicted = std::collections::BTreeSet::new();
-    for action in actions {
+    // Per node, in the order first met: the merged patch and the actions it carries.
+    let mut writes: Vec<(String, Value, Vec<&Action>)> = Vec::new();
+    for action in &plan.actions {
         let node = action.node();
-        if conflicted.contains(node) {
-            continue;
-        }
         let patch = match (action, &input.target) {
             (Action::Release { .. }, _) => {
-                if let Some(n) = listed.iter().find(|n| n.name_any() == node) {
+                if let Some(n) = find(node) {
                     let why = "the machine-config operator manages the pool's nodes";
                     release_node(scope, n, why).await?;
                 }
                 continue;
             }
             (Action::Drain { token, .. }, _) => {
-                scope.ctx.fence.check()?;
-                let now = i64::try_from(input.now).unwrap_or(i64::MAX);
-                let pass = drain::pass(&scope.ctx.drain_client, node, settings, now)
-                    .await
-                    .map_err(|source| Error::Api {
-                        what: format!("draining node {node}"),
-                        source,
-                    })?;
-                if !pass.complete() {
-                    blockers.push((node.to_string(), pass.remaining.join("; ")));
-                    continue;
+                if let Some(left) = drain_and_approve(scope, input, node, token, settings).await? {
+                    blockers.push((node.to_string(), left));
                 }
-                tracing::info!(node, token, "drained; approving the reboot");
-                let listed_version = listed
-                    .iter()
-                    .find(|n| n.name_any() == node)
-                    .and_then(|n| n.resource_version())
-                    .unwrap_or_default();
-                approval_patch(token, input.now, &listed_version)
+                continue;
             }
             (a, Ok(t)) => match action_patch(&scope.name, a, t, input.check.as_ref(), input.now) {
                 Some(p) => p,
@@ -509,30 +559,112 @@ async fn execute(
             },
             (_, Err(_)) => continue,
         };
-        tracing::info!(node, action = ?action, "node step");
-        if !patch_listed_node(scope, node, patch).await? {
-            let why =
-                "the node changed since it was listed (uncordoned?); not approved, looked at again";
-            blockers.push((node.to_string(), why.to_string()));
-            conflicted.insert(node);
-            continue;
-        }
-        if let Some(note) = events::for_action(action, &scope.pool.spec.target.stream) {
-            scope.publish(note).await;
+        match writes.iter_mut().find(|(n, _, _)| n == node) {
+            Some((_, merged, done)) => {
+                merge_patch(merged, patch);
+                done.push(action);
+            }
+            None => writes.push((node.to_string(), patch, vec![action])),
         }
     }
+    let mut taints: BTreeMap<&str, bool> = plan
+        .taints
+        .iter()
+        .map(|(n, on)| (n.as_str(), *on))
+        .collect();
+    for (node, patch, done) in &mut writes {
+        let Some(n) = find(node) else { continue };
+        // An uncordoned node runs the target: the next pass would take its taint off.
+        let uncordoned = done.iter().any(|a| matches!(a, Action::Uncordon { .. }));
+        let on = taints
+            .remove(node.as_str())
+            .or_else(|| (uncordoned && NodeView::from_node(n).update_tainted).then_some(false));
+        if let Some(on) = on {
+            merge_patch(
+                patch,
+                json!({ "spec": { "taints": taints_with_update(n, on) } }),
+            );
+        }
+    }
+    for (node, patch, done) in writes {
+        tracing::info!(node, actions = ?done, "node step");
+        if !patch_listed_node(scope, &node, patch).await? {
+            let why = "the node changed since it was listed (uncordoned?); looked at again";
+            blockers.push((node, why.to_string()));
+            continue;
+        }
+        let took = find(&node)
+            .and_then(|n| NodeView::from_node(n).targeted_at())
+            .map(|at| input.now.saturating_sub(at));
+        for action in done {
+            if let Some(note) = events::for_action(action, &scope.pool.spec.target.stream, took) {
+                scope.publish(note).await;
+            }
+        }
+    }
+    set_update_taints(scope, &taints, listed).await?;
     Ok(blockers)
 }
 
-/// Sets or removes the update taint as the plan says, each write conditional on the node as
-/// listed (or as this pass's last write of it left it): a 409 is looked at again next pass.
+/// Runs a drain pass over `node` and approves its reboot `token` once no pod is left; `Some`:
+/// not yet, with what is left.
+async fn drain_and_approve(
+    scope: &Scope<'_>,
+    input: &PoolInput,
+    node: &str,
+    token: &str,
+    settings: &drain::Settings,
+) -> Result<Option<String>, Error> {
+    scope.ctx.fence.check()?;
+    let now = i64::try_from(input.now).unwrap_or(i64::MAX);
+    let pass = drain::pass(&scope.ctx.drain_client, node, settings, now)
+        .await
+        .map_err(|source| Error::Api {
+            what: format!("draining node {node}"),
+            source,
+        })?;
+    if !pass.complete() {
+        return Ok(Some(pass.remaining.join("; ")));
+    }
+    tracing::info!(node, token, "drained; approving the reboot");
+    let patch = approval_patch(token, input.now, &scope.version(node).unwrap_or_default());
+    if patch_listed_node(scope, node, patch).await? {
+        Ok(None)
+    } else {
+        Ok(Some(
+            "the node changed since it was listed (uncordoned?); not approved, looked at again"
+                .into(),
+        ))
+    }
+}
+
+/// Merges the merge patch `more` into `patch` (members of both objects merged, else `more`'s
+/// value; a `null` stays, as the removal it asks for).
+fn merge_patch(patch: &mut Value, more: Value) {
+    match (patch, more) {
+        (Value::Object(into), Value::Object(from)) => {
+            for (k, v) in from {
+                match into.get_mut(&k) {
+                    Some(existing) => merge_patch(existing, v),
+                    None => {
+                        into.insert(k, v);
+                    }
+                }
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+/// Sets or removes the update taint of the nodes `taints` names (those no action of the pass
+/// wrote), each write conditional on the node as listed: a 409 is looked at again next pass.
 async fn set_update_taints(
     scope: &Scope<'_>,
-    taints: &[(String, bool)],
+    taints: &BTreeMap<&str, bool>,
     listed: &[Node],
 ) -> Result<(), Error> {
     for (node, on) in taints {
-        let Some(n) = listed.iter().find(|n| &n.name_any() == node) else {
+        let Some(n) = listed.iter().find(|n| n.name_any() == *node) else {
             continue;
         };
         let patch = json!({
@@ -579,13 +711,15 @@ async fn patch_listed_node(scope: &Scope<'_>, node: &str, mut patch: Value) -> R
     }
 }
 
-/// Writes the pool's status when it changed, then publishes what is news in it.
+/// Writes the pool's status when it changed (only per-node progress: at most every
+/// [`STATUS_INTERVAL`]), conditional on the pool as cached, then publishes what is news in it;
+/// `Some`: look again after this (a change held back, or a 409).
 async fn write_status(
     scope: &Scope<'_>,
     input: &PoolInput,
     summary: &Summary,
     blockers: &[(String, String)],
-) -> Result<(), Error> {
+) -> Result<Option<Duration>, Error> {
     let pool = scope.pool;
     let built = status::build(
         summary,
@@ -604,7 +738,24 @@ async fn write_status(
         .ctx
         .metrics
         .pool(&scope.name, &status::phase(&built), summary, blockers.len());
-    if pool.status.as_ref() != Some(&built) {
+    let mut again = None;
+    let held = || -> Option<Duration> {
+        let written = scope
+            .ctx
+            .status_written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let since = written.get(&scope.name)?.elapsed();
+        STATUS_INTERVAL.checked_sub(since)
+    };
+    if pool.status.as_ref() == Some(&built) {
+    } else if let Some(wait) = held().filter(|_| !status::urgent(pool.status.as_ref(), &built)) {
+        tracing::debug!(
+            wait_ms = wait.as_millis(),
+            "status progress held back; written with the next change or after the wait"
+        );
+        again = Some(wait);
+    } else {
         scope.ctx.fence.check()?;
         let mut value = serde_json::to_value(&built).unwrap_or_default();
         // A merge patch keeps keys it does not name: clear the optional ones explicitly.
@@ -620,23 +771,40 @@ async fn write_status(
                 map.entry(key).or_insert(Value::Null);
             }
         }
-        scope
+        let patch = json!({
+            "metadata": { "resourceVersion": pool.resource_version() },
+            "status": value,
+        });
+        match scope
             .pools
-            .patch_status(
-                &scope.name,
-                &patch_params(),
-                &Patch::Merge(&json!({ "status": value })),
-            )
+            .patch_status(&scope.name, &patch_params(), &Patch::Merge(&patch))
             .await
-            .map_err(|source| Error::Api {
-                what: format!("writing the status of pool {}", scope.name),
-                source,
-            })?;
+        {
+            Ok(written) => {
+                scope.wrote_pool(&written);
+                scope
+                    .ctx
+                    .status_written
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(scope.name.clone(), std::time::Instant::now());
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                tracing::debug!("the pool changed since it was cached; status looked at again");
+                again = Some(CONFLICT_RETRY);
+            }
+            Err(source) => {
+                return Err(Error::Api {
+                    what: format!("writing the status of pool {}", scope.name),
+                    source,
+                });
+            }
+        }
     }
     for note in news {
         scope.publish(note).await;
     }
-    Ok(())
+    Ok(again)
 }
 
 /// The canary moved its nodes: pauses the pool (`spec.paused: true`) and marks the canary done
@@ -656,7 +824,8 @@ async fn pause_after_canary(scope: &Scope<'_>, target: &str) -> Result<(), Error
         .patch(&scope.name, &patch_params(), &Patch::Merge(&patch))
         .await
     {
-        Ok(_) => {
+        Ok(written) => {
+            scope.wrote_pool(&written);
             tracing::info!(target, "canary complete; pool paused");
             scope.publish(events::canary_complete(target)).await;
             Ok(())
@@ -691,7 +860,11 @@ async fn release_node(scope: &Scope<'_>, n: &Node, why: &str) -> Result<bool, Er
         .patch(&node, &patch_params(), &Patch::Merge(&patch))
         .await
     {
-        Ok(_) => {}
+        Ok(written) => {
+            if let Some(rv) = written.resource_version() {
+                scope.set_version(&node, rv);
+            }
+        }
         Err(kube::Error::Api(s)) if s.code == 409 => return Ok(false),
         Err(source) => {
             return Err(Error::Api {
@@ -709,11 +882,8 @@ async fn release_node(scope: &Scope<'_>, n: &Node, why: &str) -> Result<bool, Er
 
 /// Adds (`on`) or removes the [`FINALIZER`], only if the pool is as the cache has it;
 /// `false`: it is not (409), look again.
-async fn set_finalizer(
-    pools: &Api<StreamPool>,
-    pool: &StreamPool,
-    on: bool,
-) -> Result<bool, Error> {
+async fn set_finalizer(scope: &Scope<'_>, on: bool) -> Result<bool, Error> {
+    let pool = scope.pool;
     let mut finalizers: Vec<String> = pool
         .finalizers()
         .iter()
@@ -727,11 +897,15 @@ async fn set_finalizer(
         "finalizers": finalizers,
         "resourceVersion": pool.resource_version(),
     } });
-    match pools
+    match scope
+        .pools
         .patch(&pool.name_any(), &patch_params(), &Patch::Merge(&patch))
         .await
     {
-        Ok(_) => Ok(true),
+        Ok(written) => {
+            scope.wrote_pool(&written);
+            Ok(true)
+        }
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
         Err(source) => Err(Error::Api {
             what: format!("writing the finalizer of pool {}", pool.name_any()),
@@ -871,11 +1045,28 @@ pub async fn run(
         watcher::Config::default(),
     );
     let store = controller.store();
+    let (nodes, node_writer) = reflector::store();
+    let node_events = reflector(
+        node_writer,
+        watcher::watcher(
+            Api::<Node>::all(clients.watch.clone()),
+            watcher::Config::default(),
+        ),
+    )
+    .default_backoff()
+    .touched_objects();
+    let (heartbeats, leases) = heartbeat_namespace
+        .map(|ns| heartbeat::watch(clients.watch.clone(), ns))
+        .unzip();
     let ctx = Arc::new(Context {
         client: client.clone(),
         drain_client: clients.drain,
         catalog: catalog_rx,
         pools: store.clone(),
+        nodes,
+        node_writes: written::Written::default(),
+        pool_writes: written::Written::default(),
+        status_written: std::sync::Mutex::default(),
         recorder: Recorder::new(
             client.clone(),
             Reporter {
@@ -884,29 +1075,25 @@ pub async fn run(
             },
         ),
         journal: Journal::default(),
-        heartbeats: heartbeat_namespace.map(|ns| Api::namespaced(client.clone(), ns)),
+        heartbeats,
         fence,
         node_name: node_name.map(str::to_string),
         failures: failures::Failures::default(),
         metrics,
     });
     controller
-        .watches(
-            Api::<Node>::all(clients.watch),
-            watcher::Config::default(),
-            move |node: Node| {
-                let state = store.state();
-                let mut pools = pools_selecting(&state, node.labels());
-                // A node that left its pool's selector (the pool releases it).
-                if let Some(own) = node.annotations().get(ROLLOUT_POOL) {
-                    let own = ObjectRef::new(own);
-                    if !pools.contains(&own) {
-                        pools.push(own);
-                    }
+        .watches_stream(node_events, move |node: Node| {
+            let state = store.state();
+            let mut pools = pools_selecting(&state, node.labels());
+            // A node that left its pool's selector (the pool releases it).
+            if let Some(own) = node.annotations().get(ROLLOUT_POOL) {
+                let own = ObjectRef::new(own);
+                if !pools.contains(&own) {
+                    pools.push(own);
                 }
-                pools
-            },
-        )
+            }
+            pools
+        })
         .reconcile_all_on(triggers)
         .with_config(Config::default().debounce(Duration::from_millis(200)))
         .graceful_shutdown_on(shutdown)
@@ -918,6 +1105,9 @@ pub async fn run(
         })
         .await;
     follow.abort();
+    if let Some(leases) = leases {
+        leases.abort();
+    }
 }
 
 #[cfg(test)]
