@@ -51,14 +51,16 @@ use crate::heartbeat;
 use crate::leader::{Fence, NotLeader};
 use crate::metrics::Metrics;
 use crate::node::{NodeView, ROLLOUT_POOL, ROLLOUT_STEP, taints_with_update};
-use crate::planner::{self, Action, CheckKeys, Plan, PoolInput, Release, Summary};
+use crate::planner::{self, CheckKeys, Plan, PoolInput, Release, Summary};
 use crate::waves::{self, Waves};
 
+mod execute;
 mod failures;
 mod patches;
 mod written;
 use crate::selection::{self, Owner};
 use crate::status;
+use execute::execute;
 use patches::check_patch;
 pub use patches::{action_patch, approval_patch, release_patch};
 
@@ -515,173 +517,6 @@ fn plan(
         .collect();
     let plan = planner::plan(&input, &views);
     Some((input, plan))
-}
-
-/// Does the plan's actions and update-taint changes with at most one Node patch per node (the
-/// check keys, the target, a cordon or an uncordon of a node and its taint change merged; a
-/// drain runs a pass first and approves only once no pod is left; a release is
-/// [`release_node`]'s, of the node as `listed`), and tells in an Event what an admin follows
-/// a node by; returns the drains not finished, with what is left (`node`, pods).
-async fn execute(
-    scope: &Scope<'_>,
-    input: &PoolInput,
-    plan: &Plan,
-    listed: &[Node],
-    settings: &drain::Settings,
-) -> Result<Vec<(String, String)>, Error> {
-    let find = |node: &str| listed.iter().find(|n| n.name_any() == node);
-    let mut blockers = Vec::new();
-    // Per node, in the order first met: the merged patch and the actions it carries.
-    let mut writes: Vec<(String, Value, Vec<&Action>)> = Vec::new();
-    for action in &plan.actions {
-        let node = action.node();
-        let patch = match (action, &input.target) {
-            (Action::Release { .. }, _) => {
-                if let Some(n) = find(node) {
-                    let why = "the machine-config operator manages the pool's nodes";
-                    release_node(scope, n, why).await?;
-                }
-                continue;
-            }
-            (Action::Drain { token, .. }, _) => {
-                if let Some(left) = drain_and_approve(scope, input, node, token, settings).await? {
-                    blockers.push((node.to_string(), left));
-                }
-                continue;
-            }
-            (a, Ok(t)) => match action_patch(&scope.name, a, t, input.check.as_ref(), input.now) {
-                Some(p) => p,
-                None => continue,
-            },
-            (Action::Check { .. }, Err(_)) => match &input.check {
-                Some(c) => json!({ "metadata": { "annotations": check_patch(&scope.name, c) } }),
-                None => continue,
-            },
-            (_, Err(_)) => continue,
-        };
-        match writes.iter_mut().find(|(n, _, _)| n == node) {
-            Some((_, merged, done)) => {
-                merge_patch(merged, patch);
-                done.push(action);
-            }
-            None => writes.push((node.to_string(), patch, vec![action])),
-        }
-    }
-    let mut taints: BTreeMap<&str, bool> = plan
-        .taints
-        .iter()
-        .map(|(n, on)| (n.as_str(), *on))
-        .collect();
-    for (node, patch, done) in &mut writes {
-        let Some(n) = find(node) else { continue };
-        // An uncordoned node runs the target: the next pass would take its taint off.
-        let uncordoned = done.iter().any(|a| matches!(a, Action::Uncordon { .. }));
-        let on = taints
-            .remove(node.as_str())
-            .or_else(|| (uncordoned && NodeView::from_node(n).update_tainted).then_some(false));
-        if let Some(on) = on {
-            merge_patch(
-                patch,
-                json!({ "spec": { "taints": taints_with_update(n, on) } }),
-            );
-        }
-    }
-    for (node, patch, done) in writes {
-        tracing::info!(node, actions = ?done, "node step");
-        if !patch_listed_node(scope, &node, patch).await? {
-            let why = "the node changed since it was listed (uncordoned?); looked at again";
-            blockers.push((node, why.to_string()));
-            continue;
-        }
-        let took = find(&node)
-            .and_then(|n| NodeView::from_node(n).targeted_at())
-            .map(|at| input.now.saturating_sub(at));
-        for action in done {
-            if let Some(note) = events::for_action(action, &scope.pool.spec.target.stream, took) {
-                scope.publish(note).await;
-            }
-        }
-    }
-    set_update_taints(scope, &taints, listed).await?;
-    Ok(blockers)
-}
-
-/// Runs a drain pass over `node` and approves its reboot `token` once no pod is left; `Some`:
-/// not yet, with what is left.
-async fn drain_and_approve(
-    scope: &Scope<'_>,
-    input: &PoolInput,
-    node: &str,
-    token: &str,
-    settings: &drain::Settings,
-) -> Result<Option<String>, Error> {
-    scope.ctx.fence.check()?;
-    let now = i64::try_from(input.now).unwrap_or(i64::MAX);
-    let pass = drain::pass(&scope.ctx.drain_client, node, settings, now)
-        .await
-        .map_err(|source| Error::Api {
-            what: format!("draining node {node}"),
-            source,
-        })?;
-    if !pass.complete() {
-        return Ok(Some(pass.remaining.join("; ")));
-    }
-    tracing::info!(node, token, "drained; approving the reboot");
-    let patch = approval_patch(token, input.now, &scope.version(node).unwrap_or_default());
-    if patch_listed_node(scope, node, patch).await? {
-        Ok(None)
-    } else {
-        Ok(Some(
-            "the node changed since it was listed (uncordoned?); not approved, looked at again"
-                .into(),
-        ))
-    }
-}
-
-/// Merges the merge patch `more` into `patch` (members of both objects merged, else `more`'s
-/// value; a `null` stays, as the removal it asks for).
-fn merge_patch(patch: &mut Value, more: Value) {
-    match (patch, more) {
-        (Value::Object(into), Value::Object(from)) => {
-            for (k, v) in from {
-                match into.get_mut(&k) {
-                    Some(existing) => merge_patch(existing, v),
-                    None => {
-                        into.insert(k, v);
-                    }
-                }
-            }
-        }
-        (slot, v) => *slot = v,
-    }
-}
-
-/// Sets or removes the update taint of the nodes `taints` names (those no action of the pass
-/// wrote), each write conditional on the node as listed: a 409 is looked at again next pass.
-async fn set_update_taints(
-    scope: &Scope<'_>,
-    taints: &BTreeMap<&str, bool>,
-    listed: &[Node],
-) -> Result<(), Error> {
-    for (node, on) in taints {
-        let Some(n) = listed.iter().find(|n| n.name_any() == *node) else {
-            continue;
-        };
-        let patch = json!({
-            "metadata": { "resourceVersion": n.resource_version().unwrap_or_default() },
-            "spec": { "taints": taints_with_update(n, *on) },
-        });
-        if patch_listed_node(scope, node, patch).await? {
-            tracing::info!(node, on, "update taint");
-        } else {
-            tracing::debug!(
-                node,
-                on,
-                "node changed since listed; update taint looked at again"
-            );
-        }
-    }
-    Ok(())
 }
 
 /// Patches `node` only if the fence holds and the node is as listed (or as this pass's last
