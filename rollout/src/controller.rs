@@ -1,13 +1,24 @@
 //! The thin edge: a kube-runtime controller over `StreamPool`s, woken by watches of the pools,
 //! the Nodes (mapped to the pools that select them) and the cluster's OSImageStream — no
-//! polling. Each reconcile lists the nodes afresh (a consistent read, so a decision never
-//! rests on a cache that has not yet seen the controller's own last patch), asks the
-//! [`planner`](crate::planner) what to do, does it with one Node patch per action, and writes
-//! the status. A drain in progress is woken by its node's pod events
-//! ([`drain::watch`]: the pod watches map each event to the pool draining the node) and looked
-//! at again when an eviction must be tried again ([`drain::Pass::retry_after`]), at the latest
-//! after [`drain::BACKSTOP_SECONDS`]; one past its timeout less often, and a pool with a
-//! deadline pending when it falls due ([`Summary::recheck_after`]). What it does is also told in Events on the pool
+//! polling. The Node watch also fills a node store (a reflector), which each reconcile reads
+//! instead of listing the nodes. A decision must never rest on a copy that has not yet seen the
+//! controller's own last write (it would, say, cordon a node a second time, or approve a reboot
+//! on a node it had uncordoned): every write's returned `resourceVersion` is kept
+//! ([`written`]), and a pool is not reconciled while the store's copy of any node, or the
+//! cache's copy of the pool, predates it; the watch brings the write back within moments and
+//! its event reconciles the pool again ([`STALE_RETRY`] at the latest). Every node write is
+//! moreover conditional on the version it was decided on, as before, so a copy older than
+//! someone else's write is a 409, looked at again. Each reconcile asks the
+//! [`planner`](crate::planner) what to do and does it with at most one Node patch per node (the
+//! pass's actions and update-taint change of a node merged), and writes the status when it
+//! changed: at once when a condition, the target, the generation or a node issue changed, else
+//! (per-node progress only) at most every [`STATUS_INTERVAL`] per pool, each write conditional
+//! on the pool's `resourceVersion` (a 409 is looked at again from the cache). A drain in progress
+//! is woken by its node's pod events ([`drain::watch`]: the pod watches map each event to the
+//! pool draining the node) and looked at again when an eviction must be tried again
+//! ([`drain::Pass::retry_after`]), at the latest after [`drain::BACKSTOP_SECONDS`]; one past its
+//! timeout less often, and a pool with a deadline pending when it falls due
+//! ([`Summary::recheck_after`]). What it does is also told in Events on the pool
 //! ([`events`](crate::events)).
 //!
 //! A pool carries the [`FINALIZER`]: deleting it releases its nodes first (see
@@ -21,11 +32,11 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action as Requeue, Config, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, reflector::reflector, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 use streamd::cluster::protocol::{Desired, Inputs, validate_stream};
@@ -41,15 +52,17 @@ use crate::events::{self, Journal, Note};
 use crate::heartbeat;
 use crate::leader::{Fence, NotLeader};
 use crate::metrics::Metrics;
-use crate::node::{NodeView, ROLLOUT_POOL, ROLLOUT_STEP, Step, taints_with_update};
-use crate::planner::{self, Action, CheckKeys, Plan, PoolInput, Release, Summary};
+use crate::node::{NodeView, ROLLOUT_POOL, ROLLOUT_STEP, taints_with_update};
+use crate::planner::{self, CheckKeys, Plan, PoolInput, Release, Summary};
 use crate::waves::{self, Waves};
 
+mod execute;
 mod failures;
 mod patches;
+mod written;
 use crate::selection::{self, Owner};
-use crate::status;
-use crate::status::DrainBlocker;
+use crate::status::{self, DrainBlocker};
+use execute::execute;
 use patches::check_patch;
 pub use patches::{action_patch, approval_patch, release_patch};
 
@@ -57,11 +70,15 @@ pub use patches::{action_patch, approval_patch, release_patch};
 pub const FIELD_MANAGER: &str = "streamd-rollout";
 /// On every StreamPool: the pool goes only once the controller released its nodes.
 pub const FINALIZER: &str = "osstream.openshift.io/rollout";
-/// How soon a release that must wait (the node's approved reboot under way, or the node changed)
-/// is looked at again: a refused eviction's retry ([`drain::RETRY_SECONDS`]).
+/// How often a node being drained is looked at again.
 pub const DRAIN_RETRY: Duration = Duration::from_secs(drain::RETRY_SECONDS);
 /// Look again after a write found the object changed since it was read (409).
 const CONFLICT_RETRY: Duration = Duration::from_secs(1);
+/// Look again after this at the latest while the caches have not seen the controller's own last
+/// write (the watch event that brings it reconciles the pool sooner).
+pub const STALE_RETRY: Duration = Duration::from_millis(500);
+/// A pool's status changed only in per-node progress is written at most this often.
+pub const STATUS_INTERVAL: Duration = Duration::from_secs(5);
 /// Longest a request may take (connect, send, each read); a hung API server costs a reconcile
 /// this long, not kube's default 295 s.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
@@ -82,6 +99,9 @@ pub enum Error {
     /// This replica could not prove it holds the leader lease, so it made no write.
     #[error(transparent)]
     NotLeader(#[from] NotLeader),
+    /// The Node watch has not yet listed the nodes (the store is empty until it has).
+    #[error("the node watch has not listed the nodes within {0:?}")]
+    NodesNotRead(Duration),
 }
 
 /// What reconciles share.
@@ -95,10 +115,18 @@ pub struct Context {
     drain_backstop: u64,
     catalog: watch::Receiver<Option<Catalog>>,
     pools: Store<StreamPool>,
+    /// Every Node, as the Node watch last showed it.
+    nodes: Store<Node>,
+    /// The controller's own last writes of nodes and of pools (see [`written`]).
+    node_writes: written::Written,
+    pool_writes: written::Written,
+    /// When each pool's status was last written (see [`STATUS_INTERVAL`]).
+    status_written: std::sync::Mutex<BTreeMap<String, std::time::Instant>>,
     recorder: Recorder,
     journal: Journal,
-    /// The nodes' heartbeat Leases; `None`: not read (every heartbeat unknown).
-    heartbeats: Option<Api<Lease>>,
+    /// The nodes' heartbeat Leases, as a watch of their namespace last showed them; `None`:
+    /// not read (every heartbeat unknown).
+    heartbeats: Option<Store<Lease>>,
     /// Checked before every write (see [`crate::leader`]).
     fence: Fence,
     /// The node this replica runs on (taken last).
@@ -194,10 +222,18 @@ impl Scope<'_> {
         versions.get(node).cloned()
     }
 
-    /// Records what a write of `node` returned.
+    /// Records what a write of `node` returned, for this pass and the next ones.
     fn set_version(&self, node: &str, rv: String) {
+        self.ctx.node_writes.wrote(node, rv.clone());
         let mut versions = self.versions.lock().unwrap_or_else(|e| e.into_inner());
         versions.insert(node.to_string(), rv);
+    }
+
+    /// Records what a write of the pool returned.
+    fn wrote_pool(&self, written: &StreamPool) {
+        if let Some(rv) = written.resource_version() {
+            self.ctx.pool_writes.wrote(&self.name, rv);
+        }
     }
 
     /// The node carries this pool's request (its name in [`ROLLOUT_POOL`]).
@@ -266,19 +302,42 @@ fn split(pool: &StreamPool, others: &[Arc<StreamPool>], nodes: Vec<Node>) -> Lis
     listed
 }
 
-/// One pass over `pool`: lists the nodes and hands them to [`finalizer`]; its span carries the
-/// pool's name.
+/// One pass over `pool`: reads the nodes from the store and hands them to [`finalizer`], unless
+/// a cached copy predates the controller's own last write; its span carries the pool's name.
 #[tracing::instrument(skip(pool, ctx), fields(pool = %pool.name_any()))]
 async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, Error> {
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    // Every node, not only the selected ones: those that left the selector are released.
-    let all = nodes
-        .list(&ListParams::default())
+    tokio::time::timeout(REQUEST_TIMEOUT, ctx.nodes.wait_until_ready())
         .await
-        .map_err(|source| Error::Api {
-            what: "listing the nodes".into(),
-            source,
-        })?;
+        .map_err(|_| Error::NodesNotRead(REQUEST_TIMEOUT))?
+        .map_err(|_| Error::NodesNotRead(REQUEST_TIMEOUT))?;
+    // Every node, not only the selected ones: those that left the selector are released.
+    let mut all: Vec<Node> = ctx
+        .nodes
+        .state()
+        .iter()
+        .map(|n| n.as_ref().clone())
+        .collect();
+    // In name order, as the API server lists them (the store keeps no order).
+    all.sort_by_key(ResourceExt::name_any);
+    let pool_stale = ctx
+        .pool_writes
+        .stale(&pool.name_any(), pool.resource_version().as_deref());
+    let nodes_stale = all
+        .iter()
+        .filter(|n| {
+            ctx.node_writes
+                .stale(&n.name_any(), n.resource_version().as_deref())
+        })
+        .count();
+    if pool_stale || nodes_stale > 0 {
+        tracing::debug!(
+            pool_stale,
+            nodes_stale,
+            "the cache has not seen this controller's last write yet; looked at again"
+        );
+        return Ok(Requeue::requeue(STALE_RETRY));
+    }
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
     let scope = Scope {
         ctx: &ctx,
         pool: &pool,
@@ -287,18 +346,16 @@ async fn reconcile(pool: Arc<StreamPool>, ctx: Arc<Context>) -> Result<Requeue, 
         pools: Api::all(ctx.client.clone()),
         pool_ref: reference(pool.object_ref(&())),
         node_refs: all
-            .items
             .iter()
             .map(|n| (n.name_any(), reference(n.object_ref(&()))))
             .collect(),
         versions: std::sync::Mutex::new(
-            all.items
-                .iter()
+            all.iter()
                 .filter_map(|n| Some((n.name_any(), n.resource_version()?)))
                 .collect(),
         ),
     };
-    let listed = split(&pool, &ctx.pools.state(), all.items);
+    let listed = split(&pool, &ctx.pools.state(), all);
     let done = finalizer(&scope, &listed).await?;
     ctx.failures.succeeded(&scope.name);
     Ok(done)
@@ -312,7 +369,7 @@ async fn finalizer(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error>
         return cleanup(scope, listed).await;
     }
     if !scope.pool.finalizers().iter().any(|f| f == FINALIZER)
-        && !set_finalizer(&scope.pools, scope.pool, true).await?
+        && !set_finalizer(scope, true).await?
     {
         return Ok(Requeue::requeue(CONFLICT_RETRY));
     }
@@ -340,11 +397,18 @@ async fn cleanup(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
     if waiting > 0 {
         return Ok(Requeue::requeue(DRAIN_RETRY));
     }
-    if !set_finalizer(&scope.pools, scope.pool, false).await? {
+    if !set_finalizer(scope, false).await? {
         return Ok(Requeue::requeue(CONFLICT_RETRY));
     }
     scope.ctx.journal.forget(&scope.name);
     scope.ctx.metrics.forget(&scope.name);
+    scope.ctx.pool_writes.forget(&scope.name);
+    scope
+        .ctx
+        .status_written
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&scope.name);
     tracing::info!("nodes released; the pool may go");
     Ok(Requeue::await_change())
 }
@@ -361,10 +425,12 @@ async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
     for n in leavers {
         leaving |= !release_node(scope, n, "it left the pool's selector").await?;
     }
-    let leases = match &scope.ctx.heartbeats {
-        Some(api) => heartbeat::read(api).await,
-        None => BTreeMap::new(),
-    };
+    let leases = scope
+        .ctx
+        .heartbeats
+        .as_ref()
+        .map(heartbeat::read)
+        .unwrap_or_default();
     let Some((input, plan)) = plan(scope, listed, &leases) else {
         // The first read of OSImageStream is under way; its arrival reconciles every pool.
         return Ok(Requeue::await_change());
@@ -373,13 +439,12 @@ async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
     let settings = drain::Settings::from_spec(&scope.pool.spec.drain).unwrap_or_default();
     let (blockers, drain_after) =
         execute(scope, &input, &plan, &listed.selected, &settings).await?;
-    set_update_taints(scope, &plan.taints, &listed.selected).await?;
     if plan.summary.canary_complete
         && let Ok(t) = &input.target
     {
         pause_after_canary(scope, &target_line(t)).await?;
     }
-    write_status(scope, &input, &plan.summary, &blockers).await?;
+    let status_due = write_status(scope, &input, &plan.summary, &blockers).await?;
     let now = i64::try_from(input.now).unwrap_or(i64::MAX);
     let ours = listed
         .selected
@@ -389,6 +454,7 @@ async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
     let after = [
         leaving.then_some(DRAIN_RETRY),
         drain_after.map(Duration::from_secs),
+        status_due,
         plan.summary.recheck_after.map(Duration::from_secs),
         heartbeat::recheck_after(ours, now),
     ]
@@ -461,144 +527,6 @@ fn plan(
     Some((input, plan))
 }
 
-/// Does `actions`, one Node patch each (a drain runs a pass first and approves only once no
-/// pod is left; a release is [`release_node`]'s, of the node as `listed`), and tells each in an
-/// Event; returns the drains not finished, with what is left (`node`, pods), and when the next
-/// pass of a drain within its timeout is due at the latest (seconds; one past it goes at the
-/// planner's pace).
-async fn execute(
-    scope: &Scope<'_>,
-    input: &PoolInput,
-    plan: &Plan,
-    listed: &[Node],
-    settings: &drain::Settings,
-) -> Result<(Vec<DrainBlocker>, Option<u64>), Error> {
-    let mut blockers = Vec::new();
-    let mut drain_after: Option<u64> = None;
-    // A node whose write was refused as changed gets no more writes in this pass.
-    let mut conflicted = std::collections::BTreeSet::new();
-    for action in &plan.actions {
-        let node = action.node();
-        if conflicted.contains(node) {
-            continue;
-        }
-        let patch = match (action, &input.target) {
-            (Action::Release { .. }, _) => {
-                if let Some(n) = listed.iter().find(|n| n.name_any() == node) {
-                    let why = "the machine-config operator manages the pool's nodes";
-                    release_node(scope, n, why).await?;
-                }
-                continue;
-            }
-            (Action::Drain { token, .. }, _) => {
-                scope.ctx.fence.check()?;
-                let now = i64::try_from(input.now).unwrap_or(i64::MAX);
-                let pods = scope
-                    .ctx
-                    .pods
-                    .pods(&scope.name, node)
-                    .await
-                    .map_err(|source| Error::Api {
-                        what: format!("listing the pods of node {node}"),
-                        source,
-                    })?;
-                let pass = drain::pass(&scope.ctx.drain_client, node, pods, settings, now).await;
-                if !pass.complete() {
-                    blockers.push(DrainBlocker {
-                        node: node.to_string(),
-                        evictions_refused: pass.refused,
-                        why: pass.remaining.join("; "),
-                    });
-                    if !plan.summary.timed_out.iter().any(|t| t == node) {
-                        let due = pass.retry_after.unwrap_or(scope.ctx.drain_backstop);
-                        drain_after = Some(drain_after.map_or(due, |d| d.min(due)));
-                    }
-                    continue;
-                }
-                scope.ctx.pods.stop(node);
-                tracing::info!(node, token, "drained; approving the reboot");
-                let listed_version = listed
-                    .iter()
-                    .find(|n| n.name_any() == node)
-                    .and_then(|n| n.resource_version())
-                    .unwrap_or_default();
-                approval_patch(token, input.now, &listed_version)
-            }
-            (a, Ok(t)) => match action_patch(&scope.name, a, t, input.check.as_ref(), input.now) {
-                Some(p) => p,
-                None => continue,
-            },
-            (Action::Check { .. }, Err(_)) => match &input.check {
-                Some(c) => json!({ "metadata": { "annotations": check_patch(&scope.name, c) } }),
-                None => continue,
-            },
-            (_, Err(_)) => continue,
-        };
-        tracing::info!(node, action = ?action, "node step");
-        if !patch_listed_node(scope, node, patch).await? {
-            let why =
-                "the node changed since it was listed (uncordoned?); not approved, looked at again";
-            blockers.push(DrainBlocker {
-                node: node.to_string(),
-                evictions_refused: false,
-                why: why.to_string(),
-            });
-            conflicted.insert(node);
-            continue;
-        }
-        if matches!(action, Action::Drain { .. }) {
-            drained(scope, listed, node, input.now);
-        }
-        if let Some(note) = events::for_action(action, &scope.pool.spec.target.stream) {
-            scope.publish(note).await;
-        }
-    }
-    Ok((blockers, drain_after))
-}
-
-/// Records how long `node`'s drain took (from its mark as listed), now that its reboot is
-/// approved.
-fn drained(scope: &Scope<'_>, listed: &[Node], node: &str, now: u64) {
-    let step = listed
-        .iter()
-        .find(|n| n.name_any() == node)
-        .and_then(|n| NodeView::from_node(n).step());
-    if let Some(Step::Draining { started, .. }) = step {
-        scope
-            .ctx
-            .metrics
-            .drained(&scope.name, now.saturating_sub(started));
-    }
-}
-
-/// Sets or removes the update taint as the plan says, each write conditional on the node as
-/// listed (or as this pass's last write of it left it): a 409 is looked at again next pass.
-async fn set_update_taints(
-    scope: &Scope<'_>,
-    taints: &[(String, bool)],
-    listed: &[Node],
-) -> Result<(), Error> {
-    for (node, on) in taints {
-        let Some(n) = listed.iter().find(|n| &n.name_any() == node) else {
-            continue;
-        };
-        let patch = json!({
-            "metadata": { "resourceVersion": n.resource_version().unwrap_or_default() },
-            "spec": { "taints": taints_with_update(n, *on) },
-        });
-        if patch_listed_node(scope, node, patch).await? {
-            tracing::info!(node, on, "update taint");
-        } else {
-            tracing::debug!(
-                node,
-                on,
-                "node changed since listed; update taint looked at again"
-            );
-        }
-    }
-    Ok(())
-}
-
 /// Patches `node` only if the fence holds and the node is as listed (or as this pass's last
 /// write of it left it); `false`: it is not (409), look again.
 async fn patch_listed_node(scope: &Scope<'_>, node: &str, mut patch: Value) -> Result<bool, Error> {
@@ -626,13 +554,15 @@ async fn patch_listed_node(scope: &Scope<'_>, node: &str, mut patch: Value) -> R
     }
 }
 
-/// Writes the pool's status when it changed, then publishes what is news in it.
+/// Writes the pool's status when it changed (only per-node progress: at most every
+/// [`STATUS_INTERVAL`]), conditional on the pool as cached, then publishes what is news in it;
+/// `Some`: look again after this (a change held back, or a 409).
 async fn write_status(
     scope: &Scope<'_>,
     input: &PoolInput,
     summary: &Summary,
     blockers: &[DrainBlocker],
-) -> Result<(), Error> {
+) -> Result<Option<Duration>, Error> {
     let pool = scope.pool;
     let built = status::build(
         summary,
@@ -651,7 +581,24 @@ async fn write_status(
         .ctx
         .metrics
         .pool(&scope.name, &status::phase(&built), summary, blockers.len());
-    if pool.status.as_ref() != Some(&built) {
+    let mut again = None;
+    let held = || -> Option<Duration> {
+        let written = scope
+            .ctx
+            .status_written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let since = written.get(&scope.name)?.elapsed();
+        STATUS_INTERVAL.checked_sub(since)
+    };
+    if pool.status.as_ref() == Some(&built) {
+    } else if let Some(wait) = held().filter(|_| !status::urgent(pool.status.as_ref(), &built)) {
+        tracing::debug!(
+            wait_ms = wait.as_millis(),
+            "status progress held back; written with the next change or after the wait"
+        );
+        again = Some(wait);
+    } else {
         scope.ctx.fence.check()?;
         let mut value = serde_json::to_value(&built).unwrap_or_default();
         // A merge patch keeps keys it does not name: clear the optional ones explicitly.
@@ -667,23 +614,40 @@ async fn write_status(
                 map.entry(key).or_insert(Value::Null);
             }
         }
-        scope
+        let patch = json!({
+            "metadata": { "resourceVersion": pool.resource_version() },
+            "status": value,
+        });
+        match scope
             .pools
-            .patch_status(
-                &scope.name,
-                &patch_params(),
-                &Patch::Merge(&json!({ "status": value })),
-            )
+            .patch_status(&scope.name, &patch_params(), &Patch::Merge(&patch))
             .await
-            .map_err(|source| Error::Api {
-                what: format!("writing the status of pool {}", scope.name),
-                source,
-            })?;
+        {
+            Ok(written) => {
+                scope.wrote_pool(&written);
+                scope
+                    .ctx
+                    .status_written
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(scope.name.clone(), std::time::Instant::now());
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                tracing::debug!("the pool changed since it was cached; status looked at again");
+                again = Some(CONFLICT_RETRY);
+            }
+            Err(source) => {
+                return Err(Error::Api {
+                    what: format!("writing the status of pool {}", scope.name),
+                    source,
+                });
+            }
+        }
     }
     for note in news {
         scope.publish(note).await;
     }
-    Ok(())
+    Ok(again)
 }
 
 /// The canary moved its nodes: pauses the pool (`spec.paused: true`) and marks the canary done
@@ -703,7 +667,8 @@ async fn pause_after_canary(scope: &Scope<'_>, target: &str) -> Result<(), Error
         .patch(&scope.name, &patch_params(), &Patch::Merge(&patch))
         .await
     {
-        Ok(_) => {
+        Ok(written) => {
+            scope.wrote_pool(&written);
             tracing::info!(target, "canary complete; pool paused");
             scope.publish(events::canary_complete(target)).await;
             Ok(())
@@ -738,7 +703,11 @@ async fn release_node(scope: &Scope<'_>, n: &Node, why: &str) -> Result<bool, Er
         .patch(&node, &patch_params(), &Patch::Merge(&patch))
         .await
     {
-        Ok(_) => {}
+        Ok(written) => {
+            if let Some(rv) = written.resource_version() {
+                scope.set_version(&node, rv);
+            }
+        }
         Err(kube::Error::Api(s)) if s.code == 409 => return Ok(false),
         Err(source) => {
             return Err(Error::Api {
@@ -756,11 +725,8 @@ async fn release_node(scope: &Scope<'_>, n: &Node, why: &str) -> Result<bool, Er
 
 /// Adds (`on`) or removes the [`FINALIZER`], only if the pool is as the cache has it;
 /// `false`: it is not (409), look again.
-async fn set_finalizer(
-    pools: &Api<StreamPool>,
-    pool: &StreamPool,
-    on: bool,
-) -> Result<bool, Error> {
+async fn set_finalizer(scope: &Scope<'_>, on: bool) -> Result<bool, Error> {
+    let pool = scope.pool;
     let mut finalizers: Vec<String> = pool
         .finalizers()
         .iter()
@@ -774,11 +740,15 @@ async fn set_finalizer(
         "finalizers": finalizers,
         "resourceVersion": pool.resource_version(),
     } });
-    match pools
+    match scope
+        .pools
         .patch(&pool.name_any(), &patch_params(), &Patch::Merge(&patch))
         .await
     {
-        Ok(_) => Ok(true),
+        Ok(written) => {
+            scope.wrote_pool(&written);
+            Ok(true)
+        }
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
         Err(source) => Err(Error::Api {
             what: format!("writing the finalizer of pool {}", pool.name_any()),
@@ -918,6 +888,19 @@ pub async fn run(
         watcher::Config::default(),
     );
     let store = controller.store();
+    let (nodes, node_writer) = reflector::store();
+    let node_events = reflector(
+        node_writer,
+        watcher::watcher(
+            Api::<Node>::all(clients.watch.clone()),
+            watcher::Config::default(),
+        ),
+    )
+    .default_backoff()
+    .touched_objects();
+    let (heartbeats, leases) = heartbeat_namespace
+        .map(|ns| heartbeat::watch(clients.watch.clone(), ns))
+        .unzip();
     // Pod events on the nodes being drained, each naming the pool to wake (drain::watch).
     let (wake_tx, wake_rx) = tokio::sync::mpsc::channel::<ObjectRef<StreamPool>>(64);
     let wakes = futures::stream::unfold(wake_rx, |mut rx| async move {
@@ -930,6 +913,10 @@ pub async fn run(
         drain_backstop: drain::backstop_seconds(),
         catalog: catalog_rx,
         pools: store.clone(),
+        nodes,
+        node_writes: written::Written::default(),
+        pool_writes: written::Written::default(),
+        status_written: std::sync::Mutex::default(),
         recorder: Recorder::new(
             client.clone(),
             Reporter {
@@ -938,29 +925,25 @@ pub async fn run(
             },
         ),
         journal: Journal::default(),
-        heartbeats: heartbeat_namespace.map(|ns| Api::namespaced(client.clone(), ns)),
+        heartbeats,
         fence,
         node_name: node_name.map(str::to_string),
         failures: failures::Failures::default(),
         metrics,
     });
     controller
-        .watches(
-            Api::<Node>::all(clients.watch),
-            watcher::Config::default(),
-            move |node: Node| {
-                let state = store.state();
-                let mut pools = pools_selecting(&state, node.labels());
-                // A node that left its pool's selector (the pool releases it).
-                if let Some(own) = node.annotations().get(ROLLOUT_POOL) {
-                    let own = ObjectRef::new(own);
-                    if !pools.contains(&own) {
-                        pools.push(own);
-                    }
+        .watches_stream(node_events, move |node: Node| {
+            let state = store.state();
+            let mut pools = pools_selecting(&state, node.labels());
+            // A node that left its pool's selector (the pool releases it).
+            if let Some(own) = node.annotations().get(ROLLOUT_POOL) {
+                let own = ObjectRef::new(own);
+                if !pools.contains(&own) {
+                    pools.push(own);
                 }
-                pools
-            },
-        )
+            }
+            pools
+        })
         .reconcile_on(wakes)
         .reconcile_all_on(triggers)
         .with_config(Config::default().debounce(Duration::from_millis(200)))
@@ -973,6 +956,9 @@ pub async fn run(
         })
         .await;
     follow.abort();
+    if let Some(leases) = leases {
+        leases.abort();
+    }
 }
 
 #[cfg(test)]

@@ -3,8 +3,10 @@
 //! cluster-scoped object), about the StreamPool, with the Node as the related object when
 //! there is one.
 //!
-//! Two kinds: a step the controller took on a node (given the target, drain started, reboot
-//! approved, updated and uncordoned) is reported once, after its patch succeeded; a lasting
+//! Two kinds: a node's move is reported once, when it is updated and uncordoned (with how long
+//! it took; the routine steps before are in the pool's `status.progress`, and each Event is an
+//! API request), and a step that needs an admin's eye (a drain given up, a node cordoned
+//! again, a node released) once, after its patch succeeded; a lasting
 //! condition read from the pool's status (paused, pool degraded, a node Refused or Degraded, an
 //! eviction a PodDisruptionBudget refuses) is reported when it starts or changes, not on every
 //! reconcile or drain pass. The [`Journal`] remembers what was reported; for a pool it has not
@@ -56,39 +58,30 @@ fn note(
     }
 }
 
-/// The Event of an action the controller did on a node toward `stream` (`Drain`: the drain
-/// finished and the reboot was approved). `Check` writes are not reported.
-pub fn for_action(action: &Action, stream: &str) -> Option<Note> {
+/// The Event of an action the controller did on a node toward `stream`, `took` seconds after
+/// the node was given the request. Routine steps (the check keys, the target, the cordon and
+/// drain, the approval) are not told one by one: a node tells one Normal Event when it is
+/// updated (uncordoned on the target), saying how long its move took; each Warning stays.
+pub fn for_action(action: &Action, stream: &str, took: Option<u64>) -> Option<Note> {
     Some(match action {
-        Action::Check { .. } => return None,
-        Action::Target { node } => note(
-            false,
-            "NodeTargeted",
-            "Target",
-            Some(node),
-            &format!("node {node}: given stream {stream}; it pulls and stages the image"),
-        ),
-        Action::Cordon { node, token } => note(
-            false,
-            "DrainStarted",
-            "Drain",
-            Some(node),
-            &format!("node {node}: cordoned and draining before its reboot {token}"),
-        ),
-        Action::Drain { node, token } => note(
-            false,
-            "RebootApproved",
-            "Approve",
-            Some(node),
-            &format!("node {node}: drained; reboot {token} approved"),
-        ),
-        Action::Uncordon { node } => note(
-            false,
-            "NodeUpdated",
-            "Uncordon",
-            Some(node),
-            &format!("node {node}: runs {stream}; uncordoned"),
-        ),
+        Action::Check { .. }
+        | Action::Target { .. }
+        | Action::Cordon { .. }
+        | Action::Drain { .. } => return None,
+        Action::Uncordon { node } => {
+            let took = took.map_or(String::new(), |s| {
+                format!(" ({s} s after it was given the request)")
+            });
+            note(
+                false,
+                "NodeUpdated",
+                "Uncordon",
+                Some(node),
+                &format!(
+                    "node {node}: staged, drained, rebooted into {stream} and uncordoned{took}"
+                ),
+            )
+        }
         Action::SetAside { node, token } => note(
             true,
             "DrainGivenUp",
@@ -404,22 +397,42 @@ mod tests {
     }
 
     #[test]
-    fn actions_are_reported_with_their_node() {
-        let n = for_action(
-            &Action::Cordon {
+    fn a_node_tells_one_routine_event_when_updated() {
+        let n =
+            for_action(&Action::Uncordon { node: "w1".into() }, "rhel-10", Some(42)).expect("note");
+        assert_eq!(
+            (n.warning, n.reason, n.action, n.node.as_deref()),
+            (false, "NodeUpdated", "Uncordon", Some("w1"))
+        );
+        assert!(
+            n.text.contains("rhel-10") && n.text.contains("42 s"),
+            "{}",
+            n.text
+        );
+        let routine = [
+            Action::Check { node: "w1".into() },
+            Action::Target { node: "w1".into() },
+            Action::Cordon {
+                node: "w1".into(),
+                token: "t1".into(),
+            },
+            Action::Drain {
+                node: "w1".into(),
+                token: "t1".into(),
+            },
+        ];
+        for a in &routine {
+            assert_eq!(for_action(a, "rhel-10", Some(1)), None, "{a:?}");
+        }
+        let warning = for_action(
+            &Action::SetAside {
                 node: "w1".into(),
                 token: "t1".into(),
             },
             "rhel-10",
+            None,
         )
         .expect("note");
-        assert_eq!(
-            (n.reason, n.action, n.node.as_deref()),
-            ("DrainStarted", "Drain", Some("w1"))
-        );
-        assert_eq!(
-            for_action(&Action::Check { node: "w1".into() }, "rhel-10"),
-            None
-        );
+        assert!(warning.warning);
     }
 }

@@ -6,8 +6,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, ListParams};
+use kube::Api;
+use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
 use streamd::cluster::heartbeat;
 
 use crate::node::Heartbeat;
@@ -17,20 +20,31 @@ pub use streamd::cluster::heartbeat::DEFAULT_NAMESPACE;
 /// The earliest and latest re-check of a pool whose nodes have live heartbeats.
 const RECHECK: (Duration, Duration) = (Duration::from_secs(30), Duration::from_secs(360));
 
-/// Every heartbeat Lease in `api`'s namespace, by name; empty (logged) when they cannot be read:
-/// then every node's heartbeat is [`Heartbeat::Unknown`] and nothing changes for the pool.
-pub async fn read(api: &Api<Lease>) -> BTreeMap<String, Lease> {
-    match api.list(&ListParams::default()).await {
-        Ok(list) => list
-            .items
-            .into_iter()
-            .filter_map(|l| Some((l.metadata.name.clone()?, l)))
-            .collect(),
-        Err(e) => {
-            tracing::debug!(error = %e, "heartbeat leases unreadable; node heartbeats unknown");
-            BTreeMap::new()
-        }
-    }
+/// Every heartbeat Lease in the store (fed by a watch of the namespace, so a reconcile makes no
+/// request for them), by name; empty until the watch has listed them (or when it cannot: it
+/// logs and retries), and then every node's heartbeat is [`Heartbeat::Unknown`] and nothing
+/// changes for the pool.
+pub fn read(store: &Store<Lease>) -> BTreeMap<String, Lease> {
+    store
+        .state()
+        .iter()
+        .filter_map(|l| Some((l.metadata.name.clone()?, l.as_ref().clone())))
+        .collect()
+}
+
+/// The store [`read`] reads, and the task that keeps it (a watch of the Leases in `namespace`;
+/// no trigger: a pool looks again when a heartbeat would run out).
+pub fn watch(client: kube::Client, namespace: &str) -> (Store<Lease>, tokio::task::JoinHandle<()>) {
+    let (reader, writer) = reflector::store();
+    let api = Api::<Lease>::namespaced(client, namespace);
+    let events = reflector(writer, watcher::watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .for_each(|event| async move {
+            if let Err(e) = event {
+                tracing::debug!(error = %e, "watching the heartbeat leases; retrying");
+            }
+        });
+    (reader, tokio::spawn(events))
 }
 
 /// What `lease` (the node's, if any) says at `now` (Unix seconds).

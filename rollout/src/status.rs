@@ -153,6 +153,26 @@ pub fn build(
     }
 }
 
+/// Whether `new` must be written at once rather than coalesced with later changes: it differs
+/// from `old` in more than per-node progress (counts, `progress`, `plannedOrder`, `readiness`,
+/// the conditions' messages), i.e. in the generation observed, the target, a condition's status
+/// or reason, or the per-node issues (which the Events tell).
+pub fn urgent(old: Option<&StreamPoolStatus>, new: &StreamPoolStatus) -> bool {
+    let Some(old) = old else {
+        return true;
+    };
+    let conditions = |s: &StreamPoolStatus| -> Vec<(String, String, String)> {
+        s.conditions
+            .iter()
+            .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+            .collect()
+    };
+    old.observed_generation != new.observed_generation
+        || old.target != new.target
+        || conditions(old) != conditions(new)
+        || old.nodes != new.nodes
+}
+
 /// The pool's phase for the metrics: `Degraded`, `Paused` or `Updated` when that condition is
 /// `True`, else the `Updating` condition's reason (`Updating`, or the stall).
 pub fn phase(status: &StreamPoolStatus) -> String {
@@ -259,6 +279,63 @@ mod tests {
                 .map(|t| t.0.as_second())
                 .unwrap_or_default(),
         )
+    }
+
+    #[test]
+    fn only_progress_waits_to_be_written() {
+        let at3 = |updated: usize| Summary {
+            machines: 3,
+            updated,
+            max_unavailable: 1,
+            ..Summary::default()
+        };
+        let first = build(&at3(0), Some(1), Some("t".into()), false, None, &[], at(1));
+        assert!(urgent(None, &first));
+        let one = build(
+            &at3(1),
+            Some(1),
+            Some("t".into()),
+            false,
+            Some(&first),
+            &[],
+            at(2),
+        );
+        assert_ne!(one, first, "the counts and the message moved");
+        assert!(!urgent(Some(&first), &one), "only progress");
+        let done = build(
+            &at3(3),
+            Some(1),
+            Some("t".into()),
+            false,
+            Some(&one),
+            &[],
+            at(3),
+        );
+        assert!(urgent(Some(&one), &done), "Updated turned True");
+        let blocked = build(
+            &at3(1),
+            Some(1),
+            Some("t".into()),
+            false,
+            Some(&one),
+            &[DrainBlocker {
+                node: "w2".into(),
+                evictions_refused: true,
+                why: "ns/p: eviction refused (429)".into(),
+            }],
+            at(4),
+        );
+        assert!(urgent(Some(&one), &blocked), "a node issue");
+        let next = build(
+            &at3(1),
+            Some(2),
+            Some("t".into()),
+            false,
+            Some(&one),
+            &[],
+            at(5),
+        );
+        assert!(urgent(Some(&one), &next), "a new generation");
     }
 
     #[test]

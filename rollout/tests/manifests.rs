@@ -78,7 +78,7 @@ fn rbac_is_least_privilege() {
             "ClusterRole machineconfiguration.openshift.io osimagestreams [] list,watch",
             "Role coordination.k8s.io leases [] create",
             "Role coordination.k8s.io leases [streamd-rollout] get,patch,list,watch",
-            "Role coordination.k8s.io leases [] list",
+            "Role coordination.k8s.io leases [] list,watch",
             "Role events.k8s.io events [] create,patch",
         ]
     );

@@ -28,6 +28,7 @@ pub fn cause(error: &Error) -> String {
             _ => format!("{what}: no answer"),
         },
         Error::NotLeader(_) => "not leader".into(),
+        Error::NodesNotRead(_) => "the node watch: not listed yet".into(),
     }
 }
 

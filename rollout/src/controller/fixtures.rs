@@ -36,14 +36,18 @@ const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/default/events?";
 const PDB_REFUSAL: &str = "Cannot evict pod as it would violate the pod's disruption budget.";
 
 impl Context {
-    /// A context whose clients (both) talk to the returned verifier; no OSImageStream, and
-    /// `others` in the pools' cache.
-    pub fn test(others: Vec<StreamPool>) -> (Arc<Context>, ApiServerVerifier) {
-        Context::fenced(others, Fence::none())
+    /// A context whose clients (both) talk to the returned verifier; no OSImageStream,
+    /// `others` in the pools' cache and `nodes` in the node store.
+    pub fn test(others: Vec<StreamPool>, nodes: Vec<Node>) -> (Arc<Context>, ApiServerVerifier) {
+        Context::fenced(others, nodes, Fence::none())
     }
 
     /// [`Context::test`] whose writes are fenced by `fence`.
-    pub fn fenced(others: Vec<StreamPool>, fence: Fence) -> (Arc<Context>, ApiServerVerifier) {
+    pub fn fenced(
+        others: Vec<StreamPool>,
+        nodes: Vec<Node>,
+        fence: Fence,
+    ) -> (Arc<Context>, ApiServerVerifier) {
         let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
         let client = kube::Client::new(service, "default");
         let (_, catalog) = watch::channel(None);
@@ -51,7 +55,17 @@ impl Context {
         for p in others {
             pools.apply_watcher_event(&watcher::Event::Apply(p));
         }
+        let mut node_store = Writer::<Node>::default();
+        node_store.apply_watcher_event(&watcher::Event::Init);
+        for n in nodes {
+            node_store.apply_watcher_event(&watcher::Event::InitApply(n));
+        }
+        node_store.apply_watcher_event(&watcher::Event::InitDone);
         let ctx = Context {
+            nodes: node_store.as_reader(),
+            node_writes: written::Written::default(),
+            pool_writes: written::Written::default(),
+            status_written: std::sync::Mutex::default(),
             client: client.clone(),
             drain_client: client.clone(),
             pods: drain::watch::PodWatches::listing(client.clone()),
@@ -84,8 +98,8 @@ pub struct ApiServerVerifier(Handle<Request<Body>, Response<Body>>);
 /// exactly what the API server sees.
 #[derive(Debug, Clone, Copy)]
 pub enum Scenario {
-    /// A new pool: the finalizer is added, its two fresh nodes get the check keys, then the
-    /// target (each told in an Event), and the status is written.
+    /// A new pool: the finalizer is added, each of its two fresh nodes gets the check keys, the
+    /// target and the update taint in one write (no Event: routine), and the status is written.
     Create,
     /// A node being drained whose pod's eviction a PodDisruptionBudget refuses (429): no
     /// approval, the refusal in the status and an `EvictionBlocked` Event; looked at again.
@@ -132,6 +146,17 @@ pub enum Scenario {
     /// The machine-config daemon marked the pool's nodes mid-rollout: the node being drained
     /// is released (uncordoned, the request withdrawn), told in an Event.
     McoTakeover,
+    /// A pool whose one node runs the target and whose status says so: nothing to do, no
+    /// request at all (no node list, no status write).
+    Idle,
+    /// [`Scenario::Idle`]'s pool and status, with a second node that runs the target: a change of
+    /// per-node progress only.
+    Progress,
+    /// [`Scenario::Progress`], written: the status with both nodes, once.
+    ProgressWritten,
+    /// [`Scenario::Create`]'s fresh nodes, one of which the controller wrote since the store
+    /// copy: no request.
+    Stale,
 }
 
 impl Scenario {
@@ -140,7 +165,9 @@ impl Scenario {
         let mut finalizers = vec![FINALIZER];
         let mut deleted = None;
         match self {
-            Scenario::Create | Scenario::FinalizerConflict => finalizers.clear(),
+            Scenario::Create | Scenario::FinalizerConflict | Scenario::Stale => {
+                finalizers.clear();
+            }
             Scenario::Deletion | Scenario::DeletionWaits => {
                 finalizers.insert(0, "example.com/keep");
                 deleted = Some("2026-01-01T00:00:00Z");
@@ -148,6 +175,9 @@ impl Scenario {
             _ => {}
         }
         let mut pool = pool_json(&finalizers, deleted);
+        if let Scenario::Idle | Scenario::Progress | Scenario::ProgressWritten = self {
+            pool["status"] = idle_status();
+        }
         if let Scenario::EmptySelector = self {
             pool["spec"]["nodeSelector"] = json!({});
         }
@@ -158,6 +188,20 @@ impl Scenario {
             });
         }
         serde_json::from_value(pool).expect("a valid StreamPool")
+    }
+
+    /// The nodes in the controller's store: those of the scenario's [`list_nodes`] (the
+    /// controller no longer lists them; the verifier does not expect that request).
+    pub fn nodes(self) -> Vec<Node> {
+        self.all_exchanges()
+            .into_iter()
+            .filter(Exchange::is_node_list)
+            .filter_map(|e| match e.answer {
+                Answer::Json(_, list) => Some(list["items"].clone()),
+                Answer::Echo => None,
+            })
+            .flat_map(|items| serde_json::from_value::<Vec<Node>>(items).expect("valid Nodes"))
+            .collect()
     }
 
     /// The other pools in the controller's cache.
@@ -179,6 +223,13 @@ impl Scenario {
 
     /// The requests the reconcile makes, in order, each with its answer.
     fn exchanges(self) -> Vec<Exchange> {
+        let mut all = self.all_exchanges();
+        all.retain(|e| !e.is_node_list());
+        all
+    }
+
+    /// [`Scenario::exchanges`], with the node list that seeds the store.
+    fn all_exchanges(self) -> Vec<Exchange> {
         match self {
             Scenario::Create => create(),
             Scenario::DrainBlocked => drain_blocked(),
@@ -222,6 +273,17 @@ impl Scenario {
             Scenario::NotLeader => vec![list_nodes(&[Fixture::new("w1", true)])],
             Scenario::AgentSilent => agent_silent(),
             Scenario::McoTakeover => mco_takeover(),
+            Scenario::Idle => vec![list_nodes(&[done("w1")])],
+            Scenario::Progress => vec![list_nodes(&[done("w1"), done("w2")])],
+            Scenario::ProgressWritten => vec![
+                list_nodes(&[done("w1"), done("w2")]),
+                patch_status(json!({ "machineCount": 2, "updatedMachineCount": 2 })),
+            ],
+            Scenario::Stale => {
+                let mut all = create();
+                all.truncate(1);
+                all
+            }
         }
     }
 }
@@ -232,36 +294,26 @@ fn create() -> Vec<Exchange> {
         Fixture::new("w2", true),
         Fixture::new("infra-0", false),
     ];
-    // Each made only if the node is as listed (`w<n>` at resourceVersion `1<n>`), or as the
-    // last write left it (the check keys' write answers `2<n>`).
-    let check = |n: &str, rv: &str, next: &str| {
+    // One write per node, only if it is as listed (`w<n>` at resourceVersion `1<n>`): the check
+    // keys, the target (the time it is given the request, in Unix seconds, `1…` until 2033) and
+    // the update taint (both still to update: evicted pods should prefer updated nodes).
+    let first = |n: &str, rv: &str| {
         patch_node(
             n,
-            Want::Exact(json!({ "metadata": { "annotations": {
-                CHECK_STREAM: "rhel-10",
-                CHECK_OS_IMAGE: OS10,
-                CHECK_EXTENSIONS_IMAGE: null,
-                ROLLOUT_POOL: "worker",
-            }, "resourceVersion": rv } })),
-        )
-        .answer(
-            StatusCode::OK,
-            json!({ "apiVersion": "v1", "kind": "Node",
-                    "metadata": { "name": n, "resourceVersion": next } }),
-        )
-    };
-    let target = |n: &str, rv: &str| {
-        patch_node(
-            n,
-            // The time it is given the request, in Unix seconds (`1…` until 2033).
-            Want::Includes(json!({ "metadata": { "annotations": {
-                DESIRED_STREAM: "rhel-10",
-                DESIRED_OS_IMAGE: OS10,
-                DESIRED_EXTENSIONS_IMAGE: null,
-                ROLLOUT_POOL: "worker",
-                ROLLOUT_TARGETED: "1…",
-                ROLLOUT_UPDATED: null,
-            }, "resourceVersion": rv } })),
+            Want::Includes(json!({
+                "metadata": { "annotations": {
+                    CHECK_STREAM: "rhel-10",
+                    CHECK_OS_IMAGE: OS10,
+                    CHECK_EXTENSIONS_IMAGE: null,
+                    DESIRED_STREAM: "rhel-10",
+                    DESIRED_OS_IMAGE: OS10,
+                    DESIRED_EXTENSIONS_IMAGE: null,
+                    ROLLOUT_POOL: "worker",
+                    ROLLOUT_TARGETED: "1…",
+                    ROLLOUT_UPDATED: null,
+                }, "resourceVersion": rv },
+                "spec": { "taints": [{ "key": UPDATE_TAINT, "effect": "PreferNoSchedule" }] },
+            })),
         )
     };
     vec![
@@ -270,15 +322,8 @@ fn create() -> Vec<Exchange> {
             "finalizers": [FINALIZER],
             "resourceVersion": "10",
         } })),
-        check("w1", "11", "21"),
-        check("w2", "12", "22"),
-        target("w1", "21"),
-        event("NodeTargeted", "w1", "node w1: given stream rhel-10"),
-        target("w2", "22"),
-        event("NodeTargeted", "w2", "node w2: given stream rhel-10"),
-        // Both still to update: evicted pods should prefer updated nodes.
-        taint_node("w1", "21"),
-        taint_node("w2", "22"),
+        first("w1", "11"),
+        first("w2", "12"),
         patch_status(json!({
             "observedGeneration": 2,
             "target": format!("rhel-10 {OS10}"),
@@ -508,6 +553,11 @@ impl Exchange {
         }
     }
 
+    /// The nodes' list, which seeds the store ([`Scenario::nodes`]).
+    fn is_node_list(&self) -> bool {
+        self.method == Method::GET && self.uri == "/api/v1/nodes?"
+    }
+
     fn answer(mut self, status: StatusCode, body: Value) -> Exchange {
         self.answer = Answer::Json(status, body);
         self
@@ -632,7 +682,7 @@ fn patch_status(status: Value) -> Exchange {
     Exchange::new(
         Method::PATCH,
         &format!("{POOL_PATH}/status{MANAGED}"),
-        Want::Includes(json!({ "status": status })),
+        Want::Includes(json!({ "metadata": { "resourceVersion": "10" }, "status": status })),
     )
     .answer(StatusCode::OK, answer)
 }
@@ -704,6 +754,32 @@ fn updated_status() -> Value {
             ("False", "AsExpected"),
         ),
         "nodes": null,
+        "readiness": "1 of 1 ready",
+    })
+}
+
+/// The whole status [`Scenario::Idle`]'s reconcile builds (the transition times kept).
+fn idle_status() -> Value {
+    let at = "2026-01-01T00:00:00Z";
+    let condition = |type_: &str, status: &str, reason: &str, message: &str| {
+        json!({ "type": type_, "status": status, "reason": reason, "message": message,
+                "lastTransitionTime": at, "observedGeneration": 2 })
+    };
+    json!({
+        "observedGeneration": 2,
+        "target": format!("rhel-10 {OS10}"),
+        "machineCount": 1,
+        "updatedMachineCount": 1,
+        "readyMachineCount": 1,
+        "unavailableMachineCount": 0,
+        "degradedMachineCount": 0,
+        "noHeartbeatMachineCount": 0,
+        "conditions": [
+            condition("Updating", "False", "Updated", ""),
+            condition("Updated", "True", "Updated", "1 of 1 nodes run the target"),
+            condition("Degraded", "False", "AsExpected", ""),
+            condition("Paused", "False", "NotPaused", ""),
+        ],
         "readiness": "1 of 1 ready",
     })
 }

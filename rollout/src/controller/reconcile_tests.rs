@@ -11,7 +11,17 @@ async fn reconciled(scenario: Scenario) -> Result<Requeue, Error> {
 
 /// [`reconciled`], with the writes fenced by `fence`.
 async fn reconciled_with(scenario: Scenario, fence: Fence) -> Result<Requeue, Error> {
-    let (ctx, server) = Context::fenced(scenario.others(), fence);
+    reconciled_after(scenario, fence, |_| {}).await
+}
+
+/// [`reconciled_with`], the context first given what `before` records (earlier passes).
+async fn reconciled_after(
+    scenario: Scenario,
+    fence: Fence,
+    before: impl FnOnce(&Context),
+) -> Result<Requeue, Error> {
+    let (ctx, server) = Context::fenced(scenario.others(), scenario.nodes(), fence);
+    before(&ctx);
     let pool = Arc::new(scenario.pool());
     let verified = server.run(scenario);
     // `ctx` goes with the reconcile: the client's last clone dropped ends the scenario.
@@ -160,29 +170,61 @@ async fn mco_takeover() {
     assert_eq!(r, Requeue::await_change());
 }
 
+/// The status write is conditional on the pool as cached: a 409 is looked at again soon,
+/// from the cache the watch brings up to date, not failed and backed off.
 #[tokio::test]
 async fn status_conflict() {
-    let e = reconciled(Scenario::StatusConflict)
+    let r = reconciled(Scenario::StatusConflict)
         .await
-        .expect_err("a 409 on the status");
-    match e {
-        Error::Api {
-            what,
-            source: kube::Error::Api(s),
-        } => {
-            assert_eq!(what, "writing the status of pool worker");
-            assert_eq!(s.code, 409);
-        }
-        other => panic!("not the status write's 409: {other}"),
-    }
+        .expect("a 409 on the status is no failure");
+    assert_eq!(r, Requeue::requeue(CONFLICT_RETRY));
 }
 
+/// Nothing to do: no request at all (the nodes come from the store, the status is as built).
 #[tokio::test]
-async fn not_leader() {
-    // A proof that ran out a moment ago.
-    let (_tx, rx) = watch::channel(Some(tokio::time::Instant::now()));
-    let e = reconciled_with(Scenario::NotLeader, Fence::from_channel(rx))
-        .await
-        .expect_err("no write without the lease");
-    assert!(matches!(e, Error::NotLeader(_)), "{e}");
+async fn idle() {
+    let r = reconciled(Scenario::Idle).await.expect("reconcile");
+    assert_eq!(r, Requeue::await_change());
+}
+
+/// A change of per-node progress only, a moment after the last status write: held back (no
+/// request), looked at again once the interval is over.
+#[tokio::test]
+async fn progress_is_held_back() {
+    let r = reconciled_after(Scenario::Progress, Fence::none(), |ctx| {
+        let mut written = ctx.status_written.lock().expect("lock");
+        written.insert("worker".into(), std::time::Instant::now());
+    })
+    .await
+    .expect("reconcile");
+    // The wait left of the interval (kube's `Action` does not show it).
+    assert_ne!(r, Requeue::await_change(), "not looked at again");
+}
+
+/// The same change with no recent write is written at once (the verifier expects it once).
+#[tokio::test]
+async fn progress_is_written_once_the_interval_is_over() {
+    let long_ago = std::time::Instant::now()
+        .checked_sub(STATUS_INTERVAL)
+        .expect("an instant");
+    let r = reconciled_after(Scenario::ProgressWritten, Fence::none(), |ctx| {
+        let mut written = ctx.status_written.lock().expect("lock");
+        written.insert("worker".into(), long_ago);
+    })
+    .await
+    .expect("reconcile");
+    assert_eq!(r, Requeue::await_change());
+}
+
+/// A node whose stored copy predates the controller's own last write of it is not acted on
+/// again: the pool is looked at again once the watch brings the write (here: no request).
+#[tokio::test]
+async fn a_stale_copy_is_not_acted_on() {
+    let r = reconciled_after(Scenario::Stale, Fence::none(), |ctx| {
+        // w1 is stored at resourceVersion 11; the controller's write returned 21.
+        ctx.node_writes.wrote("w1", "21".into());
+    })
+    .await
+    .expect("reconcile");
+    assert_eq!(r, Requeue::requeue(STALE_RETRY));
 }

@@ -1,6 +1,7 @@
 //! The controller's patches and target resolution.
 
 use super::*;
+use crate::planner::Action;
 
 fn target() -> Desired {
     Inputs {
