@@ -326,7 +326,9 @@ pub struct NodeProgress {
 pub struct NodeIssue {
     /// Node name.
     pub name: String,
-    /// The node's streamd state (`Degraded`, `Refused`), or `Draining`.
+    /// The node's streamd state (`Degraded`, `Refused`), or the controller's: `Draining`,
+    /// `EvictionBlocked`, a stall (`AgentNotResponding`, `DrainTimeout`, `NodeNotReturning`),
+    /// `Conflict`, `NoHeartbeat` or `Held`.
     pub state: String,
     /// The node's reason, or what blocks the drain.
     pub reason: String,

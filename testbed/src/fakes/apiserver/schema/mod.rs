@@ -188,7 +188,11 @@ impl Walk {
         {
             self.openapi.push(FieldError::new(
                 path,
-                format!("Too long: may not be more than {max} bytes"),
+                // apimachinery ≥ v0.32 (field.TooLong); "byte" for 1 since v0.34.
+                format!(
+                    "Too long: may not be more than {max} {}",
+                    if max == 1 { "byte" } else { "bytes" }
+                ),
             ));
         }
         if let Some(min) = schema["minLength"].as_u64()
@@ -244,7 +248,10 @@ impl Walk {
         {
             self.openapi.push(FieldError::new(
                 path,
-                format!("Too many: {len}: must have at most {max} items"),
+                format!(
+                    "Too many: {len}: must have at most {max} {}",
+                    if max == 1 { "item" } else { "items" }
+                ),
             ));
         }
         if let Some(min) = schema["minItems"].as_u64()
