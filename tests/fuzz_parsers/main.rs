@@ -253,6 +253,8 @@ fn stream_like() -> impl Strategy<Value = String> {
     ]
 }
 
+// ---- Strategies more than one module draws from ---------------------------------------------
+
 /// RPM names: components of letters and digits; later ones may start with a digit
 /// (`kernel-64k-core`).
 fn pkg_name() -> impl Strategy<Value = String> {
