@@ -4,7 +4,7 @@
 //!
 //! The property test runs 1024 cases: 0.4 s in the debug profile on an idle 2-core machine, about
 //! 3 s on a busy one; `STREAMD_FUZZ_SCALE=N` multiplies them for a longer local soak, as in
-//! `tests/fuzz_parsers.rs`.
+//! `tests/fuzz_parsers/`.
 
 // The one place unsafe code is allowed: a counting GlobalAlloc over System, to bound what a
 // header read allocates.
