@@ -8,8 +8,6 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 /// Writes `text` as the host's `/etc/yum.repos.d/<name>`; its host path.
 fn write_repo(env: &Env, name: &str, text: &str) -> String {
@@ -21,37 +19,17 @@ fn write_repo(env: &Env, name: &str, text: &str) -> String {
 
 /// A loopback HTTP server answering every request with a `repomd.xml`; its base URL.
 async fn serve_repomd() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((mut sock, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match sock.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let body = "<?xml version=\"1.0\"?><repomd></repomd>";
-                let resp = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = sock.write_all(resp.as_bytes()).await;
-            });
-        }
-    });
-    format!("http://{addr}")
+    let body = "<?xml version=\"1.0\"?><repomd></repomd>";
+    testbed::loopback::serve(Vec::new(), testbed::loopback::Answer::Ok(body.into()))
+        .await
+        .expect("loopback server")
 }
 
 /// A loopback address nothing listens on.
 async fn closed_port() -> String {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = l.local_addr().expect("addr");
-    drop(l);
-    format!("http://{addr}")
+    testbed::loopback::closed_port()
+        .await
+        .expect("a closed port")
 }
 
 /// A real-time host (its kernel is layered, so the move is a layered stage) asked to move to

@@ -23,6 +23,7 @@ pub mod control;
 pub mod fakes;
 pub mod fixtures;
 pub mod harness;
+pub mod loopback;
 pub mod scratch;
 
 pub use harness::fleet::{Fleet, FleetOptions};

@@ -6,9 +6,10 @@
 use std::path::{Path, PathBuf};
 
 /// The groups of `testbed/src`, each allowed to use only those of a lower rank (and itself).
-const ORDER: [(&str, u8); 6] = [
+const ORDER: [(&str, u8); 7] = [
     ("control", 0),
     ("scratch", 0),
+    ("loopback", 0),
     ("fixtures", 1),
     ("fakes", 2),
     ("harness", 3),

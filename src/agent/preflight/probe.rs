@@ -269,67 +269,25 @@ fn build(
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
-    use std::sync::Arc;
 
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpListener;
+    use testbed::loopback::Answer;
 
     use super::super::layering::Place;
     use super::super::repos::{Connection, Vars, enabled_repos};
     use super::*;
 
-    /// What the server answers for a path.
-    #[derive(Clone)]
-    enum Answer {
-        Ok(String),
-        Status(u16),
-        /// Accepts and never answers.
-        Stall,
-    }
-
     const REPOMD: &str =
         "<?xml version=\"1.0\"?><repomd xmlns=\"http://linux.duke.edu/metadata/repo\"></repomd>";
 
-    /// A plain HTTP/1.1 server on loopback answering `routes` (404 elsewhere); its address.
+    /// [`testbed::loopback::serve`] answering `routes`, 404 elsewhere; its address.
     async fn serve(routes: BTreeMap<&'static str, Answer>) -> String {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let routes = Arc::new(routes);
-        tokio::spawn(async move {
-            while let Ok((mut sock, _)) = listener.accept().await {
-                let routes = routes.clone();
-                tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 1024];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match sock.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let head = String::from_utf8_lossy(&head);
-                    let path = head.split(' ').nth(1).unwrap_or("/").to_string();
-                    let answer = routes
-                        .iter()
-                        .find(|(p, _)| path == **p)
-                        .map_or(Answer::Status(404), |(_, a)| a.clone());
-                    let (status, body) = match answer {
-                        Answer::Ok(body) => (200, body),
-                        Answer::Status(s) => (s, String::new()),
-                        Answer::Stall => {
-                            tokio::time::sleep(Duration::from_secs(3600)).await;
-                            return;
-                        }
-                    };
-                    let resp = format!(
-                        "HTTP/1.1 {status} X\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = sock.write_all(resp.as_bytes()).await;
-                });
-            }
-        });
-        format!("http://{addr}")
+        let routes = routes
+            .into_iter()
+            .map(|(p, a)| (p.to_string(), a))
+            .collect();
+        testbed::loopback::serve(routes, Answer::Status(404))
+            .await
+            .expect("loopback server")
     }
 
     /// The one repository of `text` (`/etc/yum.repos.d/t.repo`), probed within `deadline`.
@@ -353,10 +311,9 @@ mod tests {
 
     /// The address of a port nothing listens on.
     async fn refused_address() -> String {
-        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = l.local_addr().expect("addr");
-        drop(l);
-        format!("http://{addr}")
+        testbed::loopback::closed_port()
+            .await
+            .expect("a closed port")
     }
 
     fn at(line: usize) -> Place {
