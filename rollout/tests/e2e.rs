@@ -611,7 +611,10 @@ async fn a_node_not_back_in_time_is_named_and_still_holds_its_slot() {
     .await;
     let mut s = spec();
     s["rebootTimeoutSeconds"] = json!(2);
-    s["maxConcurrentStaging"] = json!(2);
+    // One staging slot: worker-0 is staged, so taken, first (with two at once, whichever was
+    // staged first was taken first, and under load that was once worker-1); worker-1 stages
+    // while worker-0 drains and reboots, so it waits, staged, while worker-0 holds the slot.
+    s["maxConcurrentStaging"] = json!(1);
     p.create_pool(s);
     p.start_controller("a", &["--leader-elect=false"]);
     p.wait("worker-0 NodeNotReturning", 120, |p| {
