@@ -261,11 +261,13 @@ impl Follow {
         }
     }
 
-    /// Wakes `pool` (a wake already queued for it, or a full queue, makes this one redundant:
-    /// every queued pool is reconciled with what the watch holds by then).
+    /// Wakes `pool`. A wake already queued for it makes this one redundant (the pool is then
+    /// reconciled with what the watch holds by then); one dropped because the queue is full of
+    /// other pools' wakes is made up by the drain's backstop pass
+    /// ([`super::BACKSTOP_SECONDS`] at the latest).
     fn send(&self, pool: &str) {
         if self.wake.try_send(ObjectRef::new(pool)).is_err() {
-            tracing::debug!(node = %self.node, pool, "wake queue full; a reconcile is due anyway");
+            tracing::debug!(node = %self.node, pool, "wake queue full; the backstop pass makes up for it");
         }
     }
 }
