@@ -87,14 +87,14 @@ pub enum Action {
         /// Node name.
         node: String,
     },
-    /// Cordon the node and mark [`Step::Draining`] for `token`, started `now`.
+    /// Cordon the node and mark [`Step::Draining`](crate::node::Step::Draining) for `token`, started `now`.
     Cordon {
         /// Node name.
         node: String,
         /// The node's `reboot-requested`.
         token: String,
     },
-    /// One drain pass; when no pod is left, approve `token` (and mark [`Step::Approved`]).
+    /// One drain pass; when no pod is left, approve `token` (and mark [`Step::Approved`](crate::node::Step::Approved)).
     Drain {
         /// Node name.
         node: String,
@@ -120,7 +120,7 @@ pub enum Action {
         /// The `reboot-requested` token whose drain is given up.
         token: String,
     },
-    /// Release the node as [`release`] says (the pool's nodes became the machine-config
+    /// Release the node as [`release`](super::release) says (the pool's nodes became the machine-config
     /// operator's).
     Release {
         /// Node name.
