@@ -590,7 +590,17 @@ impl Gatherer {
             let rpms = closure_files(extracted, input.closure.as_ref());
             StagePlan {
                 signed: signature.verifying,
-                ..base.carry(booted, needed.variant, &layered, &rpms)
+                ..base.carry(
+                    booted,
+                    needed.variant,
+                    &layered,
+                    &rpms,
+                    input
+                        .os_image
+                        .as_ref()
+                        .ok()
+                        .and_then(|i| i.base_packages.as_ref()),
+                )
             }
         });
         Ok(Prepared {

@@ -7,6 +7,8 @@
 //! the kernel: openshift/machine-config-operator's Containerfile.on-cluster-build-template):
 //! nothing is carried then, and the target image must provide the same variant.
 
+use std::collections::BTreeSet;
+
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Deployment;
@@ -114,6 +116,21 @@ pub const DEFAULT_KERNEL_PACKAGES: [&str; 5] = [
     "kernel-modules-extra",
 ];
 
+/// The [`DEFAULT_KERNEL_PACKAGES`] a target base holds, when its package list is known
+/// (`base`, from the image's layer annotations: `crate::image::registry::components`) and
+/// names `kernel-core`, which every RHEL 9 and 10 kernel has; otherwise all five, the
+/// machine-config daemon's list (a base that is not chunked, or whose list is unknown, is
+/// taken to be RHEL CoreOS, which carries all five).
+pub fn default_kernel_packages_in(base: Option<&BTreeSet<String>>) -> Vec<&'static str> {
+    match base {
+        Some(names) if names.contains("kernel-core") => DEFAULT_KERNEL_PACKAGES
+            .into_iter()
+            .filter(|p| names.contains(*p))
+            .collect(),
+        _ => DEFAULT_KERNEL_PACKAGES.to_vec(),
+    }
+}
+
 /// The booted deployment's overrides and the running kernel disagree on the variant.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
@@ -213,6 +230,44 @@ mod tests {
             "kernel"
         ));
         assert!(names_package("kernel-6.12.0-1.el10.aarch64", "kernel"));
+    }
+
+    #[test]
+    fn the_removals_follow_the_target_base_when_it_is_known() {
+        let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>();
+        let all = DEFAULT_KERNEL_PACKAGES.to_vec();
+        let table: &[(&str, Option<BTreeSet<String>>, Vec<&str>)] = &[
+            ("unknown base: the MCD's list", None, all.clone()),
+            (
+                "a base without kernel-modules-extra",
+                Some(set(&[
+                    "bash",
+                    "kernel",
+                    "kernel-core",
+                    "kernel-modules",
+                    "kernel-modules-core",
+                ])),
+                vec![
+                    "kernel",
+                    "kernel-core",
+                    "kernel-modules",
+                    "kernel-modules-core",
+                ],
+            ),
+            (
+                "a list without kernel-core says nothing of the kernel",
+                Some(set(&["bash", "kernel"])),
+                all.clone(),
+            ),
+            (
+                "a base with all five",
+                Some(set(&DEFAULT_KERNEL_PACKAGES)),
+                all.clone(),
+            ),
+        ];
+        for (what, base, want) in table {
+            assert_eq!(&default_kernel_packages_in(base.as_ref()), want, "{what}");
+        }
     }
 
     #[test]

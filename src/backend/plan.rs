@@ -1,10 +1,11 @@
 //! What to stage, backend-neutral: the planner decides it, `streamctl plan` shows it, and each
 //! backend turns it into its own call.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use crate::backend::Deployment;
-use crate::backend::kernel::{DEFAULT_KERNEL_PACKAGES, KernelVariant};
+use crate::backend::kernel::{KernelVariant, default_kernel_packages_in};
 use crate::image::reference::ImageRef;
 use crate::image::rpm::names_package;
 
@@ -53,13 +54,16 @@ impl StagePlan {
     /// Completes a rebase so one transaction produces the whole target: the booted variant
     /// kernel and layered packages (`carried`, package names) are replaced by the target builds
     /// in `rpms` (extracted from the target's extensions image). A node must never be staged on
-    /// the default kernel when it runs a variant, so this is all or nothing.
+    /// the default kernel when it runs a variant, so this is all or nothing. The default-kernel
+    /// packages removed are those the target base holds (`base_packages`, when known): a name
+    /// it lacks would fail the transaction after the pull (`Package "X" not found`).
     pub fn carry(
         mut self,
         booted: &Deployment,
         kernel: KernelVariant,
         carried: &[String],
         rpms: &[PathBuf],
+        base_packages: Option<&BTreeSet<String>>,
     ) -> Self {
         self.kernel = kernel;
         let replaced =
@@ -72,7 +76,7 @@ impl StagePlan {
             .cloned()
             .collect();
         if kernel != KernelVariant::Default {
-            self.override_remove = DEFAULT_KERNEL_PACKAGES
+            self.override_remove = default_kernel_packages_in(base_packages)
                 .iter()
                 .filter(|p| !booted.requested_base_removals.iter().any(|r| r == *p))
                 .map(|p| p.to_string())

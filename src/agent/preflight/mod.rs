@@ -299,6 +299,7 @@ mod fixtures {
                 size: 2 << 30,
                 manifest_digest: format!("sha256:{}", "b".repeat(64)),
                 layered_from: None,
+                base_packages: None,
             }),
             os_pull: OsPull {
                 auth_file: Some("/run/ostree/auth.json"),

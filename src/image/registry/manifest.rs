@@ -9,8 +9,9 @@ use super::http::read_limited;
 use super::{InspectError, Inspector, MAX_CONFIG, MAX_MANIFEST, REQUEST_DEADLINE, goarch};
 use crate::image::reference::ImageRef;
 
-/// An OCI/Docker descriptor, as far as streamd reads one: digest, size and media type. Its
-/// `urls` are not even parsed: a layer comes from the registry or not at all.
+/// An OCI/Docker descriptor, as far as streamd reads one: digest, size, media type and, for a
+/// layer, the package names ostree-ext annotates it with ([`super::components`]). Its `urls`
+/// are not even parsed: a layer comes from the registry or not at all.
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct Descriptor {
@@ -19,6 +20,22 @@ pub(super) struct Descriptor {
     pub(super) digest: String,
     pub(super) size: i64,
     platform: Option<Platform>,
+    #[serde(default)]
+    annotations: Annotations,
+}
+
+/// The one annotation streamd reads from a descriptor; the others are not kept.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+struct Annotations {
+    #[serde(rename = "ostree.components")]
+    components: Option<String>,
+}
+
+impl Descriptor {
+    /// The layer's `ostree.components` annotation.
+    pub(super) fn components(&self) -> Option<&str> {
+        self.annotations.components.as_deref()
+    }
 }
 
 #[derive(Debug, Clone, serde::Deserialize)]

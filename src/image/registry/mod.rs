@@ -6,6 +6,7 @@
 //! rejected pull secret from a registry blip, and a registry's own text reaches them only
 //! quoted, cut and stripped of control characters.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use crate::image::rpm::RpmHeader;
 
 mod auth;
 mod blob;
+pub mod components;
 mod endpoint;
 mod extract;
 mod hosts;
@@ -47,6 +49,9 @@ pub struct OsImageInfo {
     /// `baseOSContainerImage`: the base an on-cluster-layered image was built from
     /// ([`LAYERED_FROM`]); absent on a base stream image.
     pub layered_from: Option<String>,
+    /// The base's package names, when the layers' annotations list them all
+    /// ([`components::base_packages`]); `None` when they do not.
+    pub base_packages: Option<BTreeSet<String>>,
 }
 
 /// The label the machine-config operator's on-cluster layering puts on every image it builds,
@@ -382,6 +387,7 @@ impl Inspector {
                 size,
                 manifest_digest,
                 layered_from: label(LAYERED_FROM),
+                base_packages: components::base_packages(m.layers.iter().map(|l| l.components())),
             })
         })
         .await

@@ -333,6 +333,7 @@ fn carry_replaces_old_variant_and_layers() {
         KernelVariant::Realtime,
         &["usbguard".to_string()],
         &rpms,
+        None,
     );
     assert_eq!(plan.uninstall.len(), 4, "{:?}", plan.uninstall);
     assert!(!plan.uninstall.contains(&"other".to_string()));
@@ -353,13 +354,41 @@ fn carry_replaces_old_variant_and_layers() {
         KernelVariant::SixtyFourK,
         &[],
         &[],
+        None,
     );
     assert_eq!(plan.override_remove.len(), 5);
+    // A target base known to lack kernel-modules-extra (its layers list its packages): the
+    // removal of a name it lacks would fail the transaction after the pull.
+    let base: std::collections::BTreeSet<String> = [
+        "kernel",
+        "kernel-core",
+        "kernel-modules",
+        "kernel-modules-core",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    let plan = StagePlan::rebase(&w.stream, &w.os_image, false).carry(
+        &fresh,
+        KernelVariant::SixtyFourK,
+        &[],
+        &[],
+        Some(&base),
+    );
+    assert!(
+        !plan
+            .override_remove
+            .contains(&"kernel-modules-extra".to_string()),
+        "{:?}",
+        plan.override_remove
+    );
+    assert_eq!(plan.override_remove.len(), 4);
     let plain = StagePlan::rebase(&w.stream, &w.os_image, false).carry(
         &fresh,
         KernelVariant::Default,
         &[],
         &[],
+        None,
     );
     assert!(plain.override_remove.is_empty() && plain.uninstall.is_empty());
 }

@@ -9,6 +9,7 @@ use serde_json::json;
 use super::oci::{Arch, Entry, Image, Index, canonical_json};
 use super::rpm::{Rpm, StreamRpms};
 use crate::fixtures::images::TestImage;
+use crate::fixtures::packages;
 
 /// Where extensions images keep their package repository (what `rpm-ostree compose extensions`
 /// writes and the machine-config daemon mounts as a yum repo).
@@ -132,16 +133,27 @@ pub fn os_files(img: &TestImage, arch: Arch) -> anyhow::Result<Vec<Entry>> {
     Ok(files)
 }
 
-/// The OS image of `img`: an index over an amd64 and an arm64 image.
+/// The OS image of `img`: an index over an amd64 and an arm64 image, each shaped like a
+/// chunked ostree container image (`rpm-ostree compose image`, as RHEL CoreOS is built): a
+/// first layer standing for the ostree commit, unannotated, then a content layer (the kernel)
+/// annotated with the base's package names ([`super::oci::COMPONENTS_ANNOTATION`]; all in one
+/// layer here, spread over up to 64 in a real image).
 pub fn os_index(img: &TestImage) -> anyhow::Result<Index> {
     let images = Arch::ALL
         .iter()
         .map(|&arch| {
-            Image::build(
+            let (kernel, commit): (Vec<Entry>, Vec<Entry>) = os_files(img, arch)?
+                .into_iter()
+                .partition(|e| e.path().starts_with("usr/lib/modules/"));
+            let names = packages::base_packages(img, arch.rpm())
+                .into_iter()
+                .map(|p| p.name)
+                .collect();
+            Image::build_annotated(
                 arch,
                 &img.created(),
                 os_labels(img, arch)?,
-                vec![os_files(img, arch)?],
+                vec![(commit, None), (kernel, Some(names))],
             )
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
