@@ -236,7 +236,8 @@ mod tests {
     fn the_removals_follow_the_target_base_when_it_is_known() {
         let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>();
         let all = DEFAULT_KERNEL_PACKAGES.to_vec();
-        let table: &[(&str, Option<BTreeSet<String>>, Vec<&str>)] = &[
+        type Row<'a> = (&'a str, Option<BTreeSet<String>>, Vec<&'a str>);
+        let table: &[Row] = &[
             ("unknown base: the MCD's list", None, all.clone()),
             (
                 "a base without kernel-modules-extra",

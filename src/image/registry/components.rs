@@ -61,13 +61,16 @@ fn is_package_name(name: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// One row: what it shows, the layers' annotations, the list expected.
+    type Row<'a> = (&'a str, &'a [Option<&'a str>], Option<BTreeSet<String>>);
+
     fn names(list: &[&str]) -> Option<BTreeSet<String>> {
         Some(list.iter().map(|s| s.to_string()).collect())
     }
 
     #[test]
     fn the_list_is_read_only_from_a_wholly_annotated_image() {
-        let table: &[(&str, &[Option<&str>], Option<BTreeSet<String>>)] = &[
+        let table: &[Row] = &[
             (
                 "chunked: commit layer, then annotated content layers",
                 &[
