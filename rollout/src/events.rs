@@ -154,33 +154,42 @@ fn rollout(status: &StreamPoolStatus) -> String {
     }
 }
 
-/// The rollout's Normal Event when it starts (nodes to move toward a target not seen moving
-/// before) or completes (all nodes run the target it was seen moving to), from what was `seen`
-/// last, the status before this pass and `now`'s.
+/// The rollout's state after `now` given the one `seen` before, and its Normal Event: it
+/// starts (`RolloutStarted`) when the pool, not paused nor stalled before its first step
+/// (`Updating` true), has nodes to move toward a target it was not seen moving to; it completes
+/// (`RolloutCompleted`, with the node count and the wall time) when all nodes run the target it
+/// was seen moving to. A pool paused, or stopped by a refused spec, keeps its state: its resume is
+/// no new start.
 fn rollout_news(
     seen: Option<&String>,
     previous: Option<&StreamPoolStatus>,
     now: &StreamPoolStatus,
-) -> Option<Note> {
+) -> (String, Option<Note>) {
     let state = rollout(now);
-    if seen == Some(&state) {
-        return None;
-    }
+    let seen = seen.cloned().unwrap_or_default();
     let target = now.target.as_deref().unwrap_or_default();
     let nodes = now.machine_count;
+    let was_moving = seen.strip_prefix("moving ") == Some(target);
     if state.starts_with("moving ") {
+        let updating = now
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Updating" && c.status == "True");
+        if was_moving || !updating {
+            return (if updating { state } else { seen }, None);
+        }
         let left = now.machine_count - now.updated_machine_count;
-        return Some(note(
+        let note = note(
             false,
             "RolloutStarted",
             "Rollout",
             None,
             &format!("rollout to {target} started: {left} of {nodes} nodes to update"),
-        ));
+        );
+        return (state, Some(note));
     }
-    let was_moving = seen.and_then(|s| s.strip_prefix("moving ")) == Some(target);
     if !state.starts_with("done ") || !was_moving {
-        return None;
+        return (state, None);
     }
     // The rollout started when `Updated` last turned False, and ends now that it is True.
     let since = |s: &StreamPoolStatus, status: &str| {
@@ -194,13 +203,14 @@ fn rollout_news(
         (Some(a), Some(b)) if b >= a => format!(" in {} s", b - a),
         _ => String::new(),
     };
-    Some(note(
+    let note = note(
         false,
         "RolloutCompleted",
         "Rollout",
         None,
         &format!("rollout to {target} complete: all {nodes} nodes run it{took}"),
-    ))
+    );
+    (state, Some(note))
 }
 
 /// A lasting condition: its key, its value (a change is news) and its Event (`None`: the
@@ -310,9 +320,8 @@ impl Journal {
             )
         });
         let current = lasting(now);
-        let mut news: Vec<Note> = rollout_news(seen.get(ROLLOUT), previous, now)
-            .into_iter()
-            .collect();
+        let (state, started_or_done) = rollout_news(seen.get(ROLLOUT), previous, now);
+        let mut news: Vec<Note> = started_or_done.into_iter().collect();
         news.extend(
             current
                 .iter()
@@ -320,7 +329,7 @@ impl Journal {
                 .filter_map(|(_, _, n)| n.clone()),
         );
         *seen = current.into_iter().map(|(k, v, _)| (k, v)).collect();
-        seen.insert(ROLLOUT.into(), rollout(now));
+        seen.insert(ROLLOUT.into(), state);
         news
     }
 
@@ -500,6 +509,14 @@ mod tests {
         s.machine_count = nodes;
         s.updated_machine_count = updated;
         s.conditions.push(Condition {
+            type_: "Updating".into(),
+            status: if done { "False" } else { "True" }.into(),
+            last_transition_time: None,
+            observed_generation: None,
+            reason: String::new(),
+            message: String::new(),
+        });
+        s.conditions.push(Condition {
             type_: "Updated".into(),
             status: if done { "True" } else { "False" }.into(),
             last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
@@ -529,6 +546,7 @@ mod tests {
         let paused = {
             let mut s = moving("rhel-10 img", 3, 1, 1000);
             s.conditions[0].status = "True".into();
+            s.conditions[2].status = "False".into();
             s
         };
         assert_eq!(reasons(&j.news("p", Some(&midway), &paused)), ["Paused"]);
@@ -547,6 +565,18 @@ mod tests {
             reasons(&j.news("p", Some(&done), &next)),
             ["RolloutStarted"]
         );
+        // A pool created paused starts when it is resumed, once.
+        let (k, created) = (Journal::default(), moving("t", 2, 0, 10));
+        let mut held = created.clone();
+        held.conditions[0].status = "True".into();
+        held.conditions[2].status = "False".into();
+        assert_eq!(reasons(&k.news("s", None, &held)), ["Paused"]);
+        assert_eq!(
+            reasons(&k.news("s", Some(&held), &created)),
+            ["RolloutStarted", "Resumed"]
+        );
+        assert_eq!(reasons(&k.news("s", Some(&created), &held)), ["Paused"]);
+        assert_eq!(reasons(&k.news("s", Some(&held), &created)), ["Resumed"]);
         // A pool already on its target, or a new leader mid-rollout: nothing to tell.
         let k = Journal::default();
         assert!(k.news("q", None, &done).is_empty());
