@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus, Volume};
@@ -33,6 +33,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
+use tokio::time::Instant;
 
 use super::MIRROR_ANNOTATION;
 use crate::crd::StreamPool;
@@ -388,10 +389,14 @@ fn strip(pod: &mut Pod) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::{Request, Response};
     use k8s_openapi::api::core::v1::{
         ConfigMapVolumeSource, Container, EmptyDirVolumeSource, PodCondition,
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, OwnerReference};
+    use kube::client::Body;
+    use serde_json::json;
+    use tower_test::mock;
 
     fn pod(name: &str, node: &str, phase: &str) -> Pod {
         Pod {
@@ -547,5 +552,109 @@ mod tests {
                 );
             }
         }
+    }
+
+    fn pod_json(name: &str, node: &str) -> serde_json::Value {
+        json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": { "name": name, "namespace": "ns", "resourceVersion": "2" },
+            "spec": { "nodeName": node, "containers": [{ "name": "c", "image": "i" }] },
+            "status": { "phase": "Running" },
+        })
+    }
+
+    /// The API server: answers the pod LIST with web-a on w1, the first WATCH with web-a's
+    /// deletion (then the watch ends), and holds every later WATCH open; counts the LISTs in
+    /// `lists`.
+    fn serve(
+        mut handle: mock::Handle<Request<Body>, Response<Body>>,
+        lists: Arc<std::sync::atomic::AtomicUsize>,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let (mut watches, mut held) = (0, Vec::new());
+            while let Some((request, send)) = handle.next_request().await {
+                let uri = request.uri().to_string();
+                assert!(uri.starts_with("/api/v1/pods?"), "{uri}");
+                assert!(uri.contains("fieldSelector=spec.nodeName%21%3D"), "{uri}");
+                let body = if uri.contains("watch=true") {
+                    watches += 1;
+                    if watches > 1 {
+                        held.push(send);
+                        continue;
+                    }
+                    let event = json!({ "type": "DELETED", "object": pod_json("web-a", "w1") });
+                    format!("{event}\n")
+                } else {
+                    lists.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    json!({
+                        "apiVersion": "v1",
+                        "kind": "PodList",
+                        "metadata": { "resourceVersion": "1" },
+                        "items": [pod_json("web-a", "w1"), pod_json("db-0", "w2")],
+                    })
+                    .to_string()
+                };
+                let response = Response::builder()
+                    .body(Body::from(body.into_bytes()))
+                    .expect("response");
+                send.send_response(response);
+            }
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_watch_runs_while_held_wakes_the_drain_and_stops_after_the_linger() {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let lists = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let listed = || lists.load(std::sync::atomic::Ordering::SeqCst);
+        let server = serve(handle, lists.clone());
+        let (wake, mut woken) = mpsc::channel(8);
+        let store = PodStore::new(kube::Client::new(service, "default"), wake);
+        // Idle: no watch, no request.
+        store.hold("worker", &[], false);
+        tokio::time::sleep(LINGER).await;
+        assert!(!store.running());
+        assert_eq!(listed(), 0);
+        store.hold("worker", &["w1".to_string()], true);
+        assert!(store.running());
+        let pods = store.pods("w2").await.expect("listed");
+        assert_eq!(pods.len(), 1);
+        assert!(
+            pods[0]
+                .spec
+                .as_ref()
+                .is_some_and(|s| s.containers.is_empty()),
+            "kept whole"
+        );
+        // The list wakes the pools draining a node (a deletion may have gone unseen before it),
+        // then web-a's deletion on w1 wakes the pool draining w1.
+        for why in ["the list", "the deletion"] {
+            let pool = tokio::time::timeout(Duration::from_secs(10), woken.recv())
+                .await
+                .unwrap_or_else(|_| panic!("{why} woke no pool"))
+                .expect("a wake");
+            assert_eq!(pool.name, "worker");
+        }
+        assert!(store.pods("w1").await.expect("listed").is_empty());
+        // Held: it runs on, long past the linger, with no other LIST.
+        tokio::time::sleep(LINGER * 3).await;
+        assert!(store.running());
+        assert_eq!(listed(), 1);
+        // Let go: it runs through the linger, then stops.
+        store.hold("worker", &[], false);
+        tokio::time::sleep(LINGER / 2).await;
+        assert!(store.running(), "stopped within the linger");
+        tokio::time::sleep(LINGER).await;
+        assert!(!store.running(), "still running after the linger");
+        assert_eq!(store.started(), 1);
+        // Held again: a new watch, listed anew.
+        store.hold("worker", &["w1".to_string()], true);
+        assert_eq!(store.started(), 2);
+        assert_eq!(store.pods("w2").await.expect("listed").len(), 1);
+        assert_eq!(listed(), 2);
+        drop(store);
+        server.abort();
+        let _ = server.await;
     }
 }
