@@ -356,53 +356,6 @@ fn create() -> Vec<Exchange> {
     ]
 }
 
-fn drain_blocked() -> Vec<Exchange> {
-    let step = format!("draining:{}:t1", now_secs());
-    let draining = staged(Fixture::new("w1", true), "t1")
-        .with(ROLLOUT_STEP, &step)
-        .cordoned();
-    let why = format!("shop/web-a: eviction refused (429): {PDB_REFUSAL}");
-    vec![
-        list_nodes(&[draining, staged(Fixture::new("w2", true), "t2")]),
-        list_pods(&[pod("web-a", "ReplicaSet"), pod("agent-0", "DaemonSet")]),
-        // In name order: the DaemonSet pod stays, its DaemonSet looked up; the other is
-        // evicted, and the budget refuses.
-        daemon_set("owner", true),
-        Exchange::new(
-            Method::POST,
-            "/api/v1/namespaces/shop/pods/web-a/eviction?",
-            Want::Exact(json!({
-                "apiVersion": "policy/v1",
-                "kind": "Eviction",
-                "metadata": { "name": "web-a", "namespace": "shop" },
-            })),
-        )
-        .answer(
-            StatusCode::TOO_MANY_REQUESTS,
-            api_status(429, "TooManyRequests", PDB_REFUSAL),
-        ),
-        taint_node("w1", "11"),
-        taint_node("w2", "12"),
-        patch_status(json!({
-            "machineCount": 2,
-            "unavailableMachineCount": 1,
-            "conditions": conditions(
-                ("True", "Updating", "0 of 2 nodes updated; 1 unavailable (max 1)"),
-                ("False", "NotUpdated"),
-                ("False", "AsExpected"),
-            ),
-            "nodes": [{ "name": "w1", "state": "EvictionBlocked", "reason": why }],
-            "readiness": "2 of 2 ready",
-        })),
-        rollout_started(2, 2),
-        warning(
-            "EvictionBlocked",
-            "w1",
-            "node w1: a PodDisruptionBudget refuses an eviction; retrying",
-        ),
-    ]
-}
-
 /// The pods on w1 in the pod store (no request: the reconcile reads the store).
 fn list_pods(pods: &[Value]) -> Exchange {
     Exchange::new(
@@ -502,7 +455,9 @@ fn deletion() -> Vec<Exchange> {
 }
 
 mod scenarios;
-use scenarios::{agent_silent, approval_conflict, drain_settings, mco_takeover, overlap};
+use scenarios::{
+    agent_silent, approval_conflict, drain_blocked, drain_settings, mco_takeover, overlap,
+};
 
 impl ApiServerVerifier {
     /// Answers the requests of `scenario` in order; the task panics at the first one that
