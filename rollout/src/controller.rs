@@ -14,8 +14,8 @@
 //! changed: at once when a condition, the target, the generation or a node issue changed, else
 //! (per-node progress only) at most every [`STATUS_INTERVAL`] per pool, each write conditional
 //! on the pool's `resourceVersion` (a 409 is looked at again from the cache). A drain in progress
-//! is woken by its node's pod events ([`drain::watch`]: the pod watches map each event to the
-//! pool draining the node) and looked at again when an eviction must be tried again
+//! is woken by its node's pod events ([`drain::watch`]: one pod watch, run while a rollout has
+//! a node out of service, maps each event to the pool draining the node) and looked at again when an eviction must be tried again
 //! ([`drain::Pass::retry_after`]), at the latest after [`drain::BACKSTOP_SECONDS`]; one past its
 //! timeout less often, and a pool with a deadline pending when it falls due
 //! ([`Summary::recheck_after`]). What it does is also told in Events on the pool
@@ -102,6 +102,9 @@ pub enum Error {
     /// The Node watch has not yet listed the nodes (the store is empty until it has).
     #[error("the node watch has not listed the nodes within {0:?}")]
     NodesNotRead(Duration),
+    /// The pod watch a drain reads has not listed the pods.
+    #[error(transparent)]
+    PodsNotRead(#[from] drain::watch::NotRead),
 }
 
 /// What reconciles share.
@@ -109,8 +112,8 @@ pub struct Context {
     client: kube::Client,
     /// Without kube's built-in retry of 429 (see [`Clients`]).
     drain_client: kube::Client,
-    /// The pods of the nodes being drained.
-    pods: drain::watch::PodWatches,
+    /// The pods of the nodes being drained (one watch, while a rollout has a node out).
+    pods: drain::watch::PodStore,
     /// An unfinished drain's next pass at the latest ([`drain::BACKSTOP_SECONDS`]).
     drain_backstop: u64,
     catalog: watch::Receiver<Option<Catalog>>,
@@ -400,6 +403,7 @@ async fn cleanup(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
     if !set_finalizer(scope, false).await? {
         return Ok(Requeue::requeue(CONFLICT_RETRY));
     }
+    scope.ctx.pods.hold(&scope.name, &[], false);
     scope.ctx.journal.forget(&scope.name);
     scope.ctx.metrics.forget(&scope.name);
     scope.ctx.pool_writes.forget(&scope.name);
@@ -435,6 +439,10 @@ async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
         // The first read of OSImageStream is under way; its arrival reconciles every pool.
         return Ok(Requeue::await_change());
     };
+    scope
+        .ctx
+        .pods
+        .hold(&scope.name, &plan.summary.draining, holds_pods(&plan));
     // A malformed podSelector made the pool Degraded (`InvalidSpec`): no drain runs.
     let settings = drain::Settings::from_spec(&scope.pool.spec.drain).unwrap_or_default();
     let (blockers, drain_after) =
@@ -462,6 +470,22 @@ async fn apply(scope: &Scope<'_>, listed: &Listed) -> Result<Requeue, Error> {
     .flatten()
     .min();
     Ok(after.map_or_else(Requeue::await_change, Requeue::requeue))
+}
+
+/// Whether the pool's rollout has a node out of service (one it cordons now, or Draining,
+/// Rebooting or Soaking): the drains' pod watch runs while some pool has ([`drain::watch`]).
+fn holds_pods(plan: &Plan) -> bool {
+    plan.actions.iter().any(|a| {
+        matches!(
+            a,
+            planner::Action::Cordon { .. } | planner::Action::Drain { .. }
+        )
+    }) || !plan.summary.draining.is_empty()
+        || plan
+            .summary
+            .progress
+            .iter()
+            .any(|p| matches!(p.step, "Draining" | "Rebooting" | "Soaking"))
 }
 
 /// The planner's input for the pool and its selected nodes, and its plan; `None` while the
@@ -909,7 +933,7 @@ pub async fn run(
     let ctx = Arc::new(Context {
         client: client.clone(),
         drain_client: clients.drain,
-        pods: drain::watch::PodWatches::new(client.clone(), clients.watch.clone(), wake_tx),
+        pods: drain::watch::PodStore::new(clients.watch.clone(), wake_tx),
         drain_backstop: drain::backstop_seconds(),
         catalog: catalog_rx,
         pools: store.clone(),

@@ -12,13 +12,13 @@
 //!
 //! One [`pass`] evicts what may go among the node's pods and reports what is left; the caller
 //! runs passes until nothing is left, so a controller restart simply continues with the next
-//! pass. The pods come from a watch of the node ([`watch`]), whose events wake the next pass as
-//! soon as a pod goes: a drain is approved when its last pod is deleted, not at the next tick of
+//! pass. The pods come from one pod store shared by every drain ([`watch`]), whose events wake
+//! the next pass as soon as a pod goes: a drain is approved when its last pod is deleted, not at the next tick of
 //! a timer. What no pod event announces has its own deadline ([`Pass::retry_after`]): an
 //! eviction refused (429, nothing changes on the pod) or failed is tried again after
 //! [`RETRY_SECONDS`], kubectl's cadence; a pod terminating is skipped when
 //! `skipWaitForDeleteTimeoutSeconds` runs out. A slow backstop ([`BACKSTOP_SECONDS`]) covers a
-//! watch event lost to a broken connection.
+//! wake lost from a full queue or a watch event lost to a broken connection.
 
 use std::collections::BTreeMap;
 

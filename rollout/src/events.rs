@@ -3,10 +3,11 @@
 //! cluster-scoped object), about the StreamPool, with the Node as the related object when
 //! there is one.
 //!
-//! Two kinds: a node's move is reported once, when it is updated and uncordoned (with how long
-//! it took; the routine steps before are in the pool's `status.progress`, and each Event is an
-//! API request), and a step that needs an admin's eye (a drain given up, a node cordoned
-//! again, a node released) once, after its patch succeeded; a lasting
+//! Three kinds: the rollout's start and completion, once each (`RolloutStarted` when the pool
+//! finds nodes to move toward a target, `RolloutCompleted` with the node count and the wall time
+//! when they all run it; a node's routine steps are in the pool's `status.progress` and the
+//! agent's own Events, and each Event is an API request), a step that needs an admin's eye (a
+//! drain given up, a node cordoned again, a node released) once, after its patch succeeded; a lasting
 //! condition read from the pool's status (paused, pool degraded, a node Refused or Degraded, an
 //! eviction a PodDisruptionBudget refuses) is reported when it starts or changes, not on every
 //! reconcile or drain pass. The [`Journal`] remembers what was reported; for a pool it has not
@@ -58,30 +59,17 @@ fn note(
     }
 }
 
-/// The Event of an action the controller did on a node toward `stream`, `took` seconds after
-/// the node was given the request. Routine steps (the check keys, the target, the cordon and
-/// drain, the approval) are not told one by one: a node tells one Normal Event when it is
-/// updated (uncordoned on the target), saying how long its move took; each Warning stays.
-pub fn for_action(action: &Action, stream: &str, took: Option<u64>) -> Option<Note> {
+/// The Event of an action the controller did on a node. Routine steps (the check keys, the
+/// target, the cordon and drain, the approval, the uncordon) are not told: a node's move is told
+/// by its agent's Events and the pool's `status.progress` and `status.nodes`, and the rollout
+/// as a whole by [`Journal::news`] (`RolloutStarted`, `RolloutCompleted`); each Warning stays.
+pub fn for_action(action: &Action) -> Option<Note> {
     Some(match action {
         Action::Check { .. }
         | Action::Target { .. }
         | Action::Cordon { .. }
-        | Action::Drain { .. } => return None,
-        Action::Uncordon { node } => {
-            let took = took.map_or(String::new(), |s| {
-                format!(" ({s} s after it was given the request)")
-            });
-            note(
-                false,
-                "NodeUpdated",
-                "Uncordon",
-                Some(node),
-                &format!(
-                    "node {node}: staged, drained, rebooted into {stream} and uncordoned{took}"
-                ),
-            )
-        }
+        | Action::Drain { .. }
+        | Action::Uncordon { .. } => return None,
         Action::SetAside { node, token } => note(
             true,
             "DrainGivenUp",
@@ -141,6 +129,88 @@ pub fn canary_complete(target: &str) -> Note {
             "the canary's nodes run {target} and are back; the pool is paused: set spec.paused: false to go on"
         ),
     )
+}
+
+/// The [`Journal`]'s key of the rollout's state ([`rollout`]).
+const ROLLOUT: &str = "rollout";
+
+/// Where the rollout stands in `status`: `moving <target>` while nodes are still to move to the
+/// resolved target (paused or not), `done <target>` when all run it, empty otherwise (no
+/// target, no node, a degraded pool with none to move, or the machine-config operator's pool).
+fn rollout(status: &StreamPoolStatus) -> String {
+    let updated = status.conditions.iter().find(|c| c.type_ == "Updated");
+    let managed = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Updating" && c.reason == "ManagedByMachineConfigOperator");
+    match (status.target.as_deref(), updated.map(|c| c.status.as_str())) {
+        (Some(t), Some("True")) if !managed => format!("done {t}"),
+        (Some(t), Some("False"))
+            if !managed && status.updated_machine_count < status.machine_count =>
+        {
+            format!("moving {t}")
+        }
+        _ => String::new(),
+    }
+}
+
+/// The rollout's state after `now` given the one `seen` before, and its Normal Event: it
+/// starts (`RolloutStarted`) when the pool, not paused nor stalled before its first step
+/// (`Updating` true), has nodes to move toward a target it was not seen moving to; it completes
+/// (`RolloutCompleted`, with the node count and the wall time) when all nodes run the target it
+/// was seen moving to. A pool paused, or stopped by a refused spec, keeps its state: its resume is
+/// no new start.
+fn rollout_news(
+    seen: Option<&String>,
+    previous: Option<&StreamPoolStatus>,
+    now: &StreamPoolStatus,
+) -> (String, Option<Note>) {
+    let state = rollout(now);
+    let seen = seen.cloned().unwrap_or_default();
+    let target = now.target.as_deref().unwrap_or_default();
+    let nodes = now.machine_count;
+    let was_moving = seen.strip_prefix("moving ") == Some(target);
+    if state.starts_with("moving ") {
+        let updating = now
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Updating" && c.status == "True");
+        if was_moving || !updating {
+            return (if updating { state } else { seen }, None);
+        }
+        let left = now.machine_count - now.updated_machine_count;
+        let note = note(
+            false,
+            "RolloutStarted",
+            "Rollout",
+            None,
+            &format!("rollout to {target} started: {left} of {nodes} nodes to update"),
+        );
+        return (state, Some(note));
+    }
+    if !state.starts_with("done ") || !was_moving {
+        return (state, None);
+    }
+    // The rollout started when `Updated` last turned False, and ends now that it is True.
+    let since = |s: &StreamPoolStatus, status: &str| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == "Updated" && c.status == status)
+            .and_then(|c| c.last_transition_time.as_ref())
+            .map(|t| t.0.as_second())
+    };
+    let took = match (previous.and_then(|p| since(p, "False")), since(now, "True")) {
+        (Some(a), Some(b)) if b >= a => format!(" in {} s", b - a),
+        _ => String::new(),
+    };
+    let note = note(
+        false,
+        "RolloutCompleted",
+        "Rollout",
+        None,
+        &format!("rollout to {target} complete: all {nodes} nodes run it{took}"),
+    );
+    (state, Some(note))
 }
 
 /// A lasting condition: its key, its value (a change is news) and its Event (`None`: the
@@ -241,16 +311,25 @@ impl Journal {
             previous.map_or_else(
                 // A new pool: being unpaused is no news, being paused is.
                 || BTreeMap::from([("paused".to_string(), false.to_string())]),
-                |p| lasting(p).into_iter().map(|(k, v, _)| (k, v)).collect(),
+                |p| {
+                    let mut seen: BTreeMap<String, String> =
+                        lasting(p).into_iter().map(|(k, v, _)| (k, v)).collect();
+                    seen.insert(ROLLOUT.into(), rollout(p));
+                    seen
+                },
             )
         });
         let current = lasting(now);
-        let news = current
-            .iter()
-            .filter(|(k, v, _)| seen.get(k) != Some(v))
-            .filter_map(|(_, _, n)| n.clone())
-            .collect();
+        let (state, started_or_done) = rollout_news(seen.get(ROLLOUT), previous, now);
+        let mut news: Vec<Note> = started_or_done.into_iter().collect();
+        news.extend(
+            current
+                .iter()
+                .filter(|(k, v, _)| seen.get(k) != Some(v))
+                .filter_map(|(_, _, n)| n.clone()),
+        );
         *seen = current.into_iter().map(|(k, v, _)| (k, v)).collect();
+        seen.insert(ROLLOUT.into(), state);
         news
     }
 
@@ -397,18 +476,7 @@ mod tests {
     }
 
     #[test]
-    fn a_node_tells_one_routine_event_when_updated() {
-        let n =
-            for_action(&Action::Uncordon { node: "w1".into() }, "rhel-10", Some(42)).expect("note");
-        assert_eq!(
-            (n.warning, n.reason, n.action, n.node.as_deref()),
-            (false, "NodeUpdated", "Uncordon", Some("w1"))
-        );
-        assert!(
-            n.text.contains("rhel-10") && n.text.contains("42 s"),
-            "{}",
-            n.text
-        );
+    fn a_node_tells_no_routine_event() {
         let routine = [
             Action::Check { node: "w1".into() },
             Action::Target { node: "w1".into() },
@@ -420,19 +488,102 @@ mod tests {
                 node: "w1".into(),
                 token: "t1".into(),
             },
+            Action::Uncordon { node: "w1".into() },
         ];
         for a in &routine {
-            assert_eq!(for_action(a, "rhel-10", Some(1)), None, "{a:?}");
+            assert_eq!(for_action(a), None, "{a:?}");
         }
-        let warning = for_action(
-            &Action::SetAside {
-                node: "w1".into(),
-                token: "t1".into(),
-            },
-            "rhel-10",
-            None,
-        )
+        let warning = for_action(&Action::SetAside {
+            node: "w1".into(),
+            token: "t1".into(),
+        })
         .expect("note");
         assert!(warning.warning);
+    }
+
+    /// `status` of a pool of `nodes` with `updated` on `target`, `Updated` since `at`.
+    fn moving(target: &str, nodes: i32, updated: i32, at: i64) -> StreamPoolStatus {
+        let mut s = status(false, None, &[]);
+        let done = updated == nodes;
+        s.target = Some(target.into());
+        s.machine_count = nodes;
+        s.updated_machine_count = updated;
+        s.conditions.push(Condition {
+            type_: "Updating".into(),
+            status: if done { "False" } else { "True" }.into(),
+            last_transition_time: None,
+            observed_generation: None,
+            reason: String::new(),
+            message: String::new(),
+        });
+        s.conditions.push(Condition {
+            type_: "Updated".into(),
+            status: if done { "True" } else { "False" }.into(),
+            last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::from_second(at).expect("time"),
+            )),
+            observed_generation: None,
+            reason: String::new(),
+            message: String::new(),
+        });
+        s
+    }
+
+    #[test]
+    fn a_rollout_tells_its_start_and_its_completion_once() {
+        let j = Journal::default();
+        let start = moving("rhel-10 img", 3, 0, 1000);
+        let news = j.news("p", None, &start);
+        assert_eq!(reasons(&news), ["RolloutStarted"]);
+        assert_eq!(
+            news[0].text,
+            "rollout to rhel-10 img started: 3 of 3 nodes to update"
+        );
+        assert!(!news[0].warning && news[0].node.is_none());
+        // Nodes move, the pool is paused and resumed: no rollout news.
+        let midway = moving("rhel-10 img", 3, 1, 1000);
+        assert!(j.news("p", Some(&start), &midway).is_empty());
+        let paused = {
+            let mut s = moving("rhel-10 img", 3, 1, 1000);
+            s.conditions[0].status = "True".into();
+            s.conditions[2].status = "False".into();
+            s
+        };
+        assert_eq!(reasons(&j.news("p", Some(&midway), &paused)), ["Paused"]);
+        assert_eq!(reasons(&j.news("p", Some(&paused), &midway)), ["Resumed"]);
+        let done = moving("rhel-10 img", 3, 3, 1042);
+        let news = j.news("p", Some(&midway), &done);
+        assert_eq!(reasons(&news), ["RolloutCompleted"]);
+        assert_eq!(
+            news[0].text,
+            "rollout to rhel-10 img complete: all 3 nodes run it in 42 s"
+        );
+        assert!(j.news("p", Some(&done), &done).is_empty());
+        // A new target starts a new rollout.
+        let next = moving("rhel-10 img2", 3, 0, 2000);
+        assert_eq!(
+            reasons(&j.news("p", Some(&done), &next)),
+            ["RolloutStarted"]
+        );
+        // A pool created paused starts when it is resumed, once.
+        let (k, created) = (Journal::default(), moving("t", 2, 0, 10));
+        let mut held = created.clone();
+        held.conditions[0].status = "True".into();
+        held.conditions[2].status = "False".into();
+        assert_eq!(reasons(&k.news("s", None, &held)), ["Paused"]);
+        assert_eq!(
+            reasons(&k.news("s", Some(&held), &created)),
+            ["RolloutStarted", "Resumed"]
+        );
+        assert_eq!(reasons(&k.news("s", Some(&created), &held)), ["Paused"]);
+        assert_eq!(reasons(&k.news("s", Some(&held), &created)), ["Resumed"]);
+        // A pool already on its target, or a new leader mid-rollout: nothing to tell.
+        let k = Journal::default();
+        assert!(k.news("q", None, &done).is_empty());
+        assert!(k.news("r", Some(&midway), &midway).is_empty());
+        assert_eq!(
+            reasons(&k.news("r", Some(&midway), &done)),
+            ["RolloutCompleted"]
+        );
     }
 }

@@ -79,28 +79,40 @@ async fn a_pool_moves_one_node_at_a_time_past_a_pdb() {
     assert_eq!(status["readyMachineCount"], 3);
     assert_eq!(status["observedGeneration"], 1);
 
-    // What an admin follows in `kubectl describe streampool worker`: one routine Event per
-    // node, when it is updated, and the refused eviction once, not once per drain pass.
-    assert_eq!(
-        p.event_reasons("worker-0"),
-        ["EvictionBlocked", "NodeUpdated"]
-    );
+    // What an admin follows in `kubectl describe streampool worker`: the rollout's start and
+    // completion on the pool, no routine Event per node, and the refused eviction once, not
+    // once per drain pass.
+    p.wait("the rollout's completion told", 30, |p| {
+        p.event_reasons("").len() == 2
+    })
+    .await;
+    assert_eq!(p.event_reasons(""), ["RolloutStarted", "RolloutCompleted"]);
+    assert_eq!(p.event_reasons("worker-0"), ["EvictionBlocked"]);
     for n in ["worker-1", "worker-2"] {
-        assert_eq!(p.event_reasons(n), ["NodeUpdated"], "{n}");
+        assert!(p.event_reasons(n).is_empty(), "{n}");
     }
     let events = p.events();
-    let at = |node: &str, reason: &str| {
+    let at = |reason: &str| {
         events
             .iter()
-            .position(|e| e.node == node && e.reason == reason)
+            .position(|e| e.reason == reason)
             .expect("event")
     };
-    assert!(at("worker-0", "NodeUpdated") < at("worker-1", "NodeUpdated"));
-    assert!(at("worker-1", "NodeUpdated") < at("worker-2", "NodeUpdated"));
-    let blocked = &events[at("worker-0", "EvictionBlocked")];
+    assert!(at("RolloutStarted") < at("EvictionBlocked"));
+    assert!(at("EvictionBlocked") < at("RolloutCompleted"));
+    let completed = &events[at("RolloutCompleted")];
+    assert_eq!(completed.type_, "Normal");
+    assert!(
+        completed.note.contains("complete: all 3 nodes run it in "),
+        "{}",
+        completed.note
+    );
+    let blocked = &events[at("EvictionBlocked")];
     assert_eq!((blocked.type_.as_str(), blocked.count), ("Warning", 1));
     assert!(blocked.note.contains("default/web-a"), "{}", blocked.note);
-    assert!(p.event_reasons("").is_empty(), "{events:?}");
+    // The three drains read one pod watch, listed once, not the pods of each node.
+    assert_eq!(p.controller_requests("pods", "list").await, 1);
+    assert_eq!(p.controller_requests("pods", "watch").await, 1);
 }
 
 /// worker-1 has an x86-64-v2 CPU: streamd's preflight refuses rhel-10, the pool is Degraded
@@ -153,7 +165,11 @@ async fn an_old_cpu_refuses_and_stops_the_rollout() {
         "{}",
         refused[0].note
     );
-    assert_eq!(p.event_reasons(""), ["PoolDegraded"], "{events:?}");
+    assert_eq!(
+        p.event_reasons(""),
+        ["RolloutStarted", "PoolDegraded"],
+        "{events:?}"
+    );
 }
 
 /// A paused pool gets readiness checks only (its summary names what the move would meet);
@@ -190,7 +206,19 @@ async fn pause_stops_new_work_and_resume_continues() {
         .await;
     assert_eq!(p.status()["observedGeneration"], 2);
     p.assert_once(&["worker-0", "worker-1"]);
-    assert_eq!(p.event_reasons(""), ["Paused", "Resumed"]);
+    // A pool created paused starts its rollout when it is resumed.
+    p.wait("the rollout's completion told", 30, |p| {
+        p.event_reasons("").iter().any(|r| r == "RolloutCompleted")
+    })
+    .await;
+    let mut reasons = p.event_reasons("");
+    assert_eq!(reasons[0], "Paused", "{reasons:?}");
+    // Told in the same pass, in either order of their times.
+    reasons[1..3].sort();
+    assert_eq!(
+        reasons,
+        ["Paused", "Resumed", "RolloutStarted", "RolloutCompleted"]
+    );
 }
 
 /// A replica of the `web` ReplicaSet (the pods the PodDisruptionBudget counts) on `node`.
@@ -431,6 +459,9 @@ async fn an_mco_pool_gets_the_readiness_summary_only() {
         );
     }
     assert!(p.seen().approvals.values().all(Vec::is_empty));
+    // No node is taken out of service: the drains' pod watch never starts.
+    assert_eq!(p.controller_requests("pods", "list").await, 0);
+    assert_eq!(p.controller_requests("pods", "watch").await, 0);
 }
 
 /// The pool is deleted mid-rollout (`maxUnavailable` 2): worker-0, cordoned and held by a
@@ -775,8 +806,9 @@ async fn the_pools_grace_period_reaches_the_evicted_pod() {
 
 /// A drain is approved because its last pod went, not at a timer's next tick: with the drain's
 /// backstop an hour long (`STREAMD_ROLLOUT_DRAIN_BACKSTOP_SECONDS`) and the pool's timeout ten
-/// minutes, nothing but the watch of worker-0's pods can wake the pool between the eviction (the
-/// pod then terminating, removed by the kubelet stand-in 3 s later) and the approval.
+/// minutes, nothing but the shared pod watch's deletion event can wake the pool between the
+/// eviction (the pod then terminating, removed by the kubelet stand-in 3 s later) and the
+/// approval.
 #[tokio::test]
 async fn a_drain_is_approved_when_its_last_pod_goes() {
     let mut p = Pool::start("podwake", 1, &[]).await;

@@ -19,8 +19,8 @@ use crate::status::DrainBlocker;
 /// Does the plan's actions and update-taint changes with at most one Node patch per node (the
 /// check keys, the target, a cordon or an uncordon of a node and its taint change merged; a
 /// drain runs a pass first and approves only once no pod is left; a release is
-/// [`release_node`]'s, of the node as `listed`), and tells in an Event what an admin follows
-/// a node by; returns the drains not finished, with what is left, and when the next pass of a
+/// [`release_node`]'s, of the node as `listed`), and tells in an Event what needs an admin's
+/// eye; returns the drains not finished, with what is left, and when the next pass of a
 /// drain within its timeout is due at the latest (seconds; one past it goes at the planner's
 /// pace).
 pub(super) async fn execute(
@@ -108,11 +108,8 @@ pub(super) async fn execute(
             });
             continue;
         }
-        let took = find(&node)
-            .and_then(|n| NodeView::from_node(n).targeted_at())
-            .map(|at| input.now.saturating_sub(at));
         for action in done {
-            if let Some(note) = events::for_action(action, &scope.pool.spec.target.stream, took) {
+            if let Some(note) = events::for_action(action) {
                 scope.publish(note).await;
             }
         }
@@ -130,7 +127,7 @@ struct Drain<'a> {
     timed_out: bool,
 }
 
-/// Runs a drain pass over the node (its pods from the node's pod watch) and approves its reboot
+/// Runs a drain pass over the node (its pods from the shared pod store) and approves its reboot
 /// once no pod is left; `Some`: not yet, with what is left and, for a drain within its timeout,
 /// when its next pass is due at the latest (a pod event may wake it sooner).
 async fn drain_and_approve(
@@ -147,15 +144,7 @@ async fn drain_and_approve(
     } = drain;
     scope.ctx.fence.check()?;
     let now = i64::try_from(input.now).unwrap_or(i64::MAX);
-    let pods = scope
-        .ctx
-        .pods
-        .pods(&scope.name, node)
-        .await
-        .map_err(|source| Error::Api {
-            what: format!("listing the pods of node {node}"),
-            source,
-        })?;
+    let pods = scope.ctx.pods.pods(node).await?;
     let pass = drain::pass(&scope.ctx.drain_client, node, pods, settings, now).await;
     if !pass.complete() {
         let due = (!timed_out).then(|| pass.retry_after.unwrap_or(scope.ctx.drain_backstop));
@@ -166,7 +155,6 @@ async fn drain_and_approve(
         };
         return Ok(Some((left, due)));
     }
-    scope.ctx.pods.stop(node);
     tracing::info!(node, token, "drained; approving the reboot");
     let patch = approval_patch(token, input.now, &scope.version(node).unwrap_or_default());
     if patch_listed_node(scope, node, patch).await? {

@@ -29,6 +29,7 @@ pub fn cause(error: &Error) -> String {
         },
         Error::NotLeader(_) => "not leader".into(),
         Error::NodesNotRead(_) => "the node watch: not listed yet".into(),
+        Error::PodsNotRead(_) => "the pod watch: not listed yet".into(),
     }
 }
 

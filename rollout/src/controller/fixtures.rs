@@ -7,6 +7,7 @@
 use std::fmt::Write as _;
 
 use http::{Method, Request, Response, StatusCode};
+use k8s_openapi::api::core::v1::Pod;
 use kube::client::Body;
 use kube::runtime::reflector::store::Writer;
 use serde_json::{Value, json};
@@ -37,15 +38,12 @@ const PDB_REFUSAL: &str = "Cannot evict pod as it would violate the pod's disrup
 
 impl Context {
     /// A context whose clients (both) talk to the returned verifier; no OSImageStream,
-    /// `others` in the pools' cache and `nodes` in the node store.
-    pub fn test(others: Vec<StreamPool>, nodes: Vec<Node>) -> (Arc<Context>, ApiServerVerifier) {
-        Context::fenced(others, nodes, Fence::none())
-    }
-
-    /// [`Context::test`] whose writes are fenced by `fence`.
+    /// `others` in the pools' cache, `nodes` in the node store, `pods` in the pod store, and
+    /// writes fenced by `fence`.
     pub fn fenced(
         others: Vec<StreamPool>,
         nodes: Vec<Node>,
+        pods: Vec<Pod>,
         fence: Fence,
     ) -> (Arc<Context>, ApiServerVerifier) {
         let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
@@ -68,7 +66,7 @@ impl Context {
             status_written: std::sync::Mutex::default(),
             client: client.clone(),
             drain_client: client.clone(),
-            pods: drain::watch::PodWatches::listing(client.clone()),
+            pods: drain::watch::PodStore::fixed(pods),
             drain_backstop: drain::BACKSTOP_SECONDS,
             catalog,
             pools: pools.as_reader(),
@@ -90,7 +88,7 @@ impl Context {
     }
 }
 
-/// The API server side of [`Context::test`].
+/// The API server side of [`Context::fenced`].
 #[allow(missing_debug_implementations)] // tower-test's handle is not Debug
 pub struct ApiServerVerifier(Handle<Request<Body>, Response<Body>>);
 
@@ -204,6 +202,19 @@ impl Scenario {
             .collect()
     }
 
+    /// The pods in the drains' pod store.
+    pub fn pods(self) -> Vec<Pod> {
+        self.all_exchanges()
+            .into_iter()
+            .filter(Exchange::is_pod_list)
+            .filter_map(|e| match e.answer {
+                Answer::Json(_, list) => Some(list["items"].clone()),
+                Answer::Echo => None,
+            })
+            .flat_map(|items| serde_json::from_value::<Vec<Pod>>(items).expect("valid Pods"))
+            .collect()
+    }
+
     /// The other pools in the controller's cache.
     pub fn others(self) -> Vec<StreamPool> {
         let pool = |name: &str, label: &str| -> StreamPool {
@@ -224,7 +235,7 @@ impl Scenario {
     /// The requests the reconcile makes, in order, each with its answer.
     fn exchanges(self) -> Vec<Exchange> {
         let mut all = self.all_exchanges();
-        all.retain(|e| !e.is_node_list());
+        all.retain(|e| !e.is_node_list() && !e.is_pod_list());
         all
     }
 
@@ -341,56 +352,11 @@ fn create() -> Vec<Exchange> {
             "nodes": null,
             "readiness": "0 of 2 ready; 2 not checked",
         })),
+        rollout_started(2, 2),
     ]
 }
 
-fn drain_blocked() -> Vec<Exchange> {
-    let step = format!("draining:{}:t1", now_secs());
-    let draining = staged(Fixture::new("w1", true), "t1")
-        .with(ROLLOUT_STEP, &step)
-        .cordoned();
-    let why = format!("shop/web-a: eviction refused (429): {PDB_REFUSAL}");
-    vec![
-        list_nodes(&[draining, staged(Fixture::new("w2", true), "t2")]),
-        list_pods(&[pod("web-a", "ReplicaSet"), pod("agent-0", "DaemonSet")]),
-        // The other is evicted, and the budget refuses; the DaemonSet pod stays, its
-        // DaemonSet looked up.
-        Exchange::new(
-            Method::POST,
-            "/api/v1/namespaces/shop/pods/web-a/eviction?",
-            Want::Exact(json!({
-                "apiVersion": "policy/v1",
-                "kind": "Eviction",
-                "metadata": { "name": "web-a", "namespace": "shop" },
-            })),
-        )
-        .answer(
-            StatusCode::TOO_MANY_REQUESTS,
-            api_status(429, "TooManyRequests", PDB_REFUSAL),
-        ),
-        daemon_set("owner", true),
-        taint_node("w1", "11"),
-        taint_node("w2", "12"),
-        patch_status(json!({
-            "machineCount": 2,
-            "unavailableMachineCount": 1,
-            "conditions": conditions(
-                ("True", "Updating", "0 of 2 nodes updated; 1 unavailable (max 1)"),
-                ("False", "NotUpdated"),
-                ("False", "AsExpected"),
-            ),
-            "nodes": [{ "name": "w1", "state": "EvictionBlocked", "reason": why }],
-            "readiness": "2 of 2 ready",
-        })),
-        warning(
-            "EvictionBlocked",
-            "w1",
-            "node w1: a PodDisruptionBudget refuses an eviction; retrying",
-        ),
-    ]
-}
-
-/// The pods the drain of w1 lists.
+/// The pods on w1 in the pod store (no request: the reconcile reads the store).
 fn list_pods(pods: &[Value]) -> Exchange {
     Exchange::new(
         Method::GET,
@@ -489,7 +455,9 @@ fn deletion() -> Vec<Exchange> {
 }
 
 mod scenarios;
-use scenarios::{agent_silent, approval_conflict, drain_settings, mco_takeover, overlap};
+use scenarios::{
+    agent_silent, approval_conflict, drain_blocked, drain_settings, mco_takeover, overlap,
+};
 
 impl ApiServerVerifier {
     /// Answers the requests of `scenario` in order; the task panics at the first one that
@@ -556,6 +524,10 @@ impl Exchange {
     /// The nodes' list, which seeds the store ([`Scenario::nodes`]).
     fn is_node_list(&self) -> bool {
         self.method == Method::GET && self.uri == "/api/v1/nodes?"
+    }
+
+    fn is_pod_list(&self) -> bool {
+        self.method == Method::GET && self.uri.starts_with("/api/v1/pods?")
     }
 
     fn answer(mut self, status: StatusCode, body: Value) -> Exchange {
@@ -695,6 +667,20 @@ fn event(reason: &str, node: &str, note: &str) -> Exchange {
 /// A Warning Event, as [`event`].
 fn warning(reason: &str, node: &str, note: &str) -> Exchange {
     event_of("Warning", reason, node, note)
+}
+
+/// The `RolloutStarted` Event of a pool with `left` of `nodes` to move to the pinned image.
+fn rollout_started(left: usize, nodes: usize) -> Exchange {
+    Exchange::new(
+        Method::POST,
+        EVENTS_PATH,
+        Want::Includes(json!({
+            "type": "Normal",
+            "reason": "RolloutStarted",
+            "note": format!("rollout to rhel-10 {OS10} started: {left} of {nodes} nodes to update"),
+            "regarding": { "kind": "StreamPool", "name": "worker" },
+        })),
+    )
 }
 
 /// A Warning Event about the pool alone, whose note starts with `note`.

@@ -20,7 +20,8 @@ async fn reconciled_after(
     fence: Fence,
     before: impl FnOnce(&Context),
 ) -> Result<Requeue, Error> {
-    let (ctx, server) = Context::fenced(scenario.others(), scenario.nodes(), fence);
+    let (ctx, server) =
+        Context::fenced(scenario.others(), scenario.nodes(), scenario.pods(), fence);
     before(&ctx);
     let pool = Arc::new(scenario.pool());
     let verified = server.run(scenario);
@@ -73,6 +74,9 @@ async fn the_span_names_the_pool() {
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let subscriber = tracing_subscriber::registry().with(PoolSpans(seen.clone()));
     let _default = tracing::subscriber::set_default(subscriber);
+    // Another test's reconcile, run without a subscriber, may have cached the span's callsite as
+    // never enabled: look again now that one is set (else the test fails by the test order).
+    tracing::callsite::rebuild_interest_cache();
     let name = Scenario::Create.pool().name_any();
     reconciled(Scenario::Create).await.expect("reconcile");
     assert_eq!(*seen.lock().expect("spans"), [name]);

@@ -472,6 +472,20 @@ impl Pool {
             .collect()
     }
 
+    /// How many `verb` requests on `resource` (e.g. `pods`) the controllers' service account
+    /// made so far.
+    pub async fn controller_requests(&self, resource: &str, verb: &str) -> u64 {
+        let stats = self
+            .api()
+            .control(ApiServerCmd::STATS)
+            .await
+            .expect("stats");
+        let user = testbed::harness::fleet::controller::SERVICE_ACCOUNT;
+        stats["by_resource"][user][resource][verb]
+            .as_u64()
+            .unwrap_or_default()
+    }
+
     /// The most nodes the API server saw unavailable at once.
     pub async fn max_unavailable_seen(&self) -> u64 {
         let rec = self
