@@ -20,6 +20,7 @@ mod refspec;
 mod rpm;
 mod runstate;
 mod sysroot;
+mod runners;
 mod transaction;
 mod vardict;
 mod version;
