@@ -75,6 +75,9 @@ pub(crate) struct DiskDeployment {
     pub(crate) initrd: String,
     /// The entry's `version` (the highest boots first).
     pub(crate) version: String,
+    /// `Some(locked)`: no bootloader entry but libostree's record of the staged deployment
+    /// (real libostree staging, `libostree::read_record`) and its `locked` key.
+    pub(crate) staged_locked: Option<bool>,
 }
 
 impl DiskDeployment {
@@ -166,6 +169,7 @@ pub(crate) fn read_deployments(sysroot: &Path) -> anyhow::Result<Vec<DiskDeploym
             linux: field("linux"),
             initrd: field("initrd"),
             version: field("version"),
+            staged_locked: None,
         });
     }
     out.sort_by_key(|d| std::cmp::Reverse(d.version.parse::<u64>().unwrap_or(0)));

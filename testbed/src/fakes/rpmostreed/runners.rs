@@ -14,9 +14,10 @@ use super::deploy::{
     low_disk, resolve_removals, sanity_check, write_deployment,
 };
 use super::model::{CHUNK_BYTES, CHUNK_COUNT};
+use super::realstage::RealOp;
 use super::refspec::Refspec;
 use super::transaction::{DeployPlan, FinalizePlan, STEP, Signal, Txn};
-use super::{Daemon, lock, ostree};
+use super::{Daemon, lock};
 use crate::fixtures::images::TestImage;
 
 impl Daemon {
@@ -183,31 +184,31 @@ impl Daemon {
 
         txn.emit(Signal::TaskBegin("Staging deployment")).await;
         let drop_variant = std::mem::take(&mut lock(&self.knobs).drop_variant_next);
-        // A new staged deployment replaces the previous one.
-        let staged = lock(&self.state).staged_index(&self.osname);
-        if let Some(index) = staged {
-            ostree::undeploy(&self.sysroot, index)
+        let new = NewDeployment {
+            osname: &self.osname,
+            refspec: &refspec,
+            image,
+            arch: &self.arch,
+            layering,
+            base_removals,
+            kargs,
+            drop_variant,
+            image_kernel: image.variant,
+        };
+        let mut dep = if self.real.is_some() {
+            // libostree's staging replaces a previous staged deployment itself.
+            self.stage_real(new, plan.lock_finalization).await?
+        } else {
+            // A new staged deployment replaces the previous one.
+            let staged = lock(&self.state).staged_index(&self.osname);
+            if let Some(index) = staged {
+                self.undeploy(index).await?;
+                self.resync(None)?;
+            }
+            write_deployment(&self.sysroot, &self.state_dir.join("scratch"), new)
                 .await
-                .map_err(|e| format!("{e:#}"))?;
-            self.resync(None)?;
-        }
-        let mut dep = write_deployment(
-            &self.sysroot,
-            &self.state_dir.join("scratch"),
-            NewDeployment {
-                osname: &self.osname,
-                refspec: &refspec,
-                image,
-                arch: &self.arch,
-                layering,
-                base_removals,
-                kargs,
-                drop_variant,
-                image_kernel: image.variant,
-            },
-        )
-        .await
-        .map_err(|e| format!("{e:#}"))?;
+                .map_err(|e| format!("{e:#}"))?
+        };
         dep.finalization_locked = plan.lock_finalization;
         let (checksum, serial) = (dep.checksum.clone(), dep.serial);
         self.resync(Some(dep))?;
@@ -339,7 +340,12 @@ impl Daemon {
         Ok(())
     }
 
-    pub(super) async fn run_cleanup(&self, txn: &Txn, pending: bool, rollback: bool) -> Result<(), String> {
+    pub(super) async fn run_cleanup(
+        &self,
+        txn: &Txn,
+        pending: bool,
+        rollback: bool,
+    ) -> Result<(), String> {
         self.injected_failure(txn).await?;
         let mut changed = false;
         // Rollback first: it sits after the staged deployment, so the staged index holds.
@@ -352,9 +358,7 @@ impl Daemon {
             loop {
                 let index = lock(&self.state).cleanup_index(&self.osname, which == "pending");
                 let Some(index) = index else { break };
-                ostree::undeploy(&self.sysroot, index)
-                    .await
-                    .map_err(|e| format!("{e:#}"))?;
+                self.undeploy(index).await?;
                 self.resync(None)?;
                 changed = true;
             }
@@ -414,22 +418,35 @@ impl Daemon {
         // Inhibitors before the lock, as upstream: "Check for inhibitor locks before unlocking
         // staged deployment" comes first in `finalize_deployment_transaction_execute`.
         self.check_inhibitors().await?;
-        {
-            let mut state = lock(&self.state);
+        let (found, locked) = {
+            let state = lock(&self.state);
             let Some(staged) = state.staged() else {
                 return Err("No pending staged deployment found".into());
             };
             if !staged.finalization_locked && !plan.allow_unlocked {
                 return Err("Staged deployment already unlocked".into());
             }
+            (
+                staged.container_image_reference_digest.clone(),
+                staged.finalization_locked,
+            )
+        };
+        if self.real.is_some() {
+            // `ostree_sysroot_change_finalization`, only on a locked deployment; the model
+            // then reads libostree's record back.
+            if locked {
+                self.real_op(RealOp::Unlock).await?;
+            }
+            self.resync(None)?;
+        } else {
+            let mut state = lock(&self.state);
             let Some(staged) = state.staged_mut() else {
                 return Err("No pending staged deployment found".into());
             };
-            let found = staged.container_image_reference_digest.clone();
             staged.finalization_locked = false;
             self.save_state(&state)?;
-            info!(txn = txn.id, digest = %found, "finalized deployment; rebooting");
         }
+        info!(txn = txn.id, digest = %found, "finalized deployment; rebooting");
         self.request_reboot()?;
         self.update_record(txn.id, |r| r.reboot_requested = true);
         if std::mem::take(&mut lock(&self.knobs).drop_after_unlock) {
@@ -494,7 +511,6 @@ impl Daemon {
         }
         Err(msg)
     }
-
 }
 
 /// GLib's `g_format_size` (SI units, one decimal).
