@@ -795,6 +795,65 @@ mod tests {
         assert!(e.contains("nowhere"), "{e}");
     }
 
+    /// Below a host root libostree lists no staged deployment; its record names it. Staged by
+    /// real libostree 2025.x (the trixie root), checked as on a node, and refused when the
+    /// record names another deployment.
+    #[tokio::test]
+    async fn a_staged_deployment_below_a_host_root_is_read_from_libostrees_record() {
+        use testbed::fakes::rpmostreed::libostree::{BootedHost, Trixie};
+        use testbed::fixtures::images::{DEFAULT_REGISTRY, catalog};
+        let test = "a_staged_deployment_below_a_host_root_is_read_from_libostrees_record";
+        let Some(trixie) = Trixie::for_test(test).expect("the trixie root scripts/setup.sh makes")
+        else {
+            return;
+        };
+        let root = testbed::scratch::ScratchDir::new("verify-rec").expect("scratch dir");
+        let images = catalog(DEFAULT_REGISTRY);
+        let kargs: Vec<String> = ["rw", "root=UUID=91b1b4fd", "fips=1"]
+            .map(String::from)
+            .to_vec();
+        let host = BootedHost::create(&root, "rhcos", &images[0], &kargs)
+            .await
+            .expect("booted sysroot");
+        let target = host.commit(&images[1]).await.expect("commit");
+        let (name, _) = host
+            .stage(&trixie, &target, host.booted_options(), true)
+            .await
+            .expect("real libostree stages");
+        let deployment = |checksum: &str, serial: i32, staged: bool| Deployment {
+            id: format!("rhcos-{checksum}.{serial}"),
+            osname: "rhcos".into(),
+            checksum: checksum.to_string(),
+            serial,
+            staged,
+            booted: !staged,
+            container_image_reference_digest: Some("sha256:00".into()),
+            ..Deployment::default()
+        };
+        let staged = deployment(&name.checksum, name.serial, true);
+        let booted = deployment(&host.booted().checksum, host.booted().serial, false);
+        let sysroot = root.join("sysroot");
+        verify_staged(
+            &sysroot,
+            &staged,
+            &booted,
+            &expectation(KernelVariant::Default, true),
+        )
+        .expect("the staged deployment passes");
+        let other = deployment(&name.checksum, name.serial + 1, true);
+        let err = verify_staged(
+            &sysroot,
+            &other,
+            &booted,
+            &expectation(KernelVariant::Default, false),
+        )
+        .expect_err("the record names another deployment");
+        assert!(
+            err.to_string().contains("is not in the ostree sysroot"),
+            "{err}"
+        );
+    }
+
     #[tokio::test]
     async fn a_missing_or_broken_helper_is_a_clear_error() {
         let req = Request {
