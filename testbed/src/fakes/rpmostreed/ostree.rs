@@ -5,8 +5,9 @@
 //! argument resolved through the `ostree/boot.N` links), so what the fake reports over D-Bus is
 //! what a libostree client finds on disk.
 //!
-//! A test sysroot is never booted, so libostree's staging (`/run/ostree/staged-deployment`)
-//! cannot be used; the fake's "staged" deployment is the not-booted deployment at index 0.
+//! This `ostree` (Debian bookworm's 2022.7) never sees a test sysroot as booted, so its staging
+//! (`/run/ostree/staged-deployment`) cannot be used; the fake's "staged" deployment is the
+//! not-booted deployment at index 0, unless real libostree 2025 stages (`super::realstage`).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

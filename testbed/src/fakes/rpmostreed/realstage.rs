@@ -167,6 +167,7 @@ impl Daemon {
             .map_err(|e| format!("creating {}: {e}", real.paths.run_ostree.display()))?;
         let host = real.host(&self.osname, booted);
         let err = |e: anyhow::Error| format!("{e:#}");
+        let began = std::time::Instant::now();
         let (what, serial) = match op {
             RealOp::Stage {
                 checksum,
@@ -195,7 +196,12 @@ impl Daemon {
                 ("finalize-staged", None)
             }
         };
-        info!(op = what, libostree = real.version(), "real libostree done");
+        info!(
+            op = what,
+            libostree = real.version(),
+            elapsed_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
+            "real libostree done"
+        );
         Ok(serial)
     }
 
