@@ -7,7 +7,7 @@ use std::os::unix::fs::MetadataExt as _;
 use testbed::fakes::rpmostreed::libostree::Trixie;
 use zbus::zvariant::{OwnedValue, Value};
 
-use super::{Env, Peer, bool_of, dict, os_call, registry_ref, string_of};
+use super::{Dict, Env, Peer, bool_of, dict, os_call, registry_ref, string_of};
 
 /// Whether this run can stage through real libostree (the trixie root, root); on CI either
 /// missing fails.
@@ -186,4 +186,22 @@ async fn stage_unlock_finalize_and_cleanup_are_real_libostrees() {
     let deployments = env.deployments().await;
     assert_eq!(deployments.len(), 2);
     assert!(deployments.iter().all(|d| !bool_of(d, "staged")));
+
+    // An unlocked stage boots: libostree finalizes it and the old rollback is pruned through
+    // libostree, the new deployment taken as booted.
+    let signals = env.rebase(&registry_ref(env.rhel9()), &Dict::new()).await;
+    assert_eq!(signals.finished, Some((true, String::new())));
+    let out = fake.simulate_reboot(false).await.expect("reboot");
+    assert!(out.applied, "{out:?}");
+    assert_eq!(out.booted_digest, env.rhel9().digest);
+    assert_eq!(env.deployments().await.len(), 2, "booted and one rollback");
+
+    // A locked stage is skipped by libostree's own finalization, and goes with `/run`.
+    let signals = env.rebase(&registry_ref(env.rhel10()), &lock).await;
+    assert_eq!(signals.finished, Some((true, String::new())));
+    let out = fake.simulate_reboot(false).await.expect("reboot");
+    assert!(!out.applied && out.discarded, "{out:?}");
+    assert_eq!(out.booted_digest, env.rhel9().digest);
+    assert!(env.staged_record().is_none());
+    assert_eq!(env.deployments().await.len(), 2);
 }
