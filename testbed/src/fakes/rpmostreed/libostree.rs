@@ -305,7 +305,13 @@ impl BootedHost {
     /// the marker, the `systemctl` stub and origin files.
     pub(crate) fn attach(paths: HostPaths, osname: &str, booted: DeploymentName) -> BootedHost {
         BootedHost {
-            root: paths.sysroot.clone(),
+            // `ROOT/run/ostree`'s root.
+            root: paths
+                .run_ostree
+                .ancestors()
+                .nth(2)
+                .map(Path::to_path_buf)
+                .unwrap_or_default(),
             sysroot: paths.sysroot,
             run_ostree: paths.run_ostree,
             work: paths.work,
