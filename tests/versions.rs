@@ -1,7 +1,9 @@
 //! End-to-end: the manage-mode migrations through `Done` on each rpm-ostree release the
 //! testbed plays (`testbed::RpmOstreeVersion::SUPPORTED`, docs/fidelity.md "since"): RHEL
 //! 10.0's 2025.5, whose `FinalizeDeployment` compares the checksum with the staged base commit
-//! and whose layer tasks count from 0, and 2026.2, which compares the image digest.
+//! and whose layer tasks count from 0, and 2026.2, which compares the image digest. The fake
+//! stages, unlocks and finalizes through real libostree 2025.x where it can (`real_libostree`:
+//! always on CI), so the record streamd reads and the lock it relies on are libostree's own.
 
 mod common;
 
@@ -15,7 +17,9 @@ use testbed::RpmOstreeVersion;
 /// through the approval, the reboot and `Done`; returns the FinalizeDeployment records.
 async fn migrate(version: RpmOstreeVersion, host: &str, extensions: bool) -> Vec<Value> {
     let name = format!("ver-{version}-{host}");
-    let mut env = Env::with_rpm_ostree(&name, host, version).await;
+    let real = real_libostree(&name);
+    let mut env = Env::with_rpm_ostree_over_libostree(&name, host, version).await;
+    let entries = loader_entries(&env);
     env.start_streamd();
     env.wait_state("Idle").await;
     if extensions {
@@ -39,11 +43,36 @@ async fn migrate(version: RpmOstreeVersion, host: &str, extensions: bool) -> Vec
         // one is gone) and retried: what counts is the transactions the daemon ran.
         .filter(|t| t["started"] == true)
         .collect();
+    if real {
+        // Staged by real libostree as rpm-ostree stages: its record, no legacy lock file, and
+        // no bootloader entry until the shutdown finalizes it.
+        assert!(env.dir.join("host/run/ostree/staged-deployment").exists());
+        assert!(
+            !env.dir
+                .join("host/run/ostree/staged-deployment-locked")
+                .exists()
+        );
+        assert_eq!(
+            loader_entries(&env),
+            entries,
+            "a staged deployment has no entry"
+        );
+    }
     let done = env.reboot_into_rhel10().await;
+    if real {
+        assert!(!env.dir.join("host/run/ostree/staged-deployment").exists());
+    }
     if host == "realtime" {
         assert_eq!(host_facts(&done)["kernel"], "realtime", "{done:?}");
     }
     finalizes
+}
+
+/// The bootloader entries of the testbed's sysroot.
+fn loader_entries(env: &Env) -> usize {
+    std::fs::read_dir(env.dir.join("sysroot/boot/loader/entries"))
+        .expect("the sysroot's bootloader entries")
+        .count()
 }
 
 /// The checksum a FinalizeDeployment record was called with.

@@ -139,10 +139,11 @@ const PER_DEPLOYMENT_KARGS: [&str; 2] = ["ostree=", "BOOT_IMAGE="];
 /// that it has `/usr/share/crypto-policies/policies/FIPS.pol` and a dracut module directory
 /// named `*fips*` (RHEL 10 has no `fips-mode-setup`, so that is not required).
 ///
-/// `sysroot_path` must be `/` on a real host: libostree lists a staged deployment (kept in
-/// `/run/ostree/staged-deployment` until shutdown) only when the sysroot it opens is the
-/// running root. In tests it is the testbed's `DIR/sysroot`, whose "staged" deployment is the
-/// not-booted one at index 0.
+/// libostree lists a staged deployment (kept in `/run/ostree/staged-deployment` until
+/// shutdown) only when the sysroot it opens is the running root (`/` on a host). Below a host
+/// root (`ROOT/sysroot`, e.g. the testbed's) the staged deployment is read from that record,
+/// `ROOT/run/ostree/staged-deployment`, instead; the testbed's fake without real libostree
+/// makes it the not-booted deployment at index 0, which libostree lists.
 pub fn verify_staged(
     sysroot_path: &Path,
     staged: &Deployment,
@@ -184,26 +185,31 @@ pub fn verify_staged(
                 ))
             })
     };
-    let staged_disk = find(staged, "staged")?;
     let booted_disk = find(booted, "booted")?;
+    let (staged_kargs, root) = match find(staged, "staged") {
+        Ok(staged_disk) => {
+            let root = sysroot
+                .deployment_directory(staged_disk)
+                .path()
+                .ok_or_else(|| {
+                    VerifyError::Sysroot(format!(
+                        "the directory of deployment {} in {} has no local path",
+                        staged.id,
+                        sysroot_path.display()
+                    ))
+                })?;
+            (kargs_of(staged_disk, staged, sysroot_path)?, root)
+        }
+        // Below a host root libostree does not list the staged deployment: its record does.
+        Err(e) => staged_from_record(sysroot_path, staged)?.ok_or(e)?,
+    };
 
     let mut problems = Vec::new();
     problems.extend(check_digest(staged, &exp.image_digest));
 
-    let staged_kargs = kargs_of(staged_disk, staged, sysroot_path)?;
     let booted_kargs = kargs_of(booted_disk, booted, sysroot_path)?;
     problems.extend(check_kargs(&booted_kargs, &staged_kargs, exp.fips));
 
-    let root = sysroot
-        .deployment_directory(staged_disk)
-        .path()
-        .ok_or_else(|| {
-            VerifyError::Sysroot(format!(
-                "the directory of deployment {} in {} has no local path",
-                staged.id,
-                sysroot_path.display()
-            ))
-        })?;
     problems.extend(check_tree(&root, exp)?);
 
     if problems.is_empty() {
@@ -211,6 +217,59 @@ pub fn verify_staged(
     } else {
         Err(VerifyError::Mismatch(problems))
     }
+}
+
+/// The staged deployment `staged` as libostree's record names it, for a sysroot that is not
+/// the running root (a `host-root` below `/`, the testbed): its kernel arguments as staged
+/// (what libostree gives the staged deployment's boot config, `_ostree_sysroot_reload_staged`)
+/// and its directory. The record is the host root's `run/ostree/staged-deployment`, next to
+/// its `sysroot`; `None` when there is none or it names another deployment.
+fn staged_from_record(
+    sysroot_path: &Path,
+    staged: &Deployment,
+) -> Result<Option<(String, PathBuf)>, VerifyError> {
+    use ostree::glib;
+    if sysroot_path == Path::new("/") {
+        return Ok(None);
+    }
+    let Some(host_root) = sysroot_path.parent() else {
+        return Ok(None);
+    };
+    let path = host_root.join("run/ostree/staged-deployment");
+    let Ok(bytes) = std::fs::read(&path) else {
+        return Ok(None);
+    };
+    let record = glib::VariantDict::new(Some(&glib::Variant::from_data_with_type(
+        bytes,
+        glib::VariantTy::VARDICT,
+    )));
+    let target = record
+        .lookup_value("target", Some(glib::VariantTy::VARDICT))
+        .map(|t| glib::VariantDict::new(Some(&t)));
+    let field = |key: &str| {
+        target
+            .as_ref()
+            .and_then(|t| t.lookup::<String>(key).ok().flatten())
+    };
+    let name = format!("{}.{}", staged.checksum, staged.serial);
+    let osname = field("osname").unwrap_or_default();
+    if field("name").as_deref() != Some(name.as_str())
+        || !(staged.osname.is_empty() || staged.osname == osname)
+    {
+        return Ok(None);
+    }
+    let kargs = record
+        .lookup::<Vec<String>>("kargs")
+        .map_err(|e| VerifyError::Sysroot(format!("{}: kargs: {e}", path.display())))?
+        .ok_or_else(|| {
+            VerifyError::Sysroot(format!(
+                "{} names deployment {} but has no kargs",
+                path.display(),
+                staged.id
+            ))
+        })?;
+    let dir = sysroot_path.join(format!("ostree/deploy/{osname}/deploy/{name}"));
+    Ok(Some((kargs.join(" "), dir)))
 }
 
 /// The `options` line of a deployment's boot config.
@@ -734,6 +793,65 @@ mod tests {
         .expect_err("no repository")
         .0;
         assert!(e.contains("nowhere"), "{e}");
+    }
+
+    /// Below a host root libostree lists no staged deployment; its record names it. Staged by
+    /// real libostree 2025.x (the trixie root), checked as on a node, and refused when the
+    /// record names another deployment.
+    #[tokio::test]
+    async fn a_staged_deployment_below_a_host_root_is_read_from_libostrees_record() {
+        use testbed::fakes::rpmostreed::libostree::{BootedHost, Trixie};
+        use testbed::fixtures::images::{DEFAULT_REGISTRY, catalog};
+        let test = "a_staged_deployment_below_a_host_root_is_read_from_libostrees_record";
+        let Some(trixie) = Trixie::for_test(test).expect("the trixie root scripts/setup.sh makes")
+        else {
+            return;
+        };
+        let root = testbed::scratch::ScratchDir::new("verify-rec").expect("scratch dir");
+        let images = catalog(DEFAULT_REGISTRY);
+        let kargs: Vec<String> = ["rw", "root=UUID=91b1b4fd", "fips=1"]
+            .map(String::from)
+            .to_vec();
+        let host = BootedHost::create(&root, "rhcos", &images[0], &kargs)
+            .await
+            .expect("booted sysroot");
+        let target = host.commit(&images[1]).await.expect("commit");
+        let (name, _) = host
+            .stage(&trixie, &target, host.booted_options(), true)
+            .await
+            .expect("real libostree stages");
+        let deployment = |checksum: &str, serial: i32, staged: bool| Deployment {
+            id: format!("rhcos-{checksum}.{serial}"),
+            osname: "rhcos".into(),
+            checksum: checksum.to_string(),
+            serial,
+            staged,
+            booted: !staged,
+            container_image_reference_digest: Some("sha256:00".into()),
+            ..Deployment::default()
+        };
+        let staged = deployment(&name.checksum, name.serial, true);
+        let booted = deployment(&host.booted().checksum, host.booted().serial, false);
+        let sysroot = root.join("sysroot");
+        verify_staged(
+            &sysroot,
+            &staged,
+            &booted,
+            &expectation(KernelVariant::Default, true),
+        )
+        .expect("the staged deployment passes");
+        let other = deployment(&name.checksum, name.serial + 1, true);
+        let err = verify_staged(
+            &sysroot,
+            &other,
+            &booted,
+            &expectation(KernelVariant::Default, false),
+        )
+        .expect_err("the record names another deployment");
+        assert!(
+            err.to_string().contains("is not in the ostree sysroot"),
+            "{err}"
+        );
     }
 
     #[tokio::test]

@@ -58,6 +58,11 @@ enum Command {
         /// 4.23].
         #[arg(long = "feature-set")]
         feature_set: Option<FeatureSet>,
+        /// Stage, lock, finalize and clean up through real libostree 2025.x, Debian trixie's
+        /// `ostree` in the root scripts/setup.sh makes (root only; single node, rpm-ostree
+        /// backend).
+        #[arg(long = "real-libostree")]
+        real_libostree: bool,
         #[command(flatten)]
         fleet: FleetArgs,
     },
@@ -81,6 +86,9 @@ enum Command {
         /// The cluster's feature set (see `up`).
         #[arg(long = "feature-set")]
         feature_set: Option<FeatureSet>,
+        /// Stage through real libostree (see `up`).
+        #[arg(long = "real-libostree")]
+        real_libostree: bool,
         #[command(flatten)]
         fleet: FleetArgs,
     },
@@ -237,12 +245,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             rpm_ostree,
             openshift,
             feature_set,
+            real_libostree,
             fleet,
         } => {
             up(
                 &dir,
                 &host,
-                (backend, rpm_ostree, openshift, feature_set),
+                (backend, rpm_ostree, openshift, feature_set, real_libostree),
                 &fleet,
             )
             .await
@@ -254,12 +263,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             rpm_ostree,
             openshift,
             feature_set,
+            real_libostree,
             fleet,
         } => {
             serve(
                 dir,
                 host,
-                (backend, rpm_ostree, openshift, feature_set),
+                (backend, rpm_ostree, openshift, feature_set, real_libostree),
                 fleet,
             )
             .await
@@ -341,11 +351,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// `up` and `serve`'s host tools: the backend, the rpm-ostree release, the OpenShift release
-/// played and its feature set.
-type Tools = (Backend, RpmOstreeVersion, OpenShift, Option<FeatureSet>);
+/// played, its feature set, and whether real libostree stages.
+type Tools = (
+    Backend,
+    RpmOstreeVersion,
+    OpenShift,
+    Option<FeatureSet>,
+    bool,
+);
 
 async fn up(dir: &Path, host: &str, tools: Tools, fleet: &FleetArgs) -> anyhow::Result<()> {
-    let (backend, rpm_ostree, openshift, feature_set) = tools;
+    let (backend, rpm_ostree, openshift, feature_set, real_libostree) = tools;
+    if real_libostree && fleet.nodes.is_some() {
+        bail!("--real-libostree is played on a single-node testbed only");
+    }
     // Refuse an unknown fixture here rather than in the background process.
     testbed::fixtures::fixture(host)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -363,6 +382,9 @@ async fn up(dir: &Path, host: &str, tools: Tools, fleet: &FleetArgs) -> anyhow::
         .args(["--openshift", &openshift.to_string()]);
     if let Some(set) = feature_set {
         serve.args(["--feature-set", &set.to_string()]);
+    }
+    if real_libostree {
+        serve.arg("--real-libostree");
     }
     if let Some(nodes) = fleet.nodes {
         serve
@@ -408,7 +430,10 @@ fn backend_arg(backend: Backend) -> &'static str {
 }
 
 async fn serve(dir: PathBuf, host: String, tools: Tools, fleet: FleetArgs) -> anyhow::Result<()> {
-    let (backend, rpm_ostree, openshift, feature_set) = tools;
+    let (backend, rpm_ostree, openshift, feature_set, real_libostree) = tools;
+    if real_libostree && fleet.nodes.is_some() {
+        bail!("--real-libostree is played on a single-node testbed only");
+    }
     // Either runs until the signal; dropping it stops everything.
     let running: (PathBuf, Box<dyn std::any::Any>) = match fleet.nodes {
         Some(nodes) => {
@@ -433,6 +458,7 @@ async fn serve(dir: PathBuf, host: String, tools: Tools, fleet: FleetArgs) -> an
                 rpm_ostree,
                 openshift,
                 feature_set,
+                real_libostree,
             })
             .await?;
             tracing::info!(dir = %tb.dir().display(), "testbed up");

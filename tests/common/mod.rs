@@ -58,6 +58,28 @@ pub fn started(txns: &[Value]) -> Vec<&Value> {
         .collect()
 }
 
+/// Whether test `test` can stage through real libostree: the trixie root is there and this
+/// process is root (it unshares namespaces). Outside CI it says why not and the test runs on
+/// the fake's own writer; on CI (`CI=true`) either missing fails the test, so no CI run
+/// passes without real libostree.
+pub fn real_libostree(test: &str) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let trixie = testbed::fakes::rpmostreed::libostree::Trixie::for_test(test)
+        .expect("the trixie root scripts/setup.sh makes (CI=true)");
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+    match (trixie, root) {
+        (Some(_), true) => true,
+        (_, false) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("{test}: real libostree needs root, which CI runs as")
+        }
+        (Some(_), false) => {
+            eprintln!("{test}: not root, so the fake writes libostree's record itself");
+            false
+        }
+        (None, _) => false,
+    }
+}
+
 /// The `host` annotation (the facts streamd reports about the node) parsed as JSON.
 pub fn host_facts(annotations: &BTreeMap<String, String>) -> Value {
     serde_json::from_str(&annotations[HOST]).expect("the host annotation is JSON")
@@ -102,6 +124,21 @@ impl Env {
         version: testbed::RpmOstreeVersion,
     ) -> Env {
         Env::with_options(name, host, |o| o.rpm_ostree = version).await
+    }
+
+    /// A fresh testbed on host fixture `host` whose fake rpm-ostreed plays `version` and
+    /// stages through real libostree 2025.x when [`real_libostree`] says it can.
+    pub async fn with_rpm_ostree_over_libostree(
+        name: &str,
+        host: &str,
+        version: testbed::RpmOstreeVersion,
+    ) -> Env {
+        let real = real_libostree(name);
+        Env::with_options(name, host, |o| {
+            o.rpm_ostree = version;
+            o.real_libostree = real;
+        })
+        .await
     }
 
     /// A fresh testbed on host fixture `host` playing OpenShift `release`.

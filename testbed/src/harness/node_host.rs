@@ -58,6 +58,8 @@ pub(crate) struct HostSetup<'a> {
     pub(crate) backend: Backend,
     /// The rpm-ostree release the fake rpm-ostreed plays.
     pub(crate) rpm_ostree: RpmOstreeVersion,
+    /// Stage through real libostree (`Options::real_libostree`).
+    pub(crate) real_libostree: bool,
     /// The OpenShift release whose machine-config operator rendered the host's MachineConfig.
     pub(crate) openshift: OpenShift,
     pub(crate) registry: &'a Registry,
@@ -88,6 +90,10 @@ impl NodeHost {
             .cloned()
             .collect();
         let booted = images.first().context("empty image catalog")?.clone();
+        if setup.real_libostree && setup.backend == Backend::Bootc {
+            // The fake bootc stages with the testbed's `ostree admin deploy`.
+            anyhow::bail!("real libostree staging is played on the rpm-ostree backend only");
+        }
         let bus = Bus::start(&dir.join("bus")).await?;
         let rpmostreed = FakeRpmOstreed::start(RpmOstreedConfig {
             bus_address: bus.address().to_string(),
@@ -100,6 +106,7 @@ impl NodeHost {
             images: images.clone(),
             booted: 0,
             version: setup.rpm_ostree,
+            real_libostree: setup.real_libostree,
         })
         .await
         .context("starting the fake rpm-ostreed")?;

@@ -38,6 +38,10 @@ pub struct Options {
     pub openshift: OpenShift,
     /// Its feature set (default: [`OpenShift::default_feature_set`]).
     pub feature_set: Option<FeatureSet>,
+    /// The fake rpm-ostreed stages, locks, finalizes and cleans up through real libostree
+    /// 2025.x (the trixie root `scripts/setup.sh` makes; root only, rpm-ostree backend only;
+    /// default off). See docs/testbed.md, "Real libostree 2025".
+    pub real_libostree: bool,
 }
 
 impl Options {
@@ -50,6 +54,7 @@ impl Options {
             rpm_ostree: RpmOstreeVersion::default(),
             openshift: OpenShift::default(),
             feature_set: None,
+            real_libostree: false,
         }
     }
 }
@@ -93,6 +98,7 @@ impl Testbed {
                 host: &opts.host,
                 backend: opts.backend,
                 rpm_ostree: opts.rpm_ostree,
+                real_libostree: opts.real_libostree,
                 openshift: opts.openshift,
                 registry: &registry,
                 kubeconfig: &kubeconfig,

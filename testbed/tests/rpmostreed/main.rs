@@ -1,6 +1,7 @@
 //! The fake rpm-ostreed against a real `dbus-daemon` and real zbus clients.
 
 mod introspection;
+mod libostree;
 mod sysroot;
 mod transactions;
 
@@ -86,6 +87,8 @@ struct Env {
     fake: Option<FakeRpmOstreed>,
     images: Vec<TestImage>,
     fixture: Fixture,
+    /// The fake stages through real libostree.
+    real_libostree: bool,
     bus: BusDaemon,
     dir: ScratchDir,
 }
@@ -97,6 +100,15 @@ impl Env {
 
     /// A fake on the host fixture `name`, with its host root written the way the testbed does.
     async fn with_host(name: &str) -> Env {
+        Env::start(name, false).await
+    }
+
+    /// A fake on the default host that stages through real libostree.
+    async fn over_libostree() -> Env {
+        Env::start("default", true).await
+    }
+
+    async fn start(name: &str, real_libostree: bool) -> Env {
         let dir = ScratchDir::new("rpmostreed").expect("scratch dir");
         let bus = BusDaemon::start(&dir);
         let images = catalog(DEFAULT_REGISTRY);
@@ -105,6 +117,7 @@ impl Env {
             fake: None,
             images,
             fixture: fixtures::fixture(name).expect("fixture"),
+            real_libostree,
             bus,
             dir,
         };
@@ -140,6 +153,7 @@ impl Env {
             images: self.images.clone(),
             booted: 0,
             version: testbed::RpmOstreeVersion::default(),
+            real_libostree: self.real_libostree,
         }
     }
 

@@ -8,7 +8,7 @@ use tracing::info;
 
 use super::deploy::{NewDeployment, write_deployment};
 use super::model::Layering;
-use super::{Daemon, lock, ostree};
+use super::{Daemon, lock};
 
 impl Daemon {
     /// `ostree admin deploy --retain-rollback` of the image `pullspec` with a fresh origin
@@ -23,6 +23,11 @@ impl Daemon {
             Some(p) => (pullspec.to_string(), p),
             None => (format!("ostree-unverified-registry:{pullspec}"), pullspec),
         };
+        if self.real.is_some() {
+            // The testbed's `ostree` (2022.7) knows nothing of libostree 2025's staged
+            // deployment and its cleanup would delete it.
+            anyhow::bail!("admin-deploy is not played over real libostree");
+        }
         let _gate = self.txn_gate.lock().await;
         let image = self
             .images
@@ -32,7 +37,7 @@ impl Daemon {
         loop {
             let index = lock(&self.state).cleanup_index(&self.osname, true);
             let Some(index) = index else { break };
-            ostree::undeploy(&self.sysroot, index).await?;
+            self.undeploy(index).await.map_err(anyhow::Error::msg)?;
             self.resync(None).map_err(anyhow::Error::msg)?;
         }
         let kargs = lock(&self.state)

@@ -322,7 +322,7 @@ pub(crate) fn low_disk(host_root: Option<&Path>) -> bool {
 }
 
 /// The origin file of a container deployment with `l` (rpm-ostree's keys).
-fn origin_file(refspec: &str, l: &Layering) -> String {
+pub(crate) fn origin_file(refspec: &str, l: &Layering) -> String {
     let mut s = format!("[origin]\ncontainer-image-reference={refspec}\n");
     let list = |v: &[String], f: &dyn Fn(&String) -> String| {
         v.iter().map(|x| format!("{};", f(x))).collect::<String>()
@@ -417,6 +417,45 @@ pub(crate) async fn write_deployment(
     scratch: &Path,
     d: NewDeployment<'_>,
 ) -> anyhow::Result<Deployment> {
+    let (checksum, base_checksum) = commit_deployment(sysroot, scratch, &d).await?;
+    ostree::deploy(
+        sysroot,
+        d.osname,
+        &checksum,
+        &d.kargs,
+        &origin_file(d.refspec, &d.layering),
+        scratch,
+    )
+    .await?;
+    let disk = ostree::read_deployments(sysroot)?;
+    let first = disk
+        .first()
+        .filter(|f| f.checksum == checksum)
+        .context("the new deployment is not first on disk")?;
+    Ok(new_deployment(d, &checksum, first.serial, base_checksum))
+}
+
+/// The model of deployment `checksum`.`serial` written for `d`.
+pub(crate) fn new_deployment(
+    d: NewDeployment<'_>,
+    checksum: &str,
+    serial: i32,
+    base_checksum: Option<String>,
+) -> Deployment {
+    let mut dep = Deployment::new(d.osname, d.refspec, d.image, checksum, serial);
+    dep.base_checksum = base_checksum;
+    dep.base_removals = d.base_removals;
+    dep.layering = d.layering;
+    dep
+}
+
+/// The commit a deployment of `d` checks out: the image's (imported), or the client layer
+/// over it; with the base commit when layered.
+pub(crate) async fn commit_deployment(
+    sysroot: &Path,
+    scratch: &Path,
+    d: &NewDeployment<'_>,
+) -> anyhow::Result<(String, Option<String>)> {
     let base = commit_image(sysroot, scratch, d.refspec, d.image, d.arch, d.image_kernel).await?;
     let (checksum, base_checksum) = if d.layering.is_layered() {
         let (_, mut kernel) = kernel_of(&d.layering, d.image, d.arch);
@@ -455,25 +494,7 @@ pub(crate) async fn write_deployment(
     } else {
         (base, None)
     };
-    ostree::deploy(
-        sysroot,
-        d.osname,
-        &checksum,
-        &d.kargs,
-        &origin_file(d.refspec, &d.layering),
-        scratch,
-    )
-    .await?;
-    let disk = ostree::read_deployments(sysroot)?;
-    let first = disk
-        .first()
-        .filter(|f| f.checksum == checksum)
-        .context("the new deployment is not first on disk")?;
-    let mut dep = Deployment::new(d.osname, d.refspec, d.image, &checksum, first.serial);
-    dep.base_checksum = base_checksum;
-    dep.base_removals = d.base_removals;
-    dep.layering = d.layering;
-    Ok(dep)
+    Ok((checksum, base_checksum))
 }
 
 /// A fresh sysroot booted into `image` the way `fixture` describes.

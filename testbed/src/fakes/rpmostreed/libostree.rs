@@ -48,6 +48,8 @@ const MAX_STDERR: usize = 2000;
 /// (src/ostree/ot-admin-builtin-deploy.c "Writing legacy finalization lockfile"); rpm-ostree,
 /// staging through `ostree_sysroot_stage_tree_with_options(.locked = TRUE)`, never does.
 const LEGACY_LOCK: &str = "staged-deployment-locked";
+/// libostree's record of the staged deployment, in `/run/ostree`.
+const RECORD: &str = "staged-deployment";
 
 /// The script run in the private mount namespace: `$1` trixie root, `$2` sysroot, `$3` the host
 /// root's `run/ostree`, `$4` the work directory (`ostree-booted`, `systemctl`, origin files),
@@ -144,11 +146,109 @@ impl std::fmt::Display for DeploymentName {
     }
 }
 
+/// Where a [`BootedHost::attach`]ed host keeps what real libostree works on.
+#[derive(Debug, Clone)]
+pub(crate) struct HostPaths {
+    /// The sysroot (`ostree/`, `boot/`).
+    pub(crate) sysroot: PathBuf,
+    /// The host root's `run/ostree`, where libostree writes its record.
+    pub(crate) run_ostree: PathBuf,
+    /// The caller's scratch directory.
+    pub(crate) work: PathBuf,
+}
+
+/// libostree's record of the staged deployment (`/run/ostree/staged-deployment`), as far as
+/// the fake reads it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StagedRecord {
+    /// `target.name`.
+    pub(crate) name: DeploymentName,
+    /// `target.osname`.
+    pub(crate) osname: String,
+    /// `target.bootcsum`.
+    pub(crate) bootcsum: String,
+    /// `kargs`, as staged (empty when the key is absent).
+    pub(crate) kargs: Vec<String>,
+    /// `locked`.
+    pub(crate) locked: bool,
+}
+
+/// The record in `run_ostree`, if there is one; an unreadable one is an error naming it.
+pub(crate) fn read_record(run_ostree: &Path) -> anyhow::Result<Option<StagedRecord>> {
+    let path = run_ostree.join(RECORD);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let record = glib::VariantDict::new(Some(&glib::Variant::from_data_with_type(
+        bytes,
+        glib::VariantTy::VARDICT,
+    )));
+    let bad = |what: &str| format!("{}: {what}", path.display());
+    let target = record
+        .lookup_value("target", Some(glib::VariantTy::VARDICT))
+        .with_context(|| bad("no target"))?;
+    let target = glib::VariantDict::new(Some(&target));
+    let field = |key: &str| -> anyhow::Result<String> {
+        target
+            .lookup::<String>(key)
+            .ok()
+            .flatten()
+            .with_context(|| bad(&format!("no target.{key}")))
+    };
+    let name = field("name")?;
+    let (checksum, serial) = name
+        .rsplit_once('.')
+        .and_then(|(c, s)| Some((c.to_string(), s.parse::<i32>().ok()?)))
+        .with_context(|| bad(&format!("odd target.name {name}")))?;
+    Ok(Some(StagedRecord {
+        name: DeploymentName { checksum, serial },
+        osname: field("osname")?,
+        bootcsum: field("bootcsum")?,
+        kargs: record
+            .lookup::<Vec<String>>("kargs")
+            .ok()
+            .flatten()
+            .unwrap_or_default(),
+        locked: record
+            .lookup::<bool>("locked")
+            .ok()
+            .flatten()
+            .unwrap_or(false),
+    }))
+}
+
+/// Adds rpm-ostree's empty `overlay-initrds` to the record at `path` (if there is one and it
+/// lacks the key), serialized by GLib as libostree does.
+fn add_empty_overlay_initrds(path: &Path) -> anyhow::Result<()> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let record = glib::VariantDict::new(Some(&glib::Variant::from_data_with_type(
+        bytes,
+        glib::VariantTy::VARDICT,
+    )));
+    if record.contains("overlay-initrds") {
+        return Ok(());
+    }
+    record.insert_value("overlay-initrds", &Vec::<String>::new().to_variant());
+    let tmp = path.with_extension("rpm-ostree.tmp");
+    std::fs::write(&tmp, record.end().data())
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
+}
+
 /// A host root (`ROOT/sysroot`, `ROOT/run/ostree`) whose sysroot has one deployment, written by
 /// the testbed's ostree, that real libostree takes as booted.
 #[derive(Debug)]
 pub struct BootedHost {
     root: PathBuf,
+    sysroot: PathBuf,
+    run_ostree: PathBuf,
+    work: PathBuf,
     osname: String,
     booted: DeploymentName,
     booted_options: Vec<String>,
@@ -165,6 +265,9 @@ impl BootedHost {
     ) -> anyhow::Result<BootedHost> {
         let host = BootedHost {
             root: root.to_path_buf(),
+            sysroot: root.join("sysroot"),
+            run_ostree: root.join("run/ostree"),
+            work: root.join("real-ostree"),
             osname: osname.to_string(),
             booted: DeploymentName {
                 checksum: String::new(),
@@ -197,6 +300,27 @@ impl BootedHost {
         })
     }
 
+    /// An existing sysroot whose deployment `booted` real libostree is to take as booted;
+    /// `run_ostree` is the host root's `run/ostree`, `work` a directory of the caller's for
+    /// the marker, the `systemctl` stub and origin files.
+    pub(crate) fn attach(paths: HostPaths, osname: &str, booted: DeploymentName) -> BootedHost {
+        BootedHost {
+            // `ROOT/run/ostree`'s root.
+            root: paths
+                .run_ostree
+                .ancestors()
+                .nth(2)
+                .map(Path::to_path_buf)
+                .unwrap_or_default(),
+            sysroot: paths.sysroot,
+            run_ostree: paths.run_ostree,
+            work: paths.work,
+            osname: osname.to_string(),
+            booted,
+            booted_options: Vec::new(),
+        }
+    }
+
     /// The host root: streamd's `host_root`.
     pub fn root(&self) -> &Path {
         &self.root
@@ -213,15 +337,15 @@ impl BootedHost {
     }
 
     fn sysroot(&self) -> PathBuf {
-        self.root.join("sysroot")
+        self.sysroot.clone()
     }
 
     fn run_ostree(&self) -> PathBuf {
-        self.root.join("run/ostree")
+        self.run_ostree.clone()
     }
 
     fn work(&self) -> PathBuf {
-        self.root.join("real-ostree")
+        self.work.clone()
     }
 
     /// Commits `image`'s tree (as the fake's imports do) and returns the checksum.
@@ -248,13 +372,8 @@ impl BootedHost {
 
     /// Stages `checksum` over the booted deployment with real libostree, the kernel arguments
     /// `kargs` (replacing the merge deployment's, in its order, as `--karg` does), finalization
-    /// locked when `locked`; returns the staged deployment's name.
-    ///
-    /// rpm-ostree stages through `ostree_sysroot_stage_tree_with_options` and writes only the
-    /// record's `locked` key; `ostree admin deploy` also touches the legacy
-    /// `staged-deployment-locked` file, which is removed here so the host looks as rpm-ostree
-    /// leaves it. rpm-ostree also passes an empty `overlay_initrds`, which the CLI cannot (it
-    /// passes none), so the record lacks that key.
+    /// locked when `locked`; returns the staged deployment's name. The origin names the
+    /// checksum; [`BootedHost::stage_as_rpm_ostree`] takes one.
     pub async fn stage(
         &self,
         trixie: &Trixie,
@@ -262,11 +381,38 @@ impl BootedHost {
         kargs: &[String],
         locked: bool,
     ) -> anyhow::Result<(DeploymentName, Output)> {
+        let origin = format!("[origin]\nrefspec={checksum}\n");
+        self.stage_as_rpm_ostree(trixie, checksum, &origin, kargs, locked)
+            .await
+    }
+
+    /// [`BootedHost::stage`] with the origin file `origin`, leaving `/run/ostree` as
+    /// rpm-ostree's staging through the API leaves it.
+    ///
+    /// rpm-ostree stages through `ostree_sysroot_stage_tree_with_options` with `.locked` and an
+    /// empty (non-NULL) `overlay_initrds`; `ostree admin deploy --stage` differs twice: with
+    /// `--lock-finalization` it also touches the legacy `staged-deployment-locked` file, and it
+    /// passes no `overlay_initrds`, so its record lacks that key. Both are undone here: the
+    /// legacy file ends as libostree's staging alone leaves it (kept by a first stage,
+    /// unlinked by a stage over a previous one, ostreedev/ostree#3025), and the record gains
+    /// `overlay-initrds: @as []`, serialized by GLib over libostree's own keys.
+    pub async fn stage_as_rpm_ostree(
+        &self,
+        trixie: &Trixie,
+        checksum: &str,
+        origin: &str,
+        kargs: &[String],
+        locked: bool,
+    ) -> anyhow::Result<(DeploymentName, Output)> {
         let work = self.work();
         std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-        let origin = work.join(format!("{checksum}.origin"));
-        std::fs::write(&origin, format!("[origin]\nrefspec={checksum}\n"))
-            .with_context(|| format!("writing {}", origin.display()))?;
+        let origin_path = work.join(format!("{checksum}.origin"));
+        std::fs::write(&origin_path, origin)
+            .with_context(|| format!("writing {}", origin_path.display()))?;
+        let legacy = self.run_ostree().join(LEGACY_LOCK);
+        let record = self.run_ostree().join(RECORD);
+        // What libostree's staging alone leaves of the legacy file.
+        let keep_legacy = legacy.exists() && !record.exists();
         let mut args = vec![
             "admin".to_string(),
             "deploy".into(),
@@ -280,15 +426,28 @@ impl BootedHost {
         args.extend(kargs.iter().map(|k| format!("--karg={k}")));
         args.push(checksum.to_string());
         let out = self.run(trixie, &args).await;
-        let _ = std::fs::remove_file(&origin);
+        let _ = std::fs::remove_file(&origin_path);
         let out = out?;
-        let legacy = self.run_ostree().join(LEGACY_LOCK);
-        match std::fs::remove_file(&legacy) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e).with_context(|| format!("removing {}", legacy.display())),
+        if !keep_legacy {
+            match std::fs::remove_file(&legacy) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("removing {}", legacy.display())),
+            }
         }
+        add_empty_overlay_initrds(&record)?;
         Ok((self.newest_deployment_of(checksum)?, out))
+    }
+
+    /// `ostree admin undeploy INDEX`: index 0 is the staged deployment when there is one, and
+    /// removing it unlinks libostree's record and the legacy file
+    /// (`ostree_sysroot_write_deployments_with_options`), as rpm-ostree's `Cleanup` does.
+    pub async fn undeploy(&self, trixie: &Trixie, index: usize) -> anyhow::Result<Output> {
+        self.run(
+            trixie,
+            &["admin".to_string(), "undeploy".into(), index.to_string()],
+        )
+        .await
     }
 
     /// `ostree admin lock-finalization [--unlock]`: `ostree_sysroot_change_finalization`,

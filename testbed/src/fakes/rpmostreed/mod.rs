@@ -14,10 +14,12 @@ pub mod libostree;
 mod model;
 mod os;
 mod ostree;
+mod realstage;
 mod reboot;
 mod records;
 mod refspec;
 mod rpm;
+mod runners;
 mod runstate;
 mod sysroot;
 mod transaction;
@@ -87,6 +89,10 @@ pub struct RpmOstreedConfig {
     pub booted: usize,
     /// The rpm-ostree release the fake plays.
     pub version: RpmOstreeVersion,
+    /// Stage, lock, finalize and clean up through real libostree 2025.x (the trixie root
+    /// `scripts/setup.sh` makes; needs root and `host_root`): see `realstage`. Off: the
+    /// testbed's `ostree` deploys and the fake writes libostree's record itself.
+    pub real_libostree: bool,
 }
 
 /// A running fake `rpm-ostreed`. Dropping it takes the daemon off the bus.
@@ -103,7 +109,16 @@ impl std::fmt::Debug for FakeRpmOstreed {
 impl FakeRpmOstreed {
     /// Load (or create) the sysroot, connect to the bus and own the daemon's name.
     pub async fn start(cfg: RpmOstreedConfig) -> anyhow::Result<FakeRpmOstreed> {
-        let state = match State::load(&cfg.state_dir, &cfg.sysroot)? {
+        let real = match (cfg.real_libostree, cfg.host_root.as_deref()) {
+            (false, _) => None,
+            (true, Some(root)) => Some(
+                realstage::RealStage::new(&cfg.sysroot, root, &cfg.state_dir)
+                    .context("staging through real libostree")?,
+            ),
+            (true, None) => anyhow::bail!("real libostree staging needs a host root"),
+        };
+        let disk = realstage::disk_deployments(&cfg.sysroot, real.as_ref())?;
+        let state = match State::load(&cfg.state_dir, &disk)? {
             Some(state) => state,
             None => {
                 let image = cfg.images.get(cfg.booted).with_context(|| {
@@ -137,6 +152,7 @@ impl FakeRpmOstreed {
             state_dir: cfg.state_dir,
             sysroot: cfg.sysroot,
             host_root: cfg.host_root,
+            real,
             arch: cfg.fixture.arch().to_string(),
             txn_socket: cfg.txn_socket,
             bus_address: cfg.bus_address,
@@ -201,6 +217,8 @@ pub(crate) struct Daemon {
     state_dir: PathBuf,
     sysroot: PathBuf,
     host_root: Option<PathBuf>,
+    /// Real libostree stages, unlocks, removes and finalizes (`real_libostree`).
+    real: Option<realstage::RealStage>,
     /// RPM architecture of the host.
     arch: String,
     txn_socket: PathBuf,
@@ -342,12 +360,14 @@ impl Daemon {
     }
 
     /// Persist the side file, and write libostree's runtime record of the staged deployment
-    /// below the host root (see [`runstate`]).
+    /// below the host root (see [`runstate`]), unless real libostree wrote it.
     fn save_state(&self, state: &State) -> Result<(), String> {
         state
             .save(&self.state_dir)
             .map_err(|e| format!("writing deployment state: {e:#}"))?;
         match &self.host_root {
+            // libostree itself wrote its record.
+            Some(_) if self.real.is_some() => Ok(()),
             Some(root) => runstate::write(root, state, lock(&self.knobs).legacy_lock_file)
                 .map_err(|e| format!("writing the staged deployment record: {e:#}")),
             None => Ok(()),
@@ -366,7 +386,8 @@ impl Daemon {
     /// Re-read the sysroot and the side file (another tool may have changed either); whether
     /// anything changed.
     fn reload_state(&self) -> anyhow::Result<bool> {
-        let Some(state) = State::load(&self.state_dir, &self.sysroot)? else {
+        let disk = realstage::disk_deployments(&self.sysroot, self.real.as_ref())?;
+        let Some(state) = State::load(&self.state_dir, &disk)? else {
             return Ok(false);
         };
         let mut current = lock(&self.state);
@@ -378,7 +399,7 @@ impl Daemon {
     /// Re-read the sysroot after the fake changed it, keep the side-file data of every
     /// deployment still on disk (plus `extra`, a deployment just written) and save.
     fn resync(&self, extra: Option<model::Deployment>) -> Result<(), String> {
-        let disk = ostree::read_deployments(&self.sysroot)
+        let disk = realstage::disk_deployments(&self.sysroot, self.real.as_ref())
             .map_err(|e| format!("reading the sysroot: {e:#}"))?;
         let mut state = lock(&self.state);
         let mut side = state.clone();

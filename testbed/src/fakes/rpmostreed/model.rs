@@ -307,15 +307,14 @@ impl State {
         }
     }
 
-    /// The on-disk deployments of `sysroot` joined with the side file in `dir`; `None` when
-    /// the sysroot has no deployment yet.
-    pub(crate) fn load(dir: &Path, sysroot: &Path) -> anyhow::Result<Option<State>> {
-        let disk = super::ostree::read_deployments(sysroot)?;
+    /// The on-disk deployments `disk` joined with the side file in `dir`; `None` when the
+    /// sysroot has no deployment yet.
+    pub(crate) fn load(dir: &Path, disk: &[DiskDeployment]) -> anyhow::Result<Option<State>> {
         if disk.is_empty() {
             return Ok(None);
         }
         let side = Self::load_side(dir)?.unwrap_or_default();
-        Ok(Some(Self::join(&disk, side)))
+        Ok(Some(Self::join(disk, side)))
     }
 
     /// Match every on-disk deployment with its side-file entry (by checksum and serial).
@@ -347,7 +346,14 @@ impl State {
         }
         let booted_at = deployments.iter().position(|d| d.booted);
         for (i, d) in deployments.iter_mut().enumerate() {
-            d.staged = i == 0 && booted_at.is_some_and(|b| b > 0) && !d.unstaged;
+            // libostree's record, when it wrote one, says what is staged and whether locked.
+            match d.disk.as_ref().and_then(|disk| disk.staged_locked) {
+                Some(locked) => {
+                    d.staged = true;
+                    d.finalization_locked = locked;
+                }
+                None => d.staged = i == 0 && booted_at.is_some_and(|b| b > 0) && !d.unstaged,
+            }
             if !d.staged {
                 d.finalization_locked = false;
             }
@@ -479,6 +485,7 @@ mod tests {
             linux: "/ostree/rhcos-x/vmlinuz-5.14.0-1.el9.x86_64+rt".into(),
             initrd: String::new(),
             version: version.to_string(),
+            staged_locked: None,
         }
     }
 

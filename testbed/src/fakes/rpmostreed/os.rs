@@ -330,6 +330,7 @@ impl OsIface {
                 linux: String::new(),
                 initrd: String::new(),
                 version: String::new(),
+                staged_locked: None,
             }
         });
         let mut config = HashMap::new();

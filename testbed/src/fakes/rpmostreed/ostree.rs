@@ -5,8 +5,9 @@
 //! argument resolved through the `ostree/boot.N` links), so what the fake reports over D-Bus is
 //! what a libostree client finds on disk.
 //!
-//! A test sysroot is never booted, so libostree's staging (`/run/ostree/staged-deployment`)
-//! cannot be used; the fake's "staged" deployment is the not-booted deployment at index 0.
+//! This `ostree` (Debian bookworm's 2022.7) never sees a test sysroot as booted, so its staging
+//! (`/run/ostree/staged-deployment`) cannot be used; the fake's "staged" deployment is the
+//! not-booted deployment at index 0, unless real libostree 2025 stages (`super::realstage`).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -75,6 +76,9 @@ pub(crate) struct DiskDeployment {
     pub(crate) initrd: String,
     /// The entry's `version` (the highest boots first).
     pub(crate) version: String,
+    /// `Some(locked)`: no bootloader entry but libostree's record of the staged deployment
+    /// (real libostree staging, `libostree::read_record`) and its `locked` key.
+    pub(crate) staged_locked: Option<bool>,
 }
 
 impl DiskDeployment {
@@ -166,6 +170,7 @@ pub(crate) fn read_deployments(sysroot: &Path) -> anyhow::Result<Vec<DiskDeploym
             linux: field("linux"),
             initrd: field("initrd"),
             version: field("version"),
+            staged_locked: None,
         });
     }
     out.sort_by_key(|d| std::cmp::Reverse(d.version.parse::<u64>().unwrap_or(0)));

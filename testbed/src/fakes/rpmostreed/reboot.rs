@@ -7,12 +7,17 @@
 //! `/run/ostree/staged-deployment-locked` exists (whoever created that file). After an
 //! applied update the previous booted deployment becomes the rollback and the older rollback is
 //! pruned, as ostree does when it writes the new boot order.
+//!
+//! Over real libostree (`real_libostree`) the finalization is libostree's own
+//! (`ostree admin finalize-staged`, [`super::realstage`]): it writes the bootloader entries
+//! that boot, and it alone decides whether a locked deployment is skipped.
 
 use std::sync::atomic::Ordering;
 
 use anyhow::Context as _;
 use tracing::info;
 
+use super::realstage::RealOp;
 use super::{FakeRpmOstreed, lock, ostree, runstate};
 
 /// What the reboot did.
@@ -54,13 +59,37 @@ impl FakeRpmOstreed {
             }
         };
         // A deployment `ostree admin deploy` wrote is already in the bootloader: it boots.
-        let applied = (staged && !locked && !fail_finalize) || (!staged && admin_pending);
-        if staged && !applied {
-            ostree::undeploy(&d.sysroot, 0)
-                .await
-                .context("discarding the locked staged deployment")?;
-            d.resync(None).map_err(anyhow::Error::msg)?;
-        } else if applied {
+        let applied = match d.real.as_ref() {
+            Some(real) => {
+                // `ostree-finalize-staged.service` runs real libostree's finalization, which
+                // skips a locked deployment itself; what it did decides what boots.
+                let finalized = if staged && !fail_finalize {
+                    d.real_op(RealOp::FinalizeStaged)
+                        .await
+                        .map_err(anyhow::Error::msg)
+                        .context("finalizing the staged deployment")?;
+                    !real.has_record()
+                } else {
+                    false
+                };
+                // `/run` is a tmpfs: an unfinalized deployment's record goes with the boot
+                // (its directory stays until libostree's next cleanup, as on a host).
+                real.boot()?;
+                d.resync(None).map_err(anyhow::Error::msg)?;
+                finalized || (!staged && admin_pending)
+            }
+            None => {
+                let applied = (staged && !locked && !fail_finalize) || (!staged && admin_pending);
+                if staged && !applied {
+                    ostree::undeploy(&d.sysroot, 0)
+                        .await
+                        .context("discarding the locked staged deployment")?;
+                    d.resync(None).map_err(anyhow::Error::msg)?;
+                }
+                applied
+            }
+        };
+        if applied {
             if staged {
                 // Finalizing writes the staged deployment without `RETAIN_PENDING`
                 // (`_ostree_sysroot_finalize_staged_inner`): an admin's pending one goes.
@@ -75,8 +104,9 @@ impl FakeRpmOstreed {
                             .map(|i| i + 1)
                     };
                     let Some(index) = index else { break };
-                    ostree::undeploy(&d.sysroot, index)
+                    d.undeploy(index)
                         .await
+                        .map_err(anyhow::Error::msg)
                         .context("dropping a pending deployment")?;
                     d.resync(None).map_err(anyhow::Error::msg)?;
                 }
@@ -98,8 +128,9 @@ impl FakeRpmOstreed {
                     state.deployments.len().checked_sub(1).filter(|&i| i >= 2)
                 };
                 let Some(index) = extra else { break };
-                ostree::undeploy(&d.sysroot, index)
+                d.undeploy(index)
                     .await
+                    .map_err(anyhow::Error::msg)
                     .context("pruning the old rollback deployment")?;
                 d.resync(None).map_err(anyhow::Error::msg)?;
             }

@@ -12,7 +12,8 @@
 //! `finalization-locked` only when that legacy file exists. Older rpm-ostree touched the
 //! legacy file before staging (and libostree wrote no key); the `legacy-lock-file` knob
 //! selects that behaviour. The fake's own truth stays in `state.json`; this module writes
-//! what a real host shows from it.
+//! what a real host shows from it. Over real libostree (`super::realstage`) libostree writes
+//! the record and this module's [`write`] is not used.
 //!
 //! The legacy file is also a lock of its own, whoever creates it: libostree skips finalization
 //! while it exists (`_ostree_sysroot_finalize_impl_staged_deployment`, "Not finalizing;

@@ -11,7 +11,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -19,21 +18,15 @@ use tracing::{debug, info, warn};
 use zbus::object_server::SignalEmitter;
 use zbus::{Connection, interface};
 
-use super::deploy::{
-    NewDeployment, PackageChanges, add_removals, apply_changes, commit_image, depsolve,
-    drop_inactive_removals, low_disk, resolve_removals, sanity_check, write_deployment,
-};
+use super::deploy::PackageChanges;
 use super::errors::DaemonError;
-use super::model::{CHUNK_BYTES, CHUNK_COUNT};
 use super::records::TxnRecord;
-use super::refspec::Refspec;
-use super::{Daemon, address_escape, lock, ostree};
-use crate::fixtures::images::TestImage;
+use super::{Daemon, address_escape, lock};
 
 /// The real daemon's `FORCE_CLOSE_TXN_TIMEOUT_SECS`.
 const FORCE_CLOSE_AFTER: Duration = Duration::from_secs(30);
 /// Pause between the steps of a run, so that clients see signals arrive over time.
-const STEP: Duration = Duration::from_millis(5);
+pub(crate) const STEP: Duration = Duration::from_millis(5);
 /// `G_IO_ERROR_CANCELLED`'s message, which is what `Finished` carries after `Cancel()`.
 const CANCELLED: &str = "Operation was cancelled";
 /// How long a peer may take to authenticate.
@@ -127,11 +120,11 @@ pub(crate) struct Txn {
     client_description: String,
     work: Work,
     /// `fail-next`, taken when the transaction was created.
-    fail: Option<String>,
+    pub(crate) fail: Option<String>,
     /// `exit-mid-transaction`, taken when the transaction was created.
     crash: bool,
     inner: Mutex<Inner>,
-    cancel: Notify,
+    pub(crate) cancel: Notify,
 }
 
 #[derive(Default)]
@@ -147,7 +140,7 @@ struct Inner {
 }
 
 /// A signal on the Transaction interface.
-enum Signal<'a> {
+pub(crate) enum Signal<'a> {
     Message(&'a str),
     TaskBegin(&'a str),
     TaskEnd(&'a str),
@@ -212,7 +205,7 @@ impl Txn {
         lock(&self.inner).peers.retain(|(id, _)| *id != peer);
     }
 
-    fn cancelled(&self) -> Result<(), String> {
+    pub(crate) fn cancelled(&self) -> Result<(), String> {
         if lock(&self.inner).cancelled {
             Err(CANCELLED.to_string())
         } else {
@@ -221,7 +214,7 @@ impl Txn {
     }
 
     /// Sleep, waking early for `Cancel()`; fails if the transaction was cancelled.
-    async fn pause(&self, d: Duration) -> Result<(), String> {
+    pub(crate) async fn pause(&self, d: Duration) -> Result<(), String> {
         tokio::select! {
             () = tokio::time::sleep(d) => {}
             () = self.cancel.notified() => {}
@@ -229,7 +222,7 @@ impl Txn {
         self.cancelled()
     }
 
-    async fn emit(&self, signal: Signal<'_>) {
+    pub(crate) async fn emit(&self, signal: Signal<'_>) {
         for conn in self.peer_conns() {
             let emitter = match SignalEmitter::new(&conn, "/") {
                 Ok(e) => e,
@@ -253,7 +246,7 @@ impl Txn {
     }
 
     /// Change the title, announcing it to the peers like a GDBus skeleton does.
-    async fn set_title(&self, title: String) {
+    pub(crate) async fn set_title(&self, title: String) {
         lock(&self.inner).title = title;
         for conn in self.peer_conns() {
             if let Ok(iface) = conn.object_server().interface::<_, TxnIface>("/").await {
@@ -474,482 +467,6 @@ impl Daemon {
         self.finish_txn(&txn, result).await;
     }
 
-    /// The fail-next knob makes the run fail right after it begins.
-    async fn injected_failure(&self, txn: &Txn) -> Result<(), String> {
-        txn.pause(STEP).await?;
-        match &txn.fail {
-            Some(message) => Err(message.clone()),
-            None => Ok(()),
-        }
-    }
-
-    async fn run_deploy(&self, txn: &Txn, plan: &DeployPlan) -> Result<(), String> {
-        let title = plan.command_line.clone().unwrap_or_else(|| {
-            if plan.refspec.is_some() {
-                "rebase"
-            } else if plan.revision.is_some() {
-                "deploy"
-            } else {
-                "upgrade"
-            }
-            .to_string()
-        });
-        self.update_record(txn.id, |r| r.title = title.clone());
-        txn.set_title(title).await;
-        self.injected_failure(txn).await?;
-
-        let (current_ref, current_digest, merge_layering, kargs) = {
-            let state = lock(&self.state);
-            let merge = state.default_for(&self.osname);
-            (
-                merge.map(|d| d.container_image_reference.clone()),
-                merge.map(|d| d.container_image_reference_digest.clone()),
-                merge.map(|d| d.layering.clone()).unwrap_or_default(),
-                state.booted().map(|d| d.kargs()).unwrap_or_default(),
-            )
-        };
-        let requested = plan
-            .refspec
-            .as_deref()
-            .map(|r| r.strip_prefix("ostree://").unwrap_or(r).to_string());
-        let refspec = match (&requested, &current_ref) {
-            (Some(new), Some(old)) if new == old => {
-                return Err(format!("Old and new refs are equal: {new}"));
-            }
-            (Some(new), _) => new.clone(),
-            (None, Some(old)) => old.clone(),
-            (None, None) => return Err("No booted deployment".into()),
-        };
-        // The origin is edited before anything is pulled, as in `deploy_transaction_execute`.
-        let mut layering = apply_changes(&merge_layering, &plan.changes)?;
-        let imgref = match Refspec::classify(&refspec) {
-            Refspec::Container(imgref) => imgref,
-            Refspec::Checksum(csum) => {
-                return Err(format!("No such metadata object {csum}.commit"));
-            }
-            Refspec::Ostree {
-                remote: Some(remote),
-                ..
-            } => return Err(format!("Remote \"{remote}\" not found")),
-            Refspec::Ostree {
-                remote: None,
-                branch,
-            } => return Err(format!("Refspec '{branch}' not found")),
-        };
-
-        txn.emit(Signal::Message(&format!("Pulling manifest: {imgref}")))
-            .await;
-        txn.pause(STEP).await?;
-        let image = imgref.resolve(&self.images, plan.revision.as_deref())?;
-        // The manifest is read from the registry as the node's
-        // container stack reads it (the host root's ostree auth file, registries.conf mirrors
-        // and blocks), so a missing credential fails here as on a node.
-        if let Some(root) = self.host_root.as_deref() {
-            if imgref.sig == super::refspec::SigVerify::Signed {
-                crate::fakes::registry::node::verifying_origin_check(root)?;
-            }
-            crate::fakes::registry::node::pull_check(root, &image.pullspec).await?;
-        }
-        // New removals are checked against the pulled base (before the "No upgrade
-        // available" shortcut the fake takes in place of the real pull).
-        add_removals(
-            &mut layering,
-            &plan.changes.override_remove,
-            image,
-            &self.arch,
-        )?;
-        if requested.is_none()
-            && current_digest.as_deref() == Some(image.digest.as_str())
-            && layering == merge_layering
-        {
-            txn.emit(Signal::Message("No upgrade available.")).await;
-            return Ok(());
-        }
-        let already_pulled = lock(&self.state)
-            .deployments
-            .iter()
-            .any(|d| d.container_image_reference_digest == image.digest);
-        if !already_pulled {
-            self.update_record(txn.id, |r| r.pulled = true);
-            self.pull_layers(txn, &imgref.to_string(), &image.digest)
-                .await?;
-        }
-        if !plan.allow_downgrade {
-            self.check_timestamps(&refspec, image).await?;
-        }
-        self.report_progress(txn).await?;
-        let slow = lock(&self.knobs).slow;
-        txn.pause(slow).await?;
-
-        if layering.is_layered() {
-            // `finalize_removal_overrides`: inherited removals the new base lacks are
-            // dropped from the new origin, not failed.
-            let inactive = drop_inactive_removals(&mut layering, image, &self.arch);
-            if !inactive.is_empty() {
-                txn.emit(Signal::Message("Inactive base removals:")).await;
-                for name in &inactive {
-                    txn.emit(Signal::Message(&format!("  {name}"))).await;
-                }
-            }
-        }
-        let base_removals = resolve_removals(&layering, image, &self.arch);
-        if layering.is_layered() {
-            let short: String = image
-                .digest
-                .trim_start_matches("sha256:")
-                .chars()
-                .take(7)
-                .collect();
-            txn.emit(Signal::TaskBegin(&format!("Checking out tree {short}")))
-                .await;
-            txn.emit(Signal::TaskEnd("done")).await;
-            txn.emit(Signal::TaskBegin("Resolving dependencies")).await;
-            depsolve(&layering, image)?;
-            txn.emit(Signal::TaskEnd("done")).await;
-            let overrides = layering.requested_base_removals.len()
-                + layering.requested_base_local_replacements.len();
-            let overlays =
-                layering.requested_packages.len() + layering.requested_local_packages.len();
-            txn.emit(Signal::Message(&format!(
-                "Applying {overrides} overrides and {overlays} overlays"
-            )))
-            .await;
-            for task in [
-                "Processing packages",
-                "Running pre scripts",
-                "Running post scripts",
-            ] {
-                txn.emit(Signal::TaskBegin(task)).await;
-                txn.pause(STEP).await?;
-                txn.emit(Signal::TaskEnd("done")).await;
-            }
-        }
-        if let Err([journal, message]) = sanity_check(self.host_root.as_deref(), image) {
-            // The bwrap child's stderr reaches the journal, not the client.
-            warn!(txn = txn.id, "{journal}");
-            self.update_record(txn.id, |r| r.journal.push(journal));
-            return Err(message);
-        }
-        if layering.is_layered() {
-            txn.emit(Signal::TaskBegin("Writing OSTree commit")).await;
-            txn.emit(Signal::TaskEnd("done")).await;
-        }
-
-        txn.emit(Signal::TaskBegin("Staging deployment")).await;
-        let drop_variant = std::mem::take(&mut lock(&self.knobs).drop_variant_next);
-        // A new staged deployment replaces the previous one.
-        let staged = lock(&self.state).staged_index(&self.osname);
-        if let Some(index) = staged {
-            ostree::undeploy(&self.sysroot, index)
-                .await
-                .map_err(|e| format!("{e:#}"))?;
-            self.resync(None)?;
-        }
-        let mut dep = write_deployment(
-            &self.sysroot,
-            &self.state_dir.join("scratch"),
-            NewDeployment {
-                osname: &self.osname,
-                refspec: &refspec,
-                image,
-                arch: &self.arch,
-                layering,
-                base_removals,
-                kargs,
-                drop_variant,
-                image_kernel: image.variant,
-            },
-        )
-        .await
-        .map_err(|e| format!("{e:#}"))?;
-        dep.finalization_locked = plan.lock_finalization;
-        let (checksum, serial) = (dep.checksum.clone(), dep.serial);
-        self.resync(Some(dep))?;
-        info!(txn = txn.id, digest = %image.digest, checksum = %checksum, serial, locked = plan.lock_finalization, "staged a deployment");
-        self.notify_deployments().await;
-        txn.emit(Signal::TaskEnd("done")).await;
-        if plan.reboot {
-            // As the real daemon: block-mode shutdown inhibitors stop the reboot (the
-            // deployment stays staged and the transaction fails).
-            self.check_inhibitors().await?;
-            self.request_reboot()?;
-            self.update_record(txn.id, |r| r.reboot_requested = true);
-        }
-        Ok(())
-    }
-
-    /// The task that starts layer `i` (from 0) of a pull: rpm-ostree's `layer_progress_print`
-    /// counts the layers done, from 0, and prints 19 hex digits of the digest (v2024.9 to
-    /// v2026.1), or the layer starting, from 1, with `sha256:` (v2026.2, da4b4fa0).
-    fn layer_task(&self, i: u32, layer: &str) -> String {
-        let size = format_size(CHUNK_BYTES);
-        if self.version.layers_from_one() {
-            format!(
-                "[{}/{CHUNK_COUNT}] Fetching ostree chunk sha256:{} ({size})",
-                i + 1,
-                &layer[..12]
-            )
-        } else {
-            format!(
-                "[{i}/{CHUNK_COUNT}] Fetching ostree chunk {} ({size})",
-                &layer[..19]
-            )
-        }
-    }
-
-    /// The messages and tasks of an ostree-ext container import. On a `low-disk` host the
-    /// first layer's write fails with ostree's min-free-space error, chained the way
-    /// ostree-ext reports it (ublue-os/cosmic#40 shows the chain; C-locale size format).
-    async fn pull_layers(&self, txn: &Txn, imgref: &str, digest: &str) -> Result<(), String> {
-        txn.emit(Signal::Message(&format!(
-            "Importing: {imgref} (digest: {digest})"
-        )))
-        .await;
-        txn.emit(Signal::Message(&format!(
-            "ostree chunk layers needed: {CHUNK_COUNT} ({})",
-            format_size(u64::from(CHUNK_COUNT) * CHUNK_BYTES)
-        )))
-        .await;
-        for i in 0..CHUNK_COUNT {
-            let layer = format!("{:x}", Sha256::digest(format!("{digest}/chunk/{i}")));
-            txn.emit(Signal::TaskBegin(&self.layer_task(i, &layer)))
-                .await;
-            txn.pause(STEP).await?;
-            if low_disk(self.host_root.as_deref()) {
-                let object = format!("{:x}", Sha256::digest(format!("{layer}/object")));
-                return Err(format!(
-                    "Importing: Unencapsulating base: Layer sha256:{layer}: Importing objects: \
-                     Importing object {}/{}.file: Processing content object {object}: \
-                     Importing regfile small: Writing content object: \
-                     min-free-space-percent '3%' would be exceeded, at least 20.5 kB requested",
-                    &object[..2],
-                    &object[2..]
-                ));
-            }
-            txn.emit(Signal::TaskEnd("done")).await;
-        }
-        Ok(())
-    }
-
-    /// `ostree_sysroot_upgrader_check_timestamps` as `rpmostree_sysroot_upgrader_pull_base`
-    /// runs it for a container refspec without `ALLOW_OLDER`: the imported image commit (whose
-    /// timestamp is the image's `created`) against the merge deployment's base commit, when
-    /// they differ (ostreedev/ostree:src/libostree/ostree-core.c `_ostree_compare_timestamps`).
-    async fn check_timestamps(&self, refspec: &str, image: &TestImage) -> Result<(), String> {
-        let current = lock(&self.state).default_for(&self.osname).map(|d| {
-            (
-                d.base_checksum
-                    .clone()
-                    .unwrap_or_else(|| d.checksum.clone()),
-                d.timestamp,
-            )
-        });
-        let Some((current_rev, current_ts)) = current else {
-            return Ok(());
-        };
-        // The import is what gives the new base commit its checksum.
-        let new_rev = commit_image(
-            &self.sysroot,
-            &self.state_dir.join("scratch"),
-            refspec,
-            image,
-            &self.arch,
-            crate::fixtures::Kernel::Default,
-        )
-        .await
-        .map_err(|e| format!("{e:#}"))?;
-        let new_ts = image.created_unix();
-        if new_rev == current_rev || new_ts >= current_ts {
-            return Ok(());
-        }
-        Err(format!(
-            "While checking against deployment timestamp: Upgrade target revision '{new_rev}' \
-             with timestamp '{}' is chronologically older than current revision \
-             '{current_rev}' with timestamp '{}'; use --allow-downgrade to permit",
-            c_locale_time(new_ts),
-            c_locale_time(current_ts)
-        ))
-    }
-
-    /// `PercentProgress` as the `progress` knob asks, then `ProgressEnd`.
-    async fn report_progress(&self, txn: &Txn) -> Result<(), String> {
-        let (count, per_second) = {
-            let knobs = lock(&self.knobs);
-            (knobs.progress_signals, knobs.progress_per_second.max(1))
-        };
-        let mut ticks = tokio::time::interval(Duration::from_secs(1) / per_second);
-        // Catch up after a late tick so the average rate is the one asked for.
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-        for i in 1..=count {
-            tokio::select! {
-                _ = ticks.tick() => {}
-                () = txn.cancel.notified() => {}
-            }
-            txn.cancelled()?;
-            let pct = u32::try_from(u64::from(i) * 100 / u64::from(count)).unwrap_or(100);
-            txn.emit(Signal::Percent("Writing objects", pct)).await;
-        }
-        txn.emit(Signal::ProgressEnd).await;
-        Ok(())
-    }
-
-    async fn run_cleanup(&self, txn: &Txn, pending: bool, rollback: bool) -> Result<(), String> {
-        self.injected_failure(txn).await?;
-        let mut changed = false;
-        // Rollback first: it sits after the staged deployment, so the staged index holds.
-        // Every deployment of the kind goes, a pending one also when `ostree admin deploy`
-        // wrote it (`rpmostree_syscore_filter_deployments`).
-        for (wanted, which) in [(rollback, "rollback"), (pending, "pending")] {
-            if !wanted {
-                continue;
-            }
-            loop {
-                let index = lock(&self.state).cleanup_index(&self.osname, which == "pending");
-                let Some(index) = index else { break };
-                ostree::undeploy(&self.sysroot, index)
-                    .await
-                    .map_err(|e| format!("{e:#}"))?;
-                self.resync(None)?;
-                changed = true;
-            }
-        }
-        if changed {
-            info!(txn = txn.id, pending, rollback, "cleaned up deployments");
-            self.notify_deployments().await;
-        }
-        Ok(())
-    }
-
-    /// The checks of the real `finalize_deployment_transaction_execute`, in its order.
-    async fn run_finalize(
-        self: &Arc<Self>,
-        txn: &Arc<Txn>,
-        plan: &FinalizePlan,
-    ) -> Result<(), String> {
-        self.injected_failure(txn).await?;
-        {
-            let state = lock(&self.state);
-            let Some(first) = state.deployments.first() else {
-                return Err("No deployments found".into());
-            };
-            if !first.staged {
-                return Err("No pending staged deployment found".into());
-            }
-            if first.osname != self.osname {
-                return Err(format!(
-                    "Staged deployment is not for osname '{}'",
-                    self.osname
-                ));
-            }
-            // From v2025.7 (e47214b7) the image digest, or the base commit when the image's
-            // metadata cannot be read (the `query_container_image_commit` fallback); before,
-            // always the base commit (`layeredmeta.base_commit`).
-            let base = first
-                .base_checksum
-                .clone()
-                .unwrap_or_else(|| first.checksum.clone());
-            let found = match first.container_image_reference_digest.as_str() {
-                "" => base,
-                _ if !self.version.finalizes_by_digest() => base,
-                digest => digest.to_string(),
-            };
-            match &plan.checksum {
-                None if !plan.allow_missing_checksum => {
-                    return Err("Missing expected checksum".into());
-                }
-                Some(expected) if *expected != found => {
-                    return Err(format!(
-                        "Expected staged base checksum {expected}, but found {found}"
-                    ));
-                }
-                _ => {}
-            }
-        }
-        // Inhibitors before the lock, as upstream: "Check for inhibitor locks before unlocking
-        // staged deployment" comes first in `finalize_deployment_transaction_execute`.
-        self.check_inhibitors().await?;
-        {
-            let mut state = lock(&self.state);
-            let Some(staged) = state.staged() else {
-                return Err("No pending staged deployment found".into());
-            };
-            if !staged.finalization_locked && !plan.allow_unlocked {
-                return Err("Staged deployment already unlocked".into());
-            }
-            let Some(staged) = state.staged_mut() else {
-                return Err("No pending staged deployment found".into());
-            };
-            let found = staged.container_image_reference_digest.clone();
-            staged.finalization_locked = false;
-            self.save_state(&state)?;
-            info!(txn = txn.id, digest = %found, "finalized deployment; rebooting");
-        }
-        self.request_reboot()?;
-        self.update_record(txn.id, |r| r.reboot_requested = true);
-        if std::mem::take(&mut lock(&self.knobs).drop_after_unlock) {
-            // The reboot is queued and the host goes down (rpm-ostreed with it) before the
-            // client reads `Finished`: its peer connection just closes.
-            warn!(
-                txn = txn.id,
-                "dropping the finalize transaction's peers after unlocking"
-            );
-            self.update_record(txn.id, |r| r.crashed = true);
-            let peers = self.detach(txn);
-            let daemon = self.clone();
-            tokio::spawn(async move {
-                for peer in peers {
-                    let _ = peer.close().await;
-                }
-                daemon.notify_deployments().await;
-                daemon.notify_active_txn().await;
-            });
-            // Detaching aborted this run's task, which ends here: no `Finished`, no result.
-            std::future::pending::<()>().await;
-        }
-        self.notify_deployments().await;
-        Ok(())
-    }
-
-    /// The real daemon's `check_sd_inhibitor_locks`: logind's `ListInhibitors`, and an error
-    /// naming the first `block`-mode lock that covers `shutdown`.
-    async fn check_inhibitors(&self) -> Result<(), String> {
-        let conn = self
-            .bus_conn()
-            .ok_or_else(|| "not connected to the system bus".to_string())?;
-        let reply = conn
-            .call_method(
-                Some("org.freedesktop.login1"),
-                "/org/freedesktop/login1",
-                Some("org.freedesktop.login1.Manager"),
-                "ListInhibitors",
-                &(),
-            )
-            .await
-            .map_err(|e| format!("ListInhibitors: {e}"))?;
-        let list: Vec<(String, String, String, String, u32, u32)> = reply
-            .body()
-            .deserialize()
-            .map_err(|e| format!("ListInhibitors returned an unexpected reply: {e}"))?;
-        let blocking: Vec<_> = list
-            .iter()
-            .filter(|(what, _, _, mode, _, _)| what.contains("shutdown") && mode == "block")
-            .collect();
-        let Some((_, who, why, _, _, _)) = blocking.first() else {
-            return Ok(());
-        };
-        let mut msg = format!(
-            "Reboot blocked by a systemd inhibitor lock in `block` mode\nHeld by: {who}\nReason: {why}"
-        );
-        if blocking.len() > 1 {
-            msg.push_str(&format!(
-                "\nand {} other blocking inhibitor lock(s)\nUse `systemd-inhibit --list` to see details",
-                blocking.len() - 1
-            ));
-        }
-        Err(msg)
-    }
-
-    /// Record the outcome, emit `Finished` to every peer, and release the transaction when
     /// no peer is left (else force-close it later).
     async fn finish_txn(self: &Arc<Self>, txn: &Arc<Txn>, result: Result<(), String>) {
         let (ok, message) = match result {
@@ -1120,24 +637,6 @@ async fn serve_peer(daemon: Arc<Daemon>, txn: Arc<Txn>, peer: u64, stream: UnixS
     daemon.maybe_release(&txn);
 }
 
-/// GLib's `g_format_size` (SI units, one decimal).
-fn format_size(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [
-        ("TB", 1_000_000_000_000),
-        ("GB", 1_000_000_000),
-        ("MB", 1_000_000),
-        ("kB", 1_000),
-    ];
-    for (unit, size) in UNITS {
-        if bytes >= size {
-            // Tenths, rounded; integer math keeps clippy's cast lints quiet.
-            let tenths = (bytes * 10 + size / 2) / size;
-            return format!("{}.{} {unit}", tenths / 10, tenths % 10);
-        }
-    }
-    format!("{bytes} bytes")
-}
-
 /// `org.projectatomic.rpmostree1.Transaction` at `/` on one peer connection.
 pub(crate) struct TxnIface {
     daemon: Arc<Daemon>,
@@ -1214,38 +713,4 @@ impl TxnIface {
     /// Progress signals are done.
     #[zbus(signal)]
     async fn progress_end(emitter: &SignalEmitter<'_>) -> zbus::Result<()>;
-}
-
-/// `g_date_time_format (dt, "%c")` in the C locale, as the daemon formats it:
-/// `Sun Nov 15 00:00:00 2026`.
-fn c_locale_time(secs: u64) -> String {
-    const DAYS: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    let secs = i64::try_from(secs).unwrap_or(0);
-    let days = secs.div_euclid(86_400);
-    let t = secs.rem_euclid(86_400);
-    let (y, m, d) = crate::fixtures::images::civil_from_days(days);
-    // 1970-01-01 was a Thursday.
-    let weekday = DAYS[usize::try_from((days + 4).rem_euclid(7)).unwrap_or(0)];
-    let month = MONTHS[usize::try_from(m - 1).unwrap_or(0).min(11)];
-    format!(
-        "{weekday} {month} {d:>2} {:02}:{:02}:{:02} {y}",
-        t / 3600,
-        t % 3600 / 60,
-        t % 60
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::format_size;
-
-    #[test]
-    fn sizes_print_like_glib() {
-        assert_eq!(format_size(1_200_000_000), "1.2 GB");
-        assert_eq!(format_size(100_000_000), "100.0 MB");
-        assert_eq!(format_size(999), "999 bytes");
-    }
 }

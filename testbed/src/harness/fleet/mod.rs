@@ -156,6 +156,7 @@ impl Fleet {
                     host: fixture,
                     backend: opts.backend,
                     rpm_ostree: opts.rpm_ostree,
+                    real_libostree: false,
                     openshift: opts.openshift,
                     registry: &registry,
                     kubeconfig: &kubeconfig,
