@@ -253,7 +253,10 @@ fn staged_from_record(
     };
     let name = format!("{}.{}", staged.checksum, staged.serial);
     let osname = field("osname").unwrap_or_default();
+    // The osname becomes a path component: one plain name only.
+    let plain = !osname.is_empty() && !osname.contains('/') && osname != "." && osname != "..";
     if field("name").as_deref() != Some(name.as_str())
+        || !plain
         || !(staged.osname.is_empty() || staged.osname == osname)
     {
         return Ok(None);
