@@ -62,8 +62,9 @@ pub(crate) fn boot(root: &Path) -> anyhow::Result<()> {
     remove(&path(root, STAGED_LOCKED))
 }
 
-/// The staged deployment the record on disk names (`target.name`) and its `locked` key.
-fn previous(staged_path: &Path) -> Option<(String, bool)> {
+/// The staged deployment the record on disk names (`target.name`) and its `locked` key
+/// (`None` when absent).
+fn previous(staged_path: &Path) -> Option<(String, Option<bool>)> {
     let bytes = std::fs::read(staged_path).ok()?;
     let ctxt = Encoding::new(Format::GVariant, zvariant::NATIVE_ENDIAN, 0);
     let (record, _): (HashMap<String, OwnedValue>, _) =
@@ -77,7 +78,10 @@ fn previous(staged_path: &Path) -> Option<(String, bool)> {
         },
         _ => return None,
     };
-    let locked = matches!(record.get("locked").map(|v| &**v), Some(Value::Bool(true)));
+    let locked = match record.get("locked").map(|v| &**v) {
+        Some(Value::Bool(b)) => Some(*b),
+        _ => None,
+    };
     Some((name, locked))
 }
 
@@ -119,8 +123,12 @@ pub(crate) fn write(root: &Path, state: &State, legacy: bool) -> anyhow::Result<
     // its decoder, which streamd uses, reads GLib's bytes of every size.
     let record = glib::VariantDict::new(None);
     record.insert_value("target", &deployment_variant(staged));
-    if staged.finalization_locked && !legacy {
-        record.insert_value("locked", &true.to_variant());
+    // `ostree_sysroot_change_finalization` rewrites the record with the key flipped, so an
+    // unlocked stage that was locked keeps `locked: false` (seen on real libostree 2025.2);
+    // a stage never locked has no key.
+    let had_key = matches!(&before, Some((prev, Some(_))) if *prev == name);
+    if !legacy && (staged.finalization_locked || had_key) {
+        record.insert_value("locked", &staged.finalization_locked.to_variant());
     }
     // What rpm-ostree passes besides the lock (coreos/rpm-ostree v2025.5
     // src/daemon/rpmostree-sysroot-upgrader.cxx `rpmostree_sysroot_upgrader_deploy`): the
@@ -161,7 +169,7 @@ pub(crate) fn write(root: &Path, state: &State, legacy: bool) -> anyhow::Result<
         // Staged over a previous one: libostree unlinks it (ostreedev/ostree#3025).
         Some((prev, _)) if prev != name => remove(&lock_path),
         // `ostree_sysroot_change_finalization`.
-        Some((_, was)) if was != staged.finalization_locked => {
+        Some((_, was)) if was.unwrap_or(false) != staged.finalization_locked => {
             if staged.finalization_locked {
                 create()
             } else {
