@@ -552,6 +552,60 @@ async fn a_stage_never_checked_is_checked_after_a_restart_before_any_approval() 
     );
 }
 
+/// A plain rebase whose new root fails rpm-ostree's sanity check (`/usr/bin/true`): rpm-ostree
+/// v2025.5 stages it before the check and leaves it staged when the transaction fails (seen on
+/// the real daemon). streamd reports the failure and removes that stage; it never checks it as
+/// if it were a good one nor leaves it for a reboot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_left_by_a_failed_sanity_check_is_removed_and_the_failure_reported() {
+    let mut env = Env::new("sanity-left").await;
+    env.rpmostreed(RpmOstreedCmd::BrokenRootNext).await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    let os = env.rhel10();
+    env.request("rhel-10", &os, None);
+    let degraded = env.wait_state("Degraded").await;
+    assert!(
+        degraded[REASON].contains("Sanity-checking final rootfs"),
+        "{}",
+        degraded[REASON]
+    );
+    assert!(!degraded.contains_key(REBOOT_REQUESTED), "{degraded:#?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let deps = env.rpmostreed(RpmOstreedCmd::Deployments).await;
+        let staged = deps
+            .as_array()
+            .is_some_and(|d| d.iter().any(|d| d["staged"] == json!(true)));
+        if !staged {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the failed transaction's stage was left: {deps:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // One staging transaction, then a cleanup; no second pull of the failed request.
+    let txns = env.transactions().await;
+    let methods: Vec<&str> = started(&txns)
+        .iter()
+        .filter_map(|t| t["method"].as_str())
+        .collect();
+    assert_eq!(
+        methods.iter().filter(|m| **m != "Cleanup").count(),
+        1,
+        "{methods:?}"
+    );
+    assert!(methods.contains(&"Cleanup"), "{methods:?}");
+    let a = env.wait_state("Degraded").await;
+    assert!(
+        a[REASON].contains("Sanity-checking final rootfs"),
+        "{}",
+        a[REASON]
+    );
+}
+
 /// A → B → A in one boot: the approval the cluster wrote for the first staging of A (late, or
 /// left over) must not finalize the second staging of A.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

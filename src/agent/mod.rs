@@ -580,9 +580,15 @@ impl Agent {
         )
         .await;
         match decision {
-            // Failed for good before (maybe before a restart): not pulled, or checked on disk,
-            // again.
-            Decision::Stage(_) | Decision::Verify if let Some(reason) = self.gave_up(&record) => {
+            // A stage of ours from a staging that failed for good is removed, not checked: a
+            // failed transaction can leave its deployment staged (rpm-ostree v2025.5 stages a
+            // plain rebase before its sanity check, seen on the real daemon), and an unlocked
+            // one would boot at the next reboot. The next pass reports the failure.
+            Decision::Verify if self.gave_up(&record).is_some() => {
+                self.cleanup_stale(record).await;
+            }
+            // Failed for good before (maybe before a restart): not pulled again.
+            Decision::Stage(_) if let Some(reason) = self.gave_up(&record) => {
                 self.set_state(State::Degraded, reason).await;
             }
             Decision::Stage(base) => self.preflight_and_stage(&obs, base).await,

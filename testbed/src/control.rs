@@ -141,6 +141,9 @@ pub enum RpmOstreedCmd {
     },
     /// The next staged tree gets the default kernel even when a variant was layered.
     DropVariantNext,
+    /// The next deploy's new root cannot run `/usr/bin/true` (a broken image): rpm-ostree's
+    /// sanity check fails it, after staging when nothing is layered.
+    BrokenRootNext,
     /// Record finalization locks in the legacy lock file (older rpm-ostree) while `on`.
     LegacyLockFile {
         /// Legacy (true) or current (false) rpm-ostree.
@@ -491,6 +494,7 @@ mod tests {
                 wire("slow", json!({"ms": 400, "node": "worker-0"})),
             ),
             case(R::DropVariantNext, wire("drop-variant-next", json!({}))),
+            case(R::BrokenRootNext, wire("broken-root-next", json!({}))),
             case(
                 R::LegacyLockFile { on: true },
                 wire("legacy-lock-file", json!({"on": true})),
@@ -723,6 +727,7 @@ mod tests {
                 R::Deployments => 18,
                 R::ResetTransactions => 19,
                 R::Bus { .. } => 50,
+                R::BrokenRootNext => 51,
             },
             Command::Systemd(c) => match c {
                 S::Units => 20,
@@ -767,7 +772,7 @@ mod tests {
         }
     }
 
-    const VARIANTS: usize = 51;
+    const VARIANTS: usize = 52;
 
     #[test]
     fn every_command_is_the_json_the_testbed_parses() {

@@ -25,6 +25,8 @@ pub(crate) struct Knobs {
     /// The next staged tree gets the default kernel even when a variant kernel was layered:
     /// a broken daemon, for testing that clients verify what was staged.
     pub(crate) drop_variant_next: bool,
+    /// The next deploy's new root fails rpm-ostree's sanity check (`/usr/bin/true`).
+    pub(crate) broken_root_next: bool,
     /// Record a finalization lock the way rpm-ostree before v2024.6 did: the legacy
     /// `/run/ostree/staged-deployment-locked` file, which makes `Deployments` report
     /// `finalization-locked` (see `runstate`). Off: as current rpm-ostree, no key at all.
@@ -49,6 +51,7 @@ impl Default for Knobs {
             progress_per_second: 500,
             slow: Duration::ZERO,
             drop_variant_next: false,
+            broken_root_next: false,
             legacy_lock_file: false,
             deny_calls: false,
             drop_after_unlock: false,
@@ -75,6 +78,7 @@ impl Daemon {
             }
             RpmOstreedCmd::Slow { ms } => lock(&self.knobs).slow = Duration::from_millis(ms),
             RpmOstreedCmd::DropVariantNext => lock(&self.knobs).drop_variant_next = true,
+            RpmOstreedCmd::BrokenRootNext => lock(&self.knobs).broken_root_next = true,
             RpmOstreedCmd::LegacyLockFile { on } => lock(&self.knobs).legacy_lock_file = on,
             RpmOstreedCmd::DenyCalls { on } => lock(&self.knobs).deny_calls = on,
             RpmOstreedCmd::DropPeerNext => lock(&self.knobs).drop_peer_next = true,

@@ -171,12 +171,33 @@ impl Daemon {
                 txn.emit(Signal::TaskEnd("done")).await;
             }
         }
-        if let Err([journal, message]) = sanity_check(self.host_root.as_deref(), image) {
+        // rpm-ostree runs `/usr/bin/true` in the new root: a layered one while it is assembled,
+        // before anything is staged (src/libpriv/rpmostree-core.cxx `rpmostree_context_assemble`),
+        // a plain one only after it is staged, which a failure leaves staged and locked as asked
+        // (src/daemon/rpmostree-sysroot-upgrader.cxx `rpmostree_sysroot_upgrader_deploy`, v2025.5;
+        // seen on the real daemon).
+        let broken_root = std::mem::take(&mut lock(&self.knobs).broken_root_next);
+        let sanity = if broken_root {
+            Err([
+                "bwrap: execvp /usr/bin/true: No such file or directory".to_string(),
+                "Sanity-checking final rootfs: bwrap(/usr/bin/true): Child process exited with code 1"
+                    .to_string(),
+            ])
+        } else {
+            sanity_check(self.host_root.as_deref(), image)
+        };
+        let failed_sanity = |[journal, message]: [String; 2]| {
             // The bwrap child's stderr reaches the journal, not the client.
             warn!(txn = txn.id, "{journal}");
             self.update_record(txn.id, |r| r.journal.push(journal));
-            return Err(message);
-        }
+            message
+        };
+        let sanity = if layering.is_layered() {
+            sanity.map_err(failed_sanity)?;
+            Ok(())
+        } else {
+            sanity
+        };
         if layering.is_layered() {
             txn.emit(Signal::TaskBegin("Writing OSTree commit")).await;
             txn.emit(Signal::TaskEnd("done")).await;
@@ -215,6 +236,7 @@ impl Daemon {
         info!(txn = txn.id, digest = %image.digest, checksum = %checksum, serial, locked = plan.lock_finalization, "staged a deployment");
         self.notify_deployments().await;
         txn.emit(Signal::TaskEnd("done")).await;
+        sanity.map_err(failed_sanity)?;
         if plan.reboot {
             // As the real daemon: block-mode shutdown inhibitors stop the reboot (the
             // deployment stays staged and the transaction fails).
