@@ -2,6 +2,7 @@
 //! ([`crate::fixtures::images::catalog`]) so every part of the testbed agrees on versions and kernels.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use anyhow::{Context as _, bail};
 use serde_json::json;
@@ -123,6 +124,21 @@ pub fn os_files(img: &TestImage, arch: Arch) -> anyhow::Result<Vec<Entry>> {
              check() { return 255; }\ndepends() { return 0; }\ninstall() { :; }\n",
         ),
     ];
+    // What `ostree admin deploy` and a booted system need from the tree: the initramfs beside
+    // the kernel and the default configuration (ostree keeps `etc/` in `usr/etc/`).
+    files.extend([
+        Entry::file(
+            format!("usr/lib/modules/{kernel}/initramfs.img"),
+            format!("testbed placeholder initramfs {kernel}\n"),
+        ),
+        Entry::file(
+            "etc/passwd",
+            "root:x:0:0:root:/root:/bin/bash\ncore:x:1000:1000:CoreOS Admin:/var/home/core:/bin/bash\n",
+        ),
+        Entry::file("etc/group", "root:x:0:\ncore:x:1000:\n"),
+        Entry::file("etc/hostname", "localhost\n"),
+        Entry::file("etc/machine-id", ""),
+    ]);
     if major(img) < 10 {
         files.push(Entry::executable(
             "usr/bin/fips-mode-setup",
@@ -132,19 +148,24 @@ pub fn os_files(img: &TestImage, arch: Arch) -> anyhow::Result<Vec<Entry>> {
     Ok(files)
 }
 
-/// The OS image of `img`: an index over an amd64 and an arm64 image.
-pub fn os_index(img: &TestImage) -> anyhow::Result<Index> {
-    let images = Arch::ALL
-        .iter()
-        .map(|&arch| {
-            Image::build(
+/// The OS image of `img`: an index over an amd64 and an arm64 image, each an ostree commit
+/// encapsulated by ostree-ext ([`super::encapsulate`]) in the build directory `work`.
+pub async fn os_index(img: &TestImage, work: &Path) -> anyhow::Result<Index> {
+    let mut images = Vec::new();
+    for arch in Arch::ALL {
+        images.push(
+            super::encapsulate::os_image(
+                work,
+                &img.tag(),
                 arch,
-                &img.created(),
+                (&img.created(), img.created_unix()),
                 os_labels(img, arch)?,
-                vec![os_files(img, arch)?],
+                &os_files(img, arch)?,
             )
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+            .await
+            .with_context(|| format!("building the {} image for {}", img.tag(), arch.oci()))?,
+        );
+    }
     Ok(Index::build(images))
 }
 

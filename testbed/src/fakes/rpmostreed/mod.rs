@@ -10,6 +10,7 @@ mod deploy;
 mod depsolve;
 mod errors;
 pub(crate) mod host;
+mod import;
 pub mod libostree;
 mod model;
 mod os;

@@ -658,6 +658,7 @@ impl Daemon {
                 kargs,
                 drop_variant,
                 image_kernel: image.variant,
+                host_root: self.host_root.as_deref(),
             },
         )
         .await
@@ -755,6 +756,7 @@ impl Daemon {
             image,
             &self.arch,
             crate::fixtures::Kernel::Default,
+            self.host_root.as_deref(),
         )
         .await
         .map_err(|e| format!("{e:#}"))?;
