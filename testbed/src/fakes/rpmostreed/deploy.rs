@@ -434,6 +434,9 @@ async fn import_or_commit(
             timestamp: image.created_unix(),
             metadata: vec![
                 ("ostree.manifest-digest".into(), image.digest.clone()),
+                // ostree-ext reads every deployment's manifest when it prunes image layers
+                // after an import; an image commit without one fails the import.
+                ("ostree.manifest".into(), synthetic_manifest(image)),
                 ("ostree.container.image-config".into(), image.config_json()),
                 ("version".into(), image.version.clone()),
             ],
@@ -442,6 +445,24 @@ async fn import_or_commit(
     )
     .await?;
     Ok((checksum, None))
+}
+
+/// An OCI manifest for a commit made from the catalog: no layers, a config descriptor named
+/// after the image's config.
+fn synthetic_manifest(image: &TestImage) -> String {
+    use sha2::{Digest, Sha256};
+    let config = image.config_json();
+    serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": format!("sha256:{:x}", Sha256::digest(config.as_bytes())),
+            "size": config.len(),
+        },
+        "layers": [],
+    })
+    .to_string()
 }
 
 /// The tree of a layered commit on `base`: the imported commit checked out (copies, not links
@@ -574,6 +595,7 @@ pub(crate) async fn create_initial(
     osname: &str,
     image: &TestImage,
     fixture: &Fixture,
+    host_root: Option<&Path>,
 ) -> anyhow::Result<State> {
     ostree::init(sysroot, osname).await?;
     // An on-cluster-layered image carries the base's labels and the layering's own.
@@ -609,8 +631,13 @@ pub(crate) async fn create_initial(
             } else {
                 image.variant
             },
-            // The booted deployment predates the testbed: committed from its description.
-            host_root: None,
+            // Imported as any other image, unless the booted kernel is a variant the image does
+            // not carry (a host booted from a variant image the catalog entry stands for), or
+            // it is an on-cluster build of the image no registry serves.
+            host_root: host_root.filter(|_| {
+                !fixture.layered_image
+                    && (!fixture.kernel_from_image || fixture.kernel == image.variant)
+            }),
         },
     )
     .await?;

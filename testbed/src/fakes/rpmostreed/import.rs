@@ -20,8 +20,6 @@ use tracing::info;
 pub(crate) struct Imported {
     /// The merge commit, which a deployment of the image checks out.
     pub(crate) commit: String,
-    /// `ostree.manifest-digest` of the commit.
-    pub(crate) manifest_digest: String,
     /// `ostree.container.image-config` of the commit, as stored.
     pub(crate) image_config: String,
 }
@@ -106,7 +104,6 @@ async fn import_here(
     info!(%source, %commit, manifest_digest = %state.manifest_digest, "imported the image with ostree-ext");
     Ok(Imported {
         commit,
-        manifest_digest: state.manifest_digest.to_string(),
         image_config,
     })
 }

@@ -117,6 +117,7 @@ impl FakeRpmOstreed {
                     &cfg.osname,
                     image,
                     &cfg.fixture,
+                    cfg.host_root.as_deref(),
                 )
                 .await
                 .with_context(|| format!("creating the sysroot {}", cfg.sysroot.display()))?;
