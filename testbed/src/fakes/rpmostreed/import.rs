@@ -92,6 +92,7 @@ async fn import_here(
     }
     // The testbed registry speaks plain HTTP on the loopback (TLS is not modelled).
     config.insecure_skip_tls_verification = Some(true);
+    let began = std::time::Instant::now();
     let mut importer = ImageImporter::new(&repo, &from, config).await?;
     importer.set_target(&target);
     importer.require_bootable();
@@ -101,7 +102,8 @@ async fn import_here(
     };
     let commit = state.merge_commit.clone();
     let image_config = image_config(&repo, &commit)?;
-    info!(%source, %commit, manifest_digest = %state.manifest_digest, "imported the image with ostree-ext");
+    let elapsed_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
+    info!(%source, %commit, manifest_digest = %state.manifest_digest, elapsed_ms, "imported the image with ostree-ext");
     Ok(Imported {
         commit,
         image_config,
