@@ -12,6 +12,11 @@ have rpmbuild || need+=(rpm)
 have docker-registry || need+=(docker-registry)
 have ostree || need+=(ostree)
 pkg-config --exists ostree-1 2>/dev/null || need+=(libostree-dev)
+# The fake rpm-ostreed imports registry images with the ostree-ext crate, as rpm-ostree does:
+# it runs skopeo's image proxy and links libzstd and OpenSSL.
+have skopeo || need+=(skopeo)
+pkg-config --exists libzstd 2>/dev/null || need+=(libzstd-dev)
+pkg-config --exists openssl 2>/dev/null || need+=(libssl-dev)
 # Writes the real journal the testbed leaves after a failed finalization.
 [[ -x /lib/systemd/systemd-journal-remote ]] || need+=(systemd-journal-remote)
 

@@ -58,8 +58,9 @@ async fn os_images_resolve_per_platform_with_real_labels() {
     assert!(matches!(missing, Err(InspectError::Invalid(m)) if m.contains("linux/s390x")));
 }
 
-/// The base's package list comes from the chunked layers' `ostree.components` annotations as
-/// docker-registry serves them: every name of the fixture's base, the kernel's five included.
+/// The base's package list comes from the chunked layers' `ostree.components` annotations that
+/// ostree-ext's chunked encapsulation writes, as docker-registry serves them: every name of the
+/// fixture's base, the kernel's five included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_os_images_base_packages_are_read_from_its_layer_annotations() {
     let (reg, insp) = registry("components").await;
@@ -69,10 +70,12 @@ async fn an_os_images_base_packages_are_read_from_its_layer_annotations() {
                 .os_image(&image(&img.pullspec), arch)
                 .await
                 .expect("inspected");
+            // rpm-ostree's name for the content no package owns is a component too.
             let want: std::collections::BTreeSet<String> =
                 testbed::fixtures::packages::base_packages(img, arch)
                     .into_iter()
                     .map(|p| p.name)
+                    .chain(["rpmostree-unpackaged-content".to_string()])
                     .collect();
             assert_eq!(info.base_packages.as_ref(), Some(&want), "{arch}");
             assert!(want.contains("kernel-modules-extra"));

@@ -22,6 +22,7 @@ async fn host_matches_booted_deployment(name: &str) {
         "rhcos",
         &images[0],
         &fixture,
+        None,
     )
     .await
     .expect("sysroot");

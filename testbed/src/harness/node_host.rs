@@ -94,6 +94,13 @@ impl NodeHost {
             // The fake bootc stages with the testbed's `ostree admin deploy`.
             anyhow::bail!("real libostree staging is played on the rpm-ostree backend only");
         }
+        // The node's container stack configuration; the OS daemons pull with the ostree auth
+        // file the machine-config daemon would link there. Written first: the fake
+        // rpm-ostreed imports the booted image with it.
+        crate::fakes::registry::node::write_node_config(
+            &dir.join("host"),
+            &registry.pull_secret_json(),
+        )?;
         let bus = Bus::start(&dir.join("bus")).await?;
         let rpmostreed = FakeRpmOstreed::start(RpmOstreedConfig {
             bus_address: bus.address().to_string(),
@@ -138,12 +145,6 @@ impl NodeHost {
             &cmdline,
         )?;
         crate::harness::host_root::keep_boot_id(&dir.join("host"))?;
-        // The node's container stack configuration; the OS daemons
-        // pull with the ostree auth file the machine-config daemon would link there.
-        crate::fakes::registry::node::write_node_config(
-            &dir.join("host"),
-            &registry.pull_secret_json(),
-        )?;
         // streamd reads the sysroot and /boot below the host root, as on a node.
         for (link, target) in [
             ("sysroot", dir.join("sysroot")),

@@ -2,6 +2,7 @@
 //! ([`crate::fixtures::images::catalog`]) so every part of the testbed agrees on versions and kernels.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use anyhow::{Context as _, bail};
 use serde_json::json;
@@ -124,6 +125,21 @@ pub fn os_files(img: &TestImage, arch: Arch) -> anyhow::Result<Vec<Entry>> {
              check() { return 255; }\ndepends() { return 0; }\ninstall() { :; }\n",
         ),
     ];
+    // What `ostree admin deploy` and a booted system need from the tree: the initramfs beside
+    // the kernel and the default configuration (ostree keeps `etc/` in `usr/etc/`).
+    files.extend([
+        Entry::file(
+            format!("usr/lib/modules/{kernel}/initramfs.img"),
+            format!("testbed placeholder initramfs {kernel}\n"),
+        ),
+        Entry::file(
+            "etc/passwd",
+            "root:x:0:0:root:/root:/bin/bash\ncore:x:1000:1000:CoreOS Admin:/var/home/core:/bin/bash\n",
+        ),
+        Entry::file("etc/group", "root:x:0:\ncore:x:1000:\n"),
+        Entry::file("etc/hostname", "localhost\n"),
+        Entry::file("etc/machine-id", ""),
+    ]);
     if major(img) < 10 {
         files.push(Entry::executable(
             "usr/bin/fips-mode-setup",
@@ -133,30 +149,44 @@ pub fn os_files(img: &TestImage, arch: Arch) -> anyhow::Result<Vec<Entry>> {
     Ok(files)
 }
 
-/// The OS image of `img`: an index over an amd64 and an arm64 image, each shaped like a
-/// chunked ostree container image (`rpm-ostree compose image`, as RHEL CoreOS is built): a
-/// first layer standing for the ostree commit, unannotated, then a content layer (the kernel)
-/// annotated with the base's package names ([`super::oci::COMPONENTS_ANNOTATION`]; all in one
-/// layer here, spread over up to 64 in a real image).
-pub fn os_index(img: &TestImage) -> anyhow::Result<Index> {
-    let images = Arch::ALL
-        .iter()
-        .map(|&arch| {
-            let (kernel, commit): (Vec<Entry>, Vec<Entry>) = os_files(img, arch)?
-                .into_iter()
-                .partition(|e| e.path().starts_with("usr/lib/modules/"));
-            let names = packages::base_packages(img, arch.rpm())
-                .into_iter()
-                .map(|p| p.name)
-                .collect();
-            Image::build_annotated(
+/// The OS image of `img`: an index over an amd64 and an arm64 image, each an ostree commit
+/// encapsulated by ostree-ext ([`super::encapsulate`]) in the build directory `work`, chunked by
+/// package as `rpm-ostree compose image` chunks RHEL CoreOS: every base package owns a file
+/// (`usr/share/licenses/NAME/`, the kernel also its modules directory), so each content layer
+/// carries ostree-ext's `ostree.components` annotation naming its packages.
+pub async fn os_index(img: &TestImage, work: &Path) -> anyhow::Result<Index> {
+    let mut images = Vec::new();
+    for arch in Arch::ALL {
+        let base = packages::base_packages(img, arch.rpm());
+        let mut files = os_files(img, arch)?;
+        let mut owners = Vec::new();
+        for p in &base {
+            let dir = format!("usr/share/licenses/{}/", p.name);
+            files.push(Entry::file(format!("{dir}COPYING"), format!("{p}\n")));
+            let mut owns = vec![dir];
+            if p.name == "kernel-core" {
+                owns.push("usr/lib/modules/".to_string());
+            }
+            owners.push(super::encapsulate::Component {
+                name: p.name.clone(),
+                nevra: p.to_string(),
+                owns,
+            });
+        }
+        images.push(
+            super::encapsulate::os_image(
+                work,
+                &img.tag(),
                 arch,
-                &img.created(),
+                (&img.created(), img.created_unix()),
                 os_labels(img, arch)?,
-                vec![(commit, None), (kernel, Some(names))],
+                &files,
+                &owners,
             )
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+            .await
+            .with_context(|| format!("building the {} image for {}", img.tag(), arch.oci()))?,
+        );
+    }
     Ok(Index::build(images))
 }
 

@@ -86,11 +86,16 @@ async fn forward(
     log: Arc<Mutex<Vec<Seen>>>,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    // Every value of a header, joined as one list: containers/image sends one `Accept` header
+    // per media type, and the registry must see them all (an index is refused otherwise).
     let header = |k: &str| {
-        req.headers()
-            .get(k)
-            .and_then(|v| v.to_str().ok())
-            .map(String::from)
+        let values: Vec<&str> = req
+            .headers()
+            .get_all(k)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        (!values.is_empty()).then(|| values.join(", "))
     };
     let path = req
         .uri()
@@ -124,7 +129,7 @@ async fn forward(
             *out.status_mut() = r.status;
             for (k, v) in r.headers.iter() {
                 if k != "content-length" && k != "transfer-encoding" && k != "connection" {
-                    out.headers_mut().insert(k.clone(), v.clone());
+                    out.headers_mut().append(k.clone(), v.clone());
                 }
             }
             out

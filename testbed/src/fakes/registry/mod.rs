@@ -7,6 +7,7 @@
 //! | path | what |
 //! | --- | --- |
 //! | `cache/rpms/<stream>-<spec>-<hash>/` | built RPMs, keyed by spec content, rpmbuild version and options |
+//! | `cache/os-build/` | the ostree repository and trees the OS images are committed and encapsulated from |
 //! | `oci/` | OCI image layout of every image pushed at start (`index.json` names them by tag) |
 //! | `registry/config.yml`, `registry/htpasswd`, `registry/storage/`, `registry/registry.log` | the registry |
 //!
@@ -17,6 +18,7 @@
 
 pub mod client;
 pub mod content;
+mod encapsulate;
 pub mod hostile;
 pub mod mirror;
 pub mod node;
@@ -146,6 +148,8 @@ pub struct StartStats {
     pub blobs_uploaded: usize,
     /// Time spent building RPMs (or checking the cache).
     pub rpm_time: Duration,
+    /// Time spent committing and encapsulating the OS images.
+    pub os_time: Duration,
     /// Time from the call until everything was pullable.
     pub total_time: Duration,
 }
@@ -225,18 +229,21 @@ impl Registry {
         )
         .await?;
         let rpm_time = t0.elapsed();
+        let t_os = Instant::now();
+        let work = dir.join("cache").join("os-build");
         let mut os = Vec::new();
         let mut ext = Vec::new();
         for img in &catalog {
-            os.push((img.clone(), content::os_index(img)?));
+            os.push((img.clone(), content::os_index(img, &work).await?));
             ext.push((img.clone(), content::extensions_index(img, &built.rpms)?));
         }
-        let variant_os = images::variants(images::DEFAULT_REGISTRY)
-            .into_iter()
-            .map(|img| Ok((content::os_index(&img)?, img)))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let mut variant_os = Vec::new();
+        for img in images::variants(images::DEFAULT_REGISTRY) {
+            variant_os.push((content::os_index(&img, &work).await?, img));
+        }
         let update = images::update(images::DEFAULT_REGISTRY);
-        let update_os = (content::os_index(&update)?, update);
+        let update_os = (content::os_index(&update, &work).await?, update);
+        let os_time = t_os.elapsed();
         let tagged: Vec<(String, &Index)> = os
             .iter()
             .map(|(img, idx)| (img.tag(), idx))
@@ -314,6 +321,7 @@ impl Registry {
             rpm_specs_total: built.total_specs,
             blobs_uploaded,
             rpm_time,
+            os_time,
             total_time: t0.elapsed(),
         };
         info!(%host, ?stats, "registry ready");

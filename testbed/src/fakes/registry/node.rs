@@ -438,8 +438,30 @@ pub async fn pull_check(root: &Path, image: &str) -> Result<(), String> {
     Ok(())
 }
 
-async fn open(root: &Path, image: &str) -> Result<String, String> {
-    let (name, reference) = match image.split_once('@') {
+/// Where the node at `root` pulls `image` from, as `host/repo@digest` (or `:tag`): the first
+/// endpoint of its registries configuration that serves the image, a mirror or the image's
+/// own registry; and the text of its auth file, if it has one. The fake rpm-ostreed hands both
+/// to ostree-ext's importer: skopeo would read the testbed machine's containers configuration,
+/// not the node's, so the node's choice is made here. `Err` is the daemon's error text.
+pub async fn pull_source(root: &Path, image: &str) -> Result<(String, Option<String>), String> {
+    let source = open(root, image)
+        .await
+        .map_err(|e| format!("{OPEN_IMAGE}: {e}"))?;
+    let (_, reference) = split_reference(image);
+    let sep = if image.contains('@') { '@' } else { ':' };
+    let mut auth = None;
+    for rel in AUTH_FILES {
+        if let Some(text) = read_below(root, rel).map_err(|e| format!("reading /{rel}: {e}"))? {
+            auth = Some(text);
+            break;
+        }
+    }
+    Ok((format!("{source}{sep}{reference}"), auth))
+}
+
+/// `host/repo@digest` or `host/repo:tag` split into the name and the reference.
+fn split_reference(image: &str) -> (&str, &str) {
+    match image.split_once('@') {
         Some((n, d)) => (n, d),
         None => {
             let slash = image.rfind('/').map_or(0, |i| i + 1);
@@ -448,7 +470,11 @@ async fn open(root: &Path, image: &str) -> Result<String, String> {
                 None => (image, "latest"),
             }
         }
-    };
+    }
+}
+
+async fn open(root: &Path, image: &str) -> Result<String, String> {
+    let (name, reference) = split_reference(image);
     let creds = credentials(root).map_err(|e| format!("getting username and password: {e}"))?;
     let regs = registries(root)?;
     let mut sources: Vec<String> = Vec::new();

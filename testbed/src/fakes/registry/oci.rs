@@ -142,8 +142,7 @@ impl Entry {
         }
     }
 
-    /// The entry's relative path.
-    pub fn path(&self) -> &str {
+    fn path(&self) -> &str {
         match self {
             Entry::File { path, .. } | Entry::Symlink { path, .. } => path,
         }
@@ -165,10 +164,6 @@ pub struct Image {
     pub manifest: Blob,
 }
 
-/// The layer annotation a chunked ostree container image puts on each content layer: the
-/// sorted names of the packages in it, joined by `,` (ostree-ext `container/encapsulate.rs`).
-pub const COMPONENTS_ANNOTATION: &str = "ostree.components";
-
 impl Image {
     /// Builds an image with one layer per element of `layers`.
     pub fn build(
@@ -177,32 +172,12 @@ impl Image {
         labels: BTreeMap<String, String>,
         layers: Vec<Vec<Entry>>,
     ) -> anyhow::Result<Image> {
-        let layers = layers.into_iter().map(|l| (l, None)).collect();
-        Image::build_annotated(arch, created, labels, layers)
-    }
-
-    /// [`Image::build`] with a [`COMPONENTS_ANNOTATION`] (package names) on the layers that
-    /// have one, as a chunked ostree container image has.
-    pub fn build_annotated(
-        arch: Arch,
-        created: &str,
-        labels: BTreeMap<String, String>,
-        layers: Vec<(Vec<Entry>, Option<Vec<String>>)>,
-    ) -> anyhow::Result<Image> {
         let mut blobs = Vec::new();
         let mut diff_ids = Vec::new();
-        let mut descriptors = Vec::new();
-        for (entries, components) in layers {
+        for entries in layers {
             let tar = tar(entries)?;
             diff_ids.push(sha256_digest(&tar));
-            let blob = Blob::new(MEDIA_LAYER_GZIP, gzip(&tar));
-            let mut d = blob.descriptor();
-            if let Some(mut names) = components {
-                names.sort();
-                d["annotations"] = json!({ COMPONENTS_ANNOTATION: names.join(",") });
-            }
-            descriptors.push(d);
-            blobs.push(blob);
+            blobs.push(Blob::new(MEDIA_LAYER_GZIP, gzip(&tar)));
         }
         let mut config = json!({
             "created": created,
@@ -226,7 +201,7 @@ impl Image {
             "schemaVersion": 2,
             "mediaType": MEDIA_MANIFEST,
             "config": config.descriptor(),
-            "layers": descriptors,
+            "layers": blobs.iter().map(Blob::descriptor).collect::<Vec<_>>(),
         });
         Ok(Image {
             arch,

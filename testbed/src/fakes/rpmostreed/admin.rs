@@ -57,6 +57,7 @@ impl Daemon {
                 kargs,
                 drop_variant: false,
                 image_kernel: image.variant,
+                host_root: self.host_root.as_deref(),
             },
         )
         .await?;

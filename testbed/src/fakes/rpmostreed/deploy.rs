@@ -5,6 +5,7 @@ use std::path::Path;
 
 use anyhow::Context as _;
 
+use super::import::Imported;
 use super::model::{Deployment, Layering, State};
 use super::ostree::{self, Commit};
 use crate::fixtures::images::TestImage;
@@ -375,9 +376,16 @@ pub(crate) struct NewDeployment<'a> {
     /// The kernel the image itself carries: the image's own ([`TestImage::variant`]), or a
     /// variant for a host booted from a variant image (the `realtime-image` fixture).
     pub(crate) image_kernel: Kernel,
+    /// The node's host root, when the image is imported from its registry (see
+    /// [`commit_image`]).
+    pub(crate) host_root: Option<&'a Path>,
 }
 
-/// The image's commit (the import result), under its ostree-ext ref.
+/// The image's commit (the import result), under its ostree-ext ref. A node that pulls from
+/// the network (`host_root` has a registries configuration) imports the image for real, with
+/// ostree-ext from the endpoint its configuration chooses ([`super::import`]); the catalog
+/// images of a host without one (no registry serves them) are committed from their description,
+/// with the keys ostree-ext would write.
 pub(crate) async fn commit_image(
     sysroot: &Path,
     scratch: &Path,
@@ -385,12 +393,38 @@ pub(crate) async fn commit_image(
     image: &TestImage,
     arch: &str,
     kernel: Kernel,
+    host_root: Option<&Path>,
 ) -> anyhow::Result<String> {
+    Ok(
+        import_or_commit(sysroot, scratch, refspec, image, arch, kernel, host_root)
+            .await?
+            .0,
+    )
+}
+
+/// [`commit_image`], with what the import wrote when it was real.
+async fn import_or_commit(
+    sysroot: &Path,
+    scratch: &Path,
+    refspec: &str,
+    image: &TestImage,
+    arch: &str,
+    kernel: Kernel,
+    host_root: Option<&Path>,
+) -> anyhow::Result<(String, Option<Imported>)> {
+    if let Some(root) = host_root.filter(|r| crate::fakes::registry::node::pulls_from_network(r)) {
+        let (source, auth) = crate::fakes::registry::node::pull_source(root, &image.pullspec)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        let imported =
+            super::import::import(sysroot, scratch, refspec, &source, auth.as_deref()).await?;
+        return Ok((imported.commit.clone(), Some(imported)));
+    }
     let tree = scratch.join("tree-base");
     let _ = std::fs::remove_dir_all(&tree);
     ostree::write_tree(&tree, image, &fixtures::kernel_release(image, arch, kernel))?;
     let branch = ostree::image_ref(refspec);
-    ostree::commit(
+    let checksum = ostree::commit(
         sysroot,
         &Commit {
             tree: &tree,
@@ -400,13 +434,74 @@ pub(crate) async fn commit_image(
             timestamp: image.created_unix(),
             metadata: vec![
                 ("ostree.manifest-digest".into(), image.digest.clone()),
+                // ostree-ext reads every deployment's manifest when it prunes image layers
+                // after an import; an image commit without one fails the import.
+                ("ostree.manifest".into(), synthetic_manifest(image)),
                 ("ostree.container.image-config".into(), image.config_json()),
                 ("version".into(), image.version.clone()),
             ],
             variant_metadata: vec![("ostree.bootable".into(), "true".into())],
         },
     )
-    .await
+    .await?;
+    Ok((checksum, None))
+}
+
+/// An OCI manifest for a commit made from the catalog: no layers, a config descriptor named
+/// after the image's config.
+fn synthetic_manifest(image: &TestImage) -> String {
+    use sha2::{Digest, Sha256};
+    let config = image.config_json();
+    serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": format!("sha256:{:x}", Sha256::digest(config.as_bytes())),
+            "size": config.len(),
+        },
+        "layers": [],
+    })
+    .to_string()
+}
+
+/// The tree of a layered commit on `base`: the imported commit checked out (copies, not links
+/// into the repository) with its kernel replaced by `kernel` when that differs, as the
+/// layering of a kernel package replaces `/usr/lib/modules/<release>`.
+async fn layered_tree_on(
+    sysroot: &Path,
+    tree: &Path,
+    base: &str,
+    image: &TestImage,
+    kernel: &str,
+) -> anyhow::Result<()> {
+    ostree::ostree(&[
+        "checkout".into(),
+        format!("--repo={}", ostree::repo(sysroot).display()),
+        "--force-copy".into(),
+        base.to_string(),
+        tree.display().to_string(),
+    ])
+    .await?;
+    let modules = tree.join("usr/lib/modules");
+    if modules.join(kernel).is_dir() {
+        return Ok(());
+    }
+    let old =
+        std::fs::read_dir(&modules).with_context(|| format!("reading {}", modules.display()))?;
+    for entry in old {
+        let p = entry?.path();
+        std::fs::remove_dir_all(&p).with_context(|| format!("removing {}", p.display()))?;
+    }
+    // The fake's kernel files, as [`ostree::write_tree`] writes them for `kernel`.
+    let scratch = tree.with_extension("kernel");
+    let _ = std::fs::remove_dir_all(&scratch);
+    ostree::write_tree(&scratch, image, kernel)?;
+    let from = scratch.join("usr/lib/modules").join(kernel);
+    std::fs::rename(&from, modules.join(kernel))
+        .with_context(|| format!("moving {}", from.display()))?;
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
 }
 
 /// Commits (the image, plus a layered commit if `d.layering` asks for one) and deploys it as
@@ -417,11 +512,11 @@ pub(crate) async fn write_deployment(
     scratch: &Path,
     d: NewDeployment<'_>,
 ) -> anyhow::Result<Deployment> {
-    let (checksum, base_checksum) = commit_deployment(sysroot, scratch, &d).await?;
+    let commit = commit_deployment(sysroot, scratch, &d).await?;
     ostree::deploy(
         sysroot,
         d.osname,
-        &checksum,
+        &commit.checksum,
         &d.kargs,
         &origin_file(d.refspec, &d.layering),
         scratch,
@@ -430,20 +525,34 @@ pub(crate) async fn write_deployment(
     let disk = ostree::read_deployments(sysroot)?;
     let first = disk
         .first()
-        .filter(|f| f.checksum == checksum)
+        .filter(|f| f.checksum == commit.checksum)
         .context("the new deployment is not first on disk")?;
-    Ok(new_deployment(d, &checksum, first.serial, base_checksum))
+    Ok(new_deployment(d, first.serial, commit))
 }
 
-/// The model of deployment `checksum`.`serial` written for `d`.
+/// What [`commit_deployment`] made: the commit a deployment checks out, its base when layered,
+/// and the image configuration ostree-ext stored when the image was imported for real.
+pub(crate) struct DeploymentCommit {
+    /// The commit checked out.
+    pub(crate) checksum: String,
+    /// The image's commit under a client layer.
+    pub(crate) base_checksum: Option<String>,
+    /// `ostree.container.image-config` of a real import.
+    pub(crate) image_config: Option<String>,
+}
+
+/// The model of deployment `commit`.`serial` written for `d`.
 pub(crate) fn new_deployment(
     d: NewDeployment<'_>,
-    checksum: &str,
     serial: i32,
-    base_checksum: Option<String>,
+    commit: DeploymentCommit,
 ) -> Deployment {
-    let mut dep = Deployment::new(d.osname, d.refspec, d.image, checksum, serial);
-    dep.base_checksum = base_checksum;
+    let mut dep = Deployment::new(d.osname, d.refspec, d.image, &commit.checksum, serial);
+    dep.base_checksum = commit.base_checksum;
+    if let Some(config) = commit.image_config {
+        // `base-commit-meta` is the imported commit's own metadata on a real daemon.
+        dep.image_config = config;
+    }
     dep.base_removals = d.base_removals;
     dep.layering = d.layering;
     dep
@@ -455,8 +564,17 @@ pub(crate) async fn commit_deployment(
     sysroot: &Path,
     scratch: &Path,
     d: &NewDeployment<'_>,
-) -> anyhow::Result<(String, Option<String>)> {
-    let base = commit_image(sysroot, scratch, d.refspec, d.image, d.arch, d.image_kernel).await?;
+) -> anyhow::Result<DeploymentCommit> {
+    let (base, imported) = import_or_commit(
+        sysroot,
+        scratch,
+        d.refspec,
+        d.image,
+        d.arch,
+        d.image_kernel,
+        d.host_root,
+    )
+    .await?;
     let (checksum, base_checksum) = if d.layering.is_layered() {
         let (_, mut kernel) = kernel_of(&d.layering, d.image, d.arch);
         if d.drop_variant {
@@ -464,7 +582,11 @@ pub(crate) async fn commit_deployment(
         }
         let tree = scratch.join("tree-layered");
         let _ = std::fs::remove_dir_all(&tree);
-        ostree::write_tree(&tree, d.image, &kernel)?;
+        if imported.is_some() {
+            layered_tree_on(sysroot, &tree, &base, d.image, &kernel).await?;
+        } else {
+            ostree::write_tree(&tree, d.image, &kernel)?;
+        }
         let packages = format!(
             "[{}]",
             d.layering
@@ -494,7 +616,11 @@ pub(crate) async fn commit_deployment(
     } else {
         (base, None)
     };
-    Ok((checksum, base_checksum))
+    Ok(DeploymentCommit {
+        checksum,
+        base_checksum,
+        image_config: imported.map(|i| i.image_config),
+    })
 }
 
 /// A fresh sysroot booted into `image` the way `fixture` describes.
@@ -504,6 +630,7 @@ pub(crate) async fn create_initial(
     osname: &str,
     image: &TestImage,
     fixture: &Fixture,
+    host_root: Option<&Path>,
 ) -> anyhow::Result<State> {
     ostree::init(sysroot, osname).await?;
     // An on-cluster-layered image carries the base's labels and the layering's own.
@@ -539,6 +666,13 @@ pub(crate) async fn create_initial(
             } else {
                 image.variant
             },
+            // Imported as any other image, unless the booted kernel is a variant the image does
+            // not carry (a host booted from a variant image the catalog entry stands for), or
+            // it is an on-cluster build of the image no registry serves.
+            host_root: host_root.filter(|_| {
+                !fixture.layered_image
+                    && (!fixture.kernel_from_image || fixture.kernel == image.variant)
+            }),
         },
     )
     .await?;

@@ -210,6 +210,7 @@ async fn write_unlocked(d: &Daemon, refspec: &str, image: &TestImage) -> Result<
             kargs,
             drop_variant: false,
             image_kernel: image.variant,
+            host_root: d.host_root.as_deref(),
         },
     )
     .await

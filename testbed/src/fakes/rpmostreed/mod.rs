@@ -10,6 +10,7 @@ mod deploy;
 mod depsolve;
 mod errors;
 pub(crate) mod host;
+mod import;
 pub mod libostree;
 mod model;
 mod os;
@@ -131,6 +132,7 @@ impl FakeRpmOstreed {
                     &cfg.osname,
                     image,
                     &cfg.fixture,
+                    cfg.host_root.as_deref(),
                 )
                 .await
                 .with_context(|| format!("creating the sysroot {}", cfg.sysroot.display()))?;

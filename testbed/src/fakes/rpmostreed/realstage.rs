@@ -213,10 +213,10 @@ impl Daemon {
         new: NewDeployment<'_>,
         locked: bool,
     ) -> Result<Deployment, String> {
-        let (checksum, base) =
-            commit_deployment(&self.sysroot, &self.state_dir.join("scratch"), &new)
-                .await
-                .map_err(|e| format!("{e:#}"))?;
+        let commit = commit_deployment(&self.sysroot, &self.state_dir.join("scratch"), &new)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        let checksum = commit.checksum.clone();
         let kargs: Vec<String> = lock(&self.state)
             .booted()
             .and_then(|d| d.disk.as_ref())
@@ -232,7 +232,7 @@ impl Daemon {
             })
             .await?
             .ok_or_else(|| "staging named no deployment".to_string())?;
-        Ok(new_deployment(new, &checksum, serial, base))
+        Ok(new_deployment(new, serial, commit))
     }
 
     /// Removes deployment `index` (the model's order) as libostree does: through real

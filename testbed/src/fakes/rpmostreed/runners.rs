@@ -215,6 +215,7 @@ impl Daemon {
             kargs,
             drop_variant,
             image_kernel: image.variant,
+            host_root: self.host_root.as_deref(),
         };
         let mut dep = if self.real.is_some() {
             // libostree's staging replaces a previous staged deployment itself.
@@ -324,6 +325,7 @@ impl Daemon {
             image,
             &self.arch,
             crate::fixtures::Kernel::Default,
+            self.host_root.as_deref(),
         )
         .await
         .map_err(|e| format!("{e:#}"))?;

@@ -1,0 +1,97 @@
+//! End-to-end: the fake rpm-ostreed imports the registry's images with ostree-ext, as
+//! rpm-ostree does, so the commits streamd reads carry ostree-ext's own keys
+//! (docs/fidelity.md, rpm-ostreed: "a container refspec is imported by ostree-ext's
+//! `ImageImporter`").
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use serde_json::Value;
+use streamd::backend::helper::ImageConfigs;
+use streamd::host::verify::image_configs;
+
+/// The `ostree/container/image/…` refs of the repository at `repo` and the string metadata of
+/// each ref's commit that ostree-ext writes.
+fn image_commits(repo: &std::path::Path) -> BTreeMap<String, (String, BTreeMap<String, String>)> {
+    let r = ostree::Repo::new(&ostree::gio::File::for_path(repo));
+    r.open(ostree::gio::Cancellable::NONE).expect("open repo");
+    let refs = r
+        .list_refs(
+            Some("ostree/container/image"),
+            ostree::gio::Cancellable::NONE,
+        )
+        .expect("refs");
+    refs.into_iter()
+        .map(|(name, commit)| {
+            let v = r
+                .load_variant(ostree::ObjectType::Commit, &commit)
+                .expect("commit");
+            let meta = ostree::glib::VariantDict::new(Some(&v.child_value(0)));
+            let keys = [
+                "ostree.manifest-digest",
+                "ostree.manifest",
+                "ostree.importer.version",
+                "version",
+            ];
+            let found = keys
+                .iter()
+                .filter_map(|k| {
+                    let s = meta.lookup::<String>(k).ok().flatten()?;
+                    Some((k.to_string(), s))
+                })
+                .collect();
+            (name.to_string(), (commit.to_string(), found))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staged_and_booted_images_are_imported_by_ostree_ext() {
+    let mut env = Env::new("import").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    env.wait_reboot_request().await;
+
+    let repo = env.tb.dir().join("sysroot/ostree/repo");
+    let commits = image_commits(&repo);
+    let reg = env.tb.registry();
+    // The platform manifests the importer resolved the pinned indexes to (amd64).
+    let rhel9 = &reg.os_images()[0].platforms[0];
+    let rhel10 = &reg.os_images()[1].platforms[0];
+    for (want, what) in [(rhel9, "booted rhel-9"), (rhel10, "staged rhel-10")] {
+        let (name, (commit, meta)) = commits
+            .iter()
+            .find(|(_, (_, m))| m.get("ostree.manifest-digest") == Some(&want.digest))
+            .unwrap_or_else(|| {
+                panic!("no {what} image commit by its manifest digest: {commits:#?}")
+            });
+        assert_eq!(
+            meta.get("ostree.importer.version").map(String::as_str),
+            Some("0.15.3"),
+            "{name}"
+        );
+        let manifest: Value =
+            serde_json::from_str(meta.get("ostree.manifest").expect("manifest")).expect("json");
+        assert_eq!(manifest["config"]["digest"], want.config_digest.as_str());
+
+        // streamd's own reader of the image configuration finds the labels encapsulation added.
+        let answer = image_configs(&ImageConfigs {
+            repo: repo.clone(),
+            commits: vec![commit.clone()],
+        })
+        .expect("image configs");
+        let config = answer[commit].clone().expect("read").expect("a config");
+        let config: Value = serde_json::from_str(&config).expect("json");
+        let labels = &config["config"]["Labels"];
+        assert_eq!(
+            labels["ostree.commit"].as_str().map(str::len),
+            Some(64),
+            "{config}"
+        );
+        assert!(labels["ostree.final-diffid"].is_string(), "{config}");
+        assert_eq!(labels["ostree.linux"], want.labels["ostree.linux"].as_str());
+    }
+}
