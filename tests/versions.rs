@@ -3,7 +3,8 @@
 //! 10.0's 2025.5, whose `FinalizeDeployment` compares the checksum with the staged base commit
 //! and whose layer tasks count from 0, and 2026.2, which compares the image digest. The fake
 //! stages, unlocks and finalizes through real libostree 2025.x where it can (`real_libostree`:
-//! always on CI), so the record streamd reads and the lock it relies on are libostree's own.
+//! always on CI), so the record streamd reads and the lock it relies on are libostree's own,
+//! and imports the image with ostree-ext over skopeo, as rpm-ostree does.
 
 mod common;
 
@@ -58,6 +59,21 @@ async fn migrate(version: RpmOstreeVersion, host: &str, extensions: bool) -> Vec
             "a staged deployment has no entry"
         );
     }
+    // The image came in through ostree-ext's importer (as rpm-ostree's), which keeps each layer
+    // under an `ostree/container/blob/` ref; the testbed's own commits make none.
+    let refs = std::process::Command::new("ostree")
+        .arg("refs")
+        .arg(format!(
+            "--repo={}",
+            env.dir.join("sysroot/ostree/repo").display()
+        ))
+        .output()
+        .expect("ostree refs");
+    assert!(
+        String::from_utf8_lossy(&refs.stdout).contains("ostree/container/blob/"),
+        "no layer ref of ostree-ext: {}",
+        String::from_utf8_lossy(&refs.stdout)
+    );
     let done = env.reboot_into_rhel10().await;
     if real {
         assert!(!env.dir.join("host/run/ostree/staged-deployment").exists());
