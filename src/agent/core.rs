@@ -659,10 +659,20 @@ impl Core {
                 self.refs_equal_seen = Some(e.request);
                 vec![Effect::Reconcile]
             }
-            StagingEnd::RefsEqual(error) | StagingEnd::Failed(error) => {
+            StagingEnd::RefsEqual(error) => {
                 let reason = format!("staging failed: {error}; {TRY_AGAIN}");
                 let record = failure(e.record, &e.request, |f| f.gave_up = Some(reason.clone()));
                 degraded(record, reason)
+            }
+            // Decided again at once: a failed transaction can leave its deployment staged
+            // (rpm-ostree stages a plain rebase before its sanity check), which the decision
+            // then removes; with nothing staged it only reports the failure again.
+            StagingEnd::Failed(error) => {
+                let reason = format!("staging failed: {error}; {TRY_AGAIN}");
+                let record = failure(e.record, &e.request, |f| f.gave_up = Some(reason.clone()));
+                let mut effects = degraded(record, reason);
+                effects.push(Effect::Reconcile);
+                effects
             }
             StagingEnd::Network(error) => {
                 let mut record = failure(e.record, &e.request, |f| {

@@ -338,13 +338,17 @@ fn staging_rows_2(t0: Instant) -> Vec<Row> {
     let boom = &format!("staging failed: boom; {TRY_AGAIN}");
     vec![
         row(
-            "staging failed: remembered, not retried, Degraded with a Failed warning",
+            "staging failed: remembered, not retried, Degraded with a Failed warning, decided again (a stage it left is removed)",
             transaction(
                 t0,
                 vec![
                     (
                         staged(t0, StagingEnd::Failed("boom".into()), None, false),
-                        vec![remembered(failing("A", 0, Some(boom))), degraded(boom)],
+                        vec![
+                            remembered(failing("A", 0, Some(boom))),
+                            degraded(boom),
+                            Effect::Reconcile,
+                        ],
                     ),
                     (
                         Event::Reported {
@@ -479,6 +483,7 @@ fn staging_rows_3(t0: Instant) -> Vec<Row> {
                         ..failing("A", 0, Some(boom))
                     }),
                     degraded(boom),
+                    Effect::Reconcile,
                 ],
             )],
             Activity::Idle,

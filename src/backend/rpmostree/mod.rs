@@ -229,8 +229,12 @@ impl RpmOstreeError {
 trait Sysroot {
     fn register_client(&self, options: HashMap<&str, Value<'_>>) -> zbus::Result<()>;
     fn reload(&self) -> zbus::Result<()>;
-    #[zbus(name = "GetOS")]
-    fn get_os(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+    /// The booted OS object (`/` when nothing is booted). `GetOS("")`, which should answer the
+    /// same, makes rpm-ostreed v2025.5 … v2026.2 segfault (`handle_get_os` completes the call
+    /// and returns FALSE, so the generated code answers the freed invocation again; seen on
+    /// the real daemon), so it is never called; rpm-ostree's own client reads this property.
+    #[zbus(property)]
+    fn booted(&self) -> zbus::Result<OwnedObjectPath>;
     #[zbus(property)]
     fn deployments(&self) -> zbus::Result<Vec<HashMap<String, OwnedValue>>>;
 }
@@ -437,9 +441,15 @@ impl Client {
             .get_or_try_init(|| async {
                 let path = self
                     .sysroot
-                    .get_os("")
+                    .booted()
                     .await
-                    .map_err(|e| RpmOstreeError::from_call("GetOS", e))?;
+                    .map_err(|e| RpmOstreeError::from_call("Booted", e))?;
+                if path.as_str() == "/" {
+                    return Err(RpmOstreeError::Refused {
+                        call: "Booted",
+                        message: "rpm-ostreed reports no booted deployment".into(),
+                    });
+                }
                 OSProxy::builder(&self.conn)
                     .path(path)
                     .map_err(|e| RpmOstreeError::from_call("proxy", e))?

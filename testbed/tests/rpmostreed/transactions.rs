@@ -514,9 +514,22 @@ async fn method_argument_errors() {
         (name.as_str(), message.as_str()),
         (GIO_NOT_FOUND, "OS name \"nope\" not found")
     );
+    // `GetOS("")` kills the real daemon (seen on v2025.5): the caller is told no reply came.
+    let (name, _) = dbus_error(
+        env.client
+            .call_method(Some(BUS_NAME), SYSROOT_PATH, Some(SYSROOT), "GetOS", &("",))
+            .await,
+    );
+    assert_eq!(name, "org.freedesktop.DBus.Error.NoReply");
     let path = env
         .client
-        .call_method(Some(BUS_NAME), SYSROOT_PATH, Some(SYSROOT), "GetOS", &("",))
+        .call_method(
+            Some(BUS_NAME),
+            SYSROOT_PATH,
+            Some(SYSROOT),
+            "GetOS",
+            &("rhcos",),
+        )
         .await
         .expect("GetOS")
         .body()

@@ -34,6 +34,10 @@ pub(crate) enum DaemonError {
     /// `org.freedesktop.DBus.Error.AccessDenied`: polkit refused the method.
     #[error("{0}")]
     AccessDenied(String),
+    /// `org.freedesktop.DBus.Error.NoReply`: what the bus tells a caller whose call killed the
+    /// daemon.
+    #[error("{0}")]
+    NoReply(String),
 }
 
 impl DaemonError {
@@ -45,6 +49,7 @@ impl DaemonError {
             DaemonError::Failed(_) => RPMOSTREED_FAILED,
             DaemonError::InvalidArgs(_) => INVALID_ARGS,
             DaemonError::AccessDenied(_) => ACCESS_DENIED,
+            DaemonError::NoReply(_) => "org.freedesktop.DBus.Error.NoReply",
         }
     }
 
@@ -55,7 +60,8 @@ impl DaemonError {
             | DaemonError::GioBusy(m)
             | DaemonError::Failed(m)
             | DaemonError::InvalidArgs(m)
-            | DaemonError::AccessDenied(m) => m,
+            | DaemonError::AccessDenied(m)
+            | DaemonError::NoReply(m) => m,
         }
     }
 

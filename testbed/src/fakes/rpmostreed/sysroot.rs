@@ -69,11 +69,18 @@ impl SysrootIface {
         self.reload_state().await
     }
 
-    /// The object path of an OS; `""` is the booted one.
+    /// The object path of an OS. `""` (meant as the booted one) kills the real daemon:
+    /// v2025.5 … v2026.2 `handle_get_os` completes the call and returns FALSE, so the generated
+    /// code answers the freed invocation again (SIGSEGV, seen on the real daemon); the caller
+    /// gets the bus's `NoReply` and a restarted daemon knows no clients.
     #[zbus(name = "GetOS", out_args("object_path"))]
     async fn get_os(&self, name: &str) -> Result<OwnedObjectPath, DaemonError> {
         if name.is_empty() {
-            return object_path(self.booted_path());
+            tracing::warn!("GetOS(\"\") crashes rpm-ostreed (SIGSEGV in handle_get_os)");
+            lock(&self.daemon.clients).clear();
+            return Err(DaemonError::NoReply(
+                "Message recipient disconnected from message bus without replying".into(),
+            ));
         }
         if name == self.daemon.osname {
             return object_path(self.daemon.os_path.clone());
