@@ -9,6 +9,7 @@ pub mod apiserver;
 pub mod bootc;
 pub mod bus;
 mod dbus_error;
+mod local_thread;
 pub mod logind;
 pub mod registry;
 pub mod rpmostreed;

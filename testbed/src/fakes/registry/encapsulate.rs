@@ -92,8 +92,8 @@ fn read_blob(dir: &Path, digest: &str) -> anyhow::Result<Vec<u8>> {
 /// also the commit's timestamp at `created_unix`), in the work directory `work` (a build
 /// repository kept there between calls; the tree and the OCI directory are made afresh).
 ///
-/// libostree's objects are not `Sync`, so the build runs on a thread of its own with a
-/// single-threaded runtime, as a blocking task of the caller's.
+/// libostree's objects are not `Sync`: the build runs on a thread of its own
+/// ([`crate::fakes::local_thread`]).
 pub(crate) async fn os_image(
     work: &Path,
     name: &str,
@@ -105,23 +105,19 @@ pub(crate) async fn os_image(
 ) -> anyhow::Result<Image> {
     let (work, name, created) = (work.to_path_buf(), name.to_string(), created.to_string());
     let (files, components) = (files.to_vec(), components.to_vec());
-    tokio::task::spawn_blocking(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("starting the build's runtime")?
-            .block_on(build(
-                &work,
-                &name,
-                arch,
-                (&created, created_unix),
-                labels,
-                &files,
-                &components,
-            ))
+    crate::fakes::local_thread::run("the image build", move || async move {
+        build(
+            &work,
+            &name,
+            arch,
+            (&created, created_unix),
+            labels,
+            &files,
+            &components,
+        )
+        .await
     })
     .await
-    .context("the image build task")?
 }
 
 async fn build(

@@ -29,8 +29,8 @@ pub(crate) struct Imported {
 /// recorded under `refspec`'s image reference, with the node's auth file text `auth` (written
 /// to `scratch`); already present images are not fetched again.
 ///
-/// libostree's objects are not `Sync`, so the import runs on a thread of its own with a
-/// single-threaded runtime, as a blocking task of the caller's.
+/// libostree's objects are not `Sync`: the import runs on a thread of its own
+/// ([`crate::fakes::local_thread`]).
 pub(crate) async fn import(
     sysroot: &Path,
     scratch: &Path,
@@ -41,21 +41,10 @@ pub(crate) async fn import(
     let (sysroot, scratch) = (sysroot.to_path_buf(), scratch.to_path_buf());
     let (refspec, source) = (refspec.to_string(), source.to_string());
     let auth = auth.map(str::to_string);
-    tokio::task::spawn_blocking(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("starting the import's runtime")?
-            .block_on(import_here(
-                &sysroot,
-                &scratch,
-                &refspec,
-                &source,
-                auth.as_deref(),
-            ))
+    crate::fakes::local_thread::run("the import", move || async move {
+        import_here(&sysroot, &scratch, &refspec, &source, auth.as_deref()).await
     })
     .await
-    .context("the import task")?
 }
 
 async fn import_here(
