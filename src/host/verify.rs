@@ -228,49 +228,33 @@ fn staged_from_record(
     sysroot_path: &Path,
     staged: &Deployment,
 ) -> Result<Option<(String, PathBuf)>, VerifyError> {
-    use ostree::glib;
     if sysroot_path == Path::new("/") {
         return Ok(None);
     }
     let Some(host_root) = sysroot_path.parent() else {
         return Ok(None);
     };
-    let path = host_root.join("run/ostree/staged-deployment");
-    let Ok(bytes) = std::fs::read(&path) else {
+    // An unreadable record is as good as none: the caller reports the deployment as missing.
+    let Ok(Some(record)) = crate::backend::rpmostree::runstate::read(host_root) else {
         return Ok(None);
     };
-    let record = glib::VariantDict::new(Some(&glib::Variant::from_data_with_type(
-        bytes,
-        glib::VariantTy::VARDICT,
-    )));
-    let target = record
-        .lookup_value("target", Some(glib::VariantTy::VARDICT))
-        .map(|t| glib::VariantDict::new(Some(&t)));
-    let field = |key: &str| {
-        target
-            .as_ref()
-            .and_then(|t| t.lookup::<String>(key).ok().flatten())
-    };
     let name = format!("{}.{}", staged.checksum, staged.serial);
-    let osname = field("osname").unwrap_or_default();
+    let osname = record.osname.unwrap_or_default();
     // The osname becomes a path component: one plain name only.
     let plain = !osname.is_empty() && !osname.contains('/') && osname != "." && osname != "..";
-    if field("name").as_deref() != Some(name.as_str())
+    if record.name.as_deref() != Some(name.as_str())
         || !plain
         || !(staged.osname.is_empty() || staged.osname == osname)
     {
         return Ok(None);
     }
-    let kargs = record
-        .lookup::<Vec<String>>("kargs")
-        .map_err(|e| VerifyError::Sysroot(format!("{}: kargs: {e}", path.display())))?
-        .ok_or_else(|| {
-            VerifyError::Sysroot(format!(
-                "{} names deployment {} but has no kargs",
-                path.display(),
-                staged.id
-            ))
-        })?;
+    let kargs = record.kargs.ok_or_else(|| {
+        VerifyError::Sysroot(format!(
+            "{} names deployment {} but has no kargs",
+            host_root.join("run/ostree/staged-deployment").display(),
+            staged.id
+        ))
+    })?;
     let dir = sysroot_path.join(format!("ostree/deploy/{osname}/deploy/{name}"));
     Ok(Some((kargs.join(" "), dir)))
 }

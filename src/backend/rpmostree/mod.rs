@@ -3,7 +3,7 @@
 //! This is an edge: it turns D-Bus replies into typed values ([`crate::backend::deployment`]) and typed errors
 //! ([`RpmOstreeError`]) and holds no policy. What to stage is decided by the planner.
 
-mod runstate;
+pub(crate) mod runstate;
 mod transaction;
 
 use std::collections::{BTreeMap, HashMap};

@@ -36,10 +36,22 @@ pub struct RunstateError {
     pub problem: String,
 }
 
-/// Whether libostree's record under `host_root` says `staged` is finalization-locked. A missing
-/// record, one naming another deployment (`target.name` is `<checksum>.<serial>`), or a `locked`
-/// key of another type (which `g_variant_dict_lookup` ignores too) mean "not locked".
-pub fn staged_locked(host_root: &Path, staged: &Deployment) -> Result<bool, RunstateError> {
+/// What libostree's record says of the staged deployment (absent keys, or keys of another
+/// type, which `g_variant_dict_lookup` ignores too, are `None`).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StagedRecord {
+    /// `target.name`: `<checksum>.<serial>`.
+    pub name: Option<String>,
+    /// `target.osname`.
+    pub osname: Option<String>,
+    /// `kargs`: the kernel arguments the deployment was staged with.
+    pub kargs: Option<Vec<String>>,
+    /// `locked` is true.
+    pub locked: bool,
+}
+
+/// Reads libostree's record under `host_root`; `None` when there is none.
+pub fn read(host_root: &Path) -> Result<Option<StagedRecord>, RunstateError> {
     let path = host_root.join(STAGED);
     let fail = |problem: String| RunstateError {
         path: path.clone(),
@@ -47,7 +59,7 @@ pub fn staged_locked(host_root: &Path, staged: &Deployment) -> Result<bool, Runs
     };
     let file = match std::fs::File::open(&path) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(fail(e.to_string())),
     };
     let mut bytes = Vec::new();
@@ -58,23 +70,42 @@ pub fn staged_locked(host_root: &Path, staged: &Deployment) -> Result<bool, Runs
         return Err(fail(format!("larger than {MAX_BYTES} bytes")));
     }
     let record = decode(&bytes).map_err(fail)?;
-    let name = record
-        .get("target")
-        .and_then(|t| match &**t {
-            Value::Dict(d) => d.get::<&str, Value<'_>>(&"name").ok().flatten(),
-            _ => None,
-        })
-        .and_then(|v| match v {
-            Value::Str(s) => Some(s.to_string()),
-            _ => None,
-        });
-    if name.as_deref() != Some(format!("{}.{}", staged.checksum, staged.serial).as_str()) {
-        return Ok(false);
-    }
-    Ok(matches!(
-        record.get("locked").map(|v| &**v),
-        Some(Value::Bool(true))
-    ))
+    let target = |key: &str| {
+        record
+            .get("target")
+            .and_then(|t| match &**t {
+                Value::Dict(d) => d.get::<&str, Value<'_>>(&key).ok().flatten(),
+                _ => None,
+            })
+            .and_then(|v| match v {
+                Value::Str(s) => Some(s.to_string()),
+                _ => None,
+            })
+    };
+    let kargs = match record.get("kargs").map(|v| &**v) {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| match v {
+                Value::Str(s) => Some(s.to_string()),
+                _ => None,
+            })
+            .collect(),
+        _ => None,
+    };
+    Ok(Some(StagedRecord {
+        name: target("name"),
+        osname: target("osname"),
+        kargs,
+        locked: matches!(record.get("locked").map(|v| &**v), Some(Value::Bool(true))),
+    }))
+}
+
+/// Whether libostree's record under `host_root` says `staged` is finalization-locked. A missing
+/// record, one naming another deployment (`target.name` is `<checksum>.<serial>`), or a `locked`
+/// key of another type mean "not locked".
+pub fn staged_locked(host_root: &Path, staged: &Deployment) -> Result<bool, RunstateError> {
+    let name = format!("{}.{}", staged.checksum, staged.serial);
+    Ok(read(host_root)?.is_some_and(|r| r.locked && r.name.as_deref() == Some(name.as_str())))
 }
 
 /// The GVariant encoding in the host's byte order (libostree writes `g_variant_get_data` as
