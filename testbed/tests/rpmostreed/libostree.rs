@@ -7,7 +7,7 @@ use std::os::unix::fs::MetadataExt as _;
 use testbed::fakes::rpmostreed::libostree::Trixie;
 use zbus::zvariant::{OwnedValue, Value};
 
-use super::{Dict, Env, Peer, bool_of, dict, os_call, registry_ref, string_of};
+use super::{Dict, Env, bool_of, dict, os_call, registry_ref, string_of};
 
 /// Whether this run can stage through real libostree (the trixie root, root); on CI either
 /// missing fails.
@@ -134,14 +134,7 @@ async fn stage_unlock_finalize_and_cleanup_are_real_libostrees() {
     .body()
     .deserialize::<String>()
     .expect("address");
-    let mut peer = Peer::connect(&addr).await;
-    assert!(peer.start().await);
-    assert_eq!(
-        peer.until_finished().await.finished,
-        Some((true, String::new()))
-    );
-    drop(peer);
-    env.wait_idle().await;
+    env.run_to_success(&addr).await;
     assert_eq!(locked(&env.staged_record().expect("record")), Some(false));
 
     // The shutdown's finalization is libostree's: it writes the entry that boots.

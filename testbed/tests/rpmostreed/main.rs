@@ -276,7 +276,13 @@ impl Env {
     /// `Cleanup(["pending-deploy"])` run to a successful end.
     async fn cleanup_pending(&self) {
         let addr = self.cleanup_address(&["pending-deploy"]).await;
-        let mut peer = Peer::connect(&addr).await;
+        self.run_to_success(&addr).await;
+    }
+
+    /// Starts the transaction at `addr`, expects it to finish successfully and waits until
+    /// the daemon has let it go.
+    async fn run_to_success(&self, addr: &str) {
+        let mut peer = Peer::connect(addr).await;
         assert!(peer.start().await);
         assert_eq!(
             peer.until_finished().await.finished,
