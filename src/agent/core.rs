@@ -635,6 +635,7 @@ impl Core {
             return vec![Effect::Reconcile];
         }
         let degraded = |record, reason: String| vec![remembered(record), degraded(reason)];
+        let failed = matches!(e.end, StagingEnd::Failed(_));
         match e.end {
             StagingEnd::Staged => {
                 self.backoff.reset();
@@ -659,19 +660,16 @@ impl Core {
                 self.refs_equal_seen = Some(e.request);
                 vec![Effect::Reconcile]
             }
-            StagingEnd::RefsEqual(error) => {
-                let reason = format!("staging failed: {error}; {TRY_AGAIN}");
-                let record = failure(e.record, &e.request, |f| f.gave_up = Some(reason.clone()));
-                degraded(record, reason)
-            }
-            // Decided again at once: a failed transaction can leave its deployment staged
-            // (rpm-ostree stages a plain rebase before its sanity check), which the decision
-            // then removes; with nothing staged it only reports the failure again.
-            StagingEnd::Failed(error) => {
+            StagingEnd::RefsEqual(error) | StagingEnd::Failed(error) => {
                 let reason = format!("staging failed: {error}; {TRY_AGAIN}");
                 let record = failure(e.record, &e.request, |f| f.gave_up = Some(reason.clone()));
                 let mut effects = degraded(record, reason);
-                effects.push(Effect::Reconcile);
+                // A failed transaction can leave its deployment staged (rpm-ostree stages a
+                // plain rebase before its sanity check): decided again at once, the decision
+                // removes it; with nothing staged it only reports the failure again.
+                if failed {
+                    effects.push(Effect::Reconcile);
+                }
                 effects
             }
             StagingEnd::Network(error) => {

@@ -192,12 +192,12 @@ impl Daemon {
             self.update_record(txn.id, |r| r.journal.push(journal));
             message
         };
-        let sanity = if layering.is_layered() {
-            sanity.map_err(failed_sanity)?;
-            Ok(())
+        let (before_staging, after_staging) = if layering.is_layered() {
+            (sanity, Ok(()))
         } else {
-            sanity
+            (Ok(()), sanity)
         };
+        before_staging.map_err(failed_sanity)?;
         if layering.is_layered() {
             txn.emit(Signal::TaskBegin("Writing OSTree commit")).await;
             txn.emit(Signal::TaskEnd("done")).await;
@@ -237,7 +237,7 @@ impl Daemon {
         info!(txn = txn.id, digest = %image.digest, checksum = %checksum, serial, locked = plan.lock_finalization, "staged a deployment");
         self.notify_deployments().await;
         txn.emit(Signal::TaskEnd("done")).await;
-        sanity.map_err(failed_sanity)?;
+        after_staging.map_err(failed_sanity)?;
         if plan.reboot {
             // As the real daemon: block-mode shutdown inhibitors stop the reboot (the
             // deployment stays staged and the transaction fails).
