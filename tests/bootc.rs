@@ -123,6 +123,13 @@ async fn switch_stages_and_reboot_is_recorded() {
         "bootc has no finalization lock"
     );
     assert!(staged.carries_digest(&rhel10.digest));
+    // bootc reports what ostree-ext stored: the platform manifest's digest of the pinned index.
+    let platform = env.tb.registry().os_images()[1].platforms[0].digest.clone();
+    assert_ne!(platform, rhel10.digest);
+    assert_eq!(
+        staged.container_image_reference_digest.as_deref(),
+        Some(platform.as_str())
+    );
     assert_eq!(staged.pullspec(), Some(rhel10.pullspec.as_str()));
     assert_ne!(staged.checksum, after[1].checksum);
     assert!(after[1].booted);
@@ -150,7 +157,7 @@ async fn switch_stages_and_reboot_is_recorded() {
     assert!(
         switch["journal"]
             .as_str()
-            .is_some_and(|j| j.contains(&format!("Digest: {}", rhel10.digest))),
+            .is_some_and(|j| j.contains(&format!("Digest: {platform}"))),
         "{switch}"
     );
     // Collected after the result was read: nothing stays loaded.

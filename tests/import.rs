@@ -5,12 +5,13 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use common::*;
 use serde_json::Value;
 use streamd::backend::helper::ImageConfigs;
 use streamd::host::verify::image_configs;
+use zbus::zvariant::OwnedValue;
 
 /// The `ostree/container/image/…` refs of the repository at `repo` and the string metadata of
 /// each ref's commit that ostree-ext writes.
@@ -45,6 +46,26 @@ fn image_commits(repo: &std::path::Path) -> BTreeMap<String, (String, BTreeMap<S
             (name.to_string(), (commit.to_string(), found))
         })
         .collect()
+}
+
+/// `Sysroot.Deployments` as a D-Bus client reads it.
+async fn dbus_deployments(env: &Env) -> Vec<HashMap<String, OwnedValue>> {
+    let conn = bus_connection(&env.tb).await;
+    zbus::Proxy::new(
+        &conn,
+        "org.projectatomic.rpmostree1",
+        "/org/projectatomic/rpmostree1/Sysroot",
+        "org.projectatomic.rpmostree1.Sysroot",
+    )
+    .await
+    .expect("sysroot proxy")
+    .get_property("Deployments")
+    .await
+    .expect("Deployments")
+}
+
+fn string_of(v: &OwnedValue) -> String {
+    String::try_from(v.clone()).unwrap_or_else(|e| panic!("{v:?} is no string: {e}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -94,4 +115,30 @@ async fn staged_and_booted_images_are_imported_by_ostree_ext() {
         assert!(labels["ostree.final-diffid"].is_string(), "{config}");
         assert_eq!(labels["ostree.linux"], want.labels["ostree.linux"].as_str());
     }
+
+    // Over D-Bus the daemon reports what the import stored, as rpm-ostree v2025.5 did when run
+    // beside the project: the platform manifest's digest (the refspec pins the index) and the
+    // image commit's whole metadata as `base-commit-meta`.
+    let pinned = env.rhel10();
+    let deployments = dbus_deployments(&env).await;
+    let staged = deployments
+        .iter()
+        .find(|d| d.get("staged").and_then(|v| bool::try_from(v).ok()) == Some(true))
+        .expect("a staged deployment");
+    let reported = string_of(&staged["container-image-reference-digest"]);
+    assert_eq!(reported, rhel10.digest);
+    assert!(!pinned.contains(&reported), "{pinned} pins the index");
+    let meta: HashMap<String, OwnedValue> =
+        HashMap::try_from(staged["base-commit-meta"].clone()).expect("a{sv}");
+    let (_, (_, stored)) = commits
+        .iter()
+        .find(|(_, (_, m))| m.get("ostree.manifest-digest") == Some(&rhel10.digest))
+        .expect("the staged image's commit");
+    for (key, value) in stored {
+        assert_eq!(meta.get(key).map(string_of).as_ref(), Some(value), "{key}");
+    }
+    assert!(
+        !meta.contains_key("version"),
+        "ostree-ext's commit has no version: {meta:?}"
+    );
 }

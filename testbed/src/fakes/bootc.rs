@@ -25,6 +25,7 @@ use zbus::{Connection, interface};
 use crate::control::BootcCmd;
 use crate::fakes::apiserver::clock::format_rfc3339;
 use crate::fakes::bus::Bus;
+use crate::fakes::registry::oci::Arch;
 use crate::fakes::rpmostreed::FakeRpmOstreed;
 use crate::fakes::rpmostreed::host::{
     Host, HostDeployment, ImageRef, SigVerify, StageError, Transport,
@@ -578,17 +579,17 @@ impl BootcIface {
             return Outcome::error(format!("Upgrading: Pulling: {message}"));
         }
         match staged {
-            Some(s) if s.digest == digest && download_only => {
+            Some(s) if s.image_digest == digest && download_only => {
                 lock(
                     true,
                     "Image downloaded, but will not be applied on reboot\n",
                 )
                 .await
             }
-            Some(s) if s.digest == digest => {
+            Some(s) if s.image_digest == digest => {
                 lock(false, "Staged deployment will now be applied on reboot\n").await
             }
-            _ if deps.iter().any(|d| d.booted && d.digest == digest) => {
+            _ if deps.iter().any(|d| d.booted && d.image_digest == digest) => {
                 Outcome::ok("No update available.\n")
             }
             _ => Outcome::unmodelled("`bootc upgrade` staging another image than the staged one"),
@@ -736,11 +737,7 @@ fn image_reference_json(r: &ImageRef) -> Json {
 
 /// The OCI architecture name of an RPM architecture.
 fn oci_arch(rpm_arch: &str) -> &str {
-    match rpm_arch {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    }
+    Arch::from_rpm(rpm_arch).map_or(rpm_arch, |a| a.oci())
 }
 
 /// RFC 3339 UTC time of `secs` since the epoch.

@@ -52,6 +52,11 @@ impl Arch {
         }
     }
 
+    /// The architecture of an RPM / kernel name (`x86_64`, `aarch64`).
+    pub fn from_rpm(name: &str) -> Option<Arch> {
+        Arch::ALL.into_iter().find(|a| a.rpm() == name)
+    }
+
     /// The RPM / kernel name (`x86_64`, `aarch64`).
     pub fn rpm(self) -> &'static str {
         match self {

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::Context as _;
 
-use super::import::Imported;
+use super::import::BaseMeta;
 use super::model::{Deployment, Layering, State};
 use super::ostree::{self, Commit};
 use crate::fixtures::images::TestImage;
@@ -402,7 +402,7 @@ pub(crate) async fn commit_image(
     )
 }
 
-/// [`commit_image`], with what the import wrote when it was real.
+/// [`commit_image`], and whether the import was real.
 async fn import_or_commit(
     sysroot: &Path,
     scratch: &Path,
@@ -411,14 +411,15 @@ async fn import_or_commit(
     arch: &str,
     kernel: Kernel,
     host_root: Option<&Path>,
-) -> anyhow::Result<(String, Option<Imported>)> {
+) -> anyhow::Result<(String, bool)> {
     if let Some(root) = host_root.filter(|r| crate::fakes::registry::node::pulls_from_network(r)) {
         let (source, auth) = crate::fakes::registry::node::pull_source(root, &image.pullspec)
             .await
             .map_err(anyhow::Error::msg)?;
-        let imported =
-            super::import::import(sysroot, scratch, refspec, &source, auth.as_deref()).await?;
-        return Ok((imported.commit.clone(), Some(imported)));
+        let commit =
+            super::import::import(sysroot, scratch, refspec, &source, auth.as_deref(), arch)
+                .await?;
+        return Ok((commit, true));
     }
     let tree = scratch.join("tree-base");
     let _ = std::fs::remove_dir_all(&tree);
@@ -444,7 +445,7 @@ async fn import_or_commit(
         },
     )
     .await?;
-    Ok((checksum, None))
+    Ok((checksum, false))
 }
 
 /// An OCI manifest for a commit made from the catalog: no layers, a config descriptor named
@@ -531,14 +532,14 @@ pub(crate) async fn write_deployment(
 }
 
 /// What [`commit_deployment`] made: the commit a deployment checks out, its base when layered,
-/// and the image configuration ostree-ext stored when the image was imported for real.
+/// and what the image's commit stores (ostree-ext's keys after a real import).
 pub(crate) struct DeploymentCommit {
     /// The commit checked out.
     pub(crate) checksum: String,
     /// The image's commit under a client layer.
     pub(crate) base_checksum: Option<String>,
-    /// `ostree.container.image-config` of a real import.
-    pub(crate) image_config: Option<String>,
+    /// The image commit's metadata.
+    pub(crate) base_meta: BaseMeta,
 }
 
 /// The model of deployment `commit`.`serial` written for `d`.
@@ -549,10 +550,11 @@ pub(crate) fn new_deployment(
 ) -> Deployment {
     let mut dep = Deployment::new(d.osname, d.refspec, d.image, &commit.checksum, serial);
     dep.base_checksum = commit.base_checksum;
-    if let Some(config) = commit.image_config {
-        // `base-commit-meta` is the imported commit's own metadata on a real daemon.
-        dep.image_config = config;
-    }
+    // What the real daemon reports is read back from the image's commit: after a real import,
+    // the platform manifest's digest (not the index the refspec pins) and ostree-ext's keys.
+    dep.container_image_reference_digest = commit.base_meta.manifest_digest;
+    dep.image_config = commit.base_meta.image_config;
+    dep.base_commit_meta = Some(commit.base_meta.variant);
     dep.base_removals = d.base_removals;
     dep.layering = d.layering;
     dep
@@ -582,7 +584,7 @@ pub(crate) async fn commit_deployment(
         }
         let tree = scratch.join("tree-layered");
         let _ = std::fs::remove_dir_all(&tree);
-        if imported.is_some() {
+        if imported {
             layered_tree_on(sysroot, &tree, &base, d.image, &kernel).await?;
         } else {
             ostree::write_tree(&tree, d.image, &kernel)?;
@@ -616,10 +618,12 @@ pub(crate) async fn commit_deployment(
     } else {
         (base, None)
     };
+    let base_meta =
+        super::import::base_meta(sysroot, base_checksum.as_deref().unwrap_or(&checksum))?;
     Ok(DeploymentCommit {
         checksum,
         base_checksum,
-        image_config: imported.map(|i| i.image_config),
+        base_meta,
     })
 }
 

@@ -26,6 +26,9 @@ pub(crate) struct HostDeployment {
     pub(crate) finalization_locked: bool,
     /// The origin's `container-image-reference`, verbatim.
     pub(crate) refspec: String,
+    /// The catalog digest of the image (what the refspec pins).
+    pub(crate) image_digest: String,
+    /// The digest ostree-ext stored: the platform manifest's when the refspec pins an index.
     pub(crate) digest: String,
     pub(crate) version: String,
     /// Commit timestamp, seconds since the epoch.
@@ -98,6 +101,7 @@ impl Host {
                 pinned: d.pinned,
                 finalization_locked: d.finalization_locked,
                 refspec: d.container_image_reference.clone(),
+                image_digest: d.image_digest.clone(),
                 digest: d.container_image_reference_digest.clone(),
                 version: d.version.clone(),
                 timestamp: d.timestamp,
@@ -216,11 +220,12 @@ async fn write_unlocked(d: &Daemon, refspec: &str, image: &TestImage) -> Result<
     .await
     .map_err(|e| format!("{e:#}"))?;
     let (checksum, serial) = (dep.checksum.clone(), dep.serial);
+    let digest = dep.container_image_reference_digest.clone();
     d.resync(Some(dep))?;
     info!(digest = %image.digest, checksum = %checksum, serial, "staged a deployment without a finalization lock");
     d.notify_deployments().await;
     Ok(Staged {
         version: image.version.clone(),
-        digest: image.digest.clone(),
+        digest,
     })
 }

@@ -3,8 +3,9 @@
 //! `rpmostree_sysroot_upgrader_pull_base` does for a container refspec. The commit it writes
 //! (the merge commit, under the image reference's `ostree/container/image/…` ref) carries
 //! ostree-ext's own metadata: `ostree.manifest-digest` (the platform manifest's digest),
-//! `ostree.manifest`, `ostree.container.image-config`, `ostree.importer.version`, and the
-//! encapsulated commit's `version`, `ostree.bootable`, `ostree.linux`.
+//! `ostree.manifest`, `ostree.container.image-config`, `ostree.importer.version`,
+//! `ostree.tar-filtered` (no `version`: rpm-ostree v2025.5 run beside the project reported the
+//! same keys), which the fake reports as rpm-ostree does ([`base_meta`]).
 
 use std::path::Path;
 
@@ -15,19 +16,25 @@ use ostree_ext::containers_image_proxy::ImageProxyConfig;
 use ostree_ext::ostree;
 use tracing::info;
 
-/// What an import wrote.
+use crate::fakes::registry::oci::Arch;
+
+/// What rpm-ostree reads back from an image's commit for its `Deployments`.
 #[derive(Debug, Clone)]
-pub(crate) struct Imported {
-    /// The merge commit, which a deployment of the image checks out.
-    pub(crate) commit: String,
-    /// `ostree.container.image-config` of the commit, as stored.
+pub(crate) struct BaseMeta {
+    /// The commit's whole metadata as stored (an `a{sv}` GVariant, base64): `base-commit-meta`.
+    pub(crate) variant: String,
+    /// `ostree.manifest-digest`: the platform manifest's digest when an index was pulled
+    /// (`container-image-reference-digest`).
+    pub(crate) manifest_digest: String,
+    /// `ostree.container.image-config`, as stored.
     pub(crate) image_config: String,
 }
 
 /// Imports `source` (`host/repo@digest`, where the node's registries configuration sends the
 /// pull, [`crate::fakes::registry::node::pull_source`]) into the repository of `sysroot`,
 /// recorded under `refspec`'s image reference, with the node's auth file text `auth` (written
-/// to `scratch`); already present images are not fetched again.
+/// to `scratch`), choosing from an index the image of the host's RPM architecture `arch` as the
+/// node's skopeo does; already present images are not fetched again.
 ///
 /// libostree's objects are not `Sync`: the import runs on a thread of its own
 /// ([`crate::fakes::local_thread`]).
@@ -37,12 +44,14 @@ pub(crate) async fn import(
     refspec: &str,
     source: &str,
     auth: Option<&str>,
-) -> anyhow::Result<Imported> {
+    arch: &str,
+) -> anyhow::Result<String> {
     let (sysroot, scratch) = (sysroot.to_path_buf(), scratch.to_path_buf());
     let (refspec, source) = (refspec.to_string(), source.to_string());
     let auth = auth.map(str::to_string);
+    let arch = Arch::from_rpm(arch).with_context(|| format!("no OCI architecture for {arch}"))?;
     crate::fakes::local_thread::run("the import", move || async move {
-        import_here(&sysroot, &scratch, &refspec, &source, auth.as_deref()).await
+        import_here(&sysroot, &scratch, &refspec, &source, auth.as_deref(), arch).await
     })
     .await
 }
@@ -53,7 +62,8 @@ async fn import_here(
     refspec: &str,
     source: &str,
     auth: Option<&str>,
-) -> anyhow::Result<Imported> {
+    arch: Arch,
+) -> anyhow::Result<String> {
     let repo_path = super::ostree::repo(sysroot);
     let repo = ostree::Repo::new_for_path(&repo_path);
     repo.open(ostree::gio::Cancellable::NONE)
@@ -81,30 +91,49 @@ async fn import_here(
     }
     // The testbed registry speaks plain HTTP on the loopback (TLS is not modelled).
     config.insecure_skip_tls_verification = Some(true);
+    // The node's skopeo picks its own platform from an index; this machine may be another.
+    let mut skopeo = std::process::Command::new("skopeo");
+    skopeo.args(["--override-arch", arch.oci()]);
+    config.skopeo_cmd = Some(skopeo);
     let began = std::time::Instant::now();
     let mut importer = ImageImporter::new(&repo, &from, config).await?;
     importer.set_target(&target);
-    importer.require_bootable();
+    // ostree-ext's bootable check compares the image's architecture with this machine's, which
+    // a host played for another architecture cannot pass (a node runs its own).
+    if Arch::from_rpm(std::env::consts::ARCH) == Some(arch) {
+        importer.require_bootable();
+    }
     let state = match importer.prepare().await? {
         PrepareResult::AlreadyPresent(state) => state,
         PrepareResult::Ready(prepared) => importer.import(prepared).await?,
     };
     let commit = state.merge_commit.clone();
-    let image_config = image_config(&repo, &commit)?;
     let elapsed_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
     info!(%source, %commit, manifest_digest = %state.manifest_digest, elapsed_ms, "imported the image with ostree-ext");
-    Ok(Imported {
-        commit,
-        image_config,
-    })
+    Ok(commit)
 }
 
-/// `ostree.container.image-config` of `commit`, as streamd's reader finds it.
-fn image_config(repo: &ostree::Repo, commit: &str) -> anyhow::Result<String> {
+/// The metadata of image commit `commit` in the repository of `sysroot`, read as rpm-ostree
+/// reads it for `base-commit-meta` and `container-image-reference-digest`
+/// (rpmostreed-deployment-utils.cxx `rpmostreed_deployment_generate_variant`).
+pub(crate) fn base_meta(sysroot: &Path, commit: &str) -> anyhow::Result<BaseMeta> {
+    use base64::Engine as _;
+    let repo_path = super::ostree::repo(sysroot);
+    let repo = ostree::Repo::new_for_path(&repo_path);
+    repo.open(ostree::gio::Cancellable::NONE)
+        .with_context(|| format!("opening {}", repo_path.display()))?;
     let variant = repo
         .load_variant(ostree::ObjectType::Commit, commit)
         .with_context(|| format!("loading commit {commit}"))?;
-    let meta = ostree::glib::VariantDict::new(Some(&variant.child_value(0)));
-    meta.lookup::<String>("ostree.container.image-config")?
-        .context("the imported commit has no ostree.container.image-config")
+    let stored = variant.child_value(0);
+    let meta = ostree::glib::VariantDict::new(Some(&stored));
+    let string = |key: &str| -> anyhow::Result<String> {
+        meta.lookup::<String>(key)?
+            .with_context(|| format!("commit {commit} has no {key}"))
+    };
+    Ok(BaseMeta {
+        variant: base64::engine::general_purpose::STANDARD.encode(stored.data_as_bytes()),
+        manifest_digest: string("ostree.manifest-digest")?,
+        image_config: string("ostree.container.image-config")?,
+    })
 }

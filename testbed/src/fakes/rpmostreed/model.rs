@@ -73,7 +73,12 @@ pub(crate) struct Deployment {
     pub(crate) finalization_locked: bool,
     /// The refspec verbatim, e.g. `ostree-unverified-registry:host/repo@sha256:…`.
     pub(crate) container_image_reference: String,
-    /// `sha256:…` manifest digest.
+    /// The catalog digest of the image deployed (what the refspec pins: an index or a
+    /// manifest): which test image this is, for the fake's own bookkeeping.
+    #[serde(default)]
+    pub(crate) image_digest: String,
+    /// `container-image-reference-digest`: what ostree-ext stored as `ostree.manifest-digest`,
+    /// the platform manifest's digest when the refspec pins an index (empty: unreadable).
     pub(crate) container_image_reference_digest: String,
     pub(crate) version: String,
     pub(crate) timestamp: u64,
@@ -81,6 +86,10 @@ pub(crate) struct Deployment {
     pub(crate) kernel: String,
     /// The image config JSON (`ostree.container.image-config`).
     pub(crate) image_config: String,
+    /// The base commit's whole metadata as stored (an `a{sv}` GVariant, base64): what the real
+    /// daemon passes as `base-commit-meta`; `None` for a deployment the fake did not commit.
+    #[serde(default)]
+    pub(crate) base_commit_meta: Option<String>,
     /// The image commit, when `checksum` is a layered commit on top of it.
     #[serde(default)]
     pub(crate) base_checksum: Option<String>,
@@ -113,11 +122,13 @@ impl Deployment {
             pinned: false,
             finalization_locked: false,
             container_image_reference: refspec.to_string(),
+            image_digest: image.digest.clone(),
             container_image_reference_digest: image.digest.clone(),
             version: image.version.clone(),
             timestamp: image.created_unix(),
             kernel: image.kernel.clone(),
             image_config: image.config_json(),
+            base_commit_meta: None,
             base_checksum: None,
             base_removals: Vec::new(),
             layering: Layering::default(),
@@ -137,11 +148,13 @@ impl Deployment {
             pinned: false,
             finalization_locked: false,
             container_image_reference: String::new(),
+            image_digest: String::new(),
             container_image_reference_digest: String::new(),
             version: String::new(),
             timestamp: 0,
             kernel: d.kernel_release(),
             image_config: String::new(),
+            base_commit_meta: None,
             base_checksum: None,
             base_removals: Vec::new(),
             layering: Layering::default(),
@@ -196,7 +209,11 @@ impl Deployment {
             meta.insert("version".into(), str_value(&self.version));
             meta
         };
-        d.insert("base-commit-meta".into(), OwnedValue::from(image_meta()));
+        let base_meta = match &self.base_commit_meta {
+            Some(stored) => decode_commit_meta(stored)?,
+            None => image_meta(),
+        };
+        d.insert("base-commit-meta".into(), OwnedValue::from(base_meta));
 
         let l = &self.layering;
         d.insert("packages".into(), strv(&l.requested_packages)?);
@@ -273,6 +290,19 @@ impl Deployment {
         }
         Ok(d)
     }
+}
+
+/// The `a{sv}` of [`Deployment::base_commit_meta`] (libostree's bytes, the host's byte order).
+fn decode_commit_meta(stored: &str) -> zbus::zvariant::Result<HashMap<String, OwnedValue>> {
+    use base64::Engine as _;
+    use zbus::zvariant::serialized::{Context, Data, Format};
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(stored)
+        .map_err(|e| zbus::zvariant::Error::Message(format!("stored commit metadata: {e}")))?;
+    let ctxt = Context::new(Format::GVariant, zbus::zvariant::NATIVE_ENDIAN, 0);
+    Data::new(bytes.as_slice(), ctxt)
+        .deserialize::<HashMap<String, OwnedValue>>()
+        .map(|(meta, _)| meta)
 }
 
 fn str_value(s: &str) -> OwnedValue {

@@ -29,7 +29,7 @@ pub struct RebootOutcome {
     pub discarded: bool,
     /// An unlocked staged deployment's finalization failed (`fail_finalize`).
     pub finalize_failed: bool,
-    /// The manifest digest of the deployment booted now.
+    /// The catalog digest of the image booted now (what the refspec pinned).
     pub booted_digest: String,
     /// Its kernel release.
     pub booted_kernel: String,
@@ -150,7 +150,7 @@ impl FakeRpmOstreed {
                 applied,
                 discarded: staged && !applied,
                 finalize_failed: staged && !locked && fail_finalize,
-                booted_digest: booted.container_image_reference_digest.clone(),
+                booted_digest: booted.image_digest.clone(),
                 booted_kernel: booted.kernel.clone(),
                 cmdline: booted
                     .disk

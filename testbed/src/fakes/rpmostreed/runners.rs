@@ -50,7 +50,7 @@ impl Daemon {
             let merge = state.default_for(&self.osname);
             (
                 merge.map(|d| d.container_image_reference.clone()),
-                merge.map(|d| d.container_image_reference_digest.clone()),
+                merge.map(|d| d.image_digest.clone()),
                 merge.map(|d| d.layering.clone()).unwrap_or_default(),
                 state.booted().map(|d| d.kargs()).unwrap_or_default(),
             )
@@ -115,7 +115,7 @@ impl Daemon {
         let already_pulled = lock(&self.state)
             .deployments
             .iter()
-            .any(|d| d.container_image_reference_digest == image.digest);
+            .any(|d| d.image_digest == image.digest);
         if !already_pulled {
             self.update_record(txn.id, |r| r.pulled = true);
             self.pull_layers(txn, &imgref.to_string(), &image.digest)
