@@ -142,3 +142,37 @@ async fn staged_and_booted_images_are_imported_by_ostree_ext() {
         "ostree-ext's commit has no version: {meta:?}"
     );
 }
+
+/// Whether one of `commits` is the image of platform manifest `digest`.
+fn has_image(commits: &BTreeMap<String, (String, BTreeMap<String, String>)>, digest: &str) -> bool {
+    commits
+        .values()
+        .any(|(_, meta)| meta.get("ostree.manifest-digest").map(String::as_str) == Some(digest))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanup_prunes_the_image_no_deployment_uses() {
+    let mut env = Env::new("import-prune").await;
+    env.start_streamd();
+    env.wait_state("Idle").await;
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    let repo = env.tb.dir().join("sysroot/ostree/repo");
+    let reg = env.tb.registry();
+    let rhel9 = reg.os_images()[0].platforms[0].digest.clone();
+    let rhel10 = reg.os_images()[1].platforms[0].digest.clone();
+    assert!(has_image(&image_commits(&repo), &rhel10));
+
+    // Withdrawn, the stage is cleaned up; as rpm-ostree v2025.5 did when run beside the
+    // project, the image no deployment uses goes with it (the booted one stays).
+    env.withdraw_request();
+    env.wait_state("Idle").await;
+    let commits = image_commits(&repo);
+    assert!(!has_image(&commits, &rhel10), "{commits:#?}");
+    assert!(has_image(&commits, &rhel9), "{commits:#?}");
+
+    // Asked again, it is imported again.
+    env.request_rhel10();
+    env.wait_state("Staged").await;
+    assert!(has_image(&image_commits(&repo), &rhel10));
+}

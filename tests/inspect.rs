@@ -70,15 +70,23 @@ async fn an_os_images_base_packages_are_read_from_its_layer_annotations() {
                 .os_image(&image(&img.pullspec), arch)
                 .await
                 .expect("inspected");
-            // rpm-ostree's name for the content no package owns is a component too.
+            // rpm-ostree's name for the content no package owns is a component too; a package
+            // that owns no file (the `kernel` meta-package) is in no layer's list.
             let want: std::collections::BTreeSet<String> =
                 testbed::fixtures::packages::base_packages(img, arch)
                     .into_iter()
                     .map(|p| p.name)
+                    .filter(|name| name != "kernel")
                     .chain(["rpmostree-unpackaged-content".to_string()])
                     .collect();
             assert_eq!(info.base_packages.as_ref(), Some(&want), "{arch}");
             assert!(want.contains("kernel-modules-extra"));
+            // What streamd asks rpm-ostree to remove still names it (kernel requires kernel-core).
+            assert_eq!(
+                streamd::backend::kernel::default_kernel_packages_in(info.base_packages.as_ref()),
+                streamd::backend::kernel::DEFAULT_KERNEL_PACKAGES.to_vec(),
+                "{arch}"
+            );
         }
     }
 }

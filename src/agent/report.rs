@@ -72,9 +72,17 @@ impl Report {
         self.status.reason = reason;
     }
 
-    /// The staging transaction's progress in percent.
+    /// The staging transaction's progress in percent (a new staging starts it).
     pub(super) fn set_progress(&mut self, percent: u8) {
         self.status.progress = Some(percent);
+    }
+
+    /// Raises the staging's progress to `percent`, never lowers it: after a layered pull's layer
+    /// tasks rpm-ostree reports its own percentages from 0 again ("Processing packages", seen on
+    /// rpm-ostree v2026.2 run beside the project), which must not read as work undone.
+    pub(super) fn raise_progress(&mut self, percent: u8) {
+        let now = self.status.progress.unwrap_or(0);
+        self.status.progress = Some(now.max(percent));
     }
 
     /// The request as reported: `inputs`, and `observed` (its hash), when it is acted on.
@@ -191,8 +199,17 @@ mod tests {
             }
         );
         assert_eq!((r.status().progress, r.status().last_change), (Some(40), 1));
+        // Within one staging a later task's percentages from 0 do not move it back.
+        r.raise_progress(85);
+        r.raise_progress(3);
+        assert_eq!(r.status().progress, Some(85));
+        r.raise_progress(100);
+        assert_eq!(r.status().progress, Some(100));
         r.set_state(State::Staged, String::new(), Vec::new(), 3);
         assert_eq!(r.status().progress, None);
+        // The next staging starts from 0 again.
+        r.set_progress(0);
+        assert_eq!(r.status().progress, Some(0));
     }
 
     #[test]

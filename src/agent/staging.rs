@@ -402,7 +402,7 @@ impl Agent {
     pub(super) async fn on_progress(&mut self, ev: TxnEvent) {
         let text = match ev {
             TxnEvent::Percent(text, pct) => {
-                self.report.set_progress(pct);
+                self.report.raise_progress(pct);
                 text
             }
             TxnEvent::Message(text) => text,

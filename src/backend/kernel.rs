@@ -120,12 +120,16 @@ pub const DEFAULT_KERNEL_PACKAGES: [&str; 5] = [
 /// (`base`, from the image's layer annotations: `crate::image::registry::components`) and
 /// names `kernel-core`, which every RHEL 9 and 10 kernel has; otherwise all five, the
 /// machine-config daemon's list (a base that is not chunked, or whose list is unknown, is
-/// taken to be RHEL CoreOS, which carries all five).
+/// taken to be RHEL CoreOS, which carries all five). `kernel` itself is a meta-package without
+/// files, which no layer's list names (a chunk lists the packages whose files it holds): it is
+/// taken to be there with `kernel-core`, which it requires — left out, rpm-ostree fails the
+/// stage "Could not depsolve transaction … kernel requires kernel-core" (seen on rpm-ostree
+/// v2025.5 run beside the project).
 pub fn default_kernel_packages_in(base: Option<&BTreeSet<String>>) -> Vec<&'static str> {
     match base {
         Some(names) if names.contains("kernel-core") => DEFAULT_KERNEL_PACKAGES
             .into_iter()
-            .filter(|p| names.contains(*p))
+            .filter(|p| *p == "kernel" || names.contains(*p))
             .collect(),
         _ => DEFAULT_KERNEL_PACKAGES.to_vec(),
     }
@@ -254,6 +258,17 @@ mod tests {
                     "kernel-modules",
                     "kernel-modules-core",
                 ],
+            ),
+            (
+                "the file-less kernel meta-package is in no layer's list",
+                Some(set(&[
+                    "bash",
+                    "kernel-core",
+                    "kernel-modules",
+                    "kernel-modules-core",
+                    "kernel-modules-extra",
+                ])),
+                all.clone(),
             ),
             (
                 "a list without kernel-core says nothing of the kernel",

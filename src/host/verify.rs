@@ -134,8 +134,9 @@ const PER_DEPLOYMENT_KARGS: [&str; 2] = ["ostree=", "BOOT_IMAGE="];
 /// deployments matching `staged` and `booted` (stateroot, checksum and deploy serial), and
 /// checks: the image digest; that the staged kernel arguments contain every argument of the
 /// booted deployment (as multisets, ignoring `ostree=` and `BOOT_IMAGE=`) and `fips=1` on a
-/// FIPS node; that the staged tree has exactly one `/usr/lib/modules/<release>` whose suffix
-/// matches `exp.kernel`; that its os-release major is `exp.target_major`; and on a FIPS node
+/// FIPS node; that the staged tree has exactly one kernel, `/usr/lib/modules/<release>/vmlinuz`,
+/// whose release suffix matches `exp.kernel` (a directory without `vmlinuz`, e.g. what a removed
+/// kernel's unowned files leave, is no kernel: rpm-ostree's `find_dir_with_vmlinuz`); that its os-release major is `exp.target_major`; and on a FIPS node
 /// that it has `/usr/share/crypto-policies/policies/FIPS.pol` and a dracut module directory
 /// named `*fips*` (RHEL 10 has no `fips-mode-setup`, so that is not required).
 ///
@@ -377,10 +378,10 @@ fn variant_of_release(release: &str) -> KernelVariant {
     }
 }
 
-/// The kernel problem of a tree whose `/usr/lib/modules` holds directories `releases`.
+/// The kernel problem of a tree whose `/usr/lib/modules` holds kernels `releases`.
 fn check_modules(releases: &[String], want: KernelVariant) -> Option<String> {
     match releases {
-        [] => Some("the staged tree has no kernel directory in /usr/lib/modules".to_string()),
+        [] => Some("the staged tree has no kernel (vmlinuz) in /usr/lib/modules".to_string()),
         [release] => {
             let got = variant_of_release(release);
             (got != want).then(|| {
@@ -393,7 +394,7 @@ fn check_modules(releases: &[String], want: KernelVariant) -> Option<String> {
             })
         }
         many => Some(format!(
-            "the staged tree has {} kernel directories in /usr/lib/modules ({}), expected exactly one",
+            "the staged tree has {} kernels (vmlinuz) in /usr/lib/modules ({}), expected exactly one",
             many.len(),
             many.join(", ")
         )),
@@ -403,7 +404,7 @@ fn check_modules(releases: &[String], want: KernelVariant) -> Option<String> {
 /// Checks the files of the deployment checkout at `root`.
 fn check_tree(root: &Path, exp: &Expectation) -> Result<Vec<String>, VerifyError> {
     let mut out = Vec::new();
-    let mut releases = subdirs(root, "usr/lib/modules")?;
+    let mut releases = kernel_dirs(root)?;
     releases.sort();
     out.extend(check_modules(&releases, exp.kernel));
 
@@ -526,6 +527,26 @@ fn subdirs(root: &Path, rel: &str) -> Result<Vec<String>, VerifyError> {
     Ok(out)
 }
 
+/// The directories of `usr/lib/modules` below `root` that hold a kernel: as rpm-ostree and
+/// libostree find the kernel (coreos/rpm-ostree v2025.5 src/libpriv/rpmostree-kernel.cxx
+/// `find_dir_with_vmlinuz`: "Ignore directories without vmlinuz"), a directory with anything
+/// else only (a removed kernel's unowned `extra/`, a kmod's `weak-updates/`) is not one.
+fn kernel_dirs(root: &Path) -> Result<Vec<String>, VerifyError> {
+    let mut out = Vec::new();
+    for name in subdirs(root, "usr/lib/modules")? {
+        let Some(dir) = resolve_in_root(root, &format!("usr/lib/modules/{name}"))? else {
+            continue;
+        };
+        let vmlinuz = dir.join("vmlinuz");
+        match std::fs::symlink_metadata(&vmlinuz) {
+            Ok(_) => out.push(name),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_error(&vmlinuz, e)),
+        }
+    }
+    Ok(out)
+}
+
 /// The text of the file `rel` below `root`, if it exists.
 fn read_in_root(root: &Path, rel: &str) -> Result<Option<String>, VerifyError> {
     match resolve_in_root(root, rel)? {
@@ -608,7 +629,7 @@ mod tests {
             "6.12.0-1.el10.x86_64+rt".to_string(),
         ];
         let many = check_modules(&two, KernelVariant::Realtime).expect("two kernels");
-        assert!(many.contains("2 kernel directories"), "{many}");
+        assert!(many.contains("2 kernels (vmlinuz)"), "{many}");
     }
 
     /// A scratch directory (removed on drop) to put files in.
@@ -660,6 +681,14 @@ mod tests {
         .expect("link");
         let rt_fips = expectation(KernelVariant::Realtime, true);
         assert_eq!(check_tree(&t.0, &rt_fips), Ok(Vec::new()));
+        // What a removed default kernel's unowned files leave is no second kernel (seen on real
+        // rpm-ostree v2025.5: it staged such a tree, and streamd had refused it).
+        t.put("usr/lib/modules/6.12.0-1.el10.x86_64/extra/kmod.ko", "m");
+        assert_eq!(check_tree(&t.0, &rt_fips), Ok(Vec::new()));
+        t.put("usr/lib/modules/6.12.0-1.el10.x86_64/vmlinuz", "k");
+        let two = check_tree(&t.0, &rt_fips).expect("readable");
+        assert!(two[0].contains("2 kernels (vmlinuz)"), "{two:#?}");
+        std::fs::remove_dir_all(t.0.join("usr/lib/modules/6.12.0-1.el10.x86_64")).expect("rm");
 
         // Every difference at once.
         let wrong = Expectation {
@@ -701,7 +730,7 @@ mod tests {
         let problems =
             check_tree(&t.0, &expectation(KernelVariant::Default, false)).expect("readable");
         assert_eq!(problems.len(), 2, "{problems:#?}");
-        assert!(problems[0].contains("no kernel directory"), "{problems:#?}");
+        assert!(problems[0].contains("no kernel (vmlinuz)"), "{problems:#?}");
         assert!(problems[1].contains("no os-release"), "{problems:#?}");
     }
 

@@ -188,11 +188,12 @@ mod tests {
 
     #[test]
     fn layer_tasks_are_progress_on_either_numbering() {
-        // v2026.2: the layer starting, from 1; the v2024.9 to v2026.1 spelling has no sha256:.
+        // v2026.2: the layer starting, from 1 (19 hex digits, as v2026.2 printed them beside the
+        // project; a `sha256:` spelling is read the same).
         assert_eq!(
             pull(&[
-                "[1/12] Fetching ostree chunk sha256:ab12 (100.0 MB)",
-                "[7/12] Fetching ostree chunk sha256:ab12 (100.0 MB)",
+                "[1/12] Fetching ostree chunk 5b8974d2e5d7040b984 (100.0 MB)",
+                "[7/12] Fetching ostree chunk 5b8974d2e5d7040b984 (100.0 MB)",
                 "[12/12] Fetching layer sha256:ab12 (5 MB)",
             ]),
             vec![Some(0), Some(50), Some(91)]

@@ -263,7 +263,47 @@ async fn realtime_hosts_carry_el9_kernel_overrides_until_replaced() {
         ("uninstall-packages", uninstall),
         ("install-local-packages", Value::from(fds)),
     ]);
-    assert_eq!(env.deploy(&modifiers).await, (true, String::new()));
+    let signals = env.update(&modifiers, &Dict::new()).await;
+    assert_eq!(signals.finished, Some((true, String::new())));
+    // The assembly's own percentages, from 0 again after the pull, and its tasks, as rpm-ostree
+    // v2026.2 sent them for this move beside the project.
+    let percents: Vec<(String, u32)> = signals
+        .all
+        .iter()
+        .filter(|(m, _)| m == "PercentProgress")
+        .map(|(_, msg)| msg.body().deserialize().expect("(su)"))
+        .collect();
+    let mut want = vec![
+        ("Importing rpm-md".to_string(), 0),
+        ("Processing packages".to_string(), 0),
+    ];
+    want.extend((1..=9).map(|k| {
+        (
+            format!("Processing packages ({k}/9)"),
+            if k == 9 { 100 } else { 0 },
+        )
+    }));
+    assert_eq!(percents, want);
+    let tasks = signals.strings("TaskBegin");
+    let after = tasks
+        .iter()
+        .skip_while(|t| *t != "Resolving dependencies")
+        .skip(1)
+        .map(String::as_str)
+        .collect::<Vec<_>>();
+    assert_eq!(
+        after,
+        [
+            "Running systemd-sysusers",
+            "Running pre scripts",
+            "Running post scripts",
+            "Running posttrans scripts",
+            "Writing rpmdb",
+            "Generating initramfs",
+            "Writing OSTree commit",
+            "Staging deployment"
+        ]
+    );
     let staged = &env.deployments().await[0];
     assert!(bool_of(staged, "staged"));
     assert_eq!(strv_of(staged, "requested-local-packages"), el10);

@@ -212,7 +212,7 @@ pub(crate) fn resolve_removals(l: &Layering, target: &TestImage, arch: &str) -> 
 /// The depsolve of the new base plus the layering. Repo packages resolve against the target's
 /// extensions repository ("Packages not found: …", `rpmostree-core`); a local RPM built for
 /// another EL major cannot be installed on the target base.
-pub(crate) fn depsolve(l: &Layering, target: &TestImage) -> Result<(), String> {
+pub(crate) fn depsolve(l: &Layering, target: &TestImage, arch: &str) -> Result<(), String> {
     let missing: Vec<&str> = l
         .requested_packages
         .iter()
@@ -245,7 +245,7 @@ pub(crate) fn depsolve(l: &Layering, target: &TestImage) -> Result<(), String> {
         ));
     }
     // The local packages' Requires against the new base plus themselves (rpms engineer).
-    super::depsolve::local_packages(l, target)
+    super::depsolve::local_packages(l, target, arch)
 }
 
 /// The kernel a deployment with layering `l` of `target` boots: the variant whose `-core`
@@ -708,7 +708,7 @@ mod tests {
     fn carried_el9_kernel_overrides_fail_the_el10_depsolve() {
         let images = catalog(DEFAULT_REGISTRY);
         let carried = apply_changes(&rt_booted(), &PackageChanges::default()).expect("apply");
-        let err = depsolve(&carried, &images[1]).expect_err("el9 kernel-rt on el10");
+        let err = depsolve(&carried, &images[1], "x86_64").expect_err("el9 kernel-rt on el10");
         assert!(
             err.starts_with("Could not depsolve transaction; 1 problem detected:\n Problem: "),
             "{err}"
@@ -717,7 +717,7 @@ mod tests {
             err.contains("kernel-rt-core-5.14.0-570.60.1.el9_6.x86_64"),
             "{err}"
         );
-        assert_eq!(depsolve(&carried, &images[0]), Ok(()));
+        assert_eq!(depsolve(&carried, &images[0], "x86_64"), Ok(()));
 
         // Resetting the overrides and swapping in el10 kernel-rt RPMs solves.
         let el10: Vec<LocalRpm> = [
@@ -740,7 +740,7 @@ mod tests {
             ..PackageChanges::default()
         };
         let swapped = apply_changes(&rt_booted(), &changes).expect("apply");
-        assert_eq!(depsolve(&swapped, &images[1]), Ok(()));
+        assert_eq!(depsolve(&swapped, &images[1], "x86_64"), Ok(()));
         assert_eq!(
             kernel_of(&swapped, &images[1], "x86_64"),
             (
@@ -787,7 +787,7 @@ mod tests {
             ..Layering::default()
         };
         assert_eq!(
-            depsolve(&l, &images[1]),
+            depsolve(&l, &images[1], "x86_64"),
             Err("Packages not found: htop".to_string())
         );
     }

@@ -9,7 +9,11 @@
 //!
 //! Modelled: versioned Requires against Provides (rpm's range overlap, rpmvercmp via
 //! `rpm-version`), the base packages' own `name = evr` and the few files local packages
-//! require by path. Not modelled: rich (`(… if …)`) dependencies, conflicts and obsoletes,
+//! require by path, and of the base packages' own Requires those of the `kernel` meta-package
+//! (kernel.spec: `kernel-core-uname-r`, `kernel-modules-uname-r`, `kernel-modules-core-uname-r`
+//! `= %{KVERREL}`), so a removal of `kernel-core` that keeps `kernel` fails as libsolv words it
+//! for an installed package ("package kernel-… from @System requires …, but none of the
+//! providers can be installed", seen on rpm-ostree v2025.5 run beside the project). Not modelled: rich (`(… if …)`) dependencies, conflicts and obsoletes,
 //! and the packages of a fixture's booted deployment, whose headers the fake never read
 //! (they were depsolved when they were layered). libsolv may group problems differently;
 //! here each local package with unmet Requires is one problem.
@@ -141,6 +145,9 @@ const BASE_FILES: [(&str, &str); 4] = [
     ("/usr/bin/kernel-install", "systemd"),
 ];
 
+/// The default-kernel subpackages whose `<name>-uname-r` the `kernel` meta-package requires.
+const KERNEL_META_REQUIRES: [&str; 3] = ["kernel-core", "kernel-modules", "kernel-modules-core"];
+
 /// The base packages of `target` for `arch` left after the layering's removals.
 fn base(l: &Layering, target: &TestImage, arch: &str) -> Vec<Package> {
     packages::base_packages(target, arch)
@@ -150,8 +157,14 @@ fn base(l: &Layering, target: &TestImage, arch: &str) -> Vec<Package> {
                 .iter()
                 .any(|r| *r == n.name || *r == n.to_string())
         })
-        .map(|n| Package {
-            provides: BASE_FILES
+        .map(|n| {
+            let kver = format!("{}-{}.{}", n.version, n.release, n.arch);
+            let uname = |name: &str| Dep {
+                name: format!("{name}-uname-r"),
+                flags: EQUAL,
+                version: kver.clone(),
+            };
+            let mut provides: Vec<Dep> = BASE_FILES
                 .iter()
                 .filter(|(_, owner)| *owner == n.name)
                 .map(|(file, _)| Dep {
@@ -159,16 +172,28 @@ fn base(l: &Layering, target: &TestImage, arch: &str) -> Vec<Package> {
                     flags: 0,
                     version: String::new(),
                 })
-                .collect(),
-            requires: Vec::new(),
-            nevra: n,
+                .collect();
+            if KERNEL_META_REQUIRES.contains(&n.name.as_str()) {
+                provides.push(uname(&n.name));
+            }
+            let requires = if n.name == "kernel" {
+                KERNEL_META_REQUIRES.iter().map(|s| uname(s)).collect()
+            } else {
+                Vec::new()
+            };
+            Package {
+                provides,
+                requires,
+                nevra: n,
+            }
         })
         .collect()
 }
 
 /// Depsolves the layering's local packages against `target`'s base plus themselves; `Err`
-/// is rpm-ostree's message.
-pub(crate) fn local_packages(l: &Layering, target: &TestImage) -> Result<(), String> {
+/// is rpm-ostree's message. The kept base packages' Requires are checked too (`arch`: the
+/// host's).
+pub(crate) fn local_packages(l: &Layering, target: &TestImage, arch: &str) -> Result<(), String> {
     let local: Vec<Package> = {
         let cache = PKGCACHE
             .lock()
@@ -179,50 +204,66 @@ pub(crate) fn local_packages(l: &Layering, target: &TestImage) -> Result<(), Str
             .filter_map(|n| cache.get(n).cloned())
             .collect()
     };
-    let Some(arch) = local.first().map(|p| p.nevra.arch.clone()) else {
-        return Ok(());
-    };
-    let mut sack = base(l, target, &arch);
+    let kept = base(l, target, arch);
+    let mut sack = kept.clone();
     sack.extend(local.iter().cloned());
-    let problems: Vec<Vec<String>> = local
+    let unmet = |pkg: &Package| -> Vec<Dep> {
+        pkg.requires
+            .iter()
+            // Rich dependencies are not modelled (see the module documentation).
+            .filter(|r| !r.name.starts_with('('))
+            .filter(|r| !sack.iter().any(|p| p.provides(r)))
+            .cloned()
+            .collect()
+    };
+    // An installed package whose Requires the removals broke: libsolv's "none of the providers
+    // can be installed" (one problem per requirement).
+    let mut problems: Vec<(String, Vec<String>)> = kept
         .iter()
-        .filter_map(|pkg| {
-            let unmet: Vec<String> = pkg
-                .requires
-                .iter()
-                // Rich dependencies are not modelled (see the module documentation).
-                .filter(|r| !r.name.starts_with('('))
-                .filter(|r| !sack.iter().any(|p| p.provides(r)))
-                .map(|r| {
+        .flat_map(|pkg| {
+            unmet(pkg).into_iter().map(|r| {
+                (
                     format!(
-                        "nothing provides {r} needed by {} from @commandline",
+                        "package {} from @System requires {r}, but none of the providers can be installed",
                         pkg.nevra
-                    )
-                })
-                .collect();
-            (!unmet.is_empty()).then_some(unmet)
+                    ),
+                    vec!["conflicting requests".to_string()],
+                )
+            })
         })
         .collect();
+    problems.extend(local.iter().filter_map(|pkg| {
+        let rules: Vec<String> = unmet(pkg)
+            .iter()
+            .map(|r| {
+                format!(
+                    "nothing provides {r} needed by {} from @commandline",
+                    pkg.nevra
+                )
+            })
+            .collect();
+        (!rules.is_empty()).then(|| ("conflicting requests".to_string(), rules))
+    }));
     if problems.is_empty() {
         return Ok(());
     }
     Err(problems_message(&problems))
 }
 
-/// libdnf's `dnf_goal_depsolve` text for `problems` (each a list of libsolv rule texts).
-fn problems_message(problems: &[Vec<String>]) -> String {
+/// libdnf's `dnf_goal_depsolve` text for `problems` (each libsolv's problem and its rules).
+fn problems_message(problems: &[(String, Vec<String>)]) -> String {
     let n = problems.len();
     let mut out = format!(
         "Could not depsolve transaction; {n} problem{} detected:",
         if n == 1 { "" } else { "s" }
     );
-    for (i, rules) in problems.iter().enumerate() {
+    for (i, (problem, rules)) in problems.iter().enumerate() {
         let label = if n == 1 {
             "Problem".to_string()
         } else {
             format!("Problem {}", i + 1)
         };
-        out.push_str(&format!("\n {label}: conflicting requests"));
+        out.push_str(&format!("\n {label}: {problem}"));
         for rule in rules {
             out.push_str(&format!("\n  - {rule}"));
         }
@@ -297,12 +338,13 @@ mod tests {
         let el10 = &images[1];
         let (kver, release) = ("6.12.0-124.8.1.el10_1.x86_64+rt", "124.8.1.el10_1");
         let full = rt(kver, release, &["core", "modules", "modules-core"]);
-        assert_eq!(local_packages(&layering(&full), el10), Ok(()));
+        assert_eq!(local_packages(&layering(&full), el10, "x86_64"), Ok(()));
 
         // Another build's modules-core does not provide this build's uname-r.
         let mut stale = rt(kver, release, &["core", "modules"]);
         stale.extend(rt("6.12.0-1.el10.x86_64+rt", "1.el10", &["modules-core"]));
-        let err = local_packages(&layering(&stale), el10).expect_err("stale modules-core");
+        let err =
+            local_packages(&layering(&stale), el10, "x86_64").expect_err("stale modules-core");
         assert_eq!(
             err,
             "Could not depsolve transaction; 3 problems detected:\n \
@@ -315,11 +357,42 @@ mod tests {
         );
 
         let missing = rt(kver, release, &["core"]);
-        let err = local_packages(&layering(&missing), el10).expect_err("no modules-core");
+        let err = local_packages(&layering(&missing), el10, "x86_64").expect_err("no modules-core");
         assert!(
             err.starts_with("Could not depsolve transaction; 1 problem detected:\n Problem: conflicting requests\n  - nothing provides kernel-rt-modules-core-uname-r"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_kernel_meta_package_kept_without_kernel_core_fails_as_libsolv_says() {
+        let images = catalog(DEFAULT_REGISTRY);
+        let el10 = &images[1];
+        let core = packages::base_packages(el10, "x86_64")
+            .into_iter()
+            .find(|n| n.name == "kernel-core")
+            .expect("kernel-core in the base");
+        let kver = format!("{}-{}.{}", core.version, core.release, core.arch);
+        let mut l = Layering {
+            requested_base_removals: vec!["kernel-core".into()],
+            ..Layering::default()
+        };
+        // The words rpm-ostree v2025.5 printed for `override reset kernel` on a realtime host.
+        assert_eq!(
+            local_packages(&l, el10, "x86_64"),
+            Err(format!(
+                "Could not depsolve transaction; 1 problem detected:\n \
+                 Problem: package kernel-{}-{}.x86_64 from @System requires kernel-core-uname-r = {kver}, but none of the providers can be installed\n  \
+                 - conflicting requests",
+                core.version, core.release
+            ))
+        );
+        // Removing the meta-package too (the machine-config daemon's five) is solvable.
+        l.requested_base_removals = crate::fixtures::DEFAULT_KERNEL_PACKAGES
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(local_packages(&l, el10, "x86_64"), Ok(()));
     }
 
     #[test]
@@ -333,17 +406,20 @@ mod tests {
         };
         let pkg = needs(dep("kernel-core", 0, ""));
         let mut l = layering(std::slice::from_ref(&pkg));
-        assert!(local_packages(&l, el10).is_err(), "kernel-core is removed");
+        assert!(
+            local_packages(&l, el10, "x86_64").is_err(),
+            "kernel-core is removed"
+        );
         l.requested_base_removals.clear();
         assert_eq!(
-            local_packages(&l, el10),
+            local_packages(&l, el10, "x86_64"),
             Ok(()),
             "kept: the base provides it"
         );
         let sh = needs(dep("/bin/sh", 0, ""));
-        assert_eq!(local_packages(&layering(&[sh]), el10), Ok(()));
+        assert_eq!(local_packages(&layering(&[sh]), el10, "x86_64"), Ok(()));
         let newer = needs(dep("systemd", GREATER | EQUAL, "999"));
-        let err = local_packages(&layering(&[newer]), el10).expect_err("too old");
+        let err = local_packages(&layering(&[newer]), el10, "x86_64").expect_err("too old");
         assert!(
             err.contains(
                 "nothing provides systemd >= 999 needed by x-1-1.el10.x86_64 from @commandline"

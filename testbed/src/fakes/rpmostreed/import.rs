@@ -113,6 +113,40 @@ async fn import_here(
     Ok(commit)
 }
 
+/// Removes the container images of the repository of `sysroot` that none of `origins` (the
+/// deployments' `container-image-reference`s) names, then the layers no image uses: ostree-ext's
+/// `remove_undeployed_images` and `gc_image_layers`, as rpm-ostree's `container_prune` runs them
+/// (coreos/rpm-ostree v2025.5 rust/src/sysroot_upgrade.rs), over the fake's own deployment list
+/// (libostree 2022.7 does not list a staged deployment on this unbooted sysroot). Returns the
+/// images and layers removed; objects stay until a repository prune.
+pub(crate) async fn prune(sysroot: &Path, origins: Vec<String>) -> anyhow::Result<(u32, u32)> {
+    let repo_path = super::ostree::repo(sysroot);
+    tokio::task::spawn_blocking(move || {
+        let repo = ostree::Repo::new_for_path(&repo_path);
+        repo.open(ostree::gio::Cancellable::NONE)
+            .with_context(|| format!("opening {}", repo_path.display()))?;
+        let used: std::collections::HashSet<ImageReference> = origins
+            .iter()
+            .filter_map(|o| o.parse::<OstreeImageReference>().ok())
+            .map(|o| o.imgref)
+            .collect();
+        let mut images = 0;
+        for name in ostree_ext::container::store::list_images(&repo)? {
+            let Ok(image) = ImageReference::try_from(name.as_str()) else {
+                continue;
+            };
+            if !used.contains(&image) {
+                ostree_ext::container::store::remove_image(&repo, &image)?;
+                images += 1;
+            }
+        }
+        let layers = ostree_ext::container::store::gc_image_layers(&repo)?;
+        Ok((images, layers))
+    })
+    .await
+    .context("the prune thread")?
+}
+
 /// The metadata of image commit `commit` in the repository of `sysroot`, read as rpm-ostree
 /// reads it for `base-commit-meta` and `container-image-reference-digest`
 /// (rpmostreed-deployment-utils.cxx `rpmostreed_deployment_generate_variant`).

@@ -231,13 +231,14 @@ impl OsIface {
         };
         self.daemon
             .begin_txn(req, |_| {
-                let (mut pending, mut rollback) = (false, false);
+                let (mut pending, mut rollback, mut base) = (false, false, false);
                 for element in &elements {
                     match element.as_str() {
                         "pending-deploy" => pending = true,
                         "rollback-deploy" => rollback = true,
-                        // The fake has no repo to prune and no rpm-md cache.
-                        "base" | "repomd" => {}
+                        "base" => base = true,
+                        // The fake has no rpm-md cache.
+                        "repomd" => {}
                         other => {
                             return Err(DaemonError::GioFailed(format!(
                                 "Invalid cleanup type: {other}"
@@ -245,7 +246,11 @@ impl OsIface {
                         }
                     }
                 }
-                Ok(Work::Cleanup { pending, rollback })
+                Ok(Work::Cleanup {
+                    pending,
+                    rollback,
+                    base,
+                })
             })
             .await
     }

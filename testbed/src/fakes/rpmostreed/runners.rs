@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use super::deploy::{
     NewDeployment, add_removals, apply_changes, commit_image, depsolve, drop_inactive_removals,
-    low_disk, resolve_removals, sanity_check, write_deployment,
+    kernel_of, low_disk, resolve_removals, sanity_check, write_deployment,
 };
 use super::model::{CHUNK_BYTES, CHUNK_COUNT};
 use super::realstage::RealOp;
@@ -150,8 +150,15 @@ impl Daemon {
             txn.emit(Signal::TaskBegin(&format!("Checking out tree {short}")))
                 .await;
             txn.emit(Signal::TaskEnd("done")).await;
+            // The assembly's signals as rpm-ostree v2025.5 and v2026.2 sent them beside the
+            // project (src/libpriv/rpmostree-core.cxx): percentages of their own, from 0, after
+            // the pull's layer tasks.
+            txn.emit(Signal::Message("No enabled rpm-md repositories."))
+                .await;
+            txn.emit(Signal::Percent("Importing rpm-md", 0)).await;
+            txn.emit(Signal::ProgressEnd).await;
             txn.emit(Signal::TaskBegin("Resolving dependencies")).await;
-            depsolve(&layering, image)?;
+            depsolve(&layering, image, &self.arch)?;
             txn.emit(Signal::TaskEnd("done")).await;
             let overrides = layering.requested_base_removals.len()
                 + layering.requested_base_local_replacements.len();
@@ -161,13 +168,29 @@ impl Daemon {
                 "Applying {overrides} overrides and {overlays} overlays"
             )))
             .await;
-            for task in [
-                "Processing packages",
-                "Running pre scripts",
-                "Running post scripts",
-            ] {
+            let items = overrides + overlays;
+            txn.emit(Signal::Percent("Processing packages", 0)).await;
+            for k in 1..=items {
+                let pct = if k == items { 100 } else { 0 };
+                txn.emit(Signal::Percent(
+                    &format!("Processing packages ({k}/{items})"),
+                    pct,
+                ))
+                .await;
+            }
+            txn.emit(Signal::ProgressEnd).await;
+            txn.pause(STEP).await?;
+            let kernel_changed = kernel_of(&layering, image, &self.arch).1 != image.kernel;
+            let tasks = [
+                ("Running systemd-sysusers", self.version.runs_sysusers()),
+                ("Running pre scripts", true),
+                ("Running post scripts", true),
+                ("Running posttrans scripts", true),
+                ("Writing rpmdb", true),
+                ("Generating initramfs", kernel_changed),
+            ];
+            for (task, _) in tasks.iter().filter(|(_, runs)| *runs) {
                 txn.emit(Signal::TaskBegin(task)).await;
-                txn.pause(STEP).await?;
                 txn.emit(Signal::TaskEnd("done")).await;
             }
         }
@@ -253,18 +276,17 @@ impl Daemon {
     /// v2026.1), or the layer starting, from 1, with `sha256:` (v2026.2, da4b4fa0).
     fn layer_task(&self, i: u32, layer: &str) -> String {
         let size = format_size(CHUNK_BYTES);
-        if self.version.layers_from_one() {
-            format!(
-                "[{}/{CHUNK_COUNT}] Fetching ostree chunk sha256:{} ({size})",
-                i + 1,
-                &layer[..12]
-            )
+        // ostree-ext's `layer_progress_format` takes 12 + 7 characters of the digest's hex
+        // part (its comment means `sha256:`; oci-spec's `digest()` has none), in every release.
+        let k = if self.version.layers_from_one() {
+            i + 1
         } else {
-            format!(
-                "[{i}/{CHUNK_COUNT}] Fetching ostree chunk {} ({size})",
-                &layer[..19]
-            )
-        }
+            i
+        };
+        format!(
+            "[{k}/{CHUNK_COUNT}] Fetching ostree chunk {} ({size})",
+            &layer[..19]
+        )
     }
 
     /// The messages and tasks of an ostree-ext container import. On a `low-disk` host the
@@ -364,11 +386,16 @@ impl Daemon {
         Ok(())
     }
 
+    /// `cleanup_transaction_execute`: the deployments asked for go; when one went (or `base`
+    /// was asked), `rpmostree_syscore_cleanup` prunes the container images no deployment's
+    /// origin names and their layers (`container_prune`), so staging the same image again pulls
+    /// it again.
     pub(super) async fn run_cleanup(
         &self,
         txn: &Txn,
         pending: bool,
         rollback: bool,
+        base: bool,
     ) -> Result<(), String> {
         self.injected_failure(txn).await?;
         let mut changed = false;
@@ -390,6 +417,25 @@ impl Daemon {
         if changed {
             info!(txn = txn.id, pending, rollback, "cleaned up deployments");
             self.notify_deployments().await;
+        } else if pending || rollback {
+            txn.emit(Signal::Message("Deployments unchanged.")).await;
+        }
+        if changed || base {
+            let origins: Vec<String> = lock(&self.state)
+                .deployments
+                .iter()
+                .map(|d| d.container_image_reference.clone())
+                .collect();
+            let (images, layers) = super::import::prune(&self.sysroot, origins)
+                .await
+                .map_err(|e| format!("syscore cleanup: {e:#}"))?;
+            if images > 0 || layers > 0 {
+                info!(txn = txn.id, images, layers, "pruned container images");
+                txn.emit(Signal::Message(&format!(
+                    "Pruned images: {images} (layers: {layers})"
+                )))
+                .await;
+            }
         }
         Ok(())
     }

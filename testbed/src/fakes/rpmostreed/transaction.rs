@@ -58,6 +58,8 @@ pub(crate) enum Work {
     Cleanup {
         pending: bool,
         rollback: bool,
+        /// `base`: prune what no deployment uses, also when no deployment is removed.
+        base: bool,
     },
     Finalize(FinalizePlan),
     /// A deploy request `deploy_transaction_execute` refuses: it fails with this message once
@@ -456,9 +458,11 @@ impl Daemon {
             Err(e) => Err(e),
             Ok(()) => match &txn.work {
                 Work::Deploy(plan) => self.run_deploy(&txn, plan).await,
-                Work::Cleanup { pending, rollback } => {
-                    self.run_cleanup(&txn, *pending, *rollback).await
-                }
+                Work::Cleanup {
+                    pending,
+                    rollback,
+                    base,
+                } => self.run_cleanup(&txn, *pending, *rollback, *base).await,
                 Work::Finalize(plan) => self.run_finalize(&txn, plan).await,
                 Work::Invalid(message) => Err(message.clone()),
                 Work::Foreign => return,

@@ -22,8 +22,11 @@ impl RpmOstreeVersion {
     /// (e47214b7, v2025.7).
     const FINALIZE_BY_DIGEST: RpmOstreeVersion = RpmOstreeVersion::new(2025, 7);
     /// Layer tasks count the layer starting, from 1 (da4b4fa0, v2026.2); from v2024.9 to
-    /// v2026.1 they count the layers done, from 0, and print the digest without `sha256:`.
+    /// v2026.1 they count the layers done, from 0. Both print 19 hex digits of the digest.
     const LAYERS_FROM_ONE: RpmOstreeVersion = RpmOstreeVersion::new(2026, 2);
+    /// A layered assembly runs the new root's `systemd-sysusers` ("Running systemd-sysusers",
+    /// a346d5f3, v2025.7).
+    const SYSUSERS: RpmOstreeVersion = RpmOstreeVersion::new(2025, 7);
 
     const fn new(year: u16, minor: u16) -> Self {
         RpmOstreeVersion { year, minor }
@@ -34,7 +37,12 @@ impl RpmOstreeVersion {
         self >= Self::FINALIZE_BY_DIGEST
     }
 
-    /// Whether a pull's layer tasks count from 1 (`[1/N]` first) with `sha256:` digests.
+    /// Whether a layered assembly runs `systemd-sysusers` in the new root.
+    pub fn runs_sysusers(self) -> bool {
+        self >= Self::SYSUSERS
+    }
+
+    /// Whether a pull's layer tasks count from 1 (`[1/N]` first).
     pub fn layers_from_one(self) -> bool {
         self >= Self::LAYERS_FROM_ONE
     }
