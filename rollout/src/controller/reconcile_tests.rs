@@ -14,8 +14,25 @@ async fn reconciled_with(scenario: Scenario, fence: Fence) -> Result<Requeue, Er
     reconciled_after(scenario, fence, |_| {}).await
 }
 
+/// Held shared by every reconcile of these tests, and alone by [`the_span_names_the_pool`]: the
+/// first reconcile on any test thread registers the span's callsite, and tracing-core computes
+/// its interest from the dispatchers it saw when it began, so a registration racing that test's
+/// `set_default` can leave the span disabled for good (seen on CI although the test rebuilds the
+/// interest cache). No reconcile runs on another thread while that test does.
+static RECONCILES: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 /// [`reconciled_with`], the context first given what `before` records (earlier passes).
 async fn reconciled_after(
+    scenario: Scenario,
+    fence: Fence,
+    before: impl FnOnce(&Context),
+) -> Result<Requeue, Error> {
+    let _shared = RECONCILES.read().await;
+    reconcile_scenario(scenario, fence, before).await
+}
+
+/// [`reconciled_after`] without taking [`RECONCILES`].
+async fn reconcile_scenario(
     scenario: Scenario,
     fence: Fence,
     before: impl FnOnce(&Context),
@@ -71,14 +88,17 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PoolSpans {
 #[tokio::test]
 async fn the_span_names_the_pool() {
     use tracing_subscriber::layer::SubscriberExt as _;
+    let _alone = RECONCILES.write().await;
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let subscriber = tracing_subscriber::registry().with(PoolSpans(seen.clone()));
     let _default = tracing::subscriber::set_default(subscriber);
     // Another test's reconcile, run without a subscriber, may have cached the span's callsite as
-    // never enabled: look again now that one is set (else the test fails by the test order).
+    // never enabled: look again now that one is set and no reconcile is under way.
     tracing::callsite::rebuild_interest_cache();
     let name = Scenario::Create.pool().name_any();
-    reconciled(Scenario::Create).await.expect("reconcile");
+    reconcile_scenario(Scenario::Create, Fence::none(), |_| {})
+        .await
+        .expect("reconcile");
     assert_eq!(*seen.lock().expect("spans"), [name]);
 }
 
