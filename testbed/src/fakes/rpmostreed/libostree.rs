@@ -49,7 +49,7 @@ const MAX_STDERR: usize = 2000;
 /// staging through `ostree_sysroot_stage_tree_with_options(.locked = TRUE)`, never does.
 const LEGACY_LOCK: &str = "staged-deployment-locked";
 /// libostree's record of the staged deployment, in `/run/ostree`.
-const RECORD: &str = "staged-deployment";
+pub(crate) const RECORD: &str = "staged-deployment";
 
 /// The script run in the private mount namespace: `$1` trixie root, `$2` sysroot, `$3` the host
 /// root's `run/ostree`, `$4` the work directory (`ostree-booted`, `systemctl`, origin files),
@@ -169,8 +169,9 @@ pub(crate) struct StagedRecord {
     pub(crate) bootcsum: String,
     /// `kargs`, as staged (empty when the key is absent).
     pub(crate) kargs: Vec<String>,
-    /// `locked`.
-    pub(crate) locked: bool,
+    /// `locked`, when the key is there (`ostree_sysroot_change_finalization` keeps it, false,
+    /// after an unlock; a stage never locked has none).
+    pub(crate) locked: Option<bool>,
 }
 
 /// The record in `run_ostree`, if there is one; an unreadable one is an error naming it.
@@ -211,11 +212,7 @@ pub(crate) fn read_record(run_ostree: &Path) -> anyhow::Result<Option<StagedReco
             .ok()
             .flatten()
             .unwrap_or_default(),
-        locked: record
-            .lookup::<bool>("locked")
-            .ok()
-            .flatten()
-            .unwrap_or(false),
+        locked: record.lookup::<bool>("locked").ok().flatten(),
     }))
 }
 

@@ -30,9 +30,6 @@ use super::model::Deployment;
 use super::ostree::{self, DiskDeployment};
 use super::{Daemon, lock};
 
-/// libostree's record, relative to `/run/ostree`.
-const RECORD: &str = "staged-deployment";
-
 /// The real libostree a fake stages with, and where.
 #[derive(Debug, Clone)]
 pub(crate) struct RealStage {
@@ -65,7 +62,7 @@ impl RealStage {
     }
 
     fn record(&self) -> PathBuf {
-        self.paths.run_ostree.join(RECORD)
+        self.paths.run_ostree.join(libostree::RECORD)
     }
 
     /// Whether libostree's record of a staged deployment exists.
@@ -108,7 +105,7 @@ impl RealStage {
             linux: format!("{dir}/vmlinuz-{release}"),
             initrd: format!("{dir}/initramfs-{release}.img"),
             version: String::new(),
-            staged_locked: Some(record.locked),
+            staged_locked: Some(record.locked.unwrap_or(false)),
         }))
     }
 

@@ -26,13 +26,10 @@
 //! a reboot empties `/run` ([`boot`]). What happened is told from the record the previous
 //! write left, which is where libostree itself reads its previous staged deployment from.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use ostree::glib::{self, prelude::ToVariant};
-use zvariant::serialized::{Context as Encoding, Format};
-use zvariant::{OwnedValue, Value};
 
 use super::model::{Deployment, State};
 
@@ -62,29 +59,6 @@ pub(crate) fn boot(root: &Path) -> anyhow::Result<()> {
     remove(&path(root, STAGED_LOCKED))
 }
 
-/// The staged deployment the record on disk names (`target.name`) and its `locked` key
-/// (`None` when absent).
-fn previous(staged_path: &Path) -> Option<(String, Option<bool>)> {
-    let bytes = std::fs::read(staged_path).ok()?;
-    let ctxt = Encoding::new(Format::GVariant, zvariant::NATIVE_ENDIAN, 0);
-    let (record, _): (HashMap<String, OwnedValue>, _) =
-        zvariant::serialized::Data::new(&bytes[..], ctxt)
-            .deserialize()
-            .ok()?;
-    let name = match record.get("target").map(|t| &**t) {
-        Some(Value::Dict(d)) => match d.get::<&str, Value<'_>>(&"name").ok().flatten() {
-            Some(Value::Str(s)) => s.to_string(),
-            _ => return None,
-        },
-        _ => return None,
-    };
-    let locked = match record.get("locked").map(|v| &**v) {
-        Some(Value::Bool(b)) => Some(*b),
-        _ => None,
-    };
-    Some((name, locked))
-}
-
 /// libostree's `serialize_deployment_to_variant`: `name` (`<checksum>.<serial>`), `osname` and
 /// `bootcsum`.
 fn deployment_variant(d: &Deployment) -> glib::Variant {
@@ -106,7 +80,12 @@ fn deployment_variant(d: &Deployment) -> glib::Variant {
 pub(crate) fn write(root: &Path, state: &State, legacy: bool) -> anyhow::Result<()> {
     let staged_path = path(root, STAGED);
     let lock_path = path(root, STAGED_LOCKED);
-    let before = previous(&staged_path);
+    // An unreadable record (a test may put anything there) is as good as none.
+    let run_ostree = staged_path.parent().unwrap_or(root);
+    let before = super::libostree::read_record(run_ostree)
+        .ok()
+        .flatten()
+        .map(|r| (format!("{}.{}", r.name.checksum, r.name.serial), r.locked));
     let Some(staged) = state.deployments.iter().find(|d| d.staged) else {
         // Cleaned up, or finalized by a reboot: libostree unlinks both. Never staged: the
         // legacy file (made by someone about to stage) stays.
@@ -146,9 +125,9 @@ pub(crate) fn write(root: &Path, state: &State, legacy: bool) -> anyhow::Result<
     record.insert_value("kargs", &kargs.to_variant());
     record.insert_value("overlay-initrds", &Vec::<&str>::new().to_variant());
     let record = record.end();
-    let dir = staged_path.parent().unwrap_or(root);
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = dir.join(".staged-deployment.tmp");
+    std::fs::create_dir_all(run_ostree)
+        .with_context(|| format!("creating {}", run_ostree.display()))?;
+    let tmp = run_ostree.join(".staged-deployment.tmp");
     std::fs::write(&tmp, record.data()).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, &staged_path)
         .with_context(|| format!("renaming to {}", staged_path.display()))?;
