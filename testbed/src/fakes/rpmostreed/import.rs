@@ -56,6 +56,15 @@ pub(crate) async fn import(
     .await
 }
 
+/// The repository of `sysroot`, opened.
+fn open_repo(sysroot: &Path) -> anyhow::Result<ostree::Repo> {
+    let path = super::ostree::repo(sysroot);
+    let repo = ostree::Repo::new_for_path(&path);
+    repo.open(ostree::gio::Cancellable::NONE)
+        .with_context(|| format!("opening {}", path.display()))?;
+    Ok(repo)
+}
+
 async fn import_here(
     sysroot: &Path,
     scratch: &Path,
@@ -64,10 +73,7 @@ async fn import_here(
     auth: Option<&str>,
     arch: Arch,
 ) -> anyhow::Result<String> {
-    let repo_path = super::ostree::repo(sysroot);
-    let repo = ostree::Repo::new_for_path(&repo_path);
-    repo.open(ostree::gio::Cancellable::NONE)
-        .with_context(|| format!("opening {}", repo_path.display()))?;
+    let repo = open_repo(sysroot)?;
     let target: OstreeImageReference = refspec
         .parse()
         .with_context(|| format!("parsing the refspec {refspec}"))?;
@@ -120,11 +126,9 @@ async fn import_here(
 /// (libostree 2022.7 does not list a staged deployment on this unbooted sysroot). Returns the
 /// images and layers removed; objects stay until a repository prune.
 pub(crate) async fn prune(sysroot: &Path, origins: Vec<String>) -> anyhow::Result<(u32, u32)> {
-    let repo_path = super::ostree::repo(sysroot);
+    let sysroot = sysroot.to_path_buf();
     tokio::task::spawn_blocking(move || {
-        let repo = ostree::Repo::new_for_path(&repo_path);
-        repo.open(ostree::gio::Cancellable::NONE)
-            .with_context(|| format!("opening {}", repo_path.display()))?;
+        let repo = open_repo(&sysroot)?;
         let used: std::collections::HashSet<ImageReference> = origins
             .iter()
             .filter_map(|o| o.parse::<OstreeImageReference>().ok())
@@ -152,11 +156,7 @@ pub(crate) async fn prune(sysroot: &Path, origins: Vec<String>) -> anyhow::Resul
 /// (rpmostreed-deployment-utils.cxx `rpmostreed_deployment_generate_variant`).
 pub(crate) fn base_meta(sysroot: &Path, commit: &str) -> anyhow::Result<BaseMeta> {
     use base64::Engine as _;
-    let repo_path = super::ostree::repo(sysroot);
-    let repo = ostree::Repo::new_for_path(&repo_path);
-    repo.open(ostree::gio::Cancellable::NONE)
-        .with_context(|| format!("opening {}", repo_path.display()))?;
-    let variant = repo
+    let variant = open_repo(sysroot)?
         .load_variant(ostree::ObjectType::Commit, commit)
         .with_context(|| format!("loading commit {commit}"))?;
     let stored = variant.child_value(0);
