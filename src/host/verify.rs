@@ -136,8 +136,8 @@ const PER_DEPLOYMENT_KARGS: [&str; 2] = ["ostree=", "BOOT_IMAGE="];
 /// booted deployment (as multisets, ignoring `ostree=` and `BOOT_IMAGE=`) and `fips=1` on a
 /// FIPS node; that the staged tree has exactly one kernel, `/usr/lib/modules/<release>/vmlinuz`,
 /// whose release suffix matches `exp.kernel` (a directory without `vmlinuz`, e.g. what a removed
-/// kernel's unowned files leave, is no kernel: rpm-ostree's `find_dir_with_vmlinuz`); that its os-release major is `exp.target_major`; and on a FIPS node
-/// that it has `/usr/share/crypto-policies/policies/FIPS.pol` and a dracut module directory
+/// kernel's unowned files leave, is no kernel: rpm-ostree's `find_dir_with_vmlinuz`); that its
+/// os-release major is `exp.target_major`; and on a FIPS node that it has `/usr/share/crypto-policies/policies/FIPS.pol` and a dracut module directory
 /// named `*fips*` (RHEL 10 has no `fips-mode-setup`, so that is not required).
 ///
 /// libostree lists a staged deployment (kept in `/run/ostree/staged-deployment` until

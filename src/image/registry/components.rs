@@ -15,9 +15,6 @@
 
 use std::collections::BTreeSet;
 
-/// The annotation ostree-ext writes on each content layer of a chunked image.
-pub const COMPONENTS_ANNOTATION: &str = "ostree.components";
-
 /// At most this many names are kept: a real base has about a thousand packages. A manifest
 /// that lists more is not believed (the list is then unknown).
 const MAX_NAMES: usize = 20_000;

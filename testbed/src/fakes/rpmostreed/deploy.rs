@@ -245,7 +245,7 @@ pub(crate) fn depsolve(l: &Layering, target: &TestImage, arch: &str) -> Result<(
         ));
     }
     // The local packages' Requires against the new base plus themselves (rpms engineer).
-    super::depsolve::local_packages(l, target, arch)
+    super::depsolve::solve(l, target, arch)
 }
 
 /// The kernel a deployment with layering `l` of `target` boots: the variant whose `-core`

@@ -13,9 +13,10 @@
 //! (kernel.spec: `kernel-core-uname-r`, `kernel-modules-uname-r`, `kernel-modules-core-uname-r`
 //! `= %{KVERREL}`), so a removal of `kernel-core` that keeps `kernel` fails as libsolv words it
 //! for an installed package ("package kernel-… from @System requires …, but none of the
-//! providers can be installed", seen on rpm-ostree v2025.5 run beside the project). Not modelled: rich (`(… if …)`) dependencies, conflicts and obsoletes,
-//! and the packages of a fixture's booted deployment, whose headers the fake never read
-//! (they were depsolved when they were layered). libsolv may group problems differently;
+//! providers can be installed", seen on rpm-ostree v2025.5 run beside the project). Not
+//! modelled: rich (`(… if …)`) dependencies, conflicts and obsoletes, and the packages of a
+//! fixture's booted deployment, whose headers the fake never read (they were depsolved when
+//! they were layered). libsolv may group problems differently;
 //! here each local package with unmet Requires is one problem.
 
 use std::collections::BTreeMap;
@@ -190,10 +191,10 @@ fn base(l: &Layering, target: &TestImage, arch: &str) -> Vec<Package> {
         .collect()
 }
 
-/// Depsolves the layering's local packages against `target`'s base plus themselves; `Err`
-/// is rpm-ostree's message. The kept base packages' Requires are checked too (`arch`: the
-/// host's).
-pub(crate) fn local_packages(l: &Layering, target: &TestImage, arch: &str) -> Result<(), String> {
+/// Depsolves the layering's local packages against `target`'s base (less its removals) plus
+/// themselves, and the kept base packages' own Requires; `Err` is rpm-ostree's message
+/// (`arch`: the host's).
+pub(crate) fn solve(l: &Layering, target: &TestImage, arch: &str) -> Result<(), String> {
     let local: Vec<Package> = {
         let cache = PKGCACHE
             .lock()
@@ -338,13 +339,12 @@ mod tests {
         let el10 = &images[1];
         let (kver, release) = ("6.12.0-124.8.1.el10_1.x86_64+rt", "124.8.1.el10_1");
         let full = rt(kver, release, &["core", "modules", "modules-core"]);
-        assert_eq!(local_packages(&layering(&full), el10, "x86_64"), Ok(()));
+        assert_eq!(solve(&layering(&full), el10, "x86_64"), Ok(()));
 
         // Another build's modules-core does not provide this build's uname-r.
         let mut stale = rt(kver, release, &["core", "modules"]);
         stale.extend(rt("6.12.0-1.el10.x86_64+rt", "1.el10", &["modules-core"]));
-        let err =
-            local_packages(&layering(&stale), el10, "x86_64").expect_err("stale modules-core");
+        let err = solve(&layering(&stale), el10, "x86_64").expect_err("stale modules-core");
         assert_eq!(
             err,
             "Could not depsolve transaction; 3 problems detected:\n \
@@ -357,7 +357,7 @@ mod tests {
         );
 
         let missing = rt(kver, release, &["core"]);
-        let err = local_packages(&layering(&missing), el10, "x86_64").expect_err("no modules-core");
+        let err = solve(&layering(&missing), el10, "x86_64").expect_err("no modules-core");
         assert!(
             err.starts_with("Could not depsolve transaction; 1 problem detected:\n Problem: conflicting requests\n  - nothing provides kernel-rt-modules-core-uname-r"),
             "{err}"
@@ -377,9 +377,10 @@ mod tests {
             requested_base_removals: vec!["kernel-core".into()],
             ..Layering::default()
         };
-        // The words rpm-ostree v2025.5 printed for `override reset kernel` on a realtime host.
+        // The frame rpm-ostree v2025.5 printed for `override reset kernel` on a realtime host
+        // (its stub `kernel` required `kernel-core = EVR`; RHEL's requires the `-uname-r`).
         assert_eq!(
-            local_packages(&l, el10, "x86_64"),
+            solve(&l, el10, "x86_64"),
             Err(format!(
                 "Could not depsolve transaction; 1 problem detected:\n \
                  Problem: package kernel-{}-{}.x86_64 from @System requires kernel-core-uname-r = {kver}, but none of the providers can be installed\n  \
@@ -392,7 +393,7 @@ mod tests {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        assert_eq!(local_packages(&l, el10, "x86_64"), Ok(()));
+        assert_eq!(solve(&l, el10, "x86_64"), Ok(()));
     }
 
     #[test]
@@ -406,20 +407,17 @@ mod tests {
         };
         let pkg = needs(dep("kernel-core", 0, ""));
         let mut l = layering(std::slice::from_ref(&pkg));
-        assert!(
-            local_packages(&l, el10, "x86_64").is_err(),
-            "kernel-core is removed"
-        );
+        assert!(solve(&l, el10, "x86_64").is_err(), "kernel-core is removed");
         l.requested_base_removals.clear();
         assert_eq!(
-            local_packages(&l, el10, "x86_64"),
+            solve(&l, el10, "x86_64"),
             Ok(()),
             "kept: the base provides it"
         );
         let sh = needs(dep("/bin/sh", 0, ""));
-        assert_eq!(local_packages(&layering(&[sh]), el10, "x86_64"), Ok(()));
+        assert_eq!(solve(&layering(&[sh]), el10, "x86_64"), Ok(()));
         let newer = needs(dep("systemd", GREATER | EQUAL, "999"));
-        let err = local_packages(&layering(&[newer]), el10, "x86_64").expect_err("too old");
+        let err = solve(&layering(&[newer]), el10, "x86_64").expect_err("too old");
         assert!(
             err.contains(
                 "nothing provides systemd >= 999 needed by x-1-1.el10.x86_64 from @commandline"
